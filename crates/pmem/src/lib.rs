@@ -1,0 +1,545 @@
+//! A mapped persistent-memory region and the one interface every store to it goes through.
+//!
+//! `Region` maps a file, a DAX device or anonymous memory. Stores are made with
+//! [`Region::write`] and friends (or, for zero-copy fills, through [`Region::slice_mut`]);
+//! durability is requested with [`Region::flush`] (write-back of a range) and
+//! [`Region::fence`] (ordering point: everything flushed before it is durable after it).
+//!
+//! How a flush is done depends on the mapping, detected at open:
+//! - `CacheLine`: the mapping is synchronous (MAP_SYNC on DAX), so user-space cache-line
+//!   write-back (clwb, else clflushopt, else clflush, by CPUID) plus sfence is durability.
+//! - `Msync`: ordinary page-cache mapping (a file in /dev/shm, any regular file): flushed
+//!   page ranges are collected and `msync(MS_SYNC)`ed at the fence.
+//! - `Memory`: anonymous memory (tests, fuzzing); nothing to persist to.
+//!
+//! A recording mode logs every store, flush and fence so tests can build every image a
+//! power failure could leave (see [`crash`]).
+
+pub mod crash;
+mod flush;
+mod record;
+
+pub use flush::FlushInstr;
+pub use record::{Event, Recording};
+
+use record::Recorder;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// Cache-line size used for flushing and for the crash model.
+pub const CACHE_LINE: usize = 64;
+const PAGE: usize = 4096;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PmemError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: size {size} is too small or not a multiple of 4096")]
+    BadSize { path: PathBuf, size: u64 },
+    #[error("{path}: not a regular file or DAX character device")]
+    NotRegion { path: PathBuf },
+    #[error("persistence mode {0:?} is not available here")]
+    ModeUnavailable(PersistMode),
+}
+
+pub type Result<T> = std::result::Result<T, PmemError>;
+
+/// How durability is achieved for this mapping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PersistMode {
+    /// Synchronous mapping: user-space cache-line write-back + fence.
+    CacheLine(FlushInstr),
+    /// Page-cache mapping: msync of the flushed page ranges at each fence.
+    Msync,
+    /// Anonymous memory: nothing is durable beyond the process.
+    Memory,
+}
+
+impl std::fmt::Display for PersistMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PersistMode::CacheLine(i) => write!(f, "cacheline-{}+sfence", i.name()),
+            PersistMode::Msync => f.write_str("msync"),
+            PersistMode::Memory => f.write_str("memory"),
+        }
+    }
+}
+
+/// What the caller asks for when opening a region.
+#[derive(Debug, Clone, Default)]
+pub struct OpenParams {
+    /// Create (or grow) the file to this size when it does not have it.
+    pub create_size: Option<u64>,
+    /// Map privately (copy-on-write): stores never reach the file. Used by read-only
+    /// checks that still need to replay the log in memory.
+    pub private: bool,
+    /// Force a persistence mode instead of detecting it (e.g. cache-line flushes on
+    /// /dev/shm to measure what real PM would cost). `Memory` is not accepted here.
+    pub force_mode: Option<PersistMode>,
+}
+
+enum Backing {
+    Mapped { _file: File },
+    Anon,
+}
+
+/// A mapped region. Shared between threads; the owner (the volume) guarantees that no
+/// byte range is written while another thread reads it.
+pub struct Region {
+    base: *mut u8,
+    len: usize,
+    mode: PersistMode,
+    path: Option<PathBuf>,
+    _backing: Backing,
+    msync_pending: Mutex<Vec<(usize, usize)>>,
+    recorder: Option<Mutex<Recorder>>,
+}
+
+// SAFETY: the region is plain memory; all mutation goes through raw pointers under the
+// owner's discipline (exclusive ranges), and internal bookkeeping is behind mutexes.
+unsafe impl Send for Region {}
+// SAFETY: as above; `&Region` only hands out access under that discipline.
+unsafe impl Sync for Region {}
+
+impl Region {
+    /// Open (or create) a region on a path: a regular file (e.g. in /dev/shm) or /dev/dax*.
+    pub fn open(path: &Path, params: &OpenParams) -> Result<Region> {
+        let io = |source| PmemError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut oo = OpenOptions::new();
+        oo.read(true)
+            .write(!params.private || params.create_size.is_some());
+        if params.create_size.is_some() {
+            oo.create(true);
+        }
+        oo.custom_flags(libc::O_CLOEXEC);
+        let file = oo.open(path).map_err(io)?;
+        let meta = file.metadata().map_err(io)?;
+        let is_dax = meta.file_type().is_char_device();
+        if !is_dax && !meta.file_type().is_file() {
+            return Err(PmemError::NotRegion {
+                path: path.to_path_buf(),
+            });
+        }
+        let mut size = if is_dax {
+            dax_size(path, &meta).map_err(io)?
+        } else {
+            meta.len()
+        };
+        if let Some(want) = params.create_size {
+            if !is_dax && size < want {
+                file.set_len(want).map_err(io)?;
+                size = want;
+            }
+        }
+        if size < 2 * PAGE as u64 || size % PAGE as u64 != 0 || size > usize::MAX as u64 {
+            return Err(PmemError::BadSize {
+                path: path.to_path_buf(),
+                size,
+            });
+        }
+        let len = size as usize;
+        let fd = file.as_raw_fd();
+        let prot = if params.private && params.create_size.is_none() {
+            // Private maps of a read-only fd still allow writes to the private copy.
+            libc::PROT_READ | libc::PROT_WRITE
+        } else {
+            libc::PROT_READ | libc::PROT_WRITE
+        };
+        let (base, detected) = if params.private {
+            (
+                mmap(len, prot, libc::MAP_PRIVATE, fd).map_err(io)?,
+                PersistMode::Memory,
+            )
+        } else {
+            // Try a synchronous mapping first: it succeeds only on DAX, where cache-line
+            // write-back is durability.
+            match mmap(len, prot, libc::MAP_SHARED_VALIDATE | libc::MAP_SYNC, fd) {
+                Ok(p) => (p, PersistMode::CacheLine(FlushInstr::detect())),
+                Err(_) => (
+                    mmap(len, prot, libc::MAP_SHARED, fd).map_err(io)?,
+                    PersistMode::Msync,
+                ),
+            }
+        };
+        let mode = match params.force_mode {
+            None => detected,
+            Some(PersistMode::Memory) => {
+                return Err(PmemError::ModeUnavailable(PersistMode::Memory))
+            }
+            Some(PersistMode::CacheLine(i)) => {
+                if !i.available() {
+                    return Err(PmemError::ModeUnavailable(PersistMode::CacheLine(i)));
+                }
+                PersistMode::CacheLine(i)
+            }
+            Some(PersistMode::Msync) => PersistMode::Msync,
+        };
+        tracing::debug!(path = %path.display(), len, %mode, "mapped region");
+        Ok(Region {
+            base,
+            len,
+            mode,
+            path: Some(path.to_path_buf()),
+            _backing: Backing::Mapped { _file: file },
+            msync_pending: Mutex::new(Vec::new()),
+            recorder: None,
+        })
+    }
+
+    /// An anonymous region holding a copy of `image` (tests, fuzzing, crash images).
+    pub fn from_image(image: &[u8]) -> Region {
+        let len = image.len().max(1).div_ceil(PAGE) * PAGE;
+        let base = mmap(
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+        )
+        .expect("anonymous mmap failed: out of memory");
+        // SAFETY: `base` is a fresh private mapping of `len >= image.len()` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(image.as_ptr(), base, image.len()) };
+        Region {
+            base,
+            len: image.len(),
+            mode: PersistMode::Memory,
+            path: None,
+            _backing: Backing::Anon,
+            msync_pending: Mutex::new(Vec::new()),
+            recorder: None,
+        }
+    }
+
+    /// An anonymous zero-filled region of `len` bytes.
+    pub fn anonymous(len: usize) -> Region {
+        Region::from_image(&vec![0u8; len])
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn mode(&self) -> PersistMode {
+        self.mode
+    }
+
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// Start logging every store, flush and fence (crash testing). The current contents
+    /// become the recording's base image.
+    pub fn start_recording(&mut self) {
+        // SAFETY: `&mut self` excludes concurrent writers; the range is the whole mapping.
+        let base = unsafe { self.slice(0, self.len) }.to_vec();
+        self.recorder = Some(Mutex::new(Recorder::new(base)));
+    }
+
+    /// Stop recording and return what was recorded.
+    pub fn take_recording(&mut self) -> Option<Recording> {
+        self.recorder
+            .take()
+            .map(|r| r.into_inner().unwrap().finish())
+    }
+
+    /// Put a marker into the recording (operation boundaries for the crash oracle).
+    pub fn mark(&self, tag: u64) {
+        if let Some(r) = &self.recorder {
+            r.lock().unwrap().mark(tag);
+        }
+    }
+
+    pub fn is_recording(&self) -> bool {
+        self.recorder.is_some()
+    }
+
+    fn check(&self, off: usize, len: usize) {
+        assert!(
+            off.checked_add(len).is_some_and(|e| e <= self.len),
+            "pmem access out of range: {off}+{len} > {}",
+            self.len
+        );
+    }
+
+    /// Borrow bytes of the region.
+    ///
+    /// # Safety
+    /// No other thread may write `[off, off+len)` while the returned slice lives.
+    pub unsafe fn slice(&self, off: usize, len: usize) -> &[u8] {
+        self.check(off, len);
+        // SAFETY: in range (checked); the caller guarantees no concurrent writer.
+        std::slice::from_raw_parts(self.base.add(off), len)
+    }
+
+    /// Borrow bytes of the region mutably, for zero-copy fills. Stores made through the
+    /// slice are seen by the recorder at the next `flush` of the range.
+    ///
+    /// # Safety
+    /// The caller must have exclusive use of `[off, off+len)` while the slice lives.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn slice_mut(&self, off: usize, len: usize) -> &mut [u8] {
+        self.check(off, len);
+        // SAFETY: in range; exclusivity is the caller's contract.
+        std::slice::from_raw_parts_mut(self.base.add(off), len)
+    }
+
+    /// Store bytes (ordinary stores; durable after `flush` + `fence`).
+    pub fn write(&self, off: usize, data: &[u8]) {
+        self.check(off, data.len());
+        // SAFETY: in range; the owner guarantees exclusive use of the destination.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.base.add(off), data.len()) };
+        if let Some(r) = &self.recorder {
+            r.lock().unwrap().store(off, data);
+        }
+    }
+
+    /// Store `len` zero bytes.
+    pub fn zero(&self, off: usize, len: usize) {
+        self.check(off, len);
+        // SAFETY: in range; exclusive use of the destination is the owner's discipline.
+        unsafe { std::ptr::write_bytes(self.base.add(off), 0, len) };
+        if let Some(r) = &self.recorder {
+            r.lock().unwrap().store(off, &vec![0u8; len]);
+        }
+    }
+
+    /// One aligned 8-byte store: atomic with respect to power failure.
+    pub fn write_u64(&self, off: usize, v: u64) {
+        assert_eq!(off % 8, 0, "unaligned atomic store");
+        self.check(off, 8);
+        // SAFETY: in range and 8-byte aligned (the mapping is page aligned).
+        unsafe {
+            (*(self.base.add(off) as *const std::sync::atomic::AtomicU64))
+                .store(v, std::sync::atomic::Ordering::Release)
+        };
+        if let Some(r) = &self.recorder {
+            r.lock().unwrap().store(off, &v.to_le_bytes());
+        }
+    }
+
+    pub fn read_u64(&self, off: usize) -> u64 {
+        assert_eq!(off % 8, 0);
+        self.check(off, 8);
+        // SAFETY: in range, aligned; an atomic load tolerates a concurrent aligned store.
+        unsafe {
+            (*(self.base.add(off) as *const std::sync::atomic::AtomicU64))
+                .load(std::sync::atomic::Ordering::Acquire)
+        }
+    }
+
+    /// Copy a large buffer into the region, bypassing the cache where the mapping is
+    /// synchronous (non-temporal stores need no later write-back, only the fence).
+    /// Elsewhere it is an ordinary copy followed by `flush`.
+    pub fn copy_persist(&self, off: usize, data: &[u8]) {
+        self.check(off, data.len());
+        match self.mode {
+            PersistMode::CacheLine(_) if data.len() >= 1024 && self.recorder.is_none() => {
+                // SAFETY: in range; exclusive use of the destination is the owner's discipline.
+                unsafe { flush::copy_nontemporal(self.base.add(off), data) };
+            }
+            _ => {
+                self.write(off, data);
+                self.flush(off, data.len());
+            }
+        }
+    }
+
+    /// Write back the cache lines of a range (not yet ordered: see `fence`).
+    pub fn flush(&self, off: usize, len: usize) {
+        if len == 0 {
+            return;
+        }
+        self.check(off, len);
+        if let Some(r) = &self.recorder {
+            // SAFETY: reading our own mapping; writers of this range are the caller itself.
+            let cur = unsafe { self.slice(0, self.len) };
+            r.lock().unwrap().flush(cur, off, len);
+        }
+        match self.mode {
+            PersistMode::CacheLine(instr) => {
+                // SAFETY: the range is inside the mapping (checked above).
+                unsafe { flush::flush_range(instr, self.base.add(off), len) }
+            }
+            PersistMode::Msync => {
+                let start = off / PAGE * PAGE;
+                let end = (off + len).div_ceil(PAGE) * PAGE;
+                let mut p = self.msync_pending.lock().unwrap();
+                if let Some(last) = p.last_mut() {
+                    if start <= last.1 && end >= last.0 {
+                        last.0 = last.0.min(start);
+                        last.1 = last.1.max(end);
+                        return;
+                    }
+                }
+                p.push((start, end));
+            }
+            PersistMode::Memory => {}
+        }
+    }
+
+    /// Ordering point: everything flushed before is durable after.
+    pub fn fence(&self) {
+        if let Some(r) = &self.recorder {
+            r.lock().unwrap().fence();
+        }
+        match self.mode {
+            PersistMode::CacheLine(_) => flush::sfence(),
+            PersistMode::Msync => {
+                let ranges = std::mem::take(&mut *self.msync_pending.lock().unwrap());
+                for (s, e) in ranges {
+                    // SAFETY: page-aligned subrange of our own mapping.
+                    let rc = unsafe {
+                        libc::msync(self.base.add(s) as *mut libc::c_void, e - s, libc::MS_SYNC)
+                    };
+                    if rc != 0 {
+                        tracing::error!(err = %std::io::Error::last_os_error(), "msync failed");
+                    }
+                }
+            }
+            PersistMode::Memory => std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst),
+        }
+    }
+
+    /// `flush` then `fence`.
+    pub fn persist(&self, off: usize, len: usize) {
+        self.flush(off, len);
+        self.fence();
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        let map_len = match self._backing {
+            Backing::Anon => self.len.max(1).div_ceil(PAGE) * PAGE,
+            Backing::Mapped { .. } => self.len,
+        };
+        // SAFETY: `base`/`map_len` describe the mapping created at open; nothing borrows
+        // from it any more (borrows are tied to `&self`).
+        unsafe { libc::munmap(self.base as *mut libc::c_void, map_len) };
+    }
+}
+
+fn mmap(len: usize, prot: i32, flags: i32, fd: i32) -> std::io::Result<*mut u8> {
+    // SAFETY: a fresh mapping at an address the kernel chooses; arguments are plain values.
+    let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, fd, 0) };
+    if p == libc::MAP_FAILED {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(p as *mut u8)
+    }
+}
+
+fn dax_size(path: &Path, meta: &std::fs::Metadata) -> std::io::Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let rdev = meta.rdev();
+    let (major, minor) = (libc::major(rdev), libc::minor(rdev));
+    let sys = format!("/sys/dev/char/{major}:{minor}/size");
+    let s = std::fs::read_to_string(&sys).map_err(|e| {
+        std::io::Error::new(e.kind(), format!("{}: reading {sys}: {e}", path.display()))
+    })?;
+    s.trim().parse().map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("bad size in {sys}"),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_region_detects_msync_on_shm_and_persists() {
+        let path = std::env::temp_dir().join(format!("zcfs-pmem-test-{}", std::process::id()));
+        let r = Region::open(
+            &path,
+            &OpenParams {
+                create_size: Some(1 << 20),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        // /tmp and /dev/shm are not DAX: MAP_SYNC must have been refused.
+        assert_eq!(r.mode(), PersistMode::Msync);
+        r.write(4096, b"hello");
+        r.write_u64(8192, 0xdead_beef);
+        r.persist(4096, 5000);
+        drop(r);
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(&bytes[4096..4101], b"hello");
+        assert_eq!(
+            u64::from_le_bytes(bytes[8192..8200].try_into().unwrap()),
+            0xdead_beef
+        );
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn forced_cacheline_mode_flushes_without_fault() {
+        let path = std::env::temp_dir().join(format!("zcfs-pmem-cl-{}", std::process::id()));
+        let instr = FlushInstr::detect();
+        let r = Region::open(
+            &path,
+            &OpenParams {
+                create_size: Some(1 << 20),
+                force_mode: Some(PersistMode::CacheLine(instr)),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let big = vec![7u8; 200_000];
+        r.copy_persist(100, &big);
+        r.fence();
+        // SAFETY: single-threaded test.
+        assert!(unsafe { r.slice(100, big.len()) }.iter().all(|&b| b == 7));
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn bad_sizes_are_errors() {
+        let path = std::env::temp_dir().join(format!("zcfs-pmem-bad-{}", std::process::id()));
+        std::fs::write(&path, [0u8; 100]).unwrap();
+        assert!(matches!(
+            Region::open(&path, &OpenParams::default()),
+            Err(PmemError::BadSize { .. })
+        ));
+        std::fs::remove_file(&path).unwrap();
+        assert!(matches!(
+            Region::open(Path::new("/nonexistent/x"), &OpenParams::default()),
+            Err(PmemError::Io { .. })
+        ));
+    }
+
+    #[test]
+    fn private_mapping_never_reaches_the_file() {
+        let path = std::env::temp_dir().join(format!("zcfs-pmem-priv-{}", std::process::id()));
+        std::fs::write(&path, vec![1u8; 8192]).unwrap();
+        let r = Region::open(
+            &path,
+            &OpenParams {
+                private: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        r.write(0, &[9u8; 16]);
+        r.persist(0, 16);
+        drop(r);
+        assert_eq!(std::fs::read(&path).unwrap()[0], 1);
+        std::fs::remove_file(&path).unwrap();
+    }
+}
