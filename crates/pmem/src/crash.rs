@@ -283,7 +283,7 @@ mod tests {
 
     #[test]
     fn unflushed_store_may_or_may_not_persist() {
-        let mut r = Region::anonymous(8192);
+        let r = Region::anonymous(8192);
         r.start_recording();
         r.write(0, &[1]);
         let rec = r.take_recording().unwrap();
@@ -294,7 +294,7 @@ mod tests {
 
     #[test]
     fn flushed_and_fenced_store_is_durable() {
-        let mut r = Region::anonymous(8192);
+        let r = Region::anonymous(8192);
         r.start_recording();
         r.write(0, &[1]);
         r.persist(0, 1);
@@ -308,7 +308,7 @@ mod tests {
     fn ordering_violation_is_visible() {
         // Data then commit flag, flag flushed but data not: some image has the flag
         // without the data - the bug the crash suite must be able to see.
-        let mut r = Region::anonymous(8192);
+        let r = Region::anonymous(8192);
         r.start_recording();
         r.write(0, &[7]);
         r.write(128, &[1]);
@@ -320,7 +320,7 @@ mod tests {
 
     #[test]
     fn raw_slice_stores_are_seen_at_flush() {
-        let mut r = Region::anonymous(8192);
+        let r = Region::anonymous(8192);
         r.start_recording();
         // SAFETY: single-threaded test, exclusive range.
         unsafe { r.slice_mut(4096, 3) }.copy_from_slice(&[5, 6, 7]);
@@ -333,7 +333,7 @@ mod tests {
 
     #[test]
     fn older_versions_of_a_line_are_enumerated() {
-        let mut r = Region::anonymous(8192);
+        let r = Region::anonymous(8192);
         r.start_recording();
         r.write(0, &[1]);
         r.flush(0, 1);

@@ -99,7 +99,9 @@ pub struct Region {
     path: Option<PathBuf>,
     _backing: Backing,
     msync_pending: Mutex<Vec<(usize, usize)>>,
-    recorder: Option<Mutex<Recorder>>,
+    /// Fast check on the store path; the recorder itself is behind the mutex.
+    recording: std::sync::atomic::AtomicBool,
+    recorder: Mutex<Option<Recorder>>,
 }
 
 // SAFETY: the region is plain memory; all mutation goes through raw pointers under the
@@ -192,7 +194,8 @@ impl Region {
             path: Some(path.to_path_buf()),
             _backing: Backing::Mapped { _file: file },
             msync_pending: Mutex::new(Vec::new()),
-            recorder: None,
+            recording: false.into(),
+            recorder: Mutex::new(None),
         })
     }
 
@@ -215,7 +218,8 @@ impl Region {
             path: None,
             _backing: Backing::Anon,
             msync_pending: Mutex::new(Vec::new()),
-            recorder: None,
+            recording: false.into(),
+            recorder: Mutex::new(None),
         }
     }
 
@@ -242,28 +246,47 @@ impl Region {
 
     /// Start logging every store, flush and fence (crash testing). The current contents
     /// become the recording's base image.
-    pub fn start_recording(&mut self) {
-        // SAFETY: `&mut self` excludes concurrent writers; the range is the whole mapping.
+    /// Call while no other thread stores to the region.
+    pub fn start_recording(&self) {
+        // SAFETY: the caller guarantees no concurrent stores; the range is the mapping.
         let base = unsafe { self.slice(0, self.len) }.to_vec();
-        self.recorder = Some(Mutex::new(Recorder::new(base)));
+        *self.recorder.lock().unwrap() = Some(Recorder::new(base));
+        self.recording
+            .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Stop recording and return what was recorded.
-    pub fn take_recording(&mut self) -> Option<Recording> {
-        self.recorder
-            .take()
-            .map(|r| r.into_inner().unwrap().finish())
+    pub fn take_recording(&self) -> Option<Recording> {
+        self.recording
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        self.recorder.lock().unwrap().take().map(Recorder::finish)
     }
 
     /// Put a marker into the recording (operation boundaries for the crash oracle).
     pub fn mark(&self, tag: u64) {
-        if let Some(r) = &self.recorder {
-            r.lock().unwrap().mark(tag);
-        }
+        self.with_recorder(|r| r.mark(tag));
     }
 
     pub fn is_recording(&self) -> bool {
-        self.recorder.is_some()
+        self.recording.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn with_recorder(&self, f: impl FnOnce(&mut Recorder)) {
+        if self.is_recording() {
+            if let Some(r) = self.recorder.lock().unwrap().as_mut() {
+                f(r);
+            }
+        }
+    }
+
+    /// The file descriptor of a file-backed shared mapping (for page attachment).
+    pub fn shared_fd(&self) -> Option<std::os::unix::io::RawFd> {
+        match &self._backing {
+            Backing::Mapped { _file } if self.mode != PersistMode::Memory => {
+                Some(_file.as_raw_fd())
+            }
+            _ => None,
+        }
     }
 
     fn check(&self, off: usize, len: usize) {
@@ -301,9 +324,7 @@ impl Region {
         self.check(off, data.len());
         // SAFETY: in range; the owner guarantees exclusive use of the destination.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.base.add(off), data.len()) };
-        if let Some(r) = &self.recorder {
-            r.lock().unwrap().store(off, data);
-        }
+        self.with_recorder(|r| r.store(off, data));
     }
 
     /// Store `len` zero bytes.
@@ -311,9 +332,7 @@ impl Region {
         self.check(off, len);
         // SAFETY: in range; exclusive use of the destination is the owner's discipline.
         unsafe { std::ptr::write_bytes(self.base.add(off), 0, len) };
-        if let Some(r) = &self.recorder {
-            r.lock().unwrap().store(off, &vec![0u8; len]);
-        }
+        self.with_recorder(|r| r.store(off, &vec![0u8; len]));
     }
 
     /// One aligned 8-byte store: atomic with respect to power failure.
@@ -325,9 +344,7 @@ impl Region {
             (*(self.base.add(off) as *const std::sync::atomic::AtomicU64))
                 .store(v, std::sync::atomic::Ordering::Release)
         };
-        if let Some(r) = &self.recorder {
-            r.lock().unwrap().store(off, &v.to_le_bytes());
-        }
+        self.with_recorder(|r| r.store(off, &v.to_le_bytes()));
     }
 
     pub fn read_u64(&self, off: usize) -> u64 {
@@ -346,7 +363,7 @@ impl Region {
     pub fn copy_persist(&self, off: usize, data: &[u8]) {
         self.check(off, data.len());
         match self.mode {
-            PersistMode::CacheLine(_) if data.len() >= 1024 && self.recorder.is_none() => {
+            PersistMode::CacheLine(_) if data.len() >= 1024 && !self.is_recording() => {
                 // SAFETY: in range; exclusive use of the destination is the owner's discipline.
                 unsafe { flush::copy_nontemporal(self.base.add(off), data) };
             }
@@ -363,11 +380,8 @@ impl Region {
             return;
         }
         self.check(off, len);
-        if let Some(r) = &self.recorder {
-            // SAFETY: reading our own mapping; writers of this range are the caller itself.
-            let cur = unsafe { self.slice(0, self.len) };
-            r.lock().unwrap().flush(cur, off, len);
-        }
+        // SAFETY: reading our own mapping; writers of this range are the caller itself.
+        self.with_recorder(|r| r.flush(unsafe { self.slice(0, self.len) }, off, len));
         match self.mode {
             PersistMode::CacheLine(instr) => {
                 // SAFETY: the range is inside the mapping (checked above).
@@ -392,9 +406,7 @@ impl Region {
 
     /// Ordering point: everything flushed before is durable after.
     pub fn fence(&self) {
-        if let Some(r) = &self.recorder {
-            r.lock().unwrap().fence();
-        }
+        self.with_recorder(|r| r.fence());
         match self.mode {
             PersistMode::CacheLine(_) => flush::sfence(),
             PersistMode::Msync => {

@@ -1,1 +1,40 @@
+//! The zcfs persistent-memory volume.
+//!
+//! One mapped region holds the superblocks, an operation log, an inode table and 4 KiB
+//! data blocks (the RZCFS layout). Updates are crash-consistent through the CCM scheme:
+//! data goes copy-on-write into fresh blocks, every metadata change is a redo record in
+//! a checksummed, sequenced log entry, and an operation commits with one aligned 8-byte
+//! tail store. DRAM holds the index (inodes, block maps, a per-directory hash), rebuilt
+//! at mount. See docs/format.md for the byte layout and the commit protocol.
 
+mod alloc;
+mod data;
+mod dir;
+mod error;
+pub mod fsck;
+pub mod layout;
+mod map;
+mod ops;
+mod recovery;
+mod volume;
+
+pub use data::{
+    max_file_size, AttachedPages, PageBuf, PflushTxn, WriteReservation, MAX_ATOMIC_WRITE,
+};
+pub use error::{FsError, Result};
+pub use layout::{Geometry, OpType, Timespec, BLOCK, NAME_MAX, ROOT_INO};
+pub use ops::{
+    Attr, DirEntry, Owner, RenameFlags, SetAttr, StatFs, TimeSet, XattrMode, MAX_SYMLINK,
+};
+pub use volume::{
+    CommitFault, MkfsOptions, RecoveryReport, Stats, StatsSnapshot, Volume, VolumeConfig,
+    VolumeInfo,
+};
+pub use zcfs_pmem::{PersistMode, Region};
+
+/// File type bits, re-exported for frontends.
+pub mod mode {
+    pub use crate::layout::{
+        S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO, S_IFLNK, S_IFMT, S_IFREG, S_IFSOCK, S_ISGID,
+    };
+}

@@ -1,0 +1,168 @@
+//! DRAM index of one directory: name -> entry, position -> name, and free space in its
+//! blocks. Rebuilt at mount from the directory blocks.
+//!
+//! A position is `block_index * 128 + unit`; it is stable while the entry lives, so it
+//! serves as the readdir cookie.
+
+use crate::layout::{dirent_units, UNITS_PER_BLOCK};
+use std::collections::{BTreeMap, HashMap};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry {
+    pub ino: u64,
+    pub dtype: u8,
+    pub pos: u32,
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct Dir {
+    by_name: HashMap<Box<[u8]>, Entry>,
+    by_pos: BTreeMap<u32, Box<[u8]>>,
+    /// Per directory block: bit set = unit used.
+    used: Vec<u128>,
+    /// Lowest block that may have room (hint).
+    hint: usize,
+}
+
+fn run_mask(unit: usize, units: usize) -> u128 {
+    let m = if units == 128 {
+        u128::MAX
+    } else {
+        (1u128 << units) - 1
+    };
+    m << unit
+}
+
+impl Dir {
+    pub fn len(&self) -> usize {
+        self.by_name.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.by_name.is_empty()
+    }
+    pub fn blocks(&self) -> usize {
+        self.used.len()
+    }
+    pub fn get(&self, name: &[u8]) -> Option<Entry> {
+        self.by_name.get(name).copied()
+    }
+
+    /// Record an entry found at mount (or placed by `place`).
+    pub fn insert(&mut self, name: &[u8], e: Entry) -> bool {
+        let (blk, unit) = (
+            e.pos as usize / UNITS_PER_BLOCK,
+            e.pos as usize % UNITS_PER_BLOCK,
+        );
+        while self.used.len() <= blk {
+            self.used.push(0);
+        }
+        let m = run_mask(unit, dirent_units(name.len()));
+        if self.used[blk] & m != 0 || self.by_name.contains_key(name) {
+            return false;
+        }
+        self.used[blk] |= m;
+        self.by_pos.insert(e.pos, name.into());
+        self.by_name.insert(name.into(), e);
+        true
+    }
+
+    pub fn remove(&mut self, name: &[u8]) -> Option<Entry> {
+        let e = self.by_name.remove(name)?;
+        self.by_pos.remove(&e.pos);
+        let (blk, unit) = (
+            e.pos as usize / UNITS_PER_BLOCK,
+            e.pos as usize % UNITS_PER_BLOCK,
+        );
+        self.used[blk] &= !run_mask(unit, dirent_units(name.len()));
+        self.hint = self.hint.min(blk);
+        Some(e)
+    }
+
+    /// Change the inode an entry points to (rename over / exchange), keeping its place.
+    pub fn retarget(&mut self, name: &[u8], ino: u64, dtype: u8) -> Option<Entry> {
+        let e = self.by_name.get_mut(name)?;
+        e.ino = ino;
+        e.dtype = dtype;
+        Some(*e)
+    }
+
+    /// Find room for a name: Some(pos) in an existing block, or None when a new block is
+    /// needed (its position is then `blocks() * 128`).
+    pub fn find_room(&mut self, name_len: usize) -> Option<u32> {
+        let units = dirent_units(name_len);
+        for blk in self.hint..self.used.len() {
+            let used = self.used[blk];
+            if used == u128::MAX {
+                if blk == self.hint {
+                    self.hint += 1;
+                }
+                continue;
+            }
+            let mut unit = 0;
+            while unit + units <= UNITS_PER_BLOCK {
+                let m = run_mask(unit, units);
+                if used & m == 0 {
+                    return Some((blk * UNITS_PER_BLOCK + unit) as u32);
+                }
+                // Skip past the highest used unit inside the window.
+                let clash = used & m;
+                unit = 128 - clash.leading_zeros() as usize;
+            }
+        }
+        None
+    }
+
+    /// Entries with position >= `from`, in position order.
+    pub fn iter_from(&self, from: u32) -> impl Iterator<Item = (&[u8], Entry)> + '_ {
+        self.by_pos
+            .range(from..)
+            .map(move |(_, name)| (&name[..], self.by_name[name]))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn place_remove_reuse() {
+        let mut d = Dir::default();
+        assert_eq!(d.find_room(10), None);
+        for i in 0..200u32 {
+            let name = format!("file-{i:05}");
+            let pos = d.find_room(name.len()).unwrap_or(d.blocks() as u32 * 128);
+            assert!(d.insert(
+                name.as_bytes(),
+                Entry {
+                    ino: i as u64 + 2,
+                    dtype: 8,
+                    pos
+                }
+            ));
+        }
+        assert_eq!(d.len(), 200);
+        assert_eq!(d.blocks(), 2); // 26-byte entries take one unit each, 128 per block
+        let e = d.remove(b"file-00005").unwrap();
+        assert_eq!(d.find_room(10), Some(e.pos));
+        assert!(!d.insert(
+            b"file-00006",
+            Entry {
+                ino: 9,
+                dtype: 8,
+                pos: e.pos
+            }
+        ));
+        let names: Vec<_> = d.iter_from(0).map(|(n, _)| n.to_vec()).collect();
+        assert_eq!(names.len(), 199);
+        let long = vec![b'x'; 255];
+        let pos = d.find_room(255).unwrap();
+        assert!(d.insert(
+            &long,
+            Entry {
+                ino: 1,
+                dtype: 8,
+                pos
+            }
+        ));
+    }
+}

@@ -1,0 +1,76 @@
+//! Typed errors of the volume, with their errno for frontends.
+
+#[derive(Debug, thiserror::Error)]
+pub enum FsError {
+    #[error("no such file or directory")]
+    NotFound,
+    #[error("file exists")]
+    Exists,
+    #[error("not a directory")]
+    NotDir,
+    #[error("is a directory")]
+    IsDir,
+    #[error("directory not empty")]
+    NotEmpty,
+    #[error("no space left on the volume")]
+    NoSpace,
+    #[error("no free inodes left on the volume")]
+    NoInodes,
+    #[error("extended attributes of this inode would exceed one 4 KiB block")]
+    NoSpaceXattr,
+    #[error("file name longer than 255 bytes")]
+    NameTooLong,
+    #[error("no such extended attribute")]
+    NoXattr,
+    #[error("invalid argument: {0}")]
+    Invalid(String),
+    #[error("stale inode handle")]
+    Stale,
+    #[error("operation not permitted: {0}")]
+    NotPermitted(String),
+    #[error("too many links")]
+    TooManyLinks,
+    #[error("file too large")]
+    TooBig,
+    #[error("not a zcfs volume (bad magic)")]
+    NotZcfs,
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    #[error("volume is corrupt: {0}")]
+    Corrupt(String),
+    #[error("volume is read-only")]
+    ReadOnly,
+    #[error(transparent)]
+    Pmem(#[from] zcfs_pmem::PmemError),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl FsError {
+    /// The errno a POSIX frontend should return.
+    pub fn errno(&self) -> i32 {
+        use FsError::*;
+        match self {
+            NotFound => libc::ENOENT,
+            Exists => libc::EEXIST,
+            NotDir => libc::ENOTDIR,
+            IsDir => libc::EISDIR,
+            NotEmpty => libc::ENOTEMPTY,
+            NoSpace | NoInodes | NoSpaceXattr => libc::ENOSPC,
+            NameTooLong => libc::ENAMETOOLONG,
+            NoXattr => libc::ENODATA,
+            Invalid(_) => libc::EINVAL,
+            Stale => libc::ESTALE,
+            TooManyLinks => libc::EMLINK,
+            NotPermitted(_) => libc::EPERM,
+            TooBig => libc::EFBIG,
+            Unsupported(_) => libc::EOPNOTSUPP,
+            ReadOnly => libc::EROFS,
+            NotZcfs | Corrupt(_) => libc::EIO,
+            Pmem(_) => libc::EIO,
+            Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, FsError>;

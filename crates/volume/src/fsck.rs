@@ -1,0 +1,337 @@
+//! Consistency check: every invariant of the volume, reported rather than trusted.
+//!
+//! Checked: both superblock copies; the log replays to its tail without a torn entry;
+//! every inode record and directory entry decodes with a valid checksum; every block is
+//! owned once and lies in the data area; directory entries point at live inodes of the
+//! right type; link counts (files: entries naming them; directories: 2 + subdirectories);
+//! every inode is reachable from the root and every directory has exactly one entry and
+//! the right parent; sizes agree with mapped blocks; bytes past EOF are zero; the stored
+//! block counts are right. Leaks cannot persist (the allocator is rebuilt from what the
+//! inodes reach), so "leaked" is reported as blocks the allocator and the inodes
+//! disagree on.
+
+use crate::error::{FsError, Result};
+use crate::layout::*;
+use crate::volume::{read_superblock, State, Txn, Volume, VolumeConfig};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use zcfs_pmem::{OpenParams, Region};
+
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct FsckReport {
+    /// Inconsistencies: the volume is clean only when this is empty.
+    pub problems: Vec<String>,
+    /// Expected after a crash and fixed by the next mount (e.g. a torn superblock copy).
+    pub notes: Vec<String>,
+    pub repaired: Vec<String>,
+    pub inodes: u64,
+    pub directories: u64,
+    pub files: u64,
+    pub symlinks: u64,
+    pub blocks_used: u64,
+    pub entries_replayed: u64,
+}
+
+impl FsckReport {
+    pub fn is_clean(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// Check the volume at `path`. Without `repair` the file is not modified (the log is
+/// replayed into a private copy).
+pub fn fsck_path(path: &Path, repair: bool) -> Result<FsckReport> {
+    let region = Region::open(
+        path,
+        &OpenParams {
+            private: !repair,
+            ..Default::default()
+        },
+    )?;
+    fsck_region(region, repair)
+}
+
+/// Check an opened region (consumed: fsck replays the log into it).
+pub fn fsck_region(region: Region, repair: bool) -> Result<FsckReport> {
+    let mut report = FsckReport::default();
+    superblock_notes(&region, &mut report);
+    let mut load_problems = Vec::new();
+    let cfg = VolumeConfig {
+        batch_ops: 1,
+        ..VolumeConfig::default()
+    };
+    let vol = Volume::open_region_with(region, cfg, Some(&mut load_problems))?;
+    report.problems.extend(load_problems);
+    if let Some(why) = &vol.recovery.stopped_early {
+        report
+            .problems
+            .push(format!("log replay stopped before the tail: {why}"));
+    }
+    report.entries_replayed = vol.recovery.entries_replayed;
+    let fixes = check_state(&vol, &vol.read_state(), &mut report);
+    if repair && !fixes.is_empty() {
+        apply_repairs(&vol, &fixes, &mut report)?;
+        // Check again what the repairs left.
+        let mut after = FsckReport::default();
+        check_state(&vol, &vol.read_state(), &mut after);
+        report.problems = after.problems;
+    }
+    if repair {
+        vol.sync()?;
+    } else {
+        vol.abandon();
+    }
+    Ok(report)
+}
+
+fn superblock_notes(region: &Region, report: &mut FsckReport) {
+    for (i, off) in [0usize, BLOCK].into_iter().enumerate() {
+        if region.len() < off + SB_SIZE {
+            continue;
+        }
+        // SAFETY: fsck owns the region; nothing else writes it.
+        if let Err(e) = Superblock::decode(unsafe { region.slice(off, SB_SIZE) }) {
+            report.notes.push(format!(
+                "superblock copy {} is unusable ({e}); the next mount rewrites it",
+                i + 1
+            ));
+        }
+    }
+    if read_superblock(region).is_err() {
+        report.problems.push("no usable superblock".into());
+    }
+}
+
+/// What a repair may safely do.
+#[derive(Debug, Clone)]
+enum Fix {
+    Nlink(u64, u32),
+    BlocksField(u64),
+    Orphan(u64),
+}
+
+fn check_state(vol: &Volume, st: &State, report: &mut FsckReport) -> Vec<Fix> {
+    let geo = vol.geo;
+    let mut fixes = Vec::new();
+    let mut refs: HashMap<u64, u32> = HashMap::new();
+    let mut subdirs: HashMap<u64, u32> = HashMap::new();
+    let mut parent_of: HashMap<u64, u64> = HashMap::new();
+    for (&d, dir) in &st.dirs {
+        for (name, e) in dir.iter_from(0) {
+            *refs.entry(e.ino).or_default() += 1;
+            if st.inodes.get(&e.ino).is_some_and(|i| i.rec.is_dir()) {
+                *subdirs.entry(d).or_default() += 1;
+                if parent_of.insert(e.ino, d).is_some() {
+                    report.problems.push(format!(
+                        "directory {} has more than one entry (one is {:?} in {d})",
+                        e.ino,
+                        String::from_utf8_lossy(name)
+                    ));
+                }
+            }
+        }
+    }
+    // Reachability from the root.
+    let mut reached = std::collections::HashSet::from([ROOT_INO]);
+    let mut stack = vec![ROOT_INO];
+    while let Some(d) = stack.pop() {
+        if let Some(dir) = st.dirs.get(&d) {
+            for (_, e) in dir.iter_from(0) {
+                if reached.insert(e.ino) && st.dirs.contains_key(&e.ino) {
+                    stack.push(e.ino);
+                }
+            }
+        }
+    }
+    let mut owned = 0u64;
+    for (&ino, i) in &st.inodes {
+        let r = &i.rec;
+        report.inodes += 1;
+        let derived_blocks = i.map.owned_blocks() + (r.xattr_block != 0) as u64;
+        owned += derived_blocks;
+        // SAFETY: the volume is private to fsck here.
+        let pm = InodeRec::decode(unsafe { vol.region.slice(geo.inode_off(ino), INODE_SIZE) });
+        if pm.as_ref().is_ok_and(|p| p.blocks != derived_blocks) {
+            report.problems.push(format!(
+                "inode {ino}: block count says {} but owns {derived_blocks}",
+                pm.unwrap().blocks
+            ));
+            fixes.push(Fix::BlocksField(ino));
+        }
+        if ino != ROOT_INO && !reached.contains(&ino) {
+            report.problems.push(format!(
+                "inode {ino} is not reachable from the root (orphan)"
+            ));
+            fixes.push(Fix::Orphan(ino));
+            continue;
+        }
+        if r.is_dir() {
+            report.directories += 1;
+            let want = 2 + subdirs.get(&ino).copied().unwrap_or(0);
+            if r.nlink != want {
+                report.problems.push(format!(
+                    "directory {ino}: link count {} should be {want}",
+                    r.nlink
+                ));
+                fixes.push(Fix::Nlink(ino, want));
+            }
+            let expected_parent = if ino == ROOT_INO {
+                ROOT_INO
+            } else {
+                parent_of.get(&ino).copied().unwrap_or(0)
+            };
+            if r.parent != expected_parent {
+                report.problems.push(format!(
+                    "directory {ino}: parent field {} should be {expected_parent}",
+                    r.parent
+                ));
+            }
+            if ino == ROOT_INO && refs.contains_key(&ROOT_INO) {
+                report
+                    .problems
+                    .push("the root directory has an entry naming it".into());
+            }
+        } else {
+            let want = refs.get(&ino).copied().unwrap_or(0);
+            if r.nlink != want {
+                report.problems.push(format!(
+                    "inode {ino}: link count {} should be {want}",
+                    r.nlink
+                ));
+                fixes.push(Fix::Nlink(ino, want));
+            }
+            let nblocks = r.size.div_ceil(BLOCK_U64);
+            if i.map.mapped_end() > nblocks {
+                report.problems.push(format!(
+                    "inode {ino}: blocks mapped past its size {}",
+                    r.size
+                ));
+            }
+            if r.is_symlink() {
+                report.symlinks += 1;
+                if r.size == 0
+                    || r.size as usize > crate::ops::MAX_SYMLINK
+                    || i.map.get(0).is_none()
+                {
+                    report
+                        .problems
+                        .push(format!("symlink {ino}: bad target (size {})", r.size));
+                }
+            } else {
+                report.files += 1;
+            }
+            let tail = (r.size % BLOCK_U64) as usize;
+            if tail != 0 {
+                if let Some(b) = i.map.get(r.size / BLOCK_U64) {
+                    // SAFETY: private to fsck.
+                    let past = unsafe {
+                        vol.region
+                            .slice((b * BLOCK_U64) as usize + tail, BLOCK - tail)
+                    };
+                    if past.iter().any(|&x| x != 0) {
+                        report
+                            .problems
+                            .push(format!("inode {ino}: bytes past EOF are not zero"));
+                    }
+                }
+            }
+        }
+    }
+    // Blocks freed by committed or pending operations stay marked in the allocator
+    // until the checkpoint that makes their reuse safe.
+    let waiting = (st.deferred_frees.len() + st.batch.frees.len()) as u64;
+    let used = geo.data_blocks - st.balloc.free_count() - waiting;
+    report.blocks_used = used;
+    if used != owned {
+        report.problems.push(format!(
+            "allocator counts {used} blocks in use, inodes own {owned}"
+        ));
+    }
+    fixes
+}
+
+fn apply_repairs(vol: &Arc<Volume>, fixes: &[Fix], report: &mut FsckReport) -> Result<()> {
+    let mut st = vol.write_state()?;
+    let st = &mut *st;
+    for fix in fixes {
+        let mut txn = Txn::new(OpType::Repair, 0);
+        match *fix {
+            Fix::Nlink(ino, n) => {
+                if let Some(i) = st.inodes.get_mut(&ino) {
+                    i.rec.nlink = n;
+                    txn.dirty.insert(ino);
+                    report
+                        .repaired
+                        .push(format!("inode {ino}: link count set to {n}"));
+                }
+            }
+            Fix::BlocksField(ino) => {
+                txn.dirty.insert(ino);
+                report
+                    .repaired
+                    .push(format!("inode {ino}: block count rewritten"));
+            }
+            Fix::Orphan(ino) => {
+                let Some(mut inode) = st.inodes.remove(&ino) else {
+                    continue;
+                };
+                if inode.rec.is_dir() && st.dirs.get(&ino).is_some_and(|d| !d.is_empty()) {
+                    // Its children would become orphans too; leave it for a human.
+                    st.inodes.insert(ino, inode);
+                    continue;
+                }
+                st.dirs.remove(&ino);
+                let mut sink = crate::volume::Sink {
+                    region: &vol.region,
+                    balloc: &mut st.balloc,
+                    txn: &mut txn,
+                };
+                inode.map.truncate_blocks(0, &mut sink);
+                if inode.rec.xattr_block != 0 {
+                    txn.releases.push(inode.rec.xattr_block);
+                }
+                st.ialloc.insert(ino);
+                txn.dirty.insert(ino);
+                report.repaired.push(format!("orphan inode {ino} released"));
+            }
+        }
+        vol.finish(st, txn)?;
+    }
+    Ok(())
+}
+
+/// Check an opened volume (after its recovery). The pending batch is committed first,
+/// since home locations only reflect committed operations.
+pub fn check_volume(vol: &Volume) -> FsckReport {
+    let mut report = FsckReport::default();
+    if let Err(e) = vol.sync() {
+        report
+            .problems
+            .push(format!("commit before checking failed: {e}"));
+    }
+    superblock_notes(&vol.region, &mut report);
+    if let Some(why) = &vol.recovery.stopped_early {
+        report
+            .problems
+            .push(format!("log replay stopped before the tail: {why}"));
+    }
+    report.entries_replayed = vol.recovery.entries_replayed;
+    check_state(vol, &vol.read_state(), &mut report);
+    report
+}
+
+/// Convenience for tests and tools: check an image held in memory.
+pub fn fsck_image(image: &[u8]) -> Result<FsckReport> {
+    fsck_region(Region::from_image(image), false)
+}
+
+impl From<FsckReport> for Result<()> {
+    fn from(r: FsckReport) -> Self {
+        if r.is_clean() {
+            Ok(())
+        } else {
+            Err(FsError::Corrupt(r.problems.join("; ")))
+        }
+    }
+}

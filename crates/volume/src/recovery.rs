@@ -1,0 +1,278 @@
+//! Mount-time recovery: replay the log from the checkpoint to the tail, then rebuild the
+//! DRAM state (inodes, maps, directory index, allocators) from the home locations.
+
+use crate::alloc::{BlockAlloc, InodeAlloc};
+use crate::dir::{Dir, Entry};
+use crate::error::{FsError, Result};
+use crate::layout::*;
+use crate::map::FileMap;
+use crate::volume::{Batch, Inode, LogState, RecoveryReport, State};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use zcfs_pmem::Region;
+
+/// Replay committed entries in `[head, tail)`, stopping at the first torn or
+/// out-of-sequence one; then make the result durable and empty the log.
+pub(crate) fn replay(region: &Region, geo: &Geometry) -> Result<(LogState, RecoveryReport)> {
+    let hdr = geo.log_header_off();
+    let ring = geo.ring_len();
+    let tail = region.read_u64(hdr + TAIL_WORD);
+    let head = region.read_u64(hdr + HEAD_WORD);
+    if head > tail || tail - head > ring || head % 64 != 0 || tail % 64 != 0 {
+        return Err(FsError::Corrupt(format!(
+            "log words are inconsistent: head {head}, tail {tail}, ring {ring}"
+        )));
+    }
+    let meta_start = geo.itable_start * BLOCK_U64;
+    let region_len = geo.total_blocks * BLOCK_U64;
+    let mut report = RecoveryReport::default();
+    let mut lsn = head;
+    let mut seq: Option<u64> = None;
+    while lsn < tail {
+        let pos = lsn % ring;
+        // SAFETY: recovery runs before the volume is shared; nothing writes the ring.
+        let buf = unsafe { region.slice(geo.ring_off() + pos as usize, (ring - pos) as usize) };
+        let entry = match LogEntry::decode(buf, region_len) {
+            Ok(e) => e,
+            Err(e) => {
+                report.stopped_early = Some(format!("entry at lsn {lsn}: {e}"));
+                break;
+            }
+        };
+        if entry.lsn != lsn || seq.is_some_and(|s| entry.seq != s + 1) {
+            report.stopped_early = Some(format!(
+                "entry at lsn {lsn} is out of sequence (lsn {}, seq {})",
+                entry.lsn, entry.seq
+            ));
+            break;
+        }
+        if let Some(r) = entry.records.iter().find(|r| r.addr < meta_start) {
+            report.stopped_early = Some(format!(
+                "entry at lsn {lsn} writes to {} below the inode table",
+                r.addr
+            ));
+            break;
+        }
+        for r in &entry.records {
+            match &r.data {
+                RecData::Bytes(b) => region.write(r.addr as usize, b),
+                RecData::Zero(n) => region.zero(r.addr as usize, *n as usize),
+            }
+            region.flush(r.addr as usize, r.len());
+            report.records_applied += 1;
+        }
+        if entry.op != OpType::Pad {
+            report.entries_replayed += 1;
+        }
+        seq = Some(entry.seq);
+        // `decode` bounds the length by the space left in the ring.
+        lsn += buf.len().min(LogEntry::peek_len(buf).unwrap_or(LOG_HDR)) as u64;
+    }
+    if let Some(why) = &report.stopped_early {
+        tracing::warn!("log replay stopped before the tail: {why}");
+    }
+    // Replayed homes durable first, then the log emptied (tail first, so head <= tail
+    // holds at every instant; a crash here just replays again).
+    region.fence();
+    if lsn != tail {
+        region.write_u64(hdr + TAIL_WORD, lsn);
+        region.flush(hdr + TAIL_WORD, 8);
+        region.fence();
+    }
+    if head != lsn {
+        region.write_u64(hdr + HEAD_WORD, lsn);
+        region.flush(hdr + HEAD_WORD, 8);
+        region.fence();
+    }
+    Ok((
+        LogState {
+            head: lsn,
+            tail: lsn,
+            next: lsn,
+            seq: seq.unwrap_or(0),
+        },
+        report,
+    ))
+}
+
+fn read_node(region: &Region, b: u64) -> [u64; PTRS_PER_NODE] {
+    // SAFETY: loading runs before the volume is shared; node blocks are not written.
+    let s = unsafe { region.slice((b * BLOCK_U64) as usize, BLOCK) };
+    let mut out = [0u64; PTRS_PER_NODE];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u64_at(s, i * 8);
+    }
+    out
+}
+
+/// Rebuild the DRAM state. `problem` decides whether a finding is fatal (mount) or
+/// collected (fsck); structural impossibilities are always fatal.
+pub(crate) fn load_state(
+    region: &Region,
+    geo: &Geometry,
+    log: LogState,
+    problem: &mut dyn FnMut(String) -> Result<()>,
+) -> Result<State> {
+    let mut balloc = BlockAlloc::new(geo.data_start, geo.data_blocks);
+    let mut ialloc = InodeAlloc::default();
+    let mut gens = vec![0u32; geo.inode_count as usize];
+    let mut inodes: HashMap<u64, Inode> = HashMap::new();
+    let is_data = |b: u64| geo.is_data_block(b);
+    for ino in 1..=geo.inode_count {
+        // SAFETY: loading runs before the volume is shared.
+        let bytes = unsafe { region.slice(geo.inode_off(ino), INODE_SIZE) };
+        let rec = match InodeRec::decode(bytes) {
+            Ok(r) => r,
+            Err(e) => {
+                problem(format!("inode slot {ino}: {e}"))?;
+                ialloc.insert(ino);
+                continue;
+            }
+        };
+        gens[(ino - 1) as usize] = rec.gen;
+        if rec.ino == 0 {
+            ialloc.insert(ino);
+            continue;
+        }
+        if rec.ino != ino {
+            problem(format!("inode slot {ino} holds inode number {}", rec.ino))?;
+            ialloc.insert(ino);
+            continue;
+        }
+        let map = match load_map(region, &rec, &is_data) {
+            Ok(m) => m,
+            Err(e) => {
+                problem(format!("inode {ino}: {e}"))?;
+                FileMap::default()
+            }
+        };
+        for b in map.all_blocks() {
+            if !balloc.mark_used(b) {
+                problem(format!("block {b} of inode {ino} is owned twice"))?;
+            }
+        }
+        let mut xattrs = BTreeMap::new();
+        let mut rec = rec;
+        if rec.xattr_block != 0 {
+            let xb = rec.xattr_block;
+            if !is_data(xb) || !balloc.mark_used(xb) {
+                problem(format!(
+                    "inode {ino}: xattr block {xb} is out of range or owned twice"
+                ))?;
+                rec.xattr_block = 0;
+            } else {
+                // SAFETY: loading runs before the volume is shared.
+                match decode_xattrs(unsafe { region.slice((xb * BLOCK_U64) as usize, BLOCK) }) {
+                    Ok(x) => xattrs = x,
+                    Err(e) => problem(format!("inode {ino}: {e}"))?,
+                }
+            }
+        }
+        inodes.insert(ino, Inode { rec, map, xattrs });
+    }
+    match inodes.get(&ROOT_INO) {
+        Some(r) if r.rec.is_dir() => {}
+        _ => {
+            return Err(FsError::Corrupt(
+                "the root directory (inode 1) is missing".into(),
+            ))
+        }
+    }
+    let mut dirs: HashMap<u64, Dir> = HashMap::new();
+    let dir_inos: Vec<u64> = inodes
+        .iter()
+        .filter(|(_, i)| i.rec.is_dir())
+        .map(|(&n, _)| n)
+        .collect();
+    for ino in dir_inos {
+        let mut dir = Dir::default();
+        let inode = &inodes[&ino];
+        let nblocks = inode.rec.size / BLOCK_U64;
+        if inode.rec.size % BLOCK_U64 != 0 || inode.map.mapped_end() > nblocks {
+            problem(format!(
+                "directory {ino}: size {} does not match its blocks",
+                inode.rec.size
+            ))?;
+        }
+        for bi in 0..nblocks.min(inode.map.mapped_end()) {
+            let Some(b) = inode.map.get(bi) else {
+                problem(format!("directory {ino}: hole at block {bi}"))?;
+                continue;
+            };
+            // SAFETY: loading runs before the volume is shared.
+            let block = unsafe { region.slice((b * BLOCK_U64) as usize, BLOCK) };
+            let mut unit = 0;
+            while unit < UNITS_PER_BLOCK {
+                match Dirent::decode_at(block, unit) {
+                    Ok(None) => unit += 1,
+                    Ok(Some((d, units))) => {
+                        let pos = (bi as usize * UNITS_PER_BLOCK + unit) as u32;
+                        let target_ok = inodes
+                            .get(&d.ino)
+                            .is_some_and(|t| dtype_of(t.rec.mode) == d.dtype);
+                        if !target_ok {
+                            problem(format!(
+                                "directory {ino}: entry {:?} points to missing or mistyped inode {}",
+                                String::from_utf8_lossy(&d.name),
+                                d.ino
+                            ))?;
+                        } else if !dir.insert(
+                            &d.name,
+                            Entry {
+                                ino: d.ino,
+                                dtype: d.dtype,
+                                pos,
+                            },
+                        ) {
+                            problem(format!(
+                                "directory {ino}: duplicate entry {:?}",
+                                String::from_utf8_lossy(&d.name)
+                            ))?;
+                        }
+                        unit += units;
+                    }
+                    Err(e) => {
+                        problem(format!("directory {ino} block {bi}: {e}"))?;
+                        unit += 1;
+                    }
+                }
+            }
+        }
+        dirs.insert(ino, dir);
+    }
+    Ok(State {
+        inodes,
+        dirs,
+        balloc,
+        ialloc,
+        gens,
+        log,
+        batch: Batch::default(),
+        deferred_frees: Vec::new(),
+        pins: HashMap::new(),
+    })
+}
+
+fn load_map(region: &Region, rec: &InodeRec, is_data: &dyn Fn(u64) -> bool) -> Result<FileMap> {
+    // Each node may be visited once: a hostile image with shared or cyclic nodes must
+    // not make loading explode.
+    let seen = std::cell::RefCell::new(HashSet::new());
+    let dup = std::cell::Cell::new(None);
+    let map = FileMap::load(
+        rec.map_root,
+        rec.map_height,
+        &|b| {
+            if !seen.borrow_mut().insert(b) {
+                dup.set(Some(b));
+                return [0; PTRS_PER_NODE];
+            }
+            read_node(region, b)
+        },
+        is_data,
+    )?;
+    if let Some(b) = dup.get() {
+        return Err(FsError::Corrupt(format!(
+            "map node {b} is referenced twice"
+        )));
+    }
+    Ok(map)
+}
