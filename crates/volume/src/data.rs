@@ -97,16 +97,21 @@ impl WriteReservation<'_> {
             self.len,
             "fill_from with a buffer of the wrong size"
         );
+        let skip_flush = self.vol.cfg.fault == Some(crate::volume::CommitFault::SkipDataFlush);
         let mut at = 0;
         for (o, n) in self.pieces() {
-            self.vol.region.copy_persist(o, &data[at..at + n]);
+            if skip_flush {
+                self.vol.region.write(o, &data[at..at + n]);
+            } else {
+                self.vol.region.copy_persist(o, &data[at..at + n]);
+            }
             at += n;
         }
         self.vol
             .stats
             .user_copy_bytes
             .fetch_add(data.len() as u64, Ordering::Relaxed);
-        self.written_back = self.vol.cfg.fault != Some(crate::volume::CommitFault::SkipDataFlush);
+        self.written_back = true;
     }
 
     pub fn commit(mut self) -> Result<usize> {

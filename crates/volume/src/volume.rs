@@ -354,10 +354,16 @@ impl Volume {
             mkfs_time: now.sec,
             mount_count: 0,
         };
+        // Each copy: the body with the magic left zero, durable; then the 8-byte magic
+        // (one atomic store), durable. A crash leaves a copy either valid or without
+        // magic, so a half-made volume reads as "not a zcfs volume", never as corrupt.
         let enc = sb.encode();
-        region.write(0, &enc);
-        region.write(BLOCK, &enc);
-        region.persist(0, BLOCK + SB_SIZE);
+        for off in [0, BLOCK] {
+            region.write(off + 8, &enc[8..]);
+            region.persist(off, SB_SIZE);
+            region.write_u64(off, u64::from_le_bytes(enc[..8].try_into().unwrap()));
+            region.persist(off, 8);
+        }
         Ok(())
     }
 

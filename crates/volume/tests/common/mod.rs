@@ -200,7 +200,15 @@ impl Model {
                     _ => unreachable!(),
                 };
                 let is_dir = matches!(kind, Kind::Dir(_));
+                // setgid directories: the group comes from the directory, and
+                // subdirectories inherit the bit.
+                let (pmode, pgid) = (self.nodes[&d].mode, self.nodes[&d].gid);
+                let sgid = pmode & S_ISGID != 0;
+                let mode = if sgid && is_dir { mode | S_ISGID } else { mode };
                 let ino = self.new_node(kind, mode, d);
+                if sgid {
+                    self.nodes.get_mut(&ino).unwrap().gid = pgid;
+                }
                 self.children_mut(d).insert(name.as_bytes().to_vec(), ino);
                 if is_dir {
                     self.nodes.get_mut(&d).unwrap().nlink += 1;

@@ -1,0 +1,412 @@
+//! Crash consistency against the persistence model (shared CRASH-TESTING.md).
+//!
+//! Every workload runs under recording; at each fence (and at the end) every image a
+//! power failure could leave is built (durable state + every prefix of the in-flight
+//! lines, every single line in every version, pairs, seeded random subsets), recovered,
+//! and checked: it mounts, fsck is clean, the tree equals the oracle's state after some
+//! operation between the last one known durable and the one in progress. A sample of
+//! images is also crashed again during its own recovery and recovered a second time.
+
+mod common;
+use common::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use zcfs_pmem::crash::{for_each_crash_image, CrashConfig};
+use zcfs_volume::{CommitFault, FsError, MkfsOptions, Region, Volume, VolumeConfig, ROOT_INO};
+
+const ACK: u64 = 1 << 32;
+const SIZE: usize = 512 << 10;
+
+fn prepared_tree() -> Vec<Op> {
+    vec![
+        Op::Mkdir("d1".into()),
+        Op::Mkdir("d2".into()),
+        Op::Create("d1/f".into()),
+        Op::Write("d1/f".into(), 0, 3000, 1),
+        Op::Create("d2/g".into()),
+        Op::Write("d2/g".into(), 0, 5000, 2),
+        Op::Link("d1/f".into(), "h".into()),
+        Op::Mkdir("d1/sub".into()),
+        Op::Symlink("s".into(), "d1/f".into()),
+        Op::SetXattr("d1/f".into(), "user.a".into(), vec![1, 2, 3]),
+    ]
+}
+
+fn single_ops() -> Vec<(&'static str, Op)> {
+    vec![
+        ("create", Op::Create("d1/new".into())),
+        ("mkdir", Op::Mkdir("d2/newdir".into())),
+        ("symlink", Op::Symlink("d2/s2".into(), "../h".into())),
+        ("write-aligned", Op::Write("d2/g".into(), 4096, 4096, 5)),
+        ("write-unaligned", Op::Write("d1/f".into(), 100, 50, 6)),
+        ("write-cross", Op::Write("d2/g".into(), 3000, 6000, 7)),
+        ("append", Op::Write("d1/f".into(), 3000, 2000, 8)),
+        ("overwrite", Op::Write("d1/f".into(), 0, 3000, 9)),
+        ("truncate-down", Op::Truncate("d2/g".into(), 1000)),
+        ("truncate-up", Op::Truncate("d1/f".into(), 9000)),
+        ("rename-new", Op::Rename("d1/f".into(), "d1/f2".into(), 0)),
+        ("rename-over", Op::Rename("d2/g".into(), "d1/f".into(), 0)),
+        ("rename-across", Op::Rename("d2/g".into(), "d1/g".into(), 0)),
+        (
+            "rename-dir",
+            Op::Rename("d1/sub".into(), "d2/sub".into(), 0),
+        ),
+        (
+            "rename-exchange",
+            Op::Rename("d1/f".into(), "d2/g".into(), 2),
+        ),
+        ("link", Op::Link("d2/g".into(), "d1/g2".into())),
+        ("unlink-linked", Op::Unlink("h".into())),
+        ("unlink-last", Op::Unlink("d2/g".into())),
+        ("rmdir", Op::Rmdir("d1/sub".into())),
+        ("setattr", Op::Chmod("d1/f".into(), 0o600)),
+        ("chown", Op::Chown("d2/g".into(), 5, 6)),
+        (
+            "xattr-set",
+            Op::SetXattr("d2/g".into(), "user.b".into(), vec![9]),
+        ),
+        (
+            "xattr-remove",
+            Op::RemoveXattr("d1/f".into(), "user.a".into()),
+        ),
+        ("punch", Op::PunchHole("d2/g".into(), 0, 4096)),
+        ("fsync", Op::Fsync("d1/f".into())),
+    ]
+}
+
+#[derive(Default)]
+struct Outcome {
+    states: usize,
+    recovery_states: usize,
+    violations: Vec<String>,
+}
+
+struct Run<'a> {
+    name: &'a str,
+    mkfs: MkfsOptions,
+    vcfg: VolumeConfig,
+    crash: CrashConfig,
+    /// Every n-th image is also crashed during its own recovery (0 = never).
+    recovery_every: usize,
+}
+
+fn sync_cfg() -> VolumeConfig {
+    VolumeConfig::synchronous()
+}
+
+fn batched_cfg() -> VolumeConfig {
+    VolumeConfig {
+        batch_ops: 4,
+        batch_delay: std::time::Duration::from_secs(3600),
+        ..VolumeConfig::default()
+    }
+}
+
+fn recover_and_check(img: &[u8]) -> Result<(std::sync::Arc<Volume>, Vec<String>), String> {
+    let vol = Volume::open_region(Region::from_image(img), sync_cfg())
+        .map_err(|e| format!("mount failed: {e}"))?;
+    vol.abandon();
+    let report = zcfs_volume::fsck::check_volume(&vol);
+    if !report.is_clean() {
+        return Err(format!("fsck: {:?}", report.problems));
+    }
+    let dump = dump_volume(&vol).map_err(|e| format!("reading the tree failed: {e}"))?;
+    Ok((vol, dump))
+}
+
+fn run(r: &Run, setup: &[Op], ops: &[Op]) -> Outcome {
+    let vol = memory_volume_with(SIZE, &r.mkfs, r.vcfg.clone());
+    let mut model = Model::new();
+    for op in setup {
+        assert_eq!(apply_volume(&vol, op), model.apply(op), "setup {op:?}");
+    }
+    vol.checkpoint_now().unwrap();
+    let mut states = vec![model.dump()];
+    // durable_upto[i]: ops known durable once op i is acknowledged.
+    let mut durable_upto = Vec::new();
+    let synchronous = r.vcfg.batch_ops == 1;
+    let mut last_durable = 0;
+    vol.region().start_recording();
+    for (i, op) in ops.iter().enumerate() {
+        vol.region().mark(i as u64);
+        let want = model.apply(op);
+        let got = apply_volume(&vol, op);
+        assert_eq!(got, want, "{}: op {i} {op:?}", r.name);
+        states.push(model.dump());
+        if synchronous || op.is_fsync() {
+            last_durable = i + 1;
+        }
+        durable_upto.push(last_durable);
+        vol.region().mark(ACK + i as u64);
+    }
+    let rec = vol.region().take_recording().unwrap();
+    vol.abandon();
+    drop(vol);
+
+    let mut out = Outcome::default();
+    let images = AtomicUsize::new(0);
+    for_each_crash_image(&rec, &r.crash, |pt, img| {
+        let started = pt.marks.iter().filter(|&&m| m < ACK).count();
+        let acked = pt.marks.iter().filter(|&&m| m >= ACK).count();
+        let lo = if acked == 0 {
+            0
+        } else {
+            durable_upto[acked - 1]
+        };
+        let n = images.fetch_add(1, Ordering::Relaxed);
+        out.states += 1;
+        let where_ = format!(
+            "{} fence {} (ops started {started}, acked {acked}) image {n} seed {:#x}",
+            r.name, pt.fence, r.crash.seed
+        );
+        match recover_and_check(img) {
+            Err(e) => out.violations.push(format!("{where_}: {e}")),
+            Ok((_vol, dump)) => {
+                if !(lo..=started).any(|j| states[j] == dump) {
+                    out.violations.push(format!(
+                        "{where_}: recovered tree matches no state in {lo}..={started}\n got: {dump:#?}\n last allowed: {:#?}",
+                        states[started]
+                    ));
+                } else if r.recovery_every > 0 && n % r.recovery_every == 0 {
+                    crash_during_recovery(img, &dump, &where_, &mut out);
+                }
+            }
+        }
+        out.violations.len() < 5
+    });
+    out
+}
+
+/// Recover under recording, crash at every fence of the recovery, recover again: the
+/// result must be the same tree as an uninterrupted recovery.
+fn crash_during_recovery(img: &[u8], expected: &[String], where_: &str, out: &mut Outcome) {
+    let region = Region::from_image(img);
+    region.start_recording();
+    let vol = match Volume::open_region(region, sync_cfg()) {
+        Ok(v) => v,
+        Err(e) => {
+            out.violations
+                .push(format!("{where_}: recording recovery failed: {e}"));
+            return;
+        }
+    };
+    let rec = vol.region().take_recording().unwrap();
+    vol.abandon();
+    drop(vol);
+    let cfg = CrashConfig {
+        pair_limit: 8,
+        sampled_pairs: 16,
+        random_subsets: 4,
+        seed: 7,
+    };
+    for_each_crash_image(&rec, &cfg, |_, img2| {
+        out.recovery_states += 1;
+        match recover_and_check(img2) {
+            Err(e) => out
+                .violations
+                .push(format!("{where_}, crash during recovery: {e}")),
+            Ok((_, dump)) if dump != expected => out.violations.push(format!(
+                "{where_}, crash during recovery: tree differs from a clean recovery"
+            )),
+            Ok(_) => {}
+        }
+        out.violations.len() < 5
+    });
+}
+
+fn full() -> CrashConfig {
+    CrashConfig::default()
+}
+
+fn reduced() -> CrashConfig {
+    CrashConfig {
+        pair_limit: 12,
+        sampled_pairs: 48,
+        random_subsets: 6,
+        seed: 0xc0ffee,
+    }
+}
+
+fn report(suite: &str, outcomes: Vec<Outcome>) {
+    let states: usize = outcomes.iter().map(|o| o.states).sum();
+    let rec: usize = outcomes.iter().map(|o| o.recovery_states).sum();
+    let violations: Vec<&String> = outcomes.iter().flat_map(|o| &o.violations).collect();
+    println!(
+        "crash suite {suite}: {states} states (+{rec} crashed during recovery), {} violations",
+        violations.len()
+    );
+    if !violations.is_empty() {
+        panic!("{} violations, first: {}", violations.len(), violations[0]);
+    }
+}
+
+#[test]
+fn seq1_every_operation_alone_synchronous() {
+    let setup = prepared_tree();
+    let mut outs = Vec::new();
+    for (name, op) in single_ops() {
+        let r = Run {
+            name,
+            mkfs: small_mkfs(),
+            vcfg: sync_cfg(),
+            crash: full(),
+            recovery_every: 7,
+        };
+        outs.push(run(&r, &setup, &[op]));
+    }
+    report("seq-1 synchronous", outs);
+}
+
+#[test]
+fn seq1_every_operation_alone_batched() {
+    let setup = prepared_tree();
+    let mut outs = Vec::new();
+    for (name, op) in single_ops() {
+        // The op, then an fsync: before the fsync returns either state is allowed, after
+        // it only the new one.
+        let ops = [op, Op::Fsync("s".into())];
+        let r = Run {
+            name,
+            mkfs: small_mkfs(),
+            vcfg: batched_cfg(),
+            crash: full(),
+            recovery_every: 11,
+        };
+        outs.push(run(&r, &setup, &ops));
+    }
+    report("seq-1 batched", outs);
+}
+
+#[test]
+fn seq2_every_ordered_pair() {
+    let setup = prepared_tree();
+    let ops = single_ops();
+    let mut outs = Vec::new();
+    for (a, opa) in &ops {
+        for (b, opb) in &ops {
+            let name = format!("{a}+{b}");
+            let r = Run {
+                name: &name,
+                mkfs: small_mkfs(),
+                vcfg: sync_cfg(),
+                crash: reduced(),
+                recovery_every: 0,
+            };
+            outs.push(run(&r, &setup, &[opa.clone(), opb.clone()]));
+        }
+    }
+    report("seq-2", outs);
+}
+
+#[test]
+fn checkpoint_and_log_wrap_under_crash() {
+    // A 16 KiB ring: these operations checkpoint and wrap the log several times.
+    let mkfs = MkfsOptions {
+        inodes: Some(64),
+        log_bytes: Some(16 << 10),
+    };
+    let mut ops = Vec::new();
+    for i in 0..24u32 {
+        ops.push(Op::Chmod("d1/f".into(), 0o600 + i));
+        ops.push(Op::Create(format!("d2/c{i}")));
+        ops.push(Op::Write(
+            format!("d2/c{i}"),
+            0,
+            100 + i as usize * 37,
+            i as u8,
+        ));
+    }
+    let r = Run {
+        name: "checkpoint",
+        mkfs,
+        vcfg: sync_cfg(),
+        crash: reduced(),
+        recovery_every: 13,
+    };
+    report("checkpoint/wrap", vec![run(&r, &prepared_tree(), &ops)]);
+}
+
+#[test]
+fn random_sequences() {
+    // Seeded generator of longer sequences over the prepared tree.
+    let ops = single_ops();
+    let mut outs = Vec::new();
+    let mut rng = zcfs_pmem::crash::Rng::new(0x5e9);
+    for round in 0..24 {
+        let seq: Vec<Op> = (0..6)
+            .map(|_| ops[rng.below(ops.len())].1.clone())
+            .collect();
+        let name = format!("random-{round}");
+        let vcfg = if round % 2 == 0 {
+            sync_cfg()
+        } else {
+            batched_cfg()
+        };
+        let r = Run {
+            name: &name,
+            mkfs: small_mkfs(),
+            vcfg,
+            crash: reduced(),
+            recovery_every: 0,
+        };
+        outs.push(run(&r, &prepared_tree(), &seq));
+    }
+    report("random sequences", outs);
+}
+
+#[test]
+fn crash_during_mkfs_leaves_no_volume_or_an_empty_one() {
+    let region = Region::anonymous(SIZE);
+    region.start_recording();
+    Volume::mkfs_region(&region, &small_mkfs()).unwrap();
+    let rec = region.take_recording().unwrap();
+    let mut states = 0;
+    let mut bad = Vec::new();
+    for_each_crash_image(&rec, &full(), |_, img| {
+        states += 1;
+        match Volume::open_region(Region::from_image(img), sync_cfg()) {
+            Err(FsError::NotZcfs) => {}
+            Err(e) => bad.push(format!("mount: {e}")),
+            Ok(v) => {
+                v.abandon();
+                let r = zcfs_volume::fsck::check_volume(&v);
+                if !r.is_clean() || v.dir_len(ROOT_INO).unwrap() != 0 {
+                    bad.push(format!("{:?}", r.problems));
+                }
+            }
+        }
+        true
+    });
+    println!(
+        "crash suite mkfs: {states} states, {} violations",
+        bad.len()
+    );
+    assert!(bad.is_empty(), "{bad:?}");
+}
+
+/// The suite must be able to fail: with a flush or fence removed from the commit path
+/// it has to find violations.
+#[test]
+fn mutation_check_suite_detects_missing_flush_and_fence() {
+    for fault in [CommitFault::SkipDataFlush, CommitFault::SkipFenceBeforeTail] {
+        let vcfg = VolumeConfig {
+            fault: Some(fault),
+            ..sync_cfg()
+        };
+        let mut found = 0;
+        let mut states = 0;
+        for (name, op) in single_ops() {
+            let r = Run {
+                name,
+                mkfs: small_mkfs(),
+                vcfg: vcfg.clone(),
+                crash: reduced(),
+                recovery_every: 0,
+            };
+            let o = run(&r, &prepared_tree(), &[op]);
+            states += o.states;
+            found += o.violations.len();
+        }
+        println!("mutation {fault:?}: {states} states, {found} violations found (must be > 0)");
+        assert!(found > 0, "crash suite did not notice {fault:?}");
+    }
+}
