@@ -68,7 +68,7 @@ impl Rng {
     pub fn new(seed: u64) -> Rng {
         Rng(seed.max(1))
     }
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         let mut x = self.0;
         x ^= x >> 12;
         x ^= x << 25;
@@ -77,7 +77,7 @@ impl Rng {
         x.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
     pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+        (self.next_u64() % n as u64) as usize
     }
 }
 
@@ -190,7 +190,7 @@ fn emit(
     pending: &BTreeMap<usize, Pending>,
     cfg: &CrashConfig,
     rng: &mut Rng,
-    scratch: &mut Vec<u8>,
+    scratch: &mut [u8],
     stats: &mut CrashStats,
     visit: &mut impl FnMut(&CrashPoint, &[u8]) -> bool,
 ) -> bool {
@@ -226,9 +226,9 @@ fn emit(
     if n > 2 {
         for _ in 0..cfg.random_subsets {
             let mut pick = Vec::new();
-            for i in 0..n {
-                if rng.next() & 1 == 1 {
-                    pick.push((i, rng.below(in_flight[i].1.versions.len())));
+            for (i, (_, p)) in in_flight.iter().enumerate() {
+                if rng.next_u64() & 1 == 1 {
+                    pick.push((i, rng.below(p.versions.len())));
                 }
             }
             candidates.push(pick);

@@ -40,12 +40,12 @@ impl FlushInstr {
     }
 
     pub fn available(self) -> bool {
-        match (FlushInstr::detect(), self) {
-            (_, FlushInstr::Clflush) => true,
-            (FlushInstr::Clwb, _) => true,
-            (FlushInstr::Clflushopt, FlushInstr::Clflushopt) => true,
-            _ => false,
-        }
+        matches!(
+            (FlushInstr::detect(), self),
+            (_, FlushInstr::Clflush)
+                | (FlushInstr::Clwb, _)
+                | (FlushInstr::Clflushopt, FlushInstr::Clflushopt)
+        )
     }
 
     pub fn name(self) -> &'static str {

@@ -214,7 +214,7 @@ impl<'v> PflushTxn<'v> {
         pages: PageBuf<'v>,
         new_size: Option<u64>,
     ) -> Result<()> {
-        if offset % BLOCK_U64 != 0 || pages.blocks.is_empty() {
+        if !offset.is_multiple_of(BLOCK_U64) || pages.blocks.is_empty() {
             return Err(FsError::Invalid(
                 "pflush_add needs a 4 KiB aligned offset and at least one page".into(),
             ));
@@ -358,8 +358,9 @@ impl Volume {
         let blocks = st.balloc.alloc(n)?;
         let mut edges = Vec::new();
         let end = off + len as u64;
-        let head_partial = off % BLOCK_U64 != 0 || (n == 1 && end % BLOCK_U64 != 0);
-        let tail_partial = end % BLOCK_U64 != 0;
+        let head_partial =
+            !off.is_multiple_of(BLOCK_U64) || (n == 1 && !end.is_multiple_of(BLOCK_U64));
+        let tail_partial = !end.is_multiple_of(BLOCK_U64);
         let map = &st.inode(ino)?.map;
         if head_partial {
             edges.push((0, map.get(first)));
@@ -634,7 +635,7 @@ impl Volume {
     /// reserved while attached. Volumes without a shared file (anonymous regions)
     /// fall back to a copy.
     pub fn zcopy_to(&self, ino: u64, off: u64, len: usize) -> Result<AttachedPages<'_>> {
-        if off % BLOCK_U64 != 0 || len % BLOCK != 0 || len == 0 {
+        if !off.is_multiple_of(BLOCK_U64) || !len.is_multiple_of(BLOCK) || len == 0 {
             return Err(FsError::Invalid(
                 "zcopy_to needs a 4 KiB aligned offset and length".into(),
             ));

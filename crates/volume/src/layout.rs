@@ -31,7 +31,7 @@ const _: () = assert!(INODE_SIZE * INODES_PER_BLOCK == BLOCK);
 const _: () = assert!(PTRS_PER_NODE == 1 << NODE_SHIFT);
 const _: () = assert!(UNITS_PER_BLOCK == 128, "dir block free map is one u128");
 const _: () = assert!(DIRENT_HDR + NAME_MAX <= 9 * DIRENT_UNIT);
-const _: () = assert!(SB_SIZE <= BLOCK && LOG_HDR % 64 == 0);
+const _: () = assert!(SB_SIZE <= BLOCK && LOG_HDR.is_multiple_of(64));
 
 fn corrupt(what: impl Into<String>) -> FsError {
     FsError::Corrupt(what.into())

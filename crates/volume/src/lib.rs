@@ -12,6 +12,8 @@ mod data;
 mod dir;
 mod error;
 pub mod fsck;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod layout;
 mod map;
 mod ops;

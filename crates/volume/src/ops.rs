@@ -288,7 +288,7 @@ impl Volume {
         self.add_dirent(st, &mut txn, parent, name, ino, dtype_of(mode))?;
         let p = st.inode_mut(parent)?;
         if is_dir {
-            p.rec.nlink += 1;
+            inc(&mut p.rec.nlink);
         }
         p.rec.mtime = now;
         p.rec.ctime = now;
@@ -410,7 +410,7 @@ impl Volume {
         let last = if is_dir { true } else { inode.rec.nlink <= 1 };
         txn.dirty.insert(ino);
         if !last {
-            inode.rec.nlink -= 1;
+            dec(&mut inode.rec.nlink);
             inode.rec.ctime = now;
             return Ok(());
         }
@@ -457,7 +457,7 @@ impl Volume {
         let mut txn = Txn::new(OpType::Rmdir, e.ino);
         self.remove_dirent(st, &mut txn, parent, name)?;
         self.drop_link(st, &mut txn, e.ino, now)?;
-        st.inode_mut(parent)?.rec.nlink -= 1;
+        dec(&mut st.inode_mut(parent)?.rec.nlink);
         touch_dir(st, parent, now);
         self.finish(st, txn)
     }
@@ -483,7 +483,7 @@ impl Volume {
         let mut txn = Txn::new(OpType::Link, ino);
         self.add_dirent(st, &mut txn, newparent, newname, ino, dtype)?;
         let i = st.inode_mut(ino)?;
-        i.rec.nlink += 1;
+        inc(&mut i.rec.nlink);
         i.rec.ctime = now;
         txn.dirty.insert(ino);
         touch_dir(st, newparent, now);
@@ -537,13 +537,13 @@ impl Volume {
             if p1 != p2 {
                 if src_dir {
                     st.inode_mut(src.ino)?.rec.parent = p2;
-                    st.inode_mut(p1)?.rec.nlink -= 1;
-                    st.inode_mut(p2)?.rec.nlink += 1;
+                    dec(&mut st.inode_mut(p1)?.rec.nlink);
+                    inc(&mut st.inode_mut(p2)?.rec.nlink);
                 }
                 if dst_dir {
                     st.inode_mut(dst.ino)?.rec.parent = p1;
-                    st.inode_mut(p2)?.rec.nlink -= 1;
-                    st.inode_mut(p1)?.rec.nlink += 1;
+                    dec(&mut st.inode_mut(p2)?.rec.nlink);
+                    inc(&mut st.inode_mut(p1)?.rec.nlink);
                 }
             }
             for i in [src.ino, dst.ino] {
@@ -583,15 +583,15 @@ impl Volume {
                 let dst_dir = st.inode(d.ino)?.rec.is_dir();
                 self.drop_link(st, &mut txn, d.ino, now)?;
                 if dst_dir {
-                    st.inode_mut(p2)?.rec.nlink -= 1;
+                    dec(&mut st.inode_mut(p2)?.rec.nlink);
                 }
             }
             None => self.add_dirent(st, &mut txn, p2, n2, src.ino, src.dtype)?,
         }
         if src_dir && p1 != p2 {
             st.inode_mut(src.ino)?.rec.parent = p2;
-            st.inode_mut(p1)?.rec.nlink -= 1;
-            st.inode_mut(p2)?.rec.nlink += 1;
+            dec(&mut st.inode_mut(p1)?.rec.nlink);
+            inc(&mut st.inode_mut(p2)?.rec.nlink);
         }
         st.inode_mut(src.ino)?.rec.ctime = now;
         txn.dirty.insert(src.ino);
@@ -787,4 +787,13 @@ fn touch_dir(st: &mut State, dir: u64, now: Timespec) {
         d.rec.mtime = now;
         d.rec.ctime = now;
     }
+}
+
+/// Link counts from an image that fsck has not vetted must not wrap.
+fn dec(n: &mut u32) {
+    *n = n.saturating_sub(1);
+}
+
+fn inc(n: &mut u32) {
+    *n = n.saturating_add(1);
 }

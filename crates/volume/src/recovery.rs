@@ -17,7 +17,7 @@ pub(crate) fn replay(region: &Region, geo: &Geometry) -> Result<(LogState, Recov
     let ring = geo.ring_len();
     let tail = region.read_u64(hdr + TAIL_WORD);
     let head = region.read_u64(hdr + HEAD_WORD);
-    if head > tail || tail - head > ring || head % 64 != 0 || tail % 64 != 0 {
+    if head > tail || tail - head > ring || !head.is_multiple_of(64) || !tail.is_multiple_of(64) {
         return Err(FsError::Corrupt(format!(
             "log words are inconsistent: head {head}, tail {tail}, ring {ring}"
         )));
@@ -187,7 +187,7 @@ pub(crate) fn load_state(
         let mut dir = Dir::default();
         let inode = &inodes[&ino];
         let nblocks = inode.rec.size / BLOCK_U64;
-        if inode.rec.size % BLOCK_U64 != 0 || inode.map.mapped_end() > nblocks {
+        if !inode.rec.size.is_multiple_of(BLOCK_U64) || inode.map.mapped_end() > nblocks {
             problem(format!(
                 "directory {ino}: size {} does not match its blocks",
                 inode.rec.size

@@ -166,7 +166,7 @@ fn run(r: &Run, setup: &[Op], ops: &[Op]) -> Outcome {
                         "{where_}: recovered tree matches no state in {lo}..={started}\n got: {dump:#?}\n last allowed: {:#?}",
                         states[started]
                     ));
-                } else if r.recovery_every > 0 && n % r.recovery_every == 0 {
+                } else if r.recovery_every > 0 && n.is_multiple_of(r.recovery_every) {
                     crash_during_recovery(img, &dump, &where_, &mut out);
                 }
             }

@@ -1,1 +1,332 @@
-fn main() {}
+//! `zcfs`: the command-line tool. Errors are reported here with what failed and what to
+//! do; the libraries below return typed errors.
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use zcfs_volume::{MkfsOptions, Owner, Volume, VolumeConfig, ROOT_INO};
+
+#[derive(Parser)]
+#[command(
+    name = "zcfs",
+    version,
+    about = "zcfs: a zero-copy, crash-consistent file system for persistent memory"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Create a volume on IMAGE (a file, e.g. in /dev/shm, or a /dev/dax device).
+    Mkfs {
+        image: PathBuf,
+        /// Volume size, e.g. 1G, 512M, 65536 (ignored for DAX devices).
+        #[arg(long, value_parser = parse_size)]
+        size: u64,
+        /// Overwrite an existing volume or a non-empty file.
+        #[arg(long)]
+        force: bool,
+        /// Number of inodes (default: one per 16 KiB).
+        #[arg(long)]
+        inodes: Option<u64>,
+        /// Size of the operation log ring (default: 1/64 of the volume, 64 KiB..64 MiB).
+        #[arg(long, value_parser = parse_size)]
+        log_size: Option<u64>,
+    },
+    /// Check a volume. Exit status: 0 clean, 1 problems all repaired, 4 problems left,
+    /// 8 the check could not run.
+    Fsck {
+        image: PathBuf,
+        /// Repair what is safe to repair (link counts, block counts, orphan inodes).
+        #[arg(long)]
+        repair: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Geometry, usage, log state and persistence mode of a volume.
+    Stat {
+        image: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Test helper: write files into a volume, printing each fsync it completes.
+    #[command(hide = true)]
+    SelftestWriter {
+        image: PathBuf,
+        #[arg(long, default_value_t = 1000)]
+        files: u64,
+        #[arg(long, default_value_t = 10)]
+        fsync_every: u64,
+    },
+}
+
+fn parse_size(s: &str) -> std::result::Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
+        Some((i, _)) => {
+            let m = match s[i..].to_ascii_lowercase().as_str() {
+                "k" | "kb" | "kib" => 1u64 << 10,
+                "m" | "mb" | "mib" => 1 << 20,
+                "g" | "gb" | "gib" => 1 << 30,
+                "t" | "tb" | "tib" => 1 << 40,
+                other => return Err(format!("unknown size unit {other:?} (use K, M, G or T)")),
+            };
+            (&s[..i], m)
+        }
+        None => (s, 1),
+    };
+    let n: u64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("not a size: {s:?}"))?;
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size {s:?} is too large"))
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let code = match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("zcfs: {e:#}");
+            8
+        }
+    };
+    std::process::exit(code);
+}
+
+fn run(cli: Cli) -> Result<i32> {
+    match cli.cmd {
+        Cmd::Mkfs {
+            image,
+            size,
+            force,
+            inodes,
+            log_size,
+        } => mkfs(&image, size, force, inodes, log_size),
+        Cmd::Fsck {
+            image,
+            repair,
+            json,
+        } => fsck(&image, repair, json),
+        Cmd::Stat { image, json } => stat(&image, json),
+        Cmd::SelftestWriter {
+            image,
+            files,
+            fsync_every,
+        } => selftest_writer(&image, files, fsync_every),
+    }
+}
+
+fn mkfs(
+    image: &Path,
+    size: u64,
+    force: bool,
+    inodes: Option<u64>,
+    log_size: Option<u64>,
+) -> Result<i32> {
+    let meta = std::fs::metadata(image).ok();
+    let is_file = meta.as_ref().is_none_or(|m| m.is_file());
+    if !force {
+        if Volume::probe(image) {
+            bail!(
+                "{} already holds a zcfs volume; add --force to overwrite it",
+                image.display()
+            );
+        }
+        if meta.as_ref().is_some_and(|m| m.is_file() && m.len() > 0) {
+            bail!(
+                "{} exists and is not empty; add --force to overwrite it",
+                image.display()
+            );
+        }
+    }
+    if is_file {
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(image)
+            .with_context(|| format!("creating {}", image.display()))?;
+        // Exactly the requested size; a fresh file stays sparse.
+        f.set_len(0)
+            .and_then(|_| f.set_len(size))
+            .with_context(|| format!("sizing {} to {size} bytes", image.display()))?;
+    }
+    Volume::mkfs(
+        image,
+        size,
+        &MkfsOptions {
+            inodes,
+            log_bytes: log_size,
+        },
+    )
+    .with_context(|| format!("making a volume on {}", image.display()))?;
+    let vol = Volume::open(
+        image,
+        VolumeConfig {
+            read_only: true,
+            ..Default::default()
+        },
+    )?;
+    let info = vol.info();
+    println!(
+        "created {}: {} bytes, {} data blocks of 4 KiB, {} inodes, {} KiB log, persistence {}",
+        image.display(),
+        info.size_bytes,
+        info.data_blocks_total,
+        info.inodes_total,
+        info.log_ring_bytes / 1024,
+        persistence_of(image)
+    );
+    Ok(0)
+}
+
+/// The persistence mode a read-write open would use (read-only opens map privately).
+fn persistence_of(image: &Path) -> String {
+    zcfs_pmem::Region::open(image, &zcfs_pmem::OpenParams::default())
+        .map(|r| r.mode().to_string())
+        .unwrap_or_else(|e| format!("unknown ({e})"))
+}
+
+fn fsck(image: &Path, repair: bool, json: bool) -> Result<i32> {
+    let report = zcfs_volume::fsck::fsck_path(image, repair)
+        .with_context(|| format!("checking {}", image.display()))?;
+    let code = if report.is_clean() {
+        if report.repaired.is_empty() {
+            0
+        } else {
+            1
+        }
+    } else {
+        4
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(code);
+    }
+    println!(
+        "{}: {} inodes ({} directories, {} files, {} symlinks), {} blocks in use, {} log entries replayed",
+        image.display(),
+        report.inodes,
+        report.directories,
+        report.files,
+        report.symlinks,
+        report.blocks_used,
+        report.entries_replayed
+    );
+    for n in &report.notes {
+        println!("note: {n}");
+    }
+    for r in &report.repaired {
+        println!("repaired: {r}");
+    }
+    for p in &report.problems {
+        println!("PROBLEM: {p}");
+    }
+    if report.is_clean() {
+        println!("clean");
+    } else {
+        println!(
+            "{} problem(s){}",
+            report.problems.len(),
+            if repair {
+                " left after repair"
+            } else {
+                "; run with --repair to fix what is safe to fix"
+            }
+        );
+    }
+    Ok(code)
+}
+
+fn stat(image: &Path, json: bool) -> Result<i32> {
+    let vol = Volume::open(
+        image,
+        VolumeConfig {
+            read_only: true,
+            ..Default::default()
+        },
+    )
+    .with_context(|| format!("opening {}", image.display()))?;
+    let mut info = vol.info();
+    info.persistence = persistence_of(image);
+    if json {
+        println!("{}", serde_json::to_string_pretty(&info)?);
+        return Ok(0);
+    }
+    let g = &info.geometry;
+    let used = info.data_blocks_total - info.data_blocks_free;
+    println!("volume     {}", image.display());
+    println!("uuid       {}", info.uuid);
+    println!(
+        "size       {} bytes ({} blocks of 4 KiB)",
+        info.size_bytes, g.total_blocks
+    );
+    println!(
+        "layout     superblocks 0-1, log {}+{}, inode table {}+{}, data {}+{}",
+        g.log_start, g.log_blocks, g.itable_start, g.itable_blocks, g.data_start, g.data_blocks
+    );
+    println!(
+        "data       {} of {} blocks used ({:.1} %)",
+        used,
+        info.data_blocks_total,
+        100.0 * used as f64 / info.data_blocks_total.max(1) as f64
+    );
+    println!(
+        "inodes     {} of {} used",
+        info.inodes_total - info.inodes_free,
+        info.inodes_total
+    );
+    println!(
+        "log        ring {} KiB; at open: {} entries replayed{}",
+        info.log_ring_bytes / 1024,
+        info.recovery.entries_replayed,
+        if info.recovery.was_clean {
+            " (clean shutdown)"
+        } else {
+            " (recovered from a crash)"
+        }
+    );
+    println!("mounts     {}", info.mount_count);
+    println!("persist    {}", info.persistence);
+    Ok(0)
+}
+
+/// Deterministic content of selftest file `i`.
+fn selftest_content(i: u64) -> Vec<u8> {
+    let len = (i * 7919) % 20000 + 1;
+    (0..len)
+        .map(|j| (i as u8).wrapping_mul(17).wrapping_add(j as u8))
+        .collect()
+}
+
+fn selftest_writer(image: &Path, files: u64, fsync_every: u64) -> Result<i32> {
+    let vol = Volume::open(image, VolumeConfig::default())?;
+    let owner = Owner { uid: 0, gid: 0 };
+    let dir = match vol.lookup(ROOT_INO, b"selftest") {
+        Ok(a) => a.ino,
+        Err(_) => vol.mkdir(ROOT_INO, b"selftest", 0o755, owner)?.ino,
+    };
+    let mut out = std::io::stdout().lock();
+    for i in 0..files {
+        let name = format!("f{i:06}");
+        let a = vol.create(dir, name.as_bytes(), 0o644, owner, 0)?;
+        vol.write(a.ino, 0, &selftest_content(i))?;
+        if (i + 1) % fsync_every == 0 {
+            vol.fsync(a.ino)?;
+            writeln!(out, "synced {i}")?;
+            out.flush()?;
+        }
+    }
+    Ok(0)
+}
