@@ -425,6 +425,29 @@ impl Region {
         }
     }
 
+    /// Ask the kernel to back `[off, off+len)` with writable pages now, so the first
+    /// stores there do not fault (used for the log ring). Best effort.
+    pub fn prefault(&self, off: usize, len: usize) {
+        self.check(off, len);
+        if self.mode == PersistMode::Memory {
+            return;
+        }
+        let start = off / PAGE * PAGE;
+        let end = (off + len).div_ceil(PAGE) * PAGE;
+        // SAFETY: a page-aligned subrange of our own mapping; populating does not
+        // change its contents.
+        let rc = unsafe {
+            libc::madvise(
+                self.base.add(start) as *mut libc::c_void,
+                end - start,
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
+        if rc != 0 {
+            tracing::debug!(err = %std::io::Error::last_os_error(), "prefault not available");
+        }
+    }
+
     /// `flush` then `fence`.
     pub fn persist(&self, off: usize, len: usize) {
         self.flush(off, len);

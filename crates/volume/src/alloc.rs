@@ -6,7 +6,10 @@
 
 use crate::error::{FsError, Result};
 
-/// Bitmap allocator over the data area, next-fit.
+/// Bitmap allocator over the data area: recently freed blocks first (LIFO), then
+/// next-fit. Reusing warm blocks keeps the working set small: on a sparse /dev/shm
+/// volume every never-touched block costs a page fault and a zeroed page, and on PM
+/// it keeps lines and TLB entries hot.
 #[derive(Debug, Clone)]
 pub struct BlockAlloc {
     start: u64,
@@ -14,7 +17,11 @@ pub struct BlockAlloc {
     bits: Vec<u64>,
     free: u64,
     cursor: u64,
+    /// Recently freed blocks; entries may be stale (taken since by the scan).
+    recent: Vec<u64>,
 }
+
+const RECENT_MAX: usize = 1 << 16;
 
 impl BlockAlloc {
     /// All blocks in `[start, start+count)` free.
@@ -30,6 +37,7 @@ impl BlockAlloc {
             bits,
             free: count,
             cursor: 0,
+            recent: Vec::new(),
         }
     }
 
@@ -58,6 +66,18 @@ impl BlockAlloc {
             return Err(FsError::NoSpace);
         }
         let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            let Some(b) = self.recent.pop() else { break };
+            let i = b - self.start;
+            let w = &mut self.bits[(i / 64) as usize];
+            if *w & (1 << (i % 64)) == 0 {
+                *w |= 1 << (i % 64);
+                out.push(b);
+            }
+        }
+        // Ascending order, so blocks freed together stay physically contiguous in files.
+        out.sort_unstable();
+        let from_recent = out.len();
         let words = self.bits.len() as u64;
         let mut w = self.cursor / 64;
         let mut scanned = 0u64;
@@ -75,7 +95,9 @@ impl BlockAlloc {
         }
         debug_assert_eq!(out.len(), n);
         self.free -= n as u64;
-        self.cursor = w * 64;
+        if out.len() > from_recent {
+            self.cursor = w * 64;
+        }
         Ok(out)
     }
 
@@ -95,6 +117,9 @@ impl BlockAlloc {
         }
         *w &= !m;
         self.free += 1;
+        if self.recent.len() < RECENT_MAX {
+            self.recent.push(block);
+        }
     }
 }
 

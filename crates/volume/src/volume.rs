@@ -296,6 +296,11 @@ pub struct VolumeInfo {
     pub stats: StatsSnapshot,
 }
 
+/// Checkpoint once this many freed blocks wait for reuse (4 MiB): a checkpoint is two
+/// fences and one store, while a large backlog of unusable free blocks makes writes
+/// cycle through more memory than the caches hold.
+const CHECKPOINT_FREES: usize = 1024;
+
 fn now_secs() -> i64 {
     Timespec::now().sec
 }
@@ -436,6 +441,9 @@ impl Volume {
             recovery: report,
         });
         if !vol.cfg.read_only {
+            // The ring is written over and over: back it with pages now rather than
+            // faulting through it during the first lap.
+            vol.region.prefault(geo.ring_off(), geo.ring_len() as usize);
             vol.write_superblock(false, which)?;
             if vol.cfg.batch_ops > 1 {
                 spawn_flusher(&vol);
@@ -634,9 +642,7 @@ impl Volume {
         st.deferred_frees.extend(batch.frees);
         self.stats.commits.fetch_add(1, Ordering::Relaxed);
         let ring = self.geo.ring_len();
-        if st.log.tail - st.log.head > ring / 2
-            || st.deferred_frees.len() as u64 > (self.geo.data_blocks / 8).max(64)
-        {
+        if st.log.tail - st.log.head > ring / 2 || st.deferred_frees.len() > CHECKPOINT_FREES {
             self.checkpoint(st);
         }
     }
