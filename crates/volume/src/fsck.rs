@@ -159,6 +159,12 @@ fn check_state(vol: &Volume, st: &State, report: &mut FsckReport) -> Vec<Fix> {
             ));
             fixes.push(Fix::BlocksField(ino));
         }
+        if ino != ROOT_INO && !reached.contains(&ino) && r.nlink == 0 && !r.is_dir() {
+            report.notes.push(format!(
+                "inode {ino} was unlinked while open; the next mount frees it"
+            ));
+            continue;
+        }
         if ino != ROOT_INO && !reached.contains(&ino) {
             report.problems.push(format!(
                 "inode {ino} is not reachable from the root (orphan)"

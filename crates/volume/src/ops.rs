@@ -405,6 +405,7 @@ impl Volume {
 
     /// Drop one link of `ino`; on the last link free the inode and all its blocks.
     fn drop_link(&self, st: &mut State, txn: &mut Txn, ino: u64, now: Timespec) -> Result<()> {
+        let is_open = st.open.get(&ino).is_some_and(|&n| n > 0);
         let inode = st.inode_mut(ino)?;
         let is_dir = inode.rec.is_dir();
         let last = if is_dir { true } else { inode.rec.nlink <= 1 };
@@ -414,7 +415,23 @@ impl Volume {
             inode.rec.ctime = now;
             return Ok(());
         }
-        let mut inode = st.inodes.remove(&ino).unwrap();
+        if !is_dir && is_open {
+            // Still open: keep it as an orphan (link count 0) until the last release;
+            // a crash before that leaves it for the next mount to reclaim.
+            inode.rec.nlink = 0;
+            inode.rec.ctime = now;
+            return Ok(());
+        }
+        self.free_inode(st, txn, ino);
+        Ok(())
+    }
+
+    /// Free an inode and every block it owns, in `txn`.
+    pub(crate) fn free_inode(&self, st: &mut State, txn: &mut Txn, ino: u64) {
+        txn.dirty.insert(ino);
+        let Some(mut inode) = st.inodes.remove(&ino) else {
+            return;
+        };
         st.dirs.remove(&ino);
         let mut sink = Sink {
             region: &self.region,
@@ -426,7 +443,54 @@ impl Volume {
             txn.releases.push(inode.rec.xattr_block);
         }
         st.ialloc.insert(ino);
+        st.open.remove(&ino);
+    }
+
+    /// A frontend opened `ino`: an unlink of its last name keeps it until `release`.
+    pub fn open_handle(&self, ino: u64) -> Result<()> {
+        let mut st = self.state.write().unwrap();
+        st.inode(ino)?;
+        *st.open.entry(ino).or_insert(0) += 1;
         Ok(())
+    }
+
+    /// A handle of `ino` was closed; the last close of an unlinked file frees it.
+    pub fn release_handle(&self, ino: u64) -> Result<()> {
+        let mut st = self.state.write().unwrap();
+        let st = &mut *st;
+        let Some(n) = st.open.get_mut(&ino) else {
+            return Ok(());
+        };
+        *n -= 1;
+        if *n > 0 {
+            return Ok(());
+        }
+        st.open.remove(&ino);
+        if self.cfg.read_only || !st.inodes.get(&ino).is_some_and(|i| i.rec.nlink == 0) {
+            return Ok(());
+        }
+        let mut txn = Txn::new(OpType::Unlink, ino);
+        self.free_inode(st, &mut txn, ino);
+        self.finish(st, txn)
+    }
+
+    /// Free the orphans (unlinked while open) a crash left behind; run at mount.
+    pub(crate) fn reap_orphans(&self) -> Result<usize> {
+        let mut st = self.write_state()?;
+        let st = &mut *st;
+        let orphans: Vec<u64> = st
+            .inodes
+            .iter()
+            .filter(|(_, i)| i.rec.nlink == 0 && !i.rec.is_dir())
+            .map(|(&n, _)| n)
+            .collect();
+        for &ino in &orphans {
+            let mut txn = Txn::new(OpType::Unlink, ino);
+            self.free_inode(st, &mut txn, ino);
+            self.finish(st, txn)?;
+        }
+        self.commit_batch(st);
+        Ok(orphans.len())
     }
 
     pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {

@@ -249,6 +249,7 @@ pub(crate) fn load_state(
         batch: Batch::default(),
         deferred_frees: Vec::new(),
         pins: HashMap::new(),
+        open: HashMap::new(),
     })
 }
 

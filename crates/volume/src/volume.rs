@@ -173,6 +173,8 @@ pub(crate) struct State {
     pub deferred_frees: Vec<u64>,
     /// Blocks attached to callers' address spaces (zcopy_to): not reused while pinned.
     pub pins: HashMap<u64, u32>,
+    /// Open handles per inode (frontends call open_handle/release_handle).
+    pub open: HashMap<u64, u32>,
 }
 
 /// A transaction being built: one log entry.
@@ -445,6 +447,13 @@ impl Volume {
             // faulting through it during the first lap.
             vol.region.prefault(geo.ring_off(), geo.ring_len() as usize);
             vol.write_superblock(false, which)?;
+            let reaped = vol.reap_orphans()?;
+            if reaped > 0 {
+                tracing::info!(
+                    reaped,
+                    "freed files that were unlinked while open before a crash"
+                );
+            }
             if vol.cfg.batch_ops > 1 {
                 spawn_flusher(&vol);
             }

@@ -377,3 +377,33 @@ fn bad_images_give_errors() {
     bad_root[(geo.itable_start as usize) * 4096 + 12] ^= 0x40;
     assert!(matches!(open(&bad_root), Err(FsError::Corrupt(_))));
 }
+
+#[test]
+fn unlinked_open_file_lives_until_release_and_crash_reaps_it() {
+    let vol = memory_volume(4 << 20, VolumeConfig::synchronous());
+    let f = vol.create(ROOT_INO, b"f", 0o644, OWNER, 0).unwrap();
+    vol.write(f.ino, 0, b"still here").unwrap();
+    vol.open_handle(f.ino).unwrap();
+    vol.unlink(ROOT_INO, b"f").unwrap();
+    assert!(matches!(vol.lookup(ROOT_INO, b"f"), Err(FsError::NotFound)));
+    let mut buf = [0u8; 10];
+    assert_eq!(vol.read(f.ino, 0, &mut buf).unwrap(), 10);
+    assert_eq!(&buf, b"still here");
+    assert_eq!(vol.getattr(f.ino).unwrap().nlink, 0);
+    let free_before = vol.statfs().ffree;
+    // Crash now: the next mount frees the orphan.
+    vol.sync().unwrap();
+    let img = image_of(&vol);
+    let crashed =
+        Volume::open_region(Region::from_image(&img), VolumeConfig::synchronous()).unwrap();
+    assert!(matches!(crashed.getattr(f.ino), Err(FsError::NotFound)));
+    assert_eq!(crashed.statfs().ffree, free_before + 1);
+    let report = zcfs_volume::fsck::check_volume(&crashed);
+    assert!(report.is_clean(), "{:?}", report.problems);
+    // Without a crash: the last release frees it.
+    vol.release_handle(f.ino).unwrap();
+    assert!(matches!(vol.getattr(f.ino), Err(FsError::NotFound)));
+    assert_eq!(vol.statfs().ffree, free_before + 1);
+    let report = zcfs_volume::fsck::check_volume(&vol);
+    assert!(report.is_clean(), "{:?}", report.problems);
+}
