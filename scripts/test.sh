@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
-bash scripts/setup.sh build-essential pkg-config
+bash scripts/setup.sh build-essential pkg-config fuse3 git rsync sqlite3 fio tar iproute2
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace --release -- --test-threads 2

@@ -466,7 +466,7 @@ impl Volume {
             return Ok(());
         }
         st.open.remove(&ino);
-        if self.cfg.read_only || !st.inodes.get(&ino).is_some_and(|i| i.rec.nlink == 0) {
+        if self.cfg.read_only || st.inodes.get(&ino).is_none_or(|i| i.rec.nlink != 0) {
             return Ok(());
         }
         let mut txn = Txn::new(OpType::Unlink, ino);

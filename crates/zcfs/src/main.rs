@@ -1,7 +1,9 @@
 //! `zcfs`: the command-line tool. Errors are reported here with what failed and what to
 //! do; the libraries below return typed errors.
 
-use anyhow::{bail, Context, Result};
+mod mount;
+
+use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, Subcommand};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -52,6 +54,46 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Mount SOURCE (a volume image, HOST:PORT, or `null`) on MOUNTPOINT through FUSE.
+    /// Runs in the foreground until unmounted or sent SIGINT/SIGTERM.
+    Mount {
+        source: String,
+        mountpoint: PathBuf,
+        /// Mount options, comma separated (allow_other, default_permissions, ro, uid=,
+        /// gid=, umask=, cache=, writeback, direct_io, threads=, ...).
+        #[arg(short = 'o', action = clap::ArgAction::Append)]
+        options: Vec<String>,
+        /// What the kernel may cache: none, metadata, auto (default) or always.
+        #[arg(long)]
+        cache: Option<zcfs_fuse::CacheMode>,
+        /// Let the kernel buffer writes (writeback cache).
+        #[arg(long)]
+        writeback: bool,
+        /// Bypass the page cache for file data.
+        #[arg(long)]
+        direct_io: bool,
+        /// FUSE worker threads (default 4).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Return once the mount is live, leaving it running in the background.
+        #[arg(long)]
+        daemon: bool,
+        /// Shared secret for a remote SOURCE that requires one.
+        #[arg(long)]
+        secret_file: Option<PathBuf>,
+    },
+    /// Unmount a zcfs mount.
+    Umount {
+        mountpoint: PathBuf,
+        /// Detach now even if busy; the mount goes away when no longer used.
+        #[arg(long)]
+        lazy: bool,
+    },
+    /// Install /sbin/mount.fuse.zcfs so `mount -t fuse.zcfs` and fstab lines work.
+    InstallHelper {
+        #[arg(long, default_value = "/sbin/mount.fuse.zcfs")]
+        path: PathBuf,
+    },
     /// Test helper: write files into a volume, printing each fsync it completes.
     #[command(hide = true)]
     SelftestWriter {
@@ -93,8 +135,13 @@ fn main() {
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
-    let code = match run(cli) {
+    let argv0 = std::env::args().next().unwrap_or_default();
+    let result = if argv0.ends_with("mount.fuse.zcfs") {
+        mount::helper_main(std::env::args().skip(1).collect())
+    } else {
+        run(Cli::parse())
+    };
+    let code = match result {
         Ok(code) => code,
         Err(e) => {
             eprintln!("zcfs: {e:#}");
@@ -119,6 +166,36 @@ fn run(cli: Cli) -> Result<i32> {
             json,
         } => fsck(&image, repair, json),
         Cmd::Stat { image, json } => stat(&image, json),
+        Cmd::Mount {
+            source,
+            mountpoint,
+            options,
+            cache,
+            writeback,
+            direct_io,
+            threads,
+            daemon,
+            secret_file,
+        } => mount::mount(&mount::MountArgs {
+            source,
+            mountpoint,
+            options,
+            cache,
+            writeback,
+            direct_io,
+            threads,
+            daemon,
+            secret_file,
+        }),
+        Cmd::Umount { mountpoint, lazy } => mount::umount(&mountpoint, lazy),
+        Cmd::InstallHelper { path } => {
+            let exe = std::env::current_exe()?;
+            let _ = std::fs::remove_file(&path);
+            std::os::unix::fs::symlink(&exe, &path)
+                .with_context(|| format!("linking {} to {}", path.display(), exe.display()))?;
+            println!("{} -> {}: `mount -t fuse.zcfs SOURCE MOUNTPOINT -o OPTIONS` and fstab lines now work", path.display(), exe.display());
+            Ok(0)
+        }
         Cmd::SelftestWriter {
             image,
             files,
@@ -329,4 +406,21 @@ fn selftest_writer(image: &Path, files: u64, fsync_every: u64) -> Result<i32> {
         }
     }
     Ok(0)
+}
+
+/// A backend, and the local volume behind it if there is one (to close it cleanly).
+pub(crate) type OpenedBackend = (
+    std::sync::Arc<dyn zcfs_backend::Backend>,
+    Option<std::sync::Arc<Volume>>,
+);
+
+/// The Backend for a remote SOURCE (HOST:PORT).
+pub(crate) fn remote_backend(
+    source: &str,
+    _secret: Option<&Path>,
+    _timeout: Option<std::time::Duration>,
+) -> Result<OpenedBackend> {
+    Err(anyhow!(
+        "remote sources ({source}) are not available in this build yet"
+    ))
 }

@@ -1,0 +1,825 @@
+//! The FUSE frontend: a thin adapter from fuser's request callbacks to a zcfs Backend,
+//! so the FUSE crate can be swapped without touching the backends.
+//!
+//! Copies: fuser reads each request (and write payload) into its own buffer and copies
+//! read replies into a Vec before writev, so this path costs one user-space copy per
+//! payload byte each way; the counters report it.
+
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use zcfs_backend::{Attr, Backend, Ctx, SetAttr, SetTime, Time};
+
+/// How much the kernel may cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheMode {
+    /// Nothing: attributes and entries revalidated on every use, data uncached.
+    None,
+    /// Attributes and entries for the timeout; data not kept in the page cache.
+    Metadata,
+    /// Attributes and entries for the timeout; the page cache is dropped on open.
+    Auto,
+    /// Long timeouts and the page cache kept across opens (single-writer workloads).
+    Always,
+}
+
+impl std::str::FromStr for CacheMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "none" | "no" => CacheMode::None,
+            "metadata" => CacheMode::Metadata,
+            "auto" => CacheMode::Auto,
+            "always" | "yes" => CacheMode::Always,
+            _ => {
+                return Err(format!(
+                    "cache mode {s:?}: use none, metadata, auto or always"
+                ))
+            }
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct FuseOptions {
+    pub cache: CacheMode,
+    /// Attribute and entry timeout (for metadata/auto).
+    pub timeout: Duration,
+    pub writeback: bool,
+    pub direct_io: bool,
+    pub readdirplus: bool,
+    pub max_write: u32,
+    /// Show every file as owned by this uid/gid (sshfs-style `uid=`, `gid=`).
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    /// Clear these permission bits in what is shown (`umask=`).
+    pub umask: Option<u32>,
+}
+
+impl Default for FuseOptions {
+    fn default() -> Self {
+        FuseOptions {
+            cache: CacheMode::Auto,
+            timeout: Duration::from_secs(1),
+            writeback: false,
+            direct_io: false,
+            readdirplus: true,
+            max_write: 1 << 20,
+            uid: None,
+            gid: None,
+            umask: None,
+        }
+    }
+}
+
+/// Frontend counters (what crossed /dev/fuse and what it cost).
+#[derive(Debug, Default)]
+pub struct FuseStats {
+    pub requests: AtomicU64,
+    pub read_bytes: AtomicU64,
+    pub write_bytes: AtomicU64,
+    pub user_copy_bytes: AtomicU64,
+}
+
+pub struct FuseFs {
+    backend: Arc<dyn Backend>,
+    opts: FuseOptions,
+    ttl: Duration,
+    pub stats: Arc<FuseStats>,
+}
+
+impl FuseFs {
+    pub fn new(backend: Arc<dyn Backend>, opts: FuseOptions) -> FuseFs {
+        let ttl = match opts.cache {
+            CacheMode::None => Duration::ZERO,
+            CacheMode::Metadata | CacheMode::Auto => opts.timeout,
+            CacheMode::Always => Duration::from_secs(3600),
+        };
+        FuseFs {
+            backend,
+            opts,
+            ttl,
+            stats: Arc::new(FuseStats::default()),
+        }
+    }
+
+    fn file_attr(&self, a: &Attr) -> FileAttr {
+        let perm = (a.mode & 0o7777) & !self.opts.umask.unwrap_or(0);
+        FileAttr {
+            ino: INodeNo(a.ino),
+            size: a.size,
+            blocks: a.blocks,
+            atime: sys_time(a.atime),
+            mtime: sys_time(a.mtime),
+            ctime: sys_time(a.ctime),
+            crtime: sys_time(a.ctime),
+            kind: kind(a.mode),
+            perm: perm as u16,
+            nlink: a.nlink,
+            uid: self.opts.uid.unwrap_or(a.uid),
+            gid: self.opts.gid.unwrap_or(a.gid),
+            rdev: a.rdev,
+            blksize: a.blksize,
+            flags: 0,
+        }
+    }
+
+    fn open_flags(&self) -> FopenFlags {
+        let mut f = FopenFlags::empty();
+        if self.opts.direct_io || matches!(self.opts.cache, CacheMode::None | CacheMode::Metadata) {
+            f |= FopenFlags::FOPEN_DIRECT_IO;
+        }
+        if self.opts.cache == CacheMode::Always {
+            f |= FopenFlags::FOPEN_KEEP_CACHE;
+        }
+        f
+    }
+
+    fn count(&self) {
+        self.stats.requests.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+fn ctx(req: &Request) -> Ctx {
+    Ctx {
+        uid: req.uid(),
+        gid: req.gid(),
+        pid: req.pid(),
+    }
+}
+
+fn sys_time(t: Time) -> SystemTime {
+    if t.sec >= 0 {
+        UNIX_EPOCH + Duration::new(t.sec as u64, t.nsec)
+    } else {
+        UNIX_EPOCH - Duration::from_secs(t.sec.unsigned_abs()) + Duration::from_nanos(t.nsec as u64)
+    }
+}
+
+fn time_of(t: SystemTime) -> Time {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => Time {
+            sec: d.as_secs() as i64,
+            nsec: d.subsec_nanos(),
+        },
+        Err(e) => {
+            let d = e.duration();
+            let (mut sec, mut nsec) = (-(d.as_secs() as i64), d.subsec_nanos());
+            if nsec > 0 {
+                sec -= 1;
+                nsec = 1_000_000_000 - nsec;
+            }
+            Time { sec, nsec }
+        }
+    }
+}
+
+fn set_time(t: TimeOrNow) -> SetTime {
+    match t {
+        TimeOrNow::Now => SetTime::Now,
+        TimeOrNow::SpecificTime(t) => SetTime::At(time_of(t)),
+    }
+}
+
+fn kind(mode: u32) -> FileType {
+    match mode & libc::S_IFMT {
+        libc::S_IFDIR => FileType::Directory,
+        libc::S_IFLNK => FileType::Symlink,
+        libc::S_IFIFO => FileType::NamedPipe,
+        libc::S_IFSOCK => FileType::Socket,
+        libc::S_IFCHR => FileType::CharDevice,
+        libc::S_IFBLK => FileType::BlockDevice,
+        _ => FileType::RegularFile,
+    }
+}
+
+fn errno(e: &zcfs_backend::Error) -> Errno {
+    Errno::from_i32(e.errno)
+}
+
+impl Filesystem for FuseFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config.set_max_write(self.opts.max_write);
+        let _ = config.set_max_readahead(1 << 20);
+        let _ = config.set_max_background(64);
+        let mut want = InitFlags::FUSE_PARALLEL_DIROPS | InitFlags::FUSE_ATOMIC_O_TRUNC;
+        if self.opts.readdirplus {
+            want |= InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO;
+        }
+        if self.opts.writeback {
+            want |= InitFlags::FUSE_WRITEBACK_CACHE;
+        }
+        for f in want.iter() {
+            if config.add_capabilities(f).is_err() {
+                tracing::info!(?f, "kernel lacks FUSE capability");
+            }
+        }
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        if let Err(e) = self.backend.sync_all() {
+            tracing::error!("final sync failed: {e}");
+        }
+    }
+
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        self.count();
+        match self.backend.lookup(&ctx(req), parent.0, name.as_bytes()) {
+            Ok(a) => reply.entry(&self.ttl, &self.file_attr(&a), Generation(a.generation)),
+            // A negative entry is cached as long as a positive one.
+            Err(e) if e.errno == libc::ENOENT && !self.ttl.is_zero() => {
+                reply.entry(&self.ttl, &negative_attr(), Generation(0))
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.backend.forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        self.count();
+        match self.backend.getattr(ino.0) {
+            Ok(a) => reply.attr(&self.ttl, &self.file_attr(&a)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        self.count();
+        let set = SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime: atime.map(set_time),
+            mtime: mtime.map(set_time),
+        };
+        match self.backend.setattr(&ctx(req), ino.0, &set) {
+            Ok(a) => reply.attr(&self.ttl, &self.file_attr(&a)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        self.count();
+        match self.backend.readlink(ino.0) {
+            Ok(t) => reply.data(&t),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        self.count();
+        match self
+            .backend
+            .mknod(&ctx(req), parent.0, name.as_bytes(), mode, rdev)
+        {
+            Ok(a) => reply.entry(&self.ttl, &self.file_attr(&a), Generation(a.generation)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        self.count();
+        match self
+            .backend
+            .mkdir(&ctx(req), parent.0, name.as_bytes(), mode)
+        {
+            Ok(a) => reply.entry(&self.ttl, &self.file_attr(&a), Generation(a.generation)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.count();
+        match self.backend.unlink(&ctx(req), parent.0, name.as_bytes()) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.count();
+        match self.backend.rmdir(&ctx(req), parent.0, name.as_bytes()) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        self.count();
+        match self.backend.symlink(
+            &ctx(req),
+            parent.0,
+            link_name.as_bytes(),
+            target.as_os_str().as_bytes(),
+        ) {
+            Ok(a) => reply.entry(&self.ttl, &self.file_attr(&a), Generation(a.generation)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn rename(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.count();
+        match self.backend.rename(
+            &ctx(req),
+            parent.0,
+            name.as_bytes(),
+            newparent.0,
+            newname.as_bytes(),
+            flags.bits(),
+        ) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn link(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        self.count();
+        match self
+            .backend
+            .link(&ctx(req), ino.0, newparent.0, newname.as_bytes())
+        {
+            Ok(a) => reply.entry(&self.ttl, &self.file_attr(&a), Generation(a.generation)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        self.count();
+        let c = ctx(req);
+        match self.backend.open(&c, ino.0, flags.0) {
+            Ok(fh) => {
+                // FUSE_ATOMIC_O_TRUNC: the truncation is ours to do.
+                if flags.0 & libc::O_TRUNC != 0 {
+                    let set = SetAttr {
+                        size: Some(0),
+                        ..Default::default()
+                    };
+                    if let Err(e) = self.backend.setattr(&c, ino.0, &set) {
+                        let _ = self.backend.release(ino.0, fh);
+                        return reply.error(errno(&e));
+                    }
+                }
+                reply.opened(FileHandle(fh), self.open_flags())
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        self.count();
+        match self
+            .backend
+            .create(&ctx(req), parent.0, name.as_bytes(), mode, flags)
+        {
+            Ok((a, fh)) => reply.created(
+                &self.ttl,
+                &self.file_attr(&a),
+                Generation(a.generation),
+                FileHandle(fh),
+                self.open_flags(),
+            ),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        self.count();
+        let mut reply = Some(reply);
+        let stats = &self.stats;
+        let r = self.backend.read(ino.0, fh.0, offset, size, &mut |slices| {
+            let n: usize = slices.iter().map(|s| s.len()).sum();
+            stats.read_bytes.fetch_add(n as u64, Ordering::Relaxed);
+            // fuser copies the reply into its own buffer once; pieces are joined first.
+            stats.user_copy_bytes.fetch_add(
+                n as u64 * if slices.len() > 1 { 2 } else { 1 },
+                Ordering::Relaxed,
+            );
+            let r = reply.take().expect("read sink called once");
+            match slices {
+                [] => r.data(&[]),
+                [one] => r.data(one),
+                many => r.data(&many.concat()),
+            }
+            Ok(())
+        });
+        if let Err(e) = r {
+            if let Some(reply) = reply.take() {
+                reply.error(errno(&e));
+            }
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        self.count();
+        self.stats
+            .write_bytes
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        self.stats
+            .user_copy_bytes
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        match self.backend.write(ino.0, fh.0, offset, data) {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        self.count();
+        match self.backend.flush(ino.0, fh.0) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.count();
+        match self.backend.release(ino.0, fh.0) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.count();
+        match self.backend.fsync(ino.0, fh.0, datasync) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        self.count();
+        match self.backend.opendir(&ctx(req), ino.0) {
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        match self.backend.releasedir(ino.0, fh.0) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self.backend.fsync(ino.0, fh.0, datasync) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn readdir(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        self.count();
+        // Offsets: 1 after ".", 2 after "..", backend cookie + 2 after an entry.
+        if offset == 0 && reply.add(ino, 1, FileType::Directory, ".") {
+            return reply.ok();
+        }
+        if offset <= 1 {
+            let parent = self
+                .backend
+                .lookup(&ctx(req), ino.0, b"..")
+                .map(|a| a.ino)
+                .unwrap_or(ino.0);
+            if reply.add(INodeNo(parent), 2, FileType::Directory, "..") {
+                return reply.ok();
+            }
+        }
+        let r = self
+            .backend
+            .readdir(ino.0, offset.saturating_sub(2), false, &mut |e| {
+                !reply.add(
+                    INodeNo(e.ino),
+                    e.next + 2,
+                    kind(e.kind),
+                    OsStr::from_bytes(&e.name),
+                )
+            });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn readdirplus(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        self.count();
+        let c = ctx(req);
+        if offset == 0 {
+            if let Ok(a) = self.backend.getattr(ino.0) {
+                if reply.add(
+                    ino,
+                    1,
+                    ".",
+                    &self.ttl,
+                    &self.file_attr(&a),
+                    Generation(a.generation),
+                ) {
+                    return reply.ok();
+                }
+            }
+        }
+        if offset <= 1 {
+            if let Ok(a) = self.backend.lookup(&c, ino.0, b"..") {
+                if reply.add(
+                    INodeNo(a.ino),
+                    2,
+                    "..",
+                    &self.ttl,
+                    &self.file_attr(&a),
+                    Generation(a.generation),
+                ) {
+                    return reply.ok();
+                }
+            }
+        }
+        let r = self
+            .backend
+            .readdir(ino.0, offset.saturating_sub(2), true, &mut |e| {
+                let a = match e.attr {
+                    Some(a) => a,
+                    None => match self.backend.getattr(e.ino) {
+                        Ok(a) => a,
+                        Err(_) => return true, // vanished meanwhile: skip
+                    },
+                };
+                !reply.add(
+                    INodeNo(e.ino),
+                    e.next + 2,
+                    OsStr::from_bytes(&e.name),
+                    &self.ttl,
+                    &self.file_attr(&a),
+                    Generation(a.generation),
+                )
+            });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        self.count();
+        match self.backend.statfs() {
+            Ok(s) => reply.statfs(
+                s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
+            ),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        self.count();
+        match self.backend.setxattr(ino.0, name.as_bytes(), value, flags) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        self.count();
+        match self.backend.getxattr(ino.0, name.as_bytes()) {
+            Ok(v) => xattr_reply(reply, size, &v),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        self.count();
+        match self.backend.listxattr(ino.0) {
+            Ok(names) => {
+                let mut buf = Vec::new();
+                for n in names {
+                    buf.extend_from_slice(&n);
+                    buf.push(0);
+                }
+                xattr_reply(reply, size, &buf)
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.count();
+        match self.backend.removexattr(ino.0, name.as_bytes()) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        self.count();
+        match self.backend.fallocate(ino.0, fh.0, offset, length, mode) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+}
+
+/// getxattr/listxattr protocol: size 0 asks for the length; too small is ERANGE.
+fn xattr_reply(reply: ReplyXattr, size: u32, data: &[u8]) {
+    if size == 0 {
+        reply.size(data.len() as u32)
+    } else if (size as usize) < data.len() {
+        reply.error(Errno::ERANGE)
+    } else {
+        reply.data(data)
+    }
+}
+
+/// A negative dentry: inode 0 tells the kernel to cache "does not exist".
+fn negative_attr() -> FileAttr {
+    FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: UNIX_EPOCH,
+        mtime: UNIX_EPOCH,
+        ctime: UNIX_EPOCH,
+        crtime: UNIX_EPOCH,
+        kind: FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 4096,
+        flags: 0,
+    }
+}
+
+pub use fuser::{BackgroundSession, Config, MountOption, SessionACL};
+
+/// Mount `fs` on `mountpoint` in background threads; dropping the session unmounts.
+pub fn spawn(fs: FuseFs, mountpoint: &Path, config: &Config) -> std::io::Result<BackgroundSession> {
+    fuser::spawn_mount(fs, mountpoint, config)
+}

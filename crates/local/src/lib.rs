@@ -1,0 +1,294 @@
+//! LocalFs: the Backend over a zcfs PM volume. Reads hand the volume's borrowed PM
+//! slices to the frontend; `write_with` lets the frontend fill reserved blocks in place.
+
+use std::sync::Arc;
+use zcfs_backend::{
+    Attr, Backend, CopyStats, Ctx, DirEntry, Error, ReadSink, Result, SetAttr, SetTime, StatFs,
+    Time, WriteFill,
+};
+use zcfs_volume::{FsError, Owner, RenameFlags, TimeSet, Timespec, Volume, XattrMode};
+
+pub struct LocalFs {
+    vol: Arc<Volume>,
+}
+
+impl LocalFs {
+    pub fn new(vol: Arc<Volume>) -> LocalFs {
+        LocalFs { vol }
+    }
+    pub fn volume(&self) -> &Arc<Volume> {
+        &self.vol
+    }
+}
+
+fn err(e: FsError) -> Error {
+    Error::new(e.errno(), e.to_string())
+}
+
+fn t(ts: Timespec) -> Time {
+    Time {
+        sec: ts.sec,
+        nsec: ts.nsec,
+    }
+}
+
+fn attr(a: zcfs_volume::Attr) -> Attr {
+    Attr {
+        ino: a.ino,
+        generation: a.gen as u64,
+        size: a.size,
+        blocks: a.blocks,
+        atime: t(a.atime),
+        mtime: t(a.mtime),
+        ctime: t(a.ctime),
+        mode: a.mode,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev,
+        blksize: a.blksize,
+    }
+}
+
+fn owner(ctx: &Ctx) -> Owner {
+    Owner {
+        uid: ctx.uid,
+        gid: ctx.gid,
+    }
+}
+
+fn set_time(s: SetTime) -> TimeSet {
+    match s {
+        SetTime::Now => TimeSet::Now,
+        SetTime::At(t) => TimeSet::At(Timespec {
+            sec: t.sec,
+            nsec: t.nsec,
+        }),
+    }
+}
+
+impl Backend for LocalFs {
+    fn lookup(&self, _ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr> {
+        match name {
+            b"." => self.getattr(parent),
+            b".." => self.getattr(self.vol.parent_of(parent).map_err(err)?),
+            _ => self.vol.lookup(parent, name).map(attr).map_err(err),
+        }
+    }
+    fn getattr(&self, ino: u64) -> Result<Attr> {
+        self.vol.getattr(ino).map(attr).map_err(err)
+    }
+    fn setattr(&self, _ctx: &Ctx, ino: u64, set: &SetAttr) -> Result<Attr> {
+        let s = zcfs_volume::SetAttr {
+            mode: set.mode,
+            uid: set.uid,
+            gid: set.gid,
+            size: set.size,
+            atime: set.atime.map(set_time),
+            mtime: set.mtime.map(set_time),
+        };
+        self.vol.setattr(ino, &s).map(attr).map_err(err)
+    }
+    fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
+        self.vol.readlink(ino).map_err(err)
+    }
+    fn mknod(&self, ctx: &Ctx, parent: u64, name: &[u8], mode: u32, rdev: u32) -> Result<Attr> {
+        self.vol
+            .create(parent, name, mode, owner(ctx), rdev)
+            .map(attr)
+            .map_err(err)
+    }
+    fn mkdir(&self, ctx: &Ctx, parent: u64, name: &[u8], mode: u32) -> Result<Attr> {
+        self.vol
+            .mkdir(parent, name, mode, owner(ctx))
+            .map(attr)
+            .map_err(err)
+    }
+    fn unlink(&self, _ctx: &Ctx, parent: u64, name: &[u8]) -> Result<()> {
+        self.vol.unlink(parent, name).map_err(err)
+    }
+    fn rmdir(&self, _ctx: &Ctx, parent: u64, name: &[u8]) -> Result<()> {
+        self.vol.rmdir(parent, name).map_err(err)
+    }
+    fn symlink(&self, ctx: &Ctx, parent: u64, name: &[u8], target: &[u8]) -> Result<Attr> {
+        self.vol
+            .symlink(parent, name, target, owner(ctx))
+            .map(attr)
+            .map_err(err)
+    }
+    fn rename(
+        &self,
+        _ctx: &Ctx,
+        parent: u64,
+        name: &[u8],
+        newparent: u64,
+        newname: &[u8],
+        flags: u32,
+    ) -> Result<()> {
+        let f = RenameFlags::from_bits(flags).map_err(err)?;
+        self.vol
+            .rename(parent, name, newparent, newname, f)
+            .map_err(err)
+    }
+    fn link(&self, _ctx: &Ctx, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr> {
+        self.vol
+            .link(ino, newparent, newname)
+            .map(attr)
+            .map_err(err)
+    }
+    fn open(&self, _ctx: &Ctx, ino: u64, _flags: i32) -> Result<u64> {
+        self.vol.open_handle(ino).map_err(err)?;
+        Ok(0)
+    }
+    fn create(
+        &self,
+        ctx: &Ctx,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        _flags: i32,
+    ) -> Result<(Attr, u64)> {
+        let a = self
+            .vol
+            .create(parent, name, mode, owner(ctx), 0)
+            .map_err(err)?;
+        self.vol.open_handle(a.ino).map_err(err)?;
+        Ok((attr(a), 0))
+    }
+    fn read(
+        &self,
+        ino: u64,
+        _fh: u64,
+        offset: u64,
+        size: u32,
+        sink: &mut ReadSink<'_>,
+    ) -> Result<()> {
+        self.vol
+            .read_with(ino, offset, size as usize, |slices| sink(slices))
+            .map_err(err)?
+    }
+    fn write(&self, ino: u64, _fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
+        self.vol
+            .write(ino, offset, data)
+            .map(|n| n as u32)
+            .map_err(err)
+    }
+    fn write_with(
+        &self,
+        ino: u64,
+        _fh: u64,
+        offset: u64,
+        len: u32,
+        fill: &mut WriteFill<'_>,
+    ) -> Result<u32> {
+        let mut r = self
+            .vol
+            .reserve_write(ino, offset, len as usize)
+            .map_err(err)?;
+        fill(&mut r.slices_mut())?;
+        r.commit().map(|n| n as u32).map_err(err)
+    }
+    fn release(&self, ino: u64, _fh: u64) -> Result<()> {
+        self.vol.release_handle(ino).map_err(err)
+    }
+    fn fsync(&self, ino: u64, _fh: u64, _datasync: bool) -> Result<()> {
+        self.vol.fsync(ino).map_err(err)
+    }
+    fn readdir(
+        &self,
+        ino: u64,
+        offset: u64,
+        plus: bool,
+        f: &mut dyn FnMut(DirEntry) -> bool,
+    ) -> Result<()> {
+        // Collect under the volume's lock, then call back without it (the callback may
+        // look things up).
+        let mut out = Vec::new();
+        self.vol
+            .readdir(ino, offset, |e| {
+                out.push(e);
+                out.len() < 1024
+            })
+            .map_err(err)?;
+        for e in out {
+            let a = if plus {
+                self.vol.getattr(e.ino).ok().map(attr)
+            } else {
+                None
+            };
+            let de = DirEntry {
+                name: e.name,
+                ino: e.ino,
+                kind: (e.dtype as u32) << 12,
+                next: e.next,
+                attr: a,
+            };
+            if !f(de) {
+                break;
+            }
+        }
+        Ok(())
+    }
+    fn statfs(&self) -> Result<StatFs> {
+        let s = self.vol.statfs();
+        Ok(StatFs {
+            blocks: s.blocks,
+            bfree: s.bfree,
+            bavail: s.bfree,
+            files: s.files,
+            ffree: s.ffree,
+            bsize: s.bsize,
+            namelen: s.namelen,
+            frsize: s.bsize,
+        })
+    }
+    fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: i32) -> Result<()> {
+        let mode = match flags {
+            0 => XattrMode::Any,
+            zcfs_backend::XATTR_CREATE => XattrMode::Create,
+            zcfs_backend::XATTR_REPLACE => XattrMode::Replace,
+            _ => return Err(Error::errno(libc::EINVAL)),
+        };
+        self.vol.setxattr(ino, name, value, mode).map_err(err)
+    }
+    fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
+        self.vol.getxattr(ino, name).map_err(err)
+    }
+    fn listxattr(&self, ino: u64) -> Result<Vec<Vec<u8>>> {
+        self.vol.listxattr(ino).map_err(err)
+    }
+    fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
+        self.vol.removexattr(ino, name).map_err(err)
+    }
+    fn fallocate(&self, ino: u64, _fh: u64, offset: u64, len: u64, mode: i32) -> Result<()> {
+        const KEEP_SIZE: i32 = libc::FALLOC_FL_KEEP_SIZE;
+        const PUNCH: i32 = libc::FALLOC_FL_PUNCH_HOLE;
+        match mode {
+            m if m == PUNCH | KEEP_SIZE => self.vol.pfree(ino, offset, len).map_err(err),
+            0 => {
+                // Preallocation is not needed on a copy-on-write volume (blocks are
+                // allocated at write time); only the size changes.
+                let end = offset
+                    .checked_add(len)
+                    .ok_or_else(|| Error::errno(libc::EFBIG))?;
+                if end > self.vol.getattr(ino).map_err(err)?.size {
+                    self.vol.truncate(ino, end).map_err(err)?;
+                }
+                Ok(())
+            }
+            KEEP_SIZE => Ok(()),
+            _ => Err(Error::errno(libc::EOPNOTSUPP)),
+        }
+    }
+    fn copy_stats(&self) -> CopyStats {
+        let s = self.vol.stats.snapshot();
+        CopyStats {
+            payload_bytes_read: s.data_bytes_read,
+            payload_bytes_written: s.data_bytes_written,
+            user_copy_bytes: s.user_copy_bytes,
+        }
+    }
+    fn sync_all(&self) -> Result<()> {
+        self.vol.sync().map_err(err)
+    }
+}

@@ -1,0 +1,541 @@
+//! Real FUSE mounts (root and /dev/fuse required, as in CI): POSIX semantics, unmodified
+//! programs, signals, a killed mount process, the null backend, the mount helper.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn zcfs() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_zcfs"))
+}
+
+fn unique(name: &str) -> String {
+    format!("zcfs-fuse-{name}-{}", std::process::id())
+}
+
+fn mounted(mp: &Path) -> bool {
+    let s = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let want = mp.to_str().unwrap();
+    s.lines().any(|l| l.split(' ').nth(4) == Some(want))
+}
+
+fn sh(cmd: &str) -> String {
+    let out = Command::new("bash").arg("-c").arg(cmd).output().unwrap();
+    assert!(
+        out.status.success(),
+        "`{cmd}` failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A volume image in /dev/shm and a foreground `zcfs mount` of it.
+struct Mount {
+    image: Option<PathBuf>,
+    mp: PathBuf,
+    child: Option<Child>,
+}
+
+impl Mount {
+    fn volume(name: &str, size: &str, extra: &[&str]) -> Mount {
+        assert!(
+            Path::new("/dev/fuse").exists(),
+            "these tests need /dev/fuse (run as root with the fuse module)"
+        );
+        let image = PathBuf::from(format!("/dev/shm/{}.img", unique(name)));
+        let _ = fs::remove_file(&image);
+        let st = zcfs()
+            .arg("mkfs")
+            .arg(&image)
+            .args(["--size", size])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(
+            st.status.success(),
+            "{}",
+            String::from_utf8_lossy(&st.stderr)
+        );
+        let mut m = Mount {
+            image: Some(image.clone()),
+            mp: PathBuf::new(),
+            child: None,
+        };
+        m.start(image.to_str().unwrap(), &[]);
+        m
+    }
+
+    fn start(&mut self, source: &str, args: &[&str]) {
+        self.mp = std::env::temp_dir().join(unique(&format!("mp{}", rand_suffix())));
+        fs::create_dir_all(&self.mp).unwrap();
+        let child = zcfs()
+            .arg("mount")
+            .arg(source)
+            .arg(&self.mp)
+            .args(args)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let t = Instant::now();
+        while !mounted(&self.mp) {
+            if let Some(st) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                let mut err = String::new();
+                self.child
+                    .as_mut()
+                    .unwrap()
+                    .stderr
+                    .take()
+                    .unwrap()
+                    .read_to_string(&mut err)
+                    .unwrap();
+                panic!("zcfs mount exited ({st}): {err}");
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "mount did not come up"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn path(&self, p: &str) -> PathBuf {
+        self.mp.join(p)
+    }
+
+    /// SIGTERM and wait: the process unmounts and closes the volume cleanly.
+    fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let t = Instant::now();
+            loop {
+                if let Some(st) = c.try_wait().unwrap() {
+                    assert!(st.success(), "mount process exited with {st}");
+                    break;
+                }
+                assert!(
+                    t.elapsed() < Duration::from_secs(20),
+                    "mount did not stop on SIGTERM"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            assert!(!mounted(&self.mp), "still mounted after SIGTERM");
+            let _ = fs::remove_dir(&self.mp);
+        }
+    }
+
+    fn fsck(&self) {
+        let out = zcfs()
+            .arg("fsck")
+            .arg(self.image.as_ref().unwrap())
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "fsck: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+            let _ = Command::new("umount").arg("-l").arg(&self.mp).status();
+        }
+        let _ = fs::remove_dir(&self.mp);
+        if let Some(i) = &self.image {
+            let _ = fs::remove_file(i);
+        }
+    }
+}
+
+fn rand_suffix() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+#[test]
+fn posix_semantics() {
+    let mut m = Mount::volume("posix", "8G", &["--inodes", "200000"]);
+    // O_APPEND, read back.
+    for i in 0..3 {
+        let mut f = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(m.path("log"))
+            .unwrap();
+        writeln!(f, "line {i}").unwrap();
+    }
+    assert_eq!(
+        fs::read_to_string(m.path("log")).unwrap(),
+        "line 0\nline 1\nline 2\n"
+    );
+    // Truncate down and up.
+    let f = OpenOptions::new().write(true).open(m.path("log")).unwrap();
+    f.set_len(4).unwrap();
+    f.set_len(10).unwrap();
+    assert_eq!(fs::read(m.path("log")).unwrap(), b"line\0\0\0\0\0\0");
+    // Sparse file and a file past 4 GiB.
+    let mut f = File::create(m.path("sparse")).unwrap();
+    f.seek(SeekFrom::Start(5 << 30)).unwrap();
+    f.write_all(b"beyond 4 GiB").unwrap();
+    f.sync_all().unwrap();
+    let md = fs::metadata(m.path("sparse")).unwrap();
+    assert_eq!(md.len(), (5 << 30) + 12);
+    assert!(
+        md.blocks() < 64,
+        "sparse file allocates {} blocks",
+        md.blocks()
+    );
+    let mut f = File::open(m.path("sparse")).unwrap();
+    let mut buf = [1u8; 16];
+    f.seek(SeekFrom::Start((5 << 30) - 4)).unwrap();
+    f.read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"\0\0\0\0beyond 4 GiB");
+    // Rename over an existing file is atomic: the target has the new content, the
+    // source name is gone.
+    fs::write(m.path("a"), "new").unwrap();
+    fs::write(m.path("b"), "old").unwrap();
+    fs::rename(m.path("a"), m.path("b")).unwrap();
+    assert_eq!(fs::read_to_string(m.path("b")).unwrap(), "new");
+    assert!(!m.path("a").exists());
+    // Hard links and symlinks.
+    fs::hard_link(m.path("b"), m.path("b2")).unwrap();
+    assert_eq!(fs::metadata(m.path("b")).unwrap().nlink(), 2);
+    assert_eq!(
+        fs::metadata(m.path("b")).unwrap().ino(),
+        fs::metadata(m.path("b2")).unwrap().ino()
+    );
+    std::os::unix::fs::symlink("b", m.path("sym")).unwrap();
+    assert_eq!(fs::read_link(m.path("sym")).unwrap(), Path::new("b"));
+    assert_eq!(fs::read_to_string(m.path("sym")).unwrap(), "new");
+    // chmod, chown.
+    fs::set_permissions(m.path("b"), fs::Permissions::from_mode(0o600)).unwrap();
+    assert_eq!(fs::metadata(m.path("b")).unwrap().mode() & 0o7777, 0o600);
+    std::os::unix::fs::chown(m.path("b"), Some(1234), Some(5678)).unwrap();
+    let md = fs::metadata(m.path("b")).unwrap();
+    assert_eq!((md.uid(), md.gid()), (1234, 5678));
+    // Directories and their errors.
+    fs::create_dir(m.path("d")).unwrap();
+    fs::write(m.path("d/x"), "x").unwrap();
+    assert_eq!(
+        fs::remove_dir(m.path("d")).unwrap_err().raw_os_error(),
+        Some(libc::ENOTEMPTY)
+    );
+    assert_eq!(
+        fs::create_dir(m.path("d")).unwrap_err().raw_os_error(),
+        Some(libc::EEXIST)
+    );
+    assert_eq!(
+        File::open(m.path("nope")).unwrap_err().raw_os_error(),
+        Some(libc::ENOENT)
+    );
+    // An unlinked file stays readable through an open handle.
+    let mut h = File::open(m.path("d/x")).unwrap();
+    fs::remove_file(m.path("d/x")).unwrap();
+    let mut s = String::new();
+    h.read_to_string(&mut s).unwrap();
+    assert_eq!(s, "x");
+    drop(h);
+    fs::remove_dir(m.path("d")).unwrap();
+    // Shared writable mmap.
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(m.path("mm"))
+        .unwrap();
+    f.set_len(8192).unwrap();
+    use std::os::unix::io::AsRawFd;
+    // SAFETY: mapping 8192 bytes of a file we just sized; unmapped below.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            8192,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+    // SAFETY: `p` maps 8192 writable bytes.
+    unsafe {
+        std::ptr::copy_nonoverlapping(b"mapped!".as_ptr(), (p as *mut u8).add(4096), 7);
+        assert_eq!(libc::msync(p, 8192, libc::MS_SYNC), 0);
+        libc::munmap(p, 8192);
+    }
+    drop(f);
+    assert_eq!(&fs::read(m.path("mm")).unwrap()[4096..4103], b"mapped!");
+    // xattrs.
+    let c = |s: &str| std::ffi::CString::new(s).unwrap();
+    let path = c(m.path("b").to_str().unwrap());
+    // SAFETY: valid C strings and buffers.
+    unsafe {
+        assert_eq!(
+            libc::setxattr(
+                path.as_ptr(),
+                c("user.k").as_ptr(),
+                b"v".as_ptr() as *const _,
+                1,
+                0
+            ),
+            0
+        );
+        let mut v = [0u8; 8];
+        assert_eq!(
+            libc::getxattr(
+                path.as_ptr(),
+                c("user.k").as_ptr(),
+                v.as_mut_ptr() as *mut _,
+                8
+            ),
+            1
+        );
+        assert_eq!(v[0], b'v');
+    }
+    // readdir of 100,000 entries.
+    fs::create_dir(m.path("many")).unwrap();
+    for i in 0..100_000 {
+        File::create(m.path(&format!("many/f{i:06}"))).unwrap();
+    }
+    let n = fs::read_dir(m.path("many")).unwrap().count();
+    assert_eq!(n, 100_000);
+    m.stop();
+    m.fsck();
+}
+
+#[test]
+fn unmodified_programs() {
+    let mut m = Mount::volume("progs", "2G", &[]);
+    let mp = m.mp.to_str().unwrap().to_string();
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    // cp -a of a source tree, then diff.
+    sh(&format!("cp -a {src} {mp}/copy && diff -r {src} {mp}/copy"));
+    // tar create from the mount and extract into it.
+    sh(&format!("tar -C {mp} -cf {mp}/t.tar copy && mkdir {mp}/untar && tar -C {mp}/untar -xf {mp}/t.tar && diff -r {src} {mp}/untar/copy"));
+    // grep -r finds what it should.
+    let g = sh(&format!("grep -rl 'fn main' {mp}/copy | wc -l"));
+    assert!(g.trim().parse::<u32>().unwrap() >= 1);
+    // rsync -a.
+    sh(&format!(
+        "rsync -a {src}/ {mp}/rsync/ && diff -r {src} {mp}/rsync"
+    ));
+    // git clone of a local repository, then fsck it on the mount.
+    let repo = std::env::temp_dir().join(unique("repo"));
+    let _ = fs::remove_dir_all(&repo);
+    sh(&format!(
+        "git init -q {r} && cd {r} && for i in 1 2 3; do echo $i > f$i; git add f$i; \
+         git -c user.name=t -c user.email=t@e commit -qm c$i; done",
+        r = repo.display()
+    ));
+    sh(&format!("git clone -q {} {mp}/clone && git -C {mp}/clone fsck --full && test $(git -C {mp}/clone rev-list --count HEAD) = 3", repo.display()));
+    fs::remove_dir_all(&repo).unwrap();
+    // sqlite3: create, insert, query, integrity check.
+    let out = sh(&format!(
+        "sqlite3 {mp}/db.sqlite 'create table t(a integer primary key, b text); \
+         with recursive c(x) as (select 1 union all select x+1 from c where x<5000) insert into t(b) select hex(randomblob(64)) from c; \
+         select count(*) from t; pragma integrity_check;'"
+    ));
+    assert_eq!(out.trim(), "5000\nok");
+    // fio with verification.
+    let out = sh(&format!(
+        "fio --name=verify --filename={mp}/fio.dat --size=32M --rw=randwrite --bs=4k --ioengine=psync \
+         --verify=crc32c --do_verify=1 --output-format=terse"
+    ));
+    let fields: Vec<&str> = out.trim().lines().last().unwrap().split(';').collect();
+    assert_eq!(fields[4], "0", "fio reported errors: {out}");
+    m.stop();
+    m.fsck();
+}
+
+#[test]
+fn sigkill_of_the_mount_process_leaves_a_recoverable_volume() {
+    let mut m = Mount::volume("kill", "512M", &[]);
+    for i in 0..50 {
+        let mut f = File::create(m.path(&format!("f{i}"))).unwrap();
+        f.write_all(&vec![i as u8; 10_000 + i * 100]).unwrap();
+        f.sync_all().unwrap();
+    }
+    let child = m.child.take().unwrap();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    let mut child = child;
+    child.wait().unwrap();
+    let out = zcfs()
+        .arg("umount")
+        .arg("--lazy")
+        .arg(&m.mp)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    m.fsck();
+    let image = m.image.clone().unwrap();
+    m.start(image.to_str().unwrap(), &[]);
+    for i in 0..50 {
+        assert_eq!(
+            fs::read(m.path(&format!("f{i}"))).unwrap(),
+            vec![i as u8; 10_000 + i * 100]
+        );
+    }
+    m.stop();
+    m.fsck();
+    let stat = zcfs()
+        .arg("stat")
+        .arg(&image)
+        .arg("--json")
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&stat.stdout).unwrap();
+    assert_eq!(
+        v["recovery"]["was_clean"], true,
+        "SIGTERM must leave the volume clean"
+    );
+}
+
+#[test]
+fn null_backend_answers_reads_and_writes() {
+    let mut m = Mount {
+        image: None,
+        mp: PathBuf::new(),
+        child: None,
+    };
+    m.start("null", &[]);
+    let mut f = File::open(m.path("anything")).unwrap();
+    let mut buf = vec![1u8; 1 << 20];
+    f.read_exact(&mut buf).unwrap();
+    assert!(buf.iter().all(|&b| b == 0));
+    let mut w = OpenOptions::new().write(true).open(m.path("sink")).unwrap();
+    w.write_all(&buf).unwrap();
+    assert_eq!(fs::metadata(m.path("x")).unwrap().len(), 1 << 40);
+    drop((f, w));
+    m.stop();
+}
+
+#[test]
+fn mount_errors_say_what_to_do() {
+    let m = Mount::volume("errs", "64M", &[]);
+    let image = m.image.clone().unwrap();
+    let out = zcfs()
+        .arg("mount")
+        .arg(&image)
+        .arg("/nonexistent/zcfs-mp")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(8));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("mkdir -p"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = zcfs().arg("mount").arg("null").arg(&m.mp).output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("busy"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tmp = std::env::temp_dir().join(unique("mp-opt"));
+    fs::create_dir_all(&tmp).unwrap();
+    let out = zcfs()
+        .arg("mount")
+        .arg("null")
+        .arg(&tmp)
+        .args(["-o", "frobnicate"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown mount option"));
+    fs::remove_dir(&tmp).unwrap();
+}
+
+#[test]
+fn daemon_mode_and_mount_helper_with_fstab_options() {
+    let image = PathBuf::from(format!("/dev/shm/{}.img", unique("helper")));
+    let _ = fs::remove_file(&image);
+    assert!(zcfs()
+        .arg("mkfs")
+        .arg(&image)
+        .args(["--size", "64M"])
+        .status()
+        .unwrap()
+        .success());
+    let mp = std::env::temp_dir().join(unique("helper-mp"));
+    fs::create_dir_all(&mp).unwrap();
+    // --daemon returns once the mount is live.
+    let out = zcfs()
+        .arg("mount")
+        .arg("--daemon")
+        .arg(&image)
+        .arg(&mp)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(mounted(&mp));
+    fs::write(mp.join("f"), "daemon").unwrap();
+    assert!(zcfs().arg("umount").arg(&mp).status().unwrap().success());
+    // The volume is closed cleanly once the daemon sees the unmount.
+    let t = Instant::now();
+    loop {
+        let stat = zcfs()
+            .arg("stat")
+            .arg(&image)
+            .arg("--json")
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&stat.stdout).unwrap_or_default();
+        if v["recovery"]["was_clean"] == true {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "daemon did not close the volume"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // mount -t fuse.zcfs through the helper, with fstab-only options ignored.
+    let helper = PathBuf::from("/sbin/mount.fuse.zcfs");
+    let had_helper = helper.exists();
+    assert!(zcfs().arg("install-helper").status().unwrap().success());
+    let out = Command::new("mount")
+        .args([
+            "-t",
+            "fuse.zcfs",
+            "-o",
+            "_netdev,nofail,x-systemd.automount,default_permissions",
+        ])
+        .arg(&image)
+        .arg(&mp)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "mount -t fuse.zcfs: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(fs::read_to_string(mp.join("f")).unwrap(), "daemon");
+    assert!(zcfs().arg("umount").arg(&mp).status().unwrap().success());
+    if !had_helper {
+        let _ = fs::remove_file(&helper);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let _ = fs::remove_dir(&mp);
+    let _ = fs::remove_file(&image);
+}
