@@ -186,10 +186,7 @@ fn which(bin: &str) -> Option<PathBuf> {
 }
 
 /// Open the backend named by SOURCE: `null`, a volume image path, or HOST:PORT.
-fn open_backend(
-    source: &str,
-    p: &Parsed,
-) -> Result<(Arc<dyn Backend>, Option<Arc<zcfs_volume::Volume>>)> {
+fn open_backend(source: &str, p: &Parsed) -> Result<crate::OpenedBackend> {
     if source == "null" {
         return Ok((Arc::new(zcfs_backend::null::NullFs::default()), None));
     }
