@@ -6,7 +6,6 @@ use std::os::unix::io::FromRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-use zcfs_backend::Backend;
 use zcfs_fuse::{CacheMode, Config, FuseFs, FuseOptions, MountOption, SessionACL};
 
 /// Everything `-o` and the flags can say.
