@@ -48,11 +48,46 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Geometry, usage, log state and persistence mode of a volume.
+    /// Geometry, usage, log state and persistence mode of a volume image, or the
+    /// counters of a running server (TARGET = HOST:PORT).
     Stat {
-        image: PathBuf,
+        target: String,
         #[arg(long)]
         json: bool,
+        /// Shared secret for a server that requires one.
+        #[arg(long)]
+        secret_file: Option<PathBuf>,
+    },
+    /// Export a volume (or `null`) over TCP.
+    Serve {
+        /// Volume image, or `null` to measure the network path alone.
+        source: String,
+        /// Address to listen on. Anything but loopback needs --secret-file or --insecure.
+        #[arg(long, default_value = "127.0.0.1:7070")]
+        listen: std::net::SocketAddr,
+        /// File holding the shared secret for mutual HMAC-SHA256 authentication.
+        #[arg(long)]
+        secret_file: Option<PathBuf>,
+        /// Allow unauthenticated clients on a non-loopback address.
+        #[arg(long)]
+        insecure: bool,
+        #[arg(long)]
+        read_only: bool,
+        #[arg(long, default_value_t = 64)]
+        max_connections: usize,
+        /// Requests each client may pipeline.
+        #[arg(long, default_value_t = 64)]
+        max_inflight: u32,
+        /// Receive writes into a buffer and copy them into PM (measurement only).
+        #[arg(long)]
+        one_copy: bool,
+        /// Group-commit batch size (1 = every operation durable before its reply).
+        #[arg(long)]
+        batch: Option<usize>,
+        /// Persistence: msync, or cache-line flushes (clwb, clflushopt, clflush) even
+        /// where the mapping is not synchronous (to measure what PM would cost).
+        #[arg(long)]
+        persist: Option<String>,
     },
     /// Mount SOURCE (a volume image, HOST:PORT, or `null`) on MOUNTPOINT through FUSE.
     /// Runs in the foreground until unmounted or sent SIGINT/SIGTERM.
@@ -165,7 +200,40 @@ fn run(cli: Cli) -> Result<i32> {
             repair,
             json,
         } => fsck(&image, repair, json),
-        Cmd::Stat { image, json } => stat(&image, json),
+        Cmd::Stat {
+            target,
+            json,
+            secret_file,
+        } => {
+            if Path::new(&target).exists() || !target.contains(':') {
+                stat(Path::new(&target), json)
+            } else {
+                remote_stat(&target, secret_file.as_deref(), json)
+            }
+        }
+        Cmd::Serve {
+            source,
+            listen,
+            secret_file,
+            insecure,
+            read_only,
+            max_connections,
+            max_inflight,
+            one_copy,
+            batch,
+            persist,
+        } => serve(
+            &source,
+            listen,
+            secret_file.as_deref(),
+            insecure,
+            read_only,
+            max_connections,
+            max_inflight,
+            one_copy,
+            batch,
+            persist.as_deref(),
+        ),
         Cmd::Mount {
             source,
             mountpoint,
@@ -414,13 +482,175 @@ pub(crate) type OpenedBackend = (
     Option<std::sync::Arc<Volume>>,
 );
 
+/// Read a shared secret; warn when others may read it.
+fn read_secret(path: &Path) -> Result<Vec<u8>> {
+    use std::os::unix::fs::PermissionsExt;
+    let bytes = std::fs::read(path)
+        .with_context(|| format!("reading the secret file {}", path.display()))?;
+    let secret: Vec<u8> = bytes.trim_ascii_end().to_vec();
+    if secret.is_empty() {
+        bail!("the secret file {} is empty", path.display());
+    }
+    if secret.len() < 16 {
+        tracing::warn!("the secret in {} is shorter than 16 bytes", path.display());
+    }
+    if std::fs::metadata(path)?.permissions().mode() & 0o077 != 0 {
+        tracing::warn!("{} is readable by others: chmod 600 it", path.display());
+    }
+    Ok(secret)
+}
+
 /// The Backend for a remote SOURCE (HOST:PORT).
 pub(crate) fn remote_backend(
     source: &str,
-    _secret: Option<&Path>,
-    _timeout: Option<std::time::Duration>,
+    secret: Option<&Path>,
+    timeout: Option<std::time::Duration>,
 ) -> Result<OpenedBackend> {
-    Err(anyhow!(
-        "remote sources ({source}) are not available in this build yet"
-    ))
+    let mut cfg = zcfs_client::ClientConfig::new(source);
+    cfg.secret = secret.map(read_secret).transpose()?;
+    if let Some(t) = timeout {
+        cfg.timeout = t;
+    }
+    let fs = zcfs_client::RemoteFs::connect(cfg).map_err(|e| anyhow!("{e}"))?;
+    Ok((std::sync::Arc::new(fs), None))
+}
+
+fn remote_stat(addr: &str, secret: Option<&Path>, json: bool) -> Result<i32> {
+    let mut cfg = zcfs_client::ClientConfig::new(addr);
+    cfg.secret = secret.map(read_secret).transpose()?;
+    cfg.connections = 1;
+    let fs = zcfs_client::RemoteFs::connect(cfg).map_err(|e| anyhow!("{e}"))?;
+    let raw = fs.server_stats().map_err(|e| anyhow!("{addr}: {e}"))?;
+    let r: zcfs_server::StatsReport = serde_json::from_slice(&raw)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        print!("{}", format_report(&r));
+    }
+    Ok(0)
+}
+
+fn format_report(r: &zcfs_server::StatsReport) -> String {
+    let mut out = format!(
+        "connections {} active, {} total; rejected: {} malformed, {} authentication, {} over limit\n\
+         payload     {} bytes read, {} written; {:.3} user-space copies per payload byte\n",
+        r.connections_active,
+        r.connections_total,
+        r.rejected_malformed,
+        r.rejected_auth,
+        r.rejected_limit,
+        r.payload_bytes_read,
+        r.payload_bytes_written,
+        r.user_copies_per_payload_byte
+    );
+    out += &format!(
+        "{:<12} {:>10} {:>8} {:>14} {:>10} {:>10}\n",
+        "op", "count", "errors", "bytes", "mean us", "max us"
+    );
+    for (name, o) in &r.ops {
+        out += &format!(
+            "{name:<12} {:>10} {:>8} {:>14} {:>10.1} {:>10.1}\n",
+            o.count, o.errors, o.bytes, o.mean_us, o.max_us
+        );
+    }
+    out
+}
+
+fn parse_persist(p: &str) -> Result<zcfs_volume::PersistMode> {
+    use zcfs_pmem::FlushInstr;
+    Ok(match p {
+        "msync" => zcfs_volume::PersistMode::Msync,
+        "clwb" => zcfs_volume::PersistMode::CacheLine(FlushInstr::Clwb),
+        "clflushopt" => zcfs_volume::PersistMode::CacheLine(FlushInstr::Clflushopt),
+        "clflush" => zcfs_volume::PersistMode::CacheLine(FlushInstr::Clflush),
+        other => bail!("--persist {other}: use msync, clwb, clflushopt or clflush"),
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn serve(
+    source: &str,
+    listen: std::net::SocketAddr,
+    secret_file: Option<&Path>,
+    insecure: bool,
+    read_only: bool,
+    max_connections: usize,
+    max_inflight: u32,
+    one_copy: bool,
+    batch: Option<usize>,
+    persist: Option<&str>,
+) -> Result<i32> {
+    let secret = secret_file.map(read_secret).transpose()?;
+    if !listen.ip().is_loopback() && secret.is_none() && !insecure {
+        bail!("listening on {listen} (not loopback) needs --secret-file FILE, or --insecure to allow anyone on the network");
+    }
+    let authenticated = secret.is_some();
+    let (backend, vol): OpenedBackend = if source == "null" {
+        (
+            std::sync::Arc::new(zcfs_backend::null::NullFs::default()),
+            None,
+        )
+    } else {
+        let mut cfg = VolumeConfig {
+            read_only,
+            persist: persist.map(parse_persist).transpose()?,
+            ..Default::default()
+        };
+        if let Some(b) = batch {
+            cfg.batch_ops = b.max(1);
+        }
+        let vol = Volume::open(Path::new(source), cfg)
+            .with_context(|| format!("opening the volume {source}"))?;
+        (
+            std::sync::Arc::new(zcfs_local::LocalFs::new(vol.clone())),
+            Some(vol),
+        )
+    };
+    let sigs = mount::block_stop_signals();
+    let server = std::sync::Arc::new(
+        zcfs_server::Server::bind(
+            backend,
+            zcfs_server::ServerConfig {
+                listen,
+                secret,
+                read_only,
+                max_connections,
+                max_inflight,
+                one_copy,
+            },
+        )
+        .map_err(|e| anyhow!("{e} (is another server using the port?)"))?,
+    );
+    let addr = server.local_addr();
+    let s2 = server.clone();
+    let acceptor = std::thread::Builder::new()
+        .name("zcfs-accept".into())
+        .spawn(move || s2.run())?;
+    println!(
+        "serving {source} on {addr}{}{}",
+        if authenticated {
+            " (authenticated)"
+        } else {
+            ""
+        },
+        if read_only { " read-only" } else { "" }
+    );
+    use std::io::Write as _;
+    std::io::stdout().flush()?;
+    mount::sd_notify("READY=1");
+    while mount::wait_signal(&sigs, std::time::Duration::from_secs(1)).is_none() {}
+    mount::sd_notify("STOPPING=1");
+    server.shutdown();
+    let conns = acceptor
+        .join()
+        .map_err(|_| anyhow!("accept thread panicked"))?;
+    for c in conns {
+        let _ = c.join();
+    }
+    eprint!("zcfs serve: shut down\n{}", format_report(&server.report()));
+    drop(server);
+    if let Some(vol) = vol {
+        vol.sync()?;
+    }
+    Ok(0)
 }

@@ -227,10 +227,7 @@ pub fn mount(a: &MountArgs) -> Result<i32> {
 fn run_mount(a: &MountArgs, ready_fd: Option<i32>) -> Result<i32> {
     let p = parse_options(a)?;
     preflight(&a.mountpoint)?;
-    // Block the stop signals before any thread starts, so only sigtimedwait sees them.
-    let sigs = stop_signals();
-    // SAFETY: a valid, initialized signal set; blocking signals in this thread.
-    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &sigs, std::ptr::null_mut()) };
+    let sigs = block_stop_signals();
     let (backend, vol) = open_backend(&a.source, &p)?;
     let fs = FuseFs::new(backend.clone(), p.fuse.clone());
     let stats = fs.stats.clone();
@@ -262,13 +259,7 @@ fn run_mount(a: &MountArgs, ready_fd: Option<i32>) -> Result<i32> {
     sd_notify("READY=1");
     let mut signalled = None;
     while !session.guard.is_finished() {
-        let ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 200_000_000,
-        };
-        // SAFETY: valid signal set and timeout; no siginfo requested.
-        let sig = unsafe { libc::sigtimedwait(&sigs, std::ptr::null_mut(), &ts) };
-        if sig > 0 {
+        if let Some(sig) = wait_signal(&sigs, Duration::from_millis(200)) {
             signalled = Some(sig);
             break;
         }
@@ -308,6 +299,26 @@ fn run_mount(a: &MountArgs, ready_fd: Option<i32>) -> Result<i32> {
         }
     }
     Ok(0)
+}
+
+/// Block SIGINT/SIGTERM/SIGHUP in this thread (call before starting any thread, so
+/// they inherit the mask and only `wait_signal` sees the signals).
+pub fn block_stop_signals() -> libc::sigset_t {
+    let sigs = stop_signals();
+    // SAFETY: a valid, initialized signal set; blocking signals in this thread.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &sigs, std::ptr::null_mut()) };
+    sigs
+}
+
+/// Wait up to `timeout` for one of the blocked stop signals.
+pub fn wait_signal(sigs: &libc::sigset_t, timeout: Duration) -> Option<i32> {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: valid signal set and timeout; no siginfo requested.
+    let sig = unsafe { libc::sigtimedwait(sigs, std::ptr::null_mut(), &ts) };
+    (sig > 0).then_some(sig)
 }
 
 fn stop_signals() -> libc::sigset_t {
