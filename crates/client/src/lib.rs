@@ -128,6 +128,9 @@ impl Drop for Ticket {
     }
 }
 
+/// Run after connecting to a server process other than the last one.
+type RestartHook = Box<dyn Fn(&Client) + Send + Sync>;
+
 pub struct Client {
     cfg: ClientConfig,
     conns: Vec<Mutex<Option<Arc<Conn>>>>,
@@ -136,7 +139,7 @@ pub struct Client {
     /// Instance id of the server last connected to.
     instance: AtomicU64,
     /// Called after connecting to a restarted server (handle revalidation).
-    on_restart: Mutex<Option<Box<dyn Fn(&Client) + Send + Sync>>>,
+    on_restart: Mutex<Option<RestartHook>>,
     pub bytes_sent: AtomicU64,
     pub bytes_received: AtomicU64,
     pub reconnects: AtomicU64,
@@ -188,7 +191,7 @@ impl Client {
         &self.cfg
     }
 
-    pub(crate) fn set_on_restart(&self, f: Box<dyn Fn(&Client) + Send + Sync>) {
+    pub(crate) fn set_on_restart(&self, f: RestartHook) {
         *self.on_restart.lock().unwrap() = Some(f);
     }
 
