@@ -334,13 +334,20 @@ fn read_loop(mut s: TcpStream, conn: Arc<Conn>) {
             Ok(h) => h,
             Err(e) => break format!("malformed reply: {e}"),
         };
-        let mut body = vec![0u8; h.body_len as usize];
-        let mut data = vec![0u8; h.data_len as usize];
-        if let Err(e) = s
-            .read_exact(&mut body)
-            .and_then(|_| s.read_exact(&mut data))
-        {
+        // Into fresh capacity: no zero-fill of a buffer the kernel is about to write.
+        let (mut body, mut data) = (
+            Vec::with_capacity(h.body_len as usize),
+            Vec::with_capacity(h.data_len as usize),
+        );
+        let got = (&mut s)
+            .take(h.body_len as u64)
+            .read_to_end(&mut body)
+            .and_then(|_| (&mut s).take(h.data_len as u64).read_to_end(&mut data));
+        if let Err(e) = got {
             break format!("receive: {e}");
+        }
+        if body.len() != h.body_len as usize || data.len() != h.data_len as usize {
+            break "receive: the server closed the connection mid-reply".to_string();
         }
         let Some((op, slot)) = conn.pending.lock().unwrap().remove(&h.id) else {
             // A reply to a request that timed out: drop it.

@@ -271,6 +271,9 @@ impl Server {
                                 stats.rejected_auth.fetch_add(1, Ordering::Relaxed);
                                 tracing::warn!(%peer, "dropping client: authentication failed");
                             }
+                            Err(zcfs_transport::TransportError::Closed) => {
+                                tracing::info!(%peer, "client hung up during the handshake");
+                            }
                             Err(e) => {
                                 stats.rejected_malformed.fetch_add(1, Ordering::Relaxed);
                                 tracing::warn!(%peer, "dropping client: handshake failed: {e}");

@@ -1,0 +1,793 @@
+//! Remote access between two real network namespaces joined by a veth pair (root
+//! required, as in CI): the full operation set, concurrent clients, a server killed and
+//! restarted mid-workload, a cut link, hostile peers, and a FUSE mount of a remote
+//! volume running unmodified programs.
+
+use std::fs::{self, File};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use zcfs_backend::{Backend, Ctx, SetAttr, ROOT};
+use zcfs_client::{ClientConfig, RemoteFs};
+
+fn zcfs_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_zcfs")
+}
+
+fn run(args: &[&str]) {
+    let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+static NEXT: AtomicU32 = AtomicU32::new(1);
+
+/// Two namespaces, `srv` (198.18.N.1) and `cli` (198.18.N.2), joined by a veth pair.
+struct Net {
+    srv: String,
+    cli: String,
+    cli_if: String,
+    srv_ip: String,
+}
+
+impl Net {
+    fn new() -> Net {
+        let n = NEXT.fetch_add(1, Ordering::SeqCst);
+        let tag = format!("{}{n}", std::process::id() % 10000);
+        let (srv, cli) = (format!("zsrv{tag}"), format!("zcli{tag}"));
+        let (sif, cif) = (format!("zs{tag}"), format!("zc{tag}"));
+        let subnet = 100 + (std::process::id() % 50) * 3 + n;
+        run(&["ip", "netns", "add", &srv]);
+        run(&["ip", "netns", "add", &cli]);
+        run(&[
+            "ip", "link", "add", &sif, "type", "veth", "peer", "name", &cif,
+        ]);
+        run(&["ip", "link", "set", &sif, "netns", &srv]);
+        run(&["ip", "link", "set", &cif, "netns", &cli]);
+        let srv_ip = format!("198.18.{subnet}.1");
+        run(&[
+            "ip",
+            "-n",
+            &srv,
+            "addr",
+            "add",
+            &format!("{srv_ip}/24"),
+            "dev",
+            &sif,
+        ]);
+        run(&[
+            "ip",
+            "-n",
+            &cli,
+            "addr",
+            "add",
+            &format!("198.18.{subnet}.2/24"),
+            "dev",
+            &cif,
+        ]);
+        for (ns, i) in [(&srv, &sif), (&cli, &cif)] {
+            run(&["ip", "-n", ns, "link", "set", i, "up"]);
+            run(&["ip", "-n", ns, "link", "set", "lo", "up"]);
+        }
+        Net {
+            srv,
+            cli,
+            cli_if: cif,
+            srv_ip,
+        }
+    }
+
+    fn addr(&self) -> String {
+        format!("{}:7070", self.srv_ip)
+    }
+
+    fn link(&self, up: bool) {
+        run(&[
+            "ip",
+            "-n",
+            &self.cli,
+            "link",
+            "set",
+            &self.cli_if,
+            if up { "up" } else { "down" },
+        ]);
+    }
+
+    /// Run `f` on a thread inside the client namespace (sockets it opens live there).
+    fn in_cli<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        let path = format!("/var/run/netns/{}", self.cli);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let ns = File::open(&path).unwrap();
+                // SAFETY: setns on this thread only, with a valid namespace fd.
+                assert_eq!(
+                    unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) },
+                    0
+                );
+                f()
+            })
+            .join()
+            .unwrap()
+        })
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.srv])
+            .status();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.cli])
+            .status();
+    }
+}
+
+/// A volume image and a `zcfs serve` of it in the server namespace.
+struct Served {
+    image: PathBuf,
+    child: Option<Child>,
+    secret: PathBuf,
+}
+
+impl Served {
+    fn new(net: &Net, name: &str, extra: &[&str]) -> Served {
+        let image = PathBuf::from(format!(
+            "/dev/shm/zcfs-remote-{name}-{}.img",
+            std::process::id()
+        ));
+        let _ = fs::remove_file(&image);
+        let out = Command::new(zcfs_bin())
+            .arg("mkfs")
+            .arg(&image)
+            .args(["--size", "1G"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let secret = image.with_extension("secret");
+        fs::write(&secret, "a-test-secret-of-enough-length\n").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&secret, fs::Permissions::from_mode(0o600)).unwrap();
+        let mut s = Served {
+            image,
+            child: None,
+            secret,
+        };
+        s.start(net, extra);
+        s
+    }
+
+    fn start(&mut self, net: &Net, extra: &[&str]) {
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &net.srv, zcfs_bin(), "serve"])
+            .arg(&self.image)
+            .args(["--listen", &net.addr(), "--secret-file"])
+            .arg(&self.secret)
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(line.starts_with("serving"), "server did not start: {line}");
+        self.child = Some(child);
+    }
+
+    fn kill(&mut self, sig: i32) -> String {
+        let mut c = self.child.take().unwrap();
+        // SAFETY: signalling our own child (`ip netns exec` execs zcfs in place).
+        unsafe { libc::kill(c.id() as i32, sig) };
+        c.wait().unwrap();
+        let mut err = String::new();
+        c.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        err
+    }
+
+    fn client(&self, net: &Net, timeout: Duration) -> RemoteFs {
+        client(net, timeout)
+    }
+
+    fn fsck(&self) {
+        let out = Command::new(zcfs_bin())
+            .arg("fsck")
+            .arg(&self.image)
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = fs::remove_file(&self.image);
+        let _ = fs::remove_file(&self.secret);
+    }
+}
+
+/// A client with the test secret (call from inside the client namespace).
+fn client(net: &Net, timeout: Duration) -> RemoteFs {
+    let mut cfg = ClientConfig::new(&net.addr());
+    cfg.secret = Some(b"a-test-secret-of-enough-length".to_vec());
+    cfg.timeout = timeout;
+    RemoteFs::connect(cfg).unwrap()
+}
+
+fn ctx() -> Ctx {
+    Ctx {
+        uid: 1000,
+        gid: 1000,
+        pid: 1,
+    }
+}
+
+fn read_all(fs: &dyn Backend, ino: u64, fh: u64, off: u64, len: u32) -> Vec<u8> {
+    let mut out = Vec::new();
+    fs.read(ino, fh, off, len, &mut |s| {
+        for x in s {
+            out.extend_from_slice(x);
+        }
+        Ok(())
+    })
+    .unwrap();
+    out
+}
+
+#[test]
+fn full_operation_set_across_veth() {
+    let net = Net::new();
+    let mut srv = Served::new(&net, "ops", &[]);
+    net.in_cli(|| {
+        let fs = srv.client(&net, Duration::from_secs(5));
+        let c = ctx();
+        let d = fs.mkdir(&c, ROOT, b"dir", 0o750).unwrap();
+        assert_eq!((d.uid, d.gid, d.mode & 0o777), (1000, 1000, 0o750));
+        let (f, fh) = fs
+            .create(&c, d.ino, b"file", libc::S_IFREG | 0o644, libc::O_RDWR)
+            .unwrap();
+        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7) as u8).collect();
+        assert_eq!(
+            fs.write(f.ino, fh, 12345, &data).unwrap() as usize,
+            data.len()
+        );
+        assert_eq!(read_all(&fs, f.ino, fh, 12345, 3_000_000), data);
+        assert_eq!(
+            read_all(&fs, f.ino, fh, 0, 10),
+            vec![0u8; 10],
+            "hole reads as zeros"
+        );
+        fs.fsync(f.ino, fh, false).unwrap();
+        let a = fs
+            .setattr(
+                &c,
+                f.ino,
+                &SetAttr {
+                    size: Some(100),
+                    mode: Some(0o600),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        assert_eq!((a.size, a.mode & 0o777), (100, 0o600));
+        let s = fs.symlink(&c, ROOT, b"sym", b"dir/file").unwrap();
+        assert_eq!(fs.readlink(s.ino).unwrap(), b"dir/file");
+        assert_eq!(fs.link(&c, f.ino, ROOT, b"hard").unwrap().nlink, 2);
+        fs.rename(&c, ROOT, b"hard", d.ino, b"hard2", 0).unwrap();
+        assert_eq!(
+            fs.rename(&c, ROOT, b"sym", d.ino, b"hard2", 1)
+                .unwrap_err()
+                .errno,
+            libc::EEXIST
+        );
+        fs.rename(&c, ROOT, b"sym", d.ino, b"hard2", 2).unwrap();
+        assert_eq!(
+            fs.lookup(&c, ROOT, b"sym").unwrap().ino,
+            f.ino,
+            "exchange swapped the names"
+        );
+        let mut names = Vec::new();
+        fs.readdir(d.ino, 0, true, &mut |e| {
+            assert!(e.attr.is_some());
+            names.push(String::from_utf8(e.name).unwrap());
+            true
+        })
+        .unwrap();
+        names.sort();
+        assert_eq!(names, ["file", "hard2"]);
+        fs.setxattr(f.ino, b"user.k", b"v", 0).unwrap();
+        assert_eq!(fs.getxattr(f.ino, b"user.k").unwrap(), b"v");
+        assert_eq!(fs.listxattr(f.ino).unwrap(), vec![b"user.k".to_vec()]);
+        fs.removexattr(f.ino, b"user.k").unwrap();
+        assert_eq!(
+            fs.getxattr(f.ino, b"user.k").unwrap_err().errno,
+            libc::ENODATA
+        );
+        assert!(fs.statfs().unwrap().bfree > 0);
+        assert_eq!(
+            fs.rmdir(&c, ROOT, b"dir").unwrap_err().errno,
+            libc::ENOTEMPTY
+        );
+        assert_eq!(
+            fs.lookup(&c, ROOT, b"nope").unwrap_err().errno,
+            libc::ENOENT
+        );
+        assert_eq!(
+            fs.mkdir(&c, ROOT, b"dir", 0o755).unwrap_err().errno,
+            libc::EEXIST
+        );
+        fs.release(f.ino, fh).unwrap();
+        fs.unlink(&c, d.ino, b"file").unwrap();
+        fs.unlink(&c, d.ino, b"hard2").unwrap();
+        fs.unlink(&c, ROOT, b"sym").unwrap();
+        fs.rmdir(&c, ROOT, b"dir").unwrap();
+        fs.sync_all().unwrap();
+    });
+    let err = srv.kill(libc::SIGTERM);
+    assert!(err.contains("shut down"), "{err}");
+    srv.fsck();
+}
+
+#[test]
+fn concurrent_clients_on_one_file_and_many_files() {
+    let net = Net::new();
+    let srv = Served::new(&net, "conc", &[]);
+    net.in_cli(|| {
+        let setup = srv.client(&net, Duration::from_secs(10));
+        let (shared, _) = setup
+            .create(&ctx(), ROOT, b"shared", libc::S_IFREG | 0o644, libc::O_RDWR)
+            .unwrap();
+        std::thread::scope(|s| {
+            for t in 0..4u8 {
+                let (srv, net) = (&srv, &net);
+                s.spawn(move || {
+                    let fs = srv.client(net, Duration::from_secs(10));
+                    for i in 0..50u32 {
+                        let name = format!("t{t}-f{i}");
+                        let (f, fh) = fs
+                            .create(
+                                &ctx(),
+                                ROOT,
+                                name.as_bytes(),
+                                libc::S_IFREG | 0o644,
+                                libc::O_RDWR,
+                            )
+                            .unwrap();
+                        fs.write(f.ino, fh, 0, &vec![t ^ i as u8; 1000 + i as usize])
+                            .unwrap();
+                        fs.release(f.ino, fh).unwrap();
+                        // Each thread owns every 4th 4 KiB block of the shared file.
+                        let blk = (i * 4 + t as u32) as u64;
+                        fs.write(shared.ino, 0, blk * 4096 + 100, &[t + 1; 3000])
+                            .unwrap();
+                    }
+                });
+            }
+        });
+        let fs = srv.client(&net, Duration::from_secs(10));
+        for t in 0..4u8 {
+            for i in 0..50u32 {
+                let a = fs
+                    .lookup(&ctx(), ROOT, format!("t{t}-f{i}").as_bytes())
+                    .unwrap();
+                assert_eq!(
+                    read_all(&fs, a.ino, 0, 0, 100_000),
+                    vec![t ^ i as u8; 1000 + i as usize]
+                );
+                let blk = (i * 4 + t as u32) as u64;
+                let got = read_all(&fs, shared.ino, 0, blk * 4096, 4096);
+                assert_eq!(&got[100..3100], &[t + 1; 3000][..], "block {blk}");
+                assert!(got[..100].iter().all(|&b| b == 0) && got[3100..].iter().all(|&b| b == 0));
+            }
+        }
+    });
+}
+
+#[test]
+fn server_sigkill_mid_workload_then_restart() {
+    let net = Net::new();
+    let mut srv = Served::new(&net, "kill", &[]);
+    let acked = Arc::new(std::sync::Mutex::new(Vec::<u32>::new()));
+    let writer_done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    std::thread::scope(|s| {
+        let (net_r, acked_w, done_w) = (&net, acked.clone(), writer_done.clone());
+        let writer = s.spawn(move || {
+            net_r.in_cli(|| {
+                let fs = client(net_r, Duration::from_secs(3));
+                let mut errors = 0;
+                for i in 0..4000u32 {
+                    if done_w.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    let r = (|| {
+                        let name = format!("f{i}");
+                        let (f, fh) = fs.create(
+                            &ctx(),
+                            ROOT,
+                            name.as_bytes(),
+                            libc::S_IFREG | 0o644,
+                            libc::O_RDWR,
+                        )?;
+                        fs.write(f.ino, fh, 0, &vec![(i % 251) as u8; 4096 + i as usize])?;
+                        fs.fsync(f.ino, fh, false)?;
+                        fs.release(f.ino, fh)
+                    })();
+                    match r {
+                        Ok(()) => acked_w.lock().unwrap().push(i),
+                        Err(e) => {
+                            // The kill: a clear error, not a hang.
+                            assert!(
+                                [
+                                    libc::ENOTCONN,
+                                    libc::ETIMEDOUT,
+                                    libc::ECONNREFUSED,
+                                    libc::ECONNRESET,
+                                    libc::EEXIST,
+                                    libc::ENOENT,
+                                    libc::ESTALE
+                                ]
+                                .contains(&e.errno),
+                                "unexpected error {e}"
+                            );
+                            errors += 1;
+                            std::thread::sleep(Duration::from_millis(50));
+                        }
+                    }
+                }
+                errors
+            })
+        });
+        // Let it run, kill the server hard, restart it on the same volume.
+        while acked.lock().unwrap().len() < 100 {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        srv.kill(libc::SIGKILL);
+        std::thread::sleep(Duration::from_millis(300));
+        srv.start(&net, &[]);
+        let t = Instant::now();
+        let before = acked.lock().unwrap().len();
+        while acked.lock().unwrap().len() < before + 100 {
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "client did not carry on after the restart"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        writer_done.store(true, Ordering::SeqCst);
+        let errors = writer.join().unwrap();
+        assert!(errors >= 1, "the kill should have been noticed");
+    });
+    // Every acknowledged (fsync'd) file is there with its bytes.
+    net.in_cli(|| {
+        let fs = srv.client(&net, Duration::from_secs(5));
+        for &i in acked.lock().unwrap().iter() {
+            let a = fs
+                .lookup(&ctx(), ROOT, format!("f{i}").as_bytes())
+                .unwrap_or_else(|e| panic!("f{i} lost: {e}"));
+            assert_eq!(
+                read_all(&fs, a.ino, 0, 0, 1 << 20),
+                vec![(i % 251) as u8; 4096 + i as usize],
+                "f{i}"
+            );
+        }
+    });
+    srv.kill(libc::SIGTERM);
+    srv.fsck();
+}
+
+#[test]
+fn cut_link_gives_a_bounded_error_then_recovers() {
+    let net = Net::new();
+    let srv = Served::new(&net, "cut", &[]);
+    net.in_cli(|| {
+        let timeout = Duration::from_secs(2);
+        let fs = srv.client(&net, timeout);
+        let (f, fh) = fs
+            .create(&ctx(), ROOT, b"f", libc::S_IFREG | 0o644, libc::O_RDWR)
+            .unwrap();
+        fs.write(f.ino, fh, 0, b"before").unwrap();
+        net.link(false);
+        let t = Instant::now();
+        let e = fs.write(f.ino, fh, 0, b"during").unwrap_err();
+        let waited = t.elapsed();
+        assert!(waited < timeout * 3, "error took {waited:?}");
+        assert!(
+            [
+                libc::ETIMEDOUT,
+                libc::ENOTCONN,
+                libc::EHOSTUNREACH,
+                libc::ENETUNREACH
+            ]
+            .contains(&e.errno),
+            "{e}"
+        );
+        net.link(true);
+        // Reconnects by itself; the handle still works.
+        let t = Instant::now();
+        loop {
+            match fs.write(f.ino, fh, 0, b"after!") {
+                Ok(_) => break,
+                Err(e) => {
+                    assert!(t.elapsed() < Duration::from_secs(20), "no recovery: {e}");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        }
+        assert_eq!(read_all(&fs, f.ino, fh, 0, 6), b"after!");
+        assert!(fs.client().reconnects.load(Ordering::Relaxed) >= 1);
+    });
+}
+
+#[test]
+fn hostile_peers_and_wrong_secrets_are_dropped() {
+    let net = Net::new();
+    let mut srv = Served::new(&net, "hostile", &[]);
+    let addr = net.addr();
+    net.in_cli(|| {
+        use zcfs_protocol::{Cred, ReqHeader, Request, REQ_HDR};
+        let raw = || TcpStream::connect(&addr).unwrap();
+        let handshake = |s: &mut TcpStream| {
+            zcfs_transport::client_handshake(s, Some(b"a-test-secret-of-enough-length")).unwrap();
+        };
+        let dropped = |mut s: TcpStream| {
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut b = [0u8; 64];
+            match s.read(&mut b) {
+                Ok(0) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+                other => panic!("connection not dropped: {other:?}"),
+            }
+        };
+        // Garbage instead of a hello.
+        let mut s = raw();
+        s.write_all(&[0xab; 64]).unwrap();
+        dropped(s);
+        // Our client with a wrong secret refuses the server (its proof does not verify).
+        let mut s = raw();
+        let e =
+            zcfs_transport::client_handshake(&mut s, Some(b"not-the-secret-at-all")).unwrap_err();
+        assert!(
+            matches!(e, zcfs_transport::TransportError::AuthFailed),
+            "{e}"
+        );
+        drop(s);
+        // No secret at all.
+        let mut s = raw();
+        assert!(matches!(
+            zcfs_transport::client_handshake(&mut s, None),
+            Err(zcfs_transport::TransportError::SecretRequired)
+        ));
+        drop(s);
+        // A peer that answers with a forged proof: the server refuses it.
+        {
+            use zcfs_protocol::handshake::*;
+            let mut s = raw();
+            s.write_all(
+                &Hello {
+                    version: zcfs_protocol::VERSION,
+                    features: 0,
+                    nonce: [7; 32],
+                }
+                .encode(),
+            )
+            .unwrap();
+            let mut w = [0u8; WELCOME_LEN];
+            s.read_exact(&mut w).unwrap();
+            assert!(Welcome::decode(&w).unwrap().auth);
+            s.write_all(&[0x42; PROOF_LEN]).unwrap();
+            let mut v = [0u8; VERDICT_LEN];
+            s.read_exact(&mut v).unwrap();
+            assert_eq!(u64::from_le_bytes(v), libc::EACCES as u64);
+            dropped(s);
+        }
+        // Bad magic after a good handshake.
+        let mut s = raw();
+        handshake(&mut s);
+        s.write_all(&[0u8; REQ_HDR]).unwrap();
+        dropped(s);
+        // Oversized body and oversized data.
+        for (off, v) in [(4usize, 1u32 << 30), (40, u32::MAX)] {
+            let mut s = raw();
+            handshake(&mut s);
+            let (mut h, _) = Request::Read {
+                ino: 1,
+                fh: 0,
+                offset: 0,
+                size: 1,
+            }
+            .encode(1, Cred::default());
+            h[off..off + 4].copy_from_slice(&v.to_le_bytes());
+            s.write_all(&h).unwrap();
+            dropped(s);
+        }
+        // A malformed body (name with '/'), and a truncated message then close.
+        let mut s = raw();
+        handshake(&mut s);
+        let (h, body) = Request::Lookup {
+            parent: 1,
+            name: b"a/b".to_vec(),
+        }
+        .encode(1, Cred::default());
+        s.write_all(&h).unwrap();
+        s.write_all(&body).unwrap();
+        dropped(s);
+        let mut s = raw();
+        handshake(&mut s);
+        let (h, _) = Request::Write {
+            ino: 1,
+            fh: 0,
+            offset: 0,
+            size: 1 << 20,
+        }
+        .encode(1, Cred::default());
+        s.write_all(&h).unwrap();
+        s.write_all(&[1u8; 1000]).unwrap();
+        drop(s);
+        // A write to a directory with its payload: rejected, stream stays in step.
+        let fs = srv.client(&net, Duration::from_secs(5));
+        assert_eq!(
+            fs.write(ROOT, 0, 0, &[0u8; 70_000]).unwrap_err().errno,
+            libc::EISDIR
+        );
+        fs.mkdir(&ctx(), ROOT, b"still-works", 0o755).unwrap();
+        let _ = ReqHeader::default();
+        // Garbage hello, bad magic, two oversized headers, a malformed body: 5 drops
+        // counted as malformed; the forged proof as an authentication failure.
+        let t = Instant::now();
+        loop {
+            let v: serde_json::Value = serde_json::from_slice(&fs.server_stats().unwrap()).unwrap();
+            if v["rejected_malformed"].as_u64().unwrap() >= 5
+                && v["rejected_auth"].as_u64().unwrap() >= 1
+            {
+                break;
+            }
+            assert!(t.elapsed() < Duration::from_secs(10), "counters: {v}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+    let err = srv.kill(libc::SIGTERM);
+    assert!(!err.contains("panicked"), "{err}");
+    srv.fsck();
+}
+
+#[test]
+fn secrets_loopback_default_and_read_only() {
+    let net = Net::new();
+    let image = PathBuf::from(format!(
+        "/dev/shm/zcfs-remote-ro-{}.img",
+        std::process::id()
+    ));
+    let _ = fs::remove_file(&image);
+    assert!(Command::new(zcfs_bin())
+        .arg("mkfs")
+        .arg(&image)
+        .args(["--size", "64M"])
+        .status()
+        .unwrap()
+        .success());
+    // Not loopback, no secret: refused with the fix in the message.
+    let out = Command::new("ip")
+        .args(["netns", "exec", &net.srv, zcfs_bin(), "serve"])
+        .arg(&image)
+        .args(["--listen", &net.addr()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--secret-file"));
+    // --insecure --read-only: reads work, writes get EROFS.
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", &net.srv, zcfs_bin(), "serve"])
+        .arg(&image)
+        .args(["--listen", &net.addr(), "--insecure", "--read-only"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    net.in_cli(|| {
+        let fs = RemoteFs::connect(ClientConfig::new(&net.addr())).unwrap();
+        assert!(fs.getattr(ROOT).unwrap().is_dir());
+        assert_eq!(
+            fs.mkdir(&ctx(), ROOT, b"x", 0o755).unwrap_err().errno,
+            libc::EROFS
+        );
+    });
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    child.wait().unwrap();
+    let _ = fs::remove_file(&image);
+}
+
+fn mounted(mp: &Path) -> bool {
+    let s = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    s.lines()
+        .any(|l| l.split(' ').nth(4) == Some(mp.to_str().unwrap()))
+}
+
+#[test]
+fn remote_fuse_mount_runs_unmodified_programs() {
+    let net = Net::new();
+    let mut srv = Served::new(&net, "fuse", &[]);
+    let mp = std::env::temp_dir().join(format!("zcfs-remote-mp-{}", std::process::id()));
+    fs::create_dir_all(&mp).unwrap();
+    // nsenter enters only the network namespace, so the mount is visible here.
+    let mut m = Command::new("nsenter")
+        .arg(format!("--net=/var/run/netns/{}", net.cli))
+        .arg(zcfs_bin())
+        .arg("mount")
+        .arg(net.addr())
+        .arg(&mp)
+        .arg("--secret-file")
+        .arg(&srv.secret)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while !mounted(&mp) {
+        assert!(m.try_wait().unwrap().is_none(), "remote mount exited");
+        assert!(t.elapsed() < Duration::from_secs(20));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let d = mp.to_str().unwrap();
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/../protocol");
+    let sh = |c: &str| {
+        let o = Command::new("bash").arg("-c").arg(c).output().unwrap();
+        assert!(
+            o.status.success(),
+            "{c}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    sh(&format!("cp -a {src} {d}/copy && diff -r {src} {d}/copy"));
+    sh(&format!("tar -C {d} -cf {d}/t.tar copy && mkdir {d}/x && tar -C {d}/x -xf {d}/t.tar && diff -r {src} {d}/x/copy"));
+    sh(&format!("rsync -a {src}/ {d}/r/ && diff -r {src} {d}/r"));
+    assert!(
+        sh(&format!("grep -rl 'pub enum Op' {d}/copy | wc -l"))
+            .trim()
+            .parse::<u32>()
+            .unwrap()
+            >= 1
+    );
+    let repo = std::env::temp_dir().join(format!("zcfs-remote-repo-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&repo);
+    sh(&format!("git init -q {r} && cd {r} && echo a > a && git add a && git -c user.name=t -c user.email=t@e commit -qm a", r = repo.display()));
+    sh(&format!(
+        "git clone -q {} {d}/clone && git -C {d}/clone fsck --full",
+        repo.display()
+    ));
+    fs::remove_dir_all(&repo).unwrap();
+    let out = sh(&format!("sqlite3 {d}/db 'create table t(x); insert into t values(1),(2),(3); select sum(x) from t; pragma integrity_check;'"));
+    assert_eq!(out.trim(), "6\nok");
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(m.id() as i32, libc::SIGTERM) };
+    m.wait().unwrap();
+    assert!(!mounted(&mp));
+    fs::remove_dir(&mp).unwrap();
+    srv.kill(libc::SIGTERM);
+    srv.fsck();
+}
