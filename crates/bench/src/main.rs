@@ -85,6 +85,7 @@ struct Row {
     mb_s: f64,
 }
 
+#[allow(clippy::too_many_arguments)]
 fn row(
     system: &str,
     op: &str,
