@@ -134,7 +134,9 @@ impl FuseFs {
     }
 
     fn open_flags(&self) -> FopenFlags {
-        let mut f = FopenFlags::empty();
+        // Backends take concurrent writes to one file (the volume serializes only
+        // the short reserve and commit steps).
+        let mut f = FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES;
         if self.opts.direct_io || matches!(self.opts.cache, CacheMode::None | CacheMode::Metadata) {
             f |= FopenFlags::FOPEN_DIRECT_IO;
         }
@@ -211,7 +213,11 @@ impl Filesystem for FuseFs {
         let _ = config.set_max_write(self.opts.max_write);
         let _ = config.set_max_readahead(1 << 20);
         let _ = config.set_max_background(64);
-        let mut want = InitFlags::FUSE_PARALLEL_DIROPS | InitFlags::FUSE_ATOMIC_O_TRUNC;
+        // ASYNC_DIO: without it the kernel serializes O_DIRECT I/O of one file, so
+        // queue depth buys nothing (libfuse asks for it by default too).
+        let mut want = InitFlags::FUSE_PARALLEL_DIROPS
+            | InitFlags::FUSE_ATOMIC_O_TRUNC
+            | InitFlags::FUSE_ASYNC_DIO;
         if self.opts.readdirplus {
             want |= InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO;
         }
