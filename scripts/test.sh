@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
-# Every test of zcfs: formatting, lints, unit, integration, property, fuzz-smoke and
-# crash tests, in release mode (the crash suite enumerates ~100k crash states).
-# Run as root on Debian; installs what it needs.
+# Every test of zcfs: formatting, lints, unit, integration, property, fuzz-smoke, crash,
+# FUSE and network-namespace tests, in release mode (the crash suite enumerates ~100k
+# crash states). Run as root on Debian; installs what it needs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
-bash scripts/setup.sh build-essential pkg-config fuse3 git rsync sqlite3 fio tar iproute2
+bash scripts/setup.sh build-essential pkg-config fuse3 git rsync sqlite3 fio tar iproute2 util-linux
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
-cargo test --workspace --release -- --test-threads 2
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+status=0
+cargo test --workspace --release --lib --bins --tests -- --test-threads 2 2>&1 | tee "$log" || status=$?
+# One closing line for the whole run.
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed;?$/) p += $i; if ($(i+1) ~ /^failed;?$/) f += $i } }
+     END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
+exit $status
