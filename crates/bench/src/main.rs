@@ -176,6 +176,19 @@ fn raw_server(l: TcpListener) {
                         }
                         s.write_all(&[0u8; 8])
                     })(),
+                    // Streams, for the bandwidth limit: send until the peer closes,
+                    // or receive until it does.
+                    3 => loop {
+                        if s.write_all(&DATA).is_err() {
+                            return;
+                        }
+                    },
+                    4 => loop {
+                        match s.read(&mut sink) {
+                            Ok(0) | Err(_) => return,
+                            Ok(_) => {}
+                        }
+                    },
                     _ => return,
                 };
                 if r.is_err() {
@@ -290,6 +303,44 @@ fn raw_bench(addr: &str, size: usize, write: bool, qd: usize, secs: f64) -> Resu
         el,
         done,
     ))
+}
+
+/// One-way TCP streaming bandwidth on the link (what iperf3 measures): the ceiling
+/// for bulk transfers.
+fn raw_stream(addr: &str, write: bool, secs: f64) -> Result<Row> {
+    let mut s = TcpStream::connect(addr)?;
+    let mut req = [0u8; 16];
+    req[..8].copy_from_slice(&(if write { 4u64 } else { 3 }).to_le_bytes());
+    s.write_all(&req)?;
+    let mut buf = vec![0x77u8; 1 << 20];
+    let warm = Duration::from_millis(300);
+    let t = Instant::now();
+    let mut bytes = 0u64;
+    let mut t0 = None;
+    while t.elapsed() < warm + Duration::from_secs_f64(secs) {
+        let n = if write {
+            s.write(&buf)?
+        } else {
+            s.read(&mut buf)?
+        };
+        if t.elapsed() >= warm {
+            t0.get_or_insert_with(Instant::now);
+            bytes += n as u64;
+        }
+    }
+    let el = t0.map_or(Duration::from_millis(1), |t0| t0.elapsed());
+    let mut r = row(
+        "raw-tcp-stream",
+        if write { "write" } else { "read" },
+        "-",
+        1 << 20,
+        0,
+        &mut [],
+        el,
+        0,
+    );
+    r.mb_s = bytes as f64 / el.as_secs_f64() / 1e6;
+    Ok(r)
 }
 
 // ---------------------------------------------------------------- zcfs
@@ -529,6 +580,11 @@ fn remote(a: RemoteArgs) -> Result<()> {
                 }
             }
         }
+        for write in [false, true] {
+            let r = median_of(repeat, || raw_stream(&raw_addr, write, secs))?;
+            eprintln!("raw-tcp stream {}: {:>8.1} MB/s", r.op, r.mb_s);
+            rows.push(r);
+        }
         let connect = |addr: &str| {
             let mut c = ClientConfig::new(addr);
             c.connections = 1;
@@ -616,6 +672,20 @@ fn summary(rows: &[Row], link: &str) -> String {
         })
     };
     let mut out = format!("### zcfs client library vs raw TCP, {link}\n\n");
+    for op in ["read", "write"] {
+        if let (Some(st), Some(z)) = (
+            find("raw-tcp-stream", op, "-", 1 << 20, 0),
+            find("zcfs", op, "seq", 1 << 20, 16),
+        ) {
+            out += &format!(
+                "- 1 MiB {op}s at QD16: {:.0} MB/s = {:.0} % of the raw TCP streaming bandwidth ({:.0} MB/s)\n",
+                z.mb_s,
+                100.0 * z.mb_s / st.mb_s,
+                st.mb_s
+            );
+        }
+    }
+    out += "\n";
     out += "| op | size | QD1 p50 zcfs µs | QD1 p50 raw µs | latency ratio | QD16 zcfs MB/s | QD16 raw MB/s | fraction of raw | one-copy MB/s | zero/one-copy |\n";
     out += "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
     let mut sizes: Vec<usize> = rows.iter().map(|r| r.size).collect();

@@ -339,15 +339,10 @@ fn read_loop(mut s: TcpStream, conn: Arc<Conn>) {
             Vec::with_capacity(h.body_len as usize),
             Vec::with_capacity(h.data_len as usize),
         );
-        let got = (&mut s)
-            .take(h.body_len as u64)
-            .read_to_end(&mut body)
-            .and_then(|_| (&mut s).take(h.data_len as u64).read_to_end(&mut data));
+        let got = zcfs_transport::recv_into_vec(&s, &mut body, h.body_len as usize)
+            .and_then(|_| zcfs_transport::recv_into_vec(&s, &mut data, h.data_len as usize));
         if let Err(e) = got {
             break format!("receive: {e}");
-        }
-        if body.len() != h.body_len as usize || data.len() != h.data_len as usize {
-            break "receive: the server closed the connection mid-reply".to_string();
         }
         let Some((op, slot)) = conn.pending.lock().unwrap().remove(&h.id) else {
             // A reply to a request that timed out: drop it.

@@ -56,6 +56,41 @@ pub fn read_exact_vectored(
     Ok(())
 }
 
+/// Append exactly `n` bytes from a socket to `buf`, receiving straight into its spare
+/// capacity: no zero-fill, and recv asks for everything still missing each time.
+pub fn recv_into_vec(s: &TcpStream, buf: &mut Vec<u8>, n: usize) -> std::io::Result<()> {
+    use std::os::unix::io::AsRawFd;
+    buf.reserve(n);
+    let start = buf.len();
+    let mut got = 0;
+    while got < n {
+        // SAFETY: `start + n <= capacity` (reserved above); recv writes at most
+        // `n - got` bytes through the raw pointer into spare capacity, and no
+        // reference to uninitialized memory is created.
+        let r = unsafe {
+            libc::recv(
+                s.as_raw_fd(),
+                buf.as_mut_ptr().add(start + got) as *mut libc::c_void,
+                n - got,
+                0,
+            )
+        };
+        match r {
+            0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            r if r > 0 => got += r as usize,
+            _ => {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
+    // SAFETY: the `n` bytes after `start` were written by recv above.
+    unsafe { buf.set_len(start + n) };
+    Ok(())
+}
+
 /// Read and discard `n` bytes (a rejected write's payload, to stay in step).
 pub fn discard(r: &mut impl Read, mut n: usize) -> std::io::Result<()> {
     let mut buf = [0u8; 64 << 10];

@@ -539,3 +539,74 @@ fn daemon_mode_and_mount_helper_with_fstab_options() {
     let _ = fs::remove_dir(&mp);
     let _ = fs::remove_file(&image);
 }
+
+#[test]
+fn several_users_share_a_mount_and_display_options_apply() {
+    // allow_other + default_permissions: another user creates files as itself, and the
+    // kernel enforces permissions.
+    let mut m = Mount {
+        image: None,
+        mp: PathBuf::new(),
+        child: None,
+    };
+    let image = PathBuf::from(format!("/dev/shm/{}.img", unique("users")));
+    let _ = fs::remove_file(&image);
+    assert!(zcfs()
+        .arg("mkfs")
+        .arg(&image)
+        .args(["--size", "64M"])
+        .status()
+        .unwrap()
+        .success());
+    m.image = Some(image.clone());
+    m.start(
+        image.to_str().unwrap(),
+        &["-o", "allow_other,default_permissions"],
+    );
+    fs::create_dir(m.path("shared")).unwrap();
+    fs::set_permissions(m.path("shared"), fs::Permissions::from_mode(0o1777)).unwrap();
+    fs::create_dir(m.path("private")).unwrap();
+    fs::set_permissions(m.path("private"), fs::Permissions::from_mode(0o700)).unwrap();
+    let as_nobody = |cmd: &str| {
+        Command::new("setpriv")
+            .args([
+                "--reuid",
+                "65534",
+                "--regid",
+                "65534",
+                "--clear-groups",
+                "sh",
+                "-c",
+                cmd,
+            ])
+            .output()
+            .unwrap()
+    };
+    let out = as_nobody(&format!("echo hi > {}", m.path("shared/mine").display()));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let md = fs::metadata(m.path("shared/mine")).unwrap();
+    assert_eq!(
+        (md.uid(), md.gid()),
+        (65534, 65534),
+        "new files belong to the caller"
+    );
+    let out = as_nobody(&format!("touch {}", m.path("private/x").display()));
+    assert!(
+        !out.status.success(),
+        "default_permissions must refuse writes to a 0700 directory"
+    );
+    m.stop();
+    // uid=, gid=, umask= change what is shown.
+    m.start(
+        image.to_str().unwrap(),
+        &["-o", "uid=1234,gid=4321,umask=077"],
+    );
+    let md = fs::metadata(m.path("shared/mine")).unwrap();
+    assert_eq!((md.uid(), md.gid(), md.mode() & 0o777), (1234, 4321, 0o600));
+    m.stop();
+    m.fsck();
+}
