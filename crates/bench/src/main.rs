@@ -6,6 +6,7 @@
 //! latency and QD16 throughput, 1 KiB..16 MiB, sequential and random, read and write),
 //! and zero-copy against one-copy writes. Every loop is bounded in count and time.
 
+mod local;
 mod netns;
 
 use anyhow::{bail, Context, Result};
@@ -36,6 +37,17 @@ struct Cli {
 enum Cmd {
     /// Client library across a veth pair vs raw TCP on the same link; zero- vs one-copy.
     Remote(RemoteArgs),
+    /// Library API on a local volume; consistency and page-attach ablations.
+    Local {
+        #[arg(long)]
+        short: bool,
+        #[arg(long, default_value = "bench-results")]
+        out: PathBuf,
+        #[arg(long)]
+        seconds: Option<f64>,
+        #[arg(long)]
+        repeat: Option<usize>,
+    },
 }
 
 #[derive(clap::Args, Clone)]
@@ -125,6 +137,26 @@ fn row(
 fn main() -> Result<()> {
     match Cli::parse().cmd {
         Cmd::Remote(a) => remote(a),
+        Cmd::Local {
+            short,
+            out,
+            seconds,
+            repeat,
+        } => {
+            let secs = seconds.unwrap_or(if short { 0.3 } else { 1.0 });
+            let rows = local::run(short, secs, repeat.unwrap_or(if short { 1 } else { 3 }))?;
+            std::fs::create_dir_all(&out)?;
+            std::fs::write(
+                out.join("local.json"),
+                serde_json::to_string_pretty(
+                    &serde_json::json!({ "seconds_per_measurement": secs, "rows": rows }),
+                )?,
+            )?;
+            let md = local::summary(&rows);
+            std::fs::write(out.join("local.md"), &md)?;
+            println!("{md}");
+            Ok(())
+        }
     }
 }
 

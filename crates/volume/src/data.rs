@@ -653,25 +653,35 @@ impl Volume {
             .map
             .for_range(fb0, (len / BLOCK) as u64, |fb, b| blocks.push((fb, b)));
         let mut copied = 0;
+        // Runs of file blocks that are also contiguous in the volume: one mmap each,
+        // populated at once (no fault per page later).
+        let mut runs: Vec<(u64, u64, u64)> = Vec::new(); // (first file block, first block, count)
         for (fb, b) in blocks {
             let Some(b) = b else { continue };
             if fb * BLOCK_U64 >= size {
                 continue;
             }
-            // SAFETY: `base` maps `len` bytes; the page index is within it.
-            let dst = unsafe { base.add(((fb - fb0) as usize) * BLOCK) };
+            match runs.last_mut() {
+                Some((f0, b0, n)) if *f0 + *n == fb && *b0 + *n == b => *n += 1,
+                _ => runs.push((fb, b, 1)),
+            }
+        }
+        for &(f0, b0, n) in &runs {
+            let len_run = n as usize * BLOCK;
+            // SAFETY: `base` maps `len` bytes; the run lies within it.
+            let dst = unsafe { base.add(((f0 - fb0) as usize) * BLOCK) };
             match fd {
                 Some(fd) => {
-                    // SAFETY: MAP_FIXED over part of our own reservation; the file
-                    // offset is a live data block of the volume.
+                    // SAFETY: MAP_FIXED over part of our own reservation; the file range
+                    // holds live data blocks of the volume.
                     let p = unsafe {
                         libc::mmap(
                             dst as *mut libc::c_void,
-                            BLOCK,
+                            len_run,
                             libc::PROT_READ | libc::PROT_WRITE,
-                            libc::MAP_PRIVATE | libc::MAP_FIXED,
+                            libc::MAP_PRIVATE | libc::MAP_FIXED | libc::MAP_POPULATE,
                             fd,
-                            (b * BLOCK_U64) as libc::off_t,
+                            (b0 * BLOCK_U64) as libc::off_t,
                         )
                     };
                     if p == libc::MAP_FAILED {
@@ -682,15 +692,17 @@ impl Volume {
                     }
                 }
                 None => {
-                    // SAFETY: live data block under the lock; `dst` is our page.
-                    let src = unsafe { self.region.slice((b * BLOCK_U64) as usize, BLOCK) };
-                    // SAFETY: `dst` is a private page of `BLOCK` bytes we own.
-                    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, BLOCK) };
-                    copied += BLOCK;
+                    // SAFETY: live data blocks under the lock; `dst` is our private range.
+                    let src = unsafe { self.region.slice((b0 * BLOCK_U64) as usize, len_run) };
+                    // SAFETY: `dst` has `len_run` private bytes we own.
+                    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, len_run) };
+                    copied += len_run;
                 }
             }
-            *st.pins.entry(b).or_insert(0) += 1;
-            pinned.push(b);
+            for b in b0..b0 + n {
+                *st.pins.entry(b).or_insert(0) += 1;
+                pinned.push(b);
+            }
         }
         // Bytes past EOF in the last page must read as zero: they are on PM already
         // (invariant), so nothing to do.
