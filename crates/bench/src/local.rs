@@ -81,6 +81,7 @@ fn offset(i: u64, size: usize, random: bool) -> u64 {
 }
 
 /// `qd` callers each doing ops until the deadline or their share of `limit`.
+#[allow(clippy::too_many_arguments)]
 fn run_ops(
     v: &Arc<Volume>,
     ino: u64,
