@@ -1,0 +1,171 @@
+#!/usr/bin/env bash
+# Every benchmark in one run: zcfs remote across a veth pair and local, through the client
+# library and through FUSE, beside the baselines a user would pick instead (tmpfs, NFS-Ganesha
+# with a libnfs client, sshfs) and the machine's limits (raw TCP on the same link, memcpy).
+#
+#   sudo bash scripts/bench.sh            short mode, about 4 minutes
+#   sudo bash scripts/bench.sh --full     full mode (adds the shared baselines: limits, tmpfs, NFS, sshfs)
+#   sudo bash scripts/bench.sh --tbf      also shape the veth to 1 Gbit/s (the RZCFS link) for a second remote run
+#   sudo bash scripts/bench.sh --publish  also write docs/benchmarks.md and its plots from this run
+#
+# Output: bench-results/<timestamp>/ with CSV and JSON of every figure, PNG plots and
+# results.md. Everything started here runs on loopback or inside namespaces created here,
+# is stopped by PID, and is cleaned up on exit, also when a step fails.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+MODE=short TBF=0 PUBLISH=0
+for a in "$@"; do
+  case "$a" in
+    --full) MODE=full ;;
+    --short) MODE=short ;;
+    --tbf) TBF=1 ;;
+    --publish) PUBLISH=1 ;;
+    *) echo "usage: $0 [--full] [--tbf] [--publish]" >&2; exit 2 ;;
+  esac
+done
+[ "$(id -u)" = 0 ] || { echo "run as root (namespaces, mounts, tmpfs)" >&2; exit 1; }
+SHARED=${SHARED_BENCH:-$REPO/../shared/bench}
+OUT=$REPO/bench-results/$(date +%Y%m%d-%H%M%S)-$MODE
+mkdir -p "$OUT"
+export RESULTS_DIR=$OUT/csv WORK=/tmp/zcfs-bench-$$
+export FIO_RUNTIME=${FIO_RUNTIME:-$([ $MODE = full ] && echo 4 || echo 1)}
+export FIO_SIZE=${FIO_SIZE:-$([ $MODE = full ] && echo 256M || echo 64M)}
+mkdir -p "$RESULTS_DIR" "$WORK"
+export PATH="$HOME/.cargo/bin:$PATH"
+bash scripts/setup.sh build-essential pkg-config fuse3 fio git iproute2 util-linux python3-matplotlib
+cargo build --release --quiet -p zcfs -p zcfs-bench
+Z=$REPO/target/release/zcfs
+ZB=$REPO/target/release/zcfs-bench
+source "$SHARED/lib.sh"   # fio_one, fio_suite, fio_qd16, fio_prepare, row, csv_begin, log
+
+# ------------------------------------------------------------------ cleanup
+PIDS=() MOUNTS=() NETNS=() FILES=()
+cleanup() {
+  set +e
+  local m p n
+  for m in "${MOUNTS[@]}"; do mountpoint -q "$m" && { umount "$m" 2>/dev/null || umount -l "$m"; }; done
+  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
+  for n in "${NETNS[@]}"; do ip netns del "$n" 2>/dev/null; done
+  for m in "${FILES[@]}"; do rm -rf "$m"; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+step() { log "== $*"; }
+wait_mount() { local i; for i in $(seq 200); do mountpoint -q "$1" && return 0; sleep 0.05; done; log "no mount at $1"; return 1; }
+
+# ------------------------------------------------------------------ 1. machine limits and baselines (full mode)
+if [ $MODE = full ]; then
+  for s in limits tmpfs nfs sshfs; do
+    step "baseline: $s.sh"
+    WITH_TBF=$TBF bash "$SHARED/$s.sh" || log "$s.sh failed; continuing"
+  done
+fi
+
+# ------------------------------------------------------------------ 2. zcfs client library: remote and local
+step "zcfs-bench remote ($MODE)"
+"$ZB" remote $([ $MODE = short ] && echo --short) --out "$OUT" 2>"$OUT/remote.log"
+if [ $TBF = 1 ]; then
+  step "zcfs-bench remote over a 1 Gbit/s veth"
+  mkdir -p "$OUT/tbf1g"
+  "$ZB" remote $([ $MODE = short ] && echo --short) --tbf 1gbit --out "$OUT/tbf1g" 2>"$OUT/tbf1g/remote.log"
+fi
+step "zcfs-bench local ($MODE)"
+"$ZB" local $([ $MODE = short ] && echo --short) --out "$OUT" 2>"$OUT/local.log"
+
+# ------------------------------------------------------------------ 3. FUSE: zcfs local, zcfs remote across veth, tmpfs
+csv_begin fuse
+fio_jobs() {   # fio_jobs target dir
+  if [ $MODE = full ]; then
+    fio_suite "$1" "$2"
+  else
+    fio_prepare "$2"
+    local bs rw
+    for bs in 4k 1m; do for rw in randread randwrite; do
+      fio_one "$1" "$rw-$bs-qd1" "$2" "$rw" "$bs" 1 psync --direct=1
+    done; done
+    fio_one "$1" "mmap-randread-1k" "$2" randread 1k 1 mmap
+    fio_one "$1" "mmap-randwrite-1k" "$2" randwrite 1k 1 mmap
+  fi
+  fio_qd16 "$1" "$2"
+}
+
+TMPFS=$WORK/tmpfs
+tmpfs_mount "$TMPFS" 2G; MOUNTS+=("$TMPFS")
+step "fio on tmpfs (the local ceiling)"
+fio_jobs tmpfs "$TMPFS"
+
+IMG=/dev/shm/zcfs-bench-fuse-$$.img; FILES+=("$IMG")
+"$Z" mkfs "$IMG" --size 4G --inodes 200000 >/dev/null
+LMP=$WORK/zcfs-local; mkdir -p "$LMP"
+"$Z" mount "$IMG" "$LMP" 2>"$OUT/mount-local.log" & PIDS+=($!); MOUNTS+=("$LMP")
+wait_mount "$LMP"
+step "fio on a local zcfs mount"
+fio_jobs zcfs-local-fuse "$LMP"
+
+# Remote: server in one namespace, the FUSE client in another (nsenter keeps the mount visible).
+TAG=$(( $$ % 10000 )); SRV=zbfs$TAG CLI=zbfc$TAG
+ip netns add $SRV; NETNS+=($SRV); ip netns add $CLI; NETNS+=($CLI)
+ip link add zbfs$TAG type veth peer name zbfc$TAG
+ip link set zbfs$TAG netns $SRV; ip link set zbfc$TAG netns $CLI
+ip -n $SRV addr add 198.18.210.1/24 dev zbfs$TAG; ip -n $CLI addr add 198.18.210.2/24 dev zbfc$TAG
+for ns in $SRV $CLI; do ip -n $ns link set lo up; done
+ip -n $SRV link set zbfs$TAG up; ip -n $CLI link set zbfc$TAG up
+RIMG=/dev/shm/zcfs-bench-fuse-remote-$$.img; FILES+=("$RIMG")
+"$Z" mkfs "$RIMG" --size 4G --inodes 200000 >/dev/null
+ip netns exec $SRV "$Z" serve "$RIMG" --listen 198.18.210.1:7070 --insecure >"$WORK/serve.out" 2>"$OUT/serve-remote.log" & PIDS+=($!)
+for _ in $(seq 100); do grep -q serving "$WORK/serve.out" 2>/dev/null && break; sleep 0.05; done
+RMP=$WORK/zcfs-remote; mkdir -p "$RMP"
+nsenter --net=/var/run/netns/$CLI "$Z" mount 198.18.210.1:7070 "$RMP" 2>"$OUT/mount-remote.log" & PIDS+=($!); MOUNTS+=("$RMP")
+wait_mount "$RMP"
+step "fio on a remote zcfs mount across veth"
+fio_jobs zcfs-remote-fuse "$RMP"
+
+# ------------------------------------------------------------------ 4. FUSE null backend vs queue depth (DPFS Fig. 2a)
+NMP=$WORK/zcfs-null; mkdir -p "$NMP"
+"$Z" mount null "$NMP" --direct-io 2>"$OUT/mount-null.log" & NULL_PID=$!; PIDS+=($NULL_PID); MOUNTS+=("$NMP")
+wait_mount "$NMP"
+step "FUSE null backend, 4/16/64 KiB random reads at QD 1..32"
+for bs in 4k 16k 64k; do
+  for qd in 1 2 4 8 16 32; do
+    fio_one zcfs-null "randread-$bs-qd$qd" "$NMP" randread "$bs" "$qd" io_uring --direct=1
+  done
+done
+csv_to_json
+
+# ------------------------------------------------------------------ 5. small files and real tools
+SMALL=$RESULTS_DIR/smallfiles.csv
+echo "target,test,count,seconds" > "$SMALL"
+NFILES=$([ $MODE = full ] && echo 20000 || echo 2000)
+tar -C "$REPO" -cf "$WORK/src.tar" crates docs
+timed() { local t0 t1; t0=$(date +%s.%N); "$@" >/dev/null; t1=$(date +%s.%N); awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }'; }
+small_files() {   # small_files target dir
+  local t=$1 d=$2/smallfiles-$$
+  mkdir -p "$d"
+  echo "$t,create-write-close-4k,$NFILES,$(timed python3 -c '
+import os, sys
+d, n = sys.argv[1], int(sys.argv[2])
+buf = b"x" * 4096
+for i in range(n):
+    fd = os.open(f"{d}/f{i}", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+    os.write(fd, buf)
+    os.close(fd)
+' "$d" "$NFILES")" >> "$SMALL"
+  echo 3 > /proc/sys/vm/drop_caches
+  echo "$t,ls-l,$NFILES,$(timed ls -l "$d")" >> "$SMALL"
+  echo "$t,git-clone,1,$(timed git clone -q --no-hardlinks "$REPO" "$d/clone")" >> "$SMALL"
+  echo "$t,tar-x,1,$(timed tar -C "$d" -xf "$WORK/src.tar")" >> "$SMALL"
+  rm -rf "$d"
+}
+for pair in "tmpfs:$TMPFS" "zcfs-local-fuse:$LMP" "zcfs-remote-fuse:$RMP"; do
+  step "small files and real tools on ${pair%%:*}"
+  small_files "${pair%%:*}" "${pair#*:}"
+done
+cat "$SMALL"
+
+# ------------------------------------------------------------------ 6. report
+step "report"
+python3 "$REPO/scripts/bench-report.py" "$OUT" $([ $PUBLISH = 1 ] && echo --publish "$REPO/docs")
+log "results in $OUT (results.md, plots/*.png, csv/, *.json)"
