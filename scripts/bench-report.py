@@ -244,6 +244,7 @@ try:
     import matplotlib.pyplot as plt
 except ImportError:
     plt = None
+    print("plots skipped: matplotlib is not installed for this python (apt-get install python3-matplotlib)", file=sys.stderr)
 made = []
 if plt:
     def save(fig, name, caption):

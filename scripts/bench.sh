@@ -167,5 +167,7 @@ cat "$SMALL"
 
 # ------------------------------------------------------------------ 6. report
 step "report"
-python3 "$REPO/scripts/bench-report.py" "$OUT" $([ $PUBLISH = 1 ] && echo --publish "$REPO/docs")
+# Debian's python3 is the one python3-matplotlib installs into.
+PY=/usr/bin/python3; [ -x "$PY" ] || PY=python3
+"$PY" "$REPO/scripts/bench-report.py" "$OUT" $([ $PUBLISH = 1 ] && echo --publish "$REPO/docs")
 log "results in $OUT (results.md, plots/*.png, csv/, *.json)"
