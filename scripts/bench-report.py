@@ -115,8 +115,13 @@ out.append("")
 # ---------------------------------------------------------------- remote library vs raw TCP
 def remote_table(data, title):
     rows = data["rows"]
-    t = [f"## {title}\n", "| op | size | QD1 p50 zcfs µs | QD1 p50 raw TCP µs | latency ratio | QD16 zcfs MB/s | QD16 raw TCP MB/s | zcfs / raw | one-copy MB/s | zero / one-copy |",
-         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    t = [f"## {title}\n"]
+    c = data.get("user_copies_per_payload_byte")
+    if c:
+        t.append(f"User-space copies per payload byte on the server: {c.get('zero_copy_server')} (zero-copy), {c.get('one_copy_server')} (one-copy). "
+                 "CPU is user + system time per operation of client and server together (the raw TCP server runs inside the bench process).\n")
+    t += ["| op | size | QD1 p50 zcfs µs | QD1 p50 raw TCP µs | latency ratio | QD1 CPU µs/op zcfs / raw | QD16 zcfs MB/s | QD16 raw TCP MB/s | zcfs / raw | one-copy MB/s | zero / one-copy |",
+          "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for op in ["read", "write"]:
         for size in SIZES:
             z1, r1 = zrow(rows, "zcfs", op, "seq", size, 1), zrow(rows, "raw-tcp", op, "-", size, 1)
@@ -124,7 +129,9 @@ def remote_table(data, title):
             if not (z1 and r1 and z16 and r16):
                 continue
             oc = zrow(rows, "zcfs-one-copy", op, "seq", size, 16) if op == "write" else None
-            t.append(f"| {op} | {human(size)} | {z1['p50_us']:.1f} | {r1['p50_us']:.1f} | {ratio(z1['p50_us'], r1['p50_us'])} | "
+            # Runs before CPU accounting have no figure: say so rather than print 0.
+            cpu = f"{z1['cpu_us_per_op']:.1f} / {r1['cpu_us_per_op']:.1f}" if z1.get("cpu_us_per_op") else "not measured"
+            t.append(f"| {op} | {human(size)} | {z1['p50_us']:.1f} | {r1['p50_us']:.1f} | {ratio(z1['p50_us'], r1['p50_us'])} | {cpu} | "
                      f"{z16['mb_s']:.0f} | {r16['mb_s']:.0f} | {100 * z16['mb_s'] / r16['mb_s']:.0f} % | {fmt(oc['mb_s'], 0) if oc else '-'} | {ratio(z16['mb_s'], oc['mb_s']) if oc else '-'} |")
     t.append("")
     return t
@@ -203,16 +210,17 @@ if lrows:
         if a and c:
             out.append(f"| {human(size)} | {a['p50_us']:.2f} | {c['p50_us']:.2f} | {ratio(a['p50_us'], c['p50_us'])} |")
     out.append("\n## Local library API (volume on /dev/shm, group commit): p50 µs / MB/s\n")
-    out.append("| op | size | seq QD1 | rand QD1 | seq QD16 | rand QD16 |")
-    out.append("|---|---:|---:|---:|---:|---:|")
+    out.append("| op | size | seq QD1 | rand QD1 | seq QD16 | rand QD16 | CPU µs/op (rand QD1) |")
+    out.append("|---|---:|---:|---:|---:|---:|---:|")
     for op in ["read", "write"]:
         for size in SIZES:
             cells = []
             for pat, qd in [("seq", 1), ("rand", 1), ("seq", 16), ("rand", 16)]:
                 r = zrow(lrows, "zcfs-lib-local", op, pat, size, qd)
                 cells.append(f"{r['p50_us']:.2f} / {r['mb_s']:.0f}" if r else "-")
+            r1 = zrow(lrows, "zcfs-lib-local", op, "rand", size, 1)
             if any(c != "-" for c in cells):
-                out.append(f"| {op} | {human(size)} | " + " | ".join(cells) + " |")
+                out.append(f"| {op} | {human(size)} | " + " | ".join(cells) + f" | {fmt(r1.get('cpu_us_per_op') if r1 else None, 2)} |")
     out.append("")
 
 # ---------------------------------------------------------------- small files

@@ -92,6 +92,7 @@ fn run_ops(
     secs: f64,
     system: &str,
 ) -> Result<Row> {
+    let cpu0 = crate::cpu_now();
     let limit = crate::max_ops(size) * if qd > 1 { 4 } else { 1 };
     let deadline = Duration::from_secs_f64(secs);
     let t = Instant::now();
@@ -128,15 +129,18 @@ fn run_ops(
         lat.extend(r?);
     }
     let n = lat.len() as u64;
-    Ok(row(
-        system,
-        if write { "write" } else { "read" },
-        if random { "rand" } else { "seq" },
-        size,
-        qd,
-        &mut lat,
-        el,
-        n,
+    Ok(crate::with_cpu(
+        row(
+            system,
+            if write { "write" } else { "read" },
+            if random { "rand" } else { "seq" },
+            size,
+            qd,
+            &mut lat,
+            el,
+            n,
+        ),
+        cpu0,
     ))
 }
 

@@ -95,6 +95,49 @@ struct Row {
     p50_us: f64,
     p99_us: f64,
     mb_s: f64,
+    /// CPU time per operation, client and server together (user + system).
+    cpu_us_per_op: f64,
+}
+
+/// The server process being measured (0 = none: its CPU is in this process).
+pub(crate) static SERVER_PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// CPU time (user + system) of this process plus the server process, if any.
+pub(crate) fn cpu_now() -> Duration {
+    // SAFETY: rusage is plain data filled by getrusage.
+    let mut r: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointer to a rusage.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut r) };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    let mut d = tv(r.ru_utime) + tv(r.ru_stime);
+    let pid = SERVER_PID.load(std::sync::atomic::Ordering::Relaxed);
+    if pid != 0 {
+        if let Ok(st) = std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            // Fields after the command name: utime and stime are the 12th and 13th.
+            let f: Vec<&str> = st
+                .rsplit_once(')')
+                .map_or("", |(_, r)| r)
+                .split_whitespace()
+                .collect();
+            let ticks: u64 = f.get(11).and_then(|x| x.parse().ok()).unwrap_or(0)
+                + f.get(12).and_then(|x| x.parse::<u64>().ok()).unwrap_or(0);
+            // SAFETY: sysconf has no preconditions.
+            let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+            d += Duration::from_nanos(ticks * 1_000_000_000 / hz);
+        }
+    }
+    d
+}
+
+/// Set the CPU-per-operation figure of a row measured since `cpu0`.
+pub(crate) fn with_cpu(mut r: Row, cpu0: Duration) -> Row {
+    let cpu = cpu_now().saturating_sub(cpu0);
+    r.cpu_us_per_op = if r.ops == 0 {
+        0.0
+    } else {
+        cpu.as_secs_f64() * 1e6 / r.ops as f64
+    };
+    r
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -131,6 +174,7 @@ fn row(
         p50_us: pct(0.5),
         p99_us: pct(0.99),
         mb_s: ops as f64 * size as f64 / elapsed.as_secs_f64() / 1e6,
+        cpu_us_per_op: 0.0,
     }
 }
 
@@ -264,6 +308,7 @@ fn raw_reply(s: &mut TcpStream, kind: u64, n: usize, buf: &mut [u8]) -> std::io:
 }
 
 fn raw_bench(addr: &str, size: usize, write: bool, qd: usize, secs: f64) -> Result<Row> {
+    let cpu0 = cpu_now();
     let mut s = TcpStream::connect(addr)?;
     s.set_nodelay(true)?;
     let kind = if write { 2 } else { 1 };
@@ -325,15 +370,18 @@ fn raw_bench(addr: &str, size: usize, write: bool, qd: usize, secs: f64) -> Resu
         }
     }
     let el = t.elapsed();
-    Ok(row(
-        "raw-tcp",
-        if write { "write" } else { "read" },
-        "-",
-        size,
-        qd,
-        &mut lat,
-        el,
-        done,
+    Ok(with_cpu(
+        row(
+            "raw-tcp",
+            if write { "write" } else { "read" },
+            "-",
+            size,
+            qd,
+            &mut lat,
+            el,
+            done,
+        ),
+        cpu0,
     ))
 }
 
@@ -489,6 +537,7 @@ fn zcfs_bench(
     secs: f64,
     short: bool,
 ) -> Result<Row> {
+    let cpu0 = cpu_now();
     let client = fs.client();
     let data = vec![0x6bu8; size];
     let mut next = offsets(size, random, short);
@@ -538,15 +587,18 @@ fn zcfs_bench(
         done += 1;
     }
     let el = t.elapsed();
-    Ok(row(
-        system,
-        if write { "write" } else { "read" },
-        if random { "rand" } else { "seq" },
-        size,
-        qd,
-        &mut lat,
-        el,
-        done,
+    Ok(with_cpu(
+        row(
+            system,
+            if write { "write" } else { "read" },
+            if random { "rand" } else { "seq" },
+            size,
+            qd,
+            &mut lat,
+            el,
+            done,
+        ),
+        cpu0,
     ))
 }
 
@@ -591,6 +643,8 @@ fn remote(a: RemoteArgs) -> Result<()> {
 
     let zc = start_server(&zcfs, &net, 7070, false, "zc")?;
     let oc = start_server(&zcfs, &net, 7071, true, "oc")?;
+    // `ip netns exec` executes zcfs in place: the children are the server processes.
+    let (zc_pid, oc_pid) = (zc.child.id(), oc.child.id());
     let short = a.short;
     let sizes = sizes(short);
     let cli_ns = net.cli.clone();
@@ -598,6 +652,8 @@ fn remote(a: RemoteArgs) -> Result<()> {
         format!("{}:7070", net.srv_ip),
         format!("{}:7071", net.srv_ip),
     );
+    let copies = std::sync::Arc::new(std::sync::Mutex::new(serde_json::Value::Null));
+    let copies_w = copies.clone();
     let rows = Net::within(&cli_ns, move || -> Result<Vec<Row>> {
         let mut rows = Vec::new();
         for &size in &sizes {
@@ -623,6 +679,7 @@ fn remote(a: RemoteArgs) -> Result<()> {
             c.timeout = Duration::from_secs(30);
             RemoteFs::connect(c).map_err(|e| anyhow::anyhow!("{addr}: {e}"))
         };
+        SERVER_PID.store(zc_pid, std::sync::atomic::Ordering::Relaxed);
         let fs = connect(&zc_addr)?;
         let ino = prepare(&fs, short)?;
         for &size in &sizes {
@@ -647,6 +704,7 @@ fn remote(a: RemoteArgs) -> Result<()> {
             "zcfs server: {} user-space copies per payload byte",
             zstats["user_copies_per_payload_byte"]
         );
+        SERVER_PID.store(oc_pid, std::sync::atomic::Ordering::Relaxed);
         let ofs = connect(&oc_addr)?;
         let oino = prepare(&ofs, short)?;
         for &size in &sizes {
@@ -677,11 +735,19 @@ fn remote(a: RemoteArgs) -> Result<()> {
             "one-copy server: {} user-space copies per payload byte",
             ostats["user_copies_per_payload_byte"]
         );
+        *copies_w.lock().unwrap() = serde_json::json!({
+            "zero_copy_server": zstats["user_copies_per_payload_byte"],
+            "one_copy_server": ostats["user_copies_per_payload_byte"],
+        });
         Ok(rows)
     })??;
     drop((zc, oc));
     std::fs::create_dir_all(&a.out)?;
-    let json = serde_json::json!({ "link": link, "seconds_per_measurement": secs, "repeat": repeat, "rows": rows });
+    let copies = copies.lock().unwrap().clone();
+    let json = serde_json::json!({
+        "link": link, "seconds_per_measurement": secs, "repeat": repeat,
+        "user_copies_per_payload_byte": copies, "rows": rows
+    });
     std::fs::write(
         a.out.join("remote.json"),
         serde_json::to_string_pretty(&json)?,

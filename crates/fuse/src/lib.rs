@@ -208,6 +208,22 @@ fn errno(e: &zcfs_backend::Error) -> Errno {
     Errno::from_i32(e.errno)
 }
 
+fn ok_or_error(reply: ReplyEmpty, r: zcfs_backend::Result<()>) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(errno(&e)),
+    }
+}
+
+impl FuseFs {
+    fn entry(&self, reply: ReplyEntry, r: zcfs_backend::Result<Attr>) {
+        match r {
+            Ok(a) => reply.entry(&self.ttl, &self.file_attr(&a), Generation(a.generation)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+}
+
 impl Filesystem for FuseFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let _ = config.set_max_write(self.opts.max_write);
@@ -344,18 +360,18 @@ impl Filesystem for FuseFs {
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         self.count();
-        match self.backend.unlink(&ctx(req), parent.0, name.as_bytes()) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        ok_or_error(
+            reply,
+            self.backend.unlink(&ctx(req), parent.0, name.as_bytes()),
+        )
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         self.count();
-        match self.backend.rmdir(&ctx(req), parent.0, name.as_bytes()) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        ok_or_error(
+            reply,
+            self.backend.rmdir(&ctx(req), parent.0, name.as_bytes()),
+        )
     }
 
     fn symlink(
@@ -367,15 +383,15 @@ impl Filesystem for FuseFs {
         reply: ReplyEntry,
     ) {
         self.count();
-        match self.backend.symlink(
-            &ctx(req),
-            parent.0,
-            link_name.as_bytes(),
-            target.as_os_str().as_bytes(),
-        ) {
-            Ok(a) => reply.entry(&self.ttl, &self.file_attr(&a), Generation(a.generation)),
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.entry(
+            reply,
+            self.backend.symlink(
+                &ctx(req),
+                parent.0,
+                link_name.as_bytes(),
+                target.as_os_str().as_bytes(),
+            ),
+        )
     }
 
     fn rename(
@@ -389,17 +405,17 @@ impl Filesystem for FuseFs {
         reply: ReplyEmpty,
     ) {
         self.count();
-        match self.backend.rename(
-            &ctx(req),
-            parent.0,
-            name.as_bytes(),
-            newparent.0,
-            newname.as_bytes(),
-            flags.bits(),
-        ) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        ok_or_error(
+            reply,
+            self.backend.rename(
+                &ctx(req),
+                parent.0,
+                name.as_bytes(),
+                newparent.0,
+                newname.as_bytes(),
+                flags.bits(),
+            ),
+        )
     }
 
     fn link(
@@ -539,10 +555,7 @@ impl Filesystem for FuseFs {
         reply: ReplyEmpty,
     ) {
         self.count();
-        match self.backend.flush(ino.0, fh.0) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        ok_or_error(reply, self.backend.flush(ino.0, fh.0))
     }
 
     fn release(
@@ -556,10 +569,7 @@ impl Filesystem for FuseFs {
         reply: ReplyEmpty,
     ) {
         self.count();
-        match self.backend.release(ino.0, fh.0) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        ok_or_error(reply, self.backend.release(ino.0, fh.0))
     }
 
     fn fsync(
@@ -571,10 +581,7 @@ impl Filesystem for FuseFs {
         reply: ReplyEmpty,
     ) {
         self.count();
-        match self.backend.fsync(ino.0, fh.0, datasync) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        ok_or_error(reply, self.backend.fsync(ino.0, fh.0, datasync))
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -593,10 +600,7 @@ impl Filesystem for FuseFs {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        match self.backend.releasedir(ino.0, fh.0) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        ok_or_error(reply, self.backend.releasedir(ino.0, fh.0))
     }
 
     fn fsyncdir(
@@ -607,10 +611,7 @@ impl Filesystem for FuseFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.backend.fsync(ino.0, fh.0, datasync) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        ok_or_error(reply, self.backend.fsync(ino.0, fh.0, datasync))
     }
 
     fn readdir(
@@ -736,10 +737,10 @@ impl Filesystem for FuseFs {
         reply: ReplyEmpty,
     ) {
         self.count();
-        match self.backend.setxattr(ino.0, name.as_bytes(), value, flags) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        ok_or_error(
+            reply,
+            self.backend.setxattr(ino.0, name.as_bytes(), value, flags),
+        )
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
@@ -767,10 +768,7 @@ impl Filesystem for FuseFs {
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         self.count();
-        match self.backend.removexattr(ino.0, name.as_bytes()) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        ok_or_error(reply, self.backend.removexattr(ino.0, name.as_bytes()))
     }
 
     fn fallocate(
@@ -784,10 +782,10 @@ impl Filesystem for FuseFs {
         reply: ReplyEmpty,
     ) {
         self.count();
-        match self.backend.fallocate(ino.0, fh.0, offset, length, mode) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        ok_or_error(
+            reply,
+            self.backend.fallocate(ino.0, fh.0, offset, length, mode),
+        )
     }
 }
 

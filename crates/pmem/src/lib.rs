@@ -151,12 +151,8 @@ impl Region {
         }
         let len = size as usize;
         let fd = file.as_raw_fd();
-        let prot = if params.private && params.create_size.is_none() {
-            // Private maps of a read-only fd still allow writes to the private copy.
-            libc::PROT_READ | libc::PROT_WRITE
-        } else {
-            libc::PROT_READ | libc::PROT_WRITE
-        };
+        // Private maps of a read-only fd still allow writes to the private copy.
+        let prot = libc::PROT_READ | libc::PROT_WRITE;
         let (base, detected) = if params.private {
             (
                 mmap(len, prot, libc::MAP_PRIVATE, fd).map_err(io)?,

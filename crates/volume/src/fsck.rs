@@ -10,7 +10,7 @@
 //! inodes reach), so "leaked" is reported as blocks the allocator and the inodes
 //! disagree on.
 
-use crate::error::{FsError, Result};
+use crate::error::Result;
 use crate::layout::*;
 use crate::volume::{read_superblock, State, Txn, Volume, VolumeConfig};
 use std::collections::HashMap;
@@ -330,14 +330,4 @@ pub fn check_volume(vol: &Volume) -> FsckReport {
 /// Convenience for tests and tools: check an image held in memory.
 pub fn fsck_image(image: &[u8]) -> Result<FsckReport> {
     fsck_region(Region::from_image(image), false)
-}
-
-impl From<FsckReport> for Result<()> {
-    fn from(r: FsckReport) -> Self {
-        if r.is_clean() {
-            Ok(())
-        } else {
-            Err(FsError::Corrupt(r.problems.join("; ")))
-        }
-    }
 }

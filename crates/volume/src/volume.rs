@@ -303,10 +303,6 @@ pub struct VolumeInfo {
 /// cycle through more memory than the caches hold.
 const CHECKPOINT_FREES: usize = 1024;
 
-fn now_secs() -> i64 {
-    Timespec::now().sec
-}
-
 impl Volume {
     /// Create a new volume on `path` (the file is created or grown to `size`).
     pub fn mkfs(path: &Path, size: u64, opts: &MkfsOptions) -> Result<()> {
@@ -476,7 +472,6 @@ impl Volume {
             sb.mount_count += 1;
         }
         let target = if last == 0 { BLOCK } else { 0 };
-        let _ = now_secs();
         self.region.write(target, &sb.encode());
         self.region.persist(target, SB_SIZE);
         Ok(())
