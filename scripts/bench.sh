@@ -47,7 +47,11 @@ cleanup() {
   for m in "${MOUNTS[@]}"; do mountpoint -q "$m" && { umount "$m" 2>/dev/null || umount -l "$m"; }; done
   for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
   for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
-  for n in "${NETNS[@]}"; do ip netns del "$n" 2>/dev/null; done
+  for n in "${NETNS[@]}"; do
+    # Processes we started inside our namespaces (sshd's per-connection children).
+    for p in $(ip netns pids "$n" 2>/dev/null); do kill -TERM "$p" 2>/dev/null; done
+    ip netns del "$n" 2>/dev/null
+  done
   for m in "${FILES[@]}"; do rm -rf "$m"; done
   rm -rf "$WORK"
 }
@@ -159,7 +163,33 @@ for i in range(n):
   echo "$t,tar-x,1,$(timed tar -C "$d" -xf "$WORK/src.tar")" >> "$SMALL"
   rm -rf "$d"
 }
-for pair in "tmpfs:$TMPFS" "zcfs-local-fuse:$LMP" "zcfs-remote-fuse:$RMP"; do
+SMALL_TARGETS=("tmpfs:$TMPFS" "zcfs-local-fuse:$LMP" "zcfs-remote-fuse:$RMP")
+# sshfs as sshfs.sh sets it up (a private sshd in its own namespace on 127.0.0.1:2222,
+# serving a tmpfs; sshfs in our mount namespace), when sshfs and sshd are installed.
+if command -v sshfs >/dev/null && [ -x /usr/sbin/sshd ]; then
+  SSHNS=zbssh$TAG SSHD_DIR=$WORK/sshd SEXP=$WORK/sshfs-export SMNT=$WORK/sshfs-mnt
+  mkdir -p "$SSHD_DIR" "$SMNT" /run/sshd; chmod 700 "$SSHD_DIR"
+  ssh-keygen -q -t ed25519 -N '' -f "$SSHD_DIR/host_ed25519"
+  ssh-keygen -q -t ed25519 -N '' -f "$SSHD_DIR/client_ed25519"
+  cp "$SSHD_DIR/client_ed25519.pub" "$SSHD_DIR/authorized_keys"
+  printf '%s\n' "ListenAddress 127.0.0.1" "Port 2222" "HostKey $SSHD_DIR/host_ed25519" \
+    "AuthorizedKeysFile $SSHD_DIR/authorized_keys" "PermitRootLogin prohibit-password" \
+    "PasswordAuthentication no" "KbdInteractiveAuthentication no" "UsePAM no" "StrictModes no" \
+    "Subsystem sftp internal-sftp" "LogLevel ERROR" > "$SSHD_DIR/sshd_config"
+  tmpfs_mount "$SEXP" 2G
+  ip netns add "$SSHNS"; NETNS+=("$SSHNS"); ip -n "$SSHNS" link set lo up
+  ip netns exec "$SSHNS" /usr/sbin/sshd -D -e -f "$SSHD_DIR/sshd_config" 2>"$SSHD_DIR/sshd.log" & PIDS+=($!)
+  sleep 1
+  if timeout 30 sshfs "root@127.0.0.1:$SEXP" "$SMNT" -o "ssh_command=ip netns exec $SSHNS ssh" \
+      -o "IdentityFile=$SSHD_DIR/client_ed25519,StrictHostKeyChecking=no,UserKnownHostsFile=/dev/null,port=2222,Compression=no,LogLevel=ERROR,Ciphers=aes128-gcm@openssh.com"; then
+    MOUNTS=("$SMNT" "${MOUNTS[@]}" "$SEXP")
+    SMALL_TARGETS+=("sshfs:$SMNT")
+  else
+    log "sshfs mount failed; no sshfs row in the small-file tests: $(cat "$SSHD_DIR/sshd.log")"
+    MOUNTS+=("$SEXP")
+  fi
+fi
+for pair in "${SMALL_TARGETS[@]}"; do
   step "small files and real tools on ${pair%%:*}"
   small_files "${pair%%:*}" "${pair#*:}"
 done
