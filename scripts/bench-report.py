@@ -25,9 +25,11 @@ local = load_json("local.json") or {"rows": []}
 tbf = load_json("tbf1g/remote.json")
 fio = []
 for f in sorted(glob.glob(os.path.join(run, "csv", "*.csv"))):
-    if f.endswith("smallfiles.csv"):
+    if f.endswith("smallfiles.csv") or f.endswith("cpu.csv"):
         continue
     fio += [r for r in csv.DictReader(open(f)) if r.get("iops") not in (None, "", "NA")]
+cpu_path = os.path.join(run, "csv", "cpu.csv")
+cpu_rows = list(csv.DictReader(open(cpu_path))) if os.path.exists(cpu_path) else []
 small_path = os.path.join(run, "csv", "smallfiles.csv")
 small = list(csv.DictReader(open(small_path))) if os.path.exists(small_path) else []
 
@@ -161,6 +163,25 @@ for test in tests:
     rat = ratio(num(zr["mbps"]), num(sr["mbps"])) + " MB/s" if zr and sr else "-"
     out.append(f"| {test} | " + " | ".join(cells) + f" | {rat} |")
 out.append("")
+
+# ---------------------------------------------------------------- CPU per operation on the FUSE paths
+if cpu_rows:
+    ctargets = [t for t in ["tmpfs", "zcfs-local-fuse", "zcfs-remote-fuse"] if any(r["target"] == t for r in cpu_rows)]
+    ctests = []
+    for r in cpu_rows:
+        if r["test"] not in ctests and r["target"] != "zcfs-null":
+            ctests.append(r["test"])
+    out.append("## CPU per operation through the file systems (µs: fio + the file system's processes)\n")
+    out.append("fio's user+system time per I/O (the kernel's FUSE and page-cache work lands here) plus the zcfs mount (and server, for remote) processes' time.\n")
+    out.append("| test | " + " | ".join(ctargets) + " |")
+    out.append("|---|" + "---:|" * len(ctargets))
+    for test in ctests:
+        cells = []
+        for t in ctargets:
+            r = next((x for x in cpu_rows if x["target"] == t and x["test"] == test), None)
+            cells.append(f"{float(r['fio_cpu_us_per_op']) + float(r['fs_cpu_us_per_op']):.1f}" if r else "-")
+        out.append(f"| {test} | " + " | ".join(cells) + " |")
+    out.append("")
 
 # ---------------------------------------------------------------- NFS per size
 if nfs:

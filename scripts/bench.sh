@@ -81,6 +81,33 @@ step "zcfs-bench local ($MODE)"
 
 # ------------------------------------------------------------------ 3. FUSE: zcfs local, zcfs remote across veth, tmpfs
 csv_begin fuse
+# CPU per operation of every fio job: fio's own user+system time plus that of the file
+# system's processes (CPU_PIDS: the zcfs mount and server; tmpfs has none, its work is
+# in fio's system time).
+CPU_CSV=$RESULTS_DIR/cpu.csv
+echo "target,test,ops,fio_cpu_us_per_op,fs_cpu_us_per_op" > "$CPU_CSV"
+CPU_PIDS=()
+HZ=$(getconf CLK_TCK)
+ticks() { local t=0 p; for p in "$@"; do [ -r "/proc/$p/stat" ] && t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo "$t"; }
+eval "$(declare -f fio_one | sed '1s/^fio_one/lib_fio_one/')"
+fio_one() {
+  local c0 c1; c0=$(ticks "${CPU_PIDS[@]}")
+  lib_fio_one "$@"
+  c1=$(ticks "${CPU_PIDS[@]}")
+  python3 - "$WORK/fio-$1-$2.json" "$1" "$2" "$((c1 - c0))" "$HZ" >> "$CPU_CSV" <<'PY' || true
+import json, sys
+path, target, test, ticks, hz = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+txt = open(path).read()
+job = json.loads(txt[txt.index("{"):])["jobs"][0]
+ops = job["read"]["total_ios"] + job["write"]["total_ios"]
+secs = job["job_runtime"] / 1000
+fio_cpu = (job["usr_cpu"] + job["sys_cpu"]) / 100 * secs
+# The file system's processes also worked during fio's 1 s ramp: scale to the timed part.
+fs_cpu = ticks / hz * secs / (secs + 1)
+if ops:
+    print(f"{target},{test},{ops},{fio_cpu * 1e6 / ops:.2f},{fs_cpu * 1e6 / ops:.2f}")
+PY
+}
 fio_jobs() {   # fio_jobs target dir
   if [ $MODE = full ]; then
     fio_suite "$1" "$2"
@@ -104,10 +131,12 @@ fio_jobs tmpfs "$TMPFS"
 IMG=/dev/shm/zcfs-bench-fuse-$$.img; FILES+=("$IMG")
 "$Z" mkfs "$IMG" --size 4G --inodes 200000 >/dev/null
 LMP=$WORK/zcfs-local; mkdir -p "$LMP"
-"$Z" mount "$IMG" "$LMP" 2>"$OUT/mount-local.log" & PIDS+=($!); MOUNTS+=("$LMP")
+"$Z" mount "$IMG" "$LMP" 2>"$OUT/mount-local.log" & LPID=$!; PIDS+=($LPID); MOUNTS+=("$LMP")
 wait_mount "$LMP"
 step "fio on a local zcfs mount"
+CPU_PIDS=("$LPID")
 fio_jobs zcfs-local-fuse "$LMP"
+CPU_PIDS=()
 
 # Remote: server in one namespace, the FUSE client in another (nsenter keeps the mount visible).
 TAG=$(( $$ % 10000 )); SRV=zbfs$TAG CLI=zbfc$TAG
@@ -119,18 +148,21 @@ for ns in $SRV $CLI; do ip -n $ns link set lo up; done
 ip -n $SRV link set zbfs$TAG up; ip -n $CLI link set zbfc$TAG up
 RIMG=/dev/shm/zcfs-bench-fuse-remote-$$.img; FILES+=("$RIMG")
 "$Z" mkfs "$RIMG" --size 4G --inodes 200000 >/dev/null
-ip netns exec $SRV "$Z" serve "$RIMG" --listen 198.18.210.1:7070 --insecure >"$WORK/serve.out" 2>"$OUT/serve-remote.log" & PIDS+=($!)
+ip netns exec $SRV "$Z" serve "$RIMG" --listen 198.18.210.1:7070 --insecure >"$WORK/serve.out" 2>"$OUT/serve-remote.log" & SPID=$!; PIDS+=($SPID)
 for _ in $(seq 100); do grep -q serving "$WORK/serve.out" 2>/dev/null && break; sleep 0.05; done
 RMP=$WORK/zcfs-remote; mkdir -p "$RMP"
-nsenter --net=/var/run/netns/$CLI "$Z" mount 198.18.210.1:7070 "$RMP" 2>"$OUT/mount-remote.log" & PIDS+=($!); MOUNTS+=("$RMP")
+nsenter --net=/var/run/netns/$CLI "$Z" mount 198.18.210.1:7070 "$RMP" 2>"$OUT/mount-remote.log" & RPID=$!; PIDS+=($RPID); MOUNTS+=("$RMP")
 wait_mount "$RMP"
 step "fio on a remote zcfs mount across veth"
+CPU_PIDS=("$RPID" "$SPID")
 fio_jobs zcfs-remote-fuse "$RMP"
+CPU_PIDS=()
 
 # ------------------------------------------------------------------ 4. FUSE null backend vs queue depth (DPFS Fig. 2a)
 NMP=$WORK/zcfs-null; mkdir -p "$NMP"
 "$Z" mount null "$NMP" --direct-io 2>"$OUT/mount-null.log" & NULL_PID=$!; PIDS+=($NULL_PID); MOUNTS+=("$NMP")
 wait_mount "$NMP"
+CPU_PIDS=("$NULL_PID")
 step "FUSE null backend, 4/16/64 KiB random reads at QD 1..32"
 for bs in 4k 16k 64k; do
   for qd in 1 2 4 8 16 32; do
