@@ -106,40 +106,25 @@ pub fn discard(r: &mut impl Read, mut n: usize) -> std::io::Result<()> {
 pub fn tune(s: &TcpStream) -> std::io::Result<()> {
     s.set_nodelay(true)?;
     let fd = std::os::unix::io::AsRawFd::as_raw_fd(s);
-    let on: libc::c_int = 1;
-    // SAFETY: setting an int socket option on our own socket.
-    unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_KEEPALIVE,
-            &on as *const _ as *const libc::c_void,
-            4,
-        );
-        let idle: libc::c_int = 10;
-        libc::setsockopt(
-            fd,
-            libc::IPPROTO_TCP,
-            libc::TCP_KEEPIDLE,
-            &idle as *const _ as *const libc::c_void,
-            4,
-        );
-        let intvl: libc::c_int = 5;
-        libc::setsockopt(
-            fd,
-            libc::IPPROTO_TCP,
-            libc::TCP_KEEPINTVL,
-            &intvl as *const _ as *const libc::c_void,
-            4,
-        );
-        let cnt: libc::c_int = 3;
-        libc::setsockopt(
-            fd,
-            libc::IPPROTO_TCP,
-            libc::TCP_KEEPCNT,
-            &cnt as *const _ as *const libc::c_void,
-            4,
-        );
+    // Keepalive after 10 s idle, probes every 5 s, 3 misses: a dead peer shows in ~25 s.
+    let opts: [(i32, i32, libc::c_int); 4] = [
+        (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 10),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 5),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 3),
+    ];
+    for (level, name, value) in opts {
+        // SAFETY: setting an int socket option on our own socket; the pointer and
+        // length describe `value`.
+        unsafe {
+            libc::setsockopt(
+                fd,
+                level,
+                name,
+                &value as *const _ as *const libc::c_void,
+                4,
+            );
+        }
     }
     Ok(())
 }

@@ -91,32 +91,7 @@ enum Cmd {
     },
     /// Mount SOURCE (a volume image, HOST:PORT, or `null`) on MOUNTPOINT through FUSE.
     /// Runs in the foreground until unmounted or sent SIGINT/SIGTERM.
-    Mount {
-        source: String,
-        mountpoint: PathBuf,
-        /// Mount options, comma separated (allow_other, default_permissions, ro, uid=,
-        /// gid=, umask=, cache=, writeback, direct_io, threads=, ...).
-        #[arg(short = 'o', action = clap::ArgAction::Append)]
-        options: Vec<String>,
-        /// What the kernel may cache: none, metadata, auto (default) or always.
-        #[arg(long)]
-        cache: Option<zcfs_fuse::CacheMode>,
-        /// Let the kernel buffer writes (writeback cache).
-        #[arg(long)]
-        writeback: bool,
-        /// Bypass the page cache for file data.
-        #[arg(long)]
-        direct_io: bool,
-        /// FUSE worker threads (default 4).
-        #[arg(long)]
-        threads: Option<usize>,
-        /// Return once the mount is live, leaving it running in the background.
-        #[arg(long)]
-        daemon: bool,
-        /// Shared secret for a remote SOURCE that requires one.
-        #[arg(long)]
-        secret_file: Option<PathBuf>,
-    },
+    Mount(mount::MountArgs),
     /// Unmount a zcfs mount.
     Umount {
         mountpoint: PathBuf,
@@ -234,27 +209,7 @@ fn run(cli: Cli) -> Result<i32> {
             batch,
             persist.as_deref(),
         ),
-        Cmd::Mount {
-            source,
-            mountpoint,
-            options,
-            cache,
-            writeback,
-            direct_io,
-            threads,
-            daemon,
-            secret_file,
-        } => mount::mount(&mount::MountArgs {
-            source,
-            mountpoint,
-            options,
-            cache,
-            writeback,
-            direct_io,
-            threads,
-            daemon,
-            secret_file,
-        }),
+        Cmd::Mount(a) => mount::mount(&a),
         Cmd::Umount { mountpoint, lazy } => mount::umount(&mountpoint, lazy),
         Cmd::InstallHelper { path } => {
             let exe = std::env::current_exe()?;

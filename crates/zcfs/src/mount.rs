@@ -8,17 +8,33 @@ use std::sync::Arc;
 use std::time::Duration;
 use zcfs_fuse::{CacheMode, Config, FuseFs, FuseOptions, MountOption, SessionACL};
 
-/// Everything `-o` and the flags can say.
-#[derive(Debug, Clone)]
+/// The arguments of `zcfs mount` (and of the mount.fuse.zcfs helper).
+#[derive(Debug, Clone, clap::Args)]
 pub struct MountArgs {
+    /// A volume image, HOST:PORT of a server, or `null`.
     pub source: String,
     pub mountpoint: PathBuf,
+    /// Mount options, comma separated (allow_other, default_permissions, ro, uid=,
+    /// gid=, umask=, cache=, writeback, direct_io, threads=, ...).
+    #[arg(short = 'o', action = clap::ArgAction::Append)]
     pub options: Vec<String>,
+    /// What the kernel may cache: none, metadata, auto (default) or always.
+    #[arg(long)]
     pub cache: Option<CacheMode>,
+    /// Let the kernel buffer writes (writeback cache).
+    #[arg(long)]
     pub writeback: bool,
+    /// Bypass the page cache for file data.
+    #[arg(long)]
     pub direct_io: bool,
+    /// FUSE worker threads (default 4).
+    #[arg(long)]
     pub threads: Option<usize>,
+    /// Return once the mount is live, leaving it running in the background.
+    #[arg(long)]
     pub daemon: bool,
+    /// Shared secret for a remote SOURCE that requires one.
+    #[arg(long)]
     pub secret_file: Option<PathBuf>,
 }
 

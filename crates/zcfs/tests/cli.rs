@@ -1,14 +1,12 @@
 //! The CLI end to end: mkfs/fsck/stat on a file in /dev/shm, and a writer killed with
 //! SIGKILL whose volume must recover with every fsync'd file intact.
 
+mod common;
+use common::*;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
-
-fn zcfs() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_zcfs"))
-}
 
 fn scratch(name: &str) -> PathBuf {
     let dir = if std::path::Path::new("/dev/shm").is_dir() {

@@ -1,6 +1,8 @@
 //! Real FUSE mounts (root and /dev/fuse required, as in CI): POSIX semantics, unmodified
 //! programs, signals, a killed mount process, the null backend, the mount helper.
 
+mod common;
+use common::*;
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -8,29 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn zcfs() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_zcfs"))
-}
-
 fn unique(name: &str) -> String {
     format!("zcfs-fuse-{name}-{}", std::process::id())
-}
-
-fn mounted(mp: &Path) -> bool {
-    let s = fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let want = mp.to_str().unwrap();
-    s.lines().any(|l| l.split(' ').nth(4) == Some(want))
-}
-
-fn sh(cmd: &str) -> String {
-    let out = Command::new("bash").arg("-c").arg(cmd).output().unwrap();
-    assert!(
-        out.status.success(),
-        "`{cmd}` failed: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// A volume image in /dev/shm and a foreground `zcfs mount` of it.

@@ -3,21 +3,19 @@
 //! restarted mid-workload, a cut link, hostile peers, and a FUSE mount of a remote
 //! volume running unmodified programs.
 
+mod common;
+use common::*;
 use std::fs::{self, File};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::os::unix::io::AsRawFd;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use zcfs_backend::{Backend, Ctx, SetAttr, ROOT};
 use zcfs_client::{ClientConfig, RemoteFs};
-
-fn zcfs_bin() -> &'static str {
-    env!("CARGO_BIN_EXE_zcfs")
-}
 
 fn run(args: &[&str]) {
     let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
@@ -720,12 +718,6 @@ fn secrets_loopback_default_and_read_only() {
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     child.wait().unwrap();
     let _ = fs::remove_file(&image);
-}
-
-fn mounted(mp: &Path) -> bool {
-    let s = fs::read_to_string("/proc/self/mountinfo").unwrap();
-    s.lines()
-        .any(|l| l.split(' ').nth(4) == Some(mp.to_str().unwrap()))
 }
 
 #[test]
