@@ -19,6 +19,8 @@ struct OpenFile {
 struct Caches {
     attrs: HashMap<u64, (Attr, Instant)>,
     names: HashMap<(u64, Vec<u8>), (u64, Instant)>,
+    /// Extended attributes known to be absent: `ls -l` asks for ACLs of every entry.
+    no_xattr: HashMap<(u64, Vec<u8>), Instant>,
 }
 
 pub struct RemoteFs {
@@ -488,6 +490,11 @@ impl Backend for RemoteFs {
 
     fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: i32) -> Result<()> {
         self.forget_attr(ino);
+        self.caches
+            .lock()
+            .unwrap()
+            .no_xattr
+            .remove(&(ino, name.to_vec()));
         let req = Request::Setxattr {
             ino,
             name: name.to_vec(),
@@ -498,15 +505,36 @@ impl Backend for RemoteFs {
     }
 
     fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
+        let key = (ino, name.to_vec());
+        if self
+            .caches
+            .lock()
+            .unwrap()
+            .no_xattr
+            .get(&key)
+            .is_some_and(|t| self.ttl_ok(t))
+        {
+            return Err(Error::errno(libc::ENODATA));
+        }
         match self.call(
             &Ctx::default(),
             Request::Getxattr {
                 ino,
                 name: name.to_vec(),
             },
-        )? {
-            Reply::Bytes(b) => Ok(b),
-            _ => Err(bad_reply()),
+        ) {
+            Ok(Reply::Bytes(b)) => Ok(b),
+            Ok(_) => Err(bad_reply()),
+            Err(e) => {
+                if e.errno == libc::ENODATA && !self.client.config().attr_ttl.is_zero() {
+                    self.caches
+                        .lock()
+                        .unwrap()
+                        .no_xattr
+                        .insert(key, Instant::now());
+                }
+                Err(e)
+            }
         }
     }
 

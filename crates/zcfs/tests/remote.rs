@@ -315,6 +315,16 @@ fn full_operation_set_across_veth() {
         .unwrap();
         names.sort();
         assert_eq!(names, ["file", "hard2"]);
+        // An absent xattr, asked twice (the second answer may come from the client's
+        // cache), then set: the cache must not hide the new value.
+        assert_eq!(
+            fs.getxattr(f.ino, b"user.k").unwrap_err().errno,
+            libc::ENODATA
+        );
+        assert_eq!(
+            fs.getxattr(f.ino, b"user.k").unwrap_err().errno,
+            libc::ENODATA
+        );
         fs.setxattr(f.ino, b"user.k", b"v", 0).unwrap();
         assert_eq!(fs.getxattr(f.ino, b"user.k").unwrap(), b"v");
         assert_eq!(fs.listxattr(f.ino).unwrap(), vec![b"user.k".to_vec()]);
