@@ -330,13 +330,11 @@ impl Filesystem for FuseFs {
         reply: ReplyEntry,
     ) {
         self.count();
-        match self
-            .backend
-            .mknod(&ctx(req), parent.0, name.as_bytes(), mode, rdev)
-        {
-            Ok(a) => reply.entry(&self.ttl, &self.file_attr(&a), Generation(a.generation)),
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.entry(
+            reply,
+            self.backend
+                .mknod(&ctx(req), parent.0, name.as_bytes(), mode, rdev),
+        )
     }
 
     fn mkdir(
@@ -349,13 +347,11 @@ impl Filesystem for FuseFs {
         reply: ReplyEntry,
     ) {
         self.count();
-        match self
-            .backend
-            .mkdir(&ctx(req), parent.0, name.as_bytes(), mode)
-        {
-            Ok(a) => reply.entry(&self.ttl, &self.file_attr(&a), Generation(a.generation)),
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.entry(
+            reply,
+            self.backend
+                .mkdir(&ctx(req), parent.0, name.as_bytes(), mode),
+        )
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -427,13 +423,11 @@ impl Filesystem for FuseFs {
         reply: ReplyEntry,
     ) {
         self.count();
-        match self
-            .backend
-            .link(&ctx(req), ino.0, newparent.0, newname.as_bytes())
-        {
-            Ok(a) => reply.entry(&self.ttl, &self.file_attr(&a), Generation(a.generation)),
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.entry(
+            reply,
+            self.backend
+                .link(&ctx(req), ino.0, newparent.0, newname.as_bytes()),
+        )
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {

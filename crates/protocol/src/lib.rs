@@ -164,6 +164,29 @@ impl Op {
         }
     }
 
+    /// Changes the file system (refused by a read-only export). Open is decided by its
+    /// flags, so it is not listed.
+    pub fn mutates(self) -> bool {
+        !matches!(
+            self,
+            Op::Lookup
+                | Op::Getattr
+                | Op::Readlink
+                | Op::Open
+                | Op::Read
+                | Op::Flush
+                | Op::Release
+                | Op::Fsync
+                | Op::Readdir
+                | Op::Statfs
+                | Op::Getxattr
+                | Op::Listxattr
+                | Op::SyncAll
+                | Op::Ping
+                | Op::Stats
+        )
+    }
+
     /// Safe to send again after a lost connection: the result does not depend on
     /// whether the first attempt was applied.
     pub fn idempotent(self) -> bool {

@@ -481,24 +481,7 @@ impl Conn<'_> {
 
     fn handle(&self, ctx: &Ctx, req: Request) -> Result<Reply, Error> {
         let b = self.backend;
-        let mutating = !matches!(
-            req,
-            Request::Lookup { .. }
-                | Request::Getattr { .. }
-                | Request::Readlink { .. }
-                | Request::Open { .. }
-                | Request::Flush { .. }
-                | Request::Release { .. }
-                | Request::Fsync { .. }
-                | Request::Readdir { .. }
-                | Request::Statfs
-                | Request::Getxattr { .. }
-                | Request::Listxattr { .. }
-                | Request::SyncAll
-                | Request::Ping
-                | Request::Stats
-        );
-        if mutating && self.cfg.read_only {
+        if req.op().mutates() && self.cfg.read_only {
             return Err(ro());
         }
         Ok(match req {

@@ -159,12 +159,11 @@ fn mounted_paths() -> Vec<PathBuf> {
 }
 
 pub fn is_mounted(mp: &Path) -> bool {
-    let Ok(c) = mp.canonicalize() else {
-        // A dead FUSE mount fails to stat: that too is "mounted".
-        return mp.exists()
-            || std::fs::symlink_metadata(mp).is_err() && mounted_paths().iter().any(|p| p == mp);
-    };
-    mounted_paths().contains(&c)
+    match mp.canonicalize() {
+        Ok(c) => mounted_paths().contains(&c),
+        // A dead FUSE mount cannot be resolved (ENOTCONN): look its path up as given.
+        Err(_) => mounted_paths().iter().any(|p| p == mp),
+    }
 }
 
 fn preflight(mp: &Path) -> Result<()> {

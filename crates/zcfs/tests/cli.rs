@@ -95,13 +95,7 @@ fn content(i: u64) -> Vec<u8> {
 fn sigkill_of_a_writer_leaves_a_recoverable_volume_with_fsynced_data() {
     for round in 0..3u64 {
         let img = scratch(&format!("kill{round}"));
-        assert!(zcfs()
-            .arg("mkfs")
-            .arg(&img)
-            .args(["--size", "256M"])
-            .status()
-            .unwrap()
-            .success());
+        mkfs(&img, "256M", &[]);
         let mut child = zcfs()
             .arg("selftest-writer")
             .arg(&img)

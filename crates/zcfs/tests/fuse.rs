@@ -23,30 +23,23 @@ struct Mount {
 
 impl Mount {
     fn volume(name: &str, size: &str, extra: &[&str]) -> Mount {
+        Mount::volume_with(name, size, extra, &[])
+    }
+
+    /// A fresh volume (mkfs `extra` arguments) mounted with `mount_args`.
+    fn volume_with(name: &str, size: &str, extra: &[&str], mount_args: &[&str]) -> Mount {
         assert!(
             Path::new("/dev/fuse").exists(),
             "these tests need /dev/fuse (run as root with the fuse module)"
         );
         let image = PathBuf::from(format!("/dev/shm/{}.img", unique(name)));
-        let _ = fs::remove_file(&image);
-        let st = zcfs()
-            .arg("mkfs")
-            .arg(&image)
-            .args(["--size", size])
-            .args(extra)
-            .output()
-            .unwrap();
-        assert!(
-            st.status.success(),
-            "{}",
-            String::from_utf8_lossy(&st.stderr)
-        );
+        mkfs(&image, size, extra);
         let mut m = Mount {
             image: Some(image.clone()),
             mp: PathBuf::new(),
             child: None,
         };
-        m.start(image.to_str().unwrap(), &[]);
+        m.start(image.to_str().unwrap(), mount_args);
         m
     }
 
@@ -446,14 +439,7 @@ fn mount_errors_say_what_to_do() {
 #[test]
 fn daemon_mode_and_mount_helper_with_fstab_options() {
     let image = PathBuf::from(format!("/dev/shm/{}.img", unique("helper")));
-    let _ = fs::remove_file(&image);
-    assert!(zcfs()
-        .arg("mkfs")
-        .arg(&image)
-        .args(["--size", "64M"])
-        .status()
-        .unwrap()
-        .success());
+    mkfs(&image, "64M", &[]);
     let mp = std::env::temp_dir().join(unique("helper-mp"));
     fs::create_dir_all(&mp).unwrap();
     // --daemon returns once the mount is live.
@@ -525,25 +511,13 @@ fn daemon_mode_and_mount_helper_with_fstab_options() {
 fn several_users_share_a_mount_and_display_options_apply() {
     // allow_other + default_permissions: another user creates files as itself, and the
     // kernel enforces permissions.
-    let mut m = Mount {
-        image: None,
-        mp: PathBuf::new(),
-        child: None,
-    };
-    let image = PathBuf::from(format!("/dev/shm/{}.img", unique("users")));
-    let _ = fs::remove_file(&image);
-    assert!(zcfs()
-        .arg("mkfs")
-        .arg(&image)
-        .args(["--size", "64M"])
-        .status()
-        .unwrap()
-        .success());
-    m.image = Some(image.clone());
-    m.start(
-        image.to_str().unwrap(),
+    let mut m = Mount::volume_with(
+        "users",
+        "64M",
+        &[],
         &["-o", "allow_other,default_permissions"],
     );
+    let image = m.image.clone().unwrap();
     fs::create_dir(m.path("shared")).unwrap();
     fs::set_permissions(m.path("shared"), fs::Permissions::from_mode(0o1777)).unwrap();
     fs::create_dir(m.path("private")).unwrap();

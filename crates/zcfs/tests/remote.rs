@@ -142,18 +142,7 @@ impl Served {
             "/dev/shm/zcfs-remote-{name}-{}.img",
             std::process::id()
         ));
-        let _ = fs::remove_file(&image);
-        let out = Command::new(zcfs_bin())
-            .arg("mkfs")
-            .arg(&image)
-            .args(["--size", "1G"])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        mkfs(&image, "1G", &[]);
         let secret = image.with_extension("secret");
         fs::write(&secret, "a-test-secret-of-enough-length\n").unwrap();
         use std::os::unix::fs::PermissionsExt;
@@ -687,14 +676,7 @@ fn secrets_loopback_default_and_read_only() {
         "/dev/shm/zcfs-remote-ro-{}.img",
         std::process::id()
     ));
-    let _ = fs::remove_file(&image);
-    assert!(Command::new(zcfs_bin())
-        .arg("mkfs")
-        .arg(&image)
-        .args(["--size", "64M"])
-        .status()
-        .unwrap()
-        .success());
+    mkfs(&image, "64M", &[]);
     // Not loopback, no secret: refused with the fix in the message.
     let out = Command::new("ip")
         .args(["netns", "exec", &net.srv, zcfs_bin(), "serve"])

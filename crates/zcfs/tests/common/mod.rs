@@ -31,3 +31,22 @@ pub fn sh(cmd: &str) -> String {
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// Make a fresh volume at `image` (replacing any file there); fails the test with
+/// mkfs's error otherwise.
+pub fn mkfs(image: &Path, size: &str, extra: &[&str]) {
+    let _ = std::fs::remove_file(image);
+    let out = zcfs()
+        .arg("mkfs")
+        .arg(image)
+        .args(["--size", size])
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "zcfs mkfs {}: {}",
+        image.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
