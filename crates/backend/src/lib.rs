@@ -183,17 +183,46 @@ pub type ReadSink<'a> = dyn FnMut(&[&[u8]]) -> Result<()> + 'a;
 pub type WriteFill<'a> = dyn FnMut(&mut [&mut [u8]]) -> Result<()> + 'a;
 
 /// The request set. Methods take `&self`: backends are shared by many worker threads.
+///
+/// **Inode references** (the FUSE lookup count): every successful `lookup`, `mknod`,
+/// `mkdir`, `symlink`, `link` and `create`, every entry that `readdir` with `plus`
+/// passes to its callback, and every successful `hold` gives the caller one reference
+/// to the inode it names. The caller owns it and gives it back with `forget`. While a
+/// reference is held the inode is not freed and its number not reused, even when its
+/// last name is removed (as the kernel expects of a FUSE file system, and as an open
+/// file descriptor keeps an unlinked file on a local file system). A frontend that
+/// makes such a call for its own purposes (e.g. looking up ".." to list a directory)
+/// forgets the reference at once. Stateless backends may ignore references.
 pub trait Backend: Send + Sync {
     fn lookup(&self, ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr>;
-    /// The kernel dropped `n` references to `ino` (no effect for stateless backends).
+    /// Give back `n` references to `ino` (see the trait's notes on references).
     fn forget(&self, _ino: u64, _n: u64) {}
+    /// Take one reference to `ino` if it exists and its generation is `generation`
+    /// (0 = any); ESTALE otherwise. Returns its attributes.
+    fn hold(&self, ino: u64, generation: u64) -> Result<Attr> {
+        let a = self.getattr(ino)?;
+        if generation != 0 && a.generation != generation {
+            return Err(Error::new(
+                libc::ESTALE,
+                format!(
+                    "inode {ino} is generation {}, not {generation}",
+                    a.generation
+                ),
+            ));
+        }
+        Ok(a)
+    }
     fn getattr(&self, ino: u64) -> Result<Attr>;
     fn setattr(&self, ctx: &Ctx, ino: u64, set: &SetAttr) -> Result<Attr>;
     fn readlink(&self, ino: u64) -> Result<Vec<u8>>;
     fn mknod(&self, ctx: &Ctx, parent: u64, name: &[u8], mode: u32, rdev: u32) -> Result<Attr>;
     fn mkdir(&self, ctx: &Ctx, parent: u64, name: &[u8], mode: u32) -> Result<Attr>;
-    fn unlink(&self, ctx: &Ctx, parent: u64, name: &[u8]) -> Result<()>;
-    fn rmdir(&self, ctx: &Ctx, parent: u64, name: &[u8]) -> Result<()>;
+    /// Remove a name. Returns the attributes of the inode it named, after the removal
+    /// (its link count is the new one: 0 when this was its last name), so caches of
+    /// that inode can be brought up to date.
+    fn unlink(&self, ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr>;
+    /// Remove an empty directory; returns its attributes after the removal.
+    fn rmdir(&self, ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr>;
     fn symlink(&self, ctx: &Ctx, parent: u64, name: &[u8], target: &[u8]) -> Result<Attr>;
     /// `flags`: Linux RENAME_NOREPLACE (1) / RENAME_EXCHANGE (2).
     fn rename(

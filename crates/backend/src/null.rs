@@ -85,10 +85,12 @@ impl Backend for NullFs {
     fn mkdir(&self, _ctx: &Ctx, _parent: u64, _name: &[u8], _mode: u32) -> Result<Attr> {
         rofs()
     }
-    fn unlink(&self, _ctx: &Ctx, _parent: u64, _name: &[u8]) -> Result<()> {
-        Ok(())
+    fn unlink(&self, _ctx: &Ctx, _parent: u64, name: &[u8]) -> Result<Attr> {
+        let mut a = self.attr(ino_of(name));
+        a.nlink = 0;
+        Ok(a)
     }
-    fn rmdir(&self, _ctx: &Ctx, _parent: u64, _name: &[u8]) -> Result<()> {
+    fn rmdir(&self, _ctx: &Ctx, _parent: u64, _name: &[u8]) -> Result<Attr> {
         rofs()
     }
     fn symlink(&self, _ctx: &Ctx, _parent: u64, _name: &[u8], _target: &[u8]) -> Result<Attr> {

@@ -259,7 +259,7 @@ impl Backend for RemoteFs {
         self.entry(parent, name, r)
     }
 
-    fn unlink(&self, ctx: &Ctx, parent: u64, name: &[u8]) -> Result<()> {
+    fn unlink(&self, ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr> {
         let target = self
             .caches
             .lock()
@@ -277,11 +277,14 @@ impl Backend for RemoteFs {
                 parent,
                 name: name.to_vec(),
             },
-        )
-        .map(|_| ())
+        )?;
+        Ok(Attr {
+            ino: target.unwrap_or(0),
+            ..Default::default()
+        })
     }
 
-    fn rmdir(&self, ctx: &Ctx, parent: u64, name: &[u8]) -> Result<()> {
+    fn rmdir(&self, ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr> {
         self.forget_name(parent, name);
         self.call(
             ctx,
@@ -289,8 +292,8 @@ impl Backend for RemoteFs {
                 parent,
                 name: name.to_vec(),
             },
-        )
-        .map(|_| ())
+        )?;
+        Ok(Attr::default())
     }
 
     fn symlink(&self, ctx: &Ctx, parent: u64, name: &[u8], target: &[u8]) -> Result<Attr> {

@@ -358,7 +358,9 @@ impl Filesystem for FuseFs {
         self.count();
         ok_or_error(
             reply,
-            self.backend.unlink(&ctx(req), parent.0, name.as_bytes()),
+            self.backend
+                .unlink(&ctx(req), parent.0, name.as_bytes())
+                .map(|_| ()),
         )
     }
 
@@ -366,7 +368,9 @@ impl Filesystem for FuseFs {
         self.count();
         ok_or_error(
             reply,
-            self.backend.rmdir(&ctx(req), parent.0, name.as_bytes()),
+            self.backend
+                .rmdir(&ctx(req), parent.0, name.as_bytes())
+                .map(|_| ()),
         )
     }
 

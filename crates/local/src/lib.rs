@@ -104,11 +104,11 @@ impl Backend for LocalFs {
             .map(attr)
             .map_err(err)
     }
-    fn unlink(&self, _ctx: &Ctx, parent: u64, name: &[u8]) -> Result<()> {
-        self.vol.unlink(parent, name).map_err(err)
+    fn unlink(&self, _ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr> {
+        self.vol.unlink(parent, name).map(attr).map_err(err)
     }
-    fn rmdir(&self, _ctx: &Ctx, parent: u64, name: &[u8]) -> Result<()> {
-        self.vol.rmdir(parent, name).map_err(err)
+    fn rmdir(&self, _ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr> {
+        self.vol.rmdir(parent, name).map(attr).map_err(err)
     }
     fn symlink(&self, ctx: &Ctx, parent: u64, name: &[u8], target: &[u8]) -> Result<Attr> {
         self.vol

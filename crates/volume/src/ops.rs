@@ -493,7 +493,8 @@ impl Volume {
         Ok(orphans.len())
     }
 
-    pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {
+    /// Remove a name of a non-directory; returns the inode's attributes afterwards.
+    pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<Attr> {
         check_name(name)?;
         let mut st = self.write_state()?;
         let st = &mut *st;
@@ -504,12 +505,23 @@ impl Volume {
         let now = Timespec::now();
         let mut txn = Txn::new(OpType::Unlink, e.ino);
         self.remove_dirent(st, &mut txn, parent, name)?;
+        let mut gone = attr_of(st.inode(e.ino)?);
         self.drop_link(st, &mut txn, e.ino, now)?;
         touch_dir(st, parent, now);
-        self.finish(st, txn)
+        let after = match st.inodes.get(&e.ino) {
+            Some(i) => attr_of(i),
+            None => {
+                gone.nlink = 0;
+                gone.ctime = now;
+                gone
+            }
+        };
+        self.finish(st, txn)?;
+        Ok(after)
     }
 
-    pub fn rmdir(&self, parent: u64, name: &[u8]) -> Result<()> {
+    /// Remove an empty directory; returns its attributes afterwards (link count 0).
+    pub fn rmdir(&self, parent: u64, name: &[u8]) -> Result<Attr> {
         check_name(name)?;
         let mut st = self.write_state()?;
         let st = &mut *st;
@@ -520,10 +532,20 @@ impl Volume {
         let now = Timespec::now();
         let mut txn = Txn::new(OpType::Rmdir, e.ino);
         self.remove_dirent(st, &mut txn, parent, name)?;
+        let mut gone = attr_of(st.inode(e.ino)?);
         self.drop_link(st, &mut txn, e.ino, now)?;
         dec(&mut st.inode_mut(parent)?.rec.nlink);
         touch_dir(st, parent, now);
-        self.finish(st, txn)
+        let after = match st.inodes.get(&e.ino) {
+            Some(i) => attr_of(i),
+            None => {
+                gone.nlink = 0;
+                gone.ctime = now;
+                gone
+            }
+        };
+        self.finish(st, txn)?;
+        Ok(after)
     }
 
     pub fn link(&self, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr> {

@@ -600,9 +600,9 @@ pub fn apply_volume(vol: &Volume, op: &Op) -> Result<(), i32> {
             let (dirs, name) = split(p);
             let d = vresolve_dir(vol, &dirs)?;
             if matches!(op, Op::Unlink(_)) {
-                vol.unlink(d, name.as_bytes()).map_err(e)
+                vol.unlink(d, name.as_bytes()).map(|_| ()).map_err(e)
             } else {
-                vol.rmdir(d, name.as_bytes()).map_err(e)
+                vol.rmdir(d, name.as_bytes()).map(|_| ()).map_err(e)
             }
         }
         Op::Rename(from, to, flags) => {
