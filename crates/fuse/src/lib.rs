@@ -216,6 +216,18 @@ fn ok_or_error(reply: ReplyEmpty, r: zcfs_backend::Result<()>) {
 }
 
 impl FuseFs {
+    /// The parent of a directory, for "..": a lookup whose reference is given back at
+    /// once (the kernel counts none for "..").
+    fn parent_of(&self, c: &Ctx, dir: u64) -> u64 {
+        match self.backend.lookup(c, dir, b"..") {
+            Ok(a) => {
+                self.backend.forget(a.ino, 1);
+                a.ino
+            }
+            Err(_) => dir,
+        }
+    }
+
     fn entry(&self, reply: ReplyEntry, r: zcfs_backend::Result<Attr>) {
         match r {
             Ok(a) => reply.entry(&self.ttl, &self.file_attr(&a), Generation(a.generation)),
@@ -626,11 +638,7 @@ impl Filesystem for FuseFs {
             return reply.ok();
         }
         if offset <= 1 {
-            let parent = self
-                .backend
-                .lookup(&ctx(req), ino.0, b"..")
-                .map(|a| a.ino)
-                .unwrap_or(ino.0);
+            let parent = self.parent_of(&ctx(req), ino.0);
             if reply.add(INodeNo(parent), 2, FileType::Directory, "..") {
                 return reply.ok();
             }
@@ -676,7 +684,9 @@ impl Filesystem for FuseFs {
             }
         }
         if offset <= 1 {
+            // The kernel counts no lookup for "." and "..": give the reference back.
             if let Ok(a) = self.backend.lookup(&c, ino.0, b"..") {
+                self.backend.forget(a.ino, 1);
                 if reply.add(
                     INodeNo(a.ino),
                     2,
@@ -689,24 +699,30 @@ impl Filesystem for FuseFs {
                 }
             }
         }
+        // Each entry added counts as a lookup in the kernel; the backend took one
+        // reference per entry it passed, and one not added is given back.
         let r = self
             .backend
             .readdir(ino.0, offset.saturating_sub(2), true, &mut |e| {
                 let a = match e.attr {
                     Some(a) => a,
-                    None => match self.backend.getattr(e.ino) {
+                    None => match self.backend.hold(e.ino, 0) {
                         Ok(a) => a,
                         Err(_) => return true, // vanished meanwhile: skip
                     },
                 };
-                !reply.add(
+                let full = reply.add(
                     INodeNo(e.ino),
                     e.next + 2,
                     OsStr::from_bytes(&e.name),
                     &self.ttl,
                     &self.file_attr(&a),
                     Generation(a.generation),
-                )
+                );
+                if full {
+                    self.backend.forget(e.ino, 1);
+                }
+                !full
             });
         match r {
             Ok(()) => reply.ok(),

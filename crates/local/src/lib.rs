@@ -70,10 +70,20 @@ fn set_time(s: SetTime) -> TimeSet {
 impl Backend for LocalFs {
     fn lookup(&self, _ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr> {
         match name {
-            b"." => self.getattr(parent),
-            b".." => self.getattr(self.vol.parent_of(parent).map_err(err)?),
-            _ => self.vol.lookup(parent, name).map(attr).map_err(err),
+            b"." => self.hold(parent, 0),
+            b".." => self.hold(self.vol.parent_of(parent).map_err(err)?, 0),
+            _ => self.vol.lookup_held(parent, name).map(attr).map_err(err),
         }
+    }
+    fn forget(&self, ino: u64, n: u64) {
+        if let Err(e) = self.vol.forget(ino, n) {
+            tracing::warn!(ino, "freeing an orphan on its last forget failed: {e}");
+        }
+    }
+    fn hold(&self, ino: u64, generation: u64) -> Result<Attr> {
+        // Generations are 32-bit on the volume; a larger one cannot match.
+        let gen = u32::try_from(generation).map_err(|_| err(FsError::Stale))?;
+        self.vol.hold(ino, gen).map(attr).map_err(err)
     }
     fn getattr(&self, ino: u64) -> Result<Attr> {
         self.vol.getattr(ino).map(attr).map_err(err)
@@ -94,13 +104,13 @@ impl Backend for LocalFs {
     }
     fn mknod(&self, ctx: &Ctx, parent: u64, name: &[u8], mode: u32, rdev: u32) -> Result<Attr> {
         self.vol
-            .create(parent, name, mode, owner(ctx), rdev)
+            .create_held(parent, name, mode, owner(ctx), rdev)
             .map(attr)
             .map_err(err)
     }
     fn mkdir(&self, ctx: &Ctx, parent: u64, name: &[u8], mode: u32) -> Result<Attr> {
         self.vol
-            .mkdir(parent, name, mode, owner(ctx))
+            .mkdir_held(parent, name, mode, owner(ctx))
             .map(attr)
             .map_err(err)
     }
@@ -112,7 +122,7 @@ impl Backend for LocalFs {
     }
     fn symlink(&self, ctx: &Ctx, parent: u64, name: &[u8], target: &[u8]) -> Result<Attr> {
         self.vol
-            .symlink(parent, name, target, owner(ctx))
+            .symlink_held(parent, name, target, owner(ctx))
             .map(attr)
             .map_err(err)
     }
@@ -132,7 +142,7 @@ impl Backend for LocalFs {
     }
     fn link(&self, _ctx: &Ctx, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr> {
         self.vol
-            .link(ino, newparent, newname)
+            .link_held(ino, newparent, newname)
             .map(attr)
             .map_err(err)
     }
@@ -148,11 +158,16 @@ impl Backend for LocalFs {
         mode: u32,
         _flags: i32,
     ) -> Result<(Attr, u64)> {
+        // The entry holds one reference (the lookup), the handle another; both are
+        // taken under the same lock as the creation, so no unlink can come between.
         let a = self
             .vol
-            .create(parent, name, mode, owner(ctx), 0)
+            .create_held(parent, name, mode, owner(ctx), 0)
             .map_err(err)?;
-        self.vol.open_handle(a.ino).map_err(err)?;
+        if let Err(e) = self.vol.open_handle(a.ino) {
+            self.forget(a.ino, 1);
+            return Err(err(e));
+        }
         Ok((attr(a), 0))
     }
     fn read(
@@ -212,7 +227,12 @@ impl Backend for LocalFs {
             .map_err(err)?;
         for e in out {
             let a = if plus {
-                self.vol.getattr(e.ino).ok().map(attr)
+                // Each entry passed on with attributes holds a reference (the kernel
+                // counts a lookup for it); one removed meanwhile is skipped.
+                match self.vol.hold(e.ino, 0) {
+                    Ok(a) => Some(attr(a)),
+                    Err(_) => continue,
+                }
             } else {
                 None
             };

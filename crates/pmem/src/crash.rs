@@ -297,7 +297,7 @@ mod tests {
         let r = Region::anonymous(8192);
         r.start_recording();
         r.write(0, &[1]);
-        r.persist(0, 1);
+        r.persist(0, 1).unwrap();
         let rec = r.take_recording().unwrap();
         let imgs = images_at_end(&rec);
         assert!(!imgs.is_empty());
@@ -312,7 +312,7 @@ mod tests {
         r.start_recording();
         r.write(0, &[7]);
         r.write(128, &[1]);
-        r.persist(128, 1);
+        r.persist(128, 1).unwrap();
         let rec = r.take_recording().unwrap();
         let imgs = images_at_end(&rec);
         assert!(imgs.iter().any(|i| i[128] == 1 && i[0] == 0));
@@ -324,7 +324,7 @@ mod tests {
         r.start_recording();
         // SAFETY: single-threaded test, exclusive range.
         unsafe { r.slice_mut(4096, 3) }.copy_from_slice(&[5, 6, 7]);
-        r.persist(4096, 3);
+        r.persist(4096, 3).unwrap();
         let rec = r.take_recording().unwrap();
         assert!(images_at_end(&rec)
             .iter()
@@ -338,7 +338,7 @@ mod tests {
         r.write(0, &[1]);
         r.flush(0, 1);
         r.write(0, &[2]);
-        r.fence();
+        r.fence().unwrap();
         // The first version was written back and fenced: durable. The second is in flight.
         let rec = r.take_recording().unwrap();
         let imgs = images_at_end(&rec);

@@ -47,6 +47,17 @@ pub enum PmemError {
     NotRegion { path: PathBuf },
     #[error("persistence mode {0:?} is not available here")]
     ModeUnavailable(PersistMode),
+    /// Another process holds the lock this open asked for.
+    #[error("{path} is in use by another process")]
+    Locked { path: PathBuf },
+    /// Making stores durable failed (e.g. msync reported an I/O error): what was
+    /// flushed since the last successful fence may not be durable.
+    #[error("persisting to {path} failed: {source}")]
+    Persist {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 pub type Result<T> = std::result::Result<T, PmemError>;
@@ -83,6 +94,19 @@ pub struct OpenParams {
     /// Force a persistence mode instead of detecting it (e.g. cache-line flushes on
     /// /dev/shm to measure what real PM would cost). `Memory` is not accepted here.
     pub force_mode: Option<PersistMode>,
+    /// Advisory lock (flock) taken on the file for as long as the region is open, so two
+    /// processes cannot both own one volume. Refused at once (never waits) when held.
+    pub lock: LockMode,
+}
+
+/// The `flock` an open takes: `Exclusive` for the one writer, `Shared` for readers
+/// (which then cannot run beside a writer).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LockMode {
+    #[default]
+    None,
+    Shared,
+    Exclusive,
 }
 
 enum Backing {
@@ -102,6 +126,8 @@ pub struct Region {
     /// Fast check on the store path; the recorder itself is behind the mutex.
     recording: std::sync::atomic::AtomicBool,
     recorder: Mutex<Option<Recorder>>,
+    /// Test-only fault: fences left before one reports a persistence failure.
+    fence_fault: std::sync::atomic::AtomicI64,
 }
 
 // SAFETY: the region is plain memory; all mutation goes through raw pointers under the
@@ -125,6 +151,24 @@ impl Region {
         }
         oo.custom_flags(libc::O_CLOEXEC);
         let file = oo.open(path).map_err(io)?;
+        let op = match params.lock {
+            LockMode::None => None,
+            LockMode::Shared => Some(libc::LOCK_SH),
+            LockMode::Exclusive => Some(libc::LOCK_EX),
+        };
+        if let Some(op) = op {
+            // SAFETY: flock on a file descriptor we own; no pointers involved.
+            if unsafe { libc::flock(file.as_raw_fd(), op | libc::LOCK_NB) } != 0 {
+                let e = std::io::Error::last_os_error();
+                return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                    PmemError::Locked {
+                        path: path.to_path_buf(),
+                    }
+                } else {
+                    io(e)
+                });
+            }
+        }
         let meta = file.metadata().map_err(io)?;
         let is_dax = meta.file_type().is_char_device();
         if !is_dax && !meta.file_type().is_file() {
@@ -192,6 +236,7 @@ impl Region {
             msync_pending: Mutex::new(Vec::new()),
             recording: false.into(),
             recorder: Mutex::new(None),
+            fence_fault: (-1).into(),
         })
     }
 
@@ -216,6 +261,7 @@ impl Region {
             msync_pending: Mutex::new(Vec::new()),
             recording: false.into(),
             recorder: Mutex::new(None),
+            fence_fault: (-1).into(),
         }
     }
 
@@ -400,25 +446,63 @@ impl Region {
         }
     }
 
-    /// Ordering point: everything flushed before is durable after.
-    pub fn fence(&self) {
+    /// Ordering point: everything flushed before is durable after. An error (msync
+    /// failing on a file-backed mapping) means the flushed ranges may not be durable;
+    /// the caller must stop relying on them.
+    pub fn fence(&self) -> Result<()> {
         self.with_recorder(|r| r.fence());
+        let injected = self
+            .fence_fault
+            .fetch_update(
+                std::sync::atomic::Ordering::SeqCst,
+                std::sync::atomic::Ordering::SeqCst,
+                |n| (n > 0).then(|| n - 1),
+            )
+            .is_ok_and(|n| n == 1);
         match self.mode {
             PersistMode::CacheLine(_) => flush::sfence(),
             PersistMode::Msync => {
                 let ranges = std::mem::take(&mut *self.msync_pending.lock().unwrap());
+                let mut first_err = None;
                 for (s, e) in ranges {
                     // SAFETY: page-aligned subrange of our own mapping.
                     let rc = unsafe {
                         libc::msync(self.base.add(s) as *mut libc::c_void, e - s, libc::MS_SYNC)
                     };
-                    if rc != 0 {
-                        tracing::error!(err = %std::io::Error::last_os_error(), "msync failed");
+                    if rc != 0 && first_err.is_none() {
+                        first_err = Some(std::io::Error::last_os_error());
                     }
+                }
+                if let Some(source) = first_err {
+                    return Err(self.persist_error(source));
                 }
             }
             PersistMode::Memory => std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst),
         }
+        if injected {
+            return Err(self.persist_error(std::io::Error::from_raw_os_error(libc::EIO)));
+        }
+        Ok(())
+    }
+
+    fn persist_error(&self, source: std::io::Error) -> PmemError {
+        PmemError::Persist {
+            path: self
+                .path
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("(memory)")),
+            source,
+        }
+    }
+
+    /// Test hook: the `n`th fence from now (1 = the next) reports a persistence failure
+    /// (EIO), as msync does after a write-back error; 0 clears the hook.
+    #[doc(hidden)]
+    pub fn inject_fence_failure(&self, n: i64) {
+        self.fence_fault.store(
+            if n == 0 { -1 } else { n },
+            std::sync::atomic::Ordering::SeqCst,
+        );
     }
 
     /// Ask the kernel to back `[off, off+len)` with writable pages now, so the first
@@ -445,9 +529,9 @@ impl Region {
     }
 
     /// `flush` then `fence`.
-    pub fn persist(&self, off: usize, len: usize) {
+    pub fn persist(&self, off: usize, len: usize) -> Result<()> {
         self.flush(off, len);
-        self.fence();
+        self.fence()
     }
 }
 
@@ -508,7 +592,7 @@ mod tests {
         assert_eq!(r.mode(), PersistMode::Msync);
         r.write(4096, b"hello");
         r.write_u64(8192, 0xdead_beef);
-        r.persist(4096, 5000);
+        r.persist(4096, 5000).unwrap();
         drop(r);
         let bytes = std::fs::read(&path).unwrap();
         assert_eq!(&bytes[4096..4101], b"hello");
@@ -534,10 +618,48 @@ mod tests {
         .unwrap();
         let big = vec![7u8; 200_000];
         r.copy_persist(100, &big);
-        r.fence();
+        r.fence().unwrap();
         // SAFETY: single-threaded test.
         assert!(unsafe { r.slice(100, big.len()) }.iter().all(|&b| b == 7));
         std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn a_second_exclusive_opener_is_refused_and_a_shared_one_too() {
+        let path = std::env::temp_dir().join(format!("zcfs-pmem-lock-{}", std::process::id()));
+        let p = |lock| OpenParams {
+            create_size: Some(1 << 16),
+            lock,
+            ..Default::default()
+        };
+        let a = Region::open(&path, &p(LockMode::Exclusive)).unwrap();
+        assert!(matches!(
+            Region::open(&path, &p(LockMode::Exclusive)),
+            Err(PmemError::Locked { .. })
+        ));
+        assert!(matches!(
+            Region::open(&path, &p(LockMode::Shared)),
+            Err(PmemError::Locked { .. })
+        ));
+        drop(a);
+        let r1 = Region::open(&path, &p(LockMode::Shared)).unwrap();
+        let r2 = Region::open(&path, &p(LockMode::Shared)).unwrap();
+        assert!(matches!(
+            Region::open(&path, &p(LockMode::Exclusive)),
+            Err(PmemError::Locked { .. })
+        ));
+        drop((r1, r2));
+        Region::open(&path, &p(LockMode::Exclusive)).unwrap();
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn an_injected_fence_failure_is_reported_once() {
+        let r = Region::anonymous(8192);
+        r.inject_fence_failure(2);
+        assert!(r.fence().is_ok());
+        assert!(matches!(r.fence(), Err(PmemError::Persist { .. })));
+        assert!(r.fence().is_ok());
     }
 
     #[test]
@@ -568,7 +690,7 @@ mod tests {
         )
         .unwrap();
         r.write(0, &[9u8; 16]);
-        r.persist(0, 16);
+        r.persist(0, 16).unwrap();
         drop(r);
         assert_eq!(std::fs::read(&path).unwrap()[0], 1);
         std::fs::remove_file(&path).unwrap();

@@ -1,18 +1,22 @@
-//! File data: zero-copy reads (borrowed PM slices), copy-on-write writes through
-//! reservations (reserve fresh blocks, let the caller fill them, commit), truncate,
-//! and the FLAC/SLS calls: page attachment (`zcopy_to`), atomic multi-page commits
-//! (`pflush_add` / `pflush_commit`) and atomic page release (`pfree`).
+//! File data: zero-copy reads (borrowed PM slices, pinned rather than locked),
+//! copy-on-write writes through reservations (reserve fresh blocks, let the caller fill
+//! them, commit), truncate, and the FLAC/SLS calls: page attachment (`zcopy_to`), atomic
+//! multi-page commits (`pflush_add` / `pflush_commit`) and atomic page release (`pfree`).
 
+use crate::commit::{Sink, Txn, ENTRY_OVERHEAD, INODE_RECORD};
 use crate::error::{FsError, Result};
 use crate::layout::*;
-use crate::volume::{Sink, State, Txn, Volume};
+use crate::map::FileMap;
+use crate::trace::Traced;
+use crate::volume::{State, Volume};
 use std::sync::atomic::Ordering;
 
 static ZERO_BLOCK: [u8; BLOCK] = [0; BLOCK];
 
-/// Largest single write committed as one log entry (bigger writes are split; each
-/// piece is atomic).
-pub const MAX_ATOMIC_WRITE: usize = 64 << 20;
+/// Largest single reservation (and the piece `write` hands to one): bigger writes are
+/// split. Within a reservation, the commit is split again into pieces that each fit one
+/// log entry; each piece is atomic (see `Volume::write_pieces`).
+pub const MAX_RESERVATION: usize = 64 << 20;
 
 fn check_file(st: &State, ino: u64) -> Result<()> {
     let i = st.inode(ino)?;
@@ -34,9 +38,8 @@ pub struct WriteReservation<'v> {
     len: usize,
     /// One fresh block per file block in the range.
     blocks: Vec<u64>,
-    /// For the first and last block when partially written: the block whose bytes
-    /// outside the range were copied in (None = zeros).
-    edges: Vec<(usize, Option<u64>)>,
+    /// How many of `blocks` are in the file (committed pieces); the rest go back.
+    placed: usize,
     /// Whether the caller's bytes were already written back (copy_persist path).
     written_back: bool,
     done: bool,
@@ -114,13 +117,13 @@ impl WriteReservation<'_> {
         self.written_back = true;
     }
 
+    /// Put the bytes into the file. All or nothing, unless the write is larger than one
+    /// log entry can hold: then it commits in pieces, each atomic, in file order.
     pub fn commit(mut self) -> Result<usize> {
         self.done = true;
         let vol = self.vol;
-        let r = vol.commit_write(&self);
-        if r.is_err() {
-            vol.give_back(&self.blocks);
-        }
+        let r = vol.commit_write(&mut self);
+        vol.give_back(&self.blocks[self.placed..]);
         r
     }
 }
@@ -128,7 +131,7 @@ impl WriteReservation<'_> {
 impl Drop for WriteReservation<'_> {
     fn drop(&mut self) {
         if !self.done {
-            self.vol.give_back(&self.blocks);
+            self.vol.give_back(&self.blocks[self.placed..]);
         }
     }
 }
@@ -197,10 +200,20 @@ impl Drop for PageBuf<'_> {
     }
 }
 
+/// One placement of a pflush transaction.
+struct Placement<'v> {
+    ino: u64,
+    /// Block-aligned file offset of the first page.
+    offset: u64,
+    pages: PageBuf<'v>,
+    /// Size the file grows to (inside the last page), or the end of the last page.
+    new_size: Option<u64>,
+}
+
 /// A set of page placements committed as one log entry.
 #[derive(Default)]
 pub struct PflushTxn<'v> {
-    items: Vec<(u64, u64, PageBuf<'v>, Option<u64>)>,
+    items: Vec<Placement<'v>>,
 }
 
 impl<'v> PflushTxn<'v> {
@@ -230,14 +243,30 @@ impl<'v> PflushTxn<'v> {
                 ));
             }
         }
-        self.items.push((ino, offset, pages, new_size));
+        self.items.push(Placement {
+            ino,
+            offset,
+            pages,
+            new_size,
+        });
         Ok(())
     }
 }
 
+/// One atomic piece of a write: `count` file blocks from `start` (an index into the
+/// reservation), and the bound on its log entry.
+#[derive(Debug, Clone, Copy)]
+struct Piece {
+    start: u64,
+    count: u64,
+    bound: u64,
+}
+
 impl Volume {
-    /// Read `[off, off+len)` as borrowed PM slices (holes read as a shared zero page);
-    /// `f` runs under the read lock, so the blocks cannot be freed meanwhile.
+    /// Read `[off, off+len)` as borrowed PM slices (holes read as a shared zero page).
+    /// `f` runs **without** the volume lock (it may send the slices to a slow socket):
+    /// the blocks are pinned instead, so no write, truncate or checkpoint reuses them
+    /// until `f` returns (see pins.rs).
     pub fn read_with<R>(
         &self,
         ino: u64,
@@ -245,44 +274,14 @@ impl Volume {
         len: usize,
         f: impl FnOnce(&[&[u8]]) -> R,
     ) -> Result<R> {
-        let st = self.read_state();
-        check_file(&st, ino)?;
-        let i = st.inode(ino)?;
-        let end = (off.saturating_add(len as u64)).min(i.rec.size);
-        let mut slices: Vec<&[u8]> = Vec::new();
-        if off < end {
-            let fb0 = off / BLOCK_U64;
-            let n = (end - 1) / BLOCK_U64 + 1 - fb0;
-            let mut last_end: Option<usize> = None;
-            i.map.for_range(fb0, n, |fb, b| {
-                let bstart = fb * BLOCK_U64;
-                let s = off.max(bstart);
-                let e = end.min(bstart + BLOCK_U64);
-                let (a, l) = ((s - bstart) as usize, (e - s) as usize);
-                match b {
-                    Some(b) => {
-                        let roff = (b * BLOCK_U64) as usize + a;
-                        if last_end == Some(roff) {
-                            let prev = slices.pop().unwrap();
-                            // SAFETY: two adjacent ranges of live data blocks; see below.
-                            slices.push(unsafe {
-                                self.region.slice(roff - prev.len(), prev.len() + l)
-                            });
-                        } else {
-                            // SAFETY: data blocks reachable from a map are never written
-                            // in place (copy-on-write) and cannot be freed and reused
-                            // while the read lock is held.
-                            slices.push(unsafe { self.region.slice(roff, l) });
-                        }
-                        last_end = Some(roff + l);
-                    }
-                    None => {
-                        slices.push(&ZERO_BLOCK[a..a + l]);
-                        last_end = None;
-                    }
-                }
-            });
-        }
+        let (slices, _pin) = {
+            let st = self.read_state();
+            check_file(&st, ino)?;
+            (
+                self.data_slices(&st, ino, off, len)?,
+                self.readers.enter(st.epoch),
+            )
+        };
         let total: usize = slices.iter().map(|s| s.len()).sum();
         self.stats
             .data_bytes_read
@@ -291,6 +290,47 @@ impl Volume {
             .zero_copy_bytes
             .fetch_add(total as u64, Ordering::Relaxed);
         Ok(f(&slices))
+    }
+
+    /// The slices of `[off, off+len)` of a file, merged where blocks are adjacent.
+    fn data_slices(&self, st: &State, ino: u64, off: u64, len: usize) -> Result<Vec<&[u8]>> {
+        let i = st.inode(ino)?;
+        let end = (off.saturating_add(len as u64)).min(i.rec.size);
+        let mut slices: Vec<&[u8]> = Vec::new();
+        if off >= end {
+            return Ok(slices);
+        }
+        let fb0 = off / BLOCK_U64;
+        let n = (end - 1) / BLOCK_U64 + 1 - fb0;
+        let mut last_end: Option<usize> = None;
+        i.map.for_range(fb0, n, |fb, b| {
+            let bstart = fb * BLOCK_U64;
+            let s = off.max(bstart);
+            let e = end.min(bstart + BLOCK_U64);
+            let (a, l) = ((s - bstart) as usize, (e - s) as usize);
+            match b {
+                Some(b) => {
+                    let roff = (b * BLOCK_U64) as usize + a;
+                    if last_end == Some(roff) {
+                        let prev = slices.pop().unwrap();
+                        // SAFETY: two adjacent ranges of live data blocks; see below.
+                        slices
+                            .push(unsafe { self.region.slice(roff - prev.len(), prev.len() + l) });
+                    } else {
+                        // SAFETY: data blocks reachable from a map are never written in
+                        // place (copy-on-write); the caller pins them (read pin taken
+                        // under the same lock) so they are not reused while borrowed.
+                        slices.push(unsafe { self.region.slice(roff, l) });
+                    }
+                    last_end = Some(roff + l);
+                }
+                None => {
+                    slices.push(&ZERO_BLOCK[a..a + l]);
+                    last_end = None;
+                }
+            }
+        });
+        Ok(slices)
     }
 
     /// Read into a buffer (one copy). Returns bytes read (short at end of file).
@@ -312,23 +352,34 @@ impl Volume {
         Ok(n)
     }
 
-    /// Write a buffer at `off` (copy-on-write; one copy into PM).
+    /// Write a buffer at `off` (copy-on-write; one copy into PM). Any size the volume
+    /// has room for: it goes in reservations of at most `MAX_RESERVATION` bytes, each
+    /// committed in atomic pieces. If a later reservation fails, the bytes written so far
+    /// are reported (a short write, as POSIX allows); if the first fails, its error.
     pub fn write(&self, ino: u64, off: u64, data: &[u8]) -> Result<usize> {
         let mut done = 0;
-        for chunk in data.chunks(MAX_ATOMIC_WRITE) {
-            let mut r = self.reserve_write(ino, off + done as u64, chunk.len())?;
-            r.fill_from(chunk);
-            done += r.commit()?;
+        for chunk in data.chunks(MAX_RESERVATION) {
+            let r = self
+                .reserve_write(ino, off + done as u64, chunk.len())
+                .and_then(|mut r| {
+                    r.fill_from(chunk);
+                    r.commit()
+                });
+            match r {
+                Ok(n) => done += n,
+                Err(_) if done > 0 => break,
+                Err(e) => return Err(e),
+            }
         }
         Ok(done)
     }
 
-    /// Reserve fresh blocks for a write of `len` bytes at `off`. Bytes of partially
-    /// covered edge blocks are copied in from the current blocks.
+    /// Reserve fresh blocks for a write of `len` bytes at `off`. The bytes of partially
+    /// covered edge blocks are copied in at commit, from the blocks current then.
     pub fn reserve_write(&self, ino: u64, off: u64, len: usize) -> Result<WriteReservation<'_>> {
-        if len > MAX_ATOMIC_WRITE {
+        if len > MAX_RESERVATION {
             return Err(FsError::Invalid(format!(
-                "one reservation is at most {MAX_ATOMIC_WRITE} bytes"
+                "one reservation is at most {MAX_RESERVATION} bytes"
             )));
         }
         off.checked_add(len as u64)
@@ -337,55 +388,31 @@ impl Volume {
         let mut st = self.write_state()?;
         check_file(&st, ino)?;
         let gen = st.inode(ino)?.rec.gen;
-        if len == 0 {
-            return Ok(WriteReservation {
-                vol: self,
-                ino,
-                gen,
-                off,
-                len,
-                blocks: vec![],
-                edges: vec![],
-                written_back: true,
-                done: false,
-            });
-        }
-        let first = off / BLOCK_U64;
-        let last = (off + len as u64 - 1) / BLOCK_U64;
-        let n = (last - first + 1) as usize;
-        // Data blocks plus the worst case of new map nodes.
-        self.ensure_blocks(&mut st, n as u64 + (n as u64 / 256) + 16)?;
-        let blocks = st.balloc.alloc(n)?;
-        let mut edges = Vec::new();
-        let end = off + len as u64;
-        let head_partial =
-            !off.is_multiple_of(BLOCK_U64) || (n == 1 && !end.is_multiple_of(BLOCK_U64));
-        let tail_partial = !end.is_multiple_of(BLOCK_U64);
-        let map = &st.inode(ino)?.map;
-        if head_partial {
-            edges.push((0, map.get(first)));
-        }
-        if tail_partial && (n > 1 || !head_partial) {
-            edges.push((n - 1, map.get(last)));
-        }
-        let r = WriteReservation {
+        let blocks = if len == 0 {
+            Vec::new()
+        } else {
+            let n = (off + len as u64 - 1) / BLOCK_U64 - off / BLOCK_U64 + 1;
+            let mut txn = Txn::new(OpType::Write, ino);
+            self.reserve_blocks(&mut st, &mut txn, n)?;
+            let mut b = txn.pool;
+            b.sort_unstable(); // ascending, so adjacent blocks merge into one slice
+            b
+        };
+        Ok(WriteReservation {
             vol: self,
             ino,
             gen,
             off,
             len,
             blocks,
-            edges,
-            written_back: false,
+            placed: 0,
+            written_back: len == 0,
             done: false,
-        };
-        for &(i, src) in &r.edges {
-            self.fill_edge(&r, i, src);
-        }
-        Ok(r)
+        })
     }
 
-    /// Copy the bytes of edge block `i` outside the write range from `src` (or zeros).
+    /// Copy the bytes of edge block `i` of a reservation outside the write range from
+    /// the file's current block (or zeros).
     fn fill_edge(&self, r: &WriteReservation<'_>, i: usize, src: Option<u64>) {
         let fb = r.off / BLOCK_U64 + i as u64;
         let bstart = fb * BLOCK_U64;
@@ -400,7 +427,7 @@ impl Volume {
             match src {
                 Some(b) => {
                     // SAFETY: `b` is a live data block (never written in place) read
-                    // under the state lock; `dst` is our fresh block.
+                    // under the state's write lock; `dst` is our fresh block.
                     let from = unsafe { self.region.slice((b * BLOCK_U64) as usize + s, e - s) };
                     self.region.write(dst + s, from);
                 }
@@ -410,7 +437,7 @@ impl Volume {
         }
     }
 
-    fn give_back(&self, blocks: &[u64]) {
+    pub(crate) fn give_back(&self, blocks: &[u64]) {
         if blocks.is_empty() {
             return;
         }
@@ -420,93 +447,198 @@ impl Volume {
         }
     }
 
-    fn commit_write(&self, r: &WriteReservation<'_>) -> Result<usize> {
+    /// Split setting file blocks `first..first+n` into pieces whose log entries each
+    /// fit the log, with a bound for each. Leaves are never split (one leaf's record is
+    /// at most 4 KiB, and the smallest ring holds two such entries).
+    fn write_pieces(&self, map: &FileMap, first: u64, n: u64) -> Result<Vec<Piece>> {
+        let max = self.max_entry();
+        let fixed = ENTRY_OVERHEAD + INODE_RECORD;
+        let mut pieces: Vec<Piece> = Vec::new();
+        let mut cur = Piece {
+            start: 0,
+            count: 0,
+            bound: fixed,
+        };
+        let mut fb = first;
+        let end = first + n;
+        while fb < end {
+            let leaf_end = ((fb >> crate::layout::NODE_SHIFT) + 1) << crate::layout::NODE_SHIFT;
+            let k = leaf_end.min(end) - fb;
+            let cost = map.plan_set(fb, k).record_bytes(k);
+            if cur.count > 0 && cur.bound + cost > max {
+                pieces.push(cur);
+                cur = Piece {
+                    start: fb - first,
+                    count: 0,
+                    bound: fixed,
+                };
+            }
+            if cur.bound + cost > max {
+                return Err(FsError::TransactionTooLarge {
+                    bytes: cur.bound + cost,
+                    max,
+                });
+            }
+            cur.count += k;
+            cur.bound += cost;
+            fb += k;
+        }
+        pieces.push(cur);
+        Ok(pieces)
+    }
+
+    fn commit_write(&self, r: &mut WriteReservation<'_>) -> Result<usize> {
         if r.len == 0 {
             return Ok(0);
         }
-        let mut st = self.write_state()?;
-        let st = &mut *st;
+        let mut guard = self.write_state()?;
+        let st = &mut *guard;
         match st.inodes.get(&r.ino) {
-            Some(i) if i.rec.gen == r.gen => {}
+            Some(i) if i.rec.gen == r.gen && i.rec.is_reg() => {}
             _ => return Err(FsError::Stale),
         }
-        // A concurrent write may have replaced an edge block since we copied from it:
-        // copy its bytes again so both writes survive.
+        // Check: the pieces, and the map nodes the whole write needs.
         let first = r.off / BLOCK_U64;
-        for &(i, src) in &r.edges {
-            let now = st.inodes[&r.ino].map.get(first + i as u64);
-            if now != src {
-                self.fill_edge(r, i, now);
-            }
+        let n = r.blocks.len() as u64;
+        let map = &st.inodes[&r.ino].map;
+        let pieces = self.write_pieces(map, first, n)?;
+        let nodes = map.plan_set(first, n).new_nodes;
+        let mut reserved = Txn::new(OpType::Write, r.ino);
+        self.reserve_blocks(st, &mut reserved, nodes)?;
+        for p in &pieces {
+            self.reserve_log(&mut reserved, p.bound)?;
+        }
+        // Apply. The bytes of partial edge blocks come from the blocks current now,
+        // under the lock, so a write that committed since the reservation was made is
+        // kept (whatever block numbers the allocator handed out meanwhile).
+        let end = r.off + r.len as u64;
+        let head_partial =
+            !r.off.is_multiple_of(BLOCK_U64) || (n == 1 && !end.is_multiple_of(BLOCK_U64));
+        let tail_partial = !end.is_multiple_of(BLOCK_U64);
+        let map = &st.inodes[&r.ino].map;
+        if head_partial {
+            self.fill_edge(r, 0, map.get(first));
+        }
+        if tail_partial && n > 1 {
+            self.fill_edge(r, n as usize - 1, map.get(first + n - 1));
         }
         if !r.written_back {
-            for (o, n) in r.pieces() {
-                self.region.flush(o, n);
+            for (o, len) in r.pieces() {
+                self.region.flush(o, len);
             }
         }
-        self.ensure_blocks(st, (r.blocks.len() as u64 / 256) + 8)?;
-        let mut txn = Txn::new(OpType::Write, r.ino);
-        txn.data_addr = r.blocks[0] * BLOCK_U64;
-        txn.data_size = r.len as u64;
-        let inode = st.inodes.get_mut(&r.ino).unwrap();
-        let mut sink = Sink {
-            region: &self.region,
-            balloc: &mut st.balloc,
-            txn: &mut txn,
-        };
-        for (i, &b) in r.blocks.iter().enumerate() {
-            if let Some(old) = inode.map.set(first + i as u64, b, &mut sink)? {
-                sink.txn.releases.push(old);
+        let mut pool = reserved.pool;
+        for p in pieces {
+            let mut txn = Txn::new(OpType::Write, r.ino);
+            txn.pool = std::mem::take(&mut pool);
+            txn.log_bound = p.bound;
+            txn.data_addr = r.blocks[p.start as usize] * BLOCK_U64;
+            let piece_start = (r.off).max((first + p.start) * BLOCK_U64);
+            let piece_end = end.min((first + p.start + p.count) * BLOCK_U64);
+            txn.data_size = piece_end - piece_start;
+            let inode = st.inodes.get_mut(&r.ino).expect("checked above");
+            let mut sink = Sink {
+                region: &self.region,
+                txn: &mut txn,
+            };
+            for i in p.start..p.start + p.count {
+                if let Some(old) = inode.map.set(first + i, r.blocks[i as usize], &mut sink) {
+                    sink.txn.releases.push(old);
+                }
             }
+            if piece_end > inode.rec.size {
+                inode.rec.size = piece_end;
+            }
+            let now = Timespec::now();
+            inode.rec.mtime = now;
+            inode.rec.ctime = now;
+            txn.dirty.insert(r.ino);
+            pool = std::mem::take(&mut txn.pool);
+            r.placed = (p.start + p.count) as usize;
+            self.trace(|| Traced::Write {
+                ino: r.ino,
+                offset: piece_start,
+                len: piece_end - piece_start,
+                first_word: self.first_word(r, piece_start),
+            });
+            self.finish(st, txn)?;
         }
-        let end = r.off + r.len as u64;
-        if end > inode.rec.size {
-            inode.rec.size = end;
+        for b in pool {
+            st.balloc.free(b);
         }
-        let now = Timespec::now();
-        inode.rec.mtime = now;
-        inode.rec.ctime = now;
-        txn.dirty.insert(r.ino);
-        self.finish(st, txn)?;
         self.stats
             .data_bytes_written
             .fetch_add(r.len as u64, Ordering::Relaxed);
         Ok(r.len)
     }
 
+    /// The first 8 bytes a reservation wrote at file offset `at` (for the trace).
+    fn first_word(&self, r: &WriteReservation<'_>, at: u64) -> u64 {
+        let i = ((at / BLOCK_U64) - r.off / BLOCK_U64) as usize;
+        let o = (r.blocks[i] * BLOCK_U64 + at % BLOCK_U64) as usize;
+        let n = 8.min((BLOCK_U64 - at % BLOCK_U64) as usize).min(r.len);
+        let mut w = [0u8; 8];
+        // SAFETY: the reservation's own block, filled by its owner, not yet published.
+        w[..n].copy_from_slice(unsafe { self.region.slice(o, n) });
+        u64::from_le_bytes(w)
+    }
+
     /// Set a file's size. Shrinking frees whole blocks past the end and copies the new
     /// last block with its tail zeroed (bytes past EOF are always zero on PM).
     pub fn truncate(&self, ino: u64, size: u64) -> Result<()> {
+        let mut st = self.write_state()?;
+        let st = &mut *st;
+        let mut txn = Txn::new(OpType::Truncate, ino);
+        self.plan_truncate(st, &mut txn, ino, size)?;
+        self.reserve_log(&mut txn, ENTRY_OVERHEAD + INODE_RECORD + TRUNCATE_RECORDS)?;
+        self.apply_truncate(st, &mut txn, ino, size);
+        txn.dirty.insert(ino);
+        self.trace(|| Traced::Truncate { ino, size });
+        self.finish(st, txn)
+    }
+
+    /// Check a truncate and reserve what it needs (the new last block, if partial).
+    pub(crate) fn plan_truncate(
+        &self,
+        st: &mut State,
+        txn: &mut Txn,
+        ino: u64,
+        size: u64,
+    ) -> Result<()> {
         if size > max_file_size() {
             return Err(FsError::TooBig);
         }
-        let mut st = self.write_state()?;
-        let st = &mut *st;
         check_file(st, ino)?;
-        self.ensure_blocks(st, 8)?;
-        let mut txn = Txn::new(OpType::Truncate, ino);
-        let inode = st.inodes.get_mut(&ino).unwrap();
+        let i = st.inode(ino)?;
+        let partial = !size.is_multiple_of(BLOCK_U64);
+        let need = (size < i.rec.size && partial && i.map.get(size / BLOCK_U64).is_some()) as u64;
+        self.reserve_blocks(st, txn, need)
+    }
+
+    /// Apply a planned truncate (cannot fail).
+    pub(crate) fn apply_truncate(&self, st: &mut State, txn: &mut Txn, ino: u64, size: u64) {
+        let inode = st.inodes.get_mut(&ino).expect("planned");
         if size < inode.rec.size {
             let keep = size.div_ceil(BLOCK_U64);
+            let old_last = (!size.is_multiple_of(BLOCK_U64))
+                .then(|| inode.map.get(keep - 1))
+                .flatten();
             let mut sink = Sink {
                 region: &self.region,
-                balloc: &mut st.balloc,
-                txn: &mut txn,
+                txn,
             };
             inode.map.truncate_blocks(keep, &mut sink);
-            let partial = (size % BLOCK_U64) as usize;
-            if partial != 0 {
-                if let Some(old) = inode.map.get(keep - 1) {
-                    let nb = sink.balloc.alloc_one()?;
-                    let dst = (nb * BLOCK_U64) as usize;
-                    // SAFETY: `old` is a live data block, read under the write lock.
-                    let head = unsafe { self.region.slice((old * BLOCK_U64) as usize, partial) };
-                    self.region.write(dst, head);
-                    self.region.zero(dst + partial, BLOCK - partial);
-                    self.region.flush(dst, BLOCK);
-                    if let Some(o) = inode.map.set(keep - 1, nb, &mut sink)? {
-                        sink.txn.releases.push(o);
-                    }
+            if let Some(old) = old_last {
+                let partial = (size % BLOCK_U64) as usize;
+                let nb = sink.txn.take_block();
+                let dst = (nb * BLOCK_U64) as usize;
+                // SAFETY: `old` is a live data block, read under the write lock.
+                let head = unsafe { self.region.slice((old * BLOCK_U64) as usize, partial) };
+                self.region.write(dst, head);
+                self.region.zero(dst + partial, BLOCK - partial);
+                self.region.flush(dst, BLOCK);
+                if let Some(o) = inode.map.set(keep - 1, nb, &mut sink) {
+                    sink.txn.releases.push(o);
                 }
             }
         }
@@ -514,8 +646,6 @@ impl Volume {
         let now = Timespec::now();
         inode.rec.mtime = now;
         inode.rec.ctime = now;
-        txn.dirty.insert(ino);
-        self.finish(st, txn)
     }
 
     /// fsync / fdatasync: everything written so far is durable on return.
@@ -554,78 +684,95 @@ impl Volume {
         let mut st = self.write_state()?;
         let st = &mut *st;
         check_file(st, ino)?;
-        self.ensure_blocks(st, 4)?;
         let mut txn = Txn::new(OpType::PunchHole, ino);
-        let inode = st.inodes.get_mut(&ino).unwrap();
+        self.reserve_log(
+            &mut txn,
+            ENTRY_OVERHEAD + INODE_RECORD + FileMap::PUNCH_MAX_RECORDS * REC_HDR as u64,
+        )?;
+        let inode = st.inodes.get_mut(&ino).expect("checked");
         let mut sink = Sink {
             region: &self.region,
-            balloc: &mut st.balloc,
             txn: &mut txn,
         };
         inode.map.punch(first_full, end_full, &mut sink);
         inode.rec.mtime = Timespec::now();
         inode.rec.ctime = inode.rec.mtime;
         txn.dirty.insert(ino);
+        self.trace(|| Traced::Pages { ino });
         self.finish(st, txn)
     }
 
     /// FLAC: fresh pages for the caller to fill, later placed with `pflush_commit`.
     pub fn reserve_pages(&self, n: usize) -> Result<PageBuf<'_>> {
         let mut st = self.write_state()?;
-        self.ensure_blocks(&mut st, n as u64 + 16)?;
-        let blocks = st.balloc.alloc(n)?;
+        let mut txn = Txn::new(OpType::PflushCommit, 0);
+        self.reserve_blocks(&mut st, &mut txn, n as u64)?;
         Ok(PageBuf {
             vol: self,
-            blocks,
+            blocks: txn.pool,
             placed: false,
         })
     }
 
-    /// FLAC: commit every placement of `txn` and the metadata they change as one log
-    /// entry: after a crash, all of them are in the files or none is.
+    /// FLAC: commit every placement of `t` and the metadata they change as one log
+    /// entry: after a crash, all of them are in the files or none is. A set larger than
+    /// one log entry can hold is refused (`TransactionTooLarge`) before anything changes.
     pub fn pflush_commit(&self, mut t: PflushTxn<'_>) -> Result<()> {
         let mut st = self.write_state()?;
         let st = &mut *st;
-        for (ino, _, _, _) in &t.items {
-            check_file(st, *ino)?;
+        let mut txn = Txn::new(OpType::PflushCommit, t.items.first().map_or(0, |i| i.ino));
+        // Check: files, log space, map nodes.
+        let mut bound = ENTRY_OVERHEAD;
+        let mut nodes = 0;
+        let mut files = std::collections::BTreeSet::new();
+        for p in &t.items {
+            check_file(st, p.ino)?;
+            let map = &st.inode(p.ino)?.map;
+            let k = p.pages.blocks.len() as u64;
+            let plan = map.plan_set(p.offset / BLOCK_U64, k);
+            bound += plan.record_bytes(k);
+            nodes += plan.new_nodes;
+            files.insert(p.ino);
         }
-        let total: u64 = t.items.iter().map(|i| i.2.blocks.len() as u64).sum();
-        self.ensure_blocks(st, total / 256 + 8 * t.items.len() as u64)?;
-        let mut txn = Txn::new(OpType::PflushCommit, t.items.first().map_or(0, |i| i.0));
+        bound += INODE_RECORD * files.len() as u64;
+        self.reserve_log(&mut txn, bound)?;
+        self.reserve_blocks(st, &mut txn, nodes)?;
+        // Apply.
         let now = Timespec::now();
-        for (ino, offset, pages, new_size) in &mut t.items {
-            for &b in &pages.blocks {
+        for p in &mut t.items {
+            for &b in &p.pages.blocks {
                 self.region.flush((b * BLOCK_U64) as usize, BLOCK);
             }
-            let inode = st.inodes.get_mut(ino).unwrap();
+            let inode = st.inodes.get_mut(&p.ino).expect("checked");
             let mut sink = Sink {
                 region: &self.region,
-                balloc: &mut st.balloc,
                 txn: &mut txn,
             };
-            let fb0 = *offset / BLOCK_U64;
-            for (i, &b) in pages.blocks.iter().enumerate() {
-                if let Some(old) = inode.map.set(fb0 + i as u64, b, &mut sink)? {
+            let fb0 = p.offset / BLOCK_U64;
+            for (i, &b) in p.pages.blocks.iter().enumerate() {
+                if let Some(old) = inode.map.set(fb0 + i as u64, b, &mut sink) {
                     sink.txn.releases.push(old);
                 }
             }
-            let end = *offset + pages.blocks.len() as u64 * BLOCK_U64;
-            let want = new_size.unwrap_or(end);
+            let end = p.offset + p.pages.blocks.len() as u64 * BLOCK_U64;
+            let want = p.new_size.unwrap_or(end);
             if want >= inode.rec.size {
                 inode.rec.size = want;
                 // Bytes past EOF are always zero on PM.
                 let tail = (want % BLOCK_U64) as usize;
                 if tail != 0 {
-                    let last = (pages.blocks[pages.blocks.len() - 1] * BLOCK_U64) as usize;
+                    let last = (p.pages.blocks[p.pages.blocks.len() - 1] * BLOCK_U64) as usize;
                     self.region.zero(last + tail, BLOCK - tail);
                     self.region.flush(last + tail, BLOCK - tail);
                 }
             }
             inode.rec.mtime = now;
             inode.rec.ctime = now;
-            txn.data_size += pages.blocks.len() as u64 * BLOCK_U64;
-            txn.dirty.insert(*ino);
-            pages.placed = true;
+            txn.data_size += p.pages.blocks.len() as u64 * BLOCK_U64;
+            txn.dirty.insert(p.ino);
+            p.pages.placed = true;
+            let ino = p.ino;
+            self.trace(|| Traced::Pages { ino });
         }
         self.finish(st, txn)
     }
@@ -723,6 +870,10 @@ impl Volume {
         })
     }
 }
+
+/// Redo bytes of a truncate besides the inode: the punch, and the new last block.
+pub(crate) const TRUNCATE_RECORDS: u64 =
+    FileMap::PUNCH_MAX_RECORDS * REC_HDR as u64 + REC_HDR as u64 + 8;
 
 fn mmap_anon(len: usize) -> Result<*mut u8> {
     // SAFETY: a fresh anonymous private mapping chosen by the kernel.

@@ -40,6 +40,12 @@ pub enum FsError {
     Corrupt(String),
     #[error("volume is read-only")]
     ReadOnly,
+    #[error("the volume turned read-only after a persistence failure")]
+    Failed,
+    #[error("{0}")]
+    Busy(String),
+    #[error("one transaction of {bytes} bytes of log exceeds the most one log entry can hold ({max} bytes); make it smaller or the log larger (mkfs --log-size)")]
+    TransactionTooLarge { bytes: u64, max: u64 },
     #[error(transparent)]
     Pmem(#[from] zcfs_pmem::PmemError),
     #[error("{0}")]
@@ -65,8 +71,11 @@ impl FsError {
             NotPermitted(_) => libc::EPERM,
             TooBig => libc::EFBIG,
             Unsupported(_) => libc::EOPNOTSUPP,
-            ReadOnly => libc::EROFS,
+            ReadOnly | Failed => libc::EROFS,
+            Busy(_) => libc::EBUSY,
+            TransactionTooLarge { .. } => libc::E2BIG,
             NotZcfs | Corrupt(_) => libc::EIO,
+            Pmem(zcfs_pmem::PmemError::Locked { .. }) => libc::EBUSY,
             Pmem(_) => libc::EIO,
             Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
         }

@@ -10,13 +10,14 @@
 //! inodes reach), so "leaked" is reported as blocks the allocator and the inodes
 //! disagree on.
 
-use crate::error::Result;
+use crate::commit::{Txn, ENTRY_OVERHEAD, INODE_RECORD};
+use crate::error::{FsError, Result};
 use crate::layout::*;
-use crate::volume::{read_superblock, State, Txn, Volume, VolumeConfig};
+use crate::volume::{read_superblock, State, Volume, VolumeConfig};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
-use zcfs_pmem::{OpenParams, Region};
+use zcfs_pmem::{LockMode, OpenParams, Region};
 
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct FsckReport {
@@ -40,28 +41,56 @@ impl FsckReport {
 }
 
 /// Check the volume at `path`. Without `repair` the file is not modified (the log is
-/// replayed into a private copy).
+/// replayed into a private copy). A volume another process has open is not checked
+/// (its image changes under the check) and never repaired: `Busy` names the holder.
 pub fn fsck_path(path: &Path, repair: bool) -> Result<FsckReport> {
     let region = Region::open(
         path,
         &OpenParams {
             private: !repair,
+            lock: if repair {
+                LockMode::Exclusive
+            } else {
+                LockMode::Shared
+            },
             ..Default::default()
         },
-    )?;
-    fsck_region(region, repair)
+    )
+    .map_err(|e| match crate::holder::busy_or(path, e) {
+        FsError::Busy(m) => FsError::Busy(format!("{m} (a live volume cannot be checked)")),
+        other => other,
+    })?;
+    fsck_region_inner(region, repair, true)
 }
 
 /// Check an opened region (consumed: fsck replays the log into it).
 pub fn fsck_region(region: Region, repair: bool) -> Result<FsckReport> {
+    fsck_region_inner(region, repair, false)
+}
+
+fn fsck_region_inner(region: Region, repair: bool, owner: bool) -> Result<FsckReport> {
     let mut report = FsckReport::default();
-    superblock_notes(&region, &mut report);
+    let damaged = superblock_problems(&region, &mut report);
     let mut load_problems = Vec::new();
     let cfg = VolumeConfig {
         batch_ops: 1,
         ..VolumeConfig::default()
     };
-    let vol = Volume::open_region_with(region, cfg, Some(&mut load_problems))?;
+    let vol = Volume::open_region_with(region, cfg, Some(&mut load_problems), owner && repair)?;
+    if repair && !damaged.is_empty() {
+        // Opening for writing rewrote the copy not written last, the damaged one.
+        let mut after = FsckReport::default();
+        if superblock_problems(&vol.region, &mut after).is_empty() {
+            report
+                .problems
+                .retain(|p| !p.starts_with("superblock copy"));
+            for i in damaged {
+                report
+                    .repaired
+                    .push(format!("superblock copy {i} rewritten from the other copy"));
+            }
+        }
+    }
     report.problems.extend(load_problems);
     if let Some(why) = &vol.recovery.stopped_early {
         report
@@ -75,7 +104,10 @@ pub fn fsck_region(region: Region, repair: bool) -> Result<FsckReport> {
         // Check again what the repairs left.
         let mut after = FsckReport::default();
         check_state(&vol, &vol.read_state(), &mut after);
-        report.problems = after.problems;
+        report
+            .problems
+            .retain(|p| p.starts_with("superblock copy") || p.starts_with("log replay"));
+        report.problems.extend(after.problems);
     }
     if repair {
         vol.sync()?;
@@ -85,22 +117,28 @@ pub fn fsck_region(region: Region, repair: bool) -> Result<FsckReport> {
     Ok(report)
 }
 
-fn superblock_notes(region: &Region, report: &mut FsckReport) {
+/// Both superblock copies must be valid: one alone is a volume without its spare.
+/// Returns the numbers (1, 2) of the damaged copies.
+fn superblock_problems(region: &Region, report: &mut FsckReport) -> Vec<usize> {
+    let mut damaged = Vec::new();
     for (i, off) in [0usize, BLOCK].into_iter().enumerate() {
         if region.len() < off + SB_SIZE {
             continue;
         }
         // SAFETY: fsck owns the region; nothing else writes it.
         if let Err(e) = Superblock::decode(unsafe { region.slice(off, SB_SIZE) }) {
-            report.notes.push(format!(
-                "superblock copy {} is unusable ({e}); the next mount rewrites it",
+            report.problems.push(format!(
+                "superblock copy {} is unusable ({e}); the volume runs on the other copy \
+                 alone (repair, or the next read-write mount, rewrites it)",
                 i + 1
             ));
+            damaged.push(i + 1);
         }
     }
     if read_superblock(region).is_err() {
         report.problems.push("no usable superblock".into());
     }
+    damaged
 }
 
 /// What a repair may safely do.
@@ -159,9 +197,9 @@ fn check_state(vol: &Volume, st: &State, report: &mut FsckReport) -> Vec<Fix> {
             ));
             fixes.push(Fix::BlocksField(ino));
         }
-        if ino != ROOT_INO && !reached.contains(&ino) && r.nlink == 0 && !r.is_dir() {
+        if ino != ROOT_INO && !reached.contains(&ino) && r.nlink == 0 {
             report.notes.push(format!(
-                "inode {ino} was unlinked while open; the next mount frees it"
+                "inode {ino} was removed while still open or referenced; the next mount frees it"
             ));
             continue;
         }
@@ -262,6 +300,7 @@ fn apply_repairs(vol: &Arc<Volume>, fixes: &[Fix], report: &mut FsckReport) -> R
     let st = &mut *st;
     for fix in fixes {
         let mut txn = Txn::new(OpType::Repair, 0);
+        vol.reserve_log(&mut txn, ENTRY_OVERHEAD + 2 * INODE_RECORD)?;
         match *fix {
             Fix::Nlink(ino, n) => {
                 if let Some(i) = st.inodes.get_mut(&ino) {
@@ -279,26 +318,14 @@ fn apply_repairs(vol: &Arc<Volume>, fixes: &[Fix], report: &mut FsckReport) -> R
                     .push(format!("inode {ino}: block count rewritten"));
             }
             Fix::Orphan(ino) => {
-                let Some(mut inode) = st.inodes.remove(&ino) else {
+                let Some(inode) = st.inodes.get(&ino) else {
                     continue;
                 };
                 if inode.rec.is_dir() && st.dirs.get(&ino).is_some_and(|d| !d.is_empty()) {
                     // Its children would become orphans too; leave it for a human.
-                    st.inodes.insert(ino, inode);
                     continue;
                 }
-                st.dirs.remove(&ino);
-                let mut sink = crate::volume::Sink {
-                    region: &vol.region,
-                    balloc: &mut st.balloc,
-                    txn: &mut txn,
-                };
-                inode.map.truncate_blocks(0, &mut sink);
-                if inode.rec.xattr_block != 0 {
-                    txn.releases.push(inode.rec.xattr_block);
-                }
-                st.ialloc.insert(ino);
-                txn.dirty.insert(ino);
+                vol.free_inode(st, &mut txn, ino);
                 report.repaired.push(format!("orphan inode {ino} released"));
             }
         }
@@ -316,7 +343,7 @@ pub fn check_volume(vol: &Volume) -> FsckReport {
             .problems
             .push(format!("commit before checking failed: {e}"));
     }
-    superblock_notes(&vol.region, &mut report);
+    superblock_problems(&vol.region, &mut report);
     if let Some(why) = &vol.recovery.stopped_early {
         report
             .problems

@@ -7,7 +7,9 @@ use crate::error::{FsError, Result};
 pub const BLOCK: usize = 4096;
 pub const BLOCK_U64: u64 = BLOCK as u64;
 pub const MAGIC: &[u8; 8] = b"ZCFSVOL1";
-pub const VERSION: u32 = 1;
+/// On-PM format version. 2: log entries count records in 32 bits (version 1 clamped the
+/// count to 16 bits).
+pub const VERSION: u32 = 2;
 pub const SB_SIZE: usize = 512;
 pub const INODE_SIZE: usize = 128;
 pub const INODES_PER_BLOCK: usize = BLOCK / INODE_SIZE;
@@ -565,6 +567,13 @@ impl Record {
 }
 
 /// A log entry: one operation, all of its metadata changes.
+///
+/// Header (64 bytes): magic u32 @0, op u16 @4, reserved u16 @6, length u32 @8 (a multiple
+/// of 64, header included), CRC32C u32 @12 (of the whole entry with this field zero;
+/// of the header only for padding), sequence u64 @16, LSN u64 @24, inode u64 @32, record
+/// count u32 @40, reserved u32 @44, data address u64 @48, data size u64 @56. Then the
+/// records, each a 16-byte header (address u64, length u32, kind u16: 1 bytes, 2 zeros)
+/// and, for bytes, the payload padded to 8.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LogEntry {
     pub op: OpType,
@@ -586,14 +595,15 @@ impl LogEntry {
     pub fn encode(&self) -> Vec<u8> {
         let len = self.encoded_len();
         let mut b = vec![0u8; len];
+        let nrec = u32::try_from(self.records.len()).expect("an entry holds < 2^32 records");
+        let len32 = u32::try_from(len).expect("an entry is < 4 GiB (bounded by the ring)");
         put32(&mut b, 0, LOG_ENTRY_MAGIC);
         put16(&mut b, 4, self.op as u16);
-        put16(&mut b, 6, self.records.len().min(u16::MAX as usize) as u16);
-        put32(&mut b, 8, len as u32);
+        put32(&mut b, 8, len32);
         put64(&mut b, 16, self.seq);
         put64(&mut b, 24, self.lsn);
         put64(&mut b, 32, self.ino);
-        put64(&mut b, 40, self.records.first().map_or(0, |r| r.addr));
+        put32(&mut b, 40, nrec);
         put64(&mut b, 48, self.data_addr);
         put64(&mut b, 56, self.data_size);
         let mut o = LOG_HDR;
@@ -650,10 +660,13 @@ impl LogEntry {
         if crc != u32_at(b, 12) {
             return Err(corrupt("log entry: checksum mismatch"));
         }
-        if op == OpType::Pad && u16_at(b, 6) != 0 {
+        let nrec = u32_at(b, 40) as usize;
+        if u16_at(b, 6) != 0 || u32_at(b, 44) != 0 {
+            return Err(corrupt("log entry: reserved header bytes are not zero"));
+        }
+        if op == OpType::Pad && nrec != 0 {
             return Err(corrupt("log entry: padding with records"));
         }
-        let nrec = u16_at(b, 6) as usize;
         let mut records = Vec::with_capacity(nrec.min(len / REC_HDR));
         let mut o = LOG_HDR;
         for _ in 0..nrec {
@@ -683,6 +696,13 @@ impl LogEntry {
                 _ => return Err(corrupt("log entry: unknown record kind")),
             };
             records.push(Record { addr, data });
+        }
+        // The records must fill the entry: a count that does not match its records is
+        // an entry that would be applied only in part.
+        if op != OpType::Pad && o.div_ceil(64) * 64 != len {
+            return Err(corrupt(format!(
+                "log entry: {nrec} records end at byte {o} of a {len}-byte entry"
+            )));
         }
         Ok(LogEntry {
             op,
@@ -864,6 +884,41 @@ mod tests {
             LogEntry::decode(&b, 150).is_err(),
             "record outside volume accepted"
         );
+    }
+
+    #[test]
+    fn seventy_thousand_records_round_trip_and_a_wrong_count_is_refused() {
+        let records: Vec<Record> = (0..70_000u64)
+            .map(|i| Record {
+                addr: 4096 + i * 64,
+                data: if i % 2 == 0 {
+                    RecData::Zero(8)
+                } else {
+                    RecData::Bytes(i.to_le_bytes().to_vec())
+                },
+            })
+            .collect();
+        let e = LogEntry {
+            op: OpType::Truncate,
+            seq: 1,
+            lsn: 0,
+            ino: 9,
+            data_addr: 0,
+            data_size: 0,
+            records,
+        };
+        let b = e.encode();
+        let d = LogEntry::decode(&b, 1 << 32).unwrap();
+        assert_eq!(d.records.len(), 70_000);
+        assert_eq!(d, e);
+        // A record count that leaves records unparsed (as a 16-bit clamp did) is corrupt.
+        let mut t = b.clone();
+        t[40..44].copy_from_slice(&(70_000u32 - 65_536).to_le_bytes());
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&t[..12]), &[0u8; 4]);
+        let crc = crc32c::crc32c_append(crc, &t[16..]);
+        t[12..16].copy_from_slice(&crc.to_le_bytes());
+        let err = LogEntry::decode(&t, 1 << 32).unwrap_err().to_string();
+        assert!(err.contains("records end at byte"), "{err}");
     }
 
     #[test]

@@ -8,29 +8,38 @@
 //! at mount. See docs/format.md for the byte layout and the commit protocol.
 
 mod alloc;
+mod commit;
 mod data;
 mod dir;
 mod error;
 pub mod fsck;
 #[doc(hidden)]
 pub mod fuzzing;
+mod holder;
 pub mod layout;
 mod map;
+mod names;
 mod ops;
+mod pins;
 mod recovery;
+mod refs;
+mod sync;
+#[doc(hidden)]
+pub mod trace;
 mod volume;
 
 pub use data::{
-    max_file_size, AttachedPages, PageBuf, PflushTxn, WriteReservation, MAX_ATOMIC_WRITE,
+    max_file_size, AttachedPages, PageBuf, PflushTxn, WriteReservation, MAX_RESERVATION,
 };
 pub use error::{FsError, Result};
+pub use holder::{read_holder, Holder};
 pub use layout::{Geometry, OpType, Timespec, BLOCK, NAME_MAX, ROOT_INO};
 pub use ops::{
-    Attr, DirEntry, Owner, RenameFlags, SetAttr, StatFs, TimeSet, XattrMode, MAX_SYMLINK,
+    Attr, DirEntry, Owner, RenameFlags, SetAttr, StatFs, TimeSet, XattrMode, MAX_LINKS, MAX_SYMLINK,
 };
 pub use volume::{
-    CommitFault, MkfsOptions, RecoveryReport, Stats, StatsSnapshot, Volume, VolumeConfig,
-    VolumeInfo,
+    CommitFault, FaultPlan, MkfsOptions, RecoveryReport, Stats, StatsSnapshot, TraceHook, Volume,
+    VolumeConfig, VolumeInfo,
 };
 pub use zcfs_pmem::{PersistMode, Region};
 

@@ -6,21 +6,40 @@
 //! node goes through [`MapSink`] as a redo record, new nodes are zero-filled directly.
 
 use crate::error::{FsError, Result};
-use crate::layout::{BLOCK_U64, NODE_SHIFT, PTRS_PER_NODE};
+use crate::layout::{BLOCK_U64, NODE_SHIFT, PTRS_PER_NODE, REC_HDR};
 use std::collections::BTreeMap;
 
 pub const MAX_HEIGHT: u8 = 6;
 
 /// Where the map's PM side effects go (the transaction being built).
 pub trait MapSink {
-    /// A fresh node block, already zero-filled and written back on PM.
-    fn new_node(&mut self) -> Result<u64>;
+    /// A fresh node block, already zero-filled and written back on PM. Taken from blocks
+    /// reserved before the operation started (see [`FileMap::plan_set`]), so it cannot fail.
+    fn new_node(&mut self) -> u64;
     /// Redo record: pointer `slot` of `node` becomes `val`.
     fn set_ptr(&mut self, node: u64, slot: usize, val: u64);
     /// Redo record: pointers `slot..slot+n` of `node` become 0.
     fn zero_ptrs(&mut self, node: u64, slot: usize, n: usize);
     /// A block (data or node) no longer referenced once this transaction commits.
     fn release(&mut self, block: u64);
+}
+
+/// What setting a range of file blocks will take, worked out before anything changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SetPlan {
+    /// Node blocks the change allocates (new levels on top, new interior nodes, leaves).
+    pub new_nodes: u64,
+    /// Leaves whose pointers change (each costs one redo record).
+    pub leaves: u64,
+}
+
+impl SetPlan {
+    /// Upper bound on the redo-record bytes of the map changes (headers included), for
+    /// `blocks` data pointers. A new node costs one pointer record in its parent (or, for
+    /// a new top level, one for the old root), a leaf one record holding its pointers.
+    pub fn record_bytes(&self, blocks: u64) -> u64 {
+        (REC_HDR as u64 + 8) * self.new_nodes + REC_HDR as u64 * self.leaves + 8 * blocks
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -115,18 +134,54 @@ impl FileMap {
         }
     }
 
-    /// Point file block `fb` at `block` (non-zero). Returns the block it replaces.
-    pub fn set(&mut self, fb: u64, block: u64, sink: &mut dyn MapSink) -> Result<Option<u64>> {
+    /// Height a map needs to hold file block `fb`.
+    fn height_for(fb: u64) -> u8 {
+        let mut h = 0u8;
+        while !covers(h, fb) {
+            h += 1;
+        }
+        h
+    }
+
+    /// What pointing file blocks `fb0..fb0+n` at (new) blocks will take: nodes to
+    /// allocate and leaves to change. Exact for the map as it is now.
+    pub fn plan_set(&self, fb0: u64, n: u64) -> SetPlan {
+        if n == 0 {
+            return SetPlan::default();
+        }
+        let last = fb0 + n - 1;
+        let target = self.height.max(Self::height_for(last));
+        if target == 0 {
+            return SetPlan::default(); // only block 0, held by the root pointer itself
+        }
+        let mut plan = SetPlan {
+            // Growing from height h to h' allocates the nodes (l, 0) for l in h+1..=h'.
+            new_nodes: (target - self.height) as u64,
+            leaves: idx(1, last) - idx(1, fb0) + 1,
+        };
+        for level in 1..target {
+            let (a, b) = (idx(level, fb0), idx(level, last));
+            let existing = self.nodes.range((level, a)..=(level, b)).count() as u64;
+            // Node (level, 0) appears with a new top level when it does not exist yet.
+            let from_grow = (level > self.height && a == 0) as u64;
+            plan.new_nodes += (b - a + 1) - existing - from_grow;
+        }
+        plan
+    }
+
+    /// Point file block `fb` at `block` (non-zero). Returns the block it replaces. The
+    /// nodes it needs come from `sink.new_node` (reserved beforehand from `plan_set`).
+    pub fn set(&mut self, fb: u64, block: u64, sink: &mut dyn MapSink) -> Option<u64> {
         debug_assert!(block != 0);
         while !covers(self.height, fb) {
-            self.grow(sink)?;
+            self.grow(sink);
         }
         if self.height == 0 {
             let old = std::mem::replace(&mut self.root, block);
             if old == 0 {
                 self.data_blocks += 1;
             }
-            return Ok((old != 0).then_some(old));
+            return (old != 0).then_some(old);
         }
         let mut level = self.height;
         let mut node_block = self.root;
@@ -138,7 +193,7 @@ impl FileMap {
                 .get_mut(&(level, idx(level, fb)))
                 .expect("map node missing");
             if parent.ptrs[s] == 0 {
-                let nb = sink.new_node()?;
+                let nb = sink.new_node();
                 parent.ptrs[s] = nb;
                 parent.live += 1;
                 sink.set_ptr(node_block, s, nb);
@@ -155,14 +210,15 @@ impl FileMap {
             self.data_blocks += 1;
         }
         sink.set_ptr(leaf.block, s, block);
-        Ok((old != 0).then_some(old))
+        (old != 0).then_some(old)
     }
 
-    fn grow(&mut self, sink: &mut dyn MapSink) -> Result<()> {
-        if self.height >= MAX_HEIGHT {
-            return Err(FsError::TooBig);
-        }
-        let nb = sink.new_node()?;
+    fn grow(&mut self, sink: &mut dyn MapSink) {
+        assert!(
+            self.height < MAX_HEIGHT,
+            "file block beyond the map's reach"
+        );
+        let nb = sink.new_node();
         let mut node = Node::new(nb);
         if self.root != 0 {
             node.ptrs[0] = self.root;
@@ -172,24 +228,34 @@ impl FileMap {
         self.height += 1;
         self.root = nb;
         self.nodes.insert((self.height, 0), node);
-        Ok(())
     }
 
     /// Unmap file blocks `from..` (to the end of the file), releasing data blocks and
-    /// every node left empty. Truncating to 0 returns the map to height 0.
+    /// every node left empty. Truncating to 0 returns the map to height 0 and needs no
+    /// redo record at all: the inode record's root pointer is the only reference.
     pub fn truncate_blocks(&mut self, from: u64, sink: &mut dyn MapSink) {
-        self.punch(from, u64::MAX, sink);
-        if from == 0 && self.height > 0 {
-            // Only the empty root can be left: drop it too.
-            for (_, n) in std::mem::take(&mut self.nodes) {
-                sink.release(n.block);
-            }
-            self.height = 0;
-            self.root = 0;
+        if from == 0 {
+            self.clear(sink);
+        } else {
+            self.punch(from, u64::MAX, sink);
         }
     }
 
+    /// Release every block of the map (no records: nothing will point at them).
+    pub fn clear(&mut self, sink: &mut dyn MapSink) {
+        for b in self.all_blocks() {
+            sink.release(b);
+        }
+        *self = FileMap::default();
+    }
+
     /// Unmap file blocks in `from..to`, releasing data blocks and emptied nodes.
+    ///
+    /// Only the nodes that straddle an end of the range survive with changes, at most
+    /// two per level, and each gets one redo record zeroing one contiguous run of
+    /// slots; nodes wholly inside the range are released without records (nothing
+    /// points at them once their parent's slot is zero). So a punch or truncate costs at
+    /// most `2 * MAX_HEIGHT` records however large the file.
     pub fn punch(&mut self, from: u64, to: u64, sink: &mut dyn MapSink) {
         if from >= to {
             return;
@@ -202,55 +268,97 @@ impl FileMap {
             }
             return;
         }
-        let leaves: Vec<u64> = self
-            .nodes
-            .range((1, idx(1, from))..=(1, idx(1, to - 1)))
-            .map(|(&(_, i), _)| i)
-            .collect();
-        for li in leaves {
-            let lo = (li << NODE_SHIFT).max(from);
-            let hi = ((li + 1) << NODE_SHIFT).min(to);
-            let leaf = self.nodes.get_mut(&(1, li)).unwrap();
-            let (s0, s1) = (slot(1, lo), slot(1, hi - 1) + 1);
-            let mut cleared = 0;
-            for p in &mut leaf.ptrs[s0..s1] {
-                if *p != 0 {
-                    sink.release(*p);
-                    *p = 0;
-                    cleared += 1;
-                }
-            }
-            if cleared == 0 {
-                continue;
-            }
-            leaf.live -= cleared;
-            self.data_blocks -= cleared as u64;
-            if leaf.live > 0 || self.height == 1 {
-                sink.zero_ptrs(leaf.block, s0, s1 - s0);
-            } else {
-                self.drop_empty(1, li, sink);
-            }
+        if self.punch_node(self.height, 0, from, to, sink) {
+            // Nothing is left: drop the root too and go back to height 0.
+            let root = self.nodes.remove(&(self.height, 0)).expect("root node");
+            sink.release(root.block);
+            self.height = 0;
+            self.root = 0;
         }
     }
 
-    /// Node (level, i) is empty and not the root: free it and unhook it from its parent,
-    /// recursively upward.
-    fn drop_empty(&mut self, level: u8, i: u64, sink: &mut dyn MapSink) {
-        let node = self.nodes.remove(&(level, i)).unwrap();
-        sink.release(node.block);
-        let plevel = level + 1;
-        let pi = i >> NODE_SHIFT;
-        let s = (i & (PTRS_PER_NODE as u64 - 1)) as usize;
-        let parent = self
-            .nodes
-            .get_mut(&(plevel, pi))
-            .expect("parent node missing");
-        parent.ptrs[s] = 0;
-        parent.live -= 1;
-        if parent.live > 0 || plevel == self.height {
-            sink.zero_ptrs(parent.block, s, 1);
-        } else {
-            self.drop_empty(plevel, pi, sink);
+    /// Most redo records one `punch` can produce.
+    pub const PUNCH_MAX_RECORDS: u64 = 2 * MAX_HEIGHT as u64;
+
+    /// Unmap `from..to` below node (level, i). Returns whether the node is left empty;
+    /// an empty node gets no record (its parent drops it), a non-empty one gets one.
+    fn punch_node(
+        &mut self,
+        level: u8,
+        i: u64,
+        from: u64,
+        to: u64,
+        sink: &mut dyn MapSink,
+    ) -> bool {
+        let span = 1u64 << ((level as u32 - 1) * NODE_SHIFT);
+        let start = i << (level as u32 * NODE_SHIFT);
+        let end = start.saturating_add(span * PTRS_PER_NODE as u64);
+        let (lo, hi) = (from.max(start), to.min(end));
+        let node = &self.nodes[&(level, i)];
+        if lo >= hi {
+            return node.live == 0;
+        }
+        let (s0, s1) = (
+            ((lo - start) / span) as usize,
+            ((hi - 1 - start) / span) as usize,
+        );
+        let ptrs: Vec<u64> = node.ptrs[s0..=s1].to_vec();
+        let block = node.block;
+        let mut cleared: Vec<usize> = Vec::new();
+        for (k, &p) in ptrs.iter().enumerate() {
+            if p == 0 {
+                continue;
+            }
+            let s = s0 + k;
+            let child = (i << NODE_SHIFT) + s as u64;
+            let (cs, ce) = (start + s as u64 * span, start + (s as u64 + 1) * span);
+            let gone = if level == 1 {
+                sink.release(p);
+                self.data_blocks -= 1;
+                true
+            } else if cs >= from && ce <= to {
+                self.release_subtree(level - 1, child, sink);
+                true
+            } else if self.punch_node(level - 1, child, from, to, sink) {
+                let n = self.nodes.remove(&(level - 1, child)).expect("child node");
+                sink.release(n.block);
+                true
+            } else {
+                false
+            };
+            if gone {
+                cleared.push(s);
+            }
+        }
+        let node = self.nodes.get_mut(&(level, i)).expect("node");
+        for &s in &cleared {
+            node.ptrs[s] = 0;
+        }
+        node.live -= cleared.len() as u16;
+        let empty = node.live == 0;
+        if let (false, Some(&a), Some(&b)) = (empty, cleared.first(), cleared.last()) {
+            // Slots between a and b are cleared or were holes: one contiguous record.
+            sink.zero_ptrs(block, a, b - a + 1);
+        }
+        empty
+    }
+
+    /// Release node (level, i), everything below it, and the data blocks it reaches.
+    fn release_subtree(&mut self, level: u8, i: u64, sink: &mut dyn MapSink) {
+        for l in (1..=level).rev() {
+            let shift = (level - l) as u32 * NODE_SHIFT;
+            let (a, b) = (i << shift, ((i + 1) << shift) - 1);
+            let keys: Vec<(u8, u64)> = self.nodes.range((l, a)..=(l, b)).map(|(k, _)| *k).collect();
+            for k in keys {
+                let n = self.nodes.remove(&k).expect("node");
+                if l == 1 {
+                    for &p in n.ptrs.iter().filter(|&&p| p != 0) {
+                        sink.release(p);
+                        self.data_blocks -= 1;
+                    }
+                }
+                sink.release(n.block);
+            }
         }
     }
 

@@ -72,16 +72,16 @@ pub(crate) fn replay(region: &Region, geo: &Geometry) -> Result<(LogState, Recov
     }
     // Replayed homes durable first, then the log emptied (tail first, so head <= tail
     // holds at every instant; a crash here just replays again).
-    region.fence();
+    region.fence()?;
     if lsn != tail {
         region.write_u64(hdr + TAIL_WORD, lsn);
         region.flush(hdr + TAIL_WORD, 8);
-        region.fence();
+        region.fence()?;
     }
     if head != lsn {
         region.write_u64(hdr + HEAD_WORD, lsn);
         region.flush(hdr + HEAD_WORD, 8);
-        region.fence();
+        region.fence()?;
     }
     Ok((
         LogState {
@@ -247,9 +247,9 @@ pub(crate) fn load_state(
         gens,
         log,
         batch: Batch::default(),
+        epoch: 0,
         deferred_frees: Vec::new(),
         pins: HashMap::new(),
-        open: HashMap::new(),
     })
 }
 

@@ -1,27 +1,18 @@
-//! The volume: open/mkfs, transactions, the operation log, group commit, checkpoint.
-//!
-//! Commit protocol (one batch of operations, see docs/format.md):
-//! 1. each operation writes its data into fresh blocks and its log entry (the redo
-//!    records of every metadata change, plus op type, inode, data address and size,
-//!    sequence number, checksum) into the ring, each written back, no fence;
-//! 2. commit: one fence; the 8-byte tail word; write back; fence. The batch is durable;
-//! 3. the records are applied to their home locations (written back; the next fence
-//!    orders them);
-//! 4. checkpoint (when the log is half full or blocks are short): fence; head word = tail;
-//!    write back; fence. Only now are blocks freed by the checkpointed entries reusable,
-//!    so replaying a redo record can never land on a block that was reused for data.
+//! The volume: mkfs, open (with recovery), the one-writer lock, configuration, counters,
+//! the superblock, and close. Transactions and the log are in `commit.rs`.
 
 use crate::alloc::{BlockAlloc, InodeAlloc};
 use crate::dir::Dir;
 use crate::error::{FsError, Result};
 use crate::layout::*;
-use crate::map::{FileMap, MapSink};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use crate::map::FileMap;
+use crate::pins::ReadPins;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 use std::time::{Duration, Instant};
-use zcfs_pmem::{OpenParams, PersistMode, Region};
+use zcfs_pmem::{LockMode, OpenParams, PersistMode, PmemError, Region};
 
 /// A fault injected into the commit path, only to prove the crash suite can fail.
 #[doc(hidden)]
@@ -33,7 +24,7 @@ pub enum CommitFault {
     SkipFenceBeforeTail,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct VolumeConfig {
     /// Commit a batch after this many operations (1 = every operation synchronously).
     pub batch_ops: usize,
@@ -48,6 +39,63 @@ pub struct VolumeConfig {
     pub persist: Option<PersistMode>,
     #[doc(hidden)]
     pub fault: Option<CommitFault>,
+    /// Test-only: fail the n-th budget check (blocks, inode slot, log space).
+    #[doc(hidden)]
+    pub faults: Option<Arc<FaultPlan>>,
+    /// Test-only: called under the state lock with every operation, in commit order.
+    #[doc(hidden)]
+    pub trace: Option<TraceHook>,
+}
+
+/// Called with each operation as it commits (under the volume's write lock).
+pub type TraceHook = Arc<dyn Fn(&crate::trace::Traced) + Send + Sync>;
+
+/// Failure injection for tests: every budget check an operation makes (blocks, an inode
+/// slot, log space) counts as one point; the `n`-th point fails.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct FaultPlan {
+    fail_at: AtomicI64,
+    seen: AtomicU64,
+}
+
+impl Default for FaultPlan {
+    fn default() -> Self {
+        FaultPlan {
+            fail_at: AtomicI64::new(-1),
+            seen: AtomicU64::new(0),
+        }
+    }
+}
+
+impl FaultPlan {
+    /// Fail the `n`-th point from now (1 = the next one); `None` disarms.
+    pub fn fail_nth(&self, n: Option<u64>) {
+        self.seen.store(0, Ordering::SeqCst);
+        self.fail_at
+            .store(n.map_or(-1, |n| n as i64), Ordering::SeqCst);
+    }
+    /// Points passed since the last `fail_nth`.
+    pub fn seen(&self) -> u64 {
+        self.seen.load(Ordering::SeqCst)
+    }
+    fn hit(&self) -> bool {
+        let n = self.seen.fetch_add(1, Ordering::SeqCst) + 1;
+        self.fail_at.load(Ordering::SeqCst) == n as i64
+    }
+}
+
+impl std::fmt::Debug for VolumeConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VolumeConfig")
+            .field("batch_ops", &self.batch_ops)
+            .field("batch_bytes", &self.batch_bytes)
+            .field("batch_delay", &self.batch_delay)
+            .field("no_log", &self.no_log)
+            .field("read_only", &self.read_only)
+            .field("persist", &self.persist)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for VolumeConfig {
@@ -60,6 +108,8 @@ impl Default for VolumeConfig {
             read_only: false,
             persist: None,
             fault: None,
+            faults: None,
+            trace: None,
         }
     }
 }
@@ -154,7 +204,8 @@ pub(crate) struct LogState {
 #[derive(Debug, Default)]
 pub(crate) struct Batch {
     pub apply: Vec<Record>,
-    pub frees: Vec<u64>,
+    /// Blocks freed by the batch's entries, with their read-pin tags.
+    pub frees: Vec<(u64, u64)>,
     pub ops: usize,
     pub bytes: u64,
     pub since: Option<Instant>,
@@ -169,89 +220,13 @@ pub(crate) struct State {
     pub gens: Vec<u32>,
     pub log: LogState,
     pub batch: Batch,
-    /// Freed blocks waiting for the checkpoint that makes their reuse safe.
-    pub deferred_frees: Vec<u64>,
+    /// Moves forward with every change (see pins.rs).
+    pub epoch: u64,
+    /// Freed blocks (with their read-pin tags) waiting for the checkpoint that makes
+    /// their reuse safe and for the readers that may still use them.
+    pub deferred_frees: Vec<(u64, u64)>,
     /// Blocks attached to callers' address spaces (zcopy_to): not reused while pinned.
     pub pins: HashMap<u64, u32>,
-    /// Open handles per inode (frontends call open_handle/release_handle).
-    pub open: HashMap<u64, u32>,
-}
-
-/// A transaction being built: one log entry.
-pub(crate) struct Txn {
-    pub op: OpType,
-    pub ino: u64,
-    pub records: Vec<Record>,
-    pub dirty: BTreeSet<u64>,
-    pub releases: Vec<u64>,
-    pub data_addr: u64,
-    pub data_size: u64,
-}
-
-impl Txn {
-    pub fn new(op: OpType, ino: u64) -> Txn {
-        Txn {
-            op,
-            ino,
-            records: Vec::new(),
-            dirty: BTreeSet::new(),
-            releases: Vec::new(),
-            data_addr: 0,
-            data_size: 0,
-        }
-    }
-
-    /// Add a redo record, merging with the previous one when contiguous.
-    pub fn push_bytes(&mut self, addr: u64, bytes: &[u8]) {
-        if let Some(Record {
-            addr: a,
-            data: RecData::Bytes(b),
-        }) = self.records.last_mut()
-        {
-            if *a + b.len() as u64 == addr && b.len() + bytes.len() <= BLOCK {
-                b.extend_from_slice(bytes);
-                return;
-            }
-        }
-        self.records.push(Record {
-            addr,
-            data: RecData::Bytes(bytes.to_vec()),
-        });
-    }
-
-    pub fn push_zero(&mut self, addr: u64, len: usize) {
-        self.records.push(Record {
-            addr,
-            data: RecData::Zero(len as u32),
-        });
-    }
-}
-
-/// Map side effects into a transaction.
-pub(crate) struct Sink<'a> {
-    pub region: &'a Region,
-    pub balloc: &'a mut BlockAlloc,
-    pub txn: &'a mut Txn,
-}
-
-impl MapSink for Sink<'_> {
-    fn new_node(&mut self) -> Result<u64> {
-        let b = self.balloc.alloc_one()?;
-        let off = (b * BLOCK_U64) as usize;
-        self.region.zero(off, BLOCK);
-        self.region.flush(off, BLOCK);
-        Ok(b)
-    }
-    fn set_ptr(&mut self, node: u64, slot: usize, val: u64) {
-        self.txn
-            .push_bytes(FileMap::ptr_addr(node, slot), &val.to_le_bytes());
-    }
-    fn zero_ptrs(&mut self, node: u64, slot: usize, n: usize) {
-        self.txn.push_zero(FileMap::ptr_addr(node, slot), n * 8);
-    }
-    fn release(&mut self, block: u64) {
-        self.txn.releases.push(block);
-    }
 }
 
 pub struct Volume {
@@ -261,11 +236,21 @@ pub struct Volume {
     pub(crate) cfg: VolumeConfig,
     pub(crate) state: RwLock<State>,
     pub stats: Stats,
+    /// Readers using data blocks without the state lock.
+    pub(crate) readers: ReadPins,
+    /// References to inodes (open handles and frontends' lookups): an inode whose last
+    /// name is removed lives on, as an orphan, until its references are gone.
+    /// Lock order: `state` before `refs`.
+    pub(crate) refs: Mutex<HashMap<u64, u64>>,
+    /// Set when making stores durable failed: the volume is read-only from then on.
+    failed: AtomicBool,
     /// Set when the volume must not write its clean flag on drop (simulated crash).
     abandoned: AtomicBool,
     stop_flusher: Arc<AtomicBool>,
     /// What recovery found at open (entries replayed, where it stopped).
     pub(crate) recovery: RecoveryReport,
+    /// Whether this process wrote the holder record (and clears it at close).
+    holds_volume: bool,
 }
 
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -296,16 +281,15 @@ pub struct VolumeInfo {
     pub mount_count: u64,
     pub recovery: RecoveryReport,
     pub stats: StatsSnapshot,
+    /// Set when making stores durable failed and the volume turned read-only.
+    pub failed: bool,
 }
 
-/// Checkpoint once this many freed blocks wait for reuse (4 MiB): a checkpoint is two
-/// fences and one store, while a large backlog of unusable free blocks makes writes
-/// cycle through more memory than the caches hold.
-const CHECKPOINT_FREES: usize = 1024;
-
 impl Volume {
-    /// Create a new volume on `path` (the file is created or grown to `size`).
+    /// Create a new volume on `path`: the file is created, or cut to `size` (a fresh
+    /// file stays sparse). Refused while another process has the volume open.
     pub fn mkfs(path: &Path, size: u64, opts: &MkfsOptions) -> Result<()> {
+        let guard = crate::holder::lock_path(path, size)?;
         let region = Region::open(
             path,
             &OpenParams {
@@ -313,16 +297,19 @@ impl Volume {
                 ..Default::default()
             },
         )?;
-        Self::mkfs_region(&region, opts)
+        Self::mkfs_region(&region, opts)?;
+        drop(guard);
+        Ok(())
     }
 
     /// Format a mapped region.
     pub fn mkfs_region(region: &Region, opts: &MkfsOptions) -> Result<()> {
         let geo = Geometry::plan(region.len() as u64, opts.inodes, opts.log_bytes)?;
+        let fence = |r: std::result::Result<(), PmemError>| r.map_err(FsError::from);
         // Invalidate any previous volume first, so a crash mid-mkfs leaves no valid
         // superblock pointing at half-initialized metadata.
         region.zero(0, 2 * BLOCK);
-        region.persist(0, 2 * BLOCK);
+        fence(region.persist(0, 2 * BLOCK))?;
         let meta_end = (geo.data_start * BLOCK_U64) as usize;
         let start = (geo.log_start * BLOCK_U64) as usize;
         for off in (start..meta_end).step_by(1 << 20) {
@@ -348,7 +335,7 @@ impl Volume {
         };
         region.write(geo.inode_off(ROOT_INO), &root.encode());
         region.flush(geo.inode_off(ROOT_INO), INODE_SIZE);
-        region.fence();
+        fence(region.fence())?;
         let sb = Superblock {
             generation: 1,
             clean: true,
@@ -363,9 +350,9 @@ impl Volume {
         let enc = sb.encode();
         for off in [0, BLOCK] {
             region.write(off + 8, &enc[8..]);
-            region.persist(off, SB_SIZE);
+            fence(region.persist(off, SB_SIZE))?;
             region.write_u64(off, u64::from_le_bytes(enc[..8].try_into().unwrap()));
-            region.persist(off, 8);
+            fence(region.persist(off, 8))?;
         }
         Ok(())
     }
@@ -382,7 +369,9 @@ impl Volume {
         data[0..8] == MAGIC[..] || data[BLOCK..BLOCK + 8] == MAGIC[..]
     }
 
-    /// Open the volume on `path`, recovering from a crash if needed.
+    /// Open the volume on `path`, recovering from a crash if needed. A read-write open
+    /// takes the volume for this process alone: a second opener (read-write or
+    /// read-only) gets `Busy`, naming the holder. Read-only opens may share.
     pub fn open(path: &Path, cfg: VolumeConfig) -> Result<Arc<Volume>> {
         let region = Region::open(
             path,
@@ -390,15 +379,21 @@ impl Volume {
                 force_mode: cfg.persist,
                 // Read-only opens still replay the log: into a private copy.
                 private: cfg.read_only,
+                lock: if cfg.read_only {
+                    LockMode::Shared
+                } else {
+                    LockMode::Exclusive
+                },
                 ..Default::default()
             },
-        )?;
-        Self::open_region(region, cfg)
+        )
+        .map_err(|e| crate::holder::busy_or(path, e))?;
+        Self::open_region_inner(region, cfg, None, true)
     }
 
     /// Open a mapped region (anonymous regions in tests, private maps in fsck).
     pub fn open_region(region: Region, cfg: VolumeConfig) -> Result<Arc<Volume>> {
-        Self::open_region_with(region, cfg, None)
+        Self::open_region_inner(region, cfg, None, false)
     }
 
     /// Open, collecting load problems into `lenient` instead of failing (fsck).
@@ -406,6 +401,16 @@ impl Volume {
         region: Region,
         cfg: VolumeConfig,
         lenient: Option<&mut Vec<String>>,
+        owner: bool,
+    ) -> Result<Arc<Volume>> {
+        Self::open_region_inner(region, cfg, lenient, owner)
+    }
+
+    fn open_region_inner(
+        region: Region,
+        cfg: VolumeConfig,
+        lenient: Option<&mut Vec<String>>,
+        owner: bool,
     ) -> Result<Arc<Volume>> {
         let (sb, which) = read_superblock(&region)?;
         let geo = sb.geo;
@@ -427,6 +432,7 @@ impl Volume {
                 Ok(())
             })?,
         };
+        let holds_volume = owner && !cfg.read_only;
         let vol = Arc::new(Volume {
             region,
             geo,
@@ -434,14 +440,21 @@ impl Volume {
             cfg,
             state: RwLock::new(state),
             stats: Stats::default(),
+            readers: ReadPins::default(),
+            refs: Mutex::new(HashMap::new()),
+            failed: AtomicBool::new(false),
             abandoned: AtomicBool::new(false),
             stop_flusher: Arc::new(AtomicBool::new(false)),
             recovery: report,
+            holds_volume,
         });
         if !vol.cfg.read_only {
             // The ring is written over and over: back it with pages now rather than
             // faulting through it during the first lap.
             vol.region.prefault(geo.ring_off(), geo.ring_len() as usize);
+            if holds_volume {
+                crate::holder::write(&vol.region).map_err(|e| vol.persistence_failed(e))?;
+            }
             vol.write_superblock(false, which)?;
             let reaped = vol.reap_orphans()?;
             if reaped > 0 {
@@ -464,7 +477,7 @@ impl Volume {
     }
 
     /// Write the superblock into the copy not last written, with a new generation.
-    fn write_superblock(&self, clean: bool, last: usize) -> Result<()> {
+    pub(crate) fn write_superblock(&self, clean: bool, last: usize) -> Result<()> {
         let mut sb = self.sb.lock().unwrap();
         sb.generation += 1;
         sb.clean = clean;
@@ -473,10 +486,13 @@ impl Volume {
         }
         let target = if last == 0 { BLOCK } else { 0 };
         self.region.write(target, &sb.encode());
-        self.region.persist(target, SB_SIZE);
-        Ok(())
+        self.region
+            .persist(target, SB_SIZE)
+            .map_err(|e| self.persistence_failed(e))
     }
 
+    /// The mapped region, for tests and tools that inspect or record the raw image.
+    #[doc(hidden)]
     pub fn region(&self) -> &Region {
         &self.region
     }
@@ -493,29 +509,57 @@ impl Volume {
     pub(crate) fn read_state(&self) -> RwLockReadGuard<'_, State> {
         self.state.read().unwrap()
     }
+
+    /// The state, for a change: refused on read-only volumes and after a persistence
+    /// failure.
     pub(crate) fn write_state(&self) -> Result<RwLockWriteGuard<'_, State>> {
         if self.cfg.read_only {
             return Err(FsError::ReadOnly);
         }
+        if self.failed.load(Ordering::SeqCst) {
+            return Err(FsError::Failed);
+        }
         Ok(self.state.write().unwrap())
     }
 
-    /// Make every operation so far durable (fsync, fdatasync, syncfs).
+    /// Record a persistence failure: one log line, the volume read-only from now on,
+    /// and EIO for the caller.
+    pub(crate) fn persistence_failed(&self, e: PmemError) -> FsError {
+        if !self.failed.swap(true, Ordering::SeqCst) {
+            tracing::error!(
+                "persisting the volume failed ({e}): it is read-only from now on; \
+                 what was written since the last successful sync may be lost \
+                 (fix the cause, then run `zcfs fsck`)"
+            );
+        }
+        FsError::Io(std::io::Error::other(format!(
+            "persisting the volume failed: {e}"
+        )))
+    }
+
+    /// Whether a persistence failure turned the volume read-only.
+    pub fn has_failed(&self) -> bool {
+        self.failed.load(Ordering::SeqCst)
+    }
+
+    /// Make every operation so far durable (fsync, fdatasync, syncfs). After a
+    /// persistence failure this reports EIO: nothing can be promised any more.
     pub fn sync(&self) -> Result<()> {
         if self.cfg.read_only {
             return Ok(());
         }
+        if self.has_failed() {
+            return Err(FsError::Io(std::io::Error::from_raw_os_error(libc::EIO)));
+        }
         let mut st = self.state.write().unwrap();
-        self.commit_batch(&mut st);
-        Ok(())
+        self.commit_batch(&mut st)
     }
 
     /// Commit and checkpoint now: the log is empty afterwards.
     pub fn checkpoint_now(&self) -> Result<()> {
         let mut st = self.write_state()?;
-        self.commit_batch(&mut st);
-        self.checkpoint(&mut st);
-        Ok(())
+        self.commit_batch(&mut st)?;
+        self.checkpoint(&mut st)
     }
 
     /// Simulate a crash: nothing more is written, not even the clean flag.
@@ -524,153 +568,19 @@ impl Volume {
         self.stop_flusher.store(true, Ordering::SeqCst);
     }
 
-    /// Make sure `n` blocks can be allocated, checkpointing to release deferred frees.
-    pub(crate) fn ensure_blocks(&self, st: &mut State, n: u64) -> Result<()> {
-        if st.balloc.free_count() >= n {
-            return Ok(());
-        }
-        self.commit_batch(st);
-        self.checkpoint(st);
-        if st.balloc.free_count() >= n {
-            Ok(())
-        } else {
-            Err(FsError::NoSpace)
+    /// A budget check of an operation (test hook: it may be told to fail).
+    pub(crate) fn fault_point(&self, err: impl FnOnce() -> FsError) -> Result<()> {
+        match &self.cfg.faults {
+            Some(f) if f.hit() => Err(err()),
+            _ => Ok(()),
         }
     }
 
-    /// Finish a transaction: encode dirty inodes, append the log entry, and commit the
-    /// batch when it is full.
-    pub(crate) fn finish(&self, st: &mut State, mut txn: Txn) -> Result<()> {
-        for &ino in &txn.dirty {
-            let bytes = match st.inodes.get(&ino) {
-                Some(i) => i.encode(),
-                None => InodeRec::free_slot(st.gens[(ino - 1) as usize]),
-            };
-            txn.records.push(Record {
-                addr: self.geo.inode_off(ino) as u64,
-                data: RecData::Bytes(bytes.to_vec()),
-            });
+    /// Report an operation to the test trace hook (under the state lock).
+    pub(crate) fn trace(&self, t: impl FnOnce() -> crate::trace::Traced) {
+        if let Some(hook) = &self.cfg.trace {
+            hook(&t());
         }
-        self.stats.ops.fetch_add(1, Ordering::Relaxed);
-        if self.cfg.no_log {
-            for r in &txn.records {
-                self.apply(r);
-            }
-            self.region.fence();
-            for b in txn.releases {
-                st.balloc.free(b);
-            }
-            return Ok(());
-        }
-        let mut entry = LogEntry {
-            op: txn.op,
-            seq: 0,
-            lsn: 0,
-            ino: txn.ino,
-            data_addr: txn.data_addr,
-            data_size: txn.data_size,
-            records: txn.records,
-        };
-        let len = entry.encoded_len() as u64;
-        let ring = self.geo.ring_len();
-        if len > ring / 2 {
-            return Err(FsError::TooBig);
-        }
-        let pad = |next: u64| {
-            let pos = next % ring;
-            if pos + len > ring {
-                ring - pos
-            } else {
-                0
-            }
-        };
-        if st.log.next + pad(st.log.next) + len - st.log.head > ring {
-            self.commit_batch(st);
-            self.checkpoint(st);
-        }
-        let p = pad(st.log.next);
-        if p > 0 {
-            st.log.seq += 1;
-            let hdr = LogEntry::encode_pad(st.log.seq, st.log.next, p as u32);
-            let off = self.geo.ring_off() + (st.log.next % ring) as usize;
-            self.region.write(off, &hdr);
-            self.region.flush(off, hdr.len());
-            st.log.next += p;
-        }
-        st.log.seq += 1;
-        entry.seq = st.log.seq;
-        entry.lsn = st.log.next;
-        let bytes = entry.encode();
-        let off = self.geo.ring_off() + (st.log.next % ring) as usize;
-        self.region.write(off, &bytes);
-        self.region.flush(off, bytes.len());
-        st.log.next += len;
-        self.stats.log_bytes.fetch_add(len + p, Ordering::Relaxed);
-        let b = &mut st.batch;
-        b.apply.append(&mut entry.records);
-        b.frees.extend(txn.releases);
-        b.ops += 1;
-        b.bytes += len + txn.data_size;
-        b.since.get_or_insert_with(Instant::now);
-        if b.ops >= self.cfg.batch_ops || b.bytes >= self.cfg.batch_bytes {
-            self.commit_batch(st);
-        }
-        Ok(())
-    }
-
-    fn apply(&self, r: &Record) {
-        match &r.data {
-            RecData::Bytes(b) => self.region.write(r.addr as usize, b),
-            RecData::Zero(n) => self.region.zero(r.addr as usize, *n as usize),
-        }
-        self.region.flush(r.addr as usize, r.len());
-    }
-
-    /// Commit the pending batch: fence, tail store, fence, then apply to home locations.
-    pub(crate) fn commit_batch(&self, st: &mut State) {
-        if st.batch.ops == 0 {
-            return;
-        }
-        if self.cfg.fault != Some(CommitFault::SkipFenceBeforeTail) {
-            self.region.fence();
-        }
-        let tail_off = self.geo.log_header_off() + TAIL_WORD;
-        self.region.write_u64(tail_off, st.log.next);
-        self.region.flush(tail_off, 8);
-        self.region.fence();
-        st.log.tail = st.log.next;
-        let batch = std::mem::take(&mut st.batch);
-        for r in &batch.apply {
-            self.apply(r);
-        }
-        st.deferred_frees.extend(batch.frees);
-        self.stats.commits.fetch_add(1, Ordering::Relaxed);
-        let ring = self.geo.ring_len();
-        if st.log.tail - st.log.head > ring / 2 || st.deferred_frees.len() > CHECKPOINT_FREES {
-            self.checkpoint(st);
-        }
-    }
-
-    /// Make applied records durable, move the head to the tail, release deferred frees.
-    pub(crate) fn checkpoint(&self, st: &mut State) {
-        if st.log.head == st.log.tail && st.deferred_frees.is_empty() {
-            return;
-        }
-        self.region.fence();
-        let head_off = self.geo.log_header_off() + HEAD_WORD;
-        self.region.write_u64(head_off, st.log.tail);
-        self.region.flush(head_off, 8);
-        self.region.fence();
-        st.log.head = st.log.tail;
-        let frees = std::mem::take(&mut st.deferred_frees);
-        for b in frees {
-            if st.pins.contains_key(&b) {
-                st.deferred_frees.push(b);
-            } else {
-                st.balloc.free(b);
-            }
-        }
-        self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn info(&self) -> VolumeInfo {
@@ -693,6 +603,7 @@ impl Volume {
             mount_count: sb.mount_count,
             recovery: self.recovery.clone(),
             stats: self.stats.snapshot(),
+            failed: self.has_failed(),
         }
     }
 
@@ -704,9 +615,10 @@ impl Volume {
                 .since
                 .is_some_and(|t| t.elapsed() >= self.cfg.batch_delay)
         };
-        if due {
+        if due && !self.has_failed() {
             let mut st = self.state.write().unwrap();
-            self.commit_batch(&mut st);
+            // A failure is logged and turns the volume read-only; nothing else to do.
+            let _ = self.commit_batch(&mut st);
         }
     }
 }
@@ -732,18 +644,22 @@ fn spawn_flusher(vol: &Arc<Volume>) {
 impl Drop for Volume {
     fn drop(&mut self) {
         self.stop_flusher.store(true, Ordering::SeqCst);
-        if self.abandoned.load(Ordering::SeqCst) || self.cfg.read_only {
+        if self.abandoned.load(Ordering::SeqCst) || self.cfg.read_only || self.has_failed() {
             return;
         }
         let mut st = self.state.write().unwrap();
-        self.commit_batch(&mut st);
         // Force a checkpoint so a clean volume has an empty log.
-        if st.log.head != st.log.tail || !st.deferred_frees.is_empty() {
-            self.checkpoint(&mut st);
-        }
+        let closed = self
+            .commit_batch(&mut st)
+            .and_then(|_| self.checkpoint(&mut st));
         drop(st);
+        if closed.is_err() {
+            return; // logged; the volume stays marked in use, recovery will run
+        }
         let which = read_superblock(&self.region).map(|(_, w)| w).unwrap_or(0);
-        let _ = self.write_superblock(true, which);
+        if self.write_superblock(true, which).is_ok() && self.holds_volume {
+            let _ = crate::holder::clear(&self.region);
+        }
         tracing::info!(stats = ?self.stats.snapshot(), "volume closed cleanly");
     }
 }

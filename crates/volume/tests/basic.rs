@@ -61,7 +61,7 @@ fn files_dirs_links_and_remount() {
     vol.unlink(d.ino, b"file").unwrap();
     assert_eq!(vol.getattr(f.ino).unwrap().nlink, 1);
     vol.unlink(ROOT_INO, b"hard").unwrap();
-    assert!(matches!(vol.getattr(f.ino), Err(FsError::NotFound)));
+    assert!(matches!(vol.getattr(f.ino), Err(FsError::Stale)));
     vol.rmdir(ROOT_INO, b"dir").unwrap();
     assert_eq!(vol.getattr(ROOT_INO).unwrap().nlink, 2);
     let report = zcfs_volume::fsck::check_volume(&vol);
@@ -123,7 +123,7 @@ fn rename_variants() {
     assert_eq!(vol.lookup(b.ino, b"y").unwrap().ino, x.ino);
     // Over an existing file: the target's inode goes away.
     vol.rename(a.ino, b"x", b.ino, b"y", none).unwrap();
-    assert!(matches!(vol.getattr(x.ino), Err(FsError::NotFound)));
+    assert!(matches!(vol.getattr(x.ino), Err(FsError::Stale)));
     assert!(matches!(vol.lookup(a.ino, b"x"), Err(FsError::NotFound)));
     // Directory across directories: parent link counts move.
     vol.rename(ROOT_INO, b"a", b.ino, b"a2", none).unwrap();
@@ -396,13 +396,13 @@ fn unlinked_open_file_lives_until_release_and_crash_reaps_it() {
     let img = image_of(&vol);
     let crashed =
         Volume::open_region(Region::from_image(&img), VolumeConfig::synchronous()).unwrap();
-    assert!(matches!(crashed.getattr(f.ino), Err(FsError::NotFound)));
+    assert!(matches!(crashed.getattr(f.ino), Err(FsError::Stale)));
     assert_eq!(crashed.statfs().ffree, free_before + 1);
     let report = zcfs_volume::fsck::check_volume(&crashed);
     assert!(report.is_clean(), "{:?}", report.problems);
     // Without a crash: the last release frees it.
     vol.release_handle(f.ino).unwrap();
-    assert!(matches!(vol.getattr(f.ino), Err(FsError::NotFound)));
+    assert!(matches!(vol.getattr(f.ino), Err(FsError::Stale)));
     assert_eq!(vol.statfs().ffree, free_before + 1);
     let report = zcfs_volume::fsck::check_volume(&vol);
     assert!(report.is_clean(), "{:?}", report.problems);

@@ -6,6 +6,7 @@ mod mount;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, Subcommand};
 use std::io::Write;
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use zcfs_volume::{MkfsOptions, Owner, Volume, VolumeConfig, ROOT_INO};
 
@@ -250,17 +251,15 @@ fn mkfs(
             );
         }
     }
-    if is_file {
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(image)
-            .with_context(|| format!("creating {}", image.display()))?;
-        // Exactly the requested size; a fresh file stays sparse.
-        f.set_len(0)
-            .and_then(|_| f.set_len(size))
-            .with_context(|| format!("sizing {} to {size} bytes", image.display()))?;
+    if !is_file
+        && meta
+            .as_ref()
+            .is_some_and(|m| !m.file_type().is_char_device())
+    {
+        bail!(
+            "{} is neither a regular file nor a DAX device",
+            image.display()
+        );
     }
     Volume::mkfs(
         image,
@@ -350,14 +349,20 @@ fn fsck(image: &Path, repair: bool, json: bool) -> Result<i32> {
 }
 
 fn stat(image: &Path, json: bool) -> Result<i32> {
-    let vol = Volume::open(
+    let vol = match Volume::open(
         image,
         VolumeConfig {
             read_only: true,
             ..Default::default()
         },
-    )
-    .with_context(|| format!("opening {}", image.display()))?;
+    ) {
+        Ok(v) => v,
+        Err(zcfs_volume::FsError::Busy(m)) => {
+            // A live volume's image changes under a reader: ask its server instead.
+            bail!("{m}; for a served volume, `zcfs stat ADDRESS` shows its figures")
+        }
+        Err(e) => return Err(anyhow!(e).context(format!("opening {}", image.display()))),
+    };
     let mut info = vol.info();
     info.persistence = persistence_of(image);
     if json {

@@ -1,0 +1,763 @@
+//! Namespace operations: lookup, create, mkdir, symlink, link, unlink, rmdir, rename,
+//! readdir, readlink. Each change is one transaction (one log entry), so multi-inode
+//! operations (rename, link, unlink of the last link) are all-or-nothing, and each
+//! checks everything and reserves what it needs before it changes anything.
+
+use crate::commit::{Sink, Txn, DIRENT_RECORD, ENTRY_OVERHEAD, INODE_RECORD};
+use crate::dir::{Dir, Entry};
+use crate::error::{FsError, Result};
+use crate::layout::*;
+use crate::map::FileMap;
+use crate::ops::{attr_of, Attr, DirEntry, Owner, RenameFlags, MAX_LINKS, MAX_SYMLINK};
+use crate::trace::Traced;
+use crate::volume::{Inode, State, Volume};
+use std::collections::BTreeMap;
+
+/// Where a new directory entry goes: a free place in an existing block, or a new block
+/// (whose map change was planned and whose blocks are reserved).
+#[derive(Debug, Clone, Copy)]
+enum Room {
+    At(u32),
+    NewBlock,
+}
+
+/// What a new node is.
+struct NewNode<'a> {
+    op: OpType,
+    mode: u32,
+    owner: Owner,
+    rdev: u32,
+    symlink: Option<&'a [u8]>,
+}
+
+impl Volume {
+    pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr> {
+        self.lookup_inner(parent, name, false)
+    }
+
+    /// `lookup`, taking one reference to the inode found (see `hold`).
+    pub fn lookup_held(&self, parent: u64, name: &[u8]) -> Result<Attr> {
+        self.lookup_inner(parent, name, true)
+    }
+
+    fn lookup_inner(&self, parent: u64, name: &[u8], hold: bool) -> Result<Attr> {
+        check_name(name)?;
+        let st = self.read_state();
+        let e = st.dir(parent)?.get(name).ok_or(FsError::NotFound)?;
+        let a = attr_of(st.inode(e.ino)?);
+        if hold {
+            self.add_ref(e.ino);
+        }
+        Ok(a)
+    }
+
+    /// Parent of a directory (for "..").
+    pub fn parent_of(&self, dir: u64) -> Result<u64> {
+        let st = self.read_state();
+        st.dir(dir)?;
+        Ok(st.inode(dir)?.rec.parent)
+    }
+
+    /// Create a non-directory node (regular file, fifo, socket, device).
+    pub fn create(
+        &self,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        owner: Owner,
+        rdev: u32,
+    ) -> Result<Attr> {
+        self.create_inner(parent, name, mode, owner, rdev, false)
+    }
+
+    /// `create`, taking one reference to the new inode.
+    pub fn create_held(
+        &self,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        owner: Owner,
+        rdev: u32,
+    ) -> Result<Attr> {
+        self.create_inner(parent, name, mode, owner, rdev, true)
+    }
+
+    fn create_inner(
+        &self,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        owner: Owner,
+        rdev: u32,
+        hold: bool,
+    ) -> Result<Attr> {
+        let kind = mode & S_IFMT;
+        let mode = if kind == 0 { mode | S_IFREG } else { mode };
+        if !valid_file_type(mode) || mode & S_IFMT == S_IFDIR || mode & S_IFMT == S_IFLNK {
+            return Err(FsError::Invalid(format!("create with mode {mode:o}")));
+        }
+        let node = NewNode {
+            op: OpType::Create,
+            mode,
+            owner,
+            rdev,
+            symlink: None,
+        };
+        self.make_node(parent, name, node, hold)
+    }
+
+    pub fn mkdir(&self, parent: u64, name: &[u8], mode: u32, owner: Owner) -> Result<Attr> {
+        self.mkdir_inner(parent, name, mode, owner, false)
+    }
+
+    /// `mkdir`, taking one reference to the new directory.
+    pub fn mkdir_held(&self, parent: u64, name: &[u8], mode: u32, owner: Owner) -> Result<Attr> {
+        self.mkdir_inner(parent, name, mode, owner, true)
+    }
+
+    fn mkdir_inner(
+        &self,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        owner: Owner,
+        hold: bool,
+    ) -> Result<Attr> {
+        let node = NewNode {
+            op: OpType::Mkdir,
+            mode: S_IFDIR | (mode & 0o7777),
+            owner,
+            rdev: 0,
+            symlink: None,
+        };
+        self.make_node(parent, name, node, hold)
+    }
+
+    pub fn symlink(&self, parent: u64, name: &[u8], target: &[u8], owner: Owner) -> Result<Attr> {
+        self.symlink_inner(parent, name, target, owner, false)
+    }
+
+    /// `symlink`, taking one reference to the new inode.
+    pub fn symlink_held(
+        &self,
+        parent: u64,
+        name: &[u8],
+        target: &[u8],
+        owner: Owner,
+    ) -> Result<Attr> {
+        self.symlink_inner(parent, name, target, owner, true)
+    }
+
+    fn symlink_inner(
+        &self,
+        parent: u64,
+        name: &[u8],
+        target: &[u8],
+        owner: Owner,
+        hold: bool,
+    ) -> Result<Attr> {
+        if target.is_empty() || target.len() > MAX_SYMLINK || target.contains(&0) {
+            return Err(FsError::Invalid(
+                "symlink target must be 1..4095 bytes without NUL".into(),
+            ));
+        }
+        let node = NewNode {
+            op: OpType::Symlink,
+            mode: S_IFLNK | 0o777,
+            owner,
+            rdev: 0,
+            symlink: Some(target),
+        };
+        self.make_node(parent, name, node, hold)
+    }
+
+    /// Where a name of `len` bytes goes in `dir`, and what that costs: blocks to
+    /// reserve and redo bytes.
+    fn plan_room(st: &mut State, dir: u64, len: usize) -> (Room, u64, u64) {
+        let d = st.dirs.get_mut(&dir).expect("checked to be a directory");
+        match d.find_room(len) {
+            Some(pos) => (Room::At(pos), 0, 0),
+            None => {
+                let plan = st.inodes[&dir].map.plan_set(d.blocks() as u64, 1);
+                (Room::NewBlock, 1 + plan.new_nodes, plan.record_bytes(1))
+            }
+        }
+    }
+
+    /// Check that `dir` is a live directory (not removed while still referenced).
+    fn live_dir(st: &State, dir: u64) -> Result<()> {
+        st.dir(dir)?;
+        if st.inode(dir)?.rec.nlink == 0 {
+            return Err(FsError::NotFound);
+        }
+        Ok(())
+    }
+
+    fn make_node(&self, parent: u64, name: &[u8], n: NewNode<'_>, hold: bool) -> Result<Attr> {
+        check_name(name)?;
+        let mut g = self.write_state()?;
+        let st = &mut *g;
+        // Check.
+        Self::live_dir(st, parent)?;
+        if st.dir(parent)?.get(name).is_some() {
+            return Err(FsError::Exists);
+        }
+        let is_dir = n.mode & S_IFMT == S_IFDIR;
+        if is_dir && st.inode(parent)?.rec.nlink >= MAX_LINKS {
+            return Err(FsError::TooManyLinks);
+        }
+        self.reserve_inode(st)?;
+        let (room, room_blocks, room_bytes) = Self::plan_room(st, parent, name.len());
+        let mut txn = Txn::new(n.op, 0);
+        self.reserve_log(
+            &mut txn,
+            ENTRY_OVERHEAD + 2 * INODE_RECORD + DIRENT_RECORD + room_bytes,
+        )?;
+        self.reserve_blocks(st, &mut txn, room_blocks + n.symlink.is_some() as u64)?;
+        // Apply.
+        let ino = st
+            .ialloc
+            .alloc()
+            .expect("an inode slot was checked to be free");
+        txn.ino = ino;
+        let now = Timespec::now();
+        let gen = st.gens[(ino - 1) as usize].wrapping_add(1).max(1);
+        st.gens[(ino - 1) as usize] = gen;
+        let pinode = &st.inodes[&parent];
+        let mut mode = n.mode;
+        // setgid directories: new nodes take the directory's group; subdirectories
+        // inherit the bit.
+        let gid = if pinode.rec.mode & S_ISGID != 0 {
+            if is_dir {
+                mode |= S_ISGID;
+            }
+            pinode.rec.gid
+        } else {
+            n.owner.gid
+        };
+        let mut inode = Inode {
+            rec: InodeRec {
+                ino,
+                gen,
+                mode,
+                uid: n.owner.uid,
+                gid,
+                nlink: if is_dir { 2 } else { 1 },
+                atime: now,
+                mtime: now,
+                ctime: now,
+                rdev: n.rdev,
+                parent: if is_dir { parent } else { 0 },
+                ..Default::default()
+            },
+            map: FileMap::default(),
+            xattrs: BTreeMap::new(),
+        };
+        if let Some(target) = n.symlink {
+            let b = txn.take_block();
+            let off = (b * BLOCK_U64) as usize;
+            self.region.write(off, target);
+            self.region.zero(off + target.len(), BLOCK - target.len());
+            self.region.flush(off, BLOCK);
+            let mut sink = Sink {
+                region: &self.region,
+                txn: &mut txn,
+            };
+            inode.map.set(0, b, &mut sink);
+            inode.rec.size = target.len() as u64;
+            txn.data_addr = off as u64;
+            txn.data_size = target.len() as u64;
+        }
+        st.inodes.insert(ino, inode);
+        if is_dir {
+            st.dirs.insert(ino, Dir::default());
+        }
+        txn.dirty.insert(ino);
+        self.add_dirent(st, &mut txn, parent, name, ino, dtype_of(mode), room);
+        let p = st.inodes.get_mut(&parent).expect("checked");
+        if is_dir {
+            p.rec.nlink += 1;
+        }
+        p.rec.mtime = now;
+        p.rec.ctime = now;
+        let attr = attr_of(&st.inodes[&ino]);
+        self.trace(|| Traced::Create {
+            parent,
+            name: name.to_vec(),
+            ino,
+            mode,
+        });
+        self.finish(st, txn)?;
+        if hold {
+            self.add_ref(ino);
+        }
+        Ok(attr)
+    }
+
+    /// Insert a directory entry at its planned place (a new block comes from the
+    /// reserved blocks).
+    #[allow(clippy::too_many_arguments)]
+    fn add_dirent(
+        &self,
+        st: &mut State,
+        txn: &mut Txn,
+        parent: u64,
+        name: &[u8],
+        ino: u64,
+        dtype: u8,
+        room: Room,
+    ) {
+        let dir = st.dirs.get_mut(&parent).expect("checked");
+        // A removal in the same transaction may have made room since the plan.
+        let pos = match (room, dir.find_room(name.len())) {
+            (Room::At(p), _) | (Room::NewBlock, Some(p)) => p,
+            (Room::NewBlock, None) => {
+                let bi = dir.blocks() as u64;
+                let b = txn.take_block();
+                let off = (b * BLOCK_U64) as usize;
+                self.region.zero(off, BLOCK);
+                self.region.flush(off, BLOCK);
+                let pi = st.inodes.get_mut(&parent).expect("checked");
+                let mut sink = Sink {
+                    region: &self.region,
+                    txn,
+                };
+                pi.map.set(bi, b, &mut sink);
+                pi.rec.size = (bi + 1) * BLOCK_U64;
+                txn.dirty.insert(parent);
+                (bi as usize * UNITS_PER_BLOCK) as u32
+            }
+        };
+        let dir = st.dirs.get_mut(&parent).expect("checked");
+        assert!(
+            dir.insert(name, Entry { ino, dtype, pos }),
+            "directory entry placed over another"
+        );
+        let addr = self.dirent_addr(st, parent, pos);
+        txn.push_bytes(
+            addr,
+            &Dirent {
+                ino,
+                dtype,
+                name: name.to_vec(),
+            }
+            .encode(),
+        );
+        txn.dirty.insert(parent);
+    }
+
+    /// PM address of the entry at `pos` of a directory. Every position the index holds
+    /// lies in a mapped block (the index is built from the blocks).
+    fn dirent_addr(&self, st: &State, dir: u64, pos: u32) -> u64 {
+        let bi = pos as u64 / UNITS_PER_BLOCK as u64;
+        let unit = pos as u64 % UNITS_PER_BLOCK as u64;
+        let b = st.inodes[&dir]
+            .map
+            .get(bi)
+            .expect("directory index points into a mapped block");
+        b * BLOCK_U64 + unit * DIRENT_UNIT as u64
+    }
+
+    fn remove_dirent(&self, st: &mut State, txn: &mut Txn, parent: u64, name: &[u8]) -> Entry {
+        let e = st
+            .dirs
+            .get_mut(&parent)
+            .and_then(|d| d.remove(name))
+            .expect("checked to exist");
+        let addr = self.dirent_addr(st, parent, e.pos);
+        txn.push_zero(addr, dirent_units(name.len()) * DIRENT_UNIT);
+        txn.dirty.insert(parent);
+        e
+    }
+
+    fn rewrite_dirent(
+        &self,
+        st: &mut State,
+        txn: &mut Txn,
+        parent: u64,
+        name: &[u8],
+        ino: u64,
+        dtype: u8,
+    ) {
+        let e = st
+            .dirs
+            .get_mut(&parent)
+            .and_then(|d| d.retarget(name, ino, dtype))
+            .expect("checked to exist");
+        let addr = self.dirent_addr(st, parent, e.pos);
+        txn.push_bytes(
+            addr,
+            &Dirent {
+                ino,
+                dtype,
+                name: name.to_vec(),
+            }
+            .encode(),
+        );
+        txn.dirty.insert(parent);
+    }
+
+    /// Drop one link of `ino`. On the last link the inode is freed with its blocks —
+    /// unless something still references it (an open file, a kernel's lookup): then
+    /// it lives on as an orphan (link count 0) until the last reference goes, and a
+    /// crash before that leaves it for the next mount to reclaim.
+    fn drop_link(&self, st: &mut State, txn: &mut Txn, ino: u64, now: Timespec) {
+        let held = self.is_referenced(ino);
+        let inode = st.inodes.get_mut(&ino).expect("checked");
+        let last = inode.rec.is_dir() || inode.rec.nlink <= 1;
+        txn.dirty.insert(ino);
+        inode.rec.ctime = now;
+        if !last {
+            inode.rec.nlink -= 1;
+        } else if held {
+            inode.rec.nlink = 0;
+        } else {
+            self.free_inode(st, txn, ino);
+        }
+    }
+
+    /// Free an inode and every block it owns, in `txn`. The map is released without
+    /// redo records: once the inode's slot is free nothing points at its blocks.
+    pub(crate) fn free_inode(&self, st: &mut State, txn: &mut Txn, ino: u64) {
+        txn.dirty.insert(ino);
+        let Some(mut inode) = st.inodes.remove(&ino) else {
+            return;
+        };
+        st.dirs.remove(&ino);
+        let mut sink = Sink {
+            region: &self.region,
+            txn,
+        };
+        inode.map.clear(&mut sink);
+        if inode.rec.xattr_block != 0 {
+            txn.releases.push(inode.rec.xattr_block);
+        }
+        st.ialloc.insert(ino);
+    }
+
+    /// Remove a name of a non-directory; returns the inode's attributes afterwards.
+    pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<Attr> {
+        check_name(name)?;
+        let mut g = self.write_state()?;
+        let st = &mut *g;
+        let e = st.dir(parent)?.get(name).ok_or(FsError::NotFound)?;
+        if st.inode(e.ino)?.rec.is_dir() {
+            return Err(FsError::IsDir);
+        }
+        let mut txn = Txn::new(OpType::Unlink, e.ino);
+        self.reserve_log(&mut txn, ENTRY_OVERHEAD + DIRENT_RECORD + 2 * INODE_RECORD)?;
+        let now = Timespec::now();
+        self.remove_dirent(st, &mut txn, parent, name);
+        let mut after = attr_of(&st.inodes[&e.ino]);
+        self.drop_link(st, &mut txn, e.ino, now);
+        touch_dir(st, parent, now);
+        match st.inodes.get(&e.ino) {
+            Some(i) => after = attr_of(i),
+            None => {
+                after.nlink = 0;
+                after.ctime = now;
+            }
+        }
+        self.trace(|| Traced::Unlink {
+            parent,
+            name: name.to_vec(),
+        });
+        self.finish(st, txn)?;
+        Ok(after)
+    }
+
+    /// Remove an empty directory; returns its attributes afterwards (link count 0).
+    pub fn rmdir(&self, parent: u64, name: &[u8]) -> Result<Attr> {
+        check_name(name)?;
+        let mut g = self.write_state()?;
+        let st = &mut *g;
+        let e = st.dir(parent)?.get(name).ok_or(FsError::NotFound)?;
+        if !st.dir(e.ino)?.is_empty() {
+            return Err(FsError::NotEmpty);
+        }
+        if st.inode(parent)?.rec.nlink < 3 {
+            return Err(FsError::Corrupt(format!(
+                "directory {parent} has a subdirectory but a link count below 3"
+            )));
+        }
+        let mut txn = Txn::new(OpType::Rmdir, e.ino);
+        self.reserve_log(&mut txn, ENTRY_OVERHEAD + DIRENT_RECORD + 2 * INODE_RECORD)?;
+        let now = Timespec::now();
+        self.remove_dirent(st, &mut txn, parent, name);
+        let mut after = attr_of(&st.inodes[&e.ino]);
+        self.drop_link(st, &mut txn, e.ino, now);
+        st.inodes.get_mut(&parent).expect("checked").rec.nlink -= 1;
+        touch_dir(st, parent, now);
+        match st.inodes.get(&e.ino) {
+            Some(i) => after = attr_of(i),
+            None => {
+                after.nlink = 0;
+                after.ctime = now;
+            }
+        }
+        self.trace(|| Traced::Rmdir {
+            parent,
+            name: name.to_vec(),
+        });
+        self.finish(st, txn)?;
+        Ok(after)
+    }
+
+    pub fn link(&self, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr> {
+        self.link_inner(ino, newparent, newname, false)
+    }
+
+    /// `link`, taking one reference to the inode.
+    pub fn link_held(&self, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr> {
+        self.link_inner(ino, newparent, newname, true)
+    }
+
+    fn link_inner(&self, ino: u64, newparent: u64, newname: &[u8], hold: bool) -> Result<Attr> {
+        check_name(newname)?;
+        let mut g = self.write_state()?;
+        let st = &mut *g;
+        let i = st.inode(ino)?;
+        let (is_dir, nlink, dtype) = (i.rec.is_dir(), i.rec.nlink, dtype_of(i.rec.mode));
+        st.dir(newparent)?;
+        // Linux order: the new name's existence is checked before the source's type.
+        if st.dir(newparent)?.get(newname).is_some() {
+            return Err(FsError::Exists);
+        }
+        if is_dir {
+            return Err(FsError::NotPermitted("hard link to a directory".into()));
+        }
+        if nlink == 0 {
+            return Err(FsError::NotFound); // unlinked while open: no new names
+        }
+        Self::live_dir(st, newparent)?;
+        if nlink >= MAX_LINKS {
+            return Err(FsError::TooManyLinks);
+        }
+        let (room, room_blocks, room_bytes) = Self::plan_room(st, newparent, newname.len());
+        let mut txn = Txn::new(OpType::Link, ino);
+        self.reserve_log(
+            &mut txn,
+            ENTRY_OVERHEAD + DIRENT_RECORD + 2 * INODE_RECORD + room_bytes,
+        )?;
+        self.reserve_blocks(st, &mut txn, room_blocks)?;
+        let now = Timespec::now();
+        self.add_dirent(st, &mut txn, newparent, newname, ino, dtype, room);
+        let i = st.inodes.get_mut(&ino).expect("checked");
+        i.rec.nlink += 1;
+        i.rec.ctime = now;
+        txn.dirty.insert(ino);
+        touch_dir(st, newparent, now);
+        let attr = attr_of(&st.inodes[&ino]);
+        self.trace(|| Traced::Link {
+            ino,
+            parent: newparent,
+            name: newname.to_vec(),
+        });
+        self.finish(st, txn)?;
+        if hold {
+            self.add_ref(ino);
+        }
+        Ok(attr)
+    }
+
+    /// Whether `dir` is `anc` or lies below it.
+    fn is_within(st: &State, mut dir: u64, anc: u64) -> bool {
+        for _ in 0..=st.inodes.len() {
+            if dir == anc {
+                return true;
+            }
+            if dir == ROOT_INO {
+                return false;
+            }
+            match st.inodes.get(&dir) {
+                Some(i) => dir = i.rec.parent,
+                None => return false,
+            }
+        }
+        false
+    }
+
+    pub fn rename(&self, p1: u64, n1: &[u8], p2: u64, n2: &[u8], flags: RenameFlags) -> Result<()> {
+        check_name(n1)?;
+        check_name(n2)?;
+        let mut g = self.write_state()?;
+        let st = &mut *g;
+        let src = st.dir(p1)?.get(n1).ok_or(FsError::NotFound)?;
+        let dst = st.dir(p2)?.get(n2);
+        let src_dir = st.inode(src.ino)?.rec.is_dir();
+        let now = Timespec::now();
+        let trace = || Traced::Rename {
+            parent: p1,
+            name: n1.to_vec(),
+            new_parent: p2,
+            new_name: n2.to_vec(),
+            flags,
+        };
+        // Moving a directory to another parent moves one link count between them.
+        let moves_dir = |st: &State, dir: bool, from: u64, to: u64| -> Result<()> {
+            if dir && from != to {
+                if st.inode(to)?.rec.nlink >= MAX_LINKS {
+                    return Err(FsError::TooManyLinks);
+                }
+                if st.inode(from)?.rec.nlink < 3 {
+                    return Err(FsError::Corrupt(format!(
+                        "directory {from} has a subdirectory but a link count below 3"
+                    )));
+                }
+            }
+            Ok(())
+        };
+        if flags.exchange {
+            let dst = dst.ok_or(FsError::NotFound)?;
+            let dst_dir = st.inode(dst.ino)?.rec.is_dir();
+            if (src_dir && Self::is_within(st, p2, src.ino))
+                || (dst_dir && Self::is_within(st, p1, dst.ino))
+            {
+                return Err(FsError::Invalid(
+                    "rename would move a directory below itself".into(),
+                ));
+            }
+            if p1 == p2 && n1 == n2 {
+                return Ok(());
+            }
+            if src_dir != dst_dir {
+                moves_dir(st, src_dir, p1, p2)?;
+                moves_dir(st, dst_dir, p2, p1)?;
+            }
+            let mut txn = Txn::new(OpType::Rename, src.ino);
+            self.reserve_log(
+                &mut txn,
+                ENTRY_OVERHEAD + 2 * DIRENT_RECORD + 4 * INODE_RECORD,
+            )?;
+            self.rewrite_dirent(st, &mut txn, p1, n1, dst.ino, dst.dtype);
+            self.rewrite_dirent(st, &mut txn, p2, n2, src.ino, src.dtype);
+            if p1 != p2 {
+                if src_dir {
+                    st.inodes.get_mut(&src.ino).expect("checked").rec.parent = p2;
+                    st.inodes.get_mut(&p1).expect("checked").rec.nlink -= 1;
+                    st.inodes.get_mut(&p2).expect("checked").rec.nlink += 1;
+                }
+                if dst_dir {
+                    st.inodes.get_mut(&dst.ino).expect("checked").rec.parent = p1;
+                    st.inodes.get_mut(&p2).expect("checked").rec.nlink -= 1;
+                    st.inodes.get_mut(&p1).expect("checked").rec.nlink += 1;
+                }
+            }
+            for i in [src.ino, dst.ino] {
+                st.inodes.get_mut(&i).expect("checked").rec.ctime = now;
+                txn.dirty.insert(i);
+            }
+            touch_dir(st, p1, now);
+            touch_dir(st, p2, now);
+            self.trace(trace);
+            return self.finish(st, txn);
+        }
+        if let Some(d) = dst {
+            if flags.noreplace {
+                return Err(FsError::Exists);
+            }
+            if d.ino == src.ino {
+                return Ok(()); // two links of one inode: POSIX says do nothing
+            }
+            let dst_dir = st.inode(d.ino)?.rec.is_dir();
+            match (src_dir, dst_dir) {
+                (true, false) => return Err(FsError::NotDir),
+                (false, true) => return Err(FsError::IsDir),
+                (true, true) if !st.dir(d.ino)?.is_empty() => return Err(FsError::NotEmpty),
+                _ => {}
+            }
+        }
+        if src_dir && Self::is_within(st, p2, src.ino) {
+            return Err(FsError::Invalid(
+                "rename would move a directory below itself".into(),
+            ));
+        }
+        Self::live_dir(st, p2)?;
+        moves_dir(st, src_dir, p1, p2)?;
+        let (room, room_blocks, room_bytes) = match dst {
+            Some(_) => (Room::At(0), 0, 0),
+            None => Self::plan_room(st, p2, n2.len()),
+        };
+        let mut txn = Txn::new(OpType::Rename, src.ino);
+        self.reserve_log(
+            &mut txn,
+            ENTRY_OVERHEAD + 2 * DIRENT_RECORD + 4 * INODE_RECORD + room_bytes,
+        )?;
+        self.reserve_blocks(st, &mut txn, room_blocks)?;
+        self.remove_dirent(st, &mut txn, p1, n1);
+        match dst {
+            Some(d) => {
+                self.rewrite_dirent(st, &mut txn, p2, n2, src.ino, src.dtype);
+                let dst_dir = st.inodes[&d.ino].rec.is_dir();
+                self.drop_link(st, &mut txn, d.ino, now);
+                if dst_dir {
+                    st.inodes.get_mut(&p2).expect("checked").rec.nlink -= 1;
+                }
+            }
+            None => self.add_dirent(st, &mut txn, p2, n2, src.ino, src.dtype, room),
+        }
+        if src_dir && p1 != p2 {
+            st.inodes.get_mut(&src.ino).expect("checked").rec.parent = p2;
+            st.inodes.get_mut(&p1).expect("checked").rec.nlink -= 1;
+            st.inodes.get_mut(&p2).expect("checked").rec.nlink += 1;
+        }
+        st.inodes.get_mut(&src.ino).expect("checked").rec.ctime = now;
+        txn.dirty.insert(src.ino);
+        touch_dir(st, p1, now);
+        touch_dir(st, p2, now);
+        self.trace(trace);
+        self.finish(st, txn)
+    }
+
+    pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
+        let st = self.read_state();
+        let i = st.inode(ino)?;
+        if !i.rec.is_symlink() {
+            return Err(FsError::Invalid("not a symlink".into()));
+        }
+        let b = i
+            .map
+            .get(0)
+            .ok_or_else(|| FsError::Corrupt(format!("symlink {ino} has no block")))?;
+        let len = (i.rec.size as usize).min(MAX_SYMLINK);
+        // SAFETY: mapped data blocks are never written in place (copy-on-write), and the
+        // read lock keeps the block from being freed.
+        Ok(unsafe { self.region.slice((b * BLOCK_U64) as usize, len) }.to_vec())
+    }
+
+    /// Directory entries from `cookie` on (0 = start); `f` returns false to stop.
+    pub fn readdir(
+        &self,
+        ino: u64,
+        cookie: u64,
+        mut f: impl FnMut(DirEntry) -> bool,
+    ) -> Result<()> {
+        let st = self.read_state();
+        let dir = st.dir(ino)?;
+        let from = u32::try_from(cookie).unwrap_or(u32::MAX);
+        for (name, e) in dir.iter_from(from) {
+            let de = DirEntry {
+                name: name.to_vec(),
+                ino: e.ino,
+                dtype: e.dtype,
+                next: e.pos as u64 + 1,
+            };
+            if !f(de) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Number of entries in a directory (without "." and "..").
+    pub fn dir_len(&self, ino: u64) -> Result<usize> {
+        Ok(self.read_state().dir(ino)?.len())
+    }
+}
+
+pub(crate) fn touch_dir(st: &mut State, dir: u64, now: Timespec) {
+    if let Some(d) = st.inodes.get_mut(&dir) {
+        d.rec.mtime = now;
+        d.rec.ctime = now;
+    }
+}
