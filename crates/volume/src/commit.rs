@@ -5,9 +5,10 @@
 //! Every operation follows the same shape, so that a failure changes nothing:
 //! 1. **check**: validate the request and work out what it needs (blocks, an inode, log
 //!    space) without changing anything;
-//! 2. **reserve**: [`Volume::reserve_blocks`], [`Volume::reserve_log`], which are the
+//! 2. **reserve**: [`Volume::reserve_log`], then [`Volume::reserve_blocks`] last: the
 //!    only steps that can fail for lack of space (a checkpoint may run to release
-//!    deferred frees, which changes no file);
+//!    deferred frees, which changes no file). Blocks come last so that no failure can
+//!    leave a transaction holding them;
 //! 3. **apply**: change the DRAM state and build the redo records; nothing here can
 //!    fail (the map takes its nodes from the reserved blocks);
 //! 4. [`Volume::finish`]: append the entry; commit the batch when it is full.
@@ -105,6 +106,19 @@ impl Txn {
         self.pool
             .pop()
             .expect("an operation used more blocks than it reserved")
+    }
+}
+
+impl Drop for Txn {
+    /// Blocks are reserved last, after every check that can fail, and `finish` takes
+    /// what is left: a transaction dropped holding blocks would leak them.
+    fn drop(&mut self) {
+        assert!(
+            self.pool.is_empty() || std::thread::panicking(),
+            "{:?} transaction dropped with {} reserved blocks",
+            self.op,
+            self.pool.len()
+        );
     }
 }
 
@@ -225,7 +239,7 @@ impl Volume {
                 self.apply(r);
             }
             self.fence()?;
-            for b in txn.releases {
+            for b in std::mem::take(&mut txn.releases) {
                 st.balloc.free(b);
             }
             return Ok(());
@@ -287,8 +301,11 @@ impl Volume {
         self.stats.log_bytes.fetch_add(len + p, Ordering::Relaxed);
         let b = &mut st.batch;
         b.apply.append(&mut entry.records);
-        b.frees
-            .extend(txn.releases.into_iter().map(|blk| (blk, tag)));
+        b.frees.extend(
+            std::mem::take(&mut txn.releases)
+                .into_iter()
+                .map(|blk| (blk, tag)),
+        );
         b.ops += 1;
         b.bytes += len + txn.data_size;
         b.since.get_or_insert_with(Instant::now);

@@ -394,7 +394,7 @@ impl Volume {
             let n = (off + len as u64 - 1) / BLOCK_U64 - off / BLOCK_U64 + 1;
             let mut txn = Txn::new(OpType::Write, ino);
             self.reserve_blocks(&mut st, &mut txn, n)?;
-            let mut b = txn.pool;
+            let mut b = std::mem::take(&mut txn.pool);
             b.sort_unstable(); // ascending, so adjacent blocks merge into one slice
             b
         };
@@ -504,10 +504,10 @@ impl Volume {
         let pieces = self.write_pieces(map, first, n)?;
         let nodes = map.plan_set(first, n).new_nodes;
         let mut reserved = Txn::new(OpType::Write, r.ino);
-        self.reserve_blocks(st, &mut reserved, nodes)?;
         for p in &pieces {
             self.reserve_log(&mut reserved, p.bound)?;
         }
+        self.reserve_blocks(st, &mut reserved, nodes)?;
         // Apply. The bytes of partial edge blocks come from the blocks current now,
         // under the lock, so a write that committed since the reservation was made is
         // kept (whatever block numbers the allocator handed out meanwhile).
@@ -527,7 +527,7 @@ impl Volume {
                 self.region.flush(o, len);
             }
         }
-        let mut pool = reserved.pool;
+        let mut pool = std::mem::take(&mut reserved.pool);
         for p in pieces {
             let mut txn = Txn::new(OpType::Write, r.ino);
             txn.pool = std::mem::take(&mut pool);
@@ -589,15 +589,16 @@ impl Volume {
         let mut st = self.write_state()?;
         let st = &mut *st;
         let mut txn = Txn::new(OpType::Truncate, ino);
-        self.plan_truncate(st, &mut txn, ino, size)?;
         self.reserve_log(&mut txn, ENTRY_OVERHEAD + INODE_RECORD + TRUNCATE_RECORDS)?;
+        self.plan_truncate(st, &mut txn, ino, size)?;
         self.apply_truncate(st, &mut txn, ino, size);
         txn.dirty.insert(ino);
         self.trace(|| Traced::Truncate { ino, size });
         self.finish(st, txn)
     }
 
-    /// Check a truncate and reserve what it needs (the new last block, if partial).
+    /// Check a truncate and reserve what it needs (the new last block, if partial):
+    /// its last step reserves blocks, so the caller checks log space before.
     pub(crate) fn plan_truncate(
         &self,
         st: &mut State,
@@ -709,7 +710,7 @@ impl Volume {
         self.reserve_blocks(&mut st, &mut txn, n as u64)?;
         Ok(PageBuf {
             vol: self,
-            blocks: txn.pool,
+            blocks: std::mem::take(&mut txn.pool),
             placed: false,
         })
     }

@@ -167,14 +167,14 @@ impl Volume {
             return Ok(attr_of(st.inode(ino)?));
         }
         let mut txn = Txn::new(OpType::SetAttr, ino);
-        if let Some(size) = set.size {
-            txn.op = OpType::Truncate;
-            self.plan_truncate(st, &mut txn, ino, size)?;
-        }
         self.reserve_log(
             &mut txn,
             ENTRY_OVERHEAD + INODE_RECORD + crate::data::TRUNCATE_RECORDS,
         )?;
+        if let Some(size) = set.size {
+            txn.op = OpType::Truncate;
+            self.plan_truncate(st, &mut txn, ino, size)?;
+        }
         if let Some(size) = set.size {
             self.apply_truncate(st, &mut txn, ino, size);
         }

@@ -31,6 +31,9 @@ pub enum Op {
     RemoveXattr(String, String),
     PunchHole(String, u64, u64),
     Fsync(String),
+    /// The inner operation with the `n`-th budget check failing (the volume must have
+    /// a fault plan): it must fail and change nothing.
+    Failing(Box<Op>, u64),
 }
 
 impl Op {
@@ -184,6 +187,7 @@ impl Model {
 
     pub fn apply(&mut self, op: &Op) -> Result<(), i32> {
         match op {
+            Op::Failing(..) => Err(-1),
             Op::Create(p) | Op::Mkdir(p) | Op::Symlink(p, _) => {
                 let (dirs, name) = split(p);
                 let d = self.resolve_dir(&dirs)?;
@@ -570,6 +574,16 @@ pub fn apply_volume(vol: &Volume, op: &Op) -> Result<(), i32> {
     let e = |e: FsError| e.errno();
     let owner = Owner { uid: 0, gid: 0 };
     match op {
+        Op::Failing(inner, n) => {
+            let plan = vol.config().faults.clone().expect("a fault plan");
+            plan.fail_nth(Some(*n));
+            let r = apply_volume(vol, inner);
+            let hit = plan.seen() >= *n;
+            plan.fail_nth(None);
+            assert!(hit, "{inner:?} has fewer than {n} budget checks");
+            assert!(r.is_err(), "{inner:?} with check {n} failing succeeded");
+            r
+        }
         Op::Create(p) | Op::Mkdir(p) | Op::Symlink(p, _) => {
             let (dirs, name) = split(p);
             let d = vresolve_dir(vol, &dirs)?;
