@@ -12,6 +12,9 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
 cargo test --workspace --release --lib --bins --tests -- --test-threads 2 2>&1 | tee "$log" || status=$?
+# Model check (loom) of the read pins that let readers send PM blocks without a lock.
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
+  cargo test -p zcfs-volume --release --lib loom 2>&1 | tee -a "$log" || status=$?
 # One closing line for the whole run.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed;?$/) p += $i; if ($(i+1) ~ /^failed;?$/) f += $i } }
      END { printf "tests: %d passed, %d failed\n", p, f }' "$log"

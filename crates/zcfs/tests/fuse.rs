@@ -103,6 +103,12 @@ impl Mount {
         }
     }
 
+    /// Stop (clean unmount), then fsck.
+    fn fsck_after_stop(mut self) {
+        self.stop();
+        self.fsck();
+    }
+
     fn fsck(&self) {
         let out = zcfs()
             .arg("fsck")
@@ -562,6 +568,98 @@ fn several_users_share_a_mount_and_display_options_apply() {
     );
     let md = fs::metadata(m.path("shared/mine")).unwrap();
     assert_eq!((md.uid(), md.gid(), md.mode() & 0o777), (1234, 4321, 0o600));
+    m.stop();
+    m.fsck();
+}
+
+/// Issue 8, defect 6: a process opening a name in a loop while another replaces it
+/// with write-temp-then-rename (the atomic-save idiom) always finds a file, whole.
+/// Bounded in count and time.
+pub fn atomic_save_loop(dir: &Path, rounds: usize) -> (usize, usize, usize) {
+    let target = dir.join("target");
+    fs::write(&target, "v0000000").unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (s2, t2) = (stop.clone(), target.clone());
+    let reader = std::thread::spawn(move || {
+        let (mut opens, mut missing, mut torn) = (0usize, 0usize, 0usize);
+        let t = Instant::now();
+        while !s2.load(std::sync::atomic::Ordering::Relaxed)
+            && t.elapsed() < Duration::from_secs(60)
+        {
+            match fs::read(&t2) {
+                Ok(b) => {
+                    opens += 1;
+                    if b.len() != 8 || b[0] != b'v' {
+                        torn += 1;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => missing += 1,
+                Err(e) => panic!("reading the target: {e}"),
+            }
+        }
+        (opens, missing, torn)
+    });
+    for i in 1..=rounds {
+        let tmp = dir.join(format!("tmp{i}"));
+        fs::write(&tmp, format!("v{i:07}")).unwrap();
+        fs::rename(&tmp, &target).unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    reader.join().unwrap()
+}
+
+#[test]
+fn rename_over_a_target_is_atomic_to_a_reader() {
+    let m = Mount::volume("atomic-save", "256M", &[]);
+    let (opens, missing, torn) = atomic_save_loop(&m.mp, 2000);
+    assert!(opens > 100, "the reader hardly ran ({opens} opens)");
+    assert_eq!(
+        (missing, torn),
+        (0, 0),
+        "{missing} ENOENT and {torn} torn reads in {opens} opens"
+    );
+    m.fsck_after_stop();
+}
+
+#[test]
+fn a_second_opener_of_a_mounted_image_is_refused_naming_the_holder() {
+    let mut m = Mount::volume("second-opener", "64M", &[]);
+    fs::write(m.path("f"), "data").unwrap();
+    let pid = m.child.as_ref().unwrap().id().to_string();
+    let image = m.image.clone().unwrap();
+    let mp2 = std::env::temp_dir().join(unique("second-mp"));
+    fs::create_dir_all(&mp2).unwrap();
+    let out = zcfs().arg("mount").arg(&image).arg(&mp2).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && !mounted(&mp2),
+        "second mount succeeded"
+    );
+    assert!(err.contains("in use") && err.contains(&pid), "{err}");
+    let _ = fs::remove_dir(&mp2);
+    for args in [
+        &["fsck"][..],
+        &["fsck", "--repair"],
+        &["serve", "--listen", "127.0.0.1:0"],
+    ] {
+        let out = zcfs()
+            .args(&args[..1])
+            .arg(&image)
+            .args(&args[1..])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(8), "{args:?}: {err}");
+        assert!(err.contains(&pid), "{args:?}: {err}");
+    }
+    // An open file whose name is removed shows link count 0, and stays readable.
+    let f = File::open(m.path("f")).unwrap();
+    fs::remove_file(m.path("f")).unwrap();
+    assert_eq!(f.metadata().unwrap().nlink(), 0);
+    let mut s = String::new();
+    (&f).read_to_string(&mut s).unwrap();
+    assert_eq!(s, "data");
+    drop(f);
     m.stop();
     m.fsck();
 }
