@@ -284,8 +284,10 @@ mod tests {
     #[test]
     fn unflushed_store_may_or_may_not_persist() {
         let r = Region::anonymous(8192);
-        r.start_recording();
-        r.write(0, &[1]);
+        // SAFETY: single-threaded test.
+        unsafe { r.start_recording() };
+        // SAFETY: single-threaded test.
+        unsafe { r.write(0, &[1]) };
         let rec = r.take_recording().unwrap();
         let imgs = images_at_end(&rec);
         assert!(imgs.iter().any(|i| i[0] == 0));
@@ -295,8 +297,10 @@ mod tests {
     #[test]
     fn flushed_and_fenced_store_is_durable() {
         let r = Region::anonymous(8192);
-        r.start_recording();
-        r.write(0, &[1]);
+        // SAFETY: single-threaded test.
+        unsafe { r.start_recording() };
+        // SAFETY: single-threaded test.
+        unsafe { r.write(0, &[1]) };
         r.persist(0, 1).unwrap();
         let rec = r.take_recording().unwrap();
         let imgs = images_at_end(&rec);
@@ -309,9 +313,12 @@ mod tests {
         // Data then commit flag, flag flushed but data not: some image has the flag
         // without the data - the bug the crash suite must be able to see.
         let r = Region::anonymous(8192);
-        r.start_recording();
-        r.write(0, &[7]);
-        r.write(128, &[1]);
+        // SAFETY: single-threaded test.
+        unsafe { r.start_recording() };
+        // SAFETY: single-threaded test.
+        unsafe { r.write(0, &[7]) };
+        // SAFETY: single-threaded test.
+        unsafe { r.write(128, &[1]) };
         r.persist(128, 1).unwrap();
         let rec = r.take_recording().unwrap();
         let imgs = images_at_end(&rec);
@@ -321,7 +328,8 @@ mod tests {
     #[test]
     fn raw_slice_stores_are_seen_at_flush() {
         let r = Region::anonymous(8192);
-        r.start_recording();
+        // SAFETY: single-threaded test.
+        unsafe { r.start_recording() };
         // SAFETY: single-threaded test, exclusive range.
         unsafe { r.slice_mut(4096, 3) }.copy_from_slice(&[5, 6, 7]);
         r.persist(4096, 3).unwrap();
@@ -334,10 +342,13 @@ mod tests {
     #[test]
     fn older_versions_of_a_line_are_enumerated() {
         let r = Region::anonymous(8192);
-        r.start_recording();
-        r.write(0, &[1]);
+        // SAFETY: single-threaded test.
+        unsafe { r.start_recording() };
+        // SAFETY: single-threaded test.
+        unsafe { r.write(0, &[1]) };
         r.flush(0, 1);
-        r.write(0, &[2]);
+        // SAFETY: single-threaded test.
+        unsafe { r.write(0, &[2]) };
         r.fence().unwrap();
         // The first version was written back and fenced: durable. The second is in flight.
         let rec = r.take_recording().unwrap();

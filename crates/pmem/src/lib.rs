@@ -5,6 +5,16 @@
 //! durability is requested with [`Region::flush`] (write-back of a range) and
 //! [`Region::fence`] (ordering point: everything flushed before it is durable after it).
 //!
+//! # The access contract
+//!
+//! The region is plain shared memory that other threads may be reading through borrowed
+//! slices (a reply leaving on a socket, say). So every store, and every borrow, is
+//! `unsafe` with one contract: **for as long as a store runs or a borrow lives, no other
+//! thread writes the bytes it covers, and a store's bytes are not read by anyone
+//! else**. Many readers of a range may coexist; a writer is alone with its range. The
+//! owner of the region (the volume) keeps the contract with its own types (fresh blocks
+//! known to one transaction, the state lock, read pins); this crate only checks bounds.
+//!
 //! How a flush is done depends on the mapping, detected at open:
 //! - `CacheLine`: the mapping is synchronous (MAP_SYNC on DAX), so user-space cache-line
 //!   write-back (clwb, else clflushopt, else clflush, by CPUID) plus sfence is durability.
@@ -288,9 +298,12 @@ impl Region {
 
     /// Start logging every store, flush and fence (crash testing). The current contents
     /// become the recording's base image.
-    /// Call while no other thread stores to the region.
-    pub fn start_recording(&self) {
-        // SAFETY: the caller guarantees no concurrent stores; the range is the mapping.
+    ///
+    /// # Safety
+    /// No other thread may use the region while recording (each flush compares the
+    /// whole mapping with the recording's shadow copy).
+    pub unsafe fn start_recording(&self) {
+        // SAFETY: the caller's contract: nobody stores meanwhile.
         let base = unsafe { self.slice(0, self.len) }.to_vec();
         *self.recorder.lock().unwrap() = Some(Recorder::new(base));
         self.recording
@@ -342,7 +355,7 @@ impl Region {
     /// Borrow bytes of the region.
     ///
     /// # Safety
-    /// No other thread may write `[off, off+len)` while the returned slice lives.
+    /// The access contract: no other thread writes `[off, off+len)` while the slice lives.
     pub unsafe fn slice(&self, off: usize, len: usize) -> &[u8] {
         self.check(off, len);
         // SAFETY: in range (checked); the caller guarantees no concurrent writer.
@@ -353,7 +366,7 @@ impl Region {
     /// slice are seen by the recorder at the next `flush` of the range.
     ///
     /// # Safety
-    /// The caller must have exclusive use of `[off, off+len)` while the slice lives.
+    /// The access contract: the caller is alone with `[off, off+len)` while the slice lives.
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn slice_mut(&self, off: usize, len: usize) -> &mut [u8] {
         self.check(off, len);
@@ -361,23 +374,50 @@ impl Region {
         std::slice::from_raw_parts_mut(self.base.add(off), len)
     }
 
+    /// The whole mapping, for an owner that holds the region alone (`&mut`: no store
+    /// or borrow can run beside it), e.g. while recovering before the volume is shared.
+    pub fn bytes(&mut self) -> &[u8] {
+        // SAFETY: `&mut self` excludes every other access through this region.
+        unsafe { self.slice(0, self.len) }
+    }
+
+    /// Store bytes as the region's only user (see `bytes`).
+    pub fn store(&mut self, off: usize, data: &[u8]) {
+        // SAFETY: `&mut self` makes the caller alone with every range.
+        unsafe { self.write(off, data) }
+    }
+
+    /// Store zeros as the region's only user (see `bytes`).
+    pub fn store_zero(&mut self, off: usize, len: usize) {
+        // SAFETY: as in `store`.
+        unsafe { self.zero(off, len) }
+    }
+
     /// Store bytes (ordinary stores; durable after `flush` + `fence`).
-    pub fn write(&self, off: usize, data: &[u8]) {
+    ///
+    /// # Safety
+    /// The access contract (see the crate docs): the caller is alone with the range.
+    pub unsafe fn write(&self, off: usize, data: &[u8]) {
         self.check(off, data.len());
-        // SAFETY: in range; the owner guarantees exclusive use of the destination.
+        // SAFETY: in range (checked); the caller is alone with the destination.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.base.add(off), data.len()) };
         self.with_recorder(|r| r.store(off, data));
     }
 
     /// Store `len` zero bytes.
-    pub fn zero(&self, off: usize, len: usize) {
+    ///
+    /// # Safety
+    /// The access contract: the caller is alone with the range.
+    pub unsafe fn zero(&self, off: usize, len: usize) {
         self.check(off, len);
-        // SAFETY: in range; exclusive use of the destination is the owner's discipline.
+        // SAFETY: in range (checked); the caller is alone with the destination.
         unsafe { std::ptr::write_bytes(self.base.add(off), 0, len) };
         self.with_recorder(|r| r.store(off, &vec![0u8; len]));
     }
 
-    /// One aligned 8-byte store: atomic with respect to power failure.
+    /// One aligned 8-byte store: atomic with respect to power failure. Concurrent
+    /// readers of the word see the old or the new value (it is an atomic store), so
+    /// this one needs no exclusivity.
     pub fn write_u64(&self, off: usize, v: u64) {
         assert_eq!(off % 8, 0, "unaligned atomic store");
         self.check(off, 8);
@@ -402,15 +442,19 @@ impl Region {
     /// Copy a large buffer into the region, bypassing the cache where the mapping is
     /// synchronous (non-temporal stores need no later write-back, only the fence).
     /// Elsewhere it is an ordinary copy followed by `flush`.
-    pub fn copy_persist(&self, off: usize, data: &[u8]) {
+    ///
+    /// # Safety
+    /// The access contract: the caller is alone with the range.
+    pub unsafe fn copy_persist(&self, off: usize, data: &[u8]) {
         self.check(off, data.len());
         match self.mode {
             PersistMode::CacheLine(_) if data.len() >= 1024 && !self.is_recording() => {
-                // SAFETY: in range; exclusive use of the destination is the owner's discipline.
+                // SAFETY: in range (checked); the caller is alone with the destination.
                 unsafe { flush::copy_nontemporal(self.base.add(off), data) };
             }
             _ => {
-                self.write(off, data);
+                // SAFETY: as above.
+                unsafe { self.write(off, data) };
                 self.flush(off, data.len());
             }
         }
@@ -590,7 +634,8 @@ mod tests {
         .unwrap();
         // /tmp and /dev/shm are not DAX: MAP_SYNC must have been refused.
         assert_eq!(r.mode(), PersistMode::Msync);
-        r.write(4096, b"hello");
+        // SAFETY: single-threaded test; nobody else uses the region.
+        unsafe { r.write(4096, b"hello") };
         r.write_u64(8192, 0xdead_beef);
         r.persist(4096, 5000).unwrap();
         drop(r);
@@ -617,7 +662,8 @@ mod tests {
         )
         .unwrap();
         let big = vec![7u8; 200_000];
-        r.copy_persist(100, &big);
+        // SAFETY: single-threaded test.
+        unsafe { r.copy_persist(100, &big) };
         r.fence().unwrap();
         // SAFETY: single-threaded test.
         assert!(unsafe { r.slice(100, big.len()) }.iter().all(|&b| b == 7));
@@ -689,7 +735,8 @@ mod tests {
             },
         )
         .unwrap();
-        r.write(0, &[9u8; 16]);
+        // SAFETY: single-threaded test.
+        unsafe { r.write(0, &[9u8; 16]) };
         r.persist(0, 16).unwrap();
         drop(r);
         assert_eq!(std::fs::read(&path).unwrap()[0], 1);

@@ -28,11 +28,11 @@ use crate::error::{FsError, Result};
 use crate::layout::*;
 use crate::map::{FileMap, MapSink};
 use crate::pins::ReadPins;
+use crate::pm::{FreshBlock, PmAddr};
 use crate::volume::{CommitFault, State, Volume};
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
-use zcfs_pmem::Region;
 
 /// Bytes of one inode record in a log entry.
 pub(crate) const INODE_RECORD: u64 = (REC_HDR + INODE_SIZE) as u64;
@@ -56,7 +56,7 @@ pub(crate) struct Txn {
     pub data_addr: u64,
     pub data_size: u64,
     /// Blocks reserved for this transaction; what is left at `finish` goes back.
-    pub pool: Vec<u64>,
+    pub pool: Vec<FreshBlock>,
     /// Upper bound on the encoded entry, checked against the ring before applying.
     pub log_bound: u64,
 }
@@ -102,7 +102,7 @@ impl Txn {
     }
 
     /// A reserved block (the reservation made room for exactly this many).
-    pub fn take_block(&mut self) -> u64 {
+    pub fn take_block(&mut self) -> FreshBlock {
         self.pool
             .pop()
             .expect("an operation used more blocks than it reserved")
@@ -124,17 +124,16 @@ impl Drop for Txn {
 
 /// Map side effects into a transaction.
 pub(crate) struct Sink<'a> {
-    pub region: &'a Region,
+    pub vol: &'a Volume,
     pub txn: &'a mut Txn,
 }
 
 impl MapSink for Sink<'_> {
     fn new_node(&mut self) -> u64 {
         let b = self.txn.take_block();
-        let off = (b * BLOCK_U64) as usize;
-        self.region.zero(off, BLOCK);
-        self.region.flush(off, BLOCK);
-        b
+        self.vol.fresh_zero(&b, 0, BLOCK);
+        self.vol.fresh_flush(&b, 0, BLOCK);
+        b.publish()
     }
     fn set_ptr(&mut self, node: u64, slot: usize, val: u64) {
         self.txn
@@ -172,7 +171,8 @@ impl Volume {
         }
         self.ensure_blocks(st, n)?;
         let got = st.balloc.alloc(n as usize)?;
-        txn.pool.extend(got);
+        txn.pool
+            .extend(got.into_iter().map(FreshBlock::from_allocator));
         Ok(())
     }
 
@@ -207,7 +207,7 @@ impl Volume {
     /// then turns read-only).
     pub(crate) fn finish(&self, st: &mut State, mut txn: Txn) -> Result<()> {
         for b in std::mem::take(&mut txn.pool) {
-            st.balloc.free(b);
+            st.balloc.free(b.publish());
         }
         for &ino in &txn.dirty {
             let bytes = match st.inodes.get(&ino) {
@@ -236,7 +236,7 @@ impl Volume {
         }
         if self.cfg.no_log {
             for r in &txn.records {
-                self.apply(r);
+                self.apply(st, r);
             }
             self.fence()?;
             for b in std::mem::take(&mut txn.releases) {
@@ -278,7 +278,7 @@ impl Volume {
             st.log.seq += 1;
             let hdr = LogEntry::encode_pad(st.log.seq, st.log.next, p as u32);
             let off = self.geo.ring_off() + (st.log.next % ring) as usize;
-            self.region.write(off, &hdr);
+            self.meta_write(st, PmAddr(off as u64), &hdr);
             self.region.flush(off, hdr.len());
             st.log.next += p;
         }
@@ -287,7 +287,7 @@ impl Volume {
         entry.lsn = st.log.next;
         let bytes = entry.encode();
         let off = self.geo.ring_off() + (st.log.next % ring) as usize;
-        self.region.write(off, &bytes);
+        self.meta_write(st, PmAddr(off as u64), &bytes);
         self.region.flush(off, bytes.len());
         st.log.next += len;
         let l = &st.log;
@@ -315,10 +315,10 @@ impl Volume {
         Ok(())
     }
 
-    fn apply(&self, r: &Record) {
+    fn apply(&self, st: &mut State, r: &Record) {
         match &r.data {
-            RecData::Bytes(b) => self.region.write(r.addr as usize, b),
-            RecData::Zero(n) => self.region.zero(r.addr as usize, *n as usize),
+            RecData::Bytes(b) => self.meta_write(st, PmAddr(r.addr), b),
+            RecData::Zero(n) => self.meta_zero(st, PmAddr(r.addr), *n as usize),
         }
         self.region.flush(r.addr as usize, r.len());
     }
@@ -344,7 +344,7 @@ impl Volume {
         st.log.tail = st.log.next;
         let batch = std::mem::take(&mut st.batch);
         for r in &batch.apply {
-            self.apply(r);
+            self.apply(st, r);
         }
         st.deferred_frees.extend(batch.frees);
         self.stats.commits.fetch_add(1, Ordering::Relaxed);

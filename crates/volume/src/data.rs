@@ -7,6 +7,7 @@ use crate::commit::{Sink, Txn, ENTRY_OVERHEAD, INODE_RECORD};
 use crate::error::{FsError, Result};
 use crate::layout::*;
 use crate::map::FileMap;
+use crate::pm::{BlockNo, FreshBlock};
 use crate::trace::Traced;
 use crate::volume::{State, Volume};
 use std::sync::atomic::Ordering;
@@ -36,10 +37,9 @@ pub struct WriteReservation<'v> {
     gen: u32,
     off: u64,
     len: usize,
-    /// One fresh block per file block in the range.
-    blocks: Vec<u64>,
-    /// How many of `blocks` are in the file (committed pieces); the rest go back.
-    placed: usize,
+    /// One fresh block per file block in the range, ascending; those still here at
+    /// the end (not committed) go back to the allocator.
+    blocks: Vec<FreshBlock>,
     /// Whether the caller's bytes were already written back (copy_persist path).
     written_back: bool,
     done: bool,
@@ -59,37 +59,47 @@ impl WriteReservation<'_> {
         self.len == 0
     }
 
-    /// (region offset, length) of each piece of the destination, in file order;
-    /// physically adjacent blocks are merged.
-    pub fn pieces(&self) -> Vec<(usize, usize)> {
-        let mut out: Vec<(usize, usize)> = Vec::new();
+    /// The destination in file order, as runs of physically adjacent blocks: (index in
+    /// `blocks` of the run's first block, byte offset in it, length).
+    fn runs(&self) -> Vec<(usize, usize, usize)> {
+        let mut out: Vec<(usize, usize, usize)> = Vec::new();
         let first = self.off / BLOCK_U64;
         let mut pos = self.off;
         let end = self.off + self.len as u64;
-        for (i, &b) in self.blocks.iter().enumerate() {
-            let fb = first + i as u64;
-            let bstart = fb * BLOCK_U64;
+        for (i, b) in self.blocks.iter().enumerate() {
+            let bstart = (first + i as u64) * BLOCK_U64;
             let s = pos.max(bstart);
             let e = end.min(bstart + BLOCK_U64);
-            let roff = (b * BLOCK_U64 + (s - bstart)) as usize;
-            let n = (e - s) as usize;
+            let (at, n) = ((s - bstart) as usize, (e - s) as usize);
             match out.last_mut() {
-                Some(last) if last.0 + last.1 == roff => last.1 += n,
-                _ => out.push((roff, n)),
+                Some((j, a, l))
+                    if self.blocks[*j].no().at((*a + *l) as u64) == b.no().at(at as u64) =>
+                {
+                    *l += n
+                }
+                _ => out.push((i, at, n)),
             }
             pos = e;
         }
         out
     }
 
+    /// Number of pieces the destination is in (physically adjacent blocks merged).
+    pub fn pieces(&self) -> usize {
+        self.runs().len()
+    }
+
     /// Mutable slices over the destination bytes, for filling in place (e.g. straight
     /// from a socket). Stores through them are written back at commit.
     pub fn slices_mut(&mut self) -> Vec<&mut [u8]> {
         self.written_back = false;
-        self.pieces()
+        self.runs()
             .into_iter()
-            // SAFETY: the blocks are fresh, owned by this reservation alone until commit.
-            .map(|(o, n)| unsafe { self.vol.region.slice_mut(o, n) })
+            .map(|(i, at, n)| {
+                // SAFETY: the run's blocks are fresh and held by this reservation until
+                // commit; `&mut self` keeps the views unique, and runs do not overlap.
+                unsafe { self.vol.fresh_run_mut(self.blocks[i].no(), at, n) }
+            })
             .collect()
     }
 
@@ -102,12 +112,9 @@ impl WriteReservation<'_> {
         );
         let skip_flush = self.vol.cfg.fault == Some(crate::volume::CommitFault::SkipDataFlush);
         let mut at = 0;
-        for (o, n) in self.pieces() {
-            if skip_flush {
-                self.vol.region.write(o, &data[at..at + n]);
-            } else {
-                self.vol.region.copy_persist(o, &data[at..at + n]);
-            }
+        for (i, o, n) in self.runs() {
+            self.vol
+                .fresh_fill(&self.blocks[i], o, &data[at..at + n], !skip_flush);
             at += n;
         }
         self.vol
@@ -123,7 +130,7 @@ impl WriteReservation<'_> {
         self.done = true;
         let vol = self.vol;
         let r = vol.commit_write(&mut self);
-        vol.give_back(&self.blocks[self.placed..]);
+        vol.give_back(std::mem::take(&mut self.blocks));
         r
     }
 }
@@ -131,7 +138,7 @@ impl WriteReservation<'_> {
 impl Drop for WriteReservation<'_> {
     fn drop(&mut self) {
         if !self.done {
-            self.vol.give_back(&self.blocks[self.placed..]);
+            self.vol.give_back(std::mem::take(&mut self.blocks));
         }
     }
 }
@@ -176,8 +183,8 @@ impl Drop for AttachedPages<'_> {
 /// Caller-filled pages waiting to be placed into files atomically (`pflush_*`).
 pub struct PageBuf<'v> {
     vol: &'v Volume,
-    blocks: Vec<u64>,
-    placed: bool,
+    /// Fresh blocks; empty once placed by a pflush commit.
+    blocks: Vec<FreshBlock>,
 }
 
 impl PageBuf<'_> {
@@ -186,17 +193,15 @@ impl PageBuf<'_> {
     }
     /// The `i`th page, to fill in place.
     pub fn page_mut(&mut self, i: usize) -> &mut [u8] {
-        let off = (self.blocks[i] * BLOCK_U64) as usize;
-        // SAFETY: the block is fresh and owned by this buffer until committed.
-        unsafe { self.vol.region.slice_mut(off, BLOCK) }
+        // SAFETY: the block is fresh and held by this buffer until committed; `&mut
+        // self` keeps the view unique.
+        unsafe { self.vol.fresh_run_mut(self.blocks[i].no(), 0, BLOCK) }
     }
 }
 
 impl Drop for PageBuf<'_> {
     fn drop(&mut self) {
-        if !self.placed {
-            self.vol.give_back(&self.blocks);
-        }
+        self.vol.give_back(std::mem::take(&mut self.blocks));
     }
 }
 
@@ -253,6 +258,14 @@ impl<'v> PflushTxn<'v> {
     }
 }
 
+/// Where read bytes are: a run of adjacent live blocks (first block, offset, length),
+/// or a hole within one block (offset, length).
+#[derive(Debug, Clone, Copy)]
+enum Run {
+    Data(BlockNo, usize, usize),
+    Hole(usize, usize),
+}
+
 /// One atomic piece of a write: `count` file blocks from `start` (an index into the
 /// reservation), and the bound on its log entry.
 #[derive(Debug, Clone, Copy)]
@@ -274,14 +287,21 @@ impl Volume {
         len: usize,
         f: impl FnOnce(&[&[u8]]) -> R,
     ) -> Result<R> {
-        let (slices, _pin) = {
+        let (runs, pin) = {
             let st = self.read_state();
             check_file(&st, ino)?;
             (
-                self.data_slices(&st, ino, off, len)?,
+                self.data_runs(&st, ino, off, len)?,
                 self.readers.enter(st.epoch),
             )
         };
+        let slices: Vec<&[u8]> = runs
+            .iter()
+            .map(|r| match *r {
+                Run::Data(b, at, n) => self.live_run(&pin, b, at, n),
+                Run::Hole(at, n) => &ZERO_BLOCK[at..at + n],
+            })
+            .collect();
         let total: usize = slices.iter().map(|s| s.len()).sum();
         self.stats
             .data_bytes_read
@@ -289,48 +309,39 @@ impl Volume {
         self.stats
             .zero_copy_bytes
             .fetch_add(total as u64, Ordering::Relaxed);
-        Ok(f(&slices))
+        let r = f(&slices);
+        drop(slices);
+        drop(pin);
+        Ok(r)
     }
 
-    /// The slices of `[off, off+len)` of a file, merged where blocks are adjacent.
-    fn data_slices(&self, st: &State, ino: u64, off: u64, len: usize) -> Result<Vec<&[u8]>> {
+    /// Where the bytes of `[off, off+len)` of a file are: runs of physically adjacent
+    /// data blocks, and holes (one per block).
+    fn data_runs(&self, st: &State, ino: u64, off: u64, len: usize) -> Result<Vec<Run>> {
         let i = st.inode(ino)?;
         let end = (off.saturating_add(len as u64)).min(i.rec.size);
-        let mut slices: Vec<&[u8]> = Vec::new();
+        let mut runs: Vec<Run> = Vec::new();
         if off >= end {
-            return Ok(slices);
+            return Ok(runs);
         }
         let fb0 = off / BLOCK_U64;
         let n = (end - 1) / BLOCK_U64 + 1 - fb0;
-        let mut last_end: Option<usize> = None;
         i.map.for_range(fb0, n, |fb, b| {
             let bstart = fb * BLOCK_U64;
             let s = off.max(bstart);
             let e = end.min(bstart + BLOCK_U64);
             let (a, l) = ((s - bstart) as usize, (e - s) as usize);
-            match b {
-                Some(b) => {
-                    let roff = (b * BLOCK_U64) as usize + a;
-                    if last_end == Some(roff) {
-                        let prev = slices.pop().unwrap();
-                        // SAFETY: two adjacent ranges of live data blocks; see below.
-                        slices
-                            .push(unsafe { self.region.slice(roff - prev.len(), prev.len() + l) });
-                    } else {
-                        // SAFETY: data blocks reachable from a map are never written in
-                        // place (copy-on-write); the caller pins them (read pin taken
-                        // under the same lock) so they are not reused while borrowed.
-                        slices.push(unsafe { self.region.slice(roff, l) });
-                    }
-                    last_end = Some(roff + l);
+            match (b, runs.last_mut()) {
+                (Some(b), Some(Run::Data(b0, a0, l0)))
+                    if b0.at((*a0 + *l0) as u64) == BlockNo(b).at(a as u64) =>
+                {
+                    *l0 += l
                 }
-                None => {
-                    slices.push(&ZERO_BLOCK[a..a + l]);
-                    last_end = None;
-                }
+                (Some(b), _) => runs.push(Run::Data(BlockNo(b), a, l)),
+                (None, _) => runs.push(Run::Hole(a, l)),
             }
         });
-        Ok(slices)
+        Ok(runs)
     }
 
     /// Read into a buffer (one copy). Returns bytes read (short at end of file).
@@ -395,7 +406,7 @@ impl Volume {
             let mut txn = Txn::new(OpType::Write, ino);
             self.reserve_blocks(&mut st, &mut txn, n)?;
             let mut b = std::mem::take(&mut txn.pool);
-            b.sort_unstable(); // ascending, so adjacent blocks merge into one slice
+            b.sort_unstable_by_key(FreshBlock::no); // ascending: adjacent blocks merge
             b
         };
         Ok(WriteReservation {
@@ -405,45 +416,39 @@ impl Volume {
             off,
             len,
             blocks,
-            placed: 0,
             written_back: len == 0,
             done: false,
         })
     }
 
     /// Copy the bytes of edge block `i` of a reservation outside the write range from
-    /// the file's current block (or zeros).
-    fn fill_edge(&self, r: &WriteReservation<'_>, i: usize, src: Option<u64>) {
+    /// the file's current block (or zeros), under the state lock.
+    fn fill_edge(&self, st: &State, r: &WriteReservation<'_>, i: usize, src: Option<u64>) {
         let fb = r.off / BLOCK_U64 + i as u64;
         let bstart = fb * BLOCK_U64;
         let ws = r.off.max(bstart) - bstart;
         let we = (r.off + r.len as u64).min(bstart + BLOCK_U64) - bstart;
-        let dst = (r.blocks[i] * BLOCK_U64) as usize;
+        let dst = &r.blocks[i];
         for (s, e) in [(0, ws), (we, BLOCK_U64)] {
             if s >= e {
                 continue;
             }
-            let (s, e) = (s as usize, e as usize);
+            let (s, n) = (s as usize, (e - s) as usize);
             match src {
-                Some(b) => {
-                    // SAFETY: `b` is a live data block (never written in place) read
-                    // under the state's write lock; `dst` is our fresh block.
-                    let from = unsafe { self.region.slice((b * BLOCK_U64) as usize + s, e - s) };
-                    self.region.write(dst + s, from);
-                }
-                None => self.region.zero(dst + s, e - s),
+                Some(b) => self.fresh_copy_live(st, dst, BlockNo(b), s, n),
+                None => self.fresh_zero(dst, s, n),
             }
-            self.region.flush(dst + s, e - s);
+            self.fresh_flush(dst, s, n);
         }
     }
 
-    pub(crate) fn give_back(&self, blocks: &[u64]) {
+    pub(crate) fn give_back(&self, blocks: Vec<FreshBlock>) {
         if blocks.is_empty() {
             return;
         }
         let mut st = self.state.write().unwrap();
-        for &b in blocks {
-            st.balloc.free(b);
+        for b in blocks {
+            st.balloc.free(b.publish());
         }
     }
 
@@ -516,33 +521,37 @@ impl Volume {
             !r.off.is_multiple_of(BLOCK_U64) || (n == 1 && !end.is_multiple_of(BLOCK_U64));
         let tail_partial = !end.is_multiple_of(BLOCK_U64);
         let map = &st.inodes[&r.ino].map;
+        let (head_src, tail_src) = (map.get(first), map.get(first + n - 1));
         if head_partial {
-            self.fill_edge(r, 0, map.get(first));
+            self.fill_edge(st, r, 0, head_src);
         }
         if tail_partial && n > 1 {
-            self.fill_edge(r, n as usize - 1, map.get(first + n - 1));
+            self.fill_edge(st, r, n as usize - 1, tail_src);
         }
         if !r.written_back {
-            for (o, len) in r.pieces() {
-                self.region.flush(o, len);
+            for (i, at, len) in r.runs() {
+                self.fresh_flush(&r.blocks[i], at, len);
             }
         }
         let mut pool = std::mem::take(&mut reserved.pool);
+        let mut blocks = std::mem::take(&mut r.blocks).into_iter();
         for p in pieces {
             let mut txn = Txn::new(OpType::Write, r.ino);
             txn.pool = std::mem::take(&mut pool);
             txn.log_bound = p.bound;
-            txn.data_addr = r.blocks[p.start as usize] * BLOCK_U64;
             let piece_start = (r.off).max((first + p.start) * BLOCK_U64);
             let piece_end = end.min((first + p.start + p.count) * BLOCK_U64);
             txn.data_size = piece_end - piece_start;
+            let piece: Vec<FreshBlock> = blocks.by_ref().take(p.count as usize).collect();
+            txn.data_addr = piece[0].no().at(0).0;
+            let word = first_word(self, &piece[0], piece_start, r.len);
             let inode = st.inodes.get_mut(&r.ino).expect("checked above");
             let mut sink = Sink {
-                region: &self.region,
+                vol: self,
                 txn: &mut txn,
             };
-            for i in p.start..p.start + p.count {
-                if let Some(old) = inode.map.set(first + i, r.blocks[i as usize], &mut sink) {
+            for (i, b) in (p.start..).zip(piece) {
+                if let Some(old) = inode.map.set(first + i, b.publish(), &mut sink) {
                     sink.txn.releases.push(old);
                 }
             }
@@ -554,33 +563,27 @@ impl Volume {
             inode.rec.ctime = now;
             txn.dirty.insert(r.ino);
             pool = std::mem::take(&mut txn.pool);
-            r.placed = (p.start + p.count) as usize;
             self.trace(|| Traced::Write {
                 ino: r.ino,
                 offset: piece_start,
                 len: piece_end - piece_start,
-                first_word: self.first_word(r, piece_start),
+                first_word: word,
             });
-            self.finish(st, txn)?;
+            if let Err(e) = self.finish(st, txn) {
+                r.blocks = blocks.collect();
+                for b in pool {
+                    st.balloc.free(b.publish());
+                }
+                return Err(e);
+            }
         }
         for b in pool {
-            st.balloc.free(b);
+            st.balloc.free(b.publish());
         }
         self.stats
             .data_bytes_written
             .fetch_add(r.len as u64, Ordering::Relaxed);
         Ok(r.len)
-    }
-
-    /// The first 8 bytes a reservation wrote at file offset `at` (for the trace).
-    fn first_word(&self, r: &WriteReservation<'_>, at: u64) -> u64 {
-        let i = ((at / BLOCK_U64) - r.off / BLOCK_U64) as usize;
-        let o = (r.blocks[i] * BLOCK_U64 + at % BLOCK_U64) as usize;
-        let n = 8.min((BLOCK_U64 - at % BLOCK_U64) as usize).min(r.len);
-        let mut w = [0u8; 8];
-        // SAFETY: the reservation's own block, filled by its owner, not yet published.
-        w[..n].copy_from_slice(unsafe { self.region.slice(o, n) });
-        u64::from_le_bytes(w)
     }
 
     /// Set a file's size. Shrinking frees whole blocks past the end and copies the new
@@ -618,27 +621,27 @@ impl Volume {
 
     /// Apply a planned truncate (cannot fail).
     pub(crate) fn apply_truncate(&self, st: &mut State, txn: &mut Txn, ino: u64, size: u64) {
-        let inode = st.inodes.get_mut(&ino).expect("planned");
-        if size < inode.rec.size {
-            let keep = size.div_ceil(BLOCK_U64);
-            let old_last = (!size.is_multiple_of(BLOCK_U64))
-                .then(|| inode.map.get(keep - 1))
-                .flatten();
-            let mut sink = Sink {
-                region: &self.region,
-                txn,
-            };
-            inode.map.truncate_blocks(keep, &mut sink);
-            if let Some(old) = old_last {
+        let shrink = size < st.inodes[&ino].rec.size;
+        let keep = size.div_ceil(BLOCK_U64);
+        // The new last block, when partial: its head copied, its tail zero (bytes past
+        // EOF are always zero on PM).
+        let new_last = match st.inodes[&ino].map.get(keep.wrapping_sub(1)) {
+            Some(old) if shrink && !size.is_multiple_of(BLOCK_U64) => {
                 let partial = (size % BLOCK_U64) as usize;
-                let nb = sink.txn.take_block();
-                let dst = (nb * BLOCK_U64) as usize;
-                // SAFETY: `old` is a live data block, read under the write lock.
-                let head = unsafe { self.region.slice((old * BLOCK_U64) as usize, partial) };
-                self.region.write(dst, head);
-                self.region.zero(dst + partial, BLOCK - partial);
-                self.region.flush(dst, BLOCK);
-                if let Some(o) = inode.map.set(keep - 1, nb, &mut sink) {
+                let nb = txn.take_block();
+                self.fresh_copy_live(st, &nb, BlockNo(old), 0, partial);
+                self.fresh_zero(&nb, partial, BLOCK - partial);
+                self.fresh_flush(&nb, 0, BLOCK);
+                Some(nb)
+            }
+            _ => None,
+        };
+        let inode = st.inodes.get_mut(&ino).expect("planned");
+        if shrink {
+            let mut sink = Sink { vol: self, txn };
+            inode.map.truncate_blocks(keep, &mut sink);
+            if let Some(nb) = new_last {
+                if let Some(o) = inode.map.set(keep - 1, nb.publish(), &mut sink) {
                     sink.txn.releases.push(o);
                 }
             }
@@ -692,7 +695,7 @@ impl Volume {
         )?;
         let inode = st.inodes.get_mut(&ino).expect("checked");
         let mut sink = Sink {
-            region: &self.region,
+            vol: self,
             txn: &mut txn,
         };
         inode.map.punch(first_full, end_full, &mut sink);
@@ -711,7 +714,6 @@ impl Volume {
         Ok(PageBuf {
             vol: self,
             blocks: std::mem::take(&mut txn.pool),
-            placed: false,
         })
     }
 
@@ -741,37 +743,38 @@ impl Volume {
         // Apply.
         let now = Timespec::now();
         for p in &mut t.items {
-            for &b in &p.pages.blocks {
-                self.region.flush((b * BLOCK_U64) as usize, BLOCK);
+            let pages = std::mem::take(&mut p.pages.blocks);
+            let count = pages.len() as u64;
+            let end = p.offset + count * BLOCK_U64;
+            let want = p.new_size.unwrap_or(end);
+            let grows = want >= st.inodes[&p.ino].rec.size;
+            // Bytes past EOF are always zero on PM.
+            let tail = (want % BLOCK_U64) as usize;
+            if grows && tail != 0 {
+                let last = &pages[pages.len() - 1];
+                self.fresh_zero(last, tail, BLOCK - tail);
+            }
+            for b in &pages {
+                self.fresh_flush(b, 0, BLOCK);
             }
             let inode = st.inodes.get_mut(&p.ino).expect("checked");
             let mut sink = Sink {
-                region: &self.region,
+                vol: self,
                 txn: &mut txn,
             };
             let fb0 = p.offset / BLOCK_U64;
-            for (i, &b) in p.pages.blocks.iter().enumerate() {
-                if let Some(old) = inode.map.set(fb0 + i as u64, b, &mut sink) {
+            for (fb, b) in (fb0..).zip(pages) {
+                if let Some(old) = inode.map.set(fb, b.publish(), &mut sink) {
                     sink.txn.releases.push(old);
                 }
             }
-            let end = p.offset + p.pages.blocks.len() as u64 * BLOCK_U64;
-            let want = p.new_size.unwrap_or(end);
-            if want >= inode.rec.size {
+            if grows {
                 inode.rec.size = want;
-                // Bytes past EOF are always zero on PM.
-                let tail = (want % BLOCK_U64) as usize;
-                if tail != 0 {
-                    let last = (p.pages.blocks[p.pages.blocks.len() - 1] * BLOCK_U64) as usize;
-                    self.region.zero(last + tail, BLOCK - tail);
-                    self.region.flush(last + tail, BLOCK - tail);
-                }
             }
             inode.rec.mtime = now;
             inode.rec.ctime = now;
-            txn.data_size += p.pages.blocks.len() as u64 * BLOCK_U64;
+            txn.data_size += count * BLOCK_U64;
             txn.dirty.insert(p.ino);
-            p.pages.placed = true;
             let ino = p.ino;
             self.trace(|| Traced::Pages { ino });
         }
@@ -840,8 +843,7 @@ impl Volume {
                     }
                 }
                 None => {
-                    // SAFETY: live data blocks under the lock; `dst` is our private range.
-                    let src = unsafe { self.region.slice((b0 * BLOCK_U64) as usize, len_run) };
+                    let src = self.live_run(&*st, BlockNo(b0), 0, len_run);
                     // SAFETY: `dst` has `len_run` private bytes we own.
                     unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, len_run) };
                     copied += len_run;
@@ -870,6 +872,16 @@ impl Volume {
             pinned,
         })
     }
+}
+
+/// The first (up to) 8 bytes a write puts at file offset `at`, in its fresh block `b`
+/// (for the trace).
+fn first_word(vol: &Volume, b: &FreshBlock, at: u64, len: usize) -> u64 {
+    let o = (at % BLOCK_U64) as usize;
+    let n = 8.min(BLOCK - o).min(len);
+    let mut w = [0u8; 8];
+    w[..n].copy_from_slice(vol.fresh_read(b, o, n));
+    u64::from_le_bytes(w)
 }
 
 /// Redo bytes of a truncate besides the inode: the punch, and the new last block.

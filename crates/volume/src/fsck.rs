@@ -13,6 +13,7 @@
 use crate::commit::{Txn, ENTRY_OVERHEAD, INODE_RECORD};
 use crate::error::{FsError, Result};
 use crate::layout::*;
+use crate::pm::{BlockNo, PmAddr};
 use crate::volume::{read_superblock, State, Volume, VolumeConfig};
 use std::collections::HashMap;
 use std::path::Path;
@@ -68,9 +69,9 @@ pub fn fsck_region(region: Region, repair: bool) -> Result<FsckReport> {
     fsck_region_inner(region, repair, false)
 }
 
-fn fsck_region_inner(region: Region, repair: bool, owner: bool) -> Result<FsckReport> {
+fn fsck_region_inner(mut region: Region, repair: bool, owner: bool) -> Result<FsckReport> {
     let mut report = FsckReport::default();
-    let damaged = superblock_problems(&region, &mut report);
+    let damaged = superblock_problems(region.bytes(), &mut report);
     let mut load_problems = Vec::new();
     let cfg = VolumeConfig {
         batch_ops: 1,
@@ -80,7 +81,7 @@ fn fsck_region_inner(region: Region, repair: bool, owner: bool) -> Result<FsckRe
     if repair && !damaged.is_empty() {
         // Opening for writing rewrote the copy not written last, the damaged one.
         let mut after = FsckReport::default();
-        if superblock_problems(&vol.region, &mut after).is_empty() {
+        if superblock_problems(&vol.superblock_copies(), &mut after).is_empty() {
             report
                 .problems
                 .retain(|p| !p.starts_with("superblock copy"));
@@ -119,14 +120,13 @@ fn fsck_region_inner(region: Region, repair: bool, owner: bool) -> Result<FsckRe
 
 /// Both superblock copies must be valid: one alone is a volume without its spare.
 /// Returns the numbers (1, 2) of the damaged copies.
-fn superblock_problems(region: &Region, report: &mut FsckReport) -> Vec<usize> {
+fn superblock_problems(img: &[u8], report: &mut FsckReport) -> Vec<usize> {
     let mut damaged = Vec::new();
     for (i, off) in [0usize, BLOCK].into_iter().enumerate() {
-        if region.len() < off + SB_SIZE {
+        if img.len() < off + SB_SIZE {
             continue;
         }
-        // SAFETY: fsck owns the region; nothing else writes it.
-        if let Err(e) = Superblock::decode(unsafe { region.slice(off, SB_SIZE) }) {
+        if let Err(e) = Superblock::decode(&img[off..off + SB_SIZE]) {
             report.problems.push(format!(
                 "superblock copy {} is unusable ({e}); the volume runs on the other copy \
                  alone (repair, or the next read-write mount, rewrites it)",
@@ -135,7 +135,7 @@ fn superblock_problems(region: &Region, report: &mut FsckReport) -> Vec<usize> {
             damaged.push(i + 1);
         }
     }
-    if read_superblock(region).is_err() {
+    if read_superblock(img).is_err() {
         report.problems.push("no usable superblock".into());
     }
     damaged
@@ -188,8 +188,8 @@ fn check_state(vol: &Volume, st: &State, report: &mut FsckReport) -> Vec<Fix> {
         report.inodes += 1;
         let derived_blocks = i.map.owned_blocks() + (r.xattr_block != 0) as u64;
         owned += derived_blocks;
-        // SAFETY: the volume is private to fsck here.
-        let pm = InodeRec::decode(unsafe { vol.region.slice(geo.inode_off(ino), INODE_SIZE) });
+        let home = PmAddr(geo.inode_off(ino) as u64);
+        let pm = InodeRec::decode(vol.meta_read(st, home, INODE_SIZE));
         if pm.as_ref().is_ok_and(|p| p.blocks != derived_blocks) {
             report.problems.push(format!(
                 "inode {ino}: block count says {} but owns {derived_blocks}",
@@ -268,11 +268,7 @@ fn check_state(vol: &Volume, st: &State, report: &mut FsckReport) -> Vec<Fix> {
             let tail = (r.size % BLOCK_U64) as usize;
             if tail != 0 {
                 if let Some(b) = i.map.get(r.size / BLOCK_U64) {
-                    // SAFETY: private to fsck.
-                    let past = unsafe {
-                        vol.region
-                            .slice((b * BLOCK_U64) as usize + tail, BLOCK - tail)
-                    };
+                    let past = vol.live(st, BlockNo(b), tail, BLOCK - tail);
                     if past.iter().any(|&x| x != 0) {
                         report
                             .problems
@@ -343,7 +339,7 @@ pub fn check_volume(vol: &Volume) -> FsckReport {
             .problems
             .push(format!("commit before checking failed: {e}"));
     }
-    superblock_problems(&vol.region, &mut report);
+    superblock_problems(&vol.superblock_copies(), &mut report);
     if let Some(why) = &vol.recovery.stopped_early {
         report
             .problems

@@ -7,9 +7,9 @@ use crate::{fsck, layout, MkfsOptions, Owner, Region, Volume, VolumeConfig, ROOT
 /// A small valid volume with a few files, directories, links and xattrs: the starting
 /// point for patch-based fuzzing, so mutations get past the checksums.
 pub fn template_image() -> Vec<u8> {
-    let region = Region::anonymous(256 << 10);
+    let mut region = Region::anonymous(256 << 10);
     Volume::mkfs_region(
-        &region,
+        &mut region,
         &MkfsOptions {
             inodes: Some(32),
             log_bytes: Some(16 << 10),
@@ -39,7 +39,7 @@ pub fn template_image() -> Vec<u8> {
     vol.create(d.ino, b"late", 0o644, o, 0).unwrap();
     vol.sync().unwrap();
     // SAFETY: no operation runs while copying.
-    let img = unsafe { vol.region().slice(0, vol.region().len()) }.to_vec();
+    let img = unsafe { vol.test_door().image() };
     vol.abandon();
     img
 }

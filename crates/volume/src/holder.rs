@@ -105,15 +105,15 @@ fn decode(b: &[u8]) -> Option<Holder> {
     })
 }
 
-/// Record this process as the holder (after taking the lock).
-pub(crate) fn write(region: &Region) -> std::result::Result<(), PmemError> {
-    region.write(HOLDER_OFF, &encode(&this_process()));
+/// Record this process as the holder (after taking the lock, before sharing).
+pub(crate) fn write(region: &mut Region) -> std::result::Result<(), PmemError> {
+    region.store(HOLDER_OFF, &encode(&this_process()));
     region.persist(HOLDER_OFF, HOLDER_LEN)
 }
 
 /// Clear the record at a clean close.
-pub(crate) fn clear(region: &Region) -> std::result::Result<(), PmemError> {
-    region.zero(HOLDER_OFF, HOLDER_LEN);
+pub(crate) fn clear(region: &mut Region) -> std::result::Result<(), PmemError> {
+    region.store_zero(HOLDER_OFF, HOLDER_LEN);
     region.persist(HOLDER_OFF, HOLDER_LEN)
 }
 

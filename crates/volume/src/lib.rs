@@ -21,6 +21,7 @@ mod map;
 mod names;
 mod ops;
 mod pins;
+mod pm;
 mod recovery;
 mod refs;
 mod sync;

@@ -9,6 +9,7 @@ use crate::error::{FsError, Result};
 use crate::layout::*;
 use crate::map::FileMap;
 use crate::ops::{attr_of, Attr, DirEntry, Owner, RenameFlags, MAX_LINKS, MAX_SYMLINK};
+use crate::pm::BlockNo;
 use crate::trace::Traced;
 use crate::volume::{Inode, State, Volume};
 use std::collections::BTreeMap;
@@ -255,18 +256,17 @@ impl Volume {
         };
         if let Some(target) = n.symlink {
             let b = txn.take_block();
-            let off = (b * BLOCK_U64) as usize;
-            self.region.write(off, target);
-            self.region.zero(off + target.len(), BLOCK - target.len());
-            self.region.flush(off, BLOCK);
+            self.fresh_write(&b, 0, target);
+            self.fresh_zero(&b, target.len(), BLOCK - target.len());
+            self.fresh_flush(&b, 0, BLOCK);
+            txn.data_addr = b.no().at(0).0;
+            txn.data_size = target.len() as u64;
             let mut sink = Sink {
-                region: &self.region,
+                vol: self,
                 txn: &mut txn,
             };
-            inode.map.set(0, b, &mut sink);
+            inode.map.set(0, b.publish(), &mut sink);
             inode.rec.size = target.len() as u64;
-            txn.data_addr = off as u64;
-            txn.data_size = target.len() as u64;
         }
         st.inodes.insert(ino, inode);
         if is_dir {
@@ -314,15 +314,11 @@ impl Volume {
             (Room::NewBlock, None) => {
                 let bi = dir.blocks() as u64;
                 let b = txn.take_block();
-                let off = (b * BLOCK_U64) as usize;
-                self.region.zero(off, BLOCK);
-                self.region.flush(off, BLOCK);
+                self.fresh_zero(&b, 0, BLOCK);
+                self.fresh_flush(&b, 0, BLOCK);
                 let pi = st.inodes.get_mut(&parent).expect("checked");
-                let mut sink = Sink {
-                    region: &self.region,
-                    txn,
-                };
-                pi.map.set(bi, b, &mut sink);
+                let mut sink = Sink { vol: self, txn };
+                pi.map.set(bi, b.publish(), &mut sink);
                 pi.rec.size = (bi + 1) * BLOCK_U64;
                 txn.dirty.insert(parent);
                 (bi as usize * UNITS_PER_BLOCK) as u32
@@ -424,10 +420,7 @@ impl Volume {
             return;
         };
         st.dirs.remove(&ino);
-        let mut sink = Sink {
-            region: &self.region,
-            txn,
-        };
+        let mut sink = Sink { vol: self, txn };
         inode.map.clear(&mut sink);
         if inode.rec.xattr_block != 0 {
             txn.releases.push(inode.rec.xattr_block);
@@ -720,9 +713,7 @@ impl Volume {
             .get(0)
             .ok_or_else(|| FsError::Corrupt(format!("symlink {ino} has no block")))?;
         let len = (i.rec.size as usize).min(MAX_SYMLINK);
-        // SAFETY: mapped data blocks are never written in place (copy-on-write), and the
-        // read lock keeps the block from being freed.
-        Ok(unsafe { self.region.slice((b * BLOCK_U64) as usize, len) }.to_vec())
+        Ok(self.live(&*st, BlockNo(b), 0, len).to_vec())
     }
 
     /// Directory entries from `cookie` on (0 = start); `f` returns false to stop.

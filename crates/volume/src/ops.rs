@@ -288,10 +288,9 @@ impl Volume {
             0
         } else {
             let b = txn.take_block();
-            let off = (b * BLOCK_U64) as usize;
-            self.region.write(off, &bytes);
-            self.region.flush(off, bytes.len());
-            b
+            self.fresh_write(&b, 0, &bytes);
+            self.fresh_flush(&b, 0, bytes.len());
+            b.publish()
         };
         let i = st.inode_mut(ino).expect("checked");
         if i.rec.xattr_block != 0 {

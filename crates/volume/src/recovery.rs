@@ -12,7 +12,8 @@ use zcfs_pmem::Region;
 
 /// Replay committed entries in `[head, tail)`, stopping at the first torn or
 /// out-of-sequence one; then make the result durable and empty the log.
-pub(crate) fn replay(region: &Region, geo: &Geometry) -> Result<(LogState, RecoveryReport)> {
+/// Runs before the volume exists: the region is the caller's alone (`&mut`).
+pub(crate) fn replay(region: &mut Region, geo: &Geometry) -> Result<(LogState, RecoveryReport)> {
     let hdr = geo.log_header_off();
     let ring = geo.ring_len();
     let tail = region.read_u64(hdr + TAIL_WORD);
@@ -29,8 +30,10 @@ pub(crate) fn replay(region: &Region, geo: &Geometry) -> Result<(LogState, Recov
     let mut seq: Option<u64> = None;
     while lsn < tail {
         let pos = lsn % ring;
-        // SAFETY: recovery runs before the volume is shared; nothing writes the ring.
-        let buf = unsafe { region.slice(geo.ring_off() + pos as usize, (ring - pos) as usize) };
+        let at = geo.ring_off() + pos as usize;
+        let buf = &region.bytes()[at..at + (ring - pos) as usize];
+        // `decode` bounds the length by the space left in the ring.
+        let advance = buf.len().min(LogEntry::peek_len(buf).unwrap_or(LOG_HDR)) as u64;
         let entry = match LogEntry::decode(buf, region_len) {
             Ok(e) => e,
             Err(e) => {
@@ -54,8 +57,8 @@ pub(crate) fn replay(region: &Region, geo: &Geometry) -> Result<(LogState, Recov
         }
         for r in &entry.records {
             match &r.data {
-                RecData::Bytes(b) => region.write(r.addr as usize, b),
-                RecData::Zero(n) => region.zero(r.addr as usize, *n as usize),
+                RecData::Bytes(b) => region.store(r.addr as usize, b),
+                RecData::Zero(n) => region.store_zero(r.addr as usize, *n as usize),
             }
             region.flush(r.addr as usize, r.len());
             report.records_applied += 1;
@@ -64,8 +67,7 @@ pub(crate) fn replay(region: &Region, geo: &Geometry) -> Result<(LogState, Recov
             report.entries_replayed += 1;
         }
         seq = Some(entry.seq);
-        // `decode` bounds the length by the space left in the ring.
-        lsn += buf.len().min(LogEntry::peek_len(buf).unwrap_or(LOG_HDR)) as u64;
+        lsn += advance;
     }
     if let Some(why) = &report.stopped_early {
         tracing::warn!("log replay stopped before the tail: {why}");
@@ -94,9 +96,13 @@ pub(crate) fn replay(region: &Region, geo: &Geometry) -> Result<(LogState, Recov
     ))
 }
 
-fn read_node(region: &Region, b: u64) -> [u64; PTRS_PER_NODE] {
-    // SAFETY: loading runs before the volume is shared; node blocks are not written.
-    let s = unsafe { region.slice((b * BLOCK_U64) as usize, BLOCK) };
+fn block(img: &[u8], b: u64) -> &[u8] {
+    let o = (b * BLOCK_U64) as usize;
+    &img[o..o + BLOCK]
+}
+
+fn read_node(img: &[u8], b: u64) -> [u64; PTRS_PER_NODE] {
+    let s = block(img, b);
     let mut out = [0u64; PTRS_PER_NODE];
     for (i, o) in out.iter_mut().enumerate() {
         *o = u64_at(s, i * 8);
@@ -104,10 +110,11 @@ fn read_node(region: &Region, b: u64) -> [u64; PTRS_PER_NODE] {
     out
 }
 
-/// Rebuild the DRAM state. `problem` decides whether a finding is fatal (mount) or
-/// collected (fsck); structural impossibilities are always fatal.
+/// Rebuild the DRAM state from the image (after replay). `problem` decides whether a
+/// finding is fatal (mount) or collected (fsck); structural impossibilities are always
+/// fatal.
 pub(crate) fn load_state(
-    region: &Region,
+    img: &[u8],
     geo: &Geometry,
     log: LogState,
     problem: &mut dyn FnMut(String) -> Result<()>,
@@ -118,8 +125,7 @@ pub(crate) fn load_state(
     let mut inodes: HashMap<u64, Inode> = HashMap::new();
     let is_data = |b: u64| geo.is_data_block(b);
     for ino in 1..=geo.inode_count {
-        // SAFETY: loading runs before the volume is shared.
-        let bytes = unsafe { region.slice(geo.inode_off(ino), INODE_SIZE) };
+        let bytes = &img[geo.inode_off(ino)..geo.inode_off(ino) + INODE_SIZE];
         let rec = match InodeRec::decode(bytes) {
             Ok(r) => r,
             Err(e) => {
@@ -138,7 +144,7 @@ pub(crate) fn load_state(
             ialloc.insert(ino);
             continue;
         }
-        let map = match load_map(region, &rec, &is_data) {
+        let map = match load_map(img, &rec, &is_data) {
             Ok(m) => m,
             Err(e) => {
                 problem(format!("inode {ino}: {e}"))?;
@@ -160,8 +166,7 @@ pub(crate) fn load_state(
                 ))?;
                 rec.xattr_block = 0;
             } else {
-                // SAFETY: loading runs before the volume is shared.
-                match decode_xattrs(unsafe { region.slice((xb * BLOCK_U64) as usize, BLOCK) }) {
+                match decode_xattrs(block(img, xb)) {
                     Ok(x) => xattrs = x,
                     Err(e) => problem(format!("inode {ino}: {e}"))?,
                 }
@@ -198,8 +203,7 @@ pub(crate) fn load_state(
                 problem(format!("directory {ino}: hole at block {bi}"))?;
                 continue;
             };
-            // SAFETY: loading runs before the volume is shared.
-            let block = unsafe { region.slice((b * BLOCK_U64) as usize, BLOCK) };
+            let block = block(img, b);
             let mut unit = 0;
             while unit < UNITS_PER_BLOCK {
                 match Dirent::decode_at(block, unit) {
@@ -253,7 +257,7 @@ pub(crate) fn load_state(
     })
 }
 
-fn load_map(region: &Region, rec: &InodeRec, is_data: &dyn Fn(u64) -> bool) -> Result<FileMap> {
+fn load_map(img: &[u8], rec: &InodeRec, is_data: &dyn Fn(u64) -> bool) -> Result<FileMap> {
     // Each node may be visited once: a hostile image with shared or cyclic nodes must
     // not make loading explode.
     let seen = std::cell::RefCell::new(HashSet::new());
@@ -266,7 +270,7 @@ fn load_map(region: &Region, rec: &InodeRec, is_data: &dyn Fn(u64) -> bool) -> R
                 dup.set(Some(b));
                 return [0; PTRS_PER_NODE];
             }
-            read_node(region, b)
+            read_node(img, b)
         },
         is_data,
     )?;

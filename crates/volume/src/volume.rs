@@ -290,34 +290,33 @@ impl Volume {
     /// file stays sparse). Refused while another process has the volume open.
     pub fn mkfs(path: &Path, size: u64, opts: &MkfsOptions) -> Result<()> {
         let guard = crate::holder::lock_path(path, size)?;
-        let region = Region::open(
+        let mut region = Region::open(
             path,
             &OpenParams {
                 create_size: Some(size),
                 ..Default::default()
             },
         )?;
-        Self::mkfs_region(&region, opts)?;
+        Self::mkfs_region(&mut region, opts)?;
         drop(guard);
         Ok(())
     }
 
-    /// Format a mapped region.
-    pub fn mkfs_region(region: &Region, opts: &MkfsOptions) -> Result<()> {
+    /// Format a mapped region (held alone: `&mut`).
+    pub fn mkfs_region(region: &mut Region, opts: &MkfsOptions) -> Result<()> {
         let geo = Geometry::plan(region.len() as u64, opts.inodes, opts.log_bytes)?;
         let fence = |r: std::result::Result<(), PmemError>| r.map_err(FsError::from);
         // Invalidate any previous volume first, so a crash mid-mkfs leaves no valid
         // superblock pointing at half-initialized metadata.
-        region.zero(0, 2 * BLOCK);
+        region.store_zero(0, 2 * BLOCK);
         fence(region.persist(0, 2 * BLOCK))?;
         let meta_end = (geo.data_start * BLOCK_U64) as usize;
         let start = (geo.log_start * BLOCK_U64) as usize;
         for off in (start..meta_end).step_by(1 << 20) {
             let len = (meta_end - off).min(1 << 20);
             // Avoid dirtying pages of a fresh sparse file that are already zero.
-            // SAFETY: no one else uses the region during mkfs.
-            if unsafe { region.slice(off, len) }.iter().any(|&b| b != 0) {
-                region.zero(off, len);
+            if region.bytes()[off..off + len].iter().any(|&b| b != 0) {
+                region.store_zero(off, len);
                 region.flush(off, len);
             }
         }
@@ -333,7 +332,7 @@ impl Volume {
             parent: ROOT_INO,
             ..Default::default()
         };
-        region.write(geo.inode_off(ROOT_INO), &root.encode());
+        region.store(geo.inode_off(ROOT_INO), &root.encode());
         region.flush(geo.inode_off(ROOT_INO), INODE_SIZE);
         fence(region.fence())?;
         let sb = Superblock {
@@ -349,7 +348,7 @@ impl Volume {
         // magic, so a half-made volume reads as "not a zcfs volume", never as corrupt.
         let enc = sb.encode();
         for off in [0, BLOCK] {
-            region.write(off + 8, &enc[8..]);
+            region.store(off + 8, &enc[8..]);
             fence(region.persist(off, SB_SIZE))?;
             region.write_u64(off, u64::from_le_bytes(enc[..8].try_into().unwrap()));
             fence(region.persist(off, 8))?;
@@ -407,12 +406,12 @@ impl Volume {
     }
 
     fn open_region_inner(
-        region: Region,
+        mut region: Region,
         cfg: VolumeConfig,
         lenient: Option<&mut Vec<String>>,
         owner: bool,
     ) -> Result<Arc<Volume>> {
-        let (sb, which) = read_superblock(&region)?;
+        let (sb, which) = read_superblock(region.bytes())?;
         let geo = sb.geo;
         if geo.total_blocks * BLOCK_U64 > region.len() as u64 {
             return Err(FsError::Corrupt(format!(
@@ -421,18 +420,20 @@ impl Volume {
                 region.len()
             )));
         }
-        let (log, mut report) = crate::recovery::replay(&region, &geo)?;
+        let (log, mut report) = crate::recovery::replay(&mut region, &geo)?;
         report.was_clean = sb.clean;
+        let img = region.bytes();
         let state = match lenient {
-            None => {
-                crate::recovery::load_state(&region, &geo, log, &mut |p| Err(FsError::Corrupt(p)))?
-            }
-            Some(list) => crate::recovery::load_state(&region, &geo, log, &mut |p| {
+            None => crate::recovery::load_state(img, &geo, log, &mut |p| Err(FsError::Corrupt(p)))?,
+            Some(list) => crate::recovery::load_state(img, &geo, log, &mut |p| {
                 list.push(p);
                 Ok(())
             })?,
         };
         let holds_volume = owner && !cfg.read_only;
+        if holds_volume {
+            crate::holder::write(&mut region)?;
+        }
         let vol = Arc::new(Volume {
             region,
             geo,
@@ -452,9 +453,6 @@ impl Volume {
             // The ring is written over and over: back it with pages now rather than
             // faulting through it during the first lap.
             vol.region.prefault(geo.ring_off(), geo.ring_len() as usize);
-            if holds_volume {
-                crate::holder::write(&vol.region).map_err(|e| vol.persistence_failed(e))?;
-            }
             vol.write_superblock(false, which)?;
             let reaped = vol.reap_orphans()?;
             if reaped > 0 {
@@ -485,16 +483,28 @@ impl Volume {
             sb.mount_count += 1;
         }
         let target = if last == 0 { BLOCK } else { 0 };
-        self.region.write(target, &sb.encode());
+        // SAFETY: the superblock copies are written only here and read only by
+        // `superblock_copies`, both under `self.sb`, whose guard we hold (or before the
+        // volume is shared).
+        unsafe { self.region.write(target, &sb.encode()) };
         self.region
             .persist(target, SB_SIZE)
             .map_err(|e| self.persistence_failed(e))
     }
 
-    /// The mapped region, for tests and tools that inspect or record the raw image.
+    /// A copy of blocks 0 and 1 (both superblock copies), read under the superblock
+    /// lock (fsck of a live volume).
+    pub(crate) fn superblock_copies(&self) -> Vec<u8> {
+        let _sb = self.sb.lock().unwrap();
+        // SAFETY: see `write_superblock`; the holder record in block 0 is written only
+        // before the volume is shared and after it is dropped.
+        unsafe { self.region.slice(0, 2 * BLOCK) }.to_vec()
+    }
+
+    /// The narrow door tests and fuzzing use to record, crash and copy the raw image.
     #[doc(hidden)]
-    pub fn region(&self) -> &Region {
-        &self.region
+    pub fn test_door(&self) -> TestDoor<'_> {
+        TestDoor(self)
     }
     pub fn geometry(&self) -> Geometry {
         self.geo
@@ -656,27 +666,61 @@ impl Drop for Volume {
         if closed.is_err() {
             return; // logged; the volume stays marked in use, recovery will run
         }
-        let which = read_superblock(&self.region).map(|(_, w)| w).unwrap_or(0);
+        let which = read_superblock(self.region.bytes())
+            .map(|(_, w)| w)
+            .unwrap_or(0);
         if self.write_superblock(true, which).is_ok() && self.holds_volume {
-            let _ = crate::holder::clear(&self.region);
+            let _ = crate::holder::clear(&mut self.region);
         }
         tracing::info!(stats = ?self.stats.snapshot(), "volume closed cleanly");
     }
 }
 
-/// The newest valid superblock copy and its index (0 or 1).
-pub(crate) fn read_superblock(region: &Region) -> Result<(Superblock, usize)> {
-    if region.len() < 2 * BLOCK {
+/// The test door (see `Volume::test_door`).
+#[doc(hidden)]
+pub struct TestDoor<'a>(&'a Volume);
+
+impl TestDoor<'_> {
+    /// Record every store, flush and fence from now on (crash testing).
+    ///
+    /// # Safety
+    /// No other thread may use the volume until `take_recording`.
+    pub unsafe fn start_recording(&self) {
+        // SAFETY: passed on to the caller.
+        unsafe { self.0.region.start_recording() }
+    }
+    pub fn take_recording(&self) -> Option<zcfs_pmem::Recording> {
+        self.0.region.take_recording()
+    }
+    /// A marker in the recording (operation boundaries).
+    pub fn mark(&self, tag: u64) {
+        self.0.region.mark(tag)
+    }
+    /// The `n`-th fence from now reports a persistence failure.
+    pub fn inject_fence_failure(&self, n: i64) {
+        self.0.region.inject_fence_failure(n)
+    }
+    /// A copy of the whole image.
+    ///
+    /// # Safety
+    /// No operation may run meanwhile (a reservation being filled races with the copy).
+    pub unsafe fn image(&self) -> Vec<u8> {
+        let _st = self.0.state.write().unwrap();
+        // SAFETY: the caller's contract, and the write lock keeps committers out.
+        unsafe { self.0.region.slice(0, self.0.region.len()) }.to_vec()
+    }
+}
+
+/// The newest valid superblock copy and its index (0 or 1), from an image's first bytes.
+pub(crate) fn read_superblock(img: &[u8]) -> Result<(Superblock, usize)> {
+    if img.len() < 2 * BLOCK {
         return Err(FsError::Corrupt(format!(
             "image of {} bytes is too small",
-            region.len()
+            img.len()
         )));
     }
-    // SAFETY: superblocks are only written by the volume owning this region, and not
-    // concurrently with opening it.
-    let a = Superblock::decode(unsafe { region.slice(0, SB_SIZE) });
-    // SAFETY: as above.
-    let b = Superblock::decode(unsafe { region.slice(BLOCK, SB_SIZE) });
+    let a = Superblock::decode(&img[0..SB_SIZE]);
+    let b = Superblock::decode(&img[BLOCK..BLOCK + SB_SIZE]);
     match (a, b) {
         (Ok(a), Ok(b)) => Ok(if b.generation > a.generation {
             (b, 1)

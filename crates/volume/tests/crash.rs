@@ -125,9 +125,10 @@ fn run(r: &Run, setup: &[Op], ops: &[Op]) -> Outcome {
     let mut durable_upto = Vec::new();
     let synchronous = r.vcfg.batch_ops == 1;
     let mut last_durable = 0;
-    vol.region().start_recording();
+    // SAFETY: this thread alone uses the volume while recording.
+    unsafe { vol.test_door().start_recording() };
     for (i, op) in ops.iter().enumerate() {
-        vol.region().mark(i as u64);
+        vol.test_door().mark(i as u64);
         let want = model.apply(op);
         let got = apply_volume(&vol, op);
         if !matches!(op, Op::Failing(..)) {
@@ -138,9 +139,9 @@ fn run(r: &Run, setup: &[Op], ops: &[Op]) -> Outcome {
             last_durable = i + 1;
         }
         durable_upto.push(last_durable);
-        vol.region().mark(ACK + i as u64);
+        vol.test_door().mark(ACK + i as u64);
     }
-    let rec = vol.region().take_recording().unwrap();
+    let rec = vol.test_door().take_recording().unwrap();
     vol.abandon();
     drop(vol);
 
@@ -182,7 +183,8 @@ fn run(r: &Run, setup: &[Op], ops: &[Op]) -> Outcome {
 /// result must be the same tree as an uninterrupted recovery.
 fn crash_during_recovery(img: &[u8], expected: &[String], where_: &str, out: &mut Outcome) {
     let region = Region::from_image(img);
-    region.start_recording();
+    // SAFETY: this thread alone uses the region while recording.
+    unsafe { region.start_recording() };
     let vol = match Volume::open_region(region, sync_cfg()) {
         Ok(v) => v,
         Err(e) => {
@@ -191,7 +193,7 @@ fn crash_during_recovery(img: &[u8], expected: &[String], where_: &str, out: &mu
             return;
         }
     };
-    let rec = vol.region().take_recording().unwrap();
+    let rec = vol.test_door().take_recording().unwrap();
     vol.abandon();
     drop(vol);
     let cfg = CrashConfig {
@@ -357,9 +359,10 @@ fn random_sequences() {
 
 #[test]
 fn crash_during_mkfs_leaves_no_volume_or_an_empty_one() {
-    let region = Region::anonymous(SIZE);
-    region.start_recording();
-    Volume::mkfs_region(&region, &small_mkfs()).unwrap();
+    let mut region = Region::anonymous(SIZE);
+    // SAFETY: this thread alone uses the region while recording.
+    unsafe { region.start_recording() };
+    Volume::mkfs_region(&mut region, &small_mkfs()).unwrap();
     let rec = region.take_recording().unwrap();
     let mut states = 0;
     let mut bad = Vec::new();

@@ -333,7 +333,7 @@ fn d11_a_persistence_failure_is_eio_and_turns_the_volume_read_only() {
     let vol = Volume::open(&path, VolumeConfig::synchronous()).unwrap();
     let f = vol.create(ROOT_INO, b"f", 0o644, O, 0).unwrap().ino;
     vol.write(f, 0, b"durable").unwrap();
-    vol.region().inject_fence_failure(1);
+    vol.test_door().inject_fence_failure(1);
     let r = vol.write(f, 0, b"lost?");
     assert_eq!(r.map_err(|e| e.errno()), Err(libc::EIO));
     assert!(vol.has_failed() && vol.info().failed);

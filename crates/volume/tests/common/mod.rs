@@ -669,8 +669,8 @@ pub fn memory_volume(size: usize, cfg: VolumeConfig) -> Arc<Volume> {
 }
 
 pub fn memory_volume_with(size: usize, mkfs: &MkfsOptions, cfg: VolumeConfig) -> Arc<Volume> {
-    let region = Region::anonymous(size);
-    Volume::mkfs_region(&region, mkfs).unwrap();
+    let mut region = Region::anonymous(size);
+    Volume::mkfs_region(&mut region, mkfs).unwrap();
     Volume::open_region(region, cfg).unwrap()
 }
 
@@ -684,5 +684,5 @@ pub fn small_mkfs() -> MkfsOptions {
 /// A copy of the volume's whole image.
 pub fn image_of(vol: &Volume) -> Vec<u8> {
     // SAFETY: tests call this while no operation runs.
-    unsafe { vol.region().slice(0, vol.region().len()) }.to_vec()
+    unsafe { vol.test_door().image() }
 }
