@@ -105,7 +105,7 @@ fn read_node(img: &[u8], b: u64) -> [u64; PTRS_PER_NODE] {
     let s = block(img, b);
     let mut out = [0u64; PTRS_PER_NODE];
     for (i, o) in out.iter_mut().enumerate() {
-        *o = u64_at(s, i * 8);
+        *o = u64_at(s, i * 8..i * 8 + 8);
     }
     out
 }
