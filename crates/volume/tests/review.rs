@@ -206,3 +206,32 @@ fn reaping_a_reachable_inode_with_link_count_zero_breaks_the_next_mount() {
     }
     assert!(errs.is_empty(), "{errs:#?}");
 }
+
+/// `reserve_pages` hands out recycled blocks as they are: a caller that fills part of a
+/// page and places it (pflush, file grows to the end of the page) publishes the rest of
+/// the page, which holds a deleted file's data. Every other path zero-fills around its
+/// range (writes: fill_edge; map nodes; directory blocks); PageBuf pages should too (or
+/// pflush should zero what the caller did not declare filled).
+#[test]
+fn reserve_pages_exposes_a_deleted_files_bytes() {
+    let vol = memory_volume(8 << 20, VolumeConfig::synchronous());
+    let secret = vol.create(ROOT_INO, b"secret", 0o600, O, 0).unwrap().ino;
+    vol.write(secret, 0, &[0xAB; 4096]).unwrap();
+    vol.unlink(ROOT_INO, b"secret").unwrap();
+    vol.checkpoint_now().unwrap();
+    let f = vol.create(ROOT_INO, b"f", 0o644, O, 0).unwrap().ino;
+    let mut pages = vol.reserve_pages(1).unwrap();
+    let stale_before_fill = pages.page_mut(0).iter().filter(|&&b| b == 0xAB).count();
+    pages.page_mut(0)[..100].fill(b'x');
+    let mut t = PflushTxn::default();
+    t.pflush_add(f, 0, pages, None).unwrap();
+    vol.pflush_commit(t).unwrap();
+    let mut buf = vec![0u8; 4096];
+    assert_eq!(vol.read(f, 0, &mut buf).unwrap(), 4096);
+    let leaked = buf.iter().filter(|&&b| b == 0xAB).count();
+    assert_eq!(
+        (stale_before_fill, leaked),
+        (0, 0),
+        "a fresh page held {stale_before_fill} bytes of the deleted file; {leaked} became readable in f"
+    );
+}
