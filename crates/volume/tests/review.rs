@@ -235,3 +235,56 @@ fn reserve_pages_exposes_a_deleted_files_bytes() {
         "a fresh page held {stale_before_fill} bytes of the deleted file; {leaked} became readable in f"
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// Persistence failures (claim 7)
+// ---------------------------------------------------------------------------------------
+
+/// `sync()` checks `has_failed()` before it takes the state lock, and `commit_batch`
+/// never checks it again. A sync (syncfs; fsync after its inode lookup) that is waiting for the lock while another operation
+/// meets a persistence failure then commits that operation's entry anyway (its fence
+/// succeeds: the failed msync ranges were already taken) and reports success: the
+/// caller is told its data is durable after the volume turned read-only with EIO, and
+/// the tail word is written after the failure.
+#[test]
+fn sync_waiting_for_the_lock_reports_success_after_a_persistence_failure() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{mpsc, Mutex};
+    let armed = Arc::new(AtomicBool::new(false));
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let go_tx = Mutex::new(go_tx);
+    let hook_armed = armed.clone();
+    let cfg = VolumeConfig {
+        trace: Some(Arc::new(move |_t: &zcfs_volume::trace::Traced| {
+            if hook_armed.swap(false, Ordering::SeqCst) {
+                // Under the state lock, before the operation commits: let an fsync
+                // start and queue on the lock.
+                go_tx.lock().unwrap().send(()).unwrap();
+                std::thread::sleep(Duration::from_millis(300));
+            }
+        })),
+        ..VolumeConfig::synchronous()
+    };
+    let vol = memory_volume(8 << 20, cfg);
+    let f = vol.create(ROOT_INO, b"f", 0o644, O, 0).unwrap().ino;
+    let v = vol.clone();
+    let fsyncer = std::thread::spawn(move || {
+        go_rx.recv().unwrap();
+        // syncfs (the backend's `syncfs` calls this); fsync(f) has the same window
+        // between its inode lookup and `sync()`.
+        v.sync().map_err(|e| e.errno())
+    });
+    armed.store(true, Ordering::SeqCst);
+    vol.region().inject_fence_failure(1);
+    let w = vol.write(f, 0, b"data");
+    assert_eq!(w.map_err(|e| e.errno()), Err(libc::EIO));
+    assert!(vol.has_failed());
+    let tail_at_failure = vol.info().log_tail;
+    let r = fsyncer.join().unwrap();
+    let tail_after = vol.info().log_tail;
+    assert!(
+        r == Err(libc::EIO) && tail_after == tail_at_failure,
+        "a sync concurrent with a persistence failure returned {r:?} and moved the log tail \
+         {tail_at_failure} -> {tail_after} on a failed (read-only) volume"
+    );
+}
