@@ -327,3 +327,42 @@ fn reopen_right_after_drop_is_refused_as_busy() {
     std::fs::remove_file(&path).unwrap();
     assert!(busy.is_empty(), "after {n} open/drop cycles: {busy:?}");
 }
+
+/// The refusal names whoever the holder record names, but only read-write opens write
+/// the record, and a crashed writer leaves its record behind. With the lock held by a
+/// read-only opener (shared flock, no record) after a crashed writer, a second writer
+/// is told the volume is in use by the dead writer.
+#[test]
+fn busy_names_a_stale_holder_record_instead_of_the_real_holder() {
+    use std::os::unix::fs::FileExt;
+    let path = std::env::temp_dir().join(format!("zcfs-review-holder-{}", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    Volume::mkfs(&path, 8 << 20, &small_mkfs()).unwrap();
+    // What a writer that crashed leaves in block 0 after the superblock copy.
+    let mut rec = [0u8; 256];
+    rec[..8].copy_from_slice(b"ZCFSHOLD");
+    rec[8..12].copy_from_slice(&4_000_000u32.to_le_bytes());
+    rec[24..29].copy_from_slice(b"ghost");
+    rec[88..105].copy_from_slice(b"zcfs serve (dead)");
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.write_all_at(&rec, 512).unwrap();
+    drop(f);
+    let ro = Volume::open(
+        &path,
+        VolumeConfig {
+            read_only: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let m = match Volume::open(&path, VolumeConfig::synchronous()) {
+        Err(FsError::Busy(m)) => m,
+        other => panic!("expected Busy, got {:?}", other.map(|_| ())),
+    };
+    drop(ro);
+    std::fs::remove_file(&path).unwrap();
+    assert!(
+        !m.contains("4000000") && !m.contains("dead"),
+        "refusal names a process that holds nothing: {m}"
+    );
+}
