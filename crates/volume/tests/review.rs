@@ -366,3 +366,94 @@ fn busy_names_a_stale_holder_record_instead_of_the_real_holder() {
         "refusal names a process that holds nothing: {m}"
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// zcopy_to pins (claim 4)
+// ---------------------------------------------------------------------------------------
+
+/// `zcopy_to` pins each run's blocks after mapping it; when a later run's `mmap` fails
+/// it unmaps everything and returns the error, but the pins of the runs mapped so far
+/// stay in `State::pins` forever: those blocks are never reused (until remount) once the
+/// file lets go of them. Here the mapping fails because the process is at
+/// vm.max_map_count (set up in a child process, so no other test is disturbed).
+#[test]
+fn zcopy_to_leaks_its_pins_when_a_later_mapping_fails() {
+    const NAME: &str = "zcopy_to_leaks_its_pins_when_a_later_mapping_fails";
+    if std::env::var("ZCFS_REVIEW_CHILD").is_err() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
+            .env("ZCFS_REVIEW_CHILD", "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "child failed:\n{text}");
+        return;
+    }
+    let path = std::path::PathBuf::from(format!("/dev/shm/zcfs-review-zcopy-{}", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    Volume::mkfs(&path, 16 << 20, &small_mkfs()).unwrap();
+    let vol = Volume::open(&path, VolumeConfig::synchronous()).unwrap();
+    let a = vol.create(ROOT_INO, b"a", 0o644, O, 0).unwrap().ino;
+    // Two runs: file blocks 0..64 and 65 (a hole between).
+    vol.write(a, 0, &vec![1u8; 64 * 4096]).unwrap();
+    vol.write(a, 65 * 4096, &[2u8; 4096]).unwrap();
+    let mut failed = None;
+    for keep_free in 1..8usize {
+        // Use up the process's mappings but `keep_free`.
+        let mut fillers = Vec::new();
+        loop {
+            let prot = if fillers.len() % 2 == 0 {
+                libc::PROT_READ
+            } else {
+                libc::PROT_READ | libc::PROT_WRITE
+            };
+            // SAFETY: fresh anonymous mapping, never touched.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    4096,
+                    prot,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                break;
+            }
+            fillers.push(p);
+        }
+        for p in fillers.drain(fillers.len() - keep_free..) {
+            // SAFETY: our own mapping.
+            unsafe { libc::munmap(p, 4096) };
+        }
+        let r = vol.zcopy_to(a, 0, 66 * 4096).map(|pages| drop(pages));
+        for p in fillers {
+            // SAFETY: our own mapping.
+            unsafe { libc::munmap(p, 4096) };
+        }
+        if let Err(e) = r {
+            failed = Some((keep_free, e.to_string()));
+            if keep_free > 1 {
+                break;
+            }
+        }
+    }
+    let (keep_free, err) = failed.expect("never reached a failing mapping");
+    eprintln!("zcopy_to failed with {keep_free} mappings left: {err}");
+    // Let go of every block, then use all the space the volume reports free.
+    vol.unlink(ROOT_INO, b"a").unwrap();
+    vol.checkpoint_now().unwrap();
+    let free = vol.statfs().bfree;
+    let b = vol.create(ROOT_INO, b"b", 0o644, O, 0).unwrap().ino;
+    let r = vol.write(b, 0, &vec![3u8; ((free - 32) * 4096) as usize]);
+    drop(vol);
+    std::fs::remove_file(&path).unwrap();
+    assert!(
+        r.is_ok(),
+        "{free} blocks reported free, a write of {} blocks: {:?} (pinned blocks leaked)",
+        free - 32,
+        r.err()
+    );
+}
