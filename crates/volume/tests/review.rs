@@ -457,3 +457,29 @@ fn zcopy_to_leaks_its_pins_when_a_later_mapping_fails() {
         r.err()
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// Space (claim 1/2: "a write of any size the volume has room for succeeds")
+// ---------------------------------------------------------------------------------------
+
+/// Overwriting existing data needs no net space, but `write` reserves a fresh block for
+/// every block of a reservation (up to 64 MiB) before anything is freed, so an overwrite
+/// larger than the free space fails with ENOSPC and makes no progress (not even a short
+/// write), although splitting it into reservations that fit the free space (each
+/// freeing its old blocks at the next checkpoint) would succeed.
+#[test]
+fn overwrite_larger_than_free_space_fails_with_enospc() {
+    let vol = memory_volume(8 << 20, VolumeConfig::synchronous());
+    let f = vol.create(ROOT_INO, b"f", 0o644, O, 0).unwrap().ino;
+    let free = vol.statfs().bfree;
+    let n = (free * 2 / 3) as usize; // the file takes 2/3 of the space
+    vol.write(f, 0, &vec![1u8; n * 4096]).unwrap();
+    vol.checkpoint_now().unwrap();
+    let r = vol.write(f, 0, &vec![2u8; n * 4096]);
+    assert_eq!(
+        r.as_ref().map_err(|e| e.to_string()),
+        Ok(&(n * 4096)),
+        "overwriting {n} blocks in place with {} free",
+        vol.statfs().bfree
+    );
+}
