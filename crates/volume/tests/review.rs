@@ -483,3 +483,33 @@ fn overwrite_larger_than_free_space_fails_with_enospc() {
         vol.statfs().bfree
     );
 }
+
+/// The same reap applied to the root directory (link count 0 in a damaged record): the
+/// mount frees inode 1 with all its directory blocks, every path is gone, and the next
+/// mount refuses the volume ("the root directory (inode 1) is missing").
+#[test]
+fn reaping_a_root_with_link_count_zero_destroys_the_namespace() {
+    let vol = memory_volume(8 << 20, VolumeConfig::synchronous());
+    let f = vol.create(ROOT_INO, b"f", 0o644, O, 0).unwrap().ino;
+    vol.write(f, 0, b"precious").unwrap();
+    vol.checkpoint_now().unwrap();
+    let geo = vol.geometry();
+    let mut img = image_of(&vol);
+    vol.abandon();
+    patch_inode(&mut img, &geo, ROOT_INO, |r| r.nlink = 0);
+    let vol = match Volume::open_region(Region::from_image(&img), VolumeConfig::synchronous()) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("refused at mount (acceptable): {e}");
+            return;
+        }
+    };
+    let mut errs = Vec::new();
+    if let Err(e) = vol.getattr(ROOT_INO) {
+        errs.push(format!("root after mount: {e}"));
+    }
+    if let Err(e) = remount(&vol) {
+        errs.push(format!("next mount: {e}"));
+    }
+    assert!(errs.is_empty(), "{errs:#?}");
+}
