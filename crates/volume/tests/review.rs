@@ -513,3 +513,45 @@ fn reaping_a_root_with_link_count_zero_destroys_the_namespace() {
     }
     assert!(errs.is_empty(), "{errs:#?}");
 }
+
+/// docs/format.md: a write larger than one entry is "committed in file order under one
+/// lock hold (a reader sees the whole write or none of it)". `Volume::write` splits at
+/// MAX_RESERVATION (64 MiB) into separate reserve/commit cycles, each its own lock hold,
+/// so a reader (or another writer) can come between: a reader sees the first 64 MiB of
+/// the new write and the old tail.
+#[test]
+fn a_write_over_64_mib_is_not_atomic_to_readers() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let len = MAX_RESERVATION + 4096;
+    let vol = memory_volume_with(
+        200 << 20,
+        &MkfsOptions {
+            inodes: Some(64),
+            log_bytes: Some(1 << 20),
+        },
+        VolumeConfig::default(),
+    );
+    let f = vol.create(ROOT_INO, b"f", 0o644, O, 0).unwrap().ino;
+    vol.write(f, 0, &vec![1u8; len]).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (v, s) = (vol.clone(), stop.clone());
+    let reader = std::thread::spawn(move || {
+        let (mut mixed, mut reads) = (0, 0);
+        while !s.load(Ordering::Relaxed) {
+            let (a, b) = v
+                .read_with(f, 0, len, |sl| {
+                    (sl[0][0], *sl.last().unwrap().last().unwrap())
+                })
+                .unwrap();
+            reads += 1;
+            mixed += (a != b) as u32;
+        }
+        (mixed, reads)
+    });
+    for round in 2..16u8 {
+        vol.write(f, 0, &vec![round; len]).unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (mixed, reads) = reader.join().unwrap();
+    assert_eq!(mixed, 0, "{mixed} of {reads} reads saw a write half done");
+}
