@@ -22,18 +22,6 @@ fn remount(vol: &Arc<Volume>) -> Result<Arc<Volume>> {
     Volume::open_region(Region::from_image(&img), VolumeConfig::synchronous())
 }
 
-/// Run `f` on a thread; fail the test if it does not finish within `secs`.
-fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(Duration::from_secs(secs)) {
-        Ok(v) => v,
-        Err(_) => panic!("{what}: did not finish within {secs} s (hang)"),
-    }
-}
-
 // ---------------------------------------------------------------------------------------
 // Directory index after a remount (pre-existing; names.rs add_dirent / recovery.rs)
 // ---------------------------------------------------------------------------------------
