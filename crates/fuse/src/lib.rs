@@ -706,9 +706,14 @@ impl Filesystem for FuseFs {
             .readdir(ino.0, offset.saturating_sub(2), true, &mut |e| {
                 let a = match e.attr {
                     Some(a) => a,
-                    None => match self.backend.hold(e.ino, 0) {
+                    // The entry holds its reference either way (the contract); without
+                    // attributes, fetch them, and give the reference back if it is gone.
+                    None => match self.backend.getattr(e.ino) {
                         Ok(a) => a,
-                        Err(_) => return true, // vanished meanwhile: skip
+                        Err(_) => {
+                            self.backend.forget(e.ino, 1);
+                            return true;
+                        }
                     },
                 };
                 let full = reply.add(

@@ -228,8 +228,9 @@ impl Backend for LocalFs {
         for e in out {
             let a = if plus {
                 // Each entry passed on with attributes holds a reference (the kernel
-                // counts a lookup for it); one removed meanwhile is skipped.
-                match self.vol.hold(e.ino, 0) {
+                // counts a lookup for it); one removed meanwhile (its number possibly
+                // reused: the generation tells) is skipped.
+                match self.vol.hold(e.ino, e.gen) {
                     Ok(a) => Some(attr(a)),
                     Err(_) => continue,
                 }

@@ -331,6 +331,11 @@ impl Volume {
 
     /// Commit the pending batch: fence, tail store, fence, then apply to home locations.
     pub(crate) fn commit_batch(&self, st: &mut State) -> Result<()> {
+        // Re-checked under the lock: a failure may have come while this caller waited,
+        // and nothing may be committed (nor reported durable) after one.
+        if self.has_failed() {
+            return Err(FsError::Io(std::io::Error::from_raw_os_error(libc::EIO)));
+        }
         if st.batch.ops == 0 {
             return Ok(());
         }
@@ -358,6 +363,9 @@ impl Volume {
     /// Make applied records durable, move the head to the tail, release the deferred
     /// frees that no reader and no attached page still uses.
     pub(crate) fn checkpoint(&self, st: &mut State) -> Result<()> {
+        if self.has_failed() {
+            return Err(FsError::Io(std::io::Error::from_raw_os_error(libc::EIO)));
+        }
         if st.log.head == st.log.tail && st.deferred_frees.is_empty() {
             return Ok(());
         }

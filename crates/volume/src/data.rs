@@ -369,13 +369,14 @@ impl Volume {
     /// are reported (a short write, as POSIX allows); if the first fails, its error.
     pub fn write(&self, ino: u64, off: u64, data: &[u8]) -> Result<usize> {
         let mut done = 0;
-        for chunk in data.chunks(MAX_RESERVATION) {
-            let r = self
-                .reserve_write(ino, off + done as u64, chunk.len())
-                .and_then(|mut r| {
-                    r.fill_from(chunk);
-                    r.commit()
-                });
+        while done < data.len() {
+            let pos = off + done as u64;
+            let len = self.write_chunk(pos, data.len() - done);
+            let chunk = &data[done..done + len];
+            let r = self.reserve_write(ino, pos, len).and_then(|mut r| {
+                r.fill_from(chunk);
+                r.commit()
+            });
             match r {
                 Ok(n) => done += n,
                 Err(_) if done > 0 => break,
@@ -383,6 +384,26 @@ impl Volume {
             }
         }
         Ok(done)
+    }
+
+    /// How much of a write at `pos` with `left` bytes to go one reservation takes: at
+    /// most MAX_RESERVATION, and no more than the free space allows. Copy-on-write
+    /// needs room for the new blocks before the old ones are freed, so an overwrite
+    /// larger than the free space goes in pieces, each freeing the old blocks the next
+    /// one reuses. Pieces end on block boundaries.
+    fn write_chunk(&self, pos: u64, left: usize) -> usize {
+        let free = self.statfs().bfree.saturating_sub(WRITE_MARGIN_BLOCKS);
+        let room = (free.max(1) * BLOCK_U64 - pos % BLOCK_U64) as usize;
+        let len = left.min(MAX_RESERVATION).min(room);
+        if len == left {
+            return len;
+        }
+        let end = (pos + len as u64) / BLOCK_U64 * BLOCK_U64;
+        if end > pos {
+            (end - pos) as usize
+        } else {
+            len
+        }
     }
 
     /// Reserve fresh blocks for a write of `len` bytes at `off`. The bytes of partially
@@ -661,7 +682,10 @@ impl Volume {
     /// FLAC `pfree`: release the pages of `[off, off+len)` atomically (a hole remains;
     /// partially covered edge pages are zeroed over the range by copy-on-write).
     pub fn pfree(&self, ino: u64, off: u64, len: u64) -> Result<()> {
-        let end = off.saturating_add(len);
+        let end = off
+            .checked_add(len)
+            .filter(|e| *e <= max_file_size())
+            .ok_or(FsError::TooBig)?;
         let first_full = off.div_ceil(BLOCK_U64);
         let end_full = end / BLOCK_U64;
         // Zero partial edges through the normal write path first, then punch whole
@@ -707,14 +731,19 @@ impl Volume {
     }
 
     /// FLAC: fresh pages for the caller to fill, later placed with `pflush_commit`.
+    /// They come zeroed: a recycled block must not show a deleted file's bytes where
+    /// the caller does not write.
     pub fn reserve_pages(&self, n: usize) -> Result<PageBuf<'_>> {
-        let mut st = self.write_state()?;
-        let mut txn = Txn::new(OpType::PflushCommit, 0);
-        self.reserve_blocks(&mut st, &mut txn, n as u64)?;
-        Ok(PageBuf {
-            vol: self,
-            blocks: std::mem::take(&mut txn.pool),
-        })
+        let blocks = {
+            let mut st = self.write_state()?;
+            let mut txn = Txn::new(OpType::PflushCommit, 0);
+            self.reserve_blocks(&mut st, &mut txn, n as u64)?;
+            std::mem::take(&mut txn.pool)
+        };
+        for b in &blocks {
+            self.fresh_zero(b, 0, BLOCK);
+        }
+        Ok(PageBuf { vol: self, blocks })
     }
 
     /// FLAC: commit every placement of `t` and the metadata they change as one log
@@ -747,12 +776,15 @@ impl Volume {
             let count = pages.len() as u64;
             let end = p.offset + count * BLOCK_U64;
             let want = p.new_size.unwrap_or(end);
-            let grows = want >= st.inodes[&p.ino].rec.size;
-            // Bytes past EOF are always zero on PM.
-            let tail = (want % BLOCK_U64) as usize;
-            if grows && tail != 0 {
-                let last = &pages[pages.len() - 1];
-                self.fresh_zero(last, tail, BLOCK - tail);
+            let old_size = st.inodes[&p.ino].rec.size;
+            let grows = want >= old_size;
+            // Bytes past EOF are always zero on PM: zero the placed page that holds the
+            // file's end afterwards, from the end on.
+            let eof = want.max(old_size);
+            if eof >= p.offset && eof < end && !eof.is_multiple_of(BLOCK_U64) {
+                let page = &pages[((eof - p.offset) / BLOCK_U64) as usize];
+                let tail = (eof % BLOCK_U64) as usize;
+                self.fresh_zero(page, tail, BLOCK - tail);
             }
             for b in &pages {
                 self.fresh_flush(b, 0, BLOCK);
@@ -849,10 +881,11 @@ impl Volume {
                     copied += len_run;
                 }
             }
-            for b in b0..b0 + n {
-                *st.pins.entry(b).or_insert(0) += 1;
-                pinned.push(b);
-            }
+            pinned.extend(b0..b0 + n);
+        }
+        // Pinned only once every run is mapped: a failure above leaves no pin behind.
+        for &b in &pinned {
+            *st.pins.entry(b).or_insert(0) += 1;
         }
         // Bytes past EOF in the last page must read as zero: they are on PM already
         // (invariant), so nothing to do.
@@ -883,6 +916,9 @@ fn first_word(vol: &Volume, b: &FreshBlock, at: u64, len: usize) -> u64 {
     w[..n].copy_from_slice(vol.fresh_read(b, o, n));
     u64::from_le_bytes(w)
 }
+
+/// Blocks a write leaves free for the map nodes its pieces need.
+const WRITE_MARGIN_BLOCKS: u64 = 16;
 
 /// Redo bytes of a truncate besides the inode: the punch, and the new last block.
 pub(crate) const TRUNCATE_RECORDS: u64 =

@@ -34,6 +34,21 @@ fn run_mask(unit: usize, units: usize) -> u128 {
 }
 
 impl Dir {
+    /// An index over `blocks` directory blocks (entries are added with `insert`).
+    /// Knowing every block, also trailing ones left empty, keeps a new block from being
+    /// placed over a mapped one.
+    pub fn with_blocks(blocks: usize) -> Dir {
+        Dir {
+            used: vec![0; blocks],
+            ..Dir::default()
+        }
+    }
+
+    /// Never place entries in block `bi` (a hole in a damaged directory).
+    pub fn mark_full(&mut self, bi: usize) {
+        self.used[bi] = u128::MAX;
+    }
+
     pub fn len(&self) -> usize {
         self.by_name.len()
     }

@@ -317,6 +317,12 @@ fn apply_repairs(vol: &Arc<Volume>, fixes: &[Fix], report: &mut FsckReport) -> R
                 let Some(inode) = st.inodes.get(&ino) else {
                     continue;
                 };
+                if st.tainted.contains(&ino) {
+                    report.notes.push(format!(
+                        "orphan inode {ino} shares blocks with another inode: left for a human"
+                    ));
+                    continue;
+                }
                 if inode.rec.is_dir() && st.dirs.get(&ino).is_some_and(|d| !d.is_empty()) {
                     // Its children would become orphans too; leave it for a human.
                     continue;

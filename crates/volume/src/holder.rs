@@ -125,14 +125,27 @@ pub fn read_holder(path: &Path) -> Option<Holder> {
     decode(&b[HOLDER_OFF..])
 }
 
+/// Whether the recorded holder can be the one holding the lock now. The lock is this
+/// host's, so a record from another host, or of a process that is gone (a crash), names
+/// nobody.
+fn plausible(h: &Holder) -> bool {
+    if h.host != this_process().host {
+        return false;
+    }
+    // SAFETY: signal 0 only checks that the process exists; no signal is sent.
+    let r = unsafe { libc::kill(h.pid as libc::pid_t, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
 fn busy(path: &Path) -> FsError {
-    FsError::Busy(match read_holder(path) {
+    FsError::Busy(match read_holder(path).filter(plausible) {
         Some(h) => format!(
             "the volume {} is in use by {h}; stop that process first, or reach the volume through it",
             path.display()
         ),
         None => format!(
-            "the volume {} is in use by another process; stop it first, or reach the volume through it",
+            "the volume {} is in use by another process (a reader, such as fsck or a \
+             read-only mount, leaves no record); stop it first, or reach the volume through it",
             path.display()
         ),
     })

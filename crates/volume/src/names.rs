@@ -318,7 +318,11 @@ impl Volume {
                 self.fresh_flush(&b, 0, BLOCK);
                 let pi = st.inodes.get_mut(&parent).expect("checked");
                 let mut sink = Sink { vol: self, txn };
-                pi.map.set(bi, b.publish(), &mut sink);
+                let replaced = pi.map.set(bi, b.publish(), &mut sink);
+                assert!(
+                    replaced.is_none(),
+                    "a new directory block over a mapped one"
+                );
                 pi.rec.size = (bi + 1) * BLOCK_U64;
                 txn.dirty.insert(parent);
                 (bi as usize * UNITS_PER_BLOCK) as u32
@@ -730,6 +734,7 @@ impl Volume {
             let de = DirEntry {
                 name: name.to_vec(),
                 ino: e.ino,
+                gen: st.inodes.get(&e.ino).map_or(0, |i| i.rec.gen),
                 dtype: e.dtype,
                 next: e.pos as u64 + 1,
             };

@@ -75,6 +75,9 @@ impl RenameFlags {
 pub struct DirEntry {
     pub name: Vec<u8>,
     pub ino: u64,
+    /// Generation of the inode when the entry was read, so a caller that acts on the
+    /// entry later (takes a reference, say) can tell a reused number apart.
+    pub gen: u32,
     pub dtype: u8,
     /// Cookie to continue after this entry.
     pub next: u64,

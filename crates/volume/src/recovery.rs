@@ -123,6 +123,7 @@ pub(crate) fn load_state(
     let mut ialloc = InodeAlloc::default();
     let mut gens = vec![0u32; geo.inode_count as usize];
     let mut inodes: HashMap<u64, Inode> = HashMap::new();
+    let mut shared: HashSet<u64> = HashSet::new();
     let is_data = |b: u64| geo.is_data_block(b);
     for ino in 1..=geo.inode_count {
         let bytes = &img[geo.inode_off(ino)..geo.inode_off(ino) + INODE_SIZE];
@@ -154,6 +155,7 @@ pub(crate) fn load_state(
         for b in map.all_blocks() {
             if !balloc.mark_used(b) {
                 problem(format!("block {b} of inode {ino} is owned twice"))?;
+                shared.insert(b);
             }
         }
         let mut xattrs = BTreeMap::new();
@@ -189,18 +191,21 @@ pub(crate) fn load_state(
         .map(|(&n, _)| n)
         .collect();
     for ino in dir_inos {
-        let mut dir = Dir::default();
         let inode = &inodes[&ino];
-        let nblocks = inode.rec.size / BLOCK_U64;
-        if !inode.rec.size.is_multiple_of(BLOCK_U64) || inode.map.mapped_end() > nblocks {
+        // Every mapped block, also trailing ones left empty, so a new block is never
+        // placed over a mapped one. (Bounded by the map, not by the recorded size.)
+        let span = inode.map.mapped_end();
+        if inode.rec.size != span * BLOCK_U64 {
             problem(format!(
-                "directory {ino}: size {} does not match its blocks",
+                "directory {ino}: size {} does not match its {span} blocks",
                 inode.rec.size
             ))?;
         }
-        for bi in 0..nblocks.min(inode.map.mapped_end()) {
+        let mut dir = Dir::with_blocks(span as usize);
+        for bi in 0..span {
             let Some(b) = inode.map.get(bi) else {
                 problem(format!("directory {ino}: hole at block {bi}"))?;
+                dir.mark_full(bi as usize);
                 continue;
             };
             let block = block(img, b);
@@ -243,6 +248,29 @@ pub(crate) fn load_state(
         }
         dirs.insert(ino, dir);
     }
+    // Inodes sharing a block (a damaged image, fsck only): freeing either would free
+    // the block twice, so repairs leave them alone.
+    let mut tainted = HashSet::new();
+    if !shared.is_empty() {
+        for (&ino, i) in &inodes {
+            if i.map.all_blocks().iter().any(|b| shared.contains(b)) {
+                tainted.insert(ino);
+            }
+        }
+    }
+    // A link count of 0 means "removed while still referenced": such an inode is named
+    // by no directory. One that is named (or the root) is damaged, not an orphan.
+    let named: HashSet<u64> = dirs
+        .values()
+        .flat_map(|d| d.iter_from(0).map(|(_, e)| e.ino))
+        .collect();
+    for (&ino, i) in &inodes {
+        if i.rec.nlink == 0 && (ino == ROOT_INO || named.contains(&ino)) {
+            problem(format!(
+                "inode {ino} is named by a directory but has link count 0"
+            ))?;
+        }
+    }
     Ok(State {
         inodes,
         dirs,
@@ -254,6 +282,7 @@ pub(crate) fn load_state(
         epoch: 0,
         deferred_frees: Vec::new(),
         pins: HashMap::new(),
+        tainted,
     })
 }
 

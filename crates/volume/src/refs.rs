@@ -100,10 +100,22 @@ impl Volume {
     pub(crate) fn reap_orphans(&self) -> Result<usize> {
         let mut g = self.write_state()?;
         let st = &mut *g;
+        // Only what no directory names: a named inode with link count 0 (or the root)
+        // is damage for fsck to report, and freeing it would leave dangling entries.
+        let named: std::collections::HashSet<u64> = st
+            .dirs
+            .values()
+            .flat_map(|d| d.iter_from(0).map(|(_, e)| e.ino))
+            .collect();
         let orphans: Vec<u64> = st
             .inodes
             .iter()
-            .filter(|(_, i)| i.rec.nlink == 0)
+            .filter(|(&n, i)| {
+                i.rec.nlink == 0
+                    && n != crate::layout::ROOT_INO
+                    && !named.contains(&n)
+                    && !st.tainted.contains(&n)
+            })
             .map(|(&n, _)| n)
             .collect();
         for &ino in &orphans {

@@ -7,10 +7,10 @@ use crate::error::{FsError, Result};
 use crate::layout::*;
 use crate::map::FileMap;
 use crate::pins::ReadPins;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 use zcfs_pmem::{LockMode, OpenParams, PersistMode, PmemError, Region};
 
@@ -227,6 +227,9 @@ pub(crate) struct State {
     pub deferred_frees: Vec<(u64, u64)>,
     /// Blocks attached to callers' address spaces (zcopy_to): not reused while pinned.
     pub pins: HashMap<u64, u32>,
+    /// Inodes sharing a block with another (damaged image, seen only by fsck): never
+    /// freed by reaping or repair, which would free the block twice.
+    pub tainted: HashSet<u64>,
 }
 
 pub struct Volume {
@@ -246,7 +249,8 @@ pub struct Volume {
     failed: AtomicBool,
     /// Set when the volume must not write its clean flag on drop (simulated crash).
     abandoned: AtomicBool,
-    stop_flusher: Arc<AtomicBool>,
+    /// The batch flusher thread (batched volumes), stopped and joined by `Drop`.
+    flusher: Flusher,
     /// What recovery found at open (entries replayed, where it stopped).
     pub(crate) recovery: RecoveryReport,
     /// Whether this process wrote the holder record (and clears it at close).
@@ -445,7 +449,7 @@ impl Volume {
             refs: Mutex::new(HashMap::new()),
             failed: AtomicBool::new(false),
             abandoned: AtomicBool::new(false),
-            stop_flusher: Arc::new(AtomicBool::new(false)),
+            flusher: Flusher::default(),
             recovery: report,
             holds_volume,
         });
@@ -462,7 +466,7 @@ impl Volume {
                 );
             }
             if vol.cfg.batch_ops > 1 {
-                spawn_flusher(&vol);
+                vol.flusher.start(&vol);
             }
         }
         tracing::info!(
@@ -575,7 +579,7 @@ impl Volume {
     /// Simulate a crash: nothing more is written, not even the clean flag.
     pub fn abandon(&self) {
         self.abandoned.store(true, Ordering::SeqCst);
-        self.stop_flusher.store(true, Ordering::SeqCst);
+        self.flusher.stop();
     }
 
     /// A budget check of an operation (test hook: it may be told to fail).
@@ -633,27 +637,66 @@ impl Volume {
     }
 }
 
-fn spawn_flusher(vol: &Arc<Volume>) {
-    let weak: Weak<Volume> = Arc::downgrade(vol);
-    let stop = vol.stop_flusher.clone();
-    let delay = vol.cfg.batch_delay.max(Duration::from_micros(100));
-    std::thread::Builder::new()
-        .name("zcfs-flusher".into())
-        .spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                std::thread::sleep(delay);
-                match weak.upgrade() {
-                    Some(v) => v.flush_if_due(),
-                    None => break,
+/// The thread that commits a pending batch once it is older than the batch delay.
+///
+/// It must never own the volume: if it held the last `Arc`, the close (and the release
+/// of the one-writer lock) would run late, on its thread, or be cut off at process exit.
+/// So it reaches the volume through a pointer that `Volume::drop` withdraws, under the
+/// same mutex, before anything is torn down, and then joins the thread.
+#[derive(Default)]
+struct Flusher {
+    target: Arc<(Mutex<Option<VolumePtr>>, std::sync::Condvar)>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+/// The volume's address, for the flusher (see `Flusher`).
+struct VolumePtr(*const Volume);
+// SAFETY: the pointer is only dereferenced under `Flusher::target`'s mutex while it is
+// `Some`, and `Volume::drop` sets it to `None` under that mutex before the volume's
+// fields are dropped; `Volume` itself is `Sync`.
+unsafe impl Send for VolumePtr {}
+
+impl Flusher {
+    fn start(&self, vol: &Arc<Volume>) {
+        *self.target.0.lock().unwrap() = Some(VolumePtr(Arc::as_ptr(vol)));
+        let target = self.target.clone();
+        let delay = vol.cfg.batch_delay.max(Duration::from_micros(100));
+        let t = std::thread::Builder::new()
+            .name("zcfs-flusher".into())
+            .spawn(move || {
+                let (lock, wake) = &*target;
+                let mut guard = lock.lock().unwrap();
+                // Checked before every wait, so a `stop` that came before this thread
+                // first took the mutex is not missed.
+                while guard.is_some() {
+                    // Waits without the mutex; `stop` wakes it at once.
+                    guard = wake.wait_timeout(guard, delay).unwrap().0;
+                    if let Some(p) = &*guard {
+                        // SAFETY: see `VolumePtr`: the volume lives while the pointer
+                        // is `Some`, and we hold the mutex `stop` takes to withdraw it.
+                        unsafe { (*p.0).flush_if_due() }
+                    }
                 }
+            })
+            .expect("spawn flusher thread");
+        *self.thread.lock().unwrap() = Some(t);
+    }
+
+    /// Withdraw the volume (waiting for a flush in progress) and join the thread.
+    fn stop(&self) {
+        self.target.0.lock().unwrap().take();
+        self.target.1.notify_all();
+        if let Some(t) = self.thread.lock().unwrap().take() {
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
             }
-        })
-        .expect("spawn flusher thread");
+        }
+    }
 }
 
 impl Drop for Volume {
     fn drop(&mut self) {
-        self.stop_flusher.store(true, Ordering::SeqCst);
+        self.flusher.stop();
         if self.abandoned.load(Ordering::SeqCst) || self.cfg.read_only || self.has_failed() {
             return;
         }
