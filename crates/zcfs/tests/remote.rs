@@ -543,10 +543,14 @@ fn hostile_peers_and_wrong_secrets_are_dropped() {
     let mut srv = Served::new(&net, "hostile", &[]);
     let addr = net.addr();
     net.in_cli(|| {
-        use zcfs_protocol::{Cred, ReqHeader, Request, REQ_HDR};
+        use zcfs_protocol::{
+            Cred, GetattrReq, NodeRef, Op, ReqHeader, Request, RespHeader, Wire, WriteReq, REQ_HDR,
+            RESP_HDR,
+        };
         let raw = || TcpStream::connect(&addr).unwrap();
         let handshake = |s: &mut TcpStream| {
-            zcfs_transport::client_handshake(s, Some(b"a-test-secret-of-enough-length")).unwrap();
+            zcfs_transport::client_handshake(s, Some(b"a-test-secret-of-enough-length"), 77)
+                .unwrap();
         };
         let dropped = |mut s: TcpStream| {
             s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -563,8 +567,8 @@ fn hostile_peers_and_wrong_secrets_are_dropped() {
         dropped(s);
         // Our client with a wrong secret refuses the server (its proof does not verify).
         let mut s = raw();
-        let e =
-            zcfs_transport::client_handshake(&mut s, Some(b"not-the-secret-at-all")).unwrap_err();
+        let e = zcfs_transport::client_handshake(&mut s, Some(b"not-the-secret-at-all"), 78)
+            .unwrap_err();
         assert!(
             matches!(e, zcfs_transport::TransportError::AuthFailed),
             "{e}"
@@ -573,7 +577,7 @@ fn hostile_peers_and_wrong_secrets_are_dropped() {
         // No secret at all.
         let mut s = raw();
         assert!(matches!(
-            zcfs_transport::client_handshake(&mut s, None),
+            zcfs_transport::client_handshake(&mut s, None, 79),
             Err(zcfs_transport::TransportError::SecretRequired)
         ));
         drop(s);
@@ -583,9 +587,10 @@ fn hostile_peers_and_wrong_secrets_are_dropped() {
             let mut s = raw();
             s.write_all(
                 &Hello {
-                    version: zcfs_protocol::VERSION,
+                    version: zcfs_protocol::VERSION as u16,
                     features: 0,
                     nonce: [7; 32],
+                    session: 80,
                 }
                 .encode(),
             )
@@ -604,42 +609,75 @@ fn hostile_peers_and_wrong_secrets_are_dropped() {
         handshake(&mut s);
         s.write_all(&[0u8; REQ_HDR]).unwrap();
         dropped(s);
-        // Oversized body and oversized data.
-        for (off, v) in [(4usize, 1u32 << 30), (40, u32::MAX)] {
+        // Headers that cannot frame a message: an oversized body, oversized data, data
+        // on a request other than write.
+        for (op, body_len, data_len) in [
+            (Op::Statfs, 1u32 << 30, 0u32),
+            (Op::Write, 0, u32::MAX),
+            (Op::Read, 0, 1),
+        ] {
             let mut s = raw();
             handshake(&mut s);
-            let (mut h, _) = Request::Read {
-                ino: 1,
-                fh: 0,
-                offset: 0,
-                size: 1,
-            }
-            .encode(1, Cred::default());
-            h[off..off + 4].copy_from_slice(&v.to_le_bytes());
-            s.write_all(&h).unwrap();
+            let h = ReqHeader::new(op, 1, body_len, data_len, Cred::default());
+            s.write_all(&h.encode()).unwrap();
             dropped(s);
         }
-        // A malformed body (name with '/'), and a truncated message then close.
+        // Well-framed requests with invalid bodies are answered with an errno, and the
+        // same connection goes on: a name with '/', a name of 300 bytes, a write whose
+        // body disagrees with its header (its payload is skipped).
         let mut s = raw();
         handshake(&mut s);
-        let (h, body) = Request::Lookup {
-            parent: 1,
-            name: b"a/b".to_vec(),
+        let mut send = |h: ReqHeader, body: &[u8], data: &[u8]| {
+            s.write_all(&h.encode()).unwrap();
+            s.write_all(body).unwrap();
+            s.write_all(data).unwrap();
+            let mut rh = [0u8; RESP_HDR];
+            s.read_exact(&mut rh).unwrap();
+            let rh = RespHeader::decode(&rh).unwrap();
+            assert_eq!(rh.id, h.id);
+            let mut body = vec![0u8; (rh.body_len + rh.data_len) as usize];
+            s.read_exact(&mut body).unwrap();
+            rh.status
+        };
+        let lookup = |name: &[u8]| {
+            let mut b = NodeRef::ino(1).encode();
+            (name.len() as u16).put(&mut b);
+            b.extend_from_slice(name);
+            b
+        };
+        let body = lookup(b"a/b");
+        let h = ReqHeader::new(Op::Lookup, 10, body.len() as u32, 0, Cred::default());
+        assert_eq!(send(h, &body, &[]), libc::EINVAL);
+        let body = lookup(&[b'n'; 300]);
+        let h = ReqHeader::new(Op::Lookup, 11, body.len() as u32, 0, Cred::default());
+        assert_eq!(send(h, &body, &[]), libc::ENAMETOOLONG);
+        let body = WriteReq {
+            node: NodeRef::ino(1),
+            fh: 0,
+            offset: 0,
+            size: 5,
         }
-        .encode(1, Cred::default());
-        s.write_all(&h).unwrap();
-        s.write_all(&body).unwrap();
-        dropped(s);
+        .encode();
+        let h = ReqHeader::new(Op::Write, 12, body.len() as u32, 7000, Cred::default());
+        assert_eq!(send(h, &body, &[9u8; 7000]), libc::EINVAL);
+        let (h, body) = Request::from(GetattrReq {
+            node: NodeRef::ino(1),
+        })
+        .encode(13, Cred::default());
+        assert_eq!(send(ReqHeader::decode(&h).unwrap(), &body, &[]), 0);
+        drop(s);
+        // A truncated message, then close.
         let mut s = raw();
         handshake(&mut s);
-        let (h, _) = Request::Write {
-            ino: 1,
+        let (h, body) = Request::from(WriteReq {
+            node: NodeRef::ino(1),
             fh: 0,
             offset: 0,
             size: 1 << 20,
-        }
+        })
         .encode(1, Cred::default());
         s.write_all(&h).unwrap();
+        s.write_all(&body).unwrap();
         s.write_all(&[1u8; 1000]).unwrap();
         drop(s);
         // A write to a directory with its payload: rejected, stream stays in step.
@@ -649,15 +687,16 @@ fn hostile_peers_and_wrong_secrets_are_dropped() {
             libc::EISDIR
         );
         fs.mkdir(&ctx(), ROOT, b"still-works", 0o755).unwrap();
-        let _ = ReqHeader::default();
-        // Garbage hello, bad magic, two oversized headers, a malformed body: 5 drops
-        // counted as malformed; the forged proof as an authentication failure.
+        // Garbage hello, bad magic, three unframeable headers: 5 drops counted as
+        // malformed; three invalid bodies answered; the forged proof as an
+        // authentication failure.
         let t = Instant::now();
         loop {
             let v: serde_json::Value = serde_json::from_slice(&fs.server_stats().unwrap()).unwrap();
             if v["rejected_malformed"].as_u64().unwrap() >= 5
                 && v["rejected_auth"].as_u64().unwrap() >= 1
             {
+                assert_eq!(v["rejected_invalid"].as_u64().unwrap(), 3, "{v}");
                 break;
             }
             assert!(t.elapsed() < Duration::from_secs(10), "counters: {v}");
