@@ -1,7 +1,8 @@
 //! One connection: framing, the data paths (read, write) and replies. A header error
 //! ends the connection; a body error is answered with its errno and the stream goes on.
-//! Each message, once its header arrived, must arrive whole within the peer timeout,
-//! and each reply must make progress within it.
+//! Once a message has begun to arrive, each receive of the rest must get bytes within
+//! the peer timeout (SO_RCVTIMEO), and each send of a reply must make progress within it
+//! (SO_SNDTIMEO): a peer that stalls longer is dropped.
 
 use crate::session::Session;
 use crate::Shared;
