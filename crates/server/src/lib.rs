@@ -252,6 +252,7 @@ fn connection(mut s: TcpStream, peer: &str, shared: &Shared) {
             resumed
         },
     );
+    let handshake_ok = hs.is_ok();
     match hs {
         Ok(_) => {
             let (session, resumed) = session.as_ref().expect("attached during the handshake");
@@ -292,6 +293,10 @@ fn connection(mut s: TcpStream, peer: &str, shared: &Shared) {
         }
     }
     if let Some((sess, _)) = session {
-        shared.sessions.detach(&sess);
+        if handshake_ok {
+            shared.sessions.detach(&sess);
+        } else {
+            shared.sessions.abandon(&sess);
+        }
     }
 }

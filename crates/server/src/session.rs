@@ -206,16 +206,26 @@ impl Sessions {
         (s, false)
     }
 
-    /// A connection of `s` ended. The last one starts the grace period (a session
-    /// that holds nothing is simply forgotten).
+    /// A connection of `s` ended: the last one starts the grace period.
     pub fn detach(&self, s: &Arc<Session>) {
+        self.end_connection(s, false);
+    }
+
+    /// A connection of `s` failed its handshake: as `detach`, but a session left
+    /// without connections and holding nothing is forgotten at once (peers that fail
+    /// authentication do not fill the table with empty sessions).
+    pub fn abandon(&self, s: &Arc<Session>) {
+        self.end_connection(s, true);
+    }
+
+    fn end_connection(&self, s: &Arc<Session>, forget_if_empty: bool) {
         let mut m = self.map.lock().unwrap();
         let mut st = s.state.lock().unwrap();
         st.connections -= 1;
         if st.connections > 0 {
             return;
         }
-        if st.holds_nothing() {
+        if forget_if_empty && st.holds_nothing() {
             drop(st);
             if m.sessions.get(&s.id).is_some_and(|x| Arc::ptr_eq(x, s)) {
                 m.sessions.remove(&s.id);
@@ -381,13 +391,18 @@ mod tests {
             let (t, stats) = (t.clone(), stats.clone());
             std::thread::spawn(move || t.reap(&NullFs::default(), &stats))
         };
-        // Holds nothing: forgotten at once.
+        // A failed handshake's empty session is forgotten at once.
         let (s, _) = t.attach(1);
+        t.abandon(&s);
+        assert_eq!(t.counts().in_grace, 0);
+        // An empty session of a client that was connected waits out the grace period.
+        let (s, resumed) = t.attach(1);
+        assert!(!resumed);
         t.detach(&s);
-        assert!(!t.attach(1).1);
-        let (s, _) = t.attach(1);
+        assert_eq!(t.counts().in_grace, 1);
+        let (s, resumed) = t.attach(1);
+        assert!(resumed);
         s.add_ref(9);
-        t.detach(&s);
         t.detach(&s);
         // Resumed within grace...
         std::thread::sleep(Duration::from_millis(100));
