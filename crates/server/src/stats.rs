@@ -121,11 +121,6 @@ impl ServerStats {
         s.max_nanos.fetch_max(ns, Ordering::Relaxed);
     }
 
-    /// Count of requests of `op` handled (answered or not).
-    pub fn op_count(&self, op: Op) -> u64 {
-        self.ops[op as usize].count.load(Ordering::Relaxed)
-    }
-
     pub(crate) fn report(&self, backend: &dyn Backend, sessions: &Sessions) -> StatsReport {
         let mut ops = std::collections::BTreeMap::new();
         for &op in ALL_OPS {
