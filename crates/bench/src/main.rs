@@ -21,7 +21,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use zcfs_backend::{Backend, Ctx, ROOT};
 use zcfs_client::{ClientConfig, RemoteFs};
-use zcfs_protocol::{Cred, Request};
+use zcfs_protocol::{Cred, NodeRef, ReadReq, Request, WriteReq};
 
 #[derive(Parser)]
 #[command(
@@ -543,21 +543,24 @@ fn zcfs_bench(
     let mut next = offsets(size, random, short);
     let limit = max_ops(size);
     let deadline = Duration::from_secs_f64(secs);
-    let req = |off: u64| {
+    let node = NodeRef::ino(ino);
+    let req = |offset: u64| -> Request {
         if write {
-            Request::Write {
-                ino,
+            WriteReq {
+                node,
                 fh: 0,
-                offset: off,
+                offset,
                 size: size as u32,
             }
+            .into()
         } else {
-            Request::Read {
-                ino,
+            ReadReq {
+                node,
                 fh: 0,
-                offset: off,
+                offset,
                 size: size as u32,
             }
+            .into()
         }
     };
     let payload: Vec<&[u8]> = if write { vec![&data] } else { vec![] };

@@ -5,8 +5,12 @@
 //!   any number of callers (and `submit` without waiting) keep many requests in flight.
 //! - Every call has a bounded timeout: a dead server or link gives ETIMEDOUT/ENOTCONN,
 //!   never a hang. A broken connection is replaced on the next call; idempotent
-//!   requests are retried once on the new one. A restarted server (new instance id) has
-//!   its open handles re-opened and the caches dropped.
+//!   requests are retried once on the new one.
+//! - Every connection of a `Client` carries its random session id, so the server keeps
+//!   the client's handles and references across a lost connection (for its grace
+//!   period). When a reconnection finds the session gone (not resumed, or a restarted
+//!   server: new instance id) the revalidation hook runs: open handles are re-opened,
+//!   caches dropped, the count of server references reset.
 //! - Only metadata is cached (attributes and names, with a timeout); file data never.
 //! - Writes go out with one writev of header and the caller's buffer; read data is
 //!   received into a buffer handed to the caller: no user-space copy on either path.
@@ -63,6 +67,8 @@ type Slot = SyncSender<Result<Response, Error>>;
 
 struct Conn {
     writer: Mutex<TcpStream>,
+    /// The same socket, to shut it down without waiting for a writer.
+    control: TcpStream,
     pending: Mutex<HashMap<u64, (Op, Slot)>>,
     broken: AtomicBool,
     welcome: Welcome,
@@ -74,9 +80,13 @@ impl Conn {
         if !self.broken.swap(true, Ordering::SeqCst) {
             tracing::warn!("connection lost: {why}");
         }
-        if let Ok(w) = self.writer.lock() {
-            let _ = w.shutdown(std::net::Shutdown::Both);
-        }
+        self.close(why);
+    }
+
+    /// Shut the socket (the reader thread then ends) and fail what is pending.
+    fn close(&self, why: &str) {
+        self.broken.store(true, Ordering::SeqCst);
+        let _ = self.control.shutdown(std::net::Shutdown::Both);
         for (_, (_, slot)) in self.pending.lock().unwrap().drain() {
             let _ = slot.try_send(Err(Error::new(
                 libc::ENOTCONN,
@@ -128,21 +138,38 @@ impl Drop for Ticket {
     }
 }
 
-/// Run after connecting to a server process other than the last one.
+/// Run after a (re)connection found the session gone: the server no longer holds
+/// this client's handles and references.
 type RestartHook = Box<dyn Fn(&Client) + Send + Sync>;
 
 pub struct Client {
     cfg: ClientConfig,
+    /// Random, never 0; sent in every Hello.
+    session: u64,
     conns: Vec<Mutex<Option<Arc<Conn>>>>,
     next: AtomicUsize,
     ids: AtomicU64,
     /// Instance id of the server last connected to.
     instance: AtomicU64,
-    /// Called after connecting to a restarted server (handle revalidation).
+    /// Some connection's handshake succeeded before: the server knew our session.
+    had_session: AtomicBool,
+    /// Called when the session was lost (handle revalidation).
     on_restart: Mutex<Option<RestartHook>>,
     pub bytes_sent: AtomicU64,
     pub bytes_received: AtomicU64,
     pub reconnects: AtomicU64,
+    /// Reconnections that found the session still held by the server.
+    pub resumed: AtomicU64,
+    /// Times the revalidation hook ran (session lost or server restarted).
+    pub revalidations: AtomicU64,
+}
+
+impl Drop for Client {
+    /// Close the connections, so the server sees this client go (and starts its grace
+    /// period) and the reader threads end.
+    fn drop(&mut self) {
+        self.disconnect();
+    }
 }
 
 fn terr(addr: &str, e: TransportError) -> Error {
@@ -168,14 +195,18 @@ impl Client {
         let n = cfg.connections.max(1);
         Client {
             cfg,
+            session: rand::random::<u64>().max(1),
             conns: (0..n).map(|_| Mutex::new(None)).collect(),
             next: AtomicUsize::new(0),
             ids: AtomicU64::new(1),
             instance: AtomicU64::new(0),
+            had_session: AtomicBool::new(false),
             on_restart: Mutex::new(None),
             bytes_sent: AtomicU64::new(0),
             bytes_received: AtomicU64::new(0),
             reconnects: AtomicU64::new(0),
+            resumed: AtomicU64::new(0),
+            revalidations: AtomicU64::new(0),
         }
     }
 
@@ -189,6 +220,21 @@ impl Client {
 
     pub fn config(&self) -> &ClientConfig {
         &self.cfg
+    }
+
+    /// The session id this client's connections carry.
+    pub fn session(&self) -> u64 {
+        self.session
+    }
+
+    /// Close every connection now (the next call connects again). What the server
+    /// holds for this client stays for its grace period.
+    pub fn disconnect(&self) {
+        for slot in &self.conns {
+            if let Some(c) = slot.lock().unwrap().take() {
+                c.close("the client disconnected");
+            }
+        }
     }
 
     pub(crate) fn set_on_restart(&self, f: RestartHook) {
@@ -218,15 +264,18 @@ impl Client {
         // Writes to a dead link must not block forever either.
         s.set_write_timeout(Some(self.cfg.timeout))
             .map_err(|e| Error::new(libc::EIO, e.to_string()))?;
-        let welcome = client_handshake(&mut s, self.cfg.secret.as_deref())
+        let welcome = client_handshake(&mut s, self.cfg.secret.as_deref(), self.session)
             .map_err(|e| terr(&self.cfg.addr, e))?;
         s.set_read_timeout(None)
             .map_err(|e| Error::new(libc::EIO, e.to_string()))?;
-        let reader = s
-            .try_clone()
-            .map_err(|e| Error::new(libc::EIO, e.to_string()))?;
+        let clone = || {
+            s.try_clone()
+                .map_err(|e| Error::new(libc::EIO, e.to_string()))
+        };
+        let (reader, control) = (clone()?, clone()?);
         let conn = Arc::new(Conn {
             writer: Mutex::new(s),
+            control,
             pending: Mutex::new(HashMap::new()),
             broken: AtomicBool::new(false),
             welcome,
@@ -253,8 +302,18 @@ impl Client {
         *slot = Some(c.clone());
         drop(slot);
         let old = self.instance.swap(c.welcome.instance, Ordering::SeqCst);
-        if old != 0 && old != c.welcome.instance {
-            tracing::warn!(addr = %self.cfg.addr, "server restarted: revalidating handles");
+        let had_session = self.had_session.swap(true, Ordering::SeqCst);
+        let restarted = old != 0 && old != c.welcome.instance;
+        if c.welcome.resumed {
+            self.resumed.fetch_add(1, Ordering::Relaxed);
+        }
+        if restarted || (had_session && !c.welcome.resumed) {
+            tracing::warn!(
+                addr = %self.cfg.addr,
+                restarted,
+                "the server no longer holds this client's session: revalidating handles"
+            );
+            self.revalidations.fetch_add(1, Ordering::Relaxed);
             if let Some(f) = self.on_restart.lock().unwrap().as_ref() {
                 f(self);
             }
@@ -266,6 +325,30 @@ impl Client {
     pub fn submit(&self, req: &Request, cred: Cred, data: &[&[u8]]) -> Result<Ticket, Error> {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len();
         let conn = self.conn(i)?;
+        Ok(self.submit_on(conn, req, cred, data))
+    }
+
+    /// Send a request on a connection that is up, without connecting and without
+    /// waiting for the reply; false when no connection is up (then a lost session
+    /// makes the request moot: forget).
+    pub fn post(&self, req: &Request, cred: Cred) -> bool {
+        let live = self.conns.iter().find_map(|slot| {
+            slot.lock()
+                .unwrap()
+                .as_ref()
+                .filter(|c| !c.broken.load(Ordering::SeqCst))
+                .cloned()
+        });
+        match live {
+            Some(conn) => {
+                drop(self.submit_on(conn, req, cred, &[]));
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn submit_on(&self, conn: Arc<Conn>, req: &Request, cred: Cred, data: &[&[u8]]) -> Ticket {
         {
             let (m, cv) = &conn.inflight;
             let mut n = m.lock().unwrap();
@@ -294,10 +377,10 @@ impl Client {
         if let Err(e) = r {
             conn.break_with(&format!("send failed: {e}"));
             // The ticket now holds the ENOTCONN the break delivered.
-            return Ok(ticket);
+            return ticket;
         }
         self.bytes_sent.fetch_add(n as u64, Ordering::Relaxed);
-        Ok(ticket)
+        ticket
     }
 
     /// Send and wait; idempotent requests are retried once after a lost connection.
@@ -348,8 +431,13 @@ fn read_loop(mut s: TcpStream, conn: Arc<Conn>) {
             // A reply to a request that timed out: drop it.
             continue;
         };
-        if op as u8 != h.op {
-            break format!("reply {} for {:?} carries op {}", h.id, op, h.op);
+        if op != h.op {
+            break format!(
+                "reply {} for {} carries op {}",
+                h.id,
+                op.name(),
+                h.op.name()
+            );
         }
         let _ = slot.try_send(Ok(Response { hdr: h, body, data }));
     };

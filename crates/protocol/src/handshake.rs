@@ -3,9 +3,10 @@
 //! wire; each side proves it knows it over both nonces.
 //!
 //! ```text
-//! client -> Hello    { magic "ZCFSHELO", version, features, client nonce }        64 B
-//! server -> Welcome  { magic "ZCFSWELC", version, features, auth, server nonce,
-//!                      server proof = HMAC(secret, "zcfs-server" | cn | sn),
+//! client -> Hello    { magic "ZCFSHELO", version, features, client nonce,
+//!                      session id }                                               64 B
+//! server -> Welcome  { magic "ZCFSWELC", version, features, auth, resumed,
+//!                      server nonce, server proof = HMAC(secret, "zcfs-server" | cn | sn),
 //!                      max in-flight, max data, server instance }                112 B
 //! client -> Proof    { client proof = HMAC(secret, "zcfs-client" | sn | cn) }      32 B  (auth only)
 //! server -> Verdict  { status: 0 ok, else errno }                                  8 B  (auth only)
@@ -30,6 +31,10 @@ pub struct Hello {
     pub version: u16,
     pub features: u64,
     pub nonce: [u8; 32],
+    /// Random per client (never 0): the connections of one client share a session on
+    /// the server (its handles and references), which outlives a lost connection by
+    /// the server's grace period.
+    pub session: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,6 +42,8 @@ pub struct Welcome {
     pub version: u16,
     pub features: u64,
     pub auth: bool,
+    /// The server still had the Hello's session: its handles and references are intact.
+    pub resumed: bool,
     pub nonce: [u8; 32],
     pub proof: [u8; 32],
     pub max_inflight: u32,
@@ -52,6 +59,7 @@ impl Hello {
         b[8..10].copy_from_slice(&self.version.to_le_bytes());
         b[16..24].copy_from_slice(&self.features.to_le_bytes());
         b[24..56].copy_from_slice(&self.nonce);
+        b[56..64].copy_from_slice(&self.session.to_le_bytes());
         b
     }
     pub fn decode(b: &[u8; HELLO_LEN]) -> Result<Hello> {
@@ -59,13 +67,18 @@ impl Hello {
             return Err(ProtoError::Invalid("hello magic"));
         }
         let version = u16::from_le_bytes([b[8], b[9]]);
-        if version != VERSION {
+        if version != VERSION as u16 {
             return Err(ProtoError::BadVersion(version));
+        }
+        let session = u64::from_le_bytes(b[56..64].try_into().unwrap());
+        if session == 0 {
+            return Err(ProtoError::Invalid("session id 0"));
         }
         Ok(Hello {
             version,
             features: u64::from_le_bytes(b[16..24].try_into().unwrap()),
             nonce: b[24..56].try_into().unwrap(),
+            session,
         })
     }
 }
@@ -76,6 +89,7 @@ impl Welcome {
         b[0..8].copy_from_slice(WELCOME_MAGIC);
         b[8..10].copy_from_slice(&self.version.to_le_bytes());
         b[10] = self.auth as u8;
+        b[11] = self.resumed as u8;
         b[16..24].copy_from_slice(&self.features.to_le_bytes());
         b[24..56].copy_from_slice(&self.nonce);
         b[56..88].copy_from_slice(&self.proof);
@@ -89,16 +103,17 @@ impl Welcome {
             return Err(ProtoError::Invalid("welcome magic"));
         }
         let version = u16::from_le_bytes([b[8], b[9]]);
-        if version != VERSION {
+        if version != VERSION as u16 {
             return Err(ProtoError::BadVersion(version));
         }
-        if b[10] > 1 {
-            return Err(ProtoError::Invalid("auth flag"));
+        if b[10] > 1 || b[11] > 1 {
+            return Err(ProtoError::Invalid("auth or resumed flag"));
         }
         let w = Welcome {
             version,
             features: u64::from_le_bytes(b[16..24].try_into().unwrap()),
             auth: b[10] == 1,
+            resumed: b[11] == 1,
             nonce: b[24..56].try_into().unwrap(),
             proof: b[56..88].try_into().unwrap(),
             max_inflight: u32::from_le_bytes(b[88..92].try_into().unwrap()),
@@ -184,15 +199,19 @@ mod tests {
     #[test]
     fn hello_and_welcome_round_trip() {
         let h = Hello {
-            version: VERSION,
+            version: VERSION as u16,
             features: 5,
             nonce: [9; 32],
+            session: u64::MAX - 3,
         };
         assert_eq!(Hello::decode(&h.encode()).unwrap(), h);
+        let no_session = Hello { session: 0, ..h };
+        assert!(Hello::decode(&no_session.encode()).is_err());
         let w = Welcome {
-            version: VERSION,
+            version: VERSION as u16,
             features: 0,
             auth: true,
+            resumed: true,
             nonce: [1; 32],
             proof: [2; 32],
             max_inflight: 64,
@@ -202,6 +221,9 @@ mod tests {
         assert_eq!(Welcome::decode(&w.encode()).unwrap(), w);
         let mut bad = w.encode();
         bad[8] = 99;
+        assert!(Welcome::decode(&bad).is_err());
+        let mut bad = w.encode();
+        bad[11] = 2;
         assert!(Welcome::decode(&bad).is_err());
     }
 }

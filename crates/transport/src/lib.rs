@@ -102,10 +102,29 @@ pub fn discard(r: &mut impl Read, mut n: usize) -> std::io::Result<()> {
     Ok(())
 }
 
+fn set_int_option(s: &TcpStream, level: i32, name: i32, value: libc::c_int) -> std::io::Result<()> {
+    let fd = std::os::unix::io::AsRawFd::as_raw_fd(s);
+    // SAFETY: setting an int socket option on our own socket; the pointer and length
+    // describe `value`.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            &value as *const _ as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 /// Low latency for small messages, keepalive to notice dead peers.
 pub fn tune(s: &TcpStream) -> std::io::Result<()> {
     s.set_nodelay(true)?;
-    let fd = std::os::unix::io::AsRawFd::as_raw_fd(s);
     // Keepalive after 10 s idle, probes every 5 s, 3 misses: a dead peer shows in ~25 s.
     let opts: [(i32, i32, libc::c_int); 4] = [
         (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
@@ -114,19 +133,48 @@ pub fn tune(s: &TcpStream) -> std::io::Result<()> {
         (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 3),
     ];
     for (level, name, value) in opts {
-        // SAFETY: setting an int socket option on our own socket; the pointer and
-        // length describe `value`.
-        unsafe {
-            libc::setsockopt(
-                fd,
-                level,
-                name,
-                &value as *const _ as *const libc::c_void,
-                4,
-            );
-        }
+        // Best effort: a socket without keepalive still works.
+        let _ = set_int_option(s, level, name, value);
     }
     Ok(())
+}
+
+/// Bound how long a peer may stall us: a send that makes no progress for `patience`
+/// fails (SO_SNDTIMEO), data left unacknowledged that long breaks the connection
+/// (TCP_USER_TIMEOUT), and so does a receive (SO_RCVTIMEO; see `read_message_start`
+/// for waiting on an idle connection).
+pub fn set_peer_timeout(s: &TcpStream, patience: Duration) -> std::io::Result<()> {
+    let patience = patience.max(Duration::from_millis(1));
+    s.set_write_timeout(Some(patience))?;
+    s.set_read_timeout(Some(patience))?;
+    let ms = patience.as_millis().min(libc::c_int::MAX as u128) as libc::c_int;
+    set_int_option(s, libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, ms)
+}
+
+fn timed_out(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    )
+}
+
+/// Read the first `buf.len()` bytes of a message from a socket with a receive timeout:
+/// while no byte has come the connection is idle and we wait on (an idle peer is not a
+/// stalled one); once one has, the rest must come within the timeout. Returns false
+/// when the peer closed the connection between messages.
+pub fn read_message_start(s: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<bool> {
+    let mut got = 0;
+    while got < buf.len() {
+        match s.read(&mut buf[got..]) {
+            Ok(0) if got == 0 => return Ok(false),
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if got == 0 && timed_out(&e) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
 }
 
 fn nonce() -> [u8; 32] {
@@ -135,14 +183,19 @@ fn nonce() -> [u8; 32] {
     n
 }
 
-/// Client side of the handshake. Returns the server's welcome (limits, instance).
-pub fn client_handshake(s: &mut TcpStream, secret: Option<&[u8]>) -> Result<Welcome> {
+/// How long a server gives a peer to complete the handshake.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Client side of the handshake, for the client's `session` (random, not 0). Returns
+/// the server's welcome (limits, instance, whether the session was resumed).
+pub fn client_handshake(s: &mut TcpStream, secret: Option<&[u8]>, session: u64) -> Result<Welcome> {
     let cn = nonce();
     s.write_all(
         &Hello {
-            version: VERSION,
+            version: VERSION as u16,
             features: FEATURES,
             nonce: cn,
+            session,
         }
         .encode(),
     )?;
@@ -166,21 +219,27 @@ pub fn client_handshake(s: &mut TcpStream, secret: Option<&[u8]>) -> Result<Welc
 }
 
 /// Server side of the handshake, with a deadline so a silent peer cannot hold a slot.
+/// `attach` is called with the client's hello before the welcome goes out and says
+/// whether its session was resumed; when this then fails (authentication), the caller
+/// undoes the attachment. The socket's read timeout is left at `HANDSHAKE_TIMEOUT`.
 pub fn server_handshake(
     s: &mut TcpStream,
     secret: Option<&[u8]>,
     max_inflight: u32,
     instance: u64,
+    attach: &mut dyn FnMut(&Hello) -> bool,
 ) -> Result<Hello> {
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    s.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
     let mut hb = [0u8; HELLO_LEN];
     s.read_exact(&mut hb).map_err(eof_closed)?;
     let h = Hello::decode(&hb)?;
     let sn = nonce();
+    let resumed = attach(&h);
     let w = Welcome {
-        version: VERSION,
+        version: VERSION as u16,
         features: h.features & FEATURES,
         auth: secret.is_some(),
+        resumed,
         nonce: sn,
         proof: secret
             .map(|k| server_proof(k, &h.nonce, &sn))
@@ -199,7 +258,6 @@ pub fn server_handshake(
             return Err(TransportError::AuthFailed);
         }
     }
-    s.set_read_timeout(None)?;
     Ok(h)
 }
 
@@ -224,10 +282,10 @@ mod tests {
         let addr = l.local_addr().unwrap();
         let t = std::thread::spawn(move || {
             let (mut s, _) = l.accept().unwrap();
-            server_handshake(&mut s, server_secret, 32, 99)
+            server_handshake(&mut s, server_secret, 32, 99, &mut |h| h.session == 42)
         });
         let mut c = TcpStream::connect(addr).unwrap();
-        let w = client_handshake(&mut c, client_secret);
+        let w = client_handshake(&mut c, client_secret, 42);
         drop(c);
         (t.join().unwrap(), w)
     }
@@ -235,8 +293,10 @@ mod tests {
     #[test]
     fn handshake_with_and_without_secret() {
         let (s, c) = pair(None, None);
-        assert!(s.is_ok());
-        assert_eq!(c.unwrap().instance, 99);
+        assert_eq!(s.unwrap().session, 42);
+        let w = c.unwrap();
+        assert_eq!(w.instance, 99);
+        assert!(w.resumed, "the attach callback's answer reaches the client");
         let (s, c) = pair(Some(b"k"), Some(b"k"));
         assert!(s.is_ok() && c.is_ok());
         let (_, c) = pair(Some(b"k"), Some(b"wrong"));
@@ -246,6 +306,40 @@ mod tests {
         );
         let (_, c) = pair(Some(b"k"), None);
         assert!(matches!(c, Err(TransportError::SecretRequired)));
+    }
+
+    #[test]
+    fn an_idle_peer_is_waited_for_a_stalled_one_is_not() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let mut c = TcpStream::connect(addr).unwrap();
+        let (mut s, _) = l.accept().unwrap();
+        let patience = Duration::from_millis(100);
+        set_peer_timeout(&s, patience).unwrap();
+        let t = std::thread::spawn(move || {
+            // Idle for three timeouts, then a whole message start.
+            std::thread::sleep(patience * 3);
+            c.write_all(&[1u8; 8]).unwrap();
+            // Half a message start, then a stall.
+            c.write_all(&[2u8; 4]).unwrap();
+            std::thread::sleep(patience * 5);
+            c
+        });
+        let mut buf = [0u8; 8];
+        assert!(read_message_start(&mut s, &mut buf).unwrap());
+        assert_eq!(buf, [1u8; 8]);
+        let started = std::time::Instant::now();
+        let e = read_message_start(&mut s, &mut buf).unwrap_err();
+        assert!(timed_out(&e), "{e}");
+        assert!(started.elapsed() < patience * 4, "{:?}", started.elapsed());
+        drop(t.join().unwrap());
+        // A close between messages is a clean end.
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut s, _) = l.accept().unwrap();
+        set_peer_timeout(&s, patience).unwrap();
+        drop(c);
+        assert!(!read_message_start(&mut s, &mut buf).unwrap());
     }
 
     #[test]

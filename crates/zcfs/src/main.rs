@@ -89,6 +89,14 @@ enum Cmd {
         /// where the mapping is not synchronous (to measure what PM would cost).
         #[arg(long)]
         persist: Option<String>,
+        /// Seconds a client's open files and references outlive its last connection
+        /// (a client that reconnects within this keeps them).
+        #[arg(long, default_value_t = zcfs_server::DEFAULT_GRACE.as_secs_f64())]
+        grace: f64,
+        /// Seconds a client may stall (not read a reply, or stop in the middle of a
+        /// request) before it is dropped.
+        #[arg(long, default_value_t = zcfs_server::DEFAULT_PEER_TIMEOUT.as_secs_f64())]
+        peer_timeout: f64,
     },
     /// Mount SOURCE (a volume image, HOST:PORT, or `null`) on MOUNTPOINT through FUSE.
     /// Runs in the foreground until unmounted or sent SIGINT/SIGTERM.
@@ -198,6 +206,8 @@ fn run(cli: Cli) -> Result<i32> {
             one_copy,
             batch,
             persist,
+            grace,
+            peer_timeout,
         } => serve(
             &source,
             listen,
@@ -209,6 +219,8 @@ fn run(cli: Cli) -> Result<i32> {
             one_copy,
             batch,
             persist.as_deref(),
+            grace,
+            peer_timeout,
         ),
         Cmd::Mount(a) => mount::mount(&a),
         Cmd::Umount { mountpoint, lazy } => mount::umount(&mountpoint, lazy),
@@ -539,7 +551,18 @@ fn serve(
     one_copy: bool,
     batch: Option<usize>,
     persist: Option<&str>,
+    grace: f64,
+    peer_timeout: f64,
 ) -> Result<i32> {
+    let seconds = |flag: &str, v: f64| {
+        std::time::Duration::try_from_secs_f64(v)
+            .map_err(|_| anyhow!("--{flag} {v}: give a number of seconds, 0 or more"))
+    };
+    let grace = seconds("grace", grace)?;
+    let peer_timeout = seconds("peer-timeout", peer_timeout)?;
+    if peer_timeout.is_zero() {
+        bail!("--peer-timeout 0: a peer needs some time to answer");
+    }
     let secret = secret_file.map(read_secret).transpose()?;
     if !listen.ip().is_loopback() && secret.is_none() && !insecure {
         bail!("listening on {listen} (not loopback) needs --secret-file FILE, or --insecure to allow anyone on the network");
@@ -577,12 +600,16 @@ fn serve(
                 max_connections,
                 max_inflight,
                 one_copy,
+                grace,
+                peer_timeout,
+                ..Default::default()
             },
         )
         .map_err(|e| anyhow!("{e} (is another server using the port?)"))?,
     );
     let addr = server.local_addr();
     let s2 = server.clone();
+    // Runs until shutdown, then waits for the connections and releases every session.
     let acceptor = std::thread::Builder::new()
         .name("zcfs-accept".into())
         .spawn(move || s2.run())?;
@@ -601,13 +628,18 @@ fn serve(
     while mount::wait_signal(&sigs, std::time::Duration::from_secs(1)).is_none() {}
     mount::sd_notify("STOPPING=1");
     server.shutdown();
-    let conns = acceptor
+    acceptor
         .join()
         .map_err(|_| anyhow!("accept thread panicked"))?;
-    for c in conns {
-        let _ = c.join();
-    }
-    eprint!("zcfs serve: shut down\n{}", format_report(&server.report()));
+    let report = server.report();
+    eprint!(
+        "zcfs serve: shut down\n{}sessions    {} resumed, {} released; {} invalid requests answered, {} stalled peers dropped\n",
+        format_report(&report),
+        report.sessions_resumed,
+        report.sessions_expired,
+        report.rejected_invalid,
+        report.dropped_stalled
+    );
     drop(server);
     if let Some(vol) = vol {
         vol.sync()?;

@@ -543,10 +543,14 @@ fn hostile_peers_and_wrong_secrets_are_dropped() {
     let mut srv = Served::new(&net, "hostile", &[]);
     let addr = net.addr();
     net.in_cli(|| {
-        use zcfs_protocol::{Cred, ReqHeader, Request, REQ_HDR};
+        use zcfs_protocol::{
+            Cred, GetattrReq, NodeRef, Op, ReqHeader, Request, RespHeader, Wire, WriteReq, REQ_HDR,
+            RESP_HDR,
+        };
         let raw = || TcpStream::connect(&addr).unwrap();
         let handshake = |s: &mut TcpStream| {
-            zcfs_transport::client_handshake(s, Some(b"a-test-secret-of-enough-length")).unwrap();
+            zcfs_transport::client_handshake(s, Some(b"a-test-secret-of-enough-length"), 77)
+                .unwrap();
         };
         let dropped = |mut s: TcpStream| {
             s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -563,8 +567,8 @@ fn hostile_peers_and_wrong_secrets_are_dropped() {
         dropped(s);
         // Our client with a wrong secret refuses the server (its proof does not verify).
         let mut s = raw();
-        let e =
-            zcfs_transport::client_handshake(&mut s, Some(b"not-the-secret-at-all")).unwrap_err();
+        let e = zcfs_transport::client_handshake(&mut s, Some(b"not-the-secret-at-all"), 78)
+            .unwrap_err();
         assert!(
             matches!(e, zcfs_transport::TransportError::AuthFailed),
             "{e}"
@@ -573,7 +577,7 @@ fn hostile_peers_and_wrong_secrets_are_dropped() {
         // No secret at all.
         let mut s = raw();
         assert!(matches!(
-            zcfs_transport::client_handshake(&mut s, None),
+            zcfs_transport::client_handshake(&mut s, None, 79),
             Err(zcfs_transport::TransportError::SecretRequired)
         ));
         drop(s);
@@ -583,9 +587,10 @@ fn hostile_peers_and_wrong_secrets_are_dropped() {
             let mut s = raw();
             s.write_all(
                 &Hello {
-                    version: zcfs_protocol::VERSION,
+                    version: zcfs_protocol::VERSION as u16,
                     features: 0,
                     nonce: [7; 32],
+                    session: 80,
                 }
                 .encode(),
             )
@@ -604,42 +609,75 @@ fn hostile_peers_and_wrong_secrets_are_dropped() {
         handshake(&mut s);
         s.write_all(&[0u8; REQ_HDR]).unwrap();
         dropped(s);
-        // Oversized body and oversized data.
-        for (off, v) in [(4usize, 1u32 << 30), (40, u32::MAX)] {
+        // Headers that cannot frame a message: an oversized body, oversized data, data
+        // on a request other than write.
+        for (op, body_len, data_len) in [
+            (Op::Statfs, 1u32 << 30, 0u32),
+            (Op::Write, 0, u32::MAX),
+            (Op::Read, 0, 1),
+        ] {
             let mut s = raw();
             handshake(&mut s);
-            let (mut h, _) = Request::Read {
-                ino: 1,
-                fh: 0,
-                offset: 0,
-                size: 1,
-            }
-            .encode(1, Cred::default());
-            h[off..off + 4].copy_from_slice(&v.to_le_bytes());
-            s.write_all(&h).unwrap();
+            let h = ReqHeader::new(op, 1, body_len, data_len, Cred::default());
+            s.write_all(&h.encode()).unwrap();
             dropped(s);
         }
-        // A malformed body (name with '/'), and a truncated message then close.
+        // Well-framed requests with invalid bodies are answered with an errno, and the
+        // same connection goes on: a name with '/', a name of 300 bytes, a write whose
+        // body disagrees with its header (its payload is skipped).
         let mut s = raw();
         handshake(&mut s);
-        let (h, body) = Request::Lookup {
-            parent: 1,
-            name: b"a/b".to_vec(),
+        let mut send = |h: ReqHeader, body: &[u8], data: &[u8]| {
+            s.write_all(&h.encode()).unwrap();
+            s.write_all(body).unwrap();
+            s.write_all(data).unwrap();
+            let mut rh = [0u8; RESP_HDR];
+            s.read_exact(&mut rh).unwrap();
+            let rh = RespHeader::decode(&rh).unwrap();
+            assert_eq!(rh.id, h.id);
+            let mut body = vec![0u8; (rh.body_len + rh.data_len) as usize];
+            s.read_exact(&mut body).unwrap();
+            rh.status
+        };
+        let lookup = |name: &[u8]| {
+            let mut b = NodeRef::ino(1).encode();
+            (name.len() as u16).put(&mut b);
+            b.extend_from_slice(name);
+            b
+        };
+        let body = lookup(b"a/b");
+        let h = ReqHeader::new(Op::Lookup, 10, body.len() as u32, 0, Cred::default());
+        assert_eq!(send(h, &body, &[]), libc::EINVAL);
+        let body = lookup(&[b'n'; 300]);
+        let h = ReqHeader::new(Op::Lookup, 11, body.len() as u32, 0, Cred::default());
+        assert_eq!(send(h, &body, &[]), libc::ENAMETOOLONG);
+        let body = WriteReq {
+            node: NodeRef::ino(1),
+            fh: 0,
+            offset: 0,
+            size: 5,
         }
-        .encode(1, Cred::default());
-        s.write_all(&h).unwrap();
-        s.write_all(&body).unwrap();
-        dropped(s);
+        .encode();
+        let h = ReqHeader::new(Op::Write, 12, body.len() as u32, 7000, Cred::default());
+        assert_eq!(send(h, &body, &[9u8; 7000]), libc::EINVAL);
+        let (h, body) = Request::from(GetattrReq {
+            node: NodeRef::ino(1),
+        })
+        .encode(13, Cred::default());
+        assert_eq!(send(ReqHeader::decode(&h).unwrap(), &body, &[]), 0);
+        drop(s);
+        // A truncated message, then close.
         let mut s = raw();
         handshake(&mut s);
-        let (h, _) = Request::Write {
-            ino: 1,
+        let (h, body) = Request::from(WriteReq {
+            node: NodeRef::ino(1),
             fh: 0,
             offset: 0,
             size: 1 << 20,
-        }
+        })
         .encode(1, Cred::default());
         s.write_all(&h).unwrap();
+        s.write_all(&body).unwrap();
         s.write_all(&[1u8; 1000]).unwrap();
         drop(s);
         // A write to a directory with its payload: rejected, stream stays in step.
@@ -649,15 +687,16 @@ fn hostile_peers_and_wrong_secrets_are_dropped() {
             libc::EISDIR
         );
         fs.mkdir(&ctx(), ROOT, b"still-works", 0o755).unwrap();
-        let _ = ReqHeader::default();
-        // Garbage hello, bad magic, two oversized headers, a malformed body: 5 drops
-        // counted as malformed; the forged proof as an authentication failure.
+        // Garbage hello, bad magic, three unframeable headers: 5 drops counted as
+        // malformed; three invalid bodies answered; the forged proof as an
+        // authentication failure.
         let t = Instant::now();
         loop {
             let v: serde_json::Value = serde_json::from_slice(&fs.server_stats().unwrap()).unwrap();
             if v["rejected_malformed"].as_u64().unwrap() >= 5
                 && v["rejected_auth"].as_u64().unwrap() >= 1
             {
+                assert_eq!(v["rejected_invalid"].as_u64().unwrap(), 3, "{v}");
                 break;
             }
             assert!(t.elapsed() < Duration::from_secs(10), "counters: {v}");
@@ -773,5 +812,279 @@ fn remote_fuse_mount_runs_unmodified_programs() {
     assert!(!mounted(&mp));
     fs::remove_dir(&mp).unwrap();
     srv.kill(libc::SIGTERM);
+    srv.fsck();
+}
+
+/// `zcfs mount` of the server, run inside the client namespace (nsenter enters only the
+/// network namespace, so the mount is visible here). Killed and detached on drop.
+struct RemoteMount {
+    mp: PathBuf,
+    child: Option<Child>,
+}
+
+impl RemoteMount {
+    fn new(net: &Net, srv: &Served, tag: &str, opts: &[&str]) -> RemoteMount {
+        let mp = std::env::temp_dir().join(format!("zcfs-remote-{tag}-{}", std::process::id()));
+        fs::create_dir_all(&mp).unwrap();
+        let mut child = Command::new("nsenter")
+            .arg(format!("--net=/var/run/netns/{}", net.cli))
+            .arg(zcfs_bin())
+            .arg("mount")
+            .arg(net.addr())
+            .arg(&mp)
+            .arg("--secret-file")
+            .arg(&srv.secret)
+            .args(opts)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let t = Instant::now();
+        while !mounted(&mp) {
+            assert!(child.try_wait().unwrap().is_none(), "remote mount exited");
+            assert!(t.elapsed() < Duration::from_secs(20));
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        RemoteMount {
+            mp,
+            child: Some(child),
+        }
+    }
+
+    fn path(&self, p: &str) -> String {
+        format!("{}/{p}", self.mp.display())
+    }
+
+    /// Kill the mount process with `sig` and detach the mount.
+    fn kill(&mut self, sig: i32) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(c.id() as i32, sig) };
+            c.wait().unwrap();
+        }
+        if mounted(&self.mp) {
+            let _ = zcfs().arg("umount").arg("--lazy").arg(&self.mp).output();
+        }
+    }
+}
+
+impl Drop for RemoteMount {
+    fn drop(&mut self) {
+        self.kill(libc::SIGKILL);
+        let _ = fs::remove_dir(&self.mp);
+    }
+}
+
+/// `stat` through a mount: link count, size, mtime seconds.
+fn stat_via(path: &str) -> (u32, u64, i64) {
+    let out = sh(&format!("stat -c '%h %s %Y' {path}"));
+    let v: Vec<&str> = out.split_whitespace().collect();
+    (
+        v[0].parse().unwrap(),
+        v[1].parse().unwrap(),
+        v[2].parse().unwrap(),
+    )
+}
+
+#[test]
+fn clients_racing_on_one_file_and_one_directory_agree_afterwards() {
+    let net = Net::new();
+    let mut srv = Served::new(&net, "race", &[]);
+    let (d, f) = net.in_cli(|| {
+        let setup = client(&net, Duration::from_secs(10));
+        let d = setup.mkdir(&ctx(), ROOT, b"d", 0o777).unwrap();
+        let (f, fh) = setup
+            .create(&ctx(), d.ino, b"f", libc::S_IFREG | 0o666, libc::O_RDWR)
+            .unwrap();
+        setup.release(f.ino, fh).unwrap();
+        (d, f)
+    });
+    let rounds = 120;
+    // A FUSE mount races too: hard links renamed and removed, subdirectories made and
+    // removed, appends to a log of its own (appends through a kernel that caches the
+    // size may land before other clients' writes: O_APPEND is per client, as on NFS).
+    let m = RemoteMount::new(&net, &srv, "race-mp", &[]);
+    let dm = m.path("d");
+    let mut shell = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "set -e; for i in $(seq 1 {rounds}); do \
+               ln {dm}/f {dm}/m$i; mv {dm}/m$i {dm}/n$i; rm {dm}/n$i; \
+               mkdir {dm}/s$i; rmdir {dm}/s$i; echo $i >> {dm}/log; \
+             done"
+        ))
+        .spawn()
+        .unwrap();
+    net.in_cli(|| {
+        let clients: Vec<RemoteFs> = (0..3)
+            .map(|_| client(&net, Duration::from_secs(10)))
+            .collect();
+        std::thread::scope(|s| {
+            for (t, fs) in clients.iter().enumerate() {
+                s.spawn(move || {
+                    let c = ctx();
+                    for i in 0..rounds {
+                        let (l, r) = (format!("l{t}-{i}"), format!("r{t}-{i}"));
+                        let a = fs.link(&c, f.ino, d.ino, l.as_bytes()).unwrap();
+                        assert!(a.nlink >= 2);
+                        // A client's own change shows in its cache at once.
+                        assert_eq!(fs.getattr(f.ino).unwrap().nlink, a.nlink);
+                        fs.rename(&c, d.ino, l.as_bytes(), d.ino, r.as_bytes(), 0)
+                            .unwrap();
+                        let u = fs.unlink(&c, d.ino, r.as_bytes()).unwrap();
+                        assert_eq!(u.ino, f.ino);
+                        assert_eq!(fs.getattr(f.ino).unwrap().nlink, u.nlink);
+                        let sub = format!("s{t}-{i}");
+                        let sd = fs.mkdir(&c, d.ino, sub.as_bytes(), 0o755).unwrap();
+                        assert_eq!(fs.rmdir(&c, d.ino, sub.as_bytes()).unwrap().ino, sd.ino);
+                        let at = 1_000_000 + (t * rounds + i) as u64 * 8;
+                        fs.write(f.ino, 0, at, &[t as u8 + 1; 8]).unwrap();
+                    }
+                });
+            }
+        });
+        let status = shell.wait().unwrap();
+        assert!(status.success(), "the shell's races failed");
+        // Let every cache expire (the client's attribute timeout and the kernel's are
+        // 1 s), then every client must agree with the server.
+        std::thread::sleep(Duration::from_millis(2500));
+        let truth = RemoteFs::connect({
+            let mut cfg = ClientConfig::new(&net.addr());
+            cfg.secret = Some(b"a-test-secret-of-enough-length".to_vec());
+            cfg.attr_ttl = Duration::ZERO;
+            cfg
+        })
+        .unwrap();
+        let (tf, td) = (truth.getattr(f.ino).unwrap(), truth.getattr(d.ino).unwrap());
+        assert_eq!(
+            (tf.nlink, td.nlink),
+            (1, 2),
+            "every extra name and subdir gone"
+        );
+        let log = truth.lookup(&ctx(), d.ino, b"log").unwrap();
+        let names = |fs: &RemoteFs| {
+            let mut n = Vec::new();
+            fs.readdir(d.ino, 0, false, &mut |e| {
+                n.push(e.name);
+                true
+            })
+            .unwrap();
+            n
+        };
+        let mut all = names(&truth);
+        all.sort();
+        assert_eq!(all, vec![b"f".to_vec(), b"log".to_vec()]);
+        for fs in &clients {
+            assert_eq!(fs.getattr(f.ino).unwrap(), tf);
+            assert_eq!(fs.getattr(d.ino).unwrap(), td);
+            let mut n = names(fs);
+            n.sort();
+            assert_eq!(n, all);
+        }
+        assert_eq!(stat_via(&m.path("d/f")), (tf.nlink, tf.size, tf.mtime.sec));
+        assert_eq!(stat_via(&m.path("d")), (td.nlink, td.size, td.mtime.sec));
+        // The appends and every client's writes are all there.
+        let appended: String = (1..=rounds).map(|i| format!("{i}\n")).collect();
+        assert_eq!(
+            read_all(&truth, log.ino, 0, 0, 1 << 20),
+            appended.as_bytes()
+        );
+        let data = read_all(&truth, f.ino, 0, 0, tf.size as u32);
+        for t in 0..3 {
+            for i in 0..rounds {
+                let at = 1_000_000 + (t * rounds + i) * 8;
+                assert_eq!(&data[at..at + 8], &[t as u8 + 1; 8]);
+            }
+        }
+    });
+    drop(m);
+    srv.kill(libc::SIGTERM);
+    srv.fsck();
+}
+
+#[test]
+fn a_killed_clients_handles_are_released_after_grace() {
+    let net = Net::new();
+    let mut srv = Served::new(&net, "killed", &["--grace", "2"]);
+    let observer = net.in_cli(|| client(&net, Duration::from_secs(10)));
+    // The root directory's first block, allocated for its first entry, stays.
+    let (w, wh) = observer
+        .create(
+            &ctx(),
+            ROOT,
+            b"warm-up",
+            libc::S_IFREG | 0o644,
+            libc::O_RDWR,
+        )
+        .unwrap();
+    observer.release(w.ino, wh).unwrap();
+    observer.unlink(&ctx(), ROOT, b"warm-up").unwrap();
+    let before = observer.statfs().unwrap();
+    // A client process (a FUSE mount) with a file open for writing and one for
+    // reading, both unlinked, kept busy: it is killed in the middle of both.
+    let mut m = RemoteMount::new(&net, &srv, "killed-mp", &[]);
+    let (wpath, rpath) = (m.path("w"), m.path("r"));
+    sh(&format!("head -c 8M /dev/urandom > {rpath}"));
+    let busy = |script: String| {
+        Command::new("bash")
+            .arg("-c")
+            .arg(script)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    // Each keeps its file open on one descriptor and goes through it again and again
+    // (a new handle each time, the same 4 or 8 MiB).
+    let mut writer = busy(format!(
+        "exec 3>{wpath}; rm {wpath}; while true; do \
+         dd if=/dev/zero of=/dev/fd/3 bs=1M count=4 conv=notrunc || exit; done"
+    ));
+    let mut reader = busy(format!(
+        "exec 4<{rpath}; rm {rpath}; while true; do \
+         dd if=/dev/fd/4 of=/dev/null bs=1M || exit; done"
+    ));
+    let t = Instant::now();
+    loop {
+        let v: serde_json::Value =
+            serde_json::from_slice(&observer.server_stats().unwrap()).unwrap();
+        if v["handles_open"].as_u64().unwrap() >= 2 && t.elapsed() > Duration::from_secs(1) {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "{v}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(observer.statfs().unwrap().bfree < before.bfree);
+    m.kill(libc::SIGKILL);
+    let _ = writer.kill();
+    let _ = reader.kill();
+    writer.wait().unwrap();
+    reader.wait().unwrap();
+    // Within the grace period the session keeps them; after it, all is given back.
+    let killed = Instant::now();
+    let t = Instant::now();
+    loop {
+        let v: serde_json::Value =
+            serde_json::from_slice(&observer.server_stats().unwrap()).unwrap();
+        let s = observer.statfs().unwrap();
+        if v["sessions_expired"].as_u64().unwrap() >= 1
+            && v["handles_open"].as_u64().unwrap() == 0
+            && (s.bfree, s.ffree) == (before.bfree, before.ffree)
+        {
+            assert!(
+                killed.elapsed() >= Duration::from_millis(1500),
+                "released before the grace period ran out: {:?}",
+                killed.elapsed()
+            );
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "{v} {s:?} {before:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(observer);
+    let err = srv.kill(libc::SIGTERM);
+    assert!(!err.contains("panicked"), "{err}");
     srv.fsck();
 }

@@ -1,0 +1,368 @@
+//! One struct per request and per reply body, with named fields; each codec is derived
+//! from the field list (`wire_struct!`). Which request goes with which reply is the
+//! table in `ops.rs`.
+
+use crate::wire::wire_struct;
+use crate::*;
+use zcfs_backend::{Attr, DirEntry, SetAttr, StatFs};
+
+/// `offset` and `offset + len` at or below 2^63 - 1 (off_t).
+fn check_range(offset: u64, len: u64) -> Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= MAX_OFFSET => Ok(()),
+        _ => Err(ProtoError::Invalid("offset + length beyond 2^63")),
+    }
+}
+
+fn check_data_size(size: u32) -> Result<()> {
+    if size as usize > MAX_DATA {
+        return Err(ProtoError::TooLong {
+            what: "data size",
+            len: size as usize,
+            max: MAX_DATA,
+            errno: libc::EINVAL,
+        });
+    }
+    Ok(())
+}
+
+// ---- requests ----
+
+wire_struct! {
+    pub struct LookupReq {
+        pub parent: NodeRef,
+        pub name: LookupName,
+    }
+}
+
+wire_struct! {
+    pub struct GetattrReq {
+        pub node: NodeRef,
+    }
+}
+
+wire_struct! {
+    pub struct SetattrReq {
+        pub node: NodeRef,
+        pub set: SetAttr,
+    }
+}
+
+wire_struct! {
+    pub struct ReadlinkReq {
+        pub node: NodeRef,
+    }
+}
+
+wire_struct! {
+    pub struct MknodReq {
+        pub parent: NodeRef,
+        pub name: Name,
+        /// File type and permission bits.
+        pub mode: u32,
+        pub rdev: u32,
+    }
+}
+
+wire_struct! {
+    pub struct MkdirReq {
+        pub parent: NodeRef,
+        pub name: Name,
+        pub mode: u32,
+    }
+}
+
+wire_struct! {
+    pub struct UnlinkReq {
+        pub parent: NodeRef,
+        pub name: Name,
+    }
+}
+
+wire_struct! {
+    pub struct RmdirReq {
+        pub parent: NodeRef,
+        pub name: Name,
+    }
+}
+
+wire_struct! {
+    pub struct SymlinkReq {
+        pub parent: NodeRef,
+        pub name: Name,
+        pub target: SymlinkTarget,
+    }
+}
+
+wire_struct! {
+    pub struct RenameReq {
+        pub parent: NodeRef,
+        pub name: Name,
+        pub new_parent: NodeRef,
+        pub new_name: Name,
+        pub flags: RenameFlags,
+    }
+}
+
+wire_struct! {
+    pub struct LinkReq {
+        /// The inode that gets another name.
+        pub node: NodeRef,
+        pub new_parent: NodeRef,
+        pub new_name: Name,
+    }
+}
+
+wire_struct! {
+    pub struct OpenReq {
+        pub node: NodeRef,
+        /// open(2) flags.
+        pub flags: i32,
+    }
+}
+
+wire_struct! {
+    pub struct CreateReq {
+        pub parent: NodeRef,
+        pub name: Name,
+        pub mode: u32,
+        pub flags: i32,
+    }
+}
+
+wire_struct! {
+    /// The reply's data (up to `size` bytes, short at end of file) follows its header.
+    pub struct ReadReq {
+        pub node: NodeRef,
+        /// A handle from open/create of this session, or 0 for none.
+        pub fh: u64,
+        pub offset: u64,
+        pub size: u32,
+    }
+    check(r) {
+        check_data_size(r.size)?;
+        check_range(r.offset, r.size as u64)
+    }
+}
+
+wire_struct! {
+    /// `size` bytes of data follow the body; `size` equals the header's data length.
+    pub struct WriteReq {
+        pub node: NodeRef,
+        pub fh: u64,
+        pub offset: u64,
+        pub size: u32,
+    }
+    check(r) {
+        check_data_size(r.size)?;
+        check_range(r.offset, r.size as u64)
+    }
+}
+
+wire_struct! {
+    pub struct FlushReq {
+        pub node: NodeRef,
+        pub fh: u64,
+    }
+}
+
+wire_struct! {
+    pub struct ReleaseReq {
+        pub node: NodeRef,
+        pub fh: u64,
+    }
+}
+
+wire_struct! {
+    pub struct FsyncReq {
+        pub node: NodeRef,
+        pub fh: u64,
+        pub datasync: bool,
+    }
+}
+
+wire_struct! {
+    pub struct ReaddirReq {
+        pub dir: NodeRef,
+        /// Continue after the entry whose `next` this is (0 = from the start).
+        pub cookie: u64,
+        /// Entries carry attributes (and a reference each).
+        pub plus: bool,
+        /// 1..=`MAX_ENTRIES`.
+        pub max_entries: u32,
+    }
+    check(r) {
+        if r.max_entries == 0 || r.max_entries as usize > MAX_ENTRIES {
+            return Err(ProtoError::Invalid("readdir entry count outside 1..=4096"));
+        }
+        Ok(())
+    }
+}
+
+wire_struct! {
+    pub struct StatfsReq {}
+}
+
+wire_struct! {
+    pub struct SetxattrReq {
+        pub node: NodeRef,
+        pub name: XattrName,
+        pub value: XattrValue,
+        /// 0, XATTR_CREATE (1) or XATTR_REPLACE (2).
+        pub flags: i32,
+    }
+    check(r) {
+        if !(0..=2).contains(&r.flags) {
+            return Err(ProtoError::Invalid("setxattr flags"));
+        }
+        Ok(())
+    }
+}
+
+wire_struct! {
+    pub struct GetxattrReq {
+        pub node: NodeRef,
+        pub name: XattrName,
+    }
+}
+
+wire_struct! {
+    pub struct ListxattrReq {
+        pub node: NodeRef,
+    }
+}
+
+wire_struct! {
+    pub struct RemovexattrReq {
+        pub node: NodeRef,
+        pub name: XattrName,
+    }
+}
+
+wire_struct! {
+    pub struct FallocateReq {
+        pub node: NodeRef,
+        pub fh: u64,
+        pub offset: u64,
+        pub len: u64,
+        /// fallocate(2) mode.
+        pub mode: i32,
+    }
+    check(r) { check_range(r.offset, r.len) }
+}
+
+wire_struct! {
+    pub struct SyncAllReq {}
+}
+
+wire_struct! {
+    pub struct PingReq {}
+}
+
+wire_struct! {
+    pub struct StatsReq {}
+}
+
+wire_struct! {
+    /// Give back `count` references to `ino`.
+    #[derive(Copy)]
+    pub struct ForgetItem {
+        pub ino: u64,
+        pub count: u64,
+    }
+    check(i) {
+        if i.count == 0 {
+            return Err(ProtoError::Invalid("forget count 0"));
+        }
+        Ok(())
+    }
+}
+
+wire_struct! {
+    /// Give back references the server holds for this session (sent without waiting
+    /// for the reply; never retried).
+    pub struct ForgetReq {
+        pub items: List<ForgetItem, MAX_FORGET_ITEMS>,
+    }
+}
+
+// ---- replies ----
+
+wire_struct! {
+    /// No body (a read's data travels after the header).
+    pub struct EmptyReply {}
+}
+
+wire_struct! {
+    /// An entry: the attributes of the inode named, and one reference to it for the
+    /// session (given back with forget).
+    pub struct EntryReply {
+        pub attr: Attr,
+    }
+}
+
+wire_struct! {
+    /// Attributes, without a reference.
+    pub struct AttrReply {
+        pub attr: Attr,
+    }
+}
+
+wire_struct! {
+    pub struct ReadlinkReply {
+        pub target: SymlinkTarget,
+    }
+}
+
+wire_struct! {
+    pub struct OpenReply {
+        /// A handle of this session (never 0).
+        pub fh: u64,
+    }
+}
+
+wire_struct! {
+    /// An entry (with a reference) and a handle.
+    pub struct CreateReply {
+        pub attr: Attr,
+        pub fh: u64,
+    }
+}
+
+wire_struct! {
+    pub struct WriteReply {
+        pub written: u32,
+    }
+}
+
+wire_struct! {
+    /// With `plus`, each entry carries attributes and one reference.
+    pub struct ReaddirReply {
+        pub entries: List<DirEntry, MAX_ENTRIES>,
+    }
+}
+
+wire_struct! {
+    pub struct StatfsReply {
+        pub statfs: StatFs,
+    }
+}
+
+wire_struct! {
+    pub struct GetxattrReply {
+        pub value: XattrValue,
+    }
+}
+
+wire_struct! {
+    pub struct ListxattrReply {
+        pub names: List<XattrName, MAX_XATTR_NAMES>,
+    }
+}
+
+wire_struct! {
+    /// The server's counters as JSON.
+    pub struct StatsReply {
+        pub json: Blob,
+    }
+}

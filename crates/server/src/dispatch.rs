@@ -1,0 +1,314 @@
+//! Requests other than read and write: generation checks, the session's handles and
+//! references, and the backend call.
+
+use crate::conn::{ro, Conn};
+use crate::session::Handle;
+use zcfs_backend::{Backend, Ctx, DirEntry, Error, Result};
+use zcfs_protocol::*;
+
+/// ESTALE for a node whose generation no longer matches.
+pub(crate) fn stale(n: NodeRef) -> Error {
+    Error::new(
+        libc::ESTALE,
+        format!(
+            "inode {} generation {} is gone (stale file handle)",
+            n.ino, n.gen
+        ),
+    )
+}
+
+/// References taken to check generations, given back when the operation is done, so
+/// the check and the operation see the same inode.
+pub(crate) struct Held<'a, const N: usize> {
+    backend: &'a dyn Backend,
+    inos: [Option<u64>; N],
+}
+
+impl<const N: usize> Drop for Held<'_, N> {
+    fn drop(&mut self) {
+        for ino in self.inos.iter().flatten() {
+            self.backend.forget(*ino, 1);
+        }
+    }
+}
+
+fn backend_err(what: &'static str) -> impl Fn(ProtoError) -> Error {
+    move |e| {
+        Error::new(
+            libc::EIO,
+            format!("the backend returned an invalid {what}: {e}"),
+        )
+    }
+}
+
+impl<'a> Conn<'a> {
+    /// Check the generation of every node that names one (hold it for the operation).
+    pub(crate) fn hold<const N: usize>(&self, nodes: [NodeRef; N]) -> Result<Held<'a, N>> {
+        let backend: &'a dyn Backend = &*self.shared.backend;
+        let mut held = Held {
+            backend,
+            inos: [None; N],
+        };
+        for (i, n) in nodes.iter().enumerate() {
+            if n.gen == 0 {
+                continue;
+            }
+            match backend.hold(n.ino, n.gen) {
+                Ok(_) => held.inos[i] = Some(n.ino),
+                Err(e) if e.errno == libc::ENOENT || e.errno == libc::ESTALE => {
+                    return Err(stale(*n))
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(held)
+    }
+
+    /// A handle named by (node, fh) for flush/fsync/fallocate, with its generation
+    /// check held for the operation.
+    fn handle_for(&self, node: NodeRef, fh: u64) -> Result<(u64, Held<'a, 1>)> {
+        let (bfh, check) = self.resolve(node, fh)?;
+        let held = self.hold([if check { node } else { NodeRef::ino(node.ino) }])?;
+        Ok((bfh, held))
+    }
+
+    /// An entry goes to the client: the session holds its reference.
+    fn entry(&self, attr: zcfs_backend::Attr) -> EntryReply {
+        self.session.add_ref(attr.ino);
+        EntryReply { attr }
+    }
+
+    /// Register a handle the backend opened; on refusal (too many) close it again.
+    fn add_handle(&self, h: Handle) -> Result<u64> {
+        self.session.add_handle(h).inspect_err(|_| {
+            let _ = self.shared.backend.release(h.ino, h.backend_fh);
+        })
+    }
+
+    pub(crate) fn dispatch(&self, ctx: &Ctx, req: Request) -> Result<Reply> {
+        let b = &*self.shared.backend;
+        let op = req.op();
+        if op.mutates() && self.shared.cfg.read_only {
+            return Err(ro());
+        }
+        Ok(match req {
+            Request::Lookup(r) => {
+                let _g = self.hold([r.parent])?;
+                Reply::Lookup(self.entry(b.lookup(ctx, r.parent.ino, &r.name)?))
+            }
+            Request::Getattr(r) => {
+                let _g = self.hold([r.node])?;
+                Reply::Getattr(AttrReply {
+                    attr: b.getattr(r.node.ino)?,
+                })
+            }
+            Request::Setattr(r) => {
+                let _g = self.hold([r.node])?;
+                Reply::Setattr(AttrReply {
+                    attr: b.setattr(ctx, r.node.ino, &r.set)?,
+                })
+            }
+            Request::Readlink(r) => {
+                let _g = self.hold([r.node])?;
+                let target = SymlinkTarget::new(b.readlink(r.node.ino)?)
+                    .map_err(backend_err("symlink target"))?;
+                Reply::Readlink(ReadlinkReply { target })
+            }
+            Request::Mknod(r) => {
+                let _g = self.hold([r.parent])?;
+                let a = b.mknod(ctx, r.parent.ino, &r.name, r.mode, r.rdev)?;
+                Reply::Mknod(self.entry(a))
+            }
+            Request::Mkdir(r) => {
+                let _g = self.hold([r.parent])?;
+                Reply::Mkdir(self.entry(b.mkdir(ctx, r.parent.ino, &r.name, r.mode)?))
+            }
+            Request::Unlink(r) => {
+                let _g = self.hold([r.parent])?;
+                Reply::Unlink(AttrReply {
+                    attr: b.unlink(ctx, r.parent.ino, &r.name)?,
+                })
+            }
+            Request::Rmdir(r) => {
+                let _g = self.hold([r.parent])?;
+                Reply::Rmdir(AttrReply {
+                    attr: b.rmdir(ctx, r.parent.ino, &r.name)?,
+                })
+            }
+            Request::Symlink(r) => {
+                let _g = self.hold([r.parent])?;
+                let a = b.symlink(ctx, r.parent.ino, &r.name, &r.target)?;
+                Reply::Symlink(self.entry(a))
+            }
+            Request::Rename(r) => {
+                let _g = self.hold([r.parent, r.new_parent])?;
+                b.rename(
+                    ctx,
+                    r.parent.ino,
+                    &r.name,
+                    r.new_parent.ino,
+                    &r.new_name,
+                    r.flags.bits(),
+                )?;
+                Reply::Rename(EmptyReply {})
+            }
+            Request::Link(r) => {
+                let _g = self.hold([r.node, r.new_parent])?;
+                let a = b.link(ctx, r.node.ino, r.new_parent.ino, &r.new_name)?;
+                Reply::Link(self.entry(a))
+            }
+            Request::Open(r) => {
+                let write =
+                    r.flags & libc::O_ACCMODE != libc::O_RDONLY || r.flags & libc::O_TRUNC != 0;
+                if write && self.shared.cfg.read_only {
+                    return Err(ro());
+                }
+                let _g = self.hold([r.node])?;
+                self.session.has_room()?;
+                let backend_fh = b.open(ctx, r.node.ino, r.flags)?;
+                let fh = self.add_handle(Handle {
+                    ino: r.node.ino,
+                    gen: r.node.gen,
+                    backend_fh,
+                    flags: r.flags,
+                })?;
+                Reply::Open(OpenReply { fh })
+            }
+            Request::Create(r) => {
+                let _g = self.hold([r.parent])?;
+                self.session.has_room()?;
+                let (attr, backend_fh) = b.create(ctx, r.parent.ino, &r.name, r.mode, r.flags)?;
+                let fh = self
+                    .add_handle(Handle {
+                        ino: attr.ino,
+                        gen: attr.generation,
+                        backend_fh,
+                        flags: r.flags,
+                    })
+                    .inspect_err(|_| b.forget(attr.ino, 1))?;
+                let EntryReply { attr } = self.entry(attr);
+                Reply::Create(CreateReply { attr, fh })
+            }
+            Request::Flush(r) => {
+                let (bfh, _g) = self.handle_for(r.node, r.fh)?;
+                b.flush(r.node.ino, bfh)?;
+                Reply::Flush(EmptyReply {})
+            }
+            Request::Release(r) => {
+                // fh 0 names no handle: there is nothing of this client's to release.
+                let h = self.session.take_handle(r.fh, r.node.ino)?;
+                b.release(h.ino, h.backend_fh)?;
+                Reply::Release(EmptyReply {})
+            }
+            Request::Fsync(r) => {
+                let (bfh, _g) = self.handle_for(r.node, r.fh)?;
+                b.fsync(r.node.ino, bfh, r.datasync)?;
+                Reply::Fsync(EmptyReply {})
+            }
+            Request::Readdir(r) => {
+                let _g = self.hold([r.dir])?;
+                Reply::Readdir(self.readdir(r)?)
+            }
+            Request::Statfs(_) => Reply::Statfs(StatfsReply {
+                statfs: b.statfs()?,
+            }),
+            Request::Setxattr(r) => {
+                let _g = self.hold([r.node])?;
+                b.setxattr(r.node.ino, &r.name, &r.value, r.flags)?;
+                Reply::Setxattr(EmptyReply {})
+            }
+            Request::Getxattr(r) => {
+                let _g = self.hold([r.node])?;
+                let value = XattrValue::new(b.getxattr(r.node.ino, &r.name)?)
+                    .map_err(|e| Error::new(e.errno(), e.to_string()))?;
+                Reply::Getxattr(GetxattrReply { value })
+            }
+            Request::Listxattr(r) => {
+                let _g = self.hold([r.node])?;
+                let names = b
+                    .listxattr(r.node.ino)?
+                    .into_iter()
+                    .map(XattrName::new)
+                    .collect::<zcfs_protocol::Result<Vec<_>>>()
+                    .and_then(List::new)
+                    .map_err(backend_err("xattr name list"))?;
+                Reply::Listxattr(ListxattrReply { names })
+            }
+            Request::Removexattr(r) => {
+                let _g = self.hold([r.node])?;
+                b.removexattr(r.node.ino, &r.name)?;
+                Reply::Removexattr(EmptyReply {})
+            }
+            Request::Fallocate(r) => {
+                let (bfh, _g) = self.handle_for(r.node, r.fh)?;
+                b.fallocate(r.node.ino, bfh, r.offset, r.len, r.mode)?;
+                Reply::Fallocate(EmptyReply {})
+            }
+            Request::SyncAll(_) => {
+                b.sync_all()?;
+                Reply::SyncAll(EmptyReply {})
+            }
+            Request::Ping(_) => Reply::Ping(EmptyReply {}),
+            Request::Stats(_) => {
+                let r = self.shared.report();
+                let json = serde_json::to_vec(&r)
+                    .map_err(|e| Error::new(libc::EIO, e.to_string()))
+                    .and_then(|j| Blob::new(j).map_err(|e| Error::new(libc::EIO, e.to_string())))?;
+                Reply::Stats(StatsReply { json })
+            }
+            Request::Forget(r) => {
+                for item in r.items.iter() {
+                    let n = self.session.take_refs(item.ino, item.count);
+                    if n > 0 {
+                        b.forget(item.ino, n);
+                    }
+                }
+                Reply::Forget(EmptyReply {})
+            }
+            Request::Read(_) | Request::Write(_) => {
+                return Err(Error::new(libc::EIO, "data requests take the data path"))
+            }
+        })
+    }
+
+    /// Entries that fit the reply body and the asked count. With `plus` each entry
+    /// sent is a reference of the session; one the backend produced but the reply
+    /// cannot carry is given back at once.
+    fn readdir(&self, r: ReaddirReq) -> Result<ReaddirReply> {
+        let b = &*self.shared.backend;
+        let mut out: Vec<DirEntry> = Vec::new();
+        let mut refused: Vec<u64> = Vec::new();
+        // The reply body is a u32 count, then the entries.
+        let mut budget = MAX_BODY - 4;
+        let res = b.readdir(r.dir.ino, r.cookie, r.plus, &mut |e| {
+            let need = e.wire_len();
+            if need > budget || out.len() >= r.max_entries as usize {
+                refused.push(e.ino);
+                return false;
+            }
+            budget -= need;
+            out.push(e);
+            true
+        });
+        if r.plus {
+            // Forget outside the backend's readdir (it may hold its own locks).
+            for ino in &refused {
+                b.forget(*ino, 1);
+            }
+            if res.is_err() {
+                for e in &out {
+                    b.forget(e.ino, 1);
+                }
+            }
+        }
+        res?;
+        // At most `max_entries` (≤ MAX_ENTRIES) were taken: the list is within bounds.
+        let entries = List::new(out).expect("readdir entries within MAX_ENTRIES");
+        if r.plus {
+            for e in entries.iter() {
+                self.session.add_ref(e.ino);
+            }
+        }
+        Ok(ReaddirReply { entries })
+    }
+}

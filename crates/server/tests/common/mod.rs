@@ -1,0 +1,465 @@
+//! Shared by the server's tests (no root needed): a volume in anonymous memory, a
+//! server on 127.0.0.1:0, clients (RemoteFs and raw protocol connections), and a
+//! backend wrapper that keeps account of references and handles as the Backend
+//! contract defines them.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use zcfs_backend::*;
+use zcfs_client::{ClientConfig, RemoteFs};
+use zcfs_protocol::{Cred, ReqHeader, Request, RespHeader, RESP_HDR};
+use zcfs_server::{Server, ServerConfig, StatsReport};
+use zcfs_volume::{MkfsOptions, Region, Volume, VolumeConfig};
+
+/// A fresh volume of `size` bytes in anonymous memory, as a Backend.
+pub fn memory_fs(size: usize) -> Arc<zcfs_local::LocalFs> {
+    let region = Region::anonymous(size);
+    Volume::mkfs_region(
+        &region,
+        &MkfsOptions {
+            inodes: Some(256),
+            log_bytes: Some(1 << 20),
+        },
+    )
+    .unwrap();
+    let vol = Volume::open_region(region, VolumeConfig::synchronous()).unwrap();
+    Arc::new(zcfs_local::LocalFs::new(vol))
+}
+
+pub fn config() -> ServerConfig {
+    ServerConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        ..Default::default()
+    }
+}
+
+/// A server running on its own thread; shut down (and every session released) on drop.
+pub struct Running {
+    pub server: Arc<Server>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Running {
+    pub fn start(backend: Arc<dyn Backend>, cfg: ServerConfig) -> Running {
+        let server = Arc::new(Server::bind(backend, cfg).unwrap());
+        let s2 = server.clone();
+        let thread = std::thread::spawn(move || s2.run());
+        Running {
+            server,
+            thread: Some(thread),
+        }
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.server.local_addr()
+    }
+
+    pub fn report(&self) -> StatsReport {
+        self.server.report()
+    }
+
+    pub fn client(&self) -> RemoteFs {
+        self.client_with(|_| {})
+    }
+
+    pub fn client_with(&self, tweak: impl FnOnce(&mut ClientConfig)) -> RemoteFs {
+        let mut cfg = ClientConfig::new(&self.addr().to_string());
+        cfg.timeout = Duration::from_secs(10);
+        tweak(&mut cfg);
+        RemoteFs::connect(cfg).unwrap()
+    }
+
+    pub fn raw(&self, session: u64) -> Raw {
+        Raw::connect(self.addr(), session)
+    }
+
+    /// Stop the server and wait until it released everything.
+    pub fn stop(mut self) {
+        self.stop_now();
+    }
+
+    fn stop_now(&mut self) {
+        if let Some(t) = self.thread.take() {
+            self.server.shutdown();
+            t.join().unwrap();
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.stop_now();
+    }
+}
+
+/// A protocol connection driven by hand.
+pub struct Raw {
+    pub s: TcpStream,
+    next_id: u64,
+}
+
+/// A reply as it came: status, body, data.
+pub struct RawReply {
+    pub status: i32,
+    pub body: Vec<u8>,
+    pub data: Vec<u8>,
+}
+
+impl Raw {
+    pub fn connect(addr: SocketAddr, session: u64) -> Raw {
+        Raw::handshake(TcpStream::connect(addr).unwrap(), session)
+    }
+
+    fn handshake(mut s: TcpStream, session: u64) -> Raw {
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        zcfs_transport::client_handshake(&mut s, None, session).unwrap();
+        Raw { s, next_id: 1 }
+    }
+
+    /// A connection whose receive buffer is `rcvbuf` bytes from the start (set before
+    /// connecting, so the window never grows): a peer that stops reading stalls the
+    /// sender soon.
+    pub fn connect_small_window(addr: SocketAddr, session: u64, rcvbuf: i32) -> Raw {
+        use std::os::unix::io::FromRawFd;
+        let SocketAddr::V4(v4) = addr else {
+            panic!("IPv4 only")
+        };
+        // SAFETY: a plain socket/setsockopt/connect sequence on a descriptor we own;
+        // every pointer and length describes a local of the right type, and the
+        // descriptor is handed to TcpStream, which closes it.
+        unsafe {
+            let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+            assert!(fd >= 0);
+            let r = libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_RCVBUF,
+                &rcvbuf as *const i32 as *const libc::c_void,
+                4,
+            );
+            assert_eq!(r, 0);
+            let sa = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: v4.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(v4.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            let r = libc::connect(
+                fd,
+                &sa as *const libc::sockaddr_in as *const libc::sockaddr,
+                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            );
+            assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+            Raw::handshake(TcpStream::from_raw_fd(fd), session)
+        }
+    }
+
+    /// Send a request and wait for its reply.
+    pub fn call(&mut self, req: impl Into<Request>) -> RawReply {
+        self.call_with(req, &[])
+    }
+
+    pub fn call_with(&mut self, req: impl Into<Request>, data: &[u8]) -> RawReply {
+        let req = req.into();
+        self.next_id += 1;
+        let (h, body) = req.encode(self.next_id, Cred::default());
+        self.send(&h, &body, data);
+        self.receive(self.next_id)
+    }
+
+    /// Send exactly these bytes as one message.
+    pub fn send(&mut self, h: &[u8], body: &[u8], data: &[u8]) {
+        self.s.write_all(h).unwrap();
+        self.s.write_all(body).unwrap();
+        self.s.write_all(data).unwrap();
+    }
+
+    /// Send a header built by hand (with any body) and wait for the reply.
+    pub fn call_raw(&mut self, h: ReqHeader, body: &[u8], data: &[u8]) -> RawReply {
+        self.send(&h.encode(), body, data);
+        self.receive(h.id)
+    }
+
+    pub fn receive(&mut self, id: u64) -> RawReply {
+        let mut hb = [0u8; RESP_HDR];
+        self.s.read_exact(&mut hb).unwrap();
+        let h = RespHeader::decode(&hb).unwrap();
+        assert_eq!(h.id, id, "replies come in order on one connection");
+        let mut body = vec![0u8; h.body_len as usize];
+        self.s.read_exact(&mut body).unwrap();
+        let mut data = vec![0u8; h.data_len as usize];
+        self.s.read_exact(&mut data).unwrap();
+        RawReply {
+            status: h.status,
+            body,
+            data,
+        }
+    }
+}
+
+pub fn ctx() -> Ctx {
+    Ctx {
+        uid: 1000,
+        gid: 1000,
+        pid: 1,
+    }
+}
+
+pub fn read_all(fs: &dyn Backend, ino: u64, fh: u64, off: u64, len: u32) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    fs.read(ino, fh, off, len, &mut |s| {
+        for x in s {
+            out.extend_from_slice(x);
+        }
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// Poll `f` until it holds, for at most `limit`.
+pub fn eventually(limit: Duration, what: &str, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < limit, "not within {limit:?}: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// What `Accounting` saw, per inode.
+#[derive(Debug, Default, Clone)]
+pub struct Ledger {
+    /// References given out minus references given back, by the contract.
+    pub refs: HashMap<u64, i64>,
+    /// Opens (open, create) minus releases.
+    pub opens: HashMap<u64, i64>,
+    pub holds: u64,
+    pub forgets: u64,
+    pub forgotten: HashMap<u64, u64>,
+    pub lookups: u64,
+    pub releases: u64,
+}
+
+impl Ledger {
+    /// Inodes with references or handles still out.
+    pub fn outstanding(&self) -> Vec<(u64, i64, i64)> {
+        let mut inos: Vec<u64> = self.refs.keys().chain(self.opens.keys()).copied().collect();
+        inos.sort_unstable();
+        inos.dedup();
+        inos.into_iter()
+            .map(|i| {
+                (
+                    i,
+                    self.refs.get(&i).copied().unwrap_or(0),
+                    self.opens.get(&i).copied().unwrap_or(0),
+                )
+            })
+            .filter(|(_, r, o)| *r != 0 || *o != 0)
+            .collect()
+    }
+}
+
+/// A Backend that passes everything on and keeps the ledger of references and handles
+/// the contract defines: a caller that keeps the contract leaves nothing outstanding.
+pub struct Accounting {
+    pub inner: Arc<dyn Backend>,
+    pub ledger: Mutex<Ledger>,
+}
+
+impl Accounting {
+    pub fn new(inner: Arc<dyn Backend>) -> Arc<Accounting> {
+        Arc::new(Accounting {
+            inner,
+            ledger: Mutex::new(Ledger::default()),
+        })
+    }
+
+    pub fn ledger(&self) -> Ledger {
+        self.ledger.lock().unwrap().clone()
+    }
+
+    fn gave(&self, r: &Result<Attr>) {
+        if let Ok(a) = r {
+            *self.ledger.lock().unwrap().refs.entry(a.ino).or_default() += 1;
+        }
+    }
+
+    fn opened(&self, ino: u64) {
+        *self.ledger.lock().unwrap().opens.entry(ino).or_default() += 1;
+    }
+}
+
+impl Backend for Accounting {
+    fn lookup(&self, ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr> {
+        self.ledger.lock().unwrap().lookups += 1;
+        let r = self.inner.lookup(ctx, parent, name);
+        self.gave(&r);
+        r
+    }
+    fn forget(&self, ino: u64, n: u64) {
+        {
+            let mut l = self.ledger.lock().unwrap();
+            *l.refs.entry(ino).or_default() -= n as i64;
+            l.forgets += 1;
+            *l.forgotten.entry(ino).or_default() += n;
+        }
+        self.inner.forget(ino, n)
+    }
+    fn hold(&self, ino: u64, generation: u64) -> Result<Attr> {
+        let r = self.inner.hold(ino, generation);
+        if r.is_ok() {
+            self.ledger.lock().unwrap().holds += 1;
+        }
+        self.gave(&r);
+        r
+    }
+    fn getattr(&self, ino: u64) -> Result<Attr> {
+        self.inner.getattr(ino)
+    }
+    fn setattr(&self, ctx: &Ctx, ino: u64, set: &SetAttr) -> Result<Attr> {
+        self.inner.setattr(ctx, ino, set)
+    }
+    fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
+        self.inner.readlink(ino)
+    }
+    fn mknod(&self, ctx: &Ctx, parent: u64, name: &[u8], mode: u32, rdev: u32) -> Result<Attr> {
+        let r = self.inner.mknod(ctx, parent, name, mode, rdev);
+        self.gave(&r);
+        r
+    }
+    fn mkdir(&self, ctx: &Ctx, parent: u64, name: &[u8], mode: u32) -> Result<Attr> {
+        let r = self.inner.mkdir(ctx, parent, name, mode);
+        self.gave(&r);
+        r
+    }
+    fn unlink(&self, ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr> {
+        self.inner.unlink(ctx, parent, name)
+    }
+    fn rmdir(&self, ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr> {
+        self.inner.rmdir(ctx, parent, name)
+    }
+    fn symlink(&self, ctx: &Ctx, parent: u64, name: &[u8], target: &[u8]) -> Result<Attr> {
+        let r = self.inner.symlink(ctx, parent, name, target);
+        self.gave(&r);
+        r
+    }
+    fn rename(
+        &self,
+        ctx: &Ctx,
+        parent: u64,
+        name: &[u8],
+        newparent: u64,
+        newname: &[u8],
+        flags: u32,
+    ) -> Result<()> {
+        self.inner
+            .rename(ctx, parent, name, newparent, newname, flags)
+    }
+    fn link(&self, ctx: &Ctx, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr> {
+        let r = self.inner.link(ctx, ino, newparent, newname);
+        self.gave(&r);
+        r
+    }
+    fn open(&self, ctx: &Ctx, ino: u64, flags: i32) -> Result<u64> {
+        let r = self.inner.open(ctx, ino, flags);
+        if r.is_ok() {
+            self.opened(ino);
+        }
+        r
+    }
+    fn create(
+        &self,
+        ctx: &Ctx,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        flags: i32,
+    ) -> Result<(Attr, u64)> {
+        let r = self.inner.create(ctx, parent, name, mode, flags);
+        if let Ok((a, _)) = &r {
+            self.gave(&Ok(a.clone()));
+            self.opened(a.ino);
+        }
+        r
+    }
+    fn read(
+        &self,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        size: u32,
+        sink: &mut ReadSink<'_>,
+    ) -> Result<()> {
+        self.inner.read(ino, fh, offset, size, sink)
+    }
+    fn write(&self, ino: u64, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
+        self.inner.write(ino, fh, offset, data)
+    }
+    fn write_with(
+        &self,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        len: u32,
+        fill: &mut WriteFill<'_>,
+    ) -> Result<u32> {
+        self.inner.write_with(ino, fh, offset, len, fill)
+    }
+    fn flush(&self, ino: u64, fh: u64) -> Result<()> {
+        self.inner.flush(ino, fh)
+    }
+    fn release(&self, ino: u64, fh: u64) -> Result<()> {
+        {
+            let mut l = self.ledger.lock().unwrap();
+            *l.opens.entry(ino).or_default() -= 1;
+            l.releases += 1;
+        }
+        self.inner.release(ino, fh)
+    }
+    fn fsync(&self, ino: u64, fh: u64, datasync: bool) -> Result<()> {
+        self.inner.fsync(ino, fh, datasync)
+    }
+    fn readdir(
+        &self,
+        ino: u64,
+        offset: u64,
+        plus: bool,
+        f: &mut dyn FnMut(DirEntry) -> bool,
+    ) -> Result<()> {
+        self.inner.readdir(ino, offset, plus, &mut |e| {
+            if plus {
+                *self.ledger.lock().unwrap().refs.entry(e.ino).or_default() += 1;
+            }
+            f(e)
+        })
+    }
+    fn statfs(&self) -> Result<StatFs> {
+        self.inner.statfs()
+    }
+    fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: i32) -> Result<()> {
+        self.inner.setxattr(ino, name, value, flags)
+    }
+    fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
+        self.inner.getxattr(ino, name)
+    }
+    fn listxattr(&self, ino: u64) -> Result<Vec<Vec<u8>>> {
+        self.inner.listxattr(ino)
+    }
+    fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
+        self.inner.removexattr(ino, name)
+    }
+    fn fallocate(&self, ino: u64, fh: u64, offset: u64, len: u64, mode: i32) -> Result<()> {
+        self.inner.fallocate(ino, fh, offset, len, mode)
+    }
+    fn copy_stats(&self) -> CopyStats {
+        self.inner.copy_stats()
+    }
+    fn sync_all(&self) -> Result<()> {
+        self.inner.sync_all()
+    }
+}
