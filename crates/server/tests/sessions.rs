@@ -429,7 +429,6 @@ fn a_stalled_reader_delays_no_one_and_is_dropped() {
 }
 
 #[test]
-#[ignore = "needs the volume to send reads without its lock (issue 8 defect 5, on main)"]
 fn a_stalled_reader_of_a_volume_delays_no_one_and_is_dropped() {
     let vol = memory_fs(64 * MIB);
     let (big, bh) = file(&*vol, b"big");

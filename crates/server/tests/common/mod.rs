@@ -17,9 +17,9 @@ use zcfs_volume::{MkfsOptions, Region, Volume, VolumeConfig};
 
 /// A fresh volume of `size` bytes in anonymous memory, as a Backend.
 pub fn memory_fs(size: usize) -> Arc<zcfs_local::LocalFs> {
-    let region = Region::anonymous(size);
+    let mut region = Region::anonymous(size);
     Volume::mkfs_region(
-        &region,
+        &mut region,
         &MkfsOptions {
             inodes: Some(256),
             log_bytes: Some(1 << 20),
