@@ -260,6 +260,30 @@ impl Conn<'_> {
                 })
             })
         };
+        // Refused for room before any byte was taken: copy-on-write wants room for the
+        // whole payload at once, but an overwrite larger than the free space still fits
+        // in pieces. Take the payload into memory (one copy, counted) and let the backend
+        // write it piece by piece.
+        let r = match r {
+            Err(e) if e.errno == libc::ENOSPC && received == 0 && recv_err.is_none() => {
+                let mut buf = vec![0u8; size as usize];
+                received = buf.len();
+                match self.s.read_exact(&mut buf) {
+                    Ok(()) => {
+                        shared
+                            .stats
+                            .user_copy_bytes
+                            .fetch_add(size as u64, Ordering::Relaxed);
+                        backend.write(w.node.ino, bfh, w.offset, &buf)
+                    }
+                    Err(e) => {
+                        recv_err = Some(e);
+                        Err(Error::errno(libc::EIO))
+                    }
+                }
+            }
+            r => r,
+        };
         drop(held);
         if let Some(e) = recv_err {
             return Err(ConnEnd::io("receiving write data", e));

@@ -661,3 +661,42 @@ fn the_server_stops_cleanly_with_sessions_in_every_state() {
     assert!(l.outstanding().is_empty(), "{:?}", l.outstanding());
     assert!(l.opens[&f.ino] == 0 && l.releases == 2);
 }
+
+/// An overwrite through the server larger than the free space: copy-on-write has no room
+/// for the whole payload at once, so the server takes it into memory and the volume
+/// writes it in pieces (issue 8: a write the volume has room for succeeds).
+#[test]
+fn an_overwrite_larger_than_the_free_space_succeeds_through_the_server() {
+    let fs = memory_fs(24 * MIB);
+    let srv = Running::start(fs.clone(), config());
+    let c = srv.client();
+    let (a, fh) = c
+        .create(&ctx(), ROOT, b"big", libc::S_IFREG | 0o644, libc::O_RDWR)
+        .unwrap();
+    let len = (c.statfs().unwrap().bfree * 4096 * 2 / 3) as usize;
+    assert_eq!(
+        c.write(a.ino, fh, 0, &vec![1u8; len]).unwrap() as usize,
+        len
+    );
+    c.fsync(a.ino, fh, false).unwrap();
+    assert!((c.statfs().unwrap().bfree * 4096) < len as u64);
+    assert_eq!(
+        c.write(a.ino, fh, 0, &vec![2u8; len]).unwrap() as usize,
+        len
+    );
+    let mut got = Vec::new();
+    c.read(a.ino, fh, 0, len as u32, &mut |s| {
+        got = s.concat();
+        Ok(())
+    })
+    .unwrap();
+    assert!(got.len() == len && got.iter().all(|&b| b == 2));
+    assert!(
+        srv.report().server_user_copy_bytes >= len as u64,
+        "the overwrite did not take the in-memory path"
+    );
+    c.release(a.ino, fh).unwrap();
+    srv.stop();
+    let report = zcfs_volume::fsck::check_volume(fs.volume());
+    assert!(report.is_clean(), "{:?}", report.problems);
+}

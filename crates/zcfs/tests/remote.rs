@@ -1088,3 +1088,22 @@ fn a_killed_clients_handles_are_released_after_grace() {
     assert!(!err.contains("panicked"), "{err}");
     srv.fsck();
 }
+
+/// Issue 8, defect 6 on a remote mount: a reader opening a name while another process
+/// replaces it with write-temp-then-rename always finds a whole file (the server holds
+/// the mount's kernel references, so the replaced inode lives until it is forgotten).
+#[test]
+fn rename_over_a_target_is_atomic_to_a_reader_on_a_remote_mount() {
+    let net = Net::new();
+    let srv = Served::new(&net, "atomic", &[]);
+    let m = RemoteMount::new(&net, &srv, "atomic-mp", &[]);
+    let (opens, missing, torn) = atomic_save_loop(&m.mp, 1000);
+    assert!(opens > 50, "the reader hardly ran ({opens} opens)");
+    assert_eq!(
+        (missing, torn),
+        (0, 0),
+        "{missing} ENOENT and {torn} torn reads in {opens} opens"
+    );
+    drop(m);
+    srv.fsck();
+}

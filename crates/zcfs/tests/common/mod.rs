@@ -50,3 +50,41 @@ pub fn mkfs(image: &Path, size: &str, extra: &[&str]) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Issue 8, defect 6: a process opening a name in a loop while another replaces it
+/// with write-temp-then-rename (the atomic-save idiom) always finds a file, whole.
+/// Bounded in count and time.
+pub fn atomic_save_loop(dir: &Path, rounds: usize) -> (usize, usize, usize) {
+    use std::fs;
+    use std::time::{Duration, Instant};
+    let target = dir.join("target");
+    fs::write(&target, "v0000000").unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (s2, t2) = (stop.clone(), target.clone());
+    let reader = std::thread::spawn(move || {
+        let (mut opens, mut missing, mut torn) = (0usize, 0usize, 0usize);
+        let t = Instant::now();
+        while !s2.load(std::sync::atomic::Ordering::Relaxed)
+            && t.elapsed() < Duration::from_secs(60)
+        {
+            match fs::read(&t2) {
+                Ok(b) => {
+                    opens += 1;
+                    if b.len() != 8 || b[0] != b'v' {
+                        torn += 1;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => missing += 1,
+                Err(e) => panic!("reading the target: {e}"),
+            }
+        }
+        (opens, missing, torn)
+    });
+    for i in 1..=rounds {
+        let tmp = dir.join(format!("tmp{i}"));
+        fs::write(&tmp, format!("v{i:07}")).unwrap();
+        fs::rename(&tmp, &target).unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    reader.join().unwrap()
+}
