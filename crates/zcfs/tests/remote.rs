@@ -1095,7 +1095,7 @@ fn a_killed_clients_handles_are_released_after_grace() {
 #[test]
 fn rename_over_a_target_is_atomic_to_a_reader_on_a_remote_mount() {
     let net = Net::new();
-    let srv = Served::new(&net, "atomic", &[]);
+    let mut srv = Served::new(&net, "atomic", &[]);
     let m = RemoteMount::new(&net, &srv, "atomic-mp", &[]);
     let (opens, missing, torn) = atomic_save_loop(&m.mp, 1000);
     assert!(opens > 50, "the reader hardly ran ({opens} opens)");
@@ -1105,5 +1105,6 @@ fn rename_over_a_target_is_atomic_to_a_reader_on_a_remote_mount() {
         "{missing} ENOENT and {torn} torn reads in {opens} opens"
     );
     drop(m);
+    srv.kill(libc::SIGTERM);
     srv.fsck();
 }
