@@ -9,112 +9,7 @@ pub mod null;
 
 use std::fmt;
 
-/// Inode number of the root directory.
-pub const ROOT: u64 = 1;
-
-/// An error as a POSIX frontend reports it.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{msg} ({})", errno_name(*errno))]
-pub struct Error {
-    pub errno: i32,
-    pub msg: String,
-}
-
-impl Error {
-    pub fn new(errno: i32, msg: impl Into<String>) -> Error {
-        Error {
-            errno,
-            msg: msg.into(),
-        }
-    }
-    pub fn errno(errno: i32) -> Error {
-        Error {
-            errno,
-            msg: std::io::Error::from_raw_os_error(errno).to_string(),
-        }
-    }
-}
-
-/// Short errno names for messages.
-pub fn errno_name(e: i32) -> &'static str {
-    match e {
-        libc::ENOENT => "ENOENT",
-        libc::EEXIST => "EEXIST",
-        libc::ENOTDIR => "ENOTDIR",
-        libc::EISDIR => "EISDIR",
-        libc::ENOTEMPTY => "ENOTEMPTY",
-        libc::ENOSPC => "ENOSPC",
-        libc::EINVAL => "EINVAL",
-        libc::EIO => "EIO",
-        libc::EPERM => "EPERM",
-        libc::EACCES => "EACCES",
-        libc::ENODATA => "ENODATA",
-        libc::ENAMETOOLONG => "ENAMETOOLONG",
-        libc::ESTALE => "ESTALE",
-        libc::EROFS => "EROFS",
-        libc::ENOSYS => "ENOSYS",
-        libc::EOPNOTSUPP => "EOPNOTSUPP",
-        libc::ETIMEDOUT => "ETIMEDOUT",
-        libc::ENOTCONN => "ENOTCONN",
-        libc::EMLINK => "EMLINK",
-        libc::EFBIG => "EFBIG",
-        libc::ERANGE => "ERANGE",
-        _ => "errno",
-    }
-}
-
-pub type Result<T> = std::result::Result<T, Error>;
-
-/// Seconds and nanoseconds since the epoch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-pub struct Time {
-    pub sec: i64,
-    pub nsec: u32,
-}
-
-/// Attributes of an inode; `mode` carries the file type bits (S_IFMT).
-#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-pub struct Attr {
-    pub ino: u64,
-    pub generation: u64,
-    pub size: u64,
-    /// 512-byte units.
-    pub blocks: u64,
-    pub atime: Time,
-    pub mtime: Time,
-    pub ctime: Time,
-    pub mode: u32,
-    pub nlink: u32,
-    pub uid: u32,
-    pub gid: u32,
-    pub rdev: u32,
-    pub blksize: u32,
-}
-
-impl Attr {
-    pub fn kind(&self) -> u32 {
-        self.mode & libc::S_IFMT
-    }
-    pub fn is_dir(&self) -> bool {
-        self.kind() == libc::S_IFDIR
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SetTime {
-    Now,
-    At(Time),
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SetAttr {
-    pub mode: Option<u32>,
-    pub uid: Option<u32>,
-    pub gid: Option<u32>,
-    pub size: Option<u64>,
-    pub atime: Option<SetTime>,
-    pub mtime: Option<SetTime>,
-}
+pub use zcfs_types::{errno_name, Attr, Error, Result, SetAttr, SetTime, StatFs, Time, ROOT};
 
 /// Who is asking (the caller of the system call behind the request).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -134,18 +29,6 @@ pub struct DirEntry {
     pub next: u64,
     /// Attributes, for readdirplus.
     pub attr: Option<Attr>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-pub struct StatFs {
-    pub blocks: u64,
-    pub bfree: u64,
-    pub bavail: u64,
-    pub files: u64,
-    pub ffree: u64,
-    pub bsize: u32,
-    pub namelen: u32,
-    pub frsize: u32,
 }
 
 /// Copy accounting: bytes moved on the data paths, and how many were copied in user

@@ -5,7 +5,8 @@
 //! - page attach (FLAC): `zcopy_to` against a copying read, 4 KiB..2 MiB, each touching
 //!   every page of the result.
 
-use crate::{median_of, row, Row};
+use crate::cpu::{cpu_now, with_cpu};
+use crate::rows::{max_ops, median_of, row, sizes, Row};
 use anyhow::Result;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -92,8 +93,8 @@ fn run_ops(
     secs: f64,
     system: &str,
 ) -> Result<Row> {
-    let cpu0 = crate::cpu_now();
-    let limit = crate::max_ops(size) * if qd > 1 { 4 } else { 1 };
+    let cpu0 = cpu_now();
+    let limit = max_ops(size) * if qd > 1 { 4 } else { 1 };
     let deadline = Duration::from_secs_f64(secs);
     let t = Instant::now();
     let results: Vec<Result<Vec<u64>>> = std::thread::scope(|s| {
@@ -129,7 +130,7 @@ fn run_ops(
         lat.extend(r?);
     }
     let n = lat.len() as u64;
-    Ok(crate::with_cpu(
+    Ok(with_cpu(
         row(
             system,
             if write { "write" } else { "read" },
@@ -146,7 +147,7 @@ fn run_ops(
 
 pub fn run(short: bool, secs: f64, repeat: usize) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
-    let sizes = crate::sizes(short);
+    let sizes = sizes(short);
     // The matrix, on the default configuration (batched group commit).
     let vol = Vol::new("matrix", VolumeConfig::default())?;
     let ino = fill(vol.v())?;
@@ -257,42 +258,4 @@ pub fn run(short: bool, secs: f64, repeat: usize) -> Result<Vec<Row>> {
         }
     }
     Ok(rows)
-}
-
-/// The local tables for results.md.
-pub fn summary(rows: &[Row]) -> String {
-    let find = |sys: &str, size: usize| rows.iter().find(|r| r.system == sys && r.size == size);
-    let mut out = String::from(
-        "### Consistency: the same engine with the log on (synchronous, batched) and off\n\n",
-    );
-    out += "| write size | log, synchronous µs | log, batched µs | no log µs | cost of the log (sync/no-log) |\n|---:|---:|---:|---:|---:|\n";
-    for size in [1 << 10, 4 << 10, 64 << 10, 1 << 20] {
-        if let (Some(s), Some(b), Some(n)) = (
-            find("consistency-log-sync", size),
-            find("consistency-log-batched", size),
-            find("consistency-no-log", size),
-        ) {
-            out += &format!(
-                "| {} | {:.2} | {:.2} | {:.2} | {:+.1} % |\n",
-                crate::human(size),
-                s.p50_us,
-                b.p50_us,
-                n.p50_us,
-                100.0 * (s.p50_us / n.p50_us - 1.0)
-            );
-        }
-    }
-    out += "\n### Page attach (zcopy_to) vs a copying read, touching every page\n\n| size | zcopy_to µs | copying read µs | attach / copy |\n|---:|---:|---:|---:|\n";
-    for size in [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 2 << 20] {
-        if let (Some(a), Some(c)) = (find("zcopy_to", size), find("copying-read", size)) {
-            out += &format!(
-                "| {} | {:.2} | {:.2} | {:.2}x |\n",
-                crate::human(size),
-                a.p50_us,
-                c.p50_us,
-                a.p50_us / c.p50_us
-            );
-        }
-    }
-    out
 }

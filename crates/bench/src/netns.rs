@@ -1,135 +1,94 @@
-//! Two network namespaces joined by a veth pair (198.18.N.0/24, the RFC 2544
-//! benchmarking range), optionally shaped with tc tbf. Removed on drop.
+//! `zcfs-bench netns`: the namespace helper (crate zcfs-netns) for shell scripts, so
+//! `scripts/bench.sh` uses the same code as this harness and the integration tests.
 
-use anyhow::{bail, Context, Result};
-use std::fs::File;
-use std::os::unix::io::AsRawFd;
-use std::process::Command;
+use anyhow::{bail, Result};
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use zcfs_netns::{owned_name, teardown, Netns, Pair};
 
-pub struct Net {
-    pub srv: String,
-    pub cli: String,
-    pub srv_if: String,
-    pub cli_if: String,
-    pub srv_ip: String,
-    pub cli_ip: String,
+#[derive(clap::Subcommand)]
+pub enum NetnsCmd {
+    /// Create two namespaces joined by a veth pair (or one with --alone) and print shell
+    /// assignments for `eval`: SRV, CLI, SRV_IP, CLI_IP (NS with --alone). They stay until
+    /// `down`, or until a `sweep` (or the next namespace made) after OWNER has exited.
+    Up {
+        /// The pid of the process responsible for them (a script passes `$$`).
+        #[arg(long)]
+        owner: u32,
+        /// What they are for; part of their names, zcfs-OWNER-LABEL[-srv|-cli].
+        #[arg(long)]
+        label: String,
+        /// Addresses 198.18.SUBNET.1 (server side) and .2 (client side).
+        #[arg(long, default_value_t = 200)]
+        subnet: u8,
+        /// Shape both directions with tc tbf, e.g. 1gbit.
+        #[arg(long)]
+        tbf: Option<String>,
+        /// One namespace with only its loopback.
+        #[arg(long, conflicts_with_all = ["tbf"])]
+        alone: bool,
+    },
+    /// Run a program inside a namespace: this process enters the network namespace only
+    /// (as `nsenter --net` does, so mounts stay visible) and becomes the program.
+    Exec {
+        name: String,
+        /// The program and its arguments (after `--`).
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        command: Vec<OsString>,
+    },
+    /// Remove namespaces by name: the processes still inside are stopped first.
+    Down { names: Vec<String> },
+    /// Remove the namespaces whose owner has exited (left by a crash); prints their names.
+    Sweep,
 }
 
-fn ip(args: &[&str]) -> Result<()> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .context("running ip (apt-get install iproute2)")?;
-    if !out.status.success() {
-        bail!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(())
-}
-
-impl Net {
-    pub fn new(tag: &str, subnet: u8) -> Result<Net> {
-        let n = Net {
-            srv: format!("zbsrv{tag}"),
-            cli: format!("zbcli{tag}"),
-            srv_if: format!("zbs{tag}"),
-            cli_if: format!("zbc{tag}"),
-            srv_ip: format!("198.18.{subnet}.1"),
-            cli_ip: format!("198.18.{subnet}.2"),
-        };
-        // Leftovers of an interrupted run.
-        let _ = Command::new("ip").args(["netns", "del", &n.srv]).output();
-        let _ = Command::new("ip").args(["netns", "del", &n.cli]).output();
-        ip(&["netns", "add", &n.srv])?;
-        ip(&["netns", "add", &n.cli])?;
-        ip(&[
-            "link", "add", &n.srv_if, "type", "veth", "peer", "name", &n.cli_if,
-        ])?;
-        ip(&["link", "set", &n.srv_if, "netns", &n.srv])?;
-        ip(&["link", "set", &n.cli_if, "netns", &n.cli])?;
-        ip(&[
-            "-n",
-            &n.srv,
-            "addr",
-            "add",
-            &format!("{}/24", n.srv_ip),
-            "dev",
-            &n.srv_if,
-        ])?;
-        ip(&[
-            "-n",
-            &n.cli,
-            "addr",
-            "add",
-            &format!("{}/24", n.cli_ip),
-            "dev",
-            &n.cli_if,
-        ])?;
-        for (ns, i) in [(&n.srv, &n.srv_if), (&n.cli, &n.cli_if)] {
-            ip(&["-n", ns, "link", "set", i, "up"])?;
-            ip(&["-n", ns, "link", "set", "lo", "up"])?;
-        }
-        Ok(n)
-    }
-
-    /// Shape both directions to `rate` (e.g. "1gbit") with a token bucket.
-    pub fn shape(&self, rate: &str) -> Result<()> {
-        for (ns, i) in [(&self.srv, &self.srv_if), (&self.cli, &self.cli_if)] {
-            let out = Command::new("ip")
-                .args([
-                    "netns", "exec", ns, "tc", "qdisc", "replace", "dev", i, "root", "tbf", "rate",
-                    rate, "burst", "256kb", "latency", "50ms",
-                ])
-                .output()?;
-            if !out.status.success() {
-                bail!("tc tbf on {i}: {}", String::from_utf8_lossy(&out.stderr));
+pub fn run(cmd: NetnsCmd) -> Result<()> {
+    match cmd {
+        NetnsCmd::Up {
+            owner,
+            label,
+            subnet,
+            tbf,
+            alone,
+        } => {
+            let base = owned_name(owner, &label);
+            if alone {
+                let ns = Netns::create(&base)?;
+                println!("NS={}", ns.keep());
+                return Ok(());
             }
+            let pair = Pair::create(&base, subnet)?;
+            if let Some(rate) = &tbf {
+                pair.shape(rate)?;
+            }
+            let (srv_ip, cli_ip) = (pair.srv_ip, pair.cli_ip);
+            let (srv, cli) = pair.keep();
+            println!("SRV={srv} CLI={cli} SRV_IP={srv_ip} CLI_IP={cli_ip}");
+            Ok(())
         }
-        Ok(())
-    }
-
-    /// Run `f` on a thread inside namespace `ns` (its sockets live there).
-    pub fn within<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> Result<T> {
-        let path = format!("/var/run/netns/{ns}");
-        let file = File::open(&path).with_context(|| format!("opening {path}"))?;
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                // SAFETY: setns on this thread only, with a valid namespace fd.
-                if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                    bail!("setns {ns}: {}", std::io::Error::last_os_error());
+        NetnsCmd::Exec { name, command } => {
+            let ns = Netns::open(&name)?;
+            let err = ns.command(&command[0]).args(&command[1..]).exec();
+            bail!("{}: {err}", command[0].to_string_lossy())
+        }
+        NetnsCmd::Down { names } => {
+            let mut failed = Vec::new();
+            for n in &names {
+                if let Err(e) = teardown(n) {
+                    eprintln!("{n}: {e}");
+                    failed.push(n.as_str());
                 }
-                Ok(f())
-            })
-            .join()
-            .map_err(|_| anyhow::anyhow!("benchmark thread panicked"))?
-        })
-    }
-
-    /// Spawn a thread living in namespace `ns` for good (servers).
-    pub fn spawn_in(
-        ns: &str,
-        f: impl FnOnce() + Send + 'static,
-    ) -> Result<std::thread::JoinHandle<()>> {
-        let file = File::open(format!("/var/run/netns/{ns}"))?;
-        Ok(std::thread::spawn(move || {
-            // SAFETY: setns on this thread only, with a valid namespace fd.
-            if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } == 0 {
-                f()
             }
-        }))
-    }
-}
-
-impl Drop for Net {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.srv])
-            .output();
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.cli])
-            .output();
+            if !failed.is_empty() {
+                bail!("not removed: {}", failed.join(" "));
+            }
+            Ok(())
+        }
+        NetnsCmd::Sweep => {
+            for n in zcfs_netns::sweep() {
+                println!("{n}");
+            }
+            Ok(())
+        }
     }
 }

@@ -391,7 +391,7 @@ impl Client {
             match r {
                 Err(e) if attempt == 0 && req.op().idempotent() && is_transport(&e) => {
                     attempt += 1;
-                    tracing::info!("retrying {} after: {}", req.op().name(), e.msg);
+                    tracing::info!("retrying {} after: {}", req.op().name(), e.msg());
                 }
                 other => return other,
             }

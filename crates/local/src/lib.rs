@@ -3,10 +3,9 @@
 
 use std::sync::Arc;
 use zcfs_backend::{
-    Attr, Backend, CopyStats, Ctx, DirEntry, Error, ReadSink, Result, SetAttr, SetTime, StatFs,
-    Time, WriteFill,
+    Attr, Backend, CopyStats, Ctx, DirEntry, Error, ReadSink, Result, SetAttr, StatFs, WriteFill,
 };
-use zcfs_volume::{FsError, Owner, RenameFlags, TimeSet, Timespec, Volume, XattrMode};
+use zcfs_volume::{FsError, Owner, RenameFlags, Volume, XattrMode};
 
 pub struct LocalFs {
     vol: Arc<Volume>,
@@ -22,48 +21,18 @@ impl LocalFs {
 }
 
 fn err(e: FsError) -> Error {
-    Error::new(e.errno(), e.to_string())
+    e.into()
 }
 
-fn t(ts: Timespec) -> Time {
-    Time {
-        sec: ts.sec,
-        nsec: ts.nsec,
-    }
-}
-
-fn attr(a: zcfs_volume::Attr) -> Attr {
-    Attr {
-        ino: a.ino,
-        generation: a.gen as u64,
-        size: a.size,
-        blocks: a.blocks,
-        atime: t(a.atime),
-        mtime: t(a.mtime),
-        ctime: t(a.ctime),
-        mode: a.mode,
-        nlink: a.nlink,
-        uid: a.uid,
-        gid: a.gid,
-        rdev: a.rdev,
-        blksize: a.blksize,
-    }
+/// The volume speaks the same attribute types as the backends.
+fn attr(a: Attr) -> Attr {
+    a
 }
 
 fn owner(ctx: &Ctx) -> Owner {
     Owner {
         uid: ctx.uid,
         gid: ctx.gid,
-    }
-}
-
-fn set_time(s: SetTime) -> TimeSet {
-    match s {
-        SetTime::Now => TimeSet::Now,
-        SetTime::At(t) => TimeSet::At(Timespec {
-            sec: t.sec,
-            nsec: t.nsec,
-        }),
     }
 }
 
@@ -89,15 +58,7 @@ impl Backend for LocalFs {
         self.vol.getattr(ino).map(attr).map_err(err)
     }
     fn setattr(&self, _ctx: &Ctx, ino: u64, set: &SetAttr) -> Result<Attr> {
-        let s = zcfs_volume::SetAttr {
-            mode: set.mode,
-            uid: set.uid,
-            gid: set.gid,
-            size: set.size,
-            atime: set.atime.map(set_time),
-            mtime: set.mtime.map(set_time),
-        };
-        self.vol.setattr(ino, &s).map(attr).map_err(err)
+        self.vol.setattr(ino, set).map_err(err)
     }
     fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
         self.vol.readlink(ino).map_err(err)
@@ -251,17 +212,7 @@ impl Backend for LocalFs {
         Ok(())
     }
     fn statfs(&self) -> Result<StatFs> {
-        let s = self.vol.statfs();
-        Ok(StatFs {
-            blocks: s.blocks,
-            bfree: s.bfree,
-            bavail: s.bfree,
-            files: s.files,
-            ffree: s.ffree,
-            bsize: s.bsize,
-            namelen: s.namelen,
-            frsize: s.bsize,
-        })
+        Ok(self.vol.statfs())
     }
     fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: i32) -> Result<()> {
         let mode = match flags {

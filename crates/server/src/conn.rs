@@ -189,7 +189,7 @@ impl Conn<'_> {
             Ok(()) => self.reply(h, Ok(Reply::Read(EmptyReply {}))),
             Err(e) if sent => Err(ConnEnd::Io(
                 "sending read data",
-                std::io::Error::other(e.msg),
+                std::io::Error::other(e.msg().into_owned()),
             )),
             Err(e) => self.reply(h, Err(e)),
         }

@@ -22,12 +22,11 @@
 //! 4. checkpoint (when the log is half full or blocks are short): fence; head word = tail;
 //!    write back; fence. Only now are blocks freed by the checkpointed entries reusable,
 //!    so replaying a redo record can never land on a block that was reused for data —
-//!    and, with the read pins, only once no reader that could still see them is left.
+//!    and only once no reader pins them (pins.rs).
 
 use crate::error::{FsError, Result};
 use crate::layout::*;
 use crate::map::{FileMap, MapSink};
-use crate::pins::ReadPins;
 use crate::pm::{FreshBlock, PmAddr};
 use crate::volume::{CommitFault, State, Volume};
 use std::collections::BTreeSet;
@@ -219,10 +218,6 @@ impl Volume {
                 data: RecData::Bytes(bytes.to_vec()),
             });
         }
-        // Readers that saw the state before this change may still use the released
-        // blocks: tag them with the epoch this change ends (see pins.rs).
-        let tag = st.epoch;
-        st.epoch += 1;
         self.stats.ops.fetch_add(1, Ordering::Relaxed);
         let meta_start = self.geo.itable_start * BLOCK_U64;
         let region_end = self.geo.total_blocks * BLOCK_U64;
@@ -301,11 +296,7 @@ impl Volume {
         self.stats.log_bytes.fetch_add(len + p, Ordering::Relaxed);
         let b = &mut st.batch;
         b.apply.append(&mut entry.records);
-        b.frees.extend(
-            std::mem::take(&mut txn.releases)
-                .into_iter()
-                .map(|blk| (blk, tag)),
-        );
+        b.frees.append(&mut txn.releases);
         b.ops += 1;
         b.bytes += len + txn.data_size;
         b.since.get_or_insert_with(Instant::now);
@@ -354,7 +345,10 @@ impl Volume {
         st.deferred_frees.extend(batch.frees);
         self.stats.commits.fetch_add(1, Ordering::Relaxed);
         let ring = self.geo.ring_len();
-        if st.log.tail - st.log.head > ring / 2 || st.deferred_frees.len() > CHECKPOINT_FREES {
+        // Frees still pinned at the last checkpoint do not count: a stalled reader must
+        // not turn every commit into a checkpoint.
+        let new_frees = st.deferred_frees.len() - st.deferred_pinned;
+        if st.log.tail - st.log.head > ring / 2 || new_frees > CHECKPOINT_FREES {
             self.checkpoint(st)?;
         }
         Ok(())
@@ -380,15 +374,16 @@ impl Volume {
         }
         // Only frees of checkpointed entries are here (the batch was committed and the
         // head moved past it).
-        let oldest = self.readers.oldest();
+        let read = self.readers.pinned();
         let frees = std::mem::take(&mut st.deferred_frees);
-        for (b, tag) in frees {
-            if st.pins.contains_key(&b) || !ReadPins::reusable(oldest, tag) {
-                st.deferred_frees.push((b, tag));
+        for b in frees {
+            if st.pins.contains_key(&b) || read.contains(b) {
+                st.deferred_frees.push(b);
             } else {
                 st.balloc.free(b);
             }
         }
+        st.deferred_pinned = st.deferred_frees.len();
         Ok(())
     }
 }

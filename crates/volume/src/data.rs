@@ -290,10 +290,12 @@ impl Volume {
         let (runs, pin) = {
             let st = self.read_state();
             check_file(&st, ino)?;
-            (
-                self.data_runs(&st, ino, off, len)?,
-                self.readers.enter(st.epoch),
-            )
+            let runs = self.data_runs(&st, ino, off, len)?;
+            let pin = self.readers.pin(runs.iter().filter_map(|r| match *r {
+                Run::Data(b, at, n) => Some((b.0, b.0 + (at + n).div_ceil(BLOCK) as u64)),
+                Run::Hole(..) => None,
+            }));
+            (runs, pin)
         };
         let slices: Vec<&[u8]> = runs
             .iter()
@@ -579,7 +581,7 @@ impl Volume {
             if piece_end > inode.rec.size {
                 inode.rec.size = piece_end;
             }
-            let now = Timespec::now();
+            let now = Time::now();
             inode.rec.mtime = now;
             inode.rec.ctime = now;
             txn.dirty.insert(r.ino);
@@ -668,7 +670,7 @@ impl Volume {
             }
         }
         inode.rec.size = size;
-        let now = Timespec::now();
+        let now = Time::now();
         inode.rec.mtime = now;
         inode.rec.ctime = now;
     }
@@ -723,7 +725,7 @@ impl Volume {
             txn: &mut txn,
         };
         inode.map.punch(first_full, end_full, &mut sink);
-        inode.rec.mtime = Timespec::now();
+        inode.rec.mtime = Time::now();
         inode.rec.ctime = inode.rec.mtime;
         txn.dirty.insert(ino);
         self.trace(|| Traced::Pages { ino });
@@ -770,7 +772,7 @@ impl Volume {
         self.reserve_log(&mut txn, bound)?;
         self.reserve_blocks(st, &mut txn, nodes)?;
         // Apply.
-        let now = Timespec::now();
+        let now = Time::now();
         for p in &mut t.items {
             let pages = std::mem::take(&mut p.pages.blocks);
             let count = pages.len() as u64;

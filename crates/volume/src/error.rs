@@ -83,3 +83,18 @@ impl FsError {
 }
 
 pub type Result<T> = std::result::Result<T, FsError>;
+
+/// The backend interface's error: common errors as a bare errno (no allocation), the
+/// others with their message.
+impl From<FsError> for zcfs_types::Error {
+    fn from(e: FsError) -> zcfs_types::Error {
+        use FsError::*;
+        match e {
+            NotFound | Exists | NotDir | IsDir | NotEmpty | NoSpace | NoInodes | NameTooLong
+            | NoXattr | Stale | TooManyLinks | TooBig | ReadOnly => {
+                zcfs_types::Error::errno(e.errno())
+            }
+            other => zcfs_types::Error::new(other.errno(), other.to_string()),
+        }
+    }
+}

@@ -34,9 +34,9 @@ pub use data::{
 };
 pub use error::{FsError, Result};
 pub use holder::{read_holder, Holder};
-pub use layout::{Geometry, OpType, Timespec, BLOCK, NAME_MAX, ROOT_INO};
+pub use layout::{Geometry, OpType, Time, BLOCK, NAME_MAX, ROOT_INO};
 pub use ops::{
-    Attr, DirEntry, Owner, RenameFlags, SetAttr, StatFs, TimeSet, XattrMode, MAX_LINKS, MAX_SYMLINK,
+    Attr, DirEntry, Owner, RenameFlags, SetAttr, SetTime, StatFs, XattrMode, MAX_LINKS, MAX_SYMLINK,
 };
 pub use volume::{
     CommitFault, FaultPlan, MkfsOptions, RecoveryReport, Stats, StatsSnapshot, TraceHook, Volume,

@@ -221,7 +221,7 @@ impl Volume {
             .alloc()
             .expect("an inode slot was checked to be free");
         txn.ino = ino;
-        let now = Timespec::now();
+        let now = Time::now();
         let gen = st.gens[(ino - 1) as usize].wrapping_add(1).max(1);
         st.gens[(ino - 1) as usize] = gen;
         let pinode = &st.inodes[&parent];
@@ -401,7 +401,7 @@ impl Volume {
     /// unless something still references it (an open file, a kernel's lookup): then
     /// it lives on as an orphan (link count 0) until the last reference goes, and a
     /// crash before that leaves it for the next mount to reclaim.
-    fn drop_link(&self, st: &mut State, txn: &mut Txn, ino: u64, now: Timespec) {
+    fn drop_link(&self, st: &mut State, txn: &mut Txn, ino: u64, now: Time) {
         let held = self.is_referenced(ino);
         let inode = st.inodes.get_mut(&ino).expect("checked");
         let last = inode.rec.is_dir() || inode.rec.nlink <= 1;
@@ -443,7 +443,7 @@ impl Volume {
         }
         let mut txn = Txn::new(OpType::Unlink, e.ino);
         self.reserve_log(&mut txn, ENTRY_OVERHEAD + DIRENT_RECORD + 2 * INODE_RECORD)?;
-        let now = Timespec::now();
+        let now = Time::now();
         self.remove_dirent(st, &mut txn, parent, name);
         let mut after = attr_of(&st.inodes[&e.ino]);
         self.drop_link(st, &mut txn, e.ino, now);
@@ -479,7 +479,7 @@ impl Volume {
         }
         let mut txn = Txn::new(OpType::Rmdir, e.ino);
         self.reserve_log(&mut txn, ENTRY_OVERHEAD + DIRENT_RECORD + 2 * INODE_RECORD)?;
-        let now = Timespec::now();
+        let now = Time::now();
         self.remove_dirent(st, &mut txn, parent, name);
         let mut after = attr_of(&st.inodes[&e.ino]);
         self.drop_link(st, &mut txn, e.ino, now);
@@ -537,7 +537,7 @@ impl Volume {
             ENTRY_OVERHEAD + DIRENT_RECORD + 2 * INODE_RECORD + room_bytes,
         )?;
         self.reserve_blocks(st, &mut txn, room_blocks)?;
-        let now = Timespec::now();
+        let now = Time::now();
         self.add_dirent(st, &mut txn, newparent, newname, ino, dtype, room);
         let i = st.inodes.get_mut(&ino).expect("checked");
         i.rec.nlink += 1;
@@ -582,7 +582,7 @@ impl Volume {
         let src = st.dir(p1)?.get(n1).ok_or(FsError::NotFound)?;
         let dst = st.dir(p2)?.get(n2);
         let src_dir = st.inode(src.ino)?.rec.is_dir();
-        let now = Timespec::now();
+        let now = Time::now();
         let trace = || Traced::Rename {
             parent: p1,
             name: n1.to_vec(),
@@ -751,7 +751,7 @@ impl Volume {
     }
 }
 
-pub(crate) fn touch_dir(st: &mut State, dir: u64, now: Timespec) {
+pub(crate) fn touch_dir(st: &mut State, dir: u64, now: Time) {
     if let Some(d) = st.inodes.get_mut(&dir) {
         d.rec.mtime = now;
         d.rec.ctime = now;

@@ -9,41 +9,7 @@ use crate::layout::*;
 use crate::trace::Traced;
 use crate::volume::{Inode, State, Volume};
 use std::collections::BTreeMap;
-
-/// Attributes as a frontend reports them.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct Attr {
-    pub ino: u64,
-    pub gen: u32,
-    pub size: u64,
-    /// 512-byte units, as st_blocks.
-    pub blocks: u64,
-    pub atime: Timespec,
-    pub mtime: Timespec,
-    pub ctime: Timespec,
-    pub mode: u32,
-    pub nlink: u32,
-    pub uid: u32,
-    pub gid: u32,
-    pub rdev: u32,
-    pub blksize: u32,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TimeSet {
-    Now,
-    At(Timespec),
-}
-
-#[derive(Debug, Clone, Default)]
-pub struct SetAttr {
-    pub mode: Option<u32>,
-    pub uid: Option<u32>,
-    pub gid: Option<u32>,
-    pub size: Option<u64>,
-    pub atime: Option<TimeSet>,
-    pub mtime: Option<TimeSet>,
-}
+pub use zcfs_types::{Attr, SetAttr, SetTime, StatFs};
 
 /// Who creates a node: owner and group of the new inode.
 #[derive(Debug, Clone, Copy, Default)]
@@ -83,16 +49,6 @@ pub struct DirEntry {
     pub next: u64,
 }
 
-#[derive(Debug, Clone, Copy, serde::Serialize)]
-pub struct StatFs {
-    pub blocks: u64,
-    pub bfree: u64,
-    pub files: u64,
-    pub ffree: u64,
-    pub bsize: u32,
-    pub namelen: u32,
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum XattrMode {
     Any,
@@ -107,7 +63,7 @@ pub(crate) fn attr_of(i: &Inode) -> Attr {
     let blocks = i.map.owned_blocks() + (r.xattr_block != 0) as u64;
     Attr {
         ino: r.ino,
-        gen: r.gen,
+        generation: r.gen as u64,
         size: r.size,
         blocks: blocks * (BLOCK_U64 / 512),
         atime: r.atime,
@@ -122,10 +78,10 @@ pub(crate) fn attr_of(i: &Inode) -> Attr {
     }
 }
 
-fn resolve(ts: TimeSet, now: Timespec) -> Timespec {
+fn resolve(ts: SetTime, now: Time) -> Time {
     match ts {
-        TimeSet::Now => now,
-        TimeSet::At(t) => t,
+        SetTime::Now => now,
+        SetTime::At(t) => t,
     }
 }
 
@@ -160,13 +116,7 @@ impl Volume {
         let mut g = self.write_state()?;
         let st = &mut *g;
         st.inode(ino)?;
-        let nothing = set.mode.is_none()
-            && set.uid.is_none()
-            && set.gid.is_none()
-            && set.atime.is_none()
-            && set.mtime.is_none()
-            && set.size.is_none();
-        if nothing {
+        if set.is_empty() {
             return Ok(attr_of(st.inode(ino)?));
         }
         let mut txn = Txn::new(OpType::SetAttr, ino);
@@ -181,7 +131,7 @@ impl Volume {
         if let Some(size) = set.size {
             self.apply_truncate(st, &mut txn, ino, size);
         }
-        let now = Timespec::now();
+        let now = Time::now();
         let i = st.inode_mut(ino).expect("checked");
         if let Some(m) = set.mode {
             i.rec.mode = (i.rec.mode & S_IFMT) | (m & 0o7777);
@@ -211,13 +161,16 @@ impl Volume {
 
     pub fn statfs(&self) -> StatFs {
         let st = self.read_state();
+        let bfree = st.balloc.free_count() + st.deferred_frees.len() as u64;
         StatFs {
             blocks: self.geo.data_blocks,
-            bfree: st.balloc.free_count() + st.deferred_frees.len() as u64,
+            bfree,
+            bavail: bfree,
             files: self.geo.inode_count,
             ffree: st.ialloc.free_count(),
             bsize: BLOCK as u32,
             namelen: NAME_MAX as u32,
+            frsize: BLOCK as u32,
         }
     }
 
@@ -301,7 +254,7 @@ impl Volume {
         }
         i.rec.xattr_block = new_block;
         i.xattrs = x;
-        i.rec.ctime = Timespec::now();
+        i.rec.ctime = Time::now();
         txn.dirty.insert(ino);
         self.trace(|| Traced::Attr { ino });
         self.finish(st, txn)

@@ -1,68 +1,89 @@
 //! Read pins: readers use data blocks without holding the volume lock, and a freed block
-//! is reused only once no reader that could still see it is left.
+//! is reused only once no reader still uses it.
 //!
-//! Every change to the volume's state happens under the state's write lock and moves a
-//! counter, the *epoch*, forward by one. A reader, under the read lock, registers the
-//! epoch it saw ([`ReadPins::enter`]), takes the addresses of the blocks it needs, and
-//! drops the lock; the returned [`ReadPin`] keeps the registration until the reader is
-//! done (e.g. the reply has left on the socket). A block taken out of a file by the
-//! change that moved the epoch from `t` to `t + 1` is tagged `t`: every reader that could
-//! have seen it registered at an epoch `<= t`. So the block may be reused once the oldest
-//! registered epoch is `> t` ([`ReadPins::reusable`]). A stalled reader therefore delays
-//! reuse of what was freed after it started, never the writers themselves, and never
-//! another reader.
+//! A reader, under the state's read lock, looks up the blocks it needs and pins them
+//! ([`ReadPins::pin`]: one entry per run of adjacent blocks, so a large contiguous read
+//! costs one entry), then drops the lock; the returned [`ReadPin`] keeps them pinned
+//! until the reader is done (e.g. the reply has left on the socket). Blocks a change
+//! takes out of a file are reused only after a checkpoint that finds them unpinned
+//! ([`ReadPins::is_pinned`], under the write lock). Pinning under the read lock is what
+//! makes this sound: a writer, which holds the write lock, cannot free a block between
+//! the reader's lookup and its pin.
+//!
+//! Pins name blocks, not points in time, so a stalled reader (up to its peer timeout)
+//! delays the reuse of the blocks it reads and nothing else: writers elsewhere on the
+//! volume do not run out of space because of it.
 
 use crate::sync::Mutex;
-use std::collections::BTreeMap;
 
-/// The registry of active readers: epoch -> number of readers that saw it.
+/// The pinned runs of active readers: (first block, end block, reader).
 #[derive(Debug, Default)]
 pub(crate) struct ReadPins {
-    active: Mutex<BTreeMap<u64, usize>>,
+    active: Mutex<Active>,
 }
 
-/// One reader's registration; dropping it ends the read.
+#[derive(Debug, Default)]
+struct Active {
+    runs: Vec<(u64, u64, u64)>,
+    next_id: u64,
+}
+
+/// One reader's pins; dropping it ends the read.
 #[must_use = "the pin ends when dropped"]
 #[derive(Debug)]
 pub(crate) struct ReadPin<'a> {
     pins: &'a ReadPins,
-    epoch: u64,
+    id: u64,
 }
 
 impl ReadPins {
-    /// Register a reader that saw the state at `epoch`. Call under the state's read
-    /// (or write) lock, so the epoch is the one of the state the reader looks at.
-    pub(crate) fn enter(&self, epoch: u64) -> ReadPin<'_> {
-        *self.active.lock().unwrap().entry(epoch).or_insert(0) += 1;
-        ReadPin { pins: self, epoch }
+    /// Pin the runs `[first, end)` of blocks. Call under the state's read (or write)
+    /// lock, with the runs the reader just looked up.
+    pub(crate) fn pin(&self, runs: impl IntoIterator<Item = (u64, u64)>) -> ReadPin<'_> {
+        let mut a = self.active.lock().unwrap();
+        a.next_id += 1;
+        let id = a.next_id;
+        a.runs.extend(runs.into_iter().map(|(s, e)| (s, e, id)));
+        ReadPin { pins: self, id }
     }
 
-    /// The oldest epoch an active reader saw.
-    pub(crate) fn oldest(&self) -> Option<u64> {
-        self.active.lock().unwrap().keys().next().copied()
-    }
-
-    /// Whether a block freed with tag `t` may be reused now.
-    pub(crate) fn reusable(oldest: Option<u64>, t: u64) -> bool {
-        oldest.is_none_or(|o| t < o)
+    /// A snapshot of what is pinned now, for checking many blocks (a checkpoint).
+    pub(crate) fn pinned(&self) -> Pinned {
+        Pinned(
+            self.active
+                .lock()
+                .unwrap()
+                .runs
+                .iter()
+                .map(|&(s, e, _)| (s, e))
+                .collect(),
+        )
     }
 
     #[cfg(test)]
     pub(crate) fn readers(&self) -> usize {
-        self.active.lock().unwrap().values().sum()
+        let a = self.active.lock().unwrap();
+        let mut ids: Vec<u64> = a.runs.iter().map(|r| r.2).collect();
+        ids.dedup();
+        ids.len()
+    }
+}
+
+/// Pinned runs at one moment (taken under the state's write lock, so no reader can add
+/// one meanwhile).
+pub(crate) struct Pinned(Vec<(u64, u64)>);
+
+impl Pinned {
+    pub(crate) fn contains(&self, b: u64) -> bool {
+        self.0.iter().any(|&(s, e)| s <= b && b < e)
     }
 }
 
 impl Drop for ReadPin<'_> {
     fn drop(&mut self) {
         let mut a = self.pins.active.lock().unwrap();
-        let n = a
-            .get_mut(&self.epoch)
-            .expect("a pin's epoch is registered until it drops");
-        *n -= 1;
-        if *n == 0 {
-            a.remove(&self.epoch);
-        }
+        let id = self.id;
+        a.runs.retain(|r| r.2 != id);
     }
 }
 
@@ -71,33 +92,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn oldest_follows_registrations() {
+    fn pins_cover_their_runs_until_dropped() {
         let p = ReadPins::default();
-        assert_eq!(p.oldest(), None);
-        let a = p.enter(5);
-        let b = p.enter(3);
-        let c = p.enter(3);
-        assert_eq!(p.oldest(), Some(3));
-        assert!(
-            !ReadPins::reusable(p.oldest(), 3),
-            "tag 3: a reader saw epoch 3"
-        );
-        assert!(ReadPins::reusable(p.oldest(), 2));
-        drop(b);
-        assert_eq!(p.oldest(), Some(3));
-        drop(c);
-        assert_eq!(p.oldest(), Some(5));
+        let a = p.pin([(10, 20)]);
+        let b = p.pin([(15, 16), (40, 41)]);
+        let now = p.pinned();
+        assert!(now.contains(10) && now.contains(19) && now.contains(40));
+        assert!(!now.contains(20) && !now.contains(9) && !now.contains(39));
+        assert_eq!(p.readers(), 2);
         drop(a);
-        assert_eq!((p.oldest(), p.readers()), (None, 0));
-        assert!(ReadPins::reusable(None, u64::MAX));
+        let now = p.pinned();
+        assert!(now.contains(15) && !now.contains(16) && !now.contains(10));
+        drop(b);
+        assert!(!p.pinned().contains(40));
+        assert_eq!(p.readers(), 0);
     }
 }
 
-/// Model check (loom) of the protocol around the pins: a reader takes a block under the
-/// read lock and reads it without the lock; a writer replaces the block (copy-on-write),
-/// frees it at a checkpoint when the pins allow, and reuses it at once. loom explores
-/// every interleaving and reports the reuse racing the unlocked read if the rule is
-/// wrong. Run: `RUSTFLAGS="--cfg loom" cargo test -p zcfs-volume --release --lib loom`.
+/// Model check (loom) of the protocol around the pins: a reader looks its block up and
+/// pins it under the read lock, then reads it without the lock; a writer replaces the
+/// block (copy-on-write), frees it at a checkpoint when unpinned, and reuses it at once.
+/// loom explores every interleaving and reports the reuse racing the unlocked read if
+/// the rule is broken. Run: `RUSTFLAGS="--cfg loom" cargo test -p zcfs-volume --release
+/// --lib loom`.
 #[cfg(all(test, loom))]
 mod loom_tests {
     use super::*;
@@ -105,11 +122,10 @@ mod loom_tests {
     use loom::sync::{Arc, RwLock};
 
     struct State {
-        epoch: u64,
         /// The file's one data block.
-        mapped: usize,
-        free: Vec<usize>,
-        deferred: Vec<(usize, u64)>,
+        mapped: u64,
+        free: Vec<u64>,
+        deferred: Vec<u64>,
     }
 
     struct Vol {
@@ -118,12 +134,12 @@ mod loom_tests {
         blocks: [UnsafeCell<u64>; 3],
     }
 
-    /// `honest`: false tags freed blocks one epoch too early, which must be caught.
+    /// `honest`: false pins after dropping the read lock (the mistake this rules out),
+    /// which must be caught.
     fn scenario(honest: bool) {
         loom::model(move || {
             let vol = Arc::new(Vol {
                 state: RwLock::new(State {
-                    epoch: 1,
                     mapped: 0,
                     free: vec![1, 2],
                     deferred: vec![],
@@ -133,39 +149,38 @@ mod loom_tests {
             });
             let v = vol.clone();
             let reader = loom::thread::spawn(move || {
-                let (b, pin) = {
+                let (b, pin) = if honest {
                     let st = v.state.read().unwrap();
-                    (st.mapped, v.pins.enter(st.epoch))
+                    (st.mapped, v.pins.pin([(st.mapped, st.mapped + 1)]))
+                } else {
+                    let b = v.state.read().unwrap().mapped;
+                    (b, v.pins.pin([(b, b + 1)]))
                 };
                 // The read the volume makes without its lock (e.g. a socket send).
-                let got = v.blocks[b].with(|p| unsafe { *p });
+                let got = v.blocks[b as usize].with(|p| unsafe { *p });
                 assert!(got == 100 || got == 200, "read a reused block: {got}");
                 drop(pin);
             });
             // Writer: copy-on-write into a fresh block, then swap it in.
             {
                 let nb = vol.state.write().unwrap().free.pop().unwrap();
-                vol.blocks[nb].with_mut(|p| unsafe { *p = 200 });
+                vol.blocks[nb as usize].with_mut(|p| unsafe { *p = 200 });
                 let mut st = vol.state.write().unwrap();
                 let old = std::mem::replace(&mut st.mapped, nb);
-                let tag = if honest { st.epoch } else { st.epoch - 1 };
-                st.epoch += 1;
-                st.deferred.push((old, tag));
+                st.deferred.push(old);
             }
-            // Checkpoint: release what the pins allow, then reuse it at once.
+            // Checkpoint: release what is unpinned, then reuse it at once.
             let reused = {
                 let mut st = vol.state.write().unwrap();
-                let oldest = vol.pins.oldest();
-                let (go, keep): (Vec<_>, Vec<_>) = st
-                    .deferred
-                    .drain(..)
-                    .partition(|&(_, t)| ReadPins::reusable(oldest, t));
+                let pinned = vol.pins.pinned();
+                let (go, keep): (Vec<u64>, Vec<u64>) =
+                    st.deferred.drain(..).partition(|&b| !pinned.contains(b));
                 st.deferred = keep;
-                st.free.extend(go.into_iter().map(|(b, _)| b));
+                st.free.extend(go);
                 st.free.pop()
             };
             if let Some(b) = reused {
-                vol.blocks[b].with_mut(|p| unsafe { *p = 999 });
+                vol.blocks[b as usize].with_mut(|p| unsafe { *p = 999 });
             }
             reader.join().unwrap();
         });
@@ -178,7 +193,7 @@ mod loom_tests {
 
     #[test]
     #[should_panic]
-    fn loom_mutation_tagging_one_epoch_early_is_caught() {
+    fn loom_mutation_pinning_after_the_lock_is_caught() {
         scenario(false);
     }
 }

@@ -279,8 +279,8 @@ pub(crate) fn load_state(
         gens,
         log,
         batch: Batch::default(),
-        epoch: 0,
         deferred_frees: Vec::new(),
+        deferred_pinned: 0,
         pins: HashMap::new(),
         tainted,
     })

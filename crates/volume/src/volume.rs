@@ -204,8 +204,8 @@ pub(crate) struct LogState {
 #[derive(Debug, Default)]
 pub(crate) struct Batch {
     pub apply: Vec<Record>,
-    /// Blocks freed by the batch's entries, with their read-pin tags.
-    pub frees: Vec<(u64, u64)>,
+    /// Blocks freed by the batch's entries.
+    pub frees: Vec<u64>,
     pub ops: usize,
     pub bytes: u64,
     pub since: Option<Instant>,
@@ -220,11 +220,11 @@ pub(crate) struct State {
     pub gens: Vec<u32>,
     pub log: LogState,
     pub batch: Batch,
-    /// Moves forward with every change (see pins.rs).
-    pub epoch: u64,
-    /// Freed blocks (with their read-pin tags) waiting for the checkpoint that makes
-    /// their reuse safe and for the readers that may still use them.
-    pub deferred_frees: Vec<(u64, u64)>,
+    /// Freed blocks waiting for the checkpoint that makes their reuse safe and for the
+    /// readers that may still use them.
+    pub deferred_frees: Vec<u64>,
+    /// How many of `deferred_frees` were still pinned at the last checkpoint.
+    pub deferred_pinned: usize,
     /// Blocks attached to callers' address spaces (zcopy_to): not reused while pinned.
     pub pins: HashMap<u64, u32>,
     /// Inodes sharing a block with another (damaged image, seen only by fsck): never
@@ -324,7 +324,7 @@ impl Volume {
                 region.flush(off, len);
             }
         }
-        let now = Timespec::now();
+        let now = Time::now();
         let root = InodeRec {
             ino: ROOT_INO,
             gen: 1,

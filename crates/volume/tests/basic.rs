@@ -168,7 +168,7 @@ fn xattrs_setattr_statfs_and_setgid() {
         vol.setxattr(f.ino, b"user.big", &[0; 5000], XattrMode::Any),
         Err(FsError::NoSpaceXattr)
     ));
-    let t = Timespec {
+    let t = Time {
         sec: 1_000_000_000,
         nsec: 123_456_789,
     };
@@ -178,7 +178,7 @@ fn xattrs_setattr_statfs_and_setgid() {
             &SetAttr {
                 mode: Some(0o600),
                 uid: Some(7),
-                mtime: Some(TimeSet::At(t)),
+                mtime: Some(SetTime::At(t)),
                 ..Default::default()
             },
         )

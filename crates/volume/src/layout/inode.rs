@@ -50,9 +50,9 @@ pub struct InodeRec {
     pub size: u64,
     /// Data-area blocks owned: data, map nodes and the xattr block.
     pub blocks: u64,
-    pub atime: Timespec,
-    pub mtime: Timespec,
-    pub ctime: Timespec,
+    pub atime: Time,
+    pub mtime: Time,
+    pub ctime: Time,
     pub rdev: u32,
     /// Parent directory (directories only; ".." and rename loop checks).
     pub parent: u64,
@@ -119,7 +119,7 @@ impl InodeRec {
         if crc32c::crc32c(&b[..I_CRC.start]) != u32_at(b, I_CRC) {
             return Err(corrupt("inode record checksum mismatch"));
         }
-        let ts = |s, n| Timespec {
+        let ts = |s, n| Time {
             sec: u64_at(b, s) as i64,
             nsec: u32_at(b, n),
         };
@@ -173,7 +173,7 @@ mod tests {
             nlink: 1,
             size: 12345,
             blocks: 4,
-            mtime: Timespec {
+            mtime: Time {
                 sec: -5,
                 nsec: 999_999_999,
             },

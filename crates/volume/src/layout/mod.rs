@@ -95,24 +95,7 @@ pub(crate) fn at(base: usize, f: std::ops::Range<usize>) -> std::ops::Range<usiz
     base + f.start..base + f.end
 }
 
-/// Seconds + nanoseconds since the epoch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, serde::Serialize)]
-pub struct Timespec {
-    pub sec: i64,
-    pub nsec: u32,
-}
-
-impl Timespec {
-    pub fn now() -> Timespec {
-        let d = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
-        Timespec {
-            sec: d.as_secs() as i64,
-            nsec: d.subsec_nanos(),
-        }
-    }
-}
+pub use zcfs_types::Time;
 
 pub const S_IFMT: u32 = 0o170000;
 pub const S_IFREG: u32 = 0o100000;
@@ -170,12 +153,12 @@ mod tests {
             flags: 0,
             size: 12345,
             blocks: 4,
-            atime: Timespec { sec: 1, nsec: 2 },
-            mtime: Timespec {
+            atime: Time { sec: 1, nsec: 2 },
+            mtime: Time {
                 sec: -5,
                 nsec: 999_999_999,
             },
-            ctime: Timespec { sec: 3, nsec: 4 },
+            ctime: Time { sec: 3, nsec: 4 },
             rdev: 9,
             parent: 77,
             map_root: 99,

@@ -1,0 +1,348 @@
+//! `zcfs-bench remote`: two network namespaces joined by a veth pair; the raw TCP limit
+//! on that link (round trips of each size, pipelined throughput) measured with the same
+//! request shapes zcfs uses; then the zcfs client library against `zcfs serve` (QD1
+//! latency and QD16 throughput, 1 KiB..16 MiB, sequential and random, read and write),
+//! and zero-copy against one-copy writes. Every loop is bounded in count and time.
+
+use crate::cpu::{cpu_now, with_cpu, SERVER_PID};
+use crate::rows::{max_ops, median_of, row, sizes, Row};
+use crate::{raw, report, RemoteArgs};
+use anyhow::{bail, Context, Result};
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use zcfs_backend::{Backend, Ctx, ROOT};
+use zcfs_client::{ClientConfig, RemoteFs};
+use zcfs_netns::{owned_name, Pair};
+use zcfs_protocol::{Cred, NodeRef, ReadReq, Request, WriteReq};
+
+struct ServerProc {
+    child: Child,
+    image: PathBuf,
+}
+
+impl Drop for ServerProc {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.image);
+    }
+}
+
+fn start_server(
+    zcfs: &Path,
+    net: &Pair,
+    port: u16,
+    one_copy: bool,
+    tag: &str,
+) -> Result<ServerProc> {
+    let image = PathBuf::from(format!(
+        "/dev/shm/zcfs-bench-{tag}-{}.img",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&image);
+    let st = Command::new(zcfs)
+        .arg("mkfs")
+        .arg(&image)
+        .args(["--size", "4G"])
+        .stdout(Stdio::null())
+        .status()?;
+    if !st.success() {
+        bail!("zcfs mkfs failed");
+    }
+    let mut cmd = net.srv.command(zcfs);
+    cmd.arg("serve").arg(&image);
+    cmd.args(["--listen", &format!("{}:{port}", net.srv_ip), "--insecure"]);
+    if one_copy {
+        cmd.arg("--one-copy");
+    }
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::null()).spawn()?;
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line)?;
+    if !line.starts_with("serving") {
+        bail!("zcfs serve did not start: {line}");
+    }
+    Ok(ServerProc { child, image })
+}
+
+fn file_size(short: bool) -> u64 {
+    if short {
+        256 << 20
+    } else {
+        1 << 30
+    }
+}
+
+/// Create the test file and fill it (so reads hit data, not holes).
+fn prepare(fs: &RemoteFs, short: bool) -> Result<u64> {
+    let (a, fh) = fs
+        .create(
+            &Ctx::default(),
+            ROOT,
+            b"bench",
+            libc::S_IFREG | 0o644,
+            libc::O_RDWR,
+        )
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let chunk = vec![0x3cu8; 8 << 20];
+    let mut off = 0;
+    while off < file_size(short) {
+        fs.write(a.ino, fh, off, &chunk)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        off += chunk.len() as u64;
+    }
+    Ok(a.ino)
+}
+
+fn offsets(size: usize, random: bool, short: bool) -> impl FnMut() -> u64 {
+    let slots = (file_size(short) / size as u64).max(1);
+    let mut i = 0u64;
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    move || {
+        let slot = if random {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % slots
+        } else {
+            i += 1;
+            (i - 1) % slots
+        };
+        slot * size as u64
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn zcfs_bench(
+    fs: &RemoteFs,
+    ino: u64,
+    system: &str,
+    size: usize,
+    write: bool,
+    random: bool,
+    qd: usize,
+    secs: f64,
+    short: bool,
+) -> Result<Row> {
+    let cpu0 = cpu_now();
+    let client = fs.client();
+    let data = vec![0x6bu8; size];
+    let mut next = offsets(size, random, short);
+    let limit = max_ops(size);
+    let deadline = Duration::from_secs_f64(secs);
+    let node = NodeRef::ino(ino);
+    let req = |offset: u64| -> Request {
+        if write {
+            WriteReq {
+                node,
+                fh: 0,
+                offset,
+                size: size as u32,
+            }
+            .into()
+        } else {
+            ReadReq {
+                node,
+                fh: 0,
+                offset,
+                size: size as u32,
+            }
+            .into()
+        }
+    };
+    let payload: Vec<&[u8]> = if write { vec![&data] } else { vec![] };
+    let mut lat = Vec::new();
+    let mut done = 0u64;
+    let t = Instant::now();
+    let mut q: VecDeque<(Instant, zcfs_client::Ticket)> = VecDeque::new();
+    while done < limit * if qd > 1 { 4 } else { 1 } && t.elapsed() < deadline {
+        while q.len() < qd {
+            // Timed from before the request leaves (submit returns once it is sent).
+            let t0 = Instant::now();
+            let tk = client
+                .submit(&req(next()), Cred::default(), &payload)
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            q.push_back((t0, tk));
+        }
+        let (t0, tk) = q.pop_front().unwrap();
+        let r = tk.wait().map_err(|e| anyhow::anyhow!("{e}"))?;
+        if !write && r.data.len() != size {
+            bail!("short read: {} of {size}", r.data.len());
+        }
+        lat.push(t0.elapsed().as_nanos() as u64);
+        done += 1;
+    }
+    for (_, tk) in q {
+        tk.wait().map_err(|e| anyhow::anyhow!("{e}"))?;
+        done += 1;
+    }
+    let el = t.elapsed();
+    Ok(with_cpu(
+        row(
+            system,
+            if write { "write" } else { "read" },
+            if random { "rand" } else { "seq" },
+            size,
+            qd,
+            &mut lat,
+            el,
+            done,
+        ),
+        cpu0,
+    ))
+}
+
+pub fn run(a: &RemoteArgs) -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("zcfs-bench remote needs root (it creates network namespaces)");
+    }
+    let zcfs = match &a.zcfs {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()?.with_file_name("zcfs"),
+    };
+    if !zcfs.exists() {
+        bail!(
+            "{} not found: build it with `cargo build --release` or pass --zcfs",
+            zcfs.display()
+        );
+    }
+    let secs = a.seconds.unwrap_or(if a.short { 0.5 } else { 1.5 });
+    let repeat = a.repeat.unwrap_or(if a.short { 1 } else { 3 });
+    let net = Pair::create(&owned_name(std::process::id(), "bench"), 200)?;
+    if let Some(rate) = &a.tbf {
+        net.shape(rate)?;
+    }
+    let link = a.tbf.clone().unwrap_or_else(|| "veth (unshaped)".into());
+    eprintln!("link: {link}; {secs} s per measurement, median of {repeat} runs");
+
+    // Raw TCP server in the server namespace.
+    let raw_addr = format!("{}:7100", net.srv_ip);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let ra = raw_addr.clone();
+    net.srv.spawn(move || match TcpListener::bind(&ra) {
+        Ok(l) => {
+            tx.send(Ok(())).ok();
+            raw::server(l)
+        }
+        Err(e) => {
+            tx.send(Err(e)).ok();
+        }
+    })?;
+    rx.recv()?.context("raw TCP server")?;
+
+    let zc = start_server(&zcfs, &net, 7070, false, "zc")?;
+    let oc = start_server(&zcfs, &net, 7071, true, "oc")?;
+    // The children are the server processes (they enter the namespace, then exec zcfs).
+    let (zc_pid, oc_pid) = (zc.child.id(), oc.child.id());
+    let short = a.short;
+    let sizes = sizes(short);
+    let (zc_addr, oc_addr) = (
+        format!("{}:7070", net.srv_ip),
+        format!("{}:7071", net.srv_ip),
+    );
+    let (rows, copies) = net
+        .cli
+        .run(move || -> Result<(Vec<Row>, serde_json::Value)> {
+            let mut rows = Vec::new();
+            for &size in &sizes {
+                for write in [false, true] {
+                    for qd in [1, 16] {
+                        let r = median_of(repeat, || raw::bench(&raw_addr, size, write, qd, secs))?;
+                        eprintln!(
+                            "raw-tcp {} {:>8} B qd{qd:<2}: p50 {:>9.1} us, {:>8.1} MB/s",
+                            r.op, size, r.p50_us, r.mb_s
+                        );
+                        rows.push(r);
+                    }
+                }
+            }
+            for write in [false, true] {
+                let r = median_of(repeat, || raw::stream(&raw_addr, write, secs))?;
+                eprintln!("raw-tcp stream {}: {:>8.1} MB/s", r.op, r.mb_s);
+                rows.push(r);
+            }
+            let connect = |addr: &str| {
+                let mut c = ClientConfig::new(addr);
+                c.connections = 1;
+                c.timeout = Duration::from_secs(30);
+                RemoteFs::connect(c).map_err(|e| anyhow::anyhow!("{addr}: {e}"))
+            };
+            SERVER_PID.store(zc_pid, std::sync::atomic::Ordering::Relaxed);
+            let fs = connect(&zc_addr)?;
+            let ino = prepare(&fs, short)?;
+            for &size in &sizes {
+                for write in [false, true] {
+                    for random in [false, true] {
+                        for qd in [1, 16] {
+                            let r = median_of(repeat, || {
+                                zcfs_bench(&fs, ino, "zcfs", size, write, random, qd, secs, short)
+                            })?;
+                            eprintln!(
+                                "zcfs {} {} {:>8} B qd{qd:<2}: p50 {:>9.1} us, {:>8.1} MB/s",
+                                r.op, r.pattern, size, r.p50_us, r.mb_s
+                            );
+                            rows.push(r);
+                        }
+                    }
+                }
+            }
+            let zstats: serde_json::Value =
+                serde_json::from_slice(&fs.server_stats().map_err(|e| anyhow::anyhow!("{e}"))?)?;
+            eprintln!(
+                "zcfs server: {} user-space copies per payload byte",
+                zstats["user_copies_per_payload_byte"]
+            );
+            SERVER_PID.store(oc_pid, std::sync::atomic::Ordering::Relaxed);
+            let ofs = connect(&oc_addr)?;
+            let oino = prepare(&ofs, short)?;
+            for &size in &sizes {
+                for qd in [1, 16] {
+                    let r = median_of(repeat, || {
+                        zcfs_bench(
+                            &ofs,
+                            oino,
+                            "zcfs-one-copy",
+                            size,
+                            true,
+                            false,
+                            qd,
+                            secs,
+                            short,
+                        )
+                    })?;
+                    eprintln!(
+                        "zcfs-one-copy write {:>8} B qd{qd:<2}: p50 {:>9.1} us, {:>8.1} MB/s",
+                        size, r.p50_us, r.mb_s
+                    );
+                    rows.push(r);
+                }
+            }
+            let ostats: serde_json::Value =
+                serde_json::from_slice(&ofs.server_stats().map_err(|e| anyhow::anyhow!("{e}"))?)?;
+            eprintln!(
+                "one-copy server: {} user-space copies per payload byte",
+                ostats["user_copies_per_payload_byte"]
+            );
+            let copies = serde_json::json!({
+                "zero_copy_server": zstats["user_copies_per_payload_byte"],
+                "one_copy_server": ostats["user_copies_per_payload_byte"],
+            });
+            Ok((rows, copies))
+        })??;
+    drop((zc, oc));
+    let json = serde_json::json!({
+        "link": link, "seconds_per_measurement": secs, "repeat": repeat,
+        "user_copies_per_payload_byte": copies, "rows": rows
+    });
+    report::write(
+        &a.out,
+        "remote",
+        &json,
+        &report::remote_summary(&rows, &link),
+    )
+}
