@@ -167,3 +167,70 @@ fn readdirplus_survives_a_forget_of_an_entry_during_the_listing() {
     assert!(srv.report().references_held >= 1);
 }
 
+/// A Backend that passes everything on, except that a full-size write at offset 0 is
+/// short (half written): the Backend contract and the protocol allow it (`written`),
+/// and the volume does it when a later piece of an in-memory overwrite finds no room.
+struct ShortFirstWrite(Arc<dyn Backend>);
+
+impl Backend for ShortFirstWrite {
+    fn lookup(&self, c: &Ctx, p: u64, n: &[u8]) -> Result<Attr> { self.0.lookup(c, p, n) }
+    fn forget(&self, i: u64, n: u64) { self.0.forget(i, n) }
+    fn hold(&self, i: u64, g: u64) -> Result<Attr> { self.0.hold(i, g) }
+    fn getattr(&self, i: u64) -> Result<Attr> { self.0.getattr(i) }
+    fn setattr(&self, c: &Ctx, i: u64, s: &SetAttr) -> Result<Attr> { self.0.setattr(c, i, s) }
+    fn readlink(&self, i: u64) -> Result<Vec<u8>> { self.0.readlink(i) }
+    fn mknod(&self, c: &Ctx, p: u64, n: &[u8], m: u32, r: u32) -> Result<Attr> { self.0.mknod(c, p, n, m, r) }
+    fn mkdir(&self, c: &Ctx, p: u64, n: &[u8], m: u32) -> Result<Attr> { self.0.mkdir(c, p, n, m) }
+    fn unlink(&self, c: &Ctx, p: u64, n: &[u8]) -> Result<Attr> { self.0.unlink(c, p, n) }
+    fn rmdir(&self, c: &Ctx, p: u64, n: &[u8]) -> Result<Attr> { self.0.rmdir(c, p, n) }
+    fn symlink(&self, c: &Ctx, p: u64, n: &[u8], t: &[u8]) -> Result<Attr> { self.0.symlink(c, p, n, t) }
+    fn rename(&self, c: &Ctx, p: u64, n: &[u8], np: u64, nn: &[u8], f: u32) -> Result<()> { self.0.rename(c, p, n, np, nn, f) }
+    fn link(&self, c: &Ctx, i: u64, np: u64, nn: &[u8]) -> Result<Attr> { self.0.link(c, i, np, nn) }
+    fn open(&self, c: &Ctx, i: u64, f: i32) -> Result<u64> { self.0.open(c, i, f) }
+    fn create(&self, c: &Ctx, p: u64, n: &[u8], m: u32, f: i32) -> Result<(Attr, u64)> { self.0.create(c, p, n, m, f) }
+    fn read(&self, i: u64, fh: u64, o: u64, s: u32, sink: &mut ReadSink<'_>) -> Result<()> { self.0.read(i, fh, o, s, sink) }
+    fn write(&self, i: u64, fh: u64, o: u64, d: &[u8]) -> Result<u32> { self.0.write(i, fh, o, d) }
+    fn write_with(&self, i: u64, fh: u64, o: u64, len: u32, fill: &mut WriteFill<'_>) -> Result<u32> {
+        let len = if o == 0 && len as usize == MAX_DATA { len / 2 } else { len };
+        self.0.write_with(i, fh, o, len, fill)
+    }
+    fn release(&self, i: u64, fh: u64) -> Result<()> { self.0.release(i, fh) }
+    fn fsync(&self, i: u64, fh: u64, d: bool) -> Result<()> { self.0.fsync(i, fh, d) }
+    fn readdir(&self, i: u64, o: u64, p: bool, f: &mut dyn FnMut(DirEntry) -> bool) -> Result<()> { self.0.readdir(i, o, p, f) }
+    fn statfs(&self) -> Result<StatFs> { self.0.statfs() }
+    fn setxattr(&self, i: u64, n: &[u8], v: &[u8], f: i32) -> Result<()> { self.0.setxattr(i, n, v, f) }
+    fn getxattr(&self, i: u64, n: &[u8]) -> Result<Vec<u8>> { self.0.getxattr(i, n) }
+    fn listxattr(&self, i: u64) -> Result<Vec<Vec<u8>>> { self.0.listxattr(i) }
+    fn removexattr(&self, i: u64, n: &[u8]) -> Result<()> { self.0.removexattr(i, n) }
+}
+
+/// Finding 2. RemoteFs::write splits a buffer into 16 MiB requests and, after a short
+/// reply, sends the *next chunk of the buffer* at `offset + done`: the bytes after the
+/// short write land at the wrong offset, and the count returned covers them as if they
+/// were the right ones.
+#[test]
+fn a_short_chunk_does_not_shift_the_rest_of_a_large_remote_write() {
+    let srv = Running::start(Arc::new(ShortFirstWrite(memory_fs(96 * MIB))), config());
+    let fs = srv.client();
+    let (f, fh) = file(&fs, b"big");
+    let data: Vec<u8> = (0..2 * MAX_DATA as u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    let n = fs.write(f.ino, fh, 0, &data).unwrap() as usize;
+    assert!(n > 0 && n <= data.len());
+    // Whatever was reported written must be the caller's bytes, at their offsets.
+    let mut at = 0;
+    while at < n {
+        let len = (n - at).min(8 * MIB);
+        let got = read_all(&fs, f.ino, fh, at as u64, len as u32).unwrap();
+        if let Some(i) = (0..len).find(|&i| got[i] != data[at + i]) {
+            panic!(
+                "write reported {n} bytes written, but byte {} differs (reply for the first \
+                 chunk was short: the second chunk went to the wrong offset)",
+                at + i
+            );
+        }
+        at += len;
+    }
+    fs.release(f.ino, fh).unwrap();
+}
