@@ -234,3 +234,31 @@ fn a_short_chunk_does_not_shift_the_rest_of_a_large_remote_write() {
     }
     fs.release(f.ino, fh).unwrap();
 }
+
+/// Finding 3. Release is not idempotent, so the client does not resend it after a lost
+/// connection; it has already dropped the handle from its table, and the session (still
+/// alive: the client reconnects and resumes it) keeps the server's handle for as long as
+/// the client lives. An unlinked file released that way is never freed while the mount
+/// stands. (Forget, posted and never resent, loses references the same way.)
+#[test]
+fn a_release_lost_with_its_connection_does_not_leak_the_handle() {
+    let srv = Running::start(memory_fs(64 * MIB), config());
+    let proxy = Proxy::start(srv.addr());
+    let fs = remote(proxy.addr, |_| {});
+    let (f, fh) = file(&fs, b"f");
+    fs.write(f.ino, fh, 0, &vec![0x55; MIB]).unwrap();
+    fs.unlink(&ctx(), ROOT, b"f").unwrap();
+    fs.forget(f.ino, 1);
+    let held = fs.statfs().unwrap().bfree;
+    proxy.cut(Cut::BeforeRequest(Op::Release));
+    let r = fs.release(f.ino, fh);
+    assert!(proxy.fired.load(Ordering::SeqCst));
+    eprintln!("release: {r:?}");
+    // The client goes on (reconnects, resumes its session) and holds nothing of f.
+    assert_eq!(fs.references(f.ino), (0, 0));
+    eventually(Duration::from_secs(5), "the session released f's handle", || {
+        fs.statfs().unwrap();
+        srv.report().handles_open == 0
+    });
+    assert!(fs.statfs().unwrap().bfree >= held + (MIB / 4096) as u64);
+}
