@@ -262,3 +262,33 @@ fn a_release_lost_with_its_connection_does_not_leak_the_handle() {
     });
     assert!(fs.statfs().unwrap().bfree >= held + (MIB / 4096) as u64);
 }
+
+/// Finding 4. A create (or mkdir, mknod, symlink, link; or an open/lookup whose retry
+/// doubles it) whose reply is lost with its connection: the server registered a handle
+/// and a reference in the session, the client reports the call failed and never learns
+/// of them. The session is resumed on reconnection, so they stay for the client's life:
+/// the file, unlinked later, is never freed while the mount stands.
+#[test]
+fn a_create_whose_reply_is_lost_leaves_nothing_held_in_the_session() {
+    let srv = Running::start(memory_fs(64 * MIB), config());
+    let proxy = Proxy::start(srv.addr());
+    let fs = remote(proxy.addr, |_| {});
+    let c = ctx();
+    proxy.cut(Cut::BeforeReply(Op::Create));
+    let r = fs.create(&c, ROOT, b"f", libc::S_IFREG | 0o644, libc::O_RDWR);
+    assert!(proxy.fired.load(Ordering::SeqCst));
+    eprintln!("create: {:?}", r.as_ref().map(|(a, fh)| (a.ino, *fh)));
+    // Whatever the client was told, it cleans up after itself.
+    if let Ok((a, fh)) = &r {
+        fs.release(a.ino, *fh).unwrap();
+        fs.forget(a.ino, 1);
+    }
+    let ino = fs.lookup(&c, ROOT, b"f").unwrap().ino;
+    fs.unlink(&c, ROOT, b"f").unwrap();
+    fs.forget(ino, 1);
+    assert_eq!(fs.references(ino), (0, 0));
+    eventually(Duration::from_secs(5), "nothing of f held by the session", || {
+        let r = srv.report();
+        r.handles_open == 0 && r.references_held == 0
+    });
+}
