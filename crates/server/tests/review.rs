@@ -292,3 +292,65 @@ fn a_create_whose_reply_is_lost_leaves_nothing_held_in_the_session() {
         r.handles_open == 0 && r.references_held == 0
     });
 }
+
+/// Finding 5. "The server gives a peer 5 s to finish the handshake" — but the deadline is
+/// a receive timeout per read, so a peer that sends its Hello one byte a second keeps a
+/// connection slot for a minute (and the Proof another half minute), without knowing
+/// the secret. `max_connections` such peers lock every client out.
+#[test]
+fn the_handshake_deadline_bounds_the_whole_handshake() {
+    let srv = Running::start(
+        memory_fs(16 * MIB),
+        ServerConfig {
+            secret: Some(b"k".to_vec()),
+            max_connections: 2,
+            ..config()
+        },
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let trickler = {
+        let (addr, stop) = (srv.addr(), stop.clone());
+        std::thread::spawn(move || {
+            let mut peers: Vec<TcpStream> =
+                (0..2).map(|_| TcpStream::connect(addr).unwrap()).collect();
+            let hello = zcfs_protocol::handshake::Hello {
+                version: zcfs_protocol::VERSION as u16,
+                features: 0,
+                nonce: [7; 32],
+                session: 42,
+            }
+            .encode();
+            for b in hello {
+                if stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                for p in &mut peers {
+                    let _ = p.write_all(&[b]);
+                }
+                std::thread::sleep(Duration::from_millis(1000));
+            }
+        })
+    };
+    let started = Instant::now();
+    std::thread::sleep(Duration::from_millis(6500));
+    let active = srv.report().connections_active;
+    let legit = remote_with_secret(srv.addr());
+    stop.store(true, Ordering::SeqCst);
+    trickler.join().unwrap();
+    assert_eq!(
+        active, 0,
+        "{:?} after they connected, peers still in the handshake hold {active} slots \
+         (a client with the secret: {:?})",
+        started.elapsed(),
+        legit.as_ref().err()
+    );
+    assert!(legit.is_ok(), "a client with the secret was locked out: {:?}", legit.err());
+}
+
+fn remote_with_secret(addr: SocketAddr) -> zcfs_backend::Result<RemoteFs> {
+    let mut cfg = ClientConfig::new(&addr.to_string());
+    cfg.timeout = Duration::from_secs(2);
+    cfg.connections = 1;
+    cfg.secret = Some(b"k".to_vec());
+    RemoteFs::connect(cfg)
+}
