@@ -354,3 +354,60 @@ fn remote_with_secret(addr: SocketAddr) -> zcfs_backend::Result<RemoteFs> {
     cfg.secret = Some(b"k".to_vec());
     RemoteFs::connect(cfg)
 }
+
+/// Finding 6. With a secret, the server attaches a Hello to its session *before* the
+/// peer has proved anything; a failed proof then `abandon`s it, which for a session that
+/// holds something restarts its grace period. A peer that does not know the secret but
+/// has a session id (it is in the server's logs) keeps that session, its handles and
+/// the unlinked files they pin, alive for ever — and the Welcome's `resumed` flag tells
+/// any unauthenticated peer whether a session id exists.
+#[test]
+fn an_unauthenticated_peer_cannot_keep_a_session_from_expiring() {
+    let grace = Duration::from_millis(600);
+    let srv = Running::start(
+        memory_fs(64 * MIB),
+        ServerConfig {
+            secret: Some(b"k".to_vec()),
+            grace,
+            ..config()
+        },
+    );
+    let a = remote_with_secret(srv.addr()).unwrap();
+    let (f, fh) = file(&a, b"f");
+    a.write(f.ino, fh, 0, &vec![1; MIB]).unwrap();
+    a.unlink(&ctx(), ROOT, b"f").unwrap();
+    let session = a.client().session();
+    drop(a);
+    eventually(Duration::from_secs(5), "A's session in grace", || {
+        srv.report().sessions_in_grace == 1
+    });
+    let started = Instant::now();
+    let mut told_resumed = false;
+    while started.elapsed() < grace * 4 {
+        let mut s = TcpStream::connect(srv.addr()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let hello = zcfs_protocol::handshake::Hello {
+            version: zcfs_protocol::VERSION as u16,
+            features: 0,
+            nonce: [3; 32],
+            session,
+        };
+        s.write_all(&hello.encode()).unwrap();
+        let mut w = [0u8; WELCOME_LEN];
+        s.read_exact(&mut w).unwrap();
+        told_resumed |= zcfs_protocol::handshake::Welcome::decode(&w).unwrap().resumed;
+        s.write_all(&[0u8; 32]).unwrap(); // a proof made up without the secret
+        let mut v = [0u8; 8];
+        s.read_exact(&mut v).unwrap();
+        assert_ne!(u64::from_le_bytes(v), 0, "refused");
+        std::thread::sleep(grace / 4);
+    }
+    let r = srv.report();
+    assert_eq!(
+        (r.sessions_expired, r.expired_handles),
+        (1, 1),
+        "after {:?} (grace {grace:?}) A's session is still held (an unauthenticated peer \
+         was told resumed = {told_resumed})",
+        started.elapsed()
+    );
+}
