@@ -263,6 +263,29 @@ fn a_release_lost_with_its_connection_does_not_leak_the_handle() {
     assert!(fs.statfs().unwrap().bfree >= held + (MIB / 4096) as u64);
 }
 
+/// Finding 3, the same for a forget: posted once, never resent; the resumed session
+/// keeps the reference, and an unlinked file is not freed while the client lives.
+#[test]
+fn a_forget_lost_with_its_connection_does_not_leak_the_reference() {
+    let srv = Running::start(memory_fs(64 * MIB), config());
+    let proxy = Proxy::start(srv.addr());
+    let fs = remote(proxy.addr, |_| {});
+    let (f, fh) = file(&fs, b"f");
+    fs.write(f.ino, fh, 0, &vec![0x55; MIB]).unwrap();
+    fs.release(f.ino, fh).unwrap();
+    fs.unlink(&ctx(), ROOT, b"f").unwrap();
+    proxy.cut(Cut::BeforeRequest(Op::Forget));
+    fs.forget(f.ino, 1);
+    eventually(Duration::from_secs(5), "the forget went out", || {
+        proxy.fired.load(Ordering::SeqCst)
+    });
+    assert_eq!(fs.references(f.ino), (0, 0));
+    eventually(Duration::from_secs(5), "the session gave f's reference back", || {
+        fs.statfs().unwrap();
+        srv.report().references_held == 0
+    });
+}
+
 /// Finding 4. A create (or mkdir, mknod, symlink, link; or an open/lookup whose retry
 /// doubles it) whose reply is lost with its connection: the server registered a handle
 /// and a reference in the session, the client reports the call failed and never learns
