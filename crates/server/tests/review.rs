@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use zcfs_backend::*;
 use zcfs_client::{ClientConfig, RemoteFs};
 use zcfs_protocol::handshake::{HELLO_LEN, WELCOME_LEN};
+use zcfs_protocol::Wire;
 use zcfs_protocol::{
     Cred, Op, ReqHeader, Request, RespHeader, WriteReq, NodeRef, MAX_DATA, REQ_HDR, RESP_HDR,
 };
@@ -432,5 +433,37 @@ fn an_unauthenticated_peer_cannot_keep_a_session_from_expiring() {
         "after {:?} (grace {grace:?}) A's session is still held (an unauthenticated peer \
          was told resumed = {told_resumed})",
         started.elapsed()
+    );
+}
+
+/// Finding 7. A handle's open flags are stored in the session and never checked: a
+/// write through a handle opened O_RDONLY succeeds (POSIX and the kernel say EBADF), so
+/// the handle check does not stand for what the handle was opened for.
+#[test]
+fn a_handle_opened_read_only_does_not_write() {
+    let srv = Running::start(memory_fs(64 * MIB), config());
+    let fs = srv.client();
+    let (f, fh) = file(&fs, b"f");
+    fs.write(f.ino, fh, 0, b"original").unwrap();
+    let mut raw = srv.raw(0x77);
+    let r = raw.call(zcfs_protocol::OpenReq {
+        node: NodeRef::new(f.ino, f.generation),
+        flags: libc::O_RDONLY,
+    });
+    assert_eq!(r.status, 0);
+    let rofh = zcfs_protocol::OpenReply::decode(&r.body).unwrap().fh;
+    let w = raw.call_with(
+        WriteReq {
+            node: NodeRef::new(f.ino, f.generation),
+            fh: rofh,
+            offset: 0,
+            size: 8,
+        },
+        b"CHANGED!",
+    );
+    assert_eq!(
+        (w.status, read_all(&fs, f.ino, fh, 0, 8).unwrap()),
+        (libc::EBADF, b"original".to_vec()),
+        "a write through an O_RDONLY handle"
     );
 }
