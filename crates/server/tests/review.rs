@@ -467,3 +467,48 @@ fn a_handle_opened_read_only_does_not_write() {
         "a write through an O_RDONLY handle"
     );
 }
+
+/// Finding 1, as FUSE meets it: two readdirplus listings of one directory at once (two
+/// `ls -l`), each taking fewer entries than RemoteFs fetched (a FUSE reply buffer holds
+/// ~25 of the 128 fetched). One listing gives back the entries it did not pass on while
+/// the other is still passing them: the node is gone and the other listing panics.
+#[test]
+fn concurrent_readdirplus_listings_of_one_directory_do_not_panic() {
+    let srv = Running::start(memory_fs(64 * MIB), config());
+    let fs = Arc::new(srv.client());
+    let c = ctx();
+    let d = fs.mkdir(&c, ROOT, b"d", 0o755).unwrap();
+    for i in 0..100 {
+        let (e, h) = fs
+            .create(&c, d.ino, format!("entry-{i}").as_bytes(), libc::S_IFREG | 0o644, 0)
+            .unwrap();
+        fs.release(e.ino, h).unwrap();
+        fs.forget(e.ino, 1);
+    }
+    let started = Instant::now();
+    let threads: Vec<_> = (0..2)
+        .map(|t| {
+            let fs = fs.clone();
+            std::thread::spawn(move || {
+                let mut rounds = 0;
+                while rounds < 300 && started.elapsed() < Duration::from_secs(10) {
+                    let mut got = Vec::new();
+                    // Thread 0 takes 25 entries (a full FUSE buffer), thread 1 all of them.
+                    fs.readdir(d.ino, 0, true, &mut |e| {
+                        got.push(e.ino);
+                        t == 1 || got.len() < 25
+                    })
+                    .unwrap();
+                    for ino in got {
+                        fs.forget(ino, 1);
+                    }
+                    rounds += 1;
+                }
+                rounds
+            })
+        })
+        .collect();
+    let results: Vec<_> = threads.into_iter().map(|t| t.join()).collect();
+    let panicked = results.iter().filter(|r| r.is_err()).count();
+    assert_eq!(panicked, 0, "{panicked} listing thread(s) panicked");
+}
