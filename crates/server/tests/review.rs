@@ -171,10 +171,16 @@ fn readdirplus_survives_a_forget_of_an_entry_during_the_listing() {
 /// A Backend that passes everything on, except that a full-size write at offset 0 is
 /// short (half written): the Backend contract and the protocol allow it (`written`),
 /// and the volume does it when a later piece of an in-memory overwrite finds no room.
-struct ShortFirstWrite(Arc<dyn Backend>);
+/// With `.1`, a lookup of that name panics (a backend bug).
+struct ShortFirstWrite(Arc<dyn Backend>, Option<&'static [u8]>);
 
 impl Backend for ShortFirstWrite {
-    fn lookup(&self, c: &Ctx, p: u64, n: &[u8]) -> Result<Attr> { self.0.lookup(c, p, n) }
+    fn lookup(&self, c: &Ctx, p: u64, n: &[u8]) -> Result<Attr> {
+        if self.1 == Some(n) {
+            panic!("backend bug on lookup of {:?}", String::from_utf8_lossy(n));
+        }
+        self.0.lookup(c, p, n)
+    }
     fn forget(&self, i: u64, n: u64) { self.0.forget(i, n) }
     fn hold(&self, i: u64, g: u64) -> Result<Attr> { self.0.hold(i, g) }
     fn getattr(&self, i: u64) -> Result<Attr> { self.0.getattr(i) }
@@ -211,7 +217,7 @@ impl Backend for ShortFirstWrite {
 /// were the right ones.
 #[test]
 fn a_short_chunk_does_not_shift_the_rest_of_a_large_remote_write() {
-    let srv = Running::start(Arc::new(ShortFirstWrite(memory_fs(96 * MIB))), config());
+    let srv = Running::start(Arc::new(ShortFirstWrite(memory_fs(96 * MIB), None)), config());
     let fs = srv.client();
     let (f, fh) = file(&fs, b"big");
     let data: Vec<u8> = (0..2 * MAX_DATA as u32)
@@ -511,4 +517,48 @@ fn concurrent_readdirplus_listings_of_one_directory_do_not_panic() {
     let results: Vec<_> = threads.into_iter().map(|t| t.join()).collect();
     let panicked = results.iter().filter(|r| r.is_err()).count();
     assert_eq!(panicked, 0, "{panicked} listing thread(s) panicked");
+}
+
+/// Finding 8. A connection thread that panics (any backend bug reached by one request)
+/// skips the code after `connection()`: `active` is never decremented (after
+/// `max_connections` such requests the server refuses everyone) and the session's
+/// connection count never drops (it never enters grace: its handles and references are
+/// never released).
+#[test]
+fn a_panicking_request_gives_back_its_connection_slot_and_session() {
+    let srv = Running::start(
+        Arc::new(ShortFirstWrite(memory_fs(64 * MIB), Some(b"boom"))),
+        ServerConfig {
+            grace: Duration::from_millis(200),
+            ..config()
+        },
+    );
+    let mut raw = srv.raw(0xbad);
+    let r = raw.call(zcfs_protocol::OpenReq { node: NodeRef::ino(ROOT), flags: 0 });
+    assert_eq!(r.status, 0);
+    let (h, body) = Request::from(zcfs_protocol::LookupReq {
+        parent: NodeRef::ino(ROOT),
+        name: zcfs_protocol::LookupName::new("boom").unwrap(),
+    })
+    .encode(99, Cred::default());
+    raw.send(&h, &body, &[]);
+    // The peer should see the connection end (no reply can come).
+    raw.s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut b = [0u8; 1];
+    let closed = matches!(raw.s.read(&mut b), Ok(0));
+    drop(raw);
+    let t = Instant::now();
+    while closed && t.elapsed() < Duration::from_secs(3) {
+        let r = srv.report();
+        if r.connections_active == 0 && r.sessions_expired == 1 && r.handles_open == 0 {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let r = srv.report();
+    panic!(
+        "after the request panicked: connection closed to the peer: {closed}; then \
+         {} connection(s) active, {} session(s) active, {} expired, {} handle(s) open",
+        r.connections_active, r.sessions_active, r.sessions_expired, r.handles_open
+    );
 }
