@@ -562,3 +562,49 @@ fn a_panicking_request_gives_back_its_connection_slot_and_session() {
         r.connections_active, r.sessions_active, r.sessions_expired, r.handles_open
     );
 }
+
+/// Finding 9. Read pins are epochs, volume-wide: while one peer leaves a read reply
+/// unread (for up to the peer timeout; for ever if it reads a byte now and then), no
+/// block freed by *anyone* after its read began is reused. On a volume with little free
+/// space every other client's overwrites (copy-on-write: fresh blocks, then the old ones
+/// freed) soon fail with ENOSPC — the stalled peer does not delay only itself.
+#[test]
+fn a_stalled_reader_does_not_make_other_clients_overwrites_fail() {
+    let peer_timeout = Duration::from_secs(6);
+    let vol = memory_fs(24 * MIB);
+    let (r, rh) = file(&*vol, b"r");
+    vol.write(r.ino, rh, 0, &vec![1u8; 4 * MIB]).unwrap();
+    let (w, wh) = file(&*vol, b"w");
+    vol.write(w.ino, wh, 0, &vec![2u8; 4 * MIB]).unwrap();
+    // Without a stalled reader, overwriting w in a loop works for ever.
+    for i in 0..8u8 {
+        vol.write(w.ino, wh, 0, &vec![i; 4 * MIB]).unwrap();
+    }
+    let srv = Running::start(vol.clone(), ServerConfig { peer_timeout, ..config() });
+    let mut stalled = Raw::connect_small_window(srv.addr(), 0x5, 16 << 10);
+    let (h, body) = Request::from(zcfs_protocol::ReadReq {
+        node: NodeRef::ino(r.ino),
+        fh: 0,
+        offset: 0,
+        size: (4 * MIB) as u32,
+    })
+    .encode(1, Cred::default());
+    stalled.send(&h, &body, &[]);
+    std::thread::sleep(Duration::from_millis(300));
+    let fs = srv.client();
+    let started = Instant::now();
+    let mut results = Vec::new();
+    for i in 0..8u8 {
+        results.push(fs.write(w.ino, 0, 0, &vec![0x10 + i; 4 * MIB]).map_err(|e| e.errno));
+    }
+    let within = started.elapsed();
+    let bfree = fs.statfs().unwrap().bfree;
+    drop(stalled);
+    assert!(within < peer_timeout, "the writes overlapped the stall");
+    assert!(
+        results.iter().all(|r| r.is_ok()),
+        "overwrites of another client while a reader stalls: {results:?} (statfs bfree {bfree})"
+    );
+    vol.release(r.ino, rh).unwrap();
+    vol.release(w.ino, wh).unwrap();
+}
