@@ -15,7 +15,7 @@ use zcfs_client::{ClientConfig, RemoteFs};
 use zcfs_protocol::handshake::{HELLO_LEN, WELCOME_LEN};
 use zcfs_protocol::Wire;
 use zcfs_protocol::{
-    Cred, Op, ReqHeader, Request, RespHeader, WriteReq, NodeRef, MAX_DATA, REQ_HDR, RESP_HDR,
+    Cred, NodeRef, Op, ReqHeader, Request, RespHeader, WriteReq, MAX_DATA,
 };
 use zcfs_server::ServerConfig;
 
