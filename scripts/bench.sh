@@ -10,7 +10,10 @@
 #
 # Output: bench-results/<timestamp>/ with CSV and JSON of every figure, PNG plots and
 # results.md. Everything started here runs on loopback or inside namespaces created here,
-# is stopped by PID, and is cleaned up on exit, also when a step fails.
+# is stopped by PID, and is cleaned up on exit, also when a step fails. Namespaces, CPU
+# accounting and the small-file writer are zcfs-bench subcommands (crates/bench); the
+# namespaces carry this script's pid, so those of a run killed before its cleanup are
+# removed by the next run (or `zcfs-bench netns sweep`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -21,7 +24,8 @@ for a in "$@"; do
     --short) MODE=short ;;
     --tbf) TBF=1 ;;
     --publish) PUBLISH=1 ;;
-    *) echo "usage: $0 [--full] [--tbf] [--publish]" >&2; exit 2 ;;
+    -h|--help) sed -n '2,/^set -euo/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;;
+    *) echo "usage: $0 [--full] [--tbf] [--publish] (--help for more)" >&2; exit 2 ;;
   esac
 done
 [ "$(id -u)" = 0 ] || { echo "run as root (namespaces, mounts, tmpfs)" >&2; exit 1; }
@@ -47,11 +51,8 @@ cleanup() {
   for m in "${MOUNTS[@]}"; do mountpoint -q "$m" && { umount "$m" 2>/dev/null || umount -l "$m"; }; done
   for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
   for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
-  for n in "${NETNS[@]}"; do
-    # Processes we started inside our namespaces (sshd's per-connection children).
-    for p in $(ip netns pids "$n" 2>/dev/null); do kill -TERM "$p" 2>/dev/null; done
-    ip netns del "$n" 2>/dev/null
-  done
+  # Also stops what is still running inside (sshd's per-connection children).
+  [ ${#NETNS[@]} -gt 0 ] && "$ZB" netns down "${NETNS[@]}"
   for m in "${FILES[@]}"; do rm -rf "$m"; done
   rm -rf "$WORK"
 }
@@ -87,26 +88,12 @@ csv_begin fuse
 CPU_CSV=$RESULTS_DIR/cpu.csv
 echo "target,test,ops,fio_cpu_us_per_op,fs_cpu_us_per_op" > "$CPU_CSV"
 CPU_PIDS=()
-HZ=$(getconf CLK_TCK)
-ticks() { local t=0 p; for p in "$@"; do [ -r "/proc/$p/stat" ] && t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo "$t"; }
 eval "$(declare -f fio_one | sed '1s/^fio_one/lib_fio_one/')"
 fio_one() {
-  local c0 c1; c0=$(ticks "${CPU_PIDS[@]}")
+  local c0 c1; c0=$("$ZB" cpu-time "${CPU_PIDS[@]}")
   lib_fio_one "$@"
-  c1=$(ticks "${CPU_PIDS[@]}")
-  python3 - "$WORK/fio-$1-$2.json" "$1" "$2" "$((c1 - c0))" "$HZ" >> "$CPU_CSV" <<'PY' || true
-import json, sys
-path, target, test, ticks, hz = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-txt = open(path).read()
-job = json.loads(txt[txt.index("{"):])["jobs"][0]
-ops = job["read"]["total_ios"] + job["write"]["total_ios"]
-secs = job["job_runtime"] / 1000
-fio_cpu = (job["usr_cpu"] + job["sys_cpu"]) / 100 * secs
-# The file system's processes also worked during fio's 1 s ramp: scale to the timed part.
-fs_cpu = ticks / hz * secs / (secs + 1)
-if ops:
-    print(f"{target},{test},{ops},{fio_cpu * 1e6 / ops:.2f},{fs_cpu * 1e6 / ops:.2f}")
-PY
+  c1=$("$ZB" cpu-time "${CPU_PIDS[@]}")
+  "$ZB" fio-cpu-row "$WORK/fio-$1-$2.json" "$1" "$2" "$((c1 - c0))" >> "$CPU_CSV" || true
 }
 fio_jobs() {   # fio_jobs target dir
   if [ $MODE = full ]; then
@@ -138,20 +125,16 @@ CPU_PIDS=("$LPID")
 fio_jobs zcfs-local-fuse "$LMP"
 CPU_PIDS=()
 
-# Remote: server in one namespace, the FUSE client in another (nsenter keeps the mount visible).
-TAG=$(( $$ % 10000 )); SRV=zbfs$TAG CLI=zbfc$TAG
-ip netns add $SRV; NETNS+=($SRV); ip netns add $CLI; NETNS+=($CLI)
-ip link add zbfs$TAG type veth peer name zbfc$TAG
-ip link set zbfs$TAG netns $SRV; ip link set zbfc$TAG netns $CLI
-ip -n $SRV addr add 198.18.210.1/24 dev zbfs$TAG; ip -n $CLI addr add 198.18.210.2/24 dev zbfc$TAG
-for ns in $SRV $CLI; do ip -n $ns link set lo up; done
-ip -n $SRV link set zbfs$TAG up; ip -n $CLI link set zbfc$TAG up
+# Remote: server in one namespace, the FUSE client in another, joined by a veth pair
+# (SRV, CLI, SRV_IP, CLI_IP). `netns exec` enters only the network namespace, so the mount
+# is visible here, and becomes the program, so $! is the zcfs process.
+NS_VARS=$("$ZB" netns up --owner $$ --label fuse --subnet 210); eval "$NS_VARS"; NETNS+=("$SRV" "$CLI")
 RIMG=/dev/shm/zcfs-bench-fuse-remote-$$.img; FILES+=("$RIMG")
 "$Z" mkfs "$RIMG" --size 4G --inodes 200000 >/dev/null
-ip netns exec $SRV "$Z" serve "$RIMG" --listen 198.18.210.1:7070 --insecure >"$WORK/serve.out" 2>"$OUT/serve-remote.log" & SPID=$!; PIDS+=($SPID)
+"$ZB" netns exec "$SRV" -- "$Z" serve "$RIMG" --listen "$SRV_IP:7070" --insecure >"$WORK/serve.out" 2>"$OUT/serve-remote.log" & SPID=$!; PIDS+=($SPID)
 for _ in $(seq 100); do grep -q serving "$WORK/serve.out" 2>/dev/null && break; sleep 0.05; done
 RMP=$WORK/zcfs-remote; mkdir -p "$RMP"
-nsenter --net=/var/run/netns/$CLI "$Z" mount 198.18.210.1:7070 "$RMP" 2>"$OUT/mount-remote.log" & RPID=$!; PIDS+=($RPID); MOUNTS+=("$RMP")
+"$ZB" netns exec "$CLI" -- "$Z" mount "$SRV_IP:7070" "$RMP" 2>"$OUT/mount-remote.log" & RPID=$!; PIDS+=($RPID); MOUNTS+=("$RMP")
 wait_mount "$RMP"
 step "fio on a remote zcfs mount across veth"
 CPU_PIDS=("$RPID" "$SPID")
@@ -177,18 +160,12 @@ echo "target,test,count,seconds" > "$SMALL"
 NFILES=$([ $MODE = full ] && echo 20000 || echo 2000)
 tar -C "$REPO" -cf "$WORK/src.tar" crates docs
 timed() { local t0 t1; t0=$(date +%s.%N); "$@" >/dev/null; t1=$(date +%s.%N); awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }'; }
+# create-write-close-4k is timed around `zcfs-bench create-files`, whose start-up takes a few
+# ms (the Python loop it replaces spent ~0.17 s starting on this VM, most of the old figure).
 small_files() {   # small_files target dir
   local t=$1 d=$2/smallfiles-$$
   mkdir -p "$d"
-  echo "$t,create-write-close-4k,$NFILES,$(timed python3 -c '
-import os, sys
-d, n = sys.argv[1], int(sys.argv[2])
-buf = b"x" * 4096
-for i in range(n):
-    fd = os.open(f"{d}/f{i}", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
-    os.write(fd, buf)
-    os.close(fd)
-' "$d" "$NFILES")" >> "$SMALL"
+  echo "$t,create-write-close-4k,$NFILES,$(timed "$ZB" create-files "$d" "$NFILES")" >> "$SMALL"
   echo 3 > /proc/sys/vm/drop_caches
   echo "$t,ls-l,$NFILES,$(timed ls -l "$d")" >> "$SMALL"
   echo "$t,git-clone,1,$(timed git clone -q --no-hardlinks "$REPO" "$d/clone")" >> "$SMALL"
@@ -199,7 +176,7 @@ SMALL_TARGETS=("tmpfs:$TMPFS" "zcfs-local-fuse:$LMP" "zcfs-remote-fuse:$RMP")
 # sshfs as sshfs.sh sets it up (a private sshd in its own namespace on 127.0.0.1:2222,
 # serving a tmpfs; sshfs in our mount namespace), when sshfs and sshd are installed.
 if command -v sshfs >/dev/null && [ -x /usr/sbin/sshd ]; then
-  SSHNS=zbssh$TAG SSHD_DIR=$WORK/sshd SEXP=$WORK/sshfs-export SMNT=$WORK/sshfs-mnt
+  SSHD_DIR=$WORK/sshd SEXP=$WORK/sshfs-export SMNT=$WORK/sshfs-mnt
   mkdir -p "$SSHD_DIR" "$SMNT" /run/sshd; chmod 700 "$SSHD_DIR"
   ssh-keygen -q -t ed25519 -N '' -f "$SSHD_DIR/host_ed25519"
   ssh-keygen -q -t ed25519 -N '' -f "$SSHD_DIR/client_ed25519"
@@ -209,10 +186,10 @@ if command -v sshfs >/dev/null && [ -x /usr/sbin/sshd ]; then
     "PasswordAuthentication no" "KbdInteractiveAuthentication no" "UsePAM no" "StrictModes no" \
     "Subsystem sftp internal-sftp" "LogLevel ERROR" > "$SSHD_DIR/sshd_config"
   tmpfs_mount "$SEXP" 2G
-  ip netns add "$SSHNS"; NETNS+=("$SSHNS"); ip -n "$SSHNS" link set lo up
-  ip netns exec "$SSHNS" /usr/sbin/sshd -D -e -f "$SSHD_DIR/sshd_config" 2>"$SSHD_DIR/sshd.log" & PIDS+=($!)
+  NS_VARS=$("$ZB" netns up --owner $$ --label ssh --alone); eval "$NS_VARS"; SSHNS=$NS; NETNS+=("$SSHNS")
+  "$ZB" netns exec "$SSHNS" -- /usr/sbin/sshd -D -e -f "$SSHD_DIR/sshd_config" 2>"$SSHD_DIR/sshd.log" & PIDS+=($!)
   sleep 1
-  if timeout 30 sshfs "root@127.0.0.1:$SEXP" "$SMNT" -o "ssh_command=ip netns exec $SSHNS ssh" \
+  if timeout 30 sshfs "root@127.0.0.1:$SEXP" "$SMNT" -o "ssh_command=$ZB netns exec $SSHNS -- ssh" \
       -o "IdentityFile=$SSHD_DIR/client_ed25519,StrictHostKeyChecking=no,UserKnownHostsFile=/dev/null,port=2222,Compression=no,LogLevel=ERROR,Ciphers=aes128-gcm@openssh.com"; then
     MOUNTS=("$SMNT" "${MOUNTS[@]}" "$SEXP")
     SMALL_TARGETS+=("sshfs:$SMNT")
