@@ -1,0 +1,254 @@
+//! What the remote tests share: two network namespaces joined by a veth pair (through
+//! zcfs-netns), a `zcfs serve` in the server namespace, clients and FUSE mounts in the
+//! client namespace, and small helpers. Root required, as in CI.
+
+use super::{mkfs, mounted, sh, zcfs, zcfs_bin};
+use std::ffi::OsStr;
+use std::fs;
+use std::io::{BufRead, BufReader, Read};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+use zcfs_backend::{Backend, Ctx};
+use zcfs_client::{ClientConfig, RemoteFs};
+use zcfs_netns::{owned_name, Pair};
+
+/// The secret every test server is started with and every test client sends.
+pub const SECRET: &[u8] = b"a-test-secret-of-enough-length";
+
+static NEXT: AtomicU32 = AtomicU32::new(1);
+
+/// Two namespaces, server (198.18.100.1) and client (198.18.100.2), joined by a veth
+/// pair; removed on drop (and, after a crash, by the next test run's sweep: the names
+/// carry this process's pid).
+pub struct Net {
+    pair: Pair,
+}
+
+impl Net {
+    pub fn new() -> Net {
+        let n = NEXT.fetch_add(1, Ordering::SeqCst);
+        let base = owned_name(std::process::id(), &format!("t{n}"));
+        Net {
+            pair: Pair::create(&base, 100).unwrap(),
+        }
+    }
+
+    /// The address `zcfs serve` listens on in the server namespace.
+    pub fn addr(&self) -> String {
+        format!("{}:7070", self.pair.srv_ip)
+    }
+
+    /// Take the client's end of the link down (a cut cable) or up again.
+    pub fn link(&self, up: bool) {
+        self.pair.link(up).unwrap();
+    }
+
+    /// Run `f` on a thread inside the client namespace (sockets it opens live there).
+    pub fn in_cli<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        self.pair.cli.run(f).unwrap()
+    }
+
+    /// A program started inside the server namespace (the child is the program itself).
+    pub fn srv_command(&self, program: impl AsRef<OsStr>) -> Command {
+        self.pair.srv.command(program)
+    }
+
+    /// A program started inside the client namespace. It enters the network namespace
+    /// only (as `nsenter --net` does), so a mount it makes is visible here.
+    pub fn cli_command(&self, program: impl AsRef<OsStr>) -> Command {
+        self.pair.cli.command(program)
+    }
+}
+
+/// A volume image and a `zcfs serve` of it in the server namespace.
+pub struct Served {
+    pub image: PathBuf,
+    child: Option<Child>,
+    pub secret: PathBuf,
+}
+
+impl Served {
+    pub fn new(net: &Net, name: &str, extra: &[&str]) -> Served {
+        let image = PathBuf::from(format!(
+            "/dev/shm/zcfs-remote-{name}-{}.img",
+            std::process::id()
+        ));
+        mkfs(&image, "1G", &[]);
+        let secret = image.with_extension("secret");
+        fs::write(&secret, [SECRET, b"\n"].concat()).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&secret, fs::Permissions::from_mode(0o600)).unwrap();
+        let mut s = Served {
+            image,
+            child: None,
+            secret,
+        };
+        s.start(net, extra);
+        s
+    }
+
+    /// Start (or restart) the server; returns once it is serving.
+    pub fn start(&mut self, net: &Net, extra: &[&str]) {
+        let mut child = net
+            .srv_command(zcfs_bin())
+            .arg("serve")
+            .arg(&self.image)
+            .args(["--listen", &net.addr(), "--secret-file"])
+            .arg(&self.secret)
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(line.starts_with("serving"), "server did not start: {line}");
+        self.child = Some(child);
+    }
+
+    /// Signal the server, wait for it, and return what it wrote on stderr.
+    pub fn kill(&mut self, sig: i32) -> String {
+        let mut c = self.child.take().unwrap();
+        // SAFETY: signalling our own child (zcfs itself: it enters the namespace, then
+        // execs).
+        unsafe { libc::kill(c.id() as i32, sig) };
+        c.wait().unwrap();
+        let mut err = String::new();
+        c.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        err
+    }
+
+    pub fn client(&self, net: &Net, timeout: Duration) -> RemoteFs {
+        client(net, timeout)
+    }
+
+    /// fsck of the image must find it clean (stop the server first).
+    pub fn fsck(&self) {
+        let out = Command::new(zcfs_bin())
+            .arg("fsck")
+            .arg(&self.image)
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = fs::remove_file(&self.image);
+        let _ = fs::remove_file(&self.secret);
+    }
+}
+
+/// A client with the test secret (call from inside the client namespace).
+pub fn client(net: &Net, timeout: Duration) -> RemoteFs {
+    let mut cfg = ClientConfig::new(&net.addr());
+    cfg.secret = Some(SECRET.to_vec());
+    cfg.timeout = timeout;
+    RemoteFs::connect(cfg).unwrap()
+}
+
+/// The caller of the test's requests: uid and gid 1000.
+pub fn ctx() -> Ctx {
+    Ctx {
+        uid: 1000,
+        gid: 1000,
+        pid: 1,
+    }
+}
+
+/// Read `len` bytes at `off` into one buffer.
+pub fn read_all(fs: &dyn Backend, ino: u64, fh: u64, off: u64, len: u32) -> Vec<u8> {
+    let mut out = Vec::new();
+    fs.read(ino, fh, off, len, &mut |s| {
+        for x in s {
+            out.extend_from_slice(x);
+        }
+        Ok(())
+    })
+    .unwrap();
+    out
+}
+
+/// `zcfs mount` of the server, run inside the client namespace (it enters the network
+/// namespace only, so the mount is visible here). Killed and detached on drop.
+pub struct RemoteMount {
+    pub mp: PathBuf,
+    child: Option<Child>,
+}
+
+impl RemoteMount {
+    pub fn new(net: &Net, srv: &Served, tag: &str, opts: &[&str]) -> RemoteMount {
+        let mp = std::env::temp_dir().join(format!("zcfs-remote-{tag}-{}", std::process::id()));
+        fs::create_dir_all(&mp).unwrap();
+        let mut child = net
+            .cli_command(zcfs_bin())
+            .arg("mount")
+            .arg(net.addr())
+            .arg(&mp)
+            .arg("--secret-file")
+            .arg(&srv.secret)
+            .args(opts)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let t = Instant::now();
+        while !mounted(&mp) {
+            assert!(child.try_wait().unwrap().is_none(), "remote mount exited");
+            assert!(t.elapsed() < Duration::from_secs(20));
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        RemoteMount {
+            mp,
+            child: Some(child),
+        }
+    }
+
+    /// A path inside the mount.
+    pub fn path(&self, p: &str) -> String {
+        format!("{}/{p}", self.mp.display())
+    }
+
+    /// Kill the mount process with `sig` and detach the mount.
+    pub fn kill(&mut self, sig: i32) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(c.id() as i32, sig) };
+            c.wait().unwrap();
+        }
+        if mounted(&self.mp) {
+            let _ = zcfs().arg("umount").arg("--lazy").arg(&self.mp).output();
+        }
+    }
+}
+
+impl Drop for RemoteMount {
+    fn drop(&mut self) {
+        self.kill(libc::SIGKILL);
+        let _ = fs::remove_dir(&self.mp);
+    }
+}
+
+/// `stat` through a mount: link count, size, mtime seconds.
+pub fn stat_via(path: &str) -> (u32, u64, i64) {
+    let out = sh(&format!("stat -c '%h %s %Y' {path}"));
+    let v: Vec<&str> = out.split_whitespace().collect();
+    (
+        v[0].parse().unwrap(),
+        v[1].parse().unwrap(),
+        v[2].parse().unwrap(),
+    )
+}

@@ -1,0 +1,286 @@
+//! Remote operations between two network namespaces joined by a veth pair (root
+//! required, as in CI): the full operation set, concurrent clients on one file and many,
+//! and clients and a FUSE mount racing on one file and one directory, which must all
+//! agree with the server afterwards.
+
+mod common;
+use common::remote::*;
+use std::process::Command;
+use std::time::Duration;
+use zcfs_backend::{Backend, SetAttr, ROOT};
+use zcfs_client::{ClientConfig, RemoteFs};
+
+#[test]
+fn full_operation_set_across_veth() {
+    let net = Net::new();
+    let mut srv = Served::new(&net, "ops", &[]);
+    net.in_cli(|| {
+        let fs = srv.client(&net, Duration::from_secs(5));
+        let c = ctx();
+        let d = fs.mkdir(&c, ROOT, b"dir", 0o750).unwrap();
+        assert_eq!((d.uid, d.gid, d.mode & 0o777), (1000, 1000, 0o750));
+        let (f, fh) = fs
+            .create(&c, d.ino, b"file", libc::S_IFREG | 0o644, libc::O_RDWR)
+            .unwrap();
+        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7) as u8).collect();
+        assert_eq!(
+            fs.write(f.ino, fh, 12345, &data).unwrap() as usize,
+            data.len()
+        );
+        assert_eq!(read_all(&fs, f.ino, fh, 12345, 3_000_000), data);
+        assert_eq!(
+            read_all(&fs, f.ino, fh, 0, 10),
+            vec![0u8; 10],
+            "hole reads as zeros"
+        );
+        fs.fsync(f.ino, fh, false).unwrap();
+        let a = fs
+            .setattr(
+                &c,
+                f.ino,
+                &SetAttr {
+                    size: Some(100),
+                    mode: Some(0o600),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        assert_eq!((a.size, a.mode & 0o777), (100, 0o600));
+        let s = fs.symlink(&c, ROOT, b"sym", b"dir/file").unwrap();
+        assert_eq!(fs.readlink(s.ino).unwrap(), b"dir/file");
+        assert_eq!(fs.link(&c, f.ino, ROOT, b"hard").unwrap().nlink, 2);
+        fs.rename(&c, ROOT, b"hard", d.ino, b"hard2", 0).unwrap();
+        assert_eq!(
+            fs.rename(&c, ROOT, b"sym", d.ino, b"hard2", 1)
+                .unwrap_err()
+                .errno,
+            libc::EEXIST
+        );
+        fs.rename(&c, ROOT, b"sym", d.ino, b"hard2", 2).unwrap();
+        assert_eq!(
+            fs.lookup(&c, ROOT, b"sym").unwrap().ino,
+            f.ino,
+            "exchange swapped the names"
+        );
+        let mut names = Vec::new();
+        fs.readdir(d.ino, 0, true, &mut |e| {
+            assert!(e.attr.is_some());
+            names.push(String::from_utf8(e.name).unwrap());
+            true
+        })
+        .unwrap();
+        names.sort();
+        assert_eq!(names, ["file", "hard2"]);
+        // An absent xattr, asked twice (the second answer may come from the client's
+        // cache), then set: the cache must not hide the new value.
+        assert_eq!(
+            fs.getxattr(f.ino, b"user.k").unwrap_err().errno,
+            libc::ENODATA
+        );
+        assert_eq!(
+            fs.getxattr(f.ino, b"user.k").unwrap_err().errno,
+            libc::ENODATA
+        );
+        fs.setxattr(f.ino, b"user.k", b"v", 0).unwrap();
+        assert_eq!(fs.getxattr(f.ino, b"user.k").unwrap(), b"v");
+        assert_eq!(fs.listxattr(f.ino).unwrap(), vec![b"user.k".to_vec()]);
+        fs.removexattr(f.ino, b"user.k").unwrap();
+        assert_eq!(
+            fs.getxattr(f.ino, b"user.k").unwrap_err().errno,
+            libc::ENODATA
+        );
+        assert!(fs.statfs().unwrap().bfree > 0);
+        assert_eq!(
+            fs.rmdir(&c, ROOT, b"dir").unwrap_err().errno,
+            libc::ENOTEMPTY
+        );
+        assert_eq!(
+            fs.lookup(&c, ROOT, b"nope").unwrap_err().errno,
+            libc::ENOENT
+        );
+        assert_eq!(
+            fs.mkdir(&c, ROOT, b"dir", 0o755).unwrap_err().errno,
+            libc::EEXIST
+        );
+        fs.release(f.ino, fh).unwrap();
+        fs.unlink(&c, d.ino, b"file").unwrap();
+        fs.unlink(&c, d.ino, b"hard2").unwrap();
+        fs.unlink(&c, ROOT, b"sym").unwrap();
+        fs.rmdir(&c, ROOT, b"dir").unwrap();
+        fs.sync_all().unwrap();
+    });
+    let err = srv.kill(libc::SIGTERM);
+    assert!(err.contains("shut down"), "{err}");
+    srv.fsck();
+}
+
+#[test]
+fn concurrent_clients_on_one_file_and_many_files() {
+    let net = Net::new();
+    let srv = Served::new(&net, "conc", &[]);
+    net.in_cli(|| {
+        let setup = srv.client(&net, Duration::from_secs(10));
+        let (shared, _) = setup
+            .create(&ctx(), ROOT, b"shared", libc::S_IFREG | 0o644, libc::O_RDWR)
+            .unwrap();
+        std::thread::scope(|s| {
+            for t in 0..4u8 {
+                let (srv, net) = (&srv, &net);
+                s.spawn(move || {
+                    let fs = srv.client(net, Duration::from_secs(10));
+                    for i in 0..50u32 {
+                        let name = format!("t{t}-f{i}");
+                        let (f, fh) = fs
+                            .create(
+                                &ctx(),
+                                ROOT,
+                                name.as_bytes(),
+                                libc::S_IFREG | 0o644,
+                                libc::O_RDWR,
+                            )
+                            .unwrap();
+                        fs.write(f.ino, fh, 0, &vec![t ^ i as u8; 1000 + i as usize])
+                            .unwrap();
+                        fs.release(f.ino, fh).unwrap();
+                        // Each thread owns every 4th 4 KiB block of the shared file.
+                        let blk = (i * 4 + t as u32) as u64;
+                        fs.write(shared.ino, 0, blk * 4096 + 100, &[t + 1; 3000])
+                            .unwrap();
+                    }
+                });
+            }
+        });
+        let fs = srv.client(&net, Duration::from_secs(10));
+        for t in 0..4u8 {
+            for i in 0..50u32 {
+                let a = fs
+                    .lookup(&ctx(), ROOT, format!("t{t}-f{i}").as_bytes())
+                    .unwrap();
+                assert_eq!(
+                    read_all(&fs, a.ino, 0, 0, 100_000),
+                    vec![t ^ i as u8; 1000 + i as usize]
+                );
+                let blk = (i * 4 + t as u32) as u64;
+                let got = read_all(&fs, shared.ino, 0, blk * 4096, 4096);
+                assert_eq!(&got[100..3100], &[t + 1; 3000][..], "block {blk}");
+                assert!(got[..100].iter().all(|&b| b == 0) && got[3100..].iter().all(|&b| b == 0));
+            }
+        }
+    });
+}
+
+#[test]
+fn clients_racing_on_one_file_and_one_directory_agree_afterwards() {
+    let net = Net::new();
+    let mut srv = Served::new(&net, "race", &[]);
+    let (d, f) = net.in_cli(|| {
+        let setup = client(&net, Duration::from_secs(10));
+        let d = setup.mkdir(&ctx(), ROOT, b"d", 0o777).unwrap();
+        let (f, fh) = setup
+            .create(&ctx(), d.ino, b"f", libc::S_IFREG | 0o666, libc::O_RDWR)
+            .unwrap();
+        setup.release(f.ino, fh).unwrap();
+        (d, f)
+    });
+    let rounds = 120;
+    // A FUSE mount races too: hard links renamed and removed, subdirectories made and
+    // removed, appends to a log of its own (appends through a kernel that caches the
+    // size may land before other clients' writes: O_APPEND is per client, as on NFS).
+    let m = RemoteMount::new(&net, &srv, "race-mp", &[]);
+    let dm = m.path("d");
+    let mut shell = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "set -e; for i in $(seq 1 {rounds}); do \
+               ln {dm}/f {dm}/m$i; mv {dm}/m$i {dm}/n$i; rm {dm}/n$i; \
+               mkdir {dm}/s$i; rmdir {dm}/s$i; echo $i >> {dm}/log; \
+             done"
+        ))
+        .spawn()
+        .unwrap();
+    net.in_cli(|| {
+        let clients: Vec<RemoteFs> = (0..3)
+            .map(|_| client(&net, Duration::from_secs(10)))
+            .collect();
+        std::thread::scope(|s| {
+            for (t, fs) in clients.iter().enumerate() {
+                s.spawn(move || {
+                    let c = ctx();
+                    for i in 0..rounds {
+                        let (l, r) = (format!("l{t}-{i}"), format!("r{t}-{i}"));
+                        let a = fs.link(&c, f.ino, d.ino, l.as_bytes()).unwrap();
+                        assert!(a.nlink >= 2);
+                        // A client's own change shows in its cache at once.
+                        assert_eq!(fs.getattr(f.ino).unwrap().nlink, a.nlink);
+                        fs.rename(&c, d.ino, l.as_bytes(), d.ino, r.as_bytes(), 0)
+                            .unwrap();
+                        let u = fs.unlink(&c, d.ino, r.as_bytes()).unwrap();
+                        assert_eq!(u.ino, f.ino);
+                        assert_eq!(fs.getattr(f.ino).unwrap().nlink, u.nlink);
+                        let sub = format!("s{t}-{i}");
+                        let sd = fs.mkdir(&c, d.ino, sub.as_bytes(), 0o755).unwrap();
+                        assert_eq!(fs.rmdir(&c, d.ino, sub.as_bytes()).unwrap().ino, sd.ino);
+                        let at = 1_000_000 + (t * rounds + i) as u64 * 8;
+                        fs.write(f.ino, 0, at, &[t as u8 + 1; 8]).unwrap();
+                    }
+                });
+            }
+        });
+        let status = shell.wait().unwrap();
+        assert!(status.success(), "the shell's races failed");
+        // Let every cache expire (the client's attribute timeout and the kernel's are
+        // 1 s), then every client must agree with the server.
+        std::thread::sleep(Duration::from_millis(2500));
+        let truth = RemoteFs::connect({
+            let mut cfg = ClientConfig::new(&net.addr());
+            cfg.secret = Some(SECRET.to_vec());
+            cfg.attr_ttl = Duration::ZERO;
+            cfg
+        })
+        .unwrap();
+        let (tf, td) = (truth.getattr(f.ino).unwrap(), truth.getattr(d.ino).unwrap());
+        assert_eq!(
+            (tf.nlink, td.nlink),
+            (1, 2),
+            "every extra name and subdir gone"
+        );
+        let log = truth.lookup(&ctx(), d.ino, b"log").unwrap();
+        let names = |fs: &RemoteFs| {
+            let mut n = Vec::new();
+            fs.readdir(d.ino, 0, false, &mut |e| {
+                n.push(e.name);
+                true
+            })
+            .unwrap();
+            n
+        };
+        let mut all = names(&truth);
+        all.sort();
+        assert_eq!(all, vec![b"f".to_vec(), b"log".to_vec()]);
+        for fs in &clients {
+            assert_eq!(fs.getattr(f.ino).unwrap(), tf);
+            assert_eq!(fs.getattr(d.ino).unwrap(), td);
+            let mut n = names(fs);
+            n.sort();
+            assert_eq!(n, all);
+        }
+        assert_eq!(stat_via(&m.path("d/f")), (tf.nlink, tf.size, tf.mtime.sec));
+        assert_eq!(stat_via(&m.path("d")), (td.nlink, td.size, td.mtime.sec));
+        // The appends and every client's writes are all there.
+        let appended: String = (1..=rounds).map(|i| format!("{i}\n")).collect();
+        assert_eq!(
+            read_all(&truth, log.ino, 0, 0, 1 << 20),
+            appended.as_bytes()
+        );
+        let data = read_all(&truth, f.ino, 0, 0, tf.size as u32);
+        for t in 0..3 {
+            for i in 0..rounds {
+                let at = 1_000_000 + (t * rounds + i) * 8;
+                assert_eq!(&data[at..at + 8], &[t as u8 + 1; 8]);
+            }
+        }
+    });
+    drop(m);
+    srv.kill(libc::SIGTERM);
+    srv.fsck();
+}

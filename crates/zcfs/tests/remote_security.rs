@@ -1,0 +1,231 @@
+//! A remote server facing hostile peers, between two network namespaces joined by a
+//! veth pair (root required, as in CI): garbage, wrong and missing secrets, forged
+//! proofs, unframeable and invalid requests; and the serve defaults (a secret required
+//! off loopback, read-only).
+
+mod common;
+use common::remote::*;
+use common::*;
+use std::fs;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+use zcfs_backend::{Backend, ROOT};
+use zcfs_client::{ClientConfig, RemoteFs};
+
+#[test]
+fn hostile_peers_and_wrong_secrets_are_dropped() {
+    let net = Net::new();
+    let mut srv = Served::new(&net, "hostile", &[]);
+    let addr = net.addr();
+    net.in_cli(|| {
+        use zcfs_protocol::{
+            Cred, GetattrReq, NodeRef, Op, ReqHeader, Request, RespHeader, Wire, WriteReq, REQ_HDR,
+            RESP_HDR,
+        };
+        let raw = || TcpStream::connect(&addr).unwrap();
+        let handshake = |s: &mut TcpStream| {
+            zcfs_transport::client_handshake(s, Some(SECRET), 77).unwrap();
+        };
+        let dropped = |mut s: TcpStream| {
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut b = [0u8; 64];
+            match s.read(&mut b) {
+                Ok(0) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+                other => panic!("connection not dropped: {other:?}"),
+            }
+        };
+        // Garbage instead of a hello.
+        let mut s = raw();
+        s.write_all(&[0xab; 64]).unwrap();
+        dropped(s);
+        // Our client with a wrong secret refuses the server (its proof does not verify).
+        let mut s = raw();
+        let e = zcfs_transport::client_handshake(&mut s, Some(b"not-the-secret-at-all"), 78)
+            .unwrap_err();
+        assert!(
+            matches!(e, zcfs_transport::TransportError::AuthFailed),
+            "{e}"
+        );
+        drop(s);
+        // No secret at all.
+        let mut s = raw();
+        assert!(matches!(
+            zcfs_transport::client_handshake(&mut s, None, 79),
+            Err(zcfs_transport::TransportError::SecretRequired)
+        ));
+        drop(s);
+        // A peer that answers with a forged proof: the server refuses it.
+        {
+            use zcfs_protocol::handshake::*;
+            let mut s = raw();
+            s.write_all(
+                &Hello {
+                    version: zcfs_protocol::VERSION as u16,
+                    features: 0,
+                    nonce: [7; 32],
+                    session: 80,
+                }
+                .encode(),
+            )
+            .unwrap();
+            let mut w = [0u8; WELCOME_LEN];
+            s.read_exact(&mut w).unwrap();
+            assert!(Welcome::decode(&w).unwrap().auth);
+            s.write_all(&[0x42; PROOF_LEN]).unwrap();
+            let mut v = [0u8; VERDICT_LEN];
+            s.read_exact(&mut v).unwrap();
+            assert_eq!(u64::from_le_bytes(v), libc::EACCES as u64);
+            dropped(s);
+        }
+        // Bad magic after a good handshake.
+        let mut s = raw();
+        handshake(&mut s);
+        s.write_all(&[0u8; REQ_HDR]).unwrap();
+        dropped(s);
+        // Headers that cannot frame a message: an oversized body, oversized data, data
+        // on a request other than write.
+        for (op, body_len, data_len) in [
+            (Op::Statfs, 1u32 << 30, 0u32),
+            (Op::Write, 0, u32::MAX),
+            (Op::Read, 0, 1),
+        ] {
+            let mut s = raw();
+            handshake(&mut s);
+            let h = ReqHeader::new(op, 1, body_len, data_len, Cred::default());
+            s.write_all(&h.encode()).unwrap();
+            dropped(s);
+        }
+        // Well-framed requests with invalid bodies are answered with an errno, and the
+        // same connection goes on: a name with '/', a name of 300 bytes, a write whose
+        // body disagrees with its header (its payload is skipped).
+        let mut s = raw();
+        handshake(&mut s);
+        let mut send = |h: ReqHeader, body: &[u8], data: &[u8]| {
+            s.write_all(&h.encode()).unwrap();
+            s.write_all(body).unwrap();
+            s.write_all(data).unwrap();
+            let mut rh = [0u8; RESP_HDR];
+            s.read_exact(&mut rh).unwrap();
+            let rh = RespHeader::decode(&rh).unwrap();
+            assert_eq!(rh.id, h.id);
+            let mut body = vec![0u8; (rh.body_len + rh.data_len) as usize];
+            s.read_exact(&mut body).unwrap();
+            rh.status
+        };
+        let lookup = |name: &[u8]| {
+            let mut b = NodeRef::ino(1).encode();
+            (name.len() as u16).put(&mut b);
+            b.extend_from_slice(name);
+            b
+        };
+        let body = lookup(b"a/b");
+        let h = ReqHeader::new(Op::Lookup, 10, body.len() as u32, 0, Cred::default());
+        assert_eq!(send(h, &body, &[]), libc::EINVAL);
+        let body = lookup(&[b'n'; 300]);
+        let h = ReqHeader::new(Op::Lookup, 11, body.len() as u32, 0, Cred::default());
+        assert_eq!(send(h, &body, &[]), libc::ENAMETOOLONG);
+        let body = WriteReq {
+            node: NodeRef::ino(1),
+            fh: 0,
+            offset: 0,
+            size: 5,
+        }
+        .encode();
+        let h = ReqHeader::new(Op::Write, 12, body.len() as u32, 7000, Cred::default());
+        assert_eq!(send(h, &body, &[9u8; 7000]), libc::EINVAL);
+        let (h, body) = Request::from(GetattrReq {
+            node: NodeRef::ino(1),
+        })
+        .encode(13, Cred::default());
+        assert_eq!(send(ReqHeader::decode(&h).unwrap(), &body, &[]), 0);
+        drop(s);
+        // A truncated message, then close.
+        let mut s = raw();
+        handshake(&mut s);
+        let (h, body) = Request::from(WriteReq {
+            node: NodeRef::ino(1),
+            fh: 0,
+            offset: 0,
+            size: 1 << 20,
+        })
+        .encode(1, Cred::default());
+        s.write_all(&h).unwrap();
+        s.write_all(&body).unwrap();
+        s.write_all(&[1u8; 1000]).unwrap();
+        drop(s);
+        // A write to a directory with its payload: rejected, stream stays in step.
+        let fs = srv.client(&net, Duration::from_secs(5));
+        assert_eq!(
+            fs.write(ROOT, 0, 0, &[0u8; 70_000]).unwrap_err().errno,
+            libc::EISDIR
+        );
+        fs.mkdir(&ctx(), ROOT, b"still-works", 0o755).unwrap();
+        // Garbage hello, bad magic, three unframeable headers: 5 drops counted as
+        // malformed; three invalid bodies answered; the forged proof as an
+        // authentication failure.
+        let t = Instant::now();
+        loop {
+            let v: serde_json::Value = serde_json::from_slice(&fs.server_stats().unwrap()).unwrap();
+            if v["rejected_malformed"].as_u64().unwrap() >= 5
+                && v["rejected_auth"].as_u64().unwrap() >= 1
+            {
+                assert_eq!(v["rejected_invalid"].as_u64().unwrap(), 3, "{v}");
+                break;
+            }
+            assert!(t.elapsed() < Duration::from_secs(10), "counters: {v}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+    let err = srv.kill(libc::SIGTERM);
+    assert!(!err.contains("panicked"), "{err}");
+    srv.fsck();
+}
+
+#[test]
+fn secrets_loopback_default_and_read_only() {
+    let net = Net::new();
+    let image = PathBuf::from(format!(
+        "/dev/shm/zcfs-remote-ro-{}.img",
+        std::process::id()
+    ));
+    mkfs(&image, "64M", &[]);
+    // Not loopback, no secret: refused with the fix in the message.
+    let out = net
+        .srv_command(zcfs_bin())
+        .arg("serve")
+        .arg(&image)
+        .args(["--listen", &net.addr()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--secret-file"));
+    // --insecure --read-only: reads work, writes get EROFS.
+    let mut child = net
+        .srv_command(zcfs_bin())
+        .arg("serve")
+        .arg(&image)
+        .args(["--listen", &net.addr(), "--insecure", "--read-only"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    net.in_cli(|| {
+        let fs = RemoteFs::connect(ClientConfig::new(&net.addr())).unwrap();
+        assert!(fs.getattr(ROOT).unwrap().is_dir());
+        assert_eq!(
+            fs.mkdir(&ctx(), ROOT, b"x", 0o755).unwrap_err().errno,
+            libc::EROFS
+        );
+    });
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    child.wait().unwrap();
+    let _ = fs::remove_file(&image);
+}
