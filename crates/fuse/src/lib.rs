@@ -5,90 +5,24 @@
 //! read replies into a Vec before writev, so this path costs one user-space copy per
 //! payload byte each way; the counters report it.
 
+use convert::*;
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
     ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
     ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
+pub use options::{CacheMode, FuseOptions, FuseStats};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use zcfs_backend::{Attr, Backend, Ctx, SetAttr, SetTime, Time};
+use std::time::{Duration, SystemTime};
+use zcfs_backend::{Attr, Backend, Ctx, SetAttr};
 
-/// How much the kernel may cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CacheMode {
-    /// Nothing: attributes and entries revalidated on every use, data uncached.
-    None,
-    /// Attributes and entries for the timeout; data not kept in the page cache.
-    Metadata,
-    /// Attributes and entries for the timeout; the page cache is dropped on open.
-    Auto,
-    /// Long timeouts and the page cache kept across opens (single-writer workloads).
-    Always,
-}
-
-impl std::str::FromStr for CacheMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        Ok(match s {
-            "none" | "no" => CacheMode::None,
-            "metadata" => CacheMode::Metadata,
-            "auto" => CacheMode::Auto,
-            "always" | "yes" => CacheMode::Always,
-            _ => {
-                return Err(format!(
-                    "cache mode {s:?}: use none, metadata, auto or always"
-                ))
-            }
-        })
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct FuseOptions {
-    pub cache: CacheMode,
-    /// Attribute and entry timeout (for metadata/auto).
-    pub timeout: Duration,
-    pub writeback: bool,
-    pub direct_io: bool,
-    pub readdirplus: bool,
-    pub max_write: u32,
-    /// Show every file as owned by this uid/gid (sshfs-style `uid=`, `gid=`).
-    pub uid: Option<u32>,
-    pub gid: Option<u32>,
-    /// Clear these permission bits in what is shown (`umask=`).
-    pub umask: Option<u32>,
-}
-
-impl Default for FuseOptions {
-    fn default() -> Self {
-        FuseOptions {
-            cache: CacheMode::Auto,
-            timeout: Duration::from_secs(1),
-            writeback: false,
-            direct_io: false,
-            readdirplus: true,
-            max_write: 1 << 20,
-            uid: None,
-            gid: None,
-            umask: None,
-        }
-    }
-}
-
-/// Frontend counters (what crossed /dev/fuse and what it cost).
-#[derive(Debug, Default)]
-pub struct FuseStats {
-    pub requests: AtomicU64,
-    pub read_bytes: AtomicU64,
-    pub write_bytes: AtomicU64,
-    pub user_copy_bytes: AtomicU64,
-}
+mod convert;
+mod options;
 
 pub struct FuseFs {
     backend: Arc<dyn Backend>,
@@ -148,70 +82,6 @@ impl FuseFs {
 
     fn count(&self) {
         self.stats.requests.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-fn ctx(req: &Request) -> Ctx {
-    Ctx {
-        uid: req.uid(),
-        gid: req.gid(),
-        pid: req.pid(),
-    }
-}
-
-fn sys_time(t: Time) -> SystemTime {
-    if t.sec >= 0 {
-        UNIX_EPOCH + Duration::new(t.sec as u64, t.nsec)
-    } else {
-        UNIX_EPOCH - Duration::from_secs(t.sec.unsigned_abs()) + Duration::from_nanos(t.nsec as u64)
-    }
-}
-
-fn time_of(t: SystemTime) -> Time {
-    match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => Time {
-            sec: d.as_secs() as i64,
-            nsec: d.subsec_nanos(),
-        },
-        Err(e) => {
-            let d = e.duration();
-            let (mut sec, mut nsec) = (-(d.as_secs() as i64), d.subsec_nanos());
-            if nsec > 0 {
-                sec -= 1;
-                nsec = 1_000_000_000 - nsec;
-            }
-            Time { sec, nsec }
-        }
-    }
-}
-
-fn set_time(t: TimeOrNow) -> SetTime {
-    match t {
-        TimeOrNow::Now => SetTime::Now,
-        TimeOrNow::SpecificTime(t) => SetTime::At(time_of(t)),
-    }
-}
-
-fn kind(mode: u32) -> FileType {
-    match mode & libc::S_IFMT {
-        libc::S_IFDIR => FileType::Directory,
-        libc::S_IFLNK => FileType::Symlink,
-        libc::S_IFIFO => FileType::NamedPipe,
-        libc::S_IFSOCK => FileType::Socket,
-        libc::S_IFCHR => FileType::CharDevice,
-        libc::S_IFBLK => FileType::BlockDevice,
-        _ => FileType::RegularFile,
-    }
-}
-
-fn errno(e: &zcfs_backend::Error) -> Errno {
-    Errno::from_i32(e.errno)
-}
-
-fn ok_or_error(reply: ReplyEmpty, r: zcfs_backend::Result<()>) {
-    match r {
-        Ok(()) => reply.ok(),
-        Err(e) => reply.error(errno(&e)),
     }
 }
 
@@ -805,38 +675,6 @@ impl Filesystem for FuseFs {
             reply,
             self.backend.fallocate(ino.0, fh.0, offset, length, mode),
         )
-    }
-}
-
-/// getxattr/listxattr protocol: size 0 asks for the length; too small is ERANGE.
-fn xattr_reply(reply: ReplyXattr, size: u32, data: &[u8]) {
-    if size == 0 {
-        reply.size(data.len() as u32)
-    } else if (size as usize) < data.len() {
-        reply.error(Errno::ERANGE)
-    } else {
-        reply.data(data)
-    }
-}
-
-/// A negative dentry: inode 0 tells the kernel to cache "does not exist".
-fn negative_attr() -> FileAttr {
-    FileAttr {
-        ino: INodeNo(0),
-        size: 0,
-        blocks: 0,
-        atime: UNIX_EPOCH,
-        mtime: UNIX_EPOCH,
-        ctime: UNIX_EPOCH,
-        crtime: UNIX_EPOCH,
-        kind: FileType::RegularFile,
-        perm: 0,
-        nlink: 0,
-        uid: 0,
-        gid: 0,
-        rdev: 0,
-        blksize: 4096,
-        flags: 0,
     }
 }
 

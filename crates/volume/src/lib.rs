@@ -12,6 +12,7 @@ mod commit;
 mod data;
 mod dir;
 mod error;
+mod flac;
 pub mod fsck;
 #[doc(hidden)]
 pub mod fuzzing;
@@ -29,10 +30,9 @@ mod sync;
 pub mod trace;
 mod volume;
 
-pub use data::{
-    max_file_size, AttachedPages, PageBuf, PflushTxn, WriteReservation, MAX_RESERVATION,
-};
+pub use data::{max_file_size, WriteReservation, MAX_RESERVATION};
 pub use error::{FsError, Result};
+pub use flac::{AttachedPages, PageBuf, PflushTxn};
 pub use holder::{read_holder, Holder};
 pub use layout::{Geometry, OpType, Time, BLOCK, NAME_MAX, ROOT_INO};
 pub use ops::{

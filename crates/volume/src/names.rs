@@ -434,56 +434,43 @@ impl Volume {
 
     /// Remove a name of a non-directory; returns the inode's attributes afterwards.
     pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<Attr> {
-        check_name(name)?;
-        let mut g = self.write_state()?;
-        let st = &mut *g;
-        let e = st.dir(parent)?.get(name).ok_or(FsError::NotFound)?;
-        if st.inode(e.ino)?.rec.is_dir() {
-            return Err(FsError::IsDir);
-        }
-        let mut txn = Txn::new(OpType::Unlink, e.ino);
-        self.reserve_log(&mut txn, ENTRY_OVERHEAD + DIRENT_RECORD + 2 * INODE_RECORD)?;
-        let now = Time::now();
-        self.remove_dirent(st, &mut txn, parent, name);
-        let mut after = attr_of(&st.inodes[&e.ino]);
-        self.drop_link(st, &mut txn, e.ino, now);
-        touch_dir(st, parent, now);
-        match st.inodes.get(&e.ino) {
-            Some(i) => after = attr_of(i),
-            None => {
-                after.nlink = 0;
-                after.ctime = now;
-            }
-        }
-        self.trace(|| Traced::Unlink {
-            parent,
-            name: name.to_vec(),
-        });
-        self.finish(st, txn)?;
-        Ok(after)
+        self.remove_name(parent, name, false)
     }
 
     /// Remove an empty directory; returns its attributes afterwards (link count 0).
     pub fn rmdir(&self, parent: u64, name: &[u8]) -> Result<Attr> {
+        self.remove_name(parent, name, true)
+    }
+
+    /// unlink (`dir` false) or rmdir (`dir` true): check, then remove the entry and drop
+    /// the link in one transaction. Returns the inode's attributes afterwards.
+    fn remove_name(&self, parent: u64, name: &[u8], dir: bool) -> Result<Attr> {
         check_name(name)?;
         let mut g = self.write_state()?;
         let st = &mut *g;
         let e = st.dir(parent)?.get(name).ok_or(FsError::NotFound)?;
-        if !st.dir(e.ino)?.is_empty() {
-            return Err(FsError::NotEmpty);
+        if dir {
+            if !st.dir(e.ino)?.is_empty() {
+                return Err(FsError::NotEmpty);
+            }
+            if st.inode(parent)?.rec.nlink < 3 {
+                return Err(FsError::Corrupt(format!(
+                    "directory {parent} has a subdirectory but a link count below 3"
+                )));
+            }
+        } else if st.inode(e.ino)?.rec.is_dir() {
+            return Err(FsError::IsDir);
         }
-        if st.inode(parent)?.rec.nlink < 3 {
-            return Err(FsError::Corrupt(format!(
-                "directory {parent} has a subdirectory but a link count below 3"
-            )));
-        }
-        let mut txn = Txn::new(OpType::Rmdir, e.ino);
+        let op = if dir { OpType::Rmdir } else { OpType::Unlink };
+        let mut txn = Txn::new(op, e.ino);
         self.reserve_log(&mut txn, ENTRY_OVERHEAD + DIRENT_RECORD + 2 * INODE_RECORD)?;
         let now = Time::now();
         self.remove_dirent(st, &mut txn, parent, name);
         let mut after = attr_of(&st.inodes[&e.ino]);
         self.drop_link(st, &mut txn, e.ino, now);
-        st.inodes.get_mut(&parent).expect("checked").rec.nlink -= 1;
+        if dir {
+            st.inodes.get_mut(&parent).expect("checked").rec.nlink -= 1;
+        }
         touch_dir(st, parent, now);
         match st.inodes.get(&e.ino) {
             Some(i) => after = attr_of(i),
@@ -492,9 +479,10 @@ impl Volume {
                 after.ctime = now;
             }
         }
-        self.trace(|| Traced::Rmdir {
-            parent,
-            name: name.to_vec(),
+        let (parent, name) = (parent, name.to_vec());
+        self.trace(|| match dir {
+            true => Traced::Rmdir { parent, name },
+            false => Traced::Unlink { parent, name },
         });
         self.finish(st, txn)?;
         Ok(after)

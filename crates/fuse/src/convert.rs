@@ -1,0 +1,101 @@
+//! Conversions between fuser's types and the backend's, and the small reply helpers.
+
+use fuser::{Errno, FileAttr, FileType, INodeNo, ReplyEmpty, ReplyXattr, Request, TimeOrNow};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use zcfs_backend::{Ctx, SetTime, Time};
+
+pub(crate) fn ctx(req: &Request) -> Ctx {
+    Ctx {
+        uid: req.uid(),
+        gid: req.gid(),
+        pid: req.pid(),
+    }
+}
+
+pub(crate) fn sys_time(t: Time) -> SystemTime {
+    if t.sec >= 0 {
+        UNIX_EPOCH + Duration::new(t.sec as u64, t.nsec)
+    } else {
+        UNIX_EPOCH - Duration::from_secs(t.sec.unsigned_abs()) + Duration::from_nanos(t.nsec as u64)
+    }
+}
+
+pub(crate) fn time_of(t: SystemTime) -> Time {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => Time {
+            sec: d.as_secs() as i64,
+            nsec: d.subsec_nanos(),
+        },
+        Err(e) => {
+            let d = e.duration();
+            let (mut sec, mut nsec) = (-(d.as_secs() as i64), d.subsec_nanos());
+            if nsec > 0 {
+                sec -= 1;
+                nsec = 1_000_000_000 - nsec;
+            }
+            Time { sec, nsec }
+        }
+    }
+}
+
+pub(crate) fn set_time(t: TimeOrNow) -> SetTime {
+    match t {
+        TimeOrNow::Now => SetTime::Now,
+        TimeOrNow::SpecificTime(t) => SetTime::At(time_of(t)),
+    }
+}
+
+pub(crate) fn kind(mode: u32) -> FileType {
+    match mode & libc::S_IFMT {
+        libc::S_IFDIR => FileType::Directory,
+        libc::S_IFLNK => FileType::Symlink,
+        libc::S_IFIFO => FileType::NamedPipe,
+        libc::S_IFSOCK => FileType::Socket,
+        libc::S_IFCHR => FileType::CharDevice,
+        libc::S_IFBLK => FileType::BlockDevice,
+        _ => FileType::RegularFile,
+    }
+}
+
+pub(crate) fn errno(e: &zcfs_backend::Error) -> Errno {
+    Errno::from_i32(e.errno)
+}
+
+pub(crate) fn ok_or_error(reply: ReplyEmpty, r: zcfs_backend::Result<()>) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(errno(&e)),
+    }
+}
+
+/// getxattr/listxattr protocol: size 0 asks for the length; too small is ERANGE.
+pub(crate) fn xattr_reply(reply: ReplyXattr, size: u32, data: &[u8]) {
+    if size == 0 {
+        reply.size(data.len() as u32)
+    } else if (size as usize) < data.len() {
+        reply.error(Errno::ERANGE)
+    } else {
+        reply.data(data)
+    }
+}
+
+/// A negative dentry: inode 0 tells the kernel to cache "does not exist".
+pub(crate) fn negative_attr() -> FileAttr {
+    FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: UNIX_EPOCH,
+        mtime: UNIX_EPOCH,
+        ctime: UNIX_EPOCH,
+        crtime: UNIX_EPOCH,
+        kind: FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 4096,
+        flags: 0,
+    }
+}

@@ -1,0 +1,75 @@
+//! What a mount may cache and how it counts what crosses /dev/fuse.
+
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+/// How much the kernel may cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheMode {
+    /// Nothing: attributes and entries revalidated on every use, data uncached.
+    None,
+    /// Attributes and entries for the timeout; data not kept in the page cache.
+    Metadata,
+    /// Attributes and entries for the timeout; the page cache is dropped on open.
+    Auto,
+    /// Long timeouts and the page cache kept across opens (single-writer workloads).
+    Always,
+}
+
+impl std::str::FromStr for CacheMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "none" | "no" => CacheMode::None,
+            "metadata" => CacheMode::Metadata,
+            "auto" => CacheMode::Auto,
+            "always" | "yes" => CacheMode::Always,
+            _ => {
+                return Err(format!(
+                    "cache mode {s:?}: use none, metadata, auto or always"
+                ))
+            }
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct FuseOptions {
+    pub cache: CacheMode,
+    /// Attribute and entry timeout (for metadata/auto).
+    pub timeout: Duration,
+    pub writeback: bool,
+    pub direct_io: bool,
+    pub readdirplus: bool,
+    pub max_write: u32,
+    /// Show every file as owned by this uid/gid (sshfs-style `uid=`, `gid=`).
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    /// Clear these permission bits in what is shown (`umask=`).
+    pub umask: Option<u32>,
+}
+
+impl Default for FuseOptions {
+    fn default() -> Self {
+        FuseOptions {
+            cache: CacheMode::Auto,
+            timeout: Duration::from_secs(1),
+            writeback: false,
+            direct_io: false,
+            readdirplus: true,
+            max_write: 1 << 20,
+            uid: None,
+            gid: None,
+            umask: None,
+        }
+    }
+}
+
+/// Frontend counters (what crossed /dev/fuse and what it cost).
+#[derive(Debug, Default)]
+pub struct FuseStats {
+    pub requests: AtomicU64,
+    pub read_bytes: AtomicU64,
+    pub write_bytes: AtomicU64,
+    pub user_copy_bytes: AtomicU64,
+}
