@@ -16,63 +16,6 @@ use zcfs_volume::{CommitFault, FsError, MkfsOptions, Region, Volume, VolumeConfi
 const ACK: u64 = 1 << 32;
 const SIZE: usize = 512 << 10;
 
-fn prepared_tree() -> Vec<Op> {
-    vec![
-        Op::Mkdir("d1".into()),
-        Op::Mkdir("d2".into()),
-        Op::Create("d1/f".into()),
-        Op::Write("d1/f".into(), 0, 3000, 1),
-        Op::Create("d2/g".into()),
-        Op::Write("d2/g".into(), 0, 5000, 2),
-        Op::Link("d1/f".into(), "h".into()),
-        Op::Mkdir("d1/sub".into()),
-        Op::Symlink("s".into(), "d1/f".into()),
-        Op::SetXattr("d1/f".into(), "user.a".into(), vec![1, 2, 3]),
-    ]
-}
-
-fn single_ops() -> Vec<(&'static str, Op)> {
-    vec![
-        ("create", Op::Create("d1/new".into())),
-        ("mkdir", Op::Mkdir("d2/newdir".into())),
-        ("symlink", Op::Symlink("d2/s2".into(), "../h".into())),
-        ("write-aligned", Op::Write("d2/g".into(), 4096, 4096, 5)),
-        ("write-unaligned", Op::Write("d1/f".into(), 100, 50, 6)),
-        ("write-cross", Op::Write("d2/g".into(), 3000, 6000, 7)),
-        ("append", Op::Write("d1/f".into(), 3000, 2000, 8)),
-        ("overwrite", Op::Write("d1/f".into(), 0, 3000, 9)),
-        ("truncate-down", Op::Truncate("d2/g".into(), 1000)),
-        ("truncate-up", Op::Truncate("d1/f".into(), 9000)),
-        ("rename-new", Op::Rename("d1/f".into(), "d1/f2".into(), 0)),
-        ("rename-over", Op::Rename("d2/g".into(), "d1/f".into(), 0)),
-        ("rename-across", Op::Rename("d2/g".into(), "d1/g".into(), 0)),
-        (
-            "rename-dir",
-            Op::Rename("d1/sub".into(), "d2/sub".into(), 0),
-        ),
-        (
-            "rename-exchange",
-            Op::Rename("d1/f".into(), "d2/g".into(), 2),
-        ),
-        ("link", Op::Link("d2/g".into(), "d1/g2".into())),
-        ("unlink-linked", Op::Unlink("h".into())),
-        ("unlink-last", Op::Unlink("d2/g".into())),
-        ("rmdir", Op::Rmdir("d1/sub".into())),
-        ("setattr", Op::Chmod("d1/f".into(), 0o600)),
-        ("chown", Op::Chown("d2/g".into(), 5, 6)),
-        (
-            "xattr-set",
-            Op::SetXattr("d2/g".into(), "user.b".into(), vec![9]),
-        ),
-        (
-            "xattr-remove",
-            Op::RemoveXattr("d1/f".into(), "user.a".into()),
-        ),
-        ("punch", Op::PunchHole("d2/g".into(), 0, 4096)),
-        ("fsync", Op::Fsync("d1/f".into())),
-    ]
-}
-
 #[derive(Default)]
 struct Outcome {
     states: usize,
@@ -113,7 +56,7 @@ fn recover_and_check(img: &[u8]) -> Result<(std::sync::Arc<Volume>, Vec<String>)
     Ok((vol, dump))
 }
 
-fn run(r: &Run, setup: &[Op], ops: &[Op]) -> Outcome {
+fn run(r: &Run, setup: &[Step], ops: &[Step]) -> Outcome {
     let vol = memory_volume_with(SIZE, &r.mkfs, r.vcfg.clone());
     let mut model = Model::new();
     for op in setup {
@@ -131,7 +74,7 @@ fn run(r: &Run, setup: &[Op], ops: &[Op]) -> Outcome {
         vol.test_door().mark(i as u64);
         let want = model.apply(op);
         let got = apply_volume(&vol, op);
-        if !matches!(op, Op::Failing(..)) {
+        if !matches!(op, Step::Failing(..)) {
             assert_eq!(got, want, "{}: op {i} {op:?}", r.name);
         }
         states.push(model.dump());
@@ -267,7 +210,7 @@ fn seq1_every_operation_alone_batched() {
     for (name, op) in single_ops() {
         // The op, then an fsync: before the fsync returns either state is allowed, after
         // it only the new one.
-        let ops = [op, Op::Fsync("s".into())];
+        let ops = [op, Step::Fsync("s".into())];
         let r = Run {
             name,
             mkfs: small_mkfs(),
@@ -310,9 +253,9 @@ fn checkpoint_and_log_wrap_under_crash() {
     };
     let mut ops = Vec::new();
     for i in 0..24u32 {
-        ops.push(Op::Chmod("d1/f".into(), 0o600 + i));
-        ops.push(Op::Create(format!("d2/c{i}")));
-        ops.push(Op::Write(
+        ops.push(Step::Chmod("d1/f".into(), 0o600 + i));
+        ops.push(Step::Create(format!("d2/c{i}")));
+        ops.push(Step::Write(
             format!("d2/c{i}"),
             0,
             100 + i as usize * 37,
@@ -336,7 +279,7 @@ fn random_sequences() {
     let mut outs = Vec::new();
     let mut rng = zcfs_pmem::crash::Rng::new(0x5e9);
     for round in 0..24 {
-        let seq: Vec<Op> = (0..6)
+        let seq: Vec<Step> = (0..6)
             .map(|_| ops[rng.below(ops.len())].1.clone())
             .collect();
         let name = format!("random-{round}");

@@ -13,24 +13,24 @@ fn path() -> impl Strategy<Value = String> {
     .prop_map(String::from)
 }
 
-fn op() -> impl Strategy<Value = Op> {
+fn op() -> impl Strategy<Value = Step> {
     prop_oneof![
-        3 => path().prop_map(Op::Create),
-        2 => path().prop_map(Op::Mkdir),
-        1 => (path(), path()).prop_map(|(p, t)| Op::Symlink(p, t)),
-        4 => (path(), 0u64..20000, 1usize..9000, any::<u8>()).prop_map(|(p, o, l, s)| Op::Write(p, o, l, s)),
-        2 => (path(), 0u64..20000).prop_map(|(p, s)| Op::Truncate(p, s)),
-        3 => (path(), path(), prop::sample::select(vec![0u32, 0, 1, 2])).prop_map(|(a, b, f)| Op::Rename(a, b, f)),
-        1 => (path(), path()).prop_map(|(a, b)| Op::Link(a, b)),
-        2 => path().prop_map(Op::Unlink),
-        1 => path().prop_map(Op::Rmdir),
-        1 => (path(), 0u32..0o7777).prop_map(|(p, m)| Op::Chmod(p, m)),
-        1 => (path(), 0u32..3, 0u32..3).prop_map(|(p, u, g)| Op::Chown(p, u, g)),
+        3 => path().prop_map(Step::Create),
+        2 => path().prop_map(Step::Mkdir),
+        1 => (path(), path()).prop_map(|(p, t)| Step::Symlink(p, t)),
+        4 => (path(), 0u64..20000, 1usize..9000, any::<u8>()).prop_map(|(p, o, l, s)| Step::Write(p, o, l, s)),
+        2 => (path(), 0u64..20000).prop_map(|(p, s)| Step::Truncate(p, s)),
+        3 => (path(), path(), prop::sample::select(vec![0u32, 0, 1, 2])).prop_map(|(a, b, f)| Step::Rename(a, b, f)),
+        1 => (path(), path()).prop_map(|(a, b)| Step::Link(a, b)),
+        2 => path().prop_map(Step::Unlink),
+        1 => path().prop_map(Step::Rmdir),
+        1 => (path(), 0u32..0o7777).prop_map(|(p, m)| Step::Chmod(p, m)),
+        1 => (path(), 0u32..3, 0u32..3).prop_map(|(p, u, g)| Step::Chown(p, u, g)),
         1 => (path(), prop::sample::select(vec!["user.a", "user.b"]), prop::collection::vec(any::<u8>(), 0..40))
-            .prop_map(|(p, k, v)| Op::SetXattr(p, k.into(), v)),
-        1 => (path(), prop::sample::select(vec!["user.a", "user.b"])).prop_map(|(p, k)| Op::RemoveXattr(p, k.into())),
-        1 => (path(), 0u64..16000, 1u64..9000).prop_map(|(p, o, l)| Op::PunchHole(p, o, l)),
-        1 => path().prop_map(Op::Fsync),
+            .prop_map(|(p, k, v)| Step::SetXattr(p, k.into(), v)),
+        1 => (path(), prop::sample::select(vec!["user.a", "user.b"])).prop_map(|(p, k)| Step::RemoveXattr(p, k.into())),
+        1 => (path(), 0u64..16000, 1u64..9000).prop_map(|(p, o, l)| Step::PunchHole(p, o, l)),
+        1 => path().prop_map(Step::Fsync),
     ]
 }
 

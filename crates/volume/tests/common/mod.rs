@@ -14,7 +14,7 @@ use zcfs_volume::{
 pub const ENOENT: i32 = libc::ENOENT;
 
 #[derive(Debug, Clone)]
-pub enum Op {
+pub enum Step {
     Create(String),
     Mkdir(String),
     Symlink(String, String),
@@ -33,12 +33,12 @@ pub enum Op {
     Fsync(String),
     /// The inner operation with the `n`-th budget check failing (the volume must have
     /// a fault plan): it must fail and change nothing.
-    Failing(Box<Op>, u64),
+    Failing(Box<Step>, u64),
 }
 
-impl Op {
+impl Step {
     pub fn is_fsync(&self) -> bool {
-        matches!(self, Op::Fsync(_))
+        matches!(self, Step::Fsync(_))
     }
 }
 
@@ -185,10 +185,10 @@ impl Model {
         }
     }
 
-    pub fn apply(&mut self, op: &Op) -> Result<(), i32> {
+    pub fn apply(&mut self, op: &Step) -> Result<(), i32> {
         match op {
-            Op::Failing(..) => Err(-1),
-            Op::Create(p) | Op::Mkdir(p) | Op::Symlink(p, _) => {
+            Step::Failing(..) => Err(-1),
+            Step::Create(p) | Step::Mkdir(p) | Step::Symlink(p, _) => {
                 let (dirs, name) = split(p);
                 let d = self.resolve_dir(&dirs)?;
                 if name.len() > 255 {
@@ -198,9 +198,9 @@ impl Model {
                     return Err(libc::EEXIST);
                 }
                 let (kind, mode) = match op {
-                    Op::Create(_) => (Kind::File(vec![]), S_IFREG | 0o644),
-                    Op::Mkdir(_) => (Kind::Dir(BTreeMap::new()), S_IFDIR | 0o755),
-                    Op::Symlink(_, t) => (Kind::Symlink(t.as_bytes().to_vec()), S_IFLNK | 0o777),
+                    Step::Create(_) => (Kind::File(vec![]), S_IFREG | 0o644),
+                    Step::Mkdir(_) => (Kind::Dir(BTreeMap::new()), S_IFDIR | 0o755),
+                    Step::Symlink(_, t) => (Kind::Symlink(t.as_bytes().to_vec()), S_IFLNK | 0o777),
                     _ => unreachable!(),
                 };
                 let is_dir = matches!(kind, Kind::Dir(_));
@@ -219,7 +219,7 @@ impl Model {
                 }
                 Ok(())
             }
-            Op::Write(p, off, len, seed) => {
+            Step::Write(p, off, len, seed) => {
                 let ino = self.resolve(p)?;
                 let data = self.file_mut(ino)?;
                 let end = *off as usize + len;
@@ -229,12 +229,12 @@ impl Model {
                 data[*off as usize..end].copy_from_slice(&pattern(*off, *len, *seed));
                 Ok(())
             }
-            Op::Truncate(p, size) => {
+            Step::Truncate(p, size) => {
                 let ino = self.resolve(p)?;
                 self.file_mut(ino)?.resize(*size as usize, 0);
                 Ok(())
             }
-            Op::PunchHole(p, off, len) => {
+            Step::PunchHole(p, off, len) => {
                 let ino = self.resolve(p)?;
                 let data = self.file_mut(ino)?;
                 let end = ((off + len) as usize).min(data.len());
@@ -243,7 +243,7 @@ impl Model {
                 }
                 Ok(())
             }
-            Op::Link(from, to) => {
+            Step::Link(from, to) => {
                 // As Linux: both paths resolved, then EEXIST, then EPERM for directories.
                 let ino = self.resolve(from)?;
                 let (dirs, name) = split(to);
@@ -258,11 +258,11 @@ impl Model {
                 self.nodes.get_mut(&ino).unwrap().nlink += 1;
                 Ok(())
             }
-            Op::Unlink(p) | Op::Rmdir(p) => {
+            Step::Unlink(p) | Step::Rmdir(p) => {
                 let (dirs, name) = split(p);
                 let d = self.resolve_dir(&dirs)?;
                 let ino = *self.children(d)?.get(name.as_bytes()).ok_or(ENOENT)?;
-                if matches!(op, Op::Unlink(_)) {
+                if matches!(op, Step::Unlink(_)) {
                     if self.is_dir(ino) {
                         return Err(libc::EISDIR);
                     }
@@ -279,7 +279,7 @@ impl Model {
                 self.drop_link(ino);
                 Ok(())
             }
-            Op::Rename(from, to, flags) => {
+            Step::Rename(from, to, flags) => {
                 let (d1s, n1) = split(from);
                 let p1 = self.resolve_dir(&d1s)?;
                 let src = *self.children(p1)?.get(n1.as_bytes()).ok_or(ENOENT)?;
@@ -349,20 +349,20 @@ impl Model {
                 }
                 Ok(())
             }
-            Op::Chmod(p, m) => {
+            Step::Chmod(p, m) => {
                 let ino = self.resolve(p)?;
                 let n = self.nodes.get_mut(&ino).unwrap();
                 n.mode = (n.mode & S_IFMT) | (m & 0o7777);
                 Ok(())
             }
-            Op::Chown(p, u, g) => {
+            Step::Chown(p, u, g) => {
                 let ino = self.resolve(p)?;
                 let n = self.nodes.get_mut(&ino).unwrap();
                 n.uid = *u;
                 n.gid = *g;
                 Ok(())
             }
-            Op::SetXattr(p, k, v) => {
+            Step::SetXattr(p, k, v) => {
                 let ino = self.resolve(p)?;
                 self.nodes
                     .get_mut(&ino)
@@ -371,7 +371,7 @@ impl Model {
                     .insert(k.as_bytes().to_vec(), v.clone());
                 Ok(())
             }
-            Op::RemoveXattr(p, k) => {
+            Step::RemoveXattr(p, k) => {
                 let ino = self.resolve(p)?;
                 self.nodes
                     .get_mut(&ino)
@@ -381,7 +381,7 @@ impl Model {
                     .map(|_| ())
                     .ok_or(libc::ENODATA)
             }
-            Op::Fsync(p) => self.resolve(p).map(|_| ()),
+            Step::Fsync(p) => self.resolve(p).map(|_| ()),
         }
     }
 
@@ -455,7 +455,7 @@ fn line(
     x: &BTreeMap<Vec<u8>, Vec<u8>>,
     target: Option<&Vec<u8>>,
 ) -> String {
-    let crc = crc32fast_like(data);
+    let crc = fnv1a(data);
     format!(
         "{path}/ {kind} mode={mode:o} uid={uid} gid={gid} nlink={nlink} size={} crc={crc:08x} xattrs={:?} target={:?}",
         data.len(),
@@ -464,8 +464,8 @@ fn line(
     )
 }
 
-fn crc32fast_like(data: &[u8]) -> u32 {
-    // FNV-1a is enough to tell contents apart in a test.
+fn fnv1a(data: &[u8]) -> u32 {
+    // Enough to tell contents apart in a test.
     let mut h: u32 = 0x811c9dc5;
     for &b in data {
         h = (h ^ b as u32).wrapping_mul(0x0100_0193);
@@ -570,11 +570,11 @@ fn vresolve(vol: &Volume, path: &str) -> Result<u64, i32> {
 }
 
 /// Apply a path-level operation to the volume; errors as errno.
-pub fn apply_volume(vol: &Volume, op: &Op) -> Result<(), i32> {
+pub fn apply_volume(vol: &Volume, op: &Step) -> Result<(), i32> {
     let e = |e: FsError| e.errno();
     let owner = Owner { uid: 0, gid: 0 };
     match op {
-        Op::Failing(inner, n) => {
+        Step::Failing(inner, n) => {
             let plan = vol.config().faults.clone().expect("a fault plan");
             plan.fail_nth(Some(*n));
             let r = apply_volume(vol, inner);
@@ -584,42 +584,42 @@ pub fn apply_volume(vol: &Volume, op: &Op) -> Result<(), i32> {
             assert!(r.is_err(), "{inner:?} with check {n} failing succeeded");
             r
         }
-        Op::Create(p) | Op::Mkdir(p) | Op::Symlink(p, _) => {
+        Step::Create(p) | Step::Mkdir(p) | Step::Symlink(p, _) => {
             let (dirs, name) = split(p);
             let d = vresolve_dir(vol, &dirs)?;
             match op {
-                Op::Create(_) => vol.create(d, name.as_bytes(), S_IFREG | 0o644, owner, 0),
-                Op::Mkdir(_) => vol.mkdir(d, name.as_bytes(), 0o755, owner),
-                Op::Symlink(_, t) => vol.symlink(d, name.as_bytes(), t.as_bytes(), owner),
+                Step::Create(_) => vol.create(d, name.as_bytes(), S_IFREG | 0o644, owner, 0),
+                Step::Mkdir(_) => vol.mkdir(d, name.as_bytes(), 0o755, owner),
+                Step::Symlink(_, t) => vol.symlink(d, name.as_bytes(), t.as_bytes(), owner),
                 _ => unreachable!(),
             }
             .map(|_| ())
             .map_err(e)
         }
-        Op::Write(p, off, len, seed) => {
+        Step::Write(p, off, len, seed) => {
             let ino = vresolve(vol, p)?;
             vol.write(ino, *off, &pattern(*off, *len, *seed))
                 .map(|_| ())
                 .map_err(e)
         }
-        Op::Truncate(p, size) => vol.truncate(vresolve(vol, p)?, *size).map_err(e),
-        Op::PunchHole(p, off, len) => vol.pfree(vresolve(vol, p)?, *off, *len).map_err(e),
-        Op::Link(from, to) => {
+        Step::Truncate(p, size) => vol.truncate(vresolve(vol, p)?, *size).map_err(e),
+        Step::PunchHole(p, off, len) => vol.pfree(vresolve(vol, p)?, *off, *len).map_err(e),
+        Step::Link(from, to) => {
             let ino = vresolve(vol, from)?;
             let (dirs, name) = split(to);
             let d = vresolve_dir(vol, &dirs)?;
             vol.link(ino, d, name.as_bytes()).map(|_| ()).map_err(e)
         }
-        Op::Unlink(p) | Op::Rmdir(p) => {
+        Step::Unlink(p) | Step::Rmdir(p) => {
             let (dirs, name) = split(p);
             let d = vresolve_dir(vol, &dirs)?;
-            if matches!(op, Op::Unlink(_)) {
+            if matches!(op, Step::Unlink(_)) {
                 vol.unlink(d, name.as_bytes()).map(|_| ()).map_err(e)
             } else {
                 vol.rmdir(d, name.as_bytes()).map(|_| ()).map_err(e)
             }
         }
-        Op::Rename(from, to, flags) => {
+        Step::Rename(from, to, flags) => {
             let (d1s, n1) = split(from);
             let p1 = vresolve_dir(vol, &d1s)?;
             vol.lookup(p1, n1.as_bytes()).map_err(e)?;
@@ -634,7 +634,7 @@ pub fn apply_volume(vol: &Volume, op: &Op) -> Result<(), i32> {
             )
             .map_err(e)
         }
-        Op::Chmod(p, m) => vol
+        Step::Chmod(p, m) => vol
             .setattr(
                 vresolve(vol, p)?,
                 &SetAttr {
@@ -644,7 +644,7 @@ pub fn apply_volume(vol: &Volume, op: &Op) -> Result<(), i32> {
             )
             .map(|_| ())
             .map_err(e),
-        Op::Chown(p, u, g) => vol
+        Step::Chown(p, u, g) => vol
             .setattr(
                 vresolve(vol, p)?,
                 &SetAttr {
@@ -655,11 +655,11 @@ pub fn apply_volume(vol: &Volume, op: &Op) -> Result<(), i32> {
             )
             .map(|_| ())
             .map_err(e),
-        Op::SetXattr(p, k, v) => vol
+        Step::SetXattr(p, k, v) => vol
             .setxattr(vresolve(vol, p)?, k.as_bytes(), v, XattrMode::Any)
             .map_err(e),
-        Op::RemoveXattr(p, k) => vol.removexattr(vresolve(vol, p)?, k.as_bytes()).map_err(e),
-        Op::Fsync(p) => vol.fsync(vresolve(vol, p)?).map_err(e),
+        Step::RemoveXattr(p, k) => vol.removexattr(vresolve(vol, p)?, k.as_bytes()).map_err(e),
+        Step::Fsync(p) => vol.fsync(vresolve(vol, p)?).map_err(e),
     }
 }
 
@@ -685,4 +685,67 @@ pub fn small_mkfs() -> MkfsOptions {
 pub fn image_of(vol: &Volume) -> Vec<u8> {
     // SAFETY: tests call this while no operation runs.
     unsafe { vol.test_door().image() }
+}
+
+/// A small tree every suite starts from: directories, files, a hard link, a
+/// subdirectory, a symlink and an xattr.
+pub fn prepared_tree() -> Vec<Step> {
+    vec![
+        Step::Mkdir("d1".into()),
+        Step::Mkdir("d2".into()),
+        Step::Create("d1/f".into()),
+        Step::Write("d1/f".into(), 0, 3000, 1),
+        Step::Create("d2/g".into()),
+        Step::Write("d2/g".into(), 0, 5000, 2),
+        Step::Link("d1/f".into(), "h".into()),
+        Step::Mkdir("d1/sub".into()),
+        Step::Symlink("s".into(), "d1/f".into()),
+        Step::SetXattr("d1/f".into(), "user.a".into(), vec![1, 2, 3]),
+    ]
+}
+
+/// Each kind of operation once, on the prepared tree, with a name.
+pub fn single_ops() -> Vec<(&'static str, Step)> {
+    vec![
+        ("create", Step::Create("d1/new".into())),
+        ("mkdir", Step::Mkdir("d2/newdir".into())),
+        ("symlink", Step::Symlink("d2/s2".into(), "../h".into())),
+        ("write-aligned", Step::Write("d2/g".into(), 4096, 4096, 5)),
+        ("write-unaligned", Step::Write("d1/f".into(), 100, 50, 6)),
+        ("write-cross", Step::Write("d2/g".into(), 3000, 6000, 7)),
+        ("append", Step::Write("d1/f".into(), 3000, 2000, 8)),
+        ("overwrite", Step::Write("d1/f".into(), 0, 3000, 9)),
+        ("truncate-down", Step::Truncate("d2/g".into(), 1000)),
+        ("truncate-up", Step::Truncate("d1/f".into(), 9000)),
+        ("rename-new", Step::Rename("d1/f".into(), "d1/f2".into(), 0)),
+        ("rename-over", Step::Rename("d2/g".into(), "d1/f".into(), 0)),
+        (
+            "rename-across",
+            Step::Rename("d2/g".into(), "d1/g".into(), 0),
+        ),
+        (
+            "rename-dir",
+            Step::Rename("d1/sub".into(), "d2/sub".into(), 0),
+        ),
+        (
+            "rename-exchange",
+            Step::Rename("d1/f".into(), "d2/g".into(), 2),
+        ),
+        ("link", Step::Link("d2/g".into(), "d1/g2".into())),
+        ("unlink-linked", Step::Unlink("h".into())),
+        ("unlink-last", Step::Unlink("d2/g".into())),
+        ("rmdir", Step::Rmdir("d1/sub".into())),
+        ("setattr", Step::Chmod("d1/f".into(), 0o600)),
+        ("chown", Step::Chown("d2/g".into(), 5, 6)),
+        (
+            "xattr-set",
+            Step::SetXattr("d2/g".into(), "user.b".into(), vec![9]),
+        ),
+        (
+            "xattr-remove",
+            Step::RemoveXattr("d1/f".into(), "user.a".into()),
+        ),
+        ("punch", Step::PunchHole("d2/g".into(), 0, 4096)),
+        ("fsync", Step::Fsync("d1/f".into())),
+    ]
 }
