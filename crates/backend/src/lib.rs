@@ -3,7 +3,8 @@
 //! implemented by every backend (the local PM volume, a remote peer, the null backend).
 //!
 //! Inode numbers are u64 (the root is 1) and may carry a node id in their top bits
-//! later; errors are errno values with a message.
+//! later; errors are errno values, with a message when there is more to say. The
+//! contract of every method is on [`Backend`].
 
 pub mod null;
 
@@ -60,12 +61,18 @@ impl fmt::Display for CopyStats {
 pub const XATTR_CREATE: i32 = 1;
 pub const XATTR_REPLACE: i32 = 2;
 
-/// Receives read data as borrowed slices (the zero-copy read path).
+/// Receives read data as borrowed slices (the zero-copy read path); see
+/// [`Backend::read`] for when it runs.
 pub type ReadSink<'a> = dyn FnMut(&[&[u8]]) -> Result<()> + 'a;
-/// Fills destination slices of a write (the zero-copy write path: e.g. from a socket).
+/// Fills destination slices of a write (the zero-copy write path: e.g. from a socket);
+/// see [`Backend::write_with`] for when it runs.
 pub type WriteFill<'a> = dyn FnMut(&mut [&mut [u8]]) -> Result<()> + 'a;
 
-/// The request set. Methods take `&self`: backends are shared by many worker threads.
+/// The request set. Methods take `&self`: backends are shared by many worker threads,
+/// and every method may be called concurrently with every other.
+///
+/// **Inodes** are named by number (`ino`, `parent`; the root is [`ROOT`]). A number the
+/// backend no longer knows gets ESTALE (the kernel then looks the name up again).
 ///
 /// **Inode references** (the FUSE lookup count): every successful `lookup`, `mknod`,
 /// `mkdir`, `symlink`, `link` and `create`, every entry that `readdir` with `plus`
@@ -76,9 +83,21 @@ pub type WriteFill<'a> = dyn FnMut(&mut [&mut [u8]]) -> Result<()> + 'a;
 /// file descriptor keeps an unlinked file on a local file system). A frontend that
 /// makes such a call for its own purposes (e.g. looking up ".." to list a directory)
 /// forgets the reference at once. Stateless backends may ignore references.
+///
+/// **Handles** (`fh`): `open` and `create` return one; it stays valid until the matching
+/// `release`, which each handle gets exactly once. An open handle also keeps its inode
+/// (an unlinked file stays readable until its last handle is released). Data calls
+/// (`read`, `write`, `flush`, `fsync`, `fallocate`) pass the handle they act through;
+/// a backend may ignore it (the local volume keeps no per-handle state) or use it (the
+/// remote client maps it to the server's handle). `fh` 0 means "no handle".
+///
+/// **Errors** are an errno ([`Error`]) with a message only when there is more to say;
+/// a failed call changes nothing the caller can observe.
 pub trait Backend: Send + Sync {
+    /// Find `name` in directory `parent` ("." and ".." included). Gives a reference.
     fn lookup(&self, ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr>;
-    /// Give back `n` references to `ino` (see the trait's notes on references).
+    /// Give back `n` references to `ino` (see the trait's notes on references). More
+    /// than are held is not an error: the count stops at zero.
     fn forget(&self, _ino: u64, _n: u64) {}
     /// Take one reference to `ino` if it exists and its generation is `generation`
     /// (0 = any); ESTALE otherwise. Returns its attributes.
@@ -95,10 +114,18 @@ pub trait Backend: Send + Sync {
         }
         Ok(a)
     }
+    /// Attributes of `ino`.
     fn getattr(&self, ino: u64) -> Result<Attr>;
+    /// Change attributes (chmod, chown, truncate, utimes) as one step; returns the new
+    /// attributes.
     fn setattr(&self, ctx: &Ctx, ino: u64, set: &SetAttr) -> Result<Attr>;
+    /// Target of a symlink (EINVAL for anything else).
     fn readlink(&self, ino: u64) -> Result<Vec<u8>>;
+    /// Create a regular file, fifo, socket or device node (`mode` carries the type;
+    /// `rdev` the device). New nodes belong to `ctx`'s uid/gid (or the directory's group
+    /// when it is setgid). Gives a reference.
     fn mknod(&self, ctx: &Ctx, parent: u64, name: &[u8], mode: u32, rdev: u32) -> Result<Attr>;
+    /// Create a directory. Gives a reference.
     fn mkdir(&self, ctx: &Ctx, parent: u64, name: &[u8], mode: u32) -> Result<Attr>;
     /// Remove a name. Returns the attributes of the inode it named, after the removal
     /// (its link count is the new one: 0 when this was its last name), so caches of
@@ -106,7 +133,9 @@ pub trait Backend: Send + Sync {
     fn unlink(&self, ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr>;
     /// Remove an empty directory; returns its attributes after the removal.
     fn rmdir(&self, ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr>;
+    /// Create a symlink to `target` (1..=4095 bytes, no NUL). Gives a reference.
     fn symlink(&self, ctx: &Ctx, parent: u64, name: &[u8], target: &[u8]) -> Result<Attr>;
+    /// Move `parent/name` to `newparent/newname`, atomically replacing what is there.
     /// `flags`: Linux RENAME_NOREPLACE (1) / RENAME_EXCHANGE (2).
     fn rename(
         &self,
@@ -117,9 +146,12 @@ pub trait Backend: Send + Sync {
         newname: &[u8],
         flags: u32,
     ) -> Result<()>;
+    /// A new name for `ino` (not a directory). Gives a reference.
     fn link(&self, ctx: &Ctx, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr>;
-    /// Returns a handle.
+    /// Open `ino` with open(2) `flags`; returns a handle (see the trait's notes). With
+    /// O_TRUNC the frontend truncates through `setattr` (FUSE_ATOMIC_O_TRUNC).
     fn open(&self, ctx: &Ctx, ino: u64, flags: i32) -> Result<u64>;
+    /// Create and open a regular file in one step: a reference and a handle.
     fn create(
         &self,
         ctx: &Ctx,
@@ -128,7 +160,11 @@ pub trait Backend: Send + Sync {
         mode: u32,
         flags: i32,
     ) -> Result<(Attr, u64)>;
-    /// Read up to `size` bytes at `offset`; `sink` gets the data as slices (short at EOF).
+    /// Read up to `size` bytes at `offset`. On success `sink` has been called exactly
+    /// once with the data as slices (fewer bytes at end of file, none past it); the
+    /// slices may be borrowed from the backend's own memory (PM blocks) and are valid
+    /// only during the call. On error `sink` has not been called, or its own error is
+    /// returned.
     fn read(
         &self,
         ino: u64,
@@ -137,9 +173,15 @@ pub trait Backend: Send + Sync {
         size: u32,
         sink: &mut ReadSink<'_>,
     ) -> Result<()>;
+    /// Write `data` at `offset`; returns the bytes written (fewer only when the
+    /// volume runs out of room part way, as POSIX allows).
     fn write(&self, ino: u64, fh: u64, offset: u64, data: &[u8]) -> Result<u32>;
     /// Write `len` bytes at `offset`, letting `fill` place them straight into the
-    /// destination. The default goes through a buffer.
+    /// destination (e.g. from a socket into the PM blocks that will hold them). `fill`
+    /// is called at most once, with slices totalling exactly `len` bytes. If the
+    /// backend refuses the write before calling it (no such file, no room), the payload
+    /// is untouched and the caller must consume it some other way (the server discards
+    /// it, or writes it through `write`). The default goes through a buffer.
     fn write_with(
         &self,
         ino: u64,
@@ -152,11 +194,15 @@ pub trait Backend: Send + Sync {
         fill(&mut [&mut buf[..]])?;
         self.write(ino, fh, offset, &buf)
     }
+    /// close(2) of a file descriptor on the handle (may come several times per handle).
     fn flush(&self, _ino: u64, _fh: u64) -> Result<()> {
         Ok(())
     }
+    /// The last close of a handle: the handle is invalid afterwards.
     fn release(&self, ino: u64, fh: u64) -> Result<()>;
+    /// Make the inode's data (and, unless `datasync`, its metadata) durable.
     fn fsync(&self, ino: u64, fh: u64, datasync: bool) -> Result<()>;
+    /// Open a directory for listing; returns a handle (0 by default).
     fn opendir(&self, _ctx: &Ctx, ino: u64) -> Result<u64> {
         if self.getattr(ino)?.is_dir() {
             Ok(0)
@@ -168,7 +214,8 @@ pub trait Backend: Send + Sync {
         Ok(())
     }
     /// Entries after cookie `offset` (0 = start), without "." and ".."; `f` returns false
-    /// to stop. With `plus`, entries carry attributes.
+    /// to stop. With `plus`, entries carry attributes and each one passed to `f` holds a
+    /// reference, which the caller owns (and forgets if it does not pass it on).
     fn readdir(
         &self,
         ino: u64,
@@ -177,7 +224,9 @@ pub trait Backend: Send + Sync {
         f: &mut dyn FnMut(DirEntry) -> bool,
     ) -> Result<()>;
     fn statfs(&self) -> Result<StatFs>;
+    /// `flags`: 0, [`XATTR_CREATE`] or [`XATTR_REPLACE`].
     fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: i32) -> Result<()>;
+    /// ENODATA when absent.
     fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>>;
     fn listxattr(&self, ino: u64) -> Result<Vec<Vec<u8>>>;
     fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()>;
