@@ -99,3 +99,50 @@ pub(crate) fn negative_attr() -> FileAttr {
         flags: 0,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_round_trip_both_sides_of_the_epoch() {
+        for t in [
+            Time { sec: 0, nsec: 0 },
+            Time {
+                sec: 1_700_000_000,
+                nsec: 123_456_789,
+            },
+            Time {
+                sec: -1,
+                nsec: 500_000_000,
+            },
+            Time {
+                sec: -86_400,
+                nsec: 1,
+            },
+        ] {
+            assert_eq!(time_of(sys_time(t)), t, "{t:?}");
+        }
+    }
+
+    #[test]
+    fn file_types_map_to_fuse_kinds() {
+        assert_eq!(kind(libc::S_IFDIR | 0o755), FileType::Directory);
+        assert_eq!(kind(libc::S_IFLNK), FileType::Symlink);
+        assert_eq!(kind(libc::S_IFIFO), FileType::NamedPipe);
+        assert_eq!(kind(libc::S_IFSOCK), FileType::Socket);
+        assert_eq!(kind(libc::S_IFCHR), FileType::CharDevice);
+        assert_eq!(kind(libc::S_IFBLK), FileType::BlockDevice);
+        assert_eq!(kind(libc::S_IFREG | 0o644), FileType::RegularFile);
+        assert_eq!(
+            negative_attr().ino,
+            INodeNo(0),
+            "a negative entry is inode 0"
+        );
+        assert_eq!(
+            errno(&zcfs_backend::Error::errno(libc::ENOENT)),
+            Errno::ENOENT
+        );
+        assert!(matches!(set_time(TimeOrNow::Now), SetTime::Now));
+    }
+}

@@ -73,3 +73,22 @@ pub struct FuseStats {
     pub write_bytes: AtomicU64,
     pub user_copy_bytes: AtomicU64,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_modes_parse_with_their_aliases() {
+        assert_eq!("none".parse::<CacheMode>(), Ok(CacheMode::None));
+        assert_eq!("no".parse::<CacheMode>(), Ok(CacheMode::None));
+        assert_eq!("metadata".parse::<CacheMode>(), Ok(CacheMode::Metadata));
+        assert_eq!("yes".parse::<CacheMode>(), Ok(CacheMode::Always));
+        assert!("sometimes"
+            .parse::<CacheMode>()
+            .unwrap_err()
+            .contains("use none"));
+        let o = FuseOptions::default();
+        assert_eq!((o.cache, o.max_write), (CacheMode::Auto, 1 << 20));
+    }
+}
