@@ -2,6 +2,7 @@
 //! do; the libraries below return typed errors.
 
 mod mount;
+mod process;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, Subcommand};
@@ -589,7 +590,7 @@ fn serve(
             Some(vol),
         )
     };
-    let sigs = mount::block_stop_signals();
+    let signals = process::StopSignals::block();
     let server = std::sync::Arc::new(
         zcfs_server::Server::bind(
             backend,
@@ -624,9 +625,9 @@ fn serve(
     );
     use std::io::Write as _;
     std::io::stdout().flush()?;
-    mount::sd_notify("READY=1");
-    while mount::wait_signal(&sigs, std::time::Duration::from_secs(1)).is_none() {}
-    mount::sd_notify("STOPPING=1");
+    process::sd_notify("READY=1");
+    while signals.wait(std::time::Duration::from_secs(1)).is_none() {}
+    process::sd_notify("STOPPING=1");
     server.shutdown();
     acceptor
         .join()

@@ -1,8 +1,8 @@
 //! `zcfs mount` / `zcfs umount` and the `mount.fuse.zcfs` helper.
 
+use crate::process::{sd_notify, spawn_detached, ChildReport, ReadyPipe, StopSignals};
 use anyhow::{anyhow, bail, Context, Result};
-use std::io::{Read, Write};
-use std::os::unix::io::FromRawFd;
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -227,22 +227,21 @@ pub fn mount(a: &MountArgs) -> Result<i32> {
     if a.daemon {
         return daemonize(a);
     }
-    let ready_fd: Option<i32> = std::env::var("ZCFS_READY_FD")
-        .ok()
-        .and_then(|v| v.parse().ok());
-    let result = run_mount(a, ready_fd);
-    if let (Err(e), Some(fd)) = (&result, ready_fd) {
-        // SAFETY: the fd was passed to us by our parent for exactly this message.
-        let mut f = unsafe { std::fs::File::from_raw_fd(fd) };
-        let _ = writeln!(f, "error: {e:#}");
+    // Set when a `--daemon` parent waits for us.
+    let mut ready_pipe = ReadyPipe::from_env();
+    let result = mount_until_unmounted(a, &mut ready_pipe);
+    if let (Err(e), Some(pipe)) = (&result, ready_pipe) {
+        pipe.failed(e);
     }
     result
 }
 
-fn run_mount(a: &MountArgs, ready_fd: Option<i32>) -> Result<i32> {
+/// Mount, report readiness (taking `ready_pipe`), serve until unmounted or signalled,
+/// and close the volume.
+fn mount_until_unmounted(a: &MountArgs, ready_pipe: &mut Option<ReadyPipe>) -> Result<i32> {
     let p = parse_options(a)?;
     preflight(&a.mountpoint)?;
-    let sigs = block_stop_signals();
+    let signals = StopSignals::block();
     let (backend, vol) = open_backend(&a.source, &p)?;
     let fs = FuseFs::new(backend.clone(), p.fuse.clone());
     let stats = fs.stats.clone();
@@ -266,15 +265,13 @@ fn run_mount(a: &MountArgs, ready_fd: Option<i32>) -> Result<i32> {
         )
     })?;
     tracing::info!(source = %a.source, mountpoint = %a.mountpoint.display(), threads = p.threads, "mounted");
-    if let Some(fd) = ready_fd {
-        // SAFETY: the fd was passed to us by our parent for the readiness message.
-        let mut f = unsafe { std::fs::File::from_raw_fd(fd) };
-        let _ = writeln!(f, "ready");
+    if let Some(pipe) = ready_pipe.take() {
+        pipe.ready();
     }
     sd_notify("READY=1");
     let mut signalled = None;
     while !session.guard.is_finished() {
-        if let Some(sig) = wait_signal(&sigs, Duration::from_millis(200)) {
+        if let Some(sig) = signals.wait(Duration::from_millis(200)) {
             signalled = Some(sig);
             break;
         }
@@ -316,124 +313,37 @@ fn run_mount(a: &MountArgs, ready_fd: Option<i32>) -> Result<i32> {
     Ok(0)
 }
 
-/// Block SIGINT/SIGTERM/SIGHUP in this thread (call before starting any thread, so
-/// they inherit the mask and only `wait_signal` sees the signals).
-pub fn block_stop_signals() -> libc::sigset_t {
-    let sigs = stop_signals();
-    // SAFETY: a valid, initialized signal set; blocking signals in this thread.
-    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &sigs, std::ptr::null_mut()) };
-    sigs
-}
-
-/// Wait up to `timeout` for one of the blocked stop signals.
-pub fn wait_signal(sigs: &libc::sigset_t, timeout: Duration) -> Option<i32> {
-    let ts = libc::timespec {
-        tv_sec: timeout.as_secs() as libc::time_t,
-        tv_nsec: timeout.subsec_nanos() as libc::c_long,
-    };
-    // SAFETY: valid signal set and timeout; no siginfo requested.
-    let sig = unsafe { libc::sigtimedwait(sigs, std::ptr::null_mut(), &ts) };
-    (sig > 0).then_some(sig)
-}
-
-fn stop_signals() -> libc::sigset_t {
-    // SAFETY: sigset_t is plain data; sigemptyset initializes it.
-    unsafe {
-        let mut s: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut s);
-        libc::sigaddset(&mut s, libc::SIGINT);
-        libc::sigaddset(&mut s, libc::SIGTERM);
-        libc::sigaddset(&mut s, libc::SIGHUP);
-        s
-    }
-}
-
-/// systemd `Type=notify` readiness (no-op outside systemd).
-pub fn sd_notify(msg: &str) {
-    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
-        return;
-    };
-    let Ok(sock) = std::os::unix::net::UnixDatagram::unbound() else {
-        return;
-    };
-    let p = path.to_string_lossy();
-    let r = if let Some(abs) = p.strip_prefix('@') {
-        use std::os::linux::net::SocketAddrExt;
-        std::os::unix::net::SocketAddr::from_abstract_name(abs.as_bytes())
-            .and_then(|a| sock.send_to_addr(msg.as_bytes(), &a))
-    } else {
-        sock.send_to(msg.as_bytes(), &*p)
-    };
-    if let Err(e) = r {
-        tracing::warn!("sd_notify: {e}");
-    }
-}
-
 /// `--daemon`: run the mount in a detached child; return once it is live.
 fn daemonize(a: &MountArgs) -> Result<i32> {
-    let mut fds = [0i32; 2];
-    // SAFETY: a two-element array for pipe2 to fill.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        bail!("pipe: {}", std::io::Error::last_os_error());
-    }
-    let (rd, wr) = (fds[0], fds[1]);
-    let args: Vec<String> = std::env::args()
+    let mut args: Vec<OsString> = std::env::args_os()
         .skip(1)
         .filter(|x| x != "--daemon")
         .collect();
-    let exe = std::env::current_exe()?;
-    let mut cmd = std::process::Command::new(exe);
     if std::env::args()
         .next()
         .is_some_and(|a0| a0.ends_with("mount.fuse.zcfs"))
     {
-        cmd.arg("mount").arg(&a.source).arg(&a.mountpoint);
+        args = vec![
+            "mount".into(),
+            a.source.clone().into(),
+            a.mountpoint.clone().into(),
+        ];
         for o in &a.options {
-            cmd.arg("-o").arg(o);
+            args.extend(["-o".into(), o.into()]);
         }
-    } else {
-        cmd.args(&args);
     }
-    cmd.env("ZCFS_READY_FD", wr.to_string())
-        // A daemon must not hold its caller's terminal or pipes open; errors before
-        // readiness come back through the readiness pipe.
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
-    use std::os::unix::process::CommandExt;
-    // SAFETY: between fork and exec we only call async-signal-safe functions (setsid,
-    // fcntl) on our own fds.
-    unsafe {
-        cmd.pre_exec(move || {
-            libc::setsid();
-            // Keep the write end open across exec for the readiness message.
-            libc::fcntl(wr, libc::F_SETFD, 0);
-            Ok(())
-        });
+    match spawn_detached(&args).context("starting the mount process")? {
+        ChildReport::Ready { pid } => {
+            println!(
+                "mounted {} on {} (pid {pid})",
+                a.source,
+                a.mountpoint.display()
+            );
+            Ok(0)
+        }
+        ChildReport::Failed(e) => bail!("{e}"),
+        ChildReport::Silent => bail!("the mount process exited without mounting"),
     }
-    let mut child = cmd.spawn().context("starting the mount process")?;
-    // SAFETY: closing our copy of the write end; the child has its own.
-    unsafe { libc::close(wr) };
-    // SAFETY: we own the read end.
-    let mut r = unsafe { std::fs::File::from_raw_fd(rd) };
-    let mut msg = String::new();
-    let _ = r.read_to_string(&mut msg);
-    if msg.starts_with("ready") {
-        println!(
-            "mounted {} on {} (pid {})",
-            a.source,
-            a.mountpoint.display(),
-            child.id()
-        );
-        return Ok(0);
-    }
-    let _ = child.wait();
-    bail!(
-        "{}",
-        msg.trim()
-            .strip_prefix("error: ")
-            .unwrap_or("the mount process exited without mounting")
-    )
 }
 
 /// `zcfs umount MOUNTPOINT`.
