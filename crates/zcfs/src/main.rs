@@ -1,11 +1,16 @@
 //! `zcfs`: the command-line tool. Errors are reported here with what failed and what to
 //! do; the libraries below return typed errors.
 
+mod backend;
 mod mount;
 mod process;
+mod secret;
+mod source;
 
 use anyhow::{anyhow, bail, Context, Result};
+use backend::{client_config, connect, OpenedBackend};
 use clap::{Parser, Subcommand};
+use source::Source;
 use std::io::Write;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
@@ -189,13 +194,11 @@ fn run(cli: Cli) -> Result<i32> {
             target,
             json,
             secret_file,
-        } => {
-            if Path::new(&target).exists() || !target.contains(':') {
-                stat(Path::new(&target), json)
-            } else {
-                remote_stat(&target, secret_file.as_deref(), json)
-            }
-        }
+        } => match target.parse::<Source>()? {
+            Source::Image(image) => stat(&image, json),
+            Source::Remote(addr) => remote_stat(&addr, secret_file.as_deref(), json),
+            Source::Null => bail!("`null` has nothing to show: give a volume image or HOST:PORT"),
+        },
         Cmd::Serve {
             source,
             listen,
@@ -449,50 +452,10 @@ fn selftest_writer(image: &Path, files: u64, fsync_every: u64) -> Result<i32> {
     Ok(0)
 }
 
-/// A backend, and the local volume behind it if there is one (to close it cleanly).
-pub(crate) type OpenedBackend = (
-    std::sync::Arc<dyn zcfs_backend::Backend>,
-    Option<std::sync::Arc<Volume>>,
-);
-
-/// Read a shared secret; warn when others may read it.
-fn read_secret(path: &Path) -> Result<Vec<u8>> {
-    use std::os::unix::fs::PermissionsExt;
-    let bytes = std::fs::read(path)
-        .with_context(|| format!("reading the secret file {}", path.display()))?;
-    let secret: Vec<u8> = bytes.trim_ascii_end().to_vec();
-    if secret.is_empty() {
-        bail!("the secret file {} is empty", path.display());
-    }
-    if secret.len() < 16 {
-        tracing::warn!("the secret in {} is shorter than 16 bytes", path.display());
-    }
-    if std::fs::metadata(path)?.permissions().mode() & 0o077 != 0 {
-        tracing::warn!("{} is readable by others: chmod 600 it", path.display());
-    }
-    Ok(secret)
-}
-
-/// The Backend for a remote SOURCE (HOST:PORT).
-pub(crate) fn remote_backend(
-    source: &str,
-    secret: Option<&Path>,
-    timeout: Option<std::time::Duration>,
-) -> Result<OpenedBackend> {
-    let mut cfg = zcfs_client::ClientConfig::new(source);
-    cfg.secret = secret.map(read_secret).transpose()?;
-    if let Some(t) = timeout {
-        cfg.timeout = t;
-    }
-    let fs = zcfs_client::RemoteFs::connect(cfg).map_err(|e| anyhow!("{e}"))?;
-    Ok((std::sync::Arc::new(fs), None))
-}
-
 fn remote_stat(addr: &str, secret: Option<&Path>, json: bool) -> Result<i32> {
-    let mut cfg = zcfs_client::ClientConfig::new(addr);
-    cfg.secret = secret.map(read_secret).transpose()?;
+    let mut cfg = client_config(addr, secret)?;
     cfg.connections = 1;
-    let fs = zcfs_client::RemoteFs::connect(cfg).map_err(|e| anyhow!("{e}"))?;
+    let fs = connect(cfg)?;
     let raw = fs.server_stats().map_err(|e| anyhow!("{addr}: {e}"))?;
     let r: zcfs_server::StatsReport = serde_json::from_slice(&raw)?;
     if json {
@@ -564,31 +527,28 @@ fn serve(
     if peer_timeout.is_zero() {
         bail!("--peer-timeout 0: a peer needs some time to answer");
     }
-    let secret = secret_file.map(read_secret).transpose()?;
+    let secret = secret_file.map(secret::read_secret).transpose()?;
     if !listen.ip().is_loopback() && secret.is_none() && !insecure {
         bail!("listening on {listen} (not loopback) needs --secret-file FILE, or --insecure to allow anyone on the network");
     }
     let authenticated = secret.is_some();
-    let (backend, vol): OpenedBackend = if source == "null" {
-        (
-            std::sync::Arc::new(zcfs_backend::null::NullFs::default()),
-            None,
-        )
-    } else {
-        let mut cfg = VolumeConfig {
-            read_only,
-            persist: persist.map(parse_persist).transpose()?,
-            ..Default::default()
-        };
-        if let Some(b) = batch {
-            cfg.batch_ops = b.max(1);
+    let source: Source = source.parse()?;
+    let OpenedBackend { backend, volume } = match &source {
+        Source::Null => OpenedBackend::null(),
+        Source::Image(image) => {
+            let mut cfg = VolumeConfig {
+                read_only,
+                persist: persist.map(parse_persist).transpose()?,
+                ..Default::default()
+            };
+            if let Some(b) = batch {
+                cfg.batch_ops = b.max(1);
+            }
+            OpenedBackend::volume(image, cfg)?
         }
-        let vol = Volume::open(Path::new(source), cfg)
-            .with_context(|| format!("opening the volume {source}"))?;
-        (
-            std::sync::Arc::new(zcfs_local::LocalFs::new(vol.clone())),
-            Some(vol),
-        )
+        Source::Remote(addr) => {
+            bail!("{addr} is a server address: `zcfs serve` exports a volume image or `null`")
+        }
     };
     let signals = process::StopSignals::block();
     let server = std::sync::Arc::new(
@@ -642,7 +602,7 @@ fn serve(
         report.dropped_stalled
     );
     drop(server);
-    if let Some(vol) = vol {
+    if let Some(vol) = volume {
         vol.sync()?;
     }
     Ok(0)

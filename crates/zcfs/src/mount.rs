@@ -1,6 +1,8 @@
 //! `zcfs mount` / `zcfs umount` and the `mount.fuse.zcfs` helper.
 
+use crate::backend::{client_config, OpenedBackend};
 use crate::process::{sd_notify, spawn_detached, ChildReport, ReadyPipe, StopSignals};
+use crate::source::Source;
 use anyhow::{anyhow, bail, Context, Result};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -199,27 +201,36 @@ fn which(bin: &str) -> Option<PathBuf> {
         .find(|p| p.exists())
 }
 
-/// Open the backend named by SOURCE: `null`, a volume image path, or HOST:PORT.
-fn open_backend(source: &str, p: &Parsed) -> Result<crate::OpenedBackend> {
-    if source == "null" {
-        return Ok((Arc::new(zcfs_backend::null::NullFs::default()), None));
-    }
-    let path = Path::new(source);
-    if path.exists() {
-        let mut cfg = zcfs_volume::VolumeConfig {
-            read_only: p.read_only,
-            ..Default::default()
-        };
-        if let Some(b) = p.batch_ops {
-            cfg.batch_ops = b;
+/// The backend to mount; `-o ro` and `-o batch=` apply to a volume, `-o secret_file=`
+/// and `-o timeout=` to a server.
+fn open(source: &Source, p: &Parsed) -> Result<OpenedBackend> {
+    match source {
+        Source::Null => Ok(OpenedBackend::null()),
+        Source::Image(image) => {
+            let mut cfg = zcfs_volume::VolumeConfig {
+                read_only: p.read_only,
+                ..Default::default()
+            };
+            if let Some(b) = p.batch_ops {
+                cfg.batch_ops = b;
+            }
+            OpenedBackend::volume(image, cfg)
         }
-        let vol = zcfs_volume::Volume::open(path, cfg)
-            .with_context(|| format!("opening the volume {source}"))?;
-        return Ok((Arc::new(zcfs_local::LocalFs::new(vol.clone())), Some(vol)));
+        Source::Remote(addr) => {
+            let connect = || {
+                let mut cfg = client_config(addr, p.secret_file.as_deref())?;
+                if let Some(t) = p.timeout {
+                    cfg.timeout = t;
+                }
+                OpenedBackend::remote(cfg)
+            };
+            connect().with_context(|| {
+                format!(
+                    "{addr} is neither `null`, an existing volume image, nor a reachable HOST:PORT"
+                )
+            })
+        }
     }
-    crate::remote_backend(source, p.secret_file.as_deref(), p.timeout).with_context(|| {
-        format!("{source} is neither `null`, an existing volume image, nor a reachable HOST:PORT")
-    })
 }
 
 /// Run a mount in the foreground until unmounted or signalled.
@@ -241,8 +252,9 @@ pub fn mount(a: &MountArgs) -> Result<i32> {
 fn mount_until_unmounted(a: &MountArgs, ready_pipe: &mut Option<ReadyPipe>) -> Result<i32> {
     let p = parse_options(a)?;
     preflight(&a.mountpoint)?;
+    let source: Source = a.source.parse()?;
     let signals = StopSignals::block();
-    let (backend, vol) = open_backend(&a.source, &p)?;
+    let OpenedBackend { backend, volume } = open(&source, &p)?;
     let fs = FuseFs::new(backend.clone(), p.fuse.clone());
     let stats = fs.stats.clone();
     let mut config = Config::default();
@@ -258,13 +270,9 @@ fn mount_until_unmounted(a: &MountArgs, ready_pipe: &mut Option<ReadyPipe>) -> R
             Some(libc::ENODEV) => " (is the fuse module loaded? `modprobe fuse`)",
             _ => "",
         };
-        anyhow!(
-            "mounting {} on {}: {e}{hint}",
-            a.source,
-            a.mountpoint.display()
-        )
+        anyhow!("mounting {source} on {}: {e}{hint}", a.mountpoint.display())
     })?;
-    tracing::info!(source = %a.source, mountpoint = %a.mountpoint.display(), threads = p.threads, "mounted");
+    tracing::info!(%source, mountpoint = %a.mountpoint.display(), threads = p.threads, "mounted");
     if let Some(pipe) = ready_pipe.take() {
         pipe.ready();
     }
@@ -304,7 +312,7 @@ fn mount_until_unmounted(a: &MountArgs, ready_pipe: &mut Option<ReadyPipe>) -> R
         "unmounted"
     );
     drop(backend);
-    if let Some(vol) = vol {
+    if let Some(vol) = volume {
         // Last reference: closing writes the clean flag.
         if Arc::strong_count(&vol) > 1 {
             vol.sync()?;

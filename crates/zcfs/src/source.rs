@@ -1,0 +1,89 @@
+//! What `mount`, `serve` and `stat` take as SOURCE: `null`, a volume image, or the
+//! HOST:PORT of a server.
+
+use anyhow::{anyhow, Error};
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// The null backend: no storage, to measure the FUSE or network path alone.
+    Null,
+    /// A volume image: a file (e.g. in /dev/shm) or a DAX device.
+    Image(PathBuf),
+    /// A `zcfs serve` at HOST:PORT (resolved when connecting).
+    Remote(String),
+}
+
+impl FromStr for Source {
+    type Err = Error;
+
+    /// `null` first, then an existing path (a path may contain a colon), then HOST:PORT.
+    fn from_str(s: &str) -> Result<Source, Error> {
+        if s == "null" {
+            return Ok(Source::Null);
+        }
+        let not_a_path = match std::fs::metadata(s) {
+            Ok(_) => return Ok(Source::Image(s.into())),
+            Err(e) => e,
+        };
+        let host_port = s
+            .rsplit_once(':')
+            .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+        if host_port {
+            return Ok(Source::Remote(s.into()));
+        }
+        Err(anyhow!(
+            "{s} is neither `null`, an existing volume image ({not_a_path}), nor HOST:PORT"
+        ))
+    }
+}
+
+/// As the user wrote it: the mount's fsname and the messages show it.
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Source::Null => f.write_str("null"),
+            Source::Image(path) => write!(f, "{}", path.display()),
+            Source::Remote(addr) => f.write_str(addr),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn null_then_existing_path_then_host_port() {
+        assert_eq!("null".parse::<Source>().unwrap(), Source::Null);
+        assert_eq!(
+            "/dev/null".parse::<Source>().unwrap(),
+            Source::Image("/dev/null".into())
+        );
+        for addr in ["127.0.0.1:7070", "server.example:7070", "[::1]:7070"] {
+            assert_eq!(addr.parse::<Source>().unwrap(), Source::Remote(addr.into()));
+        }
+        for bad in [
+            "/nonexistent/vol.img",
+            "server",
+            ":7070",
+            "host:port",
+            "host:70000",
+        ] {
+            let e = bad.parse::<Source>().unwrap_err().to_string();
+            assert!(
+                e.contains("`null`") && e.contains("volume image") && e.contains("HOST:PORT"),
+                "{bad}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn shows_as_written() {
+        for s in ["null", "/dev/null", "10.0.0.5:7070"] {
+            assert_eq!(s.parse::<Source>().unwrap().to_string(), s);
+        }
+    }
+}
