@@ -1,0 +1,8 @@
+//! One module per subcommand. None uses another: what two of them share lives in the
+//! modules beside `main.rs`.
+
+pub mod fsck;
+pub mod mkfs;
+pub mod selftest;
+pub mod serve;
+pub mod stat;

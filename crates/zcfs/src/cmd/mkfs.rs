@@ -1,0 +1,121 @@
+//! `zcfs mkfs IMAGE --size SIZE`: make a volume on a file or a DAX device.
+
+use crate::persistence::persistence_of;
+use anyhow::{bail, Context, Result};
+use std::os::unix::fs::FileTypeExt;
+use std::path::PathBuf;
+use zcfs_volume::{MkfsOptions, Volume, VolumeConfig};
+
+#[derive(Debug, clap::Args)]
+pub struct MkfsArgs {
+    image: PathBuf,
+    /// Volume size, e.g. 1G, 512M, 65536 (ignored for DAX devices).
+    #[arg(long, value_parser = parse_size)]
+    size: u64,
+    /// Overwrite an existing volume or a non-empty file.
+    #[arg(long)]
+    force: bool,
+    /// Number of inodes (default: one per 16 KiB).
+    #[arg(long)]
+    inodes: Option<u64>,
+    /// Size of the operation log ring (default: 1/64 of the volume, 64 KiB..64 MiB).
+    #[arg(long, value_parser = parse_size)]
+    log_size: Option<u64>,
+}
+
+/// A byte count with an optional binary unit: 65536, 64K, 512M, 4G, 1T (KB, KiB, ... too).
+fn parse_size(s: &str) -> std::result::Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
+        Some((i, _)) => {
+            let m = match s[i..].to_ascii_lowercase().as_str() {
+                "k" | "kb" | "kib" => 1u64 << 10,
+                "m" | "mb" | "mib" => 1 << 20,
+                "g" | "gb" | "gib" => 1 << 30,
+                "t" | "tb" | "tib" => 1 << 40,
+                other => return Err(format!("unknown size unit {other:?} (use K, M, G or T)")),
+            };
+            (&s[..i], m)
+        }
+        None => (s, 1),
+    };
+    let n: u64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("not a size: {s:?}"))?;
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size {s:?} is too large"))
+}
+
+pub fn run(a: &MkfsArgs) -> Result<i32> {
+    let image = a.image.as_path();
+    let meta = std::fs::metadata(image).ok();
+    let is_file = meta.as_ref().is_none_or(|m| m.is_file());
+    if !a.force {
+        if Volume::probe(image) {
+            bail!(
+                "{} already holds a zcfs volume; add --force to overwrite it",
+                image.display()
+            );
+        }
+        if meta.as_ref().is_some_and(|m| m.is_file() && m.len() > 0) {
+            bail!(
+                "{} exists and is not empty; add --force to overwrite it",
+                image.display()
+            );
+        }
+    }
+    if !is_file
+        && meta
+            .as_ref()
+            .is_some_and(|m| !m.file_type().is_char_device())
+    {
+        bail!(
+            "{} is neither a regular file nor a DAX device",
+            image.display()
+        );
+    }
+    Volume::mkfs(
+        image,
+        a.size,
+        &MkfsOptions {
+            inodes: a.inodes,
+            log_bytes: a.log_size,
+        },
+    )
+    .with_context(|| format!("making a volume on {}", image.display()))?;
+    let vol = Volume::open(
+        image,
+        VolumeConfig {
+            read_only: true,
+            ..Default::default()
+        },
+    )?;
+    let info = vol.info();
+    println!(
+        "created {}: {} bytes, {} data blocks of 4 KiB, {} inodes, {} KiB log, persistence {}",
+        image.display(),
+        info.size_bytes,
+        info.data_blocks_total,
+        info.inodes_total,
+        info.log_ring_bytes / 1024,
+        persistence_of(image)
+    );
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_take_binary_units() {
+        assert_eq!(parse_size("65536"), Ok(65536));
+        assert_eq!(parse_size("64K"), Ok(64 << 10));
+        assert_eq!(parse_size(" 512mib "), Ok(512 << 20));
+        assert_eq!(parse_size("4G"), Ok(4 << 30));
+        assert!(parse_size("12Q").unwrap_err().contains("unknown size unit"));
+        assert!(parse_size("G").unwrap_err().contains("not a size"));
+        assert!(parse_size("99999999T").unwrap_err().contains("too large"));
+    }
+}

@@ -1,0 +1,163 @@
+//! `zcfs serve SOURCE`: export a volume image (or `null`) over TCP until SIGINT, SIGTERM
+//! or SIGHUP, then print the server's counters on stderr.
+
+use crate::backend::OpenedBackend;
+use crate::process::{sd_notify, StopSignals};
+use crate::secret::read_secret;
+use crate::server_report::format_report;
+use crate::source::Source;
+use anyhow::{anyhow, bail, Result};
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use zcfs_volume::{PersistMode, VolumeConfig};
+
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Volume image, or `null` to measure the network path alone.
+    source: String,
+    /// Address to listen on. Anything but loopback needs --secret-file or --insecure.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    listen: SocketAddr,
+    /// File holding the shared secret for mutual HMAC-SHA256 authentication.
+    #[arg(long)]
+    secret_file: Option<PathBuf>,
+    /// Allow unauthenticated clients on a non-loopback address.
+    #[arg(long)]
+    insecure: bool,
+    #[arg(long)]
+    read_only: bool,
+    #[arg(long, default_value_t = 64)]
+    max_connections: usize,
+    /// Requests each client may pipeline.
+    #[arg(long, default_value_t = 64)]
+    max_inflight: u32,
+    /// Receive writes into a buffer and copy them into PM (measurement only).
+    #[arg(long)]
+    one_copy: bool,
+    /// Group-commit batch size (1 = every operation durable before its reply).
+    #[arg(long)]
+    batch: Option<usize>,
+    /// Persistence: msync, or cache-line flushes (clwb, clflushopt, clflush) even
+    /// where the mapping is not synchronous (to measure what PM would cost).
+    #[arg(long)]
+    persist: Option<String>,
+    /// Seconds a client's open files and references outlive its last connection
+    /// (a client that reconnects within this keeps them).
+    #[arg(long, default_value_t = zcfs_server::DEFAULT_GRACE.as_secs_f64())]
+    grace: f64,
+    /// Seconds a client may stall (not read a reply, or stop in the middle of a
+    /// request) before it is dropped.
+    #[arg(long, default_value_t = zcfs_server::DEFAULT_PEER_TIMEOUT.as_secs_f64())]
+    peer_timeout: f64,
+}
+
+fn seconds(flag: &str, v: f64) -> Result<Duration> {
+    Duration::try_from_secs_f64(v)
+        .map_err(|_| anyhow!("--{flag} {v}: give a number of seconds, 0 or more"))
+}
+
+fn parse_persist(p: &str) -> Result<PersistMode> {
+    use zcfs_pmem::FlushInstr;
+    Ok(match p {
+        "msync" => PersistMode::Msync,
+        "clwb" => PersistMode::CacheLine(FlushInstr::Clwb),
+        "clflushopt" => PersistMode::CacheLine(FlushInstr::Clflushopt),
+        "clflush" => PersistMode::CacheLine(FlushInstr::Clflush),
+        other => bail!("--persist {other}: use msync, clwb, clflushopt or clflush"),
+    })
+}
+
+/// The backend to export. `--persist` and `--batch` apply to a volume only.
+fn open(source: &Source, a: &ServeArgs) -> Result<OpenedBackend> {
+    match source {
+        Source::Null => Ok(OpenedBackend::null()),
+        Source::Image(image) => {
+            let mut cfg = VolumeConfig {
+                read_only: a.read_only,
+                persist: a.persist.as_deref().map(parse_persist).transpose()?,
+                ..Default::default()
+            };
+            if let Some(b) = a.batch {
+                cfg.batch_ops = b.max(1);
+            }
+            OpenedBackend::volume(image, cfg)
+        }
+        Source::Remote(addr) => {
+            bail!("{addr} is a server address: `zcfs serve` exports a volume image or `null`")
+        }
+    }
+}
+
+pub fn run(a: &ServeArgs) -> Result<i32> {
+    let grace = seconds("grace", a.grace)?;
+    let peer_timeout = seconds("peer-timeout", a.peer_timeout)?;
+    if peer_timeout.is_zero() {
+        bail!("--peer-timeout 0: a peer needs some time to answer");
+    }
+    let secret = a.secret_file.as_deref().map(read_secret).transpose()?;
+    if !a.listen.ip().is_loopback() && secret.is_none() && !a.insecure {
+        bail!("listening on {} (not loopback) needs --secret-file FILE, or --insecure to allow anyone on the network", a.listen);
+    }
+    let authenticated = secret.is_some();
+    let source: Source = a.source.parse()?;
+    let OpenedBackend { backend, volume } = open(&source, a)?;
+    let signals = StopSignals::block();
+    let server = Arc::new(
+        zcfs_server::Server::bind(
+            backend,
+            zcfs_server::ServerConfig {
+                listen: a.listen,
+                secret,
+                read_only: a.read_only,
+                max_connections: a.max_connections,
+                max_inflight: a.max_inflight,
+                one_copy: a.one_copy,
+                grace,
+                peer_timeout,
+                ..Default::default()
+            },
+        )
+        .map_err(|e| anyhow!("{e} (is another server using the port?)"))?,
+    );
+    let addr = server.local_addr();
+    let accepting = server.clone();
+    // Runs until shutdown, then waits for the connections and releases every session.
+    let acceptor = std::thread::Builder::new()
+        .name("zcfs-accept".into())
+        .spawn(move || accepting.run())?;
+    println!(
+        "serving {source} on {addr}{}{}",
+        if authenticated {
+            " (authenticated)"
+        } else {
+            ""
+        },
+        if a.read_only { " read-only" } else { "" }
+    );
+    // Scripts wait for this line; stdout may be a pipe.
+    std::io::stdout().flush()?;
+    sd_notify("READY=1");
+    while signals.wait(Duration::from_secs(1)).is_none() {}
+    sd_notify("STOPPING=1");
+    server.shutdown();
+    acceptor
+        .join()
+        .map_err(|_| anyhow!("accept thread panicked"))?;
+    let report = server.report();
+    eprint!(
+        "zcfs serve: shut down\n{}sessions    {} resumed, {} released; {} invalid requests answered, {} stalled peers dropped\n",
+        format_report(&report),
+        report.sessions_resumed,
+        report.sessions_expired,
+        report.rejected_invalid,
+        report.dropped_stalled
+    );
+    drop(server);
+    if let Some(vol) = volume {
+        vol.sync()?;
+    }
+    Ok(0)
+}
