@@ -2,7 +2,9 @@
 //! modules beside `main.rs`.
 
 pub mod fsck;
+pub mod helper;
 pub mod mkfs;
+pub mod mount;
 pub mod selftest;
 pub mod serve;
 pub mod stat;

@@ -4,16 +4,15 @@
 
 mod backend;
 mod cmd;
-mod mount;
 mod persistence;
 mod process;
 mod secret;
 mod server_report;
 mod source;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::{Parser, Subcommand};
-use std::path::PathBuf;
+use std::ffi::OsString;
 
 #[derive(Parser)]
 #[command(
@@ -40,19 +39,11 @@ enum Cmd {
     Serve(cmd::serve::ServeArgs),
     /// Mount SOURCE (a volume image, HOST:PORT, or `null`) on MOUNTPOINT through FUSE.
     /// Runs in the foreground until unmounted or sent SIGINT/SIGTERM.
-    Mount(mount::MountArgs),
+    Mount(cmd::mount::MountArgs),
     /// Unmount a zcfs mount.
-    Umount {
-        mountpoint: PathBuf,
-        /// Detach now even if busy; the mount goes away when no longer used.
-        #[arg(long)]
-        lazy: bool,
-    },
+    Umount(cmd::mount::UmountArgs),
     /// Install /sbin/mount.fuse.zcfs so `mount -t fuse.zcfs` and fstab lines work.
-    InstallHelper {
-        #[arg(long, default_value = "/sbin/mount.fuse.zcfs")]
-        path: PathBuf,
-    },
+    InstallHelper(cmd::helper::InstallHelperArgs),
     /// Test helper: write files into a volume, printing each fsync it completes.
     #[command(hide = true)]
     SelftestWriter(cmd::selftest::SelftestWriterArgs),
@@ -76,25 +67,64 @@ fn main() {
 }
 
 fn run() -> Result<i32> {
-    let argv0 = std::env::args().next().unwrap_or_default();
-    if argv0.ends_with("mount.fuse.zcfs") {
-        return mount::helper_main(std::env::args().skip(1).collect());
-    }
-    match Cli::parse().cmd {
+    let args = command_line()?;
+    match Cli::parse_from(&args).cmd {
         Cmd::Mkfs(a) => cmd::mkfs::run(&a),
         Cmd::Fsck(a) => cmd::fsck::run(&a),
         Cmd::Stat(a) => cmd::stat::run(&a),
         Cmd::Serve(a) => cmd::serve::run(&a),
-        Cmd::Mount(a) => mount::mount(&a),
-        Cmd::Umount { mountpoint, lazy } => mount::umount(&mountpoint, lazy),
-        Cmd::InstallHelper { path } => {
-            let exe = std::env::current_exe()?;
-            let _ = std::fs::remove_file(&path);
-            std::os::unix::fs::symlink(&exe, &path)
-                .with_context(|| format!("linking {} to {}", path.display(), exe.display()))?;
-            println!("{} -> {}: `mount -t fuse.zcfs SOURCE MOUNTPOINT -o OPTIONS` and fstab lines now work", path.display(), exe.display());
-            Ok(0)
-        }
+        Cmd::Mount(a) => cmd::mount::run(&a, &args[1..]),
+        Cmd::Umount(a) => cmd::mount::run_umount(&a),
+        Cmd::InstallHelper(a) => cmd::helper::install(&a),
         Cmd::SelftestWriter(a) => cmd::selftest::run(&a),
+    }
+}
+
+/// This process's arguments, or, when run as mount(8)'s helper `mount.fuse.zcfs` (a link
+/// to this binary), the `zcfs mount --daemon` command line that call stands for.
+fn command_line() -> Result<Vec<OsString>> {
+    let args: Vec<OsString> = std::env::args_os().collect();
+    let helper = args
+        .first()
+        .is_some_and(|a0| a0.to_string_lossy().ends_with("mount.fuse.zcfs"));
+    if helper {
+        cmd::helper::as_mount_command(args)
+    } else {
+        Ok(args)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn a_mount_helper_call_parses_as_a_daemon_mount() {
+        let argv = [
+            "/sbin/mount.fuse.zcfs",
+            "-src:7070",
+            "/mnt/z",
+            "-o",
+            "-x,=y",
+            "-odefault_permissions",
+        ]
+        .map(OsString::from)
+        .to_vec();
+        let command = cmd::helper::as_mount_command(argv).unwrap();
+        let Cmd::Mount(m) = Cli::try_parse_from(command).unwrap().cmd else {
+            panic!("not a mount");
+        };
+        assert_eq!(
+            (m.source.as_str(), m.mountpoint.to_str().unwrap()),
+            ("-src:7070", "/mnt/z")
+        );
+        assert_eq!(m.options, ["-x,=y", "default_permissions"]);
+        assert!(m.daemon);
     }
 }

@@ -1,0 +1,286 @@
+//! `zcfs mount SOURCE MOUNTPOINT`, in the foreground or as a `--daemon`, and
+//! `zcfs umount MOUNTPOINT`.
+
+mod options;
+
+use crate::backend::{client_config, OpenedBackend};
+use crate::process::{sd_notify, spawn_detached, ChildReport, ReadyPipe, StopSignals};
+use crate::source::Source;
+use anyhow::{anyhow, bail, Context, Result};
+use options::{parse_options, MountPlan};
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use zcfs_fuse::{CacheMode, Config, FuseFs};
+use zcfs_volume::VolumeConfig;
+
+/// The arguments of `zcfs mount` (and of the mount.fuse.zcfs helper).
+#[derive(Debug, Clone, clap::Args)]
+pub struct MountArgs {
+    /// A volume image, HOST:PORT of a server, or `null`.
+    pub source: String,
+    pub mountpoint: PathBuf,
+    /// Mount options, comma separated (allow_other, default_permissions, ro, uid=,
+    /// gid=, umask=, cache=, writeback, direct_io, threads=, ...).
+    #[arg(short = 'o', action = clap::ArgAction::Append)]
+    pub options: Vec<String>,
+    /// What the kernel may cache: none, metadata, auto (default) or always.
+    #[arg(long)]
+    pub cache: Option<CacheMode>,
+    /// Let the kernel buffer writes (writeback cache).
+    #[arg(long)]
+    pub writeback: bool,
+    /// Bypass the page cache for file data.
+    #[arg(long)]
+    pub direct_io: bool,
+    /// FUSE worker threads (default 4).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Return once the mount is live, leaving it running in the background.
+    #[arg(long)]
+    pub daemon: bool,
+    /// Shared secret for a remote SOURCE that requires one.
+    #[arg(long)]
+    pub secret_file: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct UmountArgs {
+    mountpoint: PathBuf,
+    /// Detach now even if busy; the mount goes away when no longer used.
+    #[arg(long)]
+    lazy: bool,
+}
+
+/// `zcfs mount`; `args` is the command line after the program name, which `--daemon`
+/// hands to its child.
+pub fn run(a: &MountArgs, args: &[OsString]) -> Result<i32> {
+    if a.daemon {
+        return run_detached(a, args);
+    }
+    // Set when a `--daemon` parent waits for us.
+    let mut ready_pipe = ReadyPipe::from_env();
+    let result = mount_until_unmounted(a, &mut ready_pipe);
+    if let (Err(e), Some(pipe)) = (&result, ready_pipe) {
+        pipe.failed(e);
+    }
+    result
+}
+
+/// `--daemon`: run the same command without `--daemon` in a detached child; return once
+/// it has mounted, or fail with its error.
+fn run_detached(a: &MountArgs, args: &[OsString]) -> Result<i32> {
+    let child_args: Vec<OsString> = args.iter().filter(|x| *x != "--daemon").cloned().collect();
+    match spawn_detached(&child_args).context("starting the mount process")? {
+        ChildReport::Ready { pid } => {
+            println!(
+                "mounted {} on {} (pid {pid})",
+                a.source,
+                a.mountpoint.display()
+            );
+            Ok(0)
+        }
+        ChildReport::Failed(e) => bail!("{e}"),
+        ChildReport::Silent => bail!("the mount process exited without mounting"),
+    }
+}
+
+/// Mount, report readiness (taking `ready_pipe`), serve until unmounted or signalled,
+/// and close the volume.
+fn mount_until_unmounted(a: &MountArgs, ready_pipe: &mut Option<ReadyPipe>) -> Result<i32> {
+    let plan = parse_options(a)?;
+    preflight(&a.mountpoint)?;
+    let source: Source = a.source.parse()?;
+    let signals = StopSignals::block();
+    let OpenedBackend { backend, volume } = open(&source, &plan)?;
+    let fs = FuseFs::new(backend.clone(), plan.fuse.clone());
+    let stats = fs.stats.clone();
+    let mut config = Config::default();
+    config.mount_options = plan.mount_options.clone();
+    config.acl = plan.acl;
+    config.n_threads = Some(plan.threads);
+    config.clone_fd = true;
+    let session = zcfs_fuse::spawn(fs, &a.mountpoint, &config).map_err(|e| {
+        let hint = match e.raw_os_error() {
+            Some(libc::EPERM) | Some(libc::EACCES) => {
+                " (allow_other as a non-root user needs user_allow_other in /etc/fuse.conf)"
+            }
+            Some(libc::ENODEV) => " (is the fuse module loaded? `modprobe fuse`)",
+            _ => "",
+        };
+        anyhow!("mounting {source} on {}: {e}{hint}", a.mountpoint.display())
+    })?;
+    tracing::info!(%source, mountpoint = %a.mountpoint.display(), threads = plan.threads, "mounted");
+    if let Some(pipe) = ready_pipe.take() {
+        pipe.ready();
+    }
+    sd_notify("READY=1");
+    let mut signalled = None;
+    while !session.guard.is_finished() {
+        if let Some(sig) = signals.wait(Duration::from_millis(200)) {
+            signalled = Some(sig);
+            break;
+        }
+    }
+    sd_notify("STOPPING=1");
+    if let Some(sig) = signalled {
+        tracing::info!(sig, "signal received: unmounting");
+        if let Err(e) = session.umount_and_join() {
+            tracing::warn!("unmount: {e}");
+        }
+    } else if let Err(e) = session.join() {
+        tracing::warn!("session ended: {e}");
+    }
+    // Files still open keep a plain unmount from succeeding: detach, as libfuse does,
+    // so no mount outlives its process.
+    if is_mounted(&a.mountpoint) {
+        if let Err(e) = unmount(&a.mountpoint, true) {
+            tracing::warn!("lazy unmount of {}: {e:#}", a.mountpoint.display());
+        }
+    }
+    let s = backend.copy_stats();
+    let f = &stats;
+    use std::sync::atomic::Ordering::Relaxed;
+    tracing::info!(
+        requests = f.requests.load(Relaxed),
+        read = f.read_bytes.load(Relaxed),
+        written = f.write_bytes.load(Relaxed),
+        fuse_copies = f.user_copy_bytes.load(Relaxed),
+        backend = %s,
+        "unmounted"
+    );
+    drop(backend);
+    if let Some(vol) = volume {
+        // Last reference: closing writes the clean flag.
+        if Arc::strong_count(&vol) > 1 {
+            vol.sync()?;
+        }
+    }
+    Ok(0)
+}
+
+/// The backend to mount; `-o ro` and `-o batch=` apply to a volume, `-o secret_file=`
+/// and `-o timeout=` to a server.
+fn open(source: &Source, plan: &MountPlan) -> Result<OpenedBackend> {
+    match source {
+        Source::Null => Ok(OpenedBackend::null()),
+        Source::Image(image) => {
+            let mut cfg = VolumeConfig {
+                read_only: plan.read_only,
+                ..Default::default()
+            };
+            if let Some(b) = plan.batch_ops {
+                cfg.batch_ops = b;
+            }
+            OpenedBackend::volume(image, cfg)
+        }
+        Source::Remote(addr) => {
+            let connect = || {
+                let mut cfg = client_config(addr, plan.secret_file.as_deref())?;
+                if let Some(t) = plan.timeout {
+                    cfg.timeout = t;
+                }
+                OpenedBackend::remote(cfg)
+            };
+            connect().with_context(|| {
+                format!(
+                    "{addr} is neither `null`, an existing volume image, nor a reachable HOST:PORT"
+                )
+            })
+        }
+    }
+}
+
+/// Refuse, with the fix, what would make the mount fail less clearly later.
+fn preflight(mp: &Path) -> Result<()> {
+    if !Path::new("/dev/fuse").exists() {
+        bail!("FUSE is not available: /dev/fuse is missing. Load the module with `modprobe fuse` and install fuse3 (`apt-get install fuse3`)");
+    }
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root && which("fusermount3").is_none() && which("fusermount").is_none() {
+        bail!("fusermount3 is missing (needed to mount as a non-root user): install fuse3 (`apt-get install fuse3`)");
+    }
+    match std::fs::metadata(mp) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => bail!("mount point {} is not a directory", mp.display()),
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => bail!(
+            "mount point {} is busy: a zcfs mount there lost its process. Run `zcfs umount {}` first",
+            mp.display(),
+            mp.display()
+        ),
+        Err(e) => bail!("mount point {}: {e} (create it with `mkdir -p {}`)", mp.display(), mp.display()),
+    }
+    if is_mounted(mp) {
+        bail!("mount point {} is busy: something is mounted there already. Run `zcfs umount {}` first", mp.display(), mp.display());
+    }
+    Ok(())
+}
+
+/// `bin` in $PATH.
+fn which(bin: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|d| Path::new(d).join(bin))
+        .find(|p| p.exists())
+}
+
+/// Mount points in /proc/self/mountinfo (field 5, with octal escapes decoded).
+fn mounted_paths() -> Vec<PathBuf> {
+    let Ok(s) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return vec![];
+    };
+    s.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|p| {
+            PathBuf::from(
+                p.replace("\\040", " ")
+                    .replace("\\011", "\t")
+                    .replace("\\134", "\\"),
+            )
+        })
+        .collect()
+}
+
+fn is_mounted(mp: &Path) -> bool {
+    match mp.canonicalize() {
+        Ok(c) => mounted_paths().contains(&c),
+        // A dead FUSE mount cannot be resolved (ENOTCONN): look its path up as given.
+        Err(_) => mounted_paths().iter().any(|p| p == mp),
+    }
+}
+
+/// `zcfs umount MOUNTPOINT [--lazy]`.
+pub fn run_umount(a: &UmountArgs) -> Result<i32> {
+    unmount(&a.mountpoint, a.lazy)
+}
+
+/// Unmount `mp`: umount2 as root, fusermount3 otherwise (whose failure is exit status 1).
+fn unmount(mp: &Path, lazy: bool) -> Result<i32> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        let c = std::ffi::CString::new(mp.as_os_str().as_encoded_bytes())?;
+        let flags = if lazy { libc::MNT_DETACH } else { 0 };
+        // SAFETY: a valid NUL-terminated path.
+        if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
+            return Ok(0);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EBUSY) {
+            bail!("{} is busy (a process uses it); close it, or detach now with `zcfs umount --lazy {}`", mp.display(), mp.display());
+        }
+        bail!("unmounting {}: {e}", mp.display());
+    }
+    let bin = which("fusermount3")
+        .or_else(|| which("fusermount"))
+        .ok_or_else(|| anyhow!("fusermount3 is missing: apt-get install fuse3"))?;
+    let mut cmd = std::process::Command::new(bin);
+    cmd.arg("-u");
+    if lazy {
+        cmd.arg("-z");
+    }
+    let st = cmd.arg(mp).status()?;
+    Ok(if st.success() { 0 } else { 1 })
+}

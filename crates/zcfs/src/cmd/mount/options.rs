@@ -1,0 +1,150 @@
+//! The mount options: `-o a,b,c=d` as sshfs takes them, and the flags that repeat a few.
+
+use super::MountArgs;
+use anyhow::{anyhow, bail, Result};
+use std::path::PathBuf;
+use std::time::Duration;
+use zcfs_fuse::{FuseOptions, MountOption, SessionACL};
+
+/// What the options of a mount ask for.
+#[derive(Debug)]
+pub struct MountPlan {
+    pub fuse: FuseOptions,
+    pub mount_options: Vec<MountOption>,
+    pub acl: SessionACL,
+    pub threads: usize,
+    pub read_only: bool,
+    pub batch_ops: Option<usize>,
+    pub secret_file: Option<PathBuf>,
+    pub timeout: Option<Duration>,
+}
+
+pub fn parse_options(a: &MountArgs) -> Result<MountPlan> {
+    let mut p = MountPlan {
+        fuse: FuseOptions::default(),
+        mount_options: vec![
+            MountOption::FSName(format!("zcfs:{}", a.source)),
+            MountOption::Subtype("zcfs".into()),
+        ],
+        acl: SessionACL::Owner,
+        threads: a.threads.unwrap_or(4),
+        read_only: false,
+        batch_ops: None,
+        secret_file: a.secret_file.clone(),
+        timeout: None,
+    };
+    let num = |k: &str, v: &str| -> Result<u64> {
+        v.parse().map_err(|_| anyhow!("-o {k}={v}: not a number"))
+    };
+    for opt in a
+        .options
+        .iter()
+        .flat_map(|o| o.split(','))
+        .map(str::trim)
+        .filter(|o| !o.is_empty())
+    {
+        let (k, v) = opt
+            .split_once('=')
+            .map_or((opt, None), |(k, v)| (k, Some(v)));
+        match (k, v) {
+            ("allow_other", None) => p.acl = SessionACL::All,
+            ("allow_root", None) => p.acl = SessionACL::RootAndOwner,
+            ("default_permissions", None) => p.mount_options.push(MountOption::DefaultPermissions),
+            ("ro", None) => {
+                p.read_only = true;
+                p.mount_options.push(MountOption::RO)
+            }
+            ("rw", None) => p.mount_options.push(MountOption::RW),
+            ("suid", None) => p.mount_options.push(MountOption::Suid),
+            ("nosuid", None) => p.mount_options.push(MountOption::NoSuid),
+            ("dev", None) => p.mount_options.push(MountOption::Dev),
+            ("nodev", None) => p.mount_options.push(MountOption::NoDev),
+            ("exec", None) => p.mount_options.push(MountOption::Exec),
+            ("noexec", None) => p.mount_options.push(MountOption::NoExec),
+            ("atime", None) => p.mount_options.push(MountOption::Atime),
+            ("noatime", None) => p.mount_options.push(MountOption::NoAtime),
+            ("sync", None) => p.mount_options.push(MountOption::Sync),
+            ("async", None) => p.mount_options.push(MountOption::Async),
+            ("dirsync", None) => p.mount_options.push(MountOption::DirSync),
+            ("uid", Some(v)) => p.fuse.uid = Some(num(k, v)? as u32),
+            ("gid", Some(v)) => p.fuse.gid = Some(num(k, v)? as u32),
+            ("umask", Some(v)) => {
+                p.fuse.umask = Some(u32::from_str_radix(v, 8).map_err(|_| anyhow!("-o umask={v}: not an octal mask"))?)
+            }
+            ("fsname", Some(v)) => p.mount_options[0] = MountOption::FSName(v.into()),
+            ("subtype", Some(v)) => p.mount_options[1] = MountOption::Subtype(v.into()),
+            ("cache", Some(v)) => p.fuse.cache = v.parse().map_err(|e: String| anyhow!(e))?,
+            ("writeback" | "writeback_cache", None) => p.fuse.writeback = true,
+            ("direct_io", None) => p.fuse.direct_io = true,
+            ("no_readdirplus", None) => p.fuse.readdirplus = false,
+            ("threads", Some(v)) => p.threads = num(k, v)?.clamp(1, 64) as usize,
+            ("attr_timeout" | "entry_timeout", Some(v)) => {
+                p.fuse.timeout = Duration::from_secs_f64(v.parse().map_err(|_| anyhow!("-o {k}={v}: not seconds"))?)
+            }
+            ("max_write", Some(v)) => p.fuse.max_write = num(k, v)?.clamp(4096, 16 << 20) as u32,
+            ("batch", Some(v)) => p.batch_ops = Some(num(k, v)?.max(1) as usize),
+            ("secret_file", Some(v)) => p.secret_file = Some(v.into()),
+            ("timeout", Some(v)) => p.timeout = Some(Duration::from_secs_f64(v.parse().map_err(|_| anyhow!("-o timeout={v}: not seconds"))?)),
+            // fstab and mount(8) conventions that are not ours to act on.
+            ("_netdev" | "nofail" | "noauto" | "auto" | "user" | "users" | "nouser" | "defaults", None) => {}
+            ("comment", Some(_)) => {}
+            (k, _) if k.starts_with("x-systemd.") || k.starts_with("x-") => {}
+            _ => bail!(
+                "unknown mount option {opt:?}. Known: allow_other, allow_root, default_permissions, ro, rw, \
+                 [no]suid, [no]dev, [no]exec, [no]atime, sync, async, dirsync, uid=, gid=, umask=, fsname=, \
+                 subtype=, cache=none|metadata|auto|always, writeback, direct_io, no_readdirplus, threads=, \
+                 attr_timeout=, max_write=, batch=, secret_file=, timeout="
+            ),
+        }
+    }
+    if let Some(c) = a.cache {
+        p.fuse.cache = c;
+    }
+    p.fuse.writeback |= a.writeback;
+    p.fuse.direct_io |= a.direct_io;
+    if p.acl == SessionACL::All && !p.mount_options.contains(&MountOption::DefaultPermissions) {
+        tracing::warn!(
+            "allow_other without default_permissions: the kernel will not check permissions"
+        );
+    }
+    Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use zcfs_fuse::CacheMode;
+
+    fn args(o: &str) -> MountArgs {
+        MountArgs {
+            source: "null".into(),
+            mountpoint: "/mnt".into(),
+            options: vec![o.into()],
+            cache: None,
+            writeback: false,
+            direct_io: false,
+            threads: None,
+            daemon: false,
+            secret_file: None,
+        }
+    }
+
+    #[test]
+    fn options_parse_like_sshfs() {
+        let p = parse_options(&args("allow_other,default_permissions,uid=1000,gid=100,umask=022,cache=metadata,_netdev,nofail,x-systemd.automount,threads=8")).unwrap();
+        assert_eq!(p.acl, SessionACL::All);
+        assert!(p.mount_options.contains(&MountOption::DefaultPermissions));
+        assert_eq!(
+            (p.fuse.uid, p.fuse.gid, p.fuse.umask),
+            (Some(1000), Some(100), Some(0o22))
+        );
+        assert_eq!(p.fuse.cache, CacheMode::Metadata);
+        assert_eq!(p.threads, 8);
+        assert!(parse_options(&args("bogus"))
+            .unwrap_err()
+            .to_string()
+            .contains("unknown mount option"));
+        assert!(parse_options(&args("umask=9z")).is_err());
+        assert!(parse_options(&args("ro")).unwrap().read_only);
+    }
+}
