@@ -332,7 +332,7 @@ fn unmodified_programs() {
     // fio with verification.
     let out = sh(&format!(
         "fio --name=verify --filename={mp}/fio.dat --size=32M --rw=randwrite --bs=4k --ioengine=psync \
-         --verify=crc32c --do_verify=1 --output-format=terse"
+         --verify=crc32c --do_verify=1 --verify_state_save=0 --output-format=terse"
     ));
     let fields: Vec<&str> = out.trim().lines().last().unwrap().split(';').collect();
     assert_eq!(fields[4], "0", "fio reported errors: {out}");
