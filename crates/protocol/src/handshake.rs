@@ -9,8 +9,11 @@
 //!                      server nonce, server proof = HMAC(secret, "zcfs-server" | cn | sn),
 //!                      max in-flight, max data, server instance }                112 B
 //! client -> Proof    { client proof = HMAC(secret, "zcfs-client" | sn | cn) }      32 B  (auth only)
-//! server -> Verdict  { status: 0 ok, else errno }                                  8 B  (auth only)
+//! server -> Verdict  { status: 0 ok, else errno; resumed }                         8 B  (auth only)
 //! ```
+//!
+//! With a secret, nothing about sessions is said before the peer has proved itself:
+//! the Welcome's `resumed` is 0 and the Verdict carries it.
 
 use crate::{ProtoError, Result, VERSION};
 use hmac::{Hmac, Mac};
@@ -43,6 +46,7 @@ pub struct Welcome {
     pub features: u64,
     pub auth: bool,
     /// The server still had the Hello's session: its handles and references are intact.
+    /// Always false when `auth` is set (the Verdict says it, after the proof).
     pub resumed: bool,
     pub nonce: [u8; 32],
     pub proof: [u8; 32],
@@ -109,6 +113,10 @@ impl Welcome {
         if b[10] > 1 || b[11] > 1 {
             return Err(ProtoError::Invalid("auth or resumed flag"));
         }
+        if b[10] == 1 && b[11] == 1 {
+            // Told only after the peer's proof, in the Verdict.
+            return Err(ProtoError::Invalid("resumed before authentication"));
+        }
         let w = Welcome {
             version,
             features: u64::from_le_bytes(b[16..24].try_into().unwrap()),
@@ -124,6 +132,53 @@ impl Welcome {
             return Err(ProtoError::Invalid("welcome limits"));
         }
         Ok(w)
+    }
+}
+
+/// The server's answer to the client's proof: accepted (status 0, and whether the
+/// session was resumed) or refused (an errno).
+///
+/// ```text
+/// status u32 @0 (0, or an errno 1..=4095), resumed u8 @4 (0 or 1; 0 when refused),
+/// reserved @5..8 (0)
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Verdict {
+    pub status: i32,
+    pub resumed: bool,
+}
+
+impl Verdict {
+    pub fn accepted(resumed: bool) -> Verdict {
+        Verdict { status: 0, resumed }
+    }
+
+    pub fn refused(errno: i32) -> Verdict {
+        Verdict {
+            status: errno,
+            resumed: false,
+        }
+    }
+
+    pub fn encode(&self) -> [u8; VERDICT_LEN] {
+        let mut b = [0u8; VERDICT_LEN];
+        b[0..4].copy_from_slice(&(self.status as u32).to_le_bytes());
+        b[4] = self.resumed as u8;
+        b
+    }
+
+    pub fn decode(b: &[u8; VERDICT_LEN]) -> Result<Verdict> {
+        let status = u32::from_le_bytes(b[0..4].try_into().unwrap());
+        if status > crate::MAX_ERRNO as u32 {
+            return Err(ProtoError::Invalid("verdict status"));
+        }
+        if b[4] > 1 || (status != 0 && b[4] != 0) || b[5..].iter().any(|&x| x != 0) {
+            return Err(ProtoError::Invalid("verdict flags"));
+        }
+        Ok(Verdict {
+            status: status as i32,
+            resumed: b[4] == 1,
+        })
     }
 }
 
@@ -210,7 +265,7 @@ mod tests {
         let w = Welcome {
             version: VERSION as u16,
             features: 0,
-            auth: true,
+            auth: false,
             resumed: true,
             nonce: [1; 32],
             proof: [2; 32],
@@ -219,11 +274,58 @@ mod tests {
             instance: 7,
         };
         assert_eq!(Welcome::decode(&w.encode()).unwrap(), w);
+        let authenticating = Welcome {
+            auth: true,
+            resumed: false,
+            ..w.clone()
+        };
+        assert_eq!(
+            Welcome::decode(&authenticating.encode()).unwrap(),
+            authenticating
+        );
         let mut bad = w.encode();
         bad[8] = 99;
         assert!(Welcome::decode(&bad).is_err());
         let mut bad = w.encode();
         bad[11] = 2;
         assert!(Welcome::decode(&bad).is_err());
+        let told = Welcome {
+            auth: true,
+            resumed: true,
+            ..w
+        };
+        assert!(
+            Welcome::decode(&told.encode()).is_err(),
+            "with auth, resumed waits for the verdict"
+        );
+    }
+
+    #[test]
+    fn verdicts_round_trip_and_have_one_encoding() {
+        for v in [
+            Verdict::accepted(false),
+            Verdict::accepted(true),
+            Verdict::refused(libc::EACCES),
+            Verdict::refused(crate::MAX_ERRNO),
+        ] {
+            assert_eq!(Verdict::decode(&v.encode()).unwrap(), v);
+        }
+        // A refusal reads as the errno in a u64, as version 2 sent it.
+        assert_eq!(
+            u64::from_le_bytes(Verdict::refused(libc::EACCES).encode()),
+            libc::EACCES as u64
+        );
+        let mut b = Verdict::refused(libc::EACCES).encode();
+        b[4] = 1;
+        assert!(Verdict::decode(&b).is_err(), "refused and resumed");
+        let mut b = Verdict::accepted(true).encode();
+        b[7] = 1;
+        assert!(Verdict::decode(&b).is_err(), "reserved bytes");
+        let mut b = Verdict::accepted(false).encode();
+        b[4] = 2;
+        assert!(Verdict::decode(&b).is_err());
+        b = [0xff; VERDICT_LEN];
+        b[4..].fill(0);
+        assert!(Verdict::decode(&b).is_err(), "status over MAX_ERRNO");
     }
 }

@@ -1,4 +1,4 @@
-//! The zcfs wire format, version 2 (docs/protocol.md). Pure: bytes in, typed messages
+//! The zcfs wire format, version 3 (docs/protocol.md). Pure: bytes in, typed messages
 //! out, every field checked against explicit limits; no I/O, so it is fuzzed and shared
 //! by client and server.
 //!
@@ -33,8 +33,11 @@ pub use types::{
 };
 pub use wire::{Reader, Wire};
 
-/// Protocol version (header byte 2, handshake): peers must match exactly.
-pub const VERSION: u8 = 2;
+/// Protocol version (header byte 2, handshake): peers must match exactly. Version 3
+/// moved `resumed` after authentication (the Verdict) and added the session reply cache
+/// (clients resend any request after a lost connection, which a version 2 server would
+/// execute twice).
+pub const VERSION: u8 = 3;
 pub const REQ_MAGIC: u16 = 0x515a; // "ZQ"
 pub const RESP_MAGIC: u16 = 0x525a; // "ZR"
 /// Size of the fixed request header.

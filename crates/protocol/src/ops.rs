@@ -56,6 +56,14 @@ macro_rules! operations {
                     $( Op::$variant => $idem, )*
                 }
             }
+
+            /// The server keeps this operation's reply in the session's reply cache
+            /// and answers a repeated request id from it without executing again:
+            /// everything but the data paths (read, write: idempotent, and their
+            /// payloads too large to keep) and ping and stats (no side effects).
+            pub fn cached(self) -> bool {
+                !matches!(self, Op::Read | Op::Write | Op::Ping | Op::Stats)
+            }
         }
 
         /// A decoded request body (a write's data travels after it).

@@ -752,4 +752,11 @@ fn the_table_is_consistent() {
         "a read-only export still takes references back"
     );
     assert!(Op::Write.mutates() && !Op::Read.mutates());
+    // Every operation that is not idempotent has its reply cached (it may be resent
+    // only within the session whose cache holds it); the data paths never.
+    for &op in ALL_OPS {
+        assert!(op.idempotent() || op.cached(), "{}", op.name());
+    }
+    assert!(!Op::Read.cached() && !Op::Write.cached());
+    assert!(Op::Forget.cached() && Op::Release.cached() && Op::Create.cached());
 }

@@ -4,16 +4,18 @@
 //! the peer timeout (SO_RCVTIMEO), and each send of a reply must make progress within it
 //! (SO_SNDTIMEO): a peer that stalls longer is dropped.
 
-use crate::session::Session;
+use crate::session::{Access, Begin, Claim, Session};
 use crate::Shared;
 use std::io::{IoSlice, IoSliceMut, Read};
 use std::net::TcpStream;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Instant;
 use zcfs_backend::{Ctx, Error};
 use zcfs_protocol::{
     EmptyReply, NodeRef, Op, ProtoError, ReadReq, Reply, ReqHeader, Request, RespHeader,
-    WriteReply, WriteReq, MAX_BODY, REQ_HDR,
+    WriteReply, WriteReq, MAX_BODY, REQ_HDR, RESP_HDR,
 };
 use zcfs_transport::{discard, read_exact_vectored, read_message_start, write_all_vectored};
 
@@ -28,6 +30,8 @@ pub(crate) enum ConnEnd {
     Io(&'static str, std::io::Error),
     #[error("malformed header: {0}")]
     Malformed(#[from] ProtoError),
+    #[error("a {op} request panicked: {what}")]
+    Panicked { op: &'static str, what: String },
 }
 
 impl ConnEnd {
@@ -43,14 +47,25 @@ pub(crate) struct Conn<'a> {
     pub s: TcpStream,
     pub shared: &'a Shared,
     pub session: &'a Session,
+    /// Some of the current request's reply went out (after a panic no answer fits).
+    pub replying: bool,
+}
+
+/// What a panic carried, for the log.
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".into())
 }
 
 pub(crate) fn ro() -> Error {
     Error::new(libc::EROFS, "the export is read-only")
 }
 
-impl Conn<'_> {
+impl<'a> Conn<'a> {
     pub fn serve(&mut self) -> Result<(), ConnEnd> {
+        let session: &'a Session = self.session;
         loop {
             let mut hb = [0u8; REQ_HDR];
             match read_message_start(&mut self.s, &mut hb) {
@@ -64,6 +79,7 @@ impl Conn<'_> {
             self.s
                 .read_exact(&mut body)
                 .map_err(|e| ConnEnd::io("receiving a body", e))?;
+            self.replying = false;
             let req = match Request::decode(&h, &body) {
                 Ok(r) => r,
                 Err(e) => {
@@ -75,24 +91,78 @@ impl Conn<'_> {
                     tracing::debug!(op = h.op.name(), "invalid request: {e}");
                     self.discard(h.data_len)?;
                     self.shared.stats.record(h.op, false, 0, t);
-                    self.reply(&h, Err(Error::new(e.errno(), e.to_string())))?;
+                    self.reply(&h, Err(Error::new(e.errno(), e.to_string())), None)?;
                     continue;
                 }
             };
-            let ctx = Ctx {
-                uid: h.uid,
-                gid: h.gid,
-                pid: 0,
-            };
-            match req {
-                Request::Write(w) => self.write(&h, w, t)?,
-                Request::Read(r) => self.read(&h, r, t)?,
-                other => {
-                    let op = other.op();
-                    let r = self.dispatch(&ctx, other);
-                    self.shared.stats.record(op, r.is_ok(), 0, t);
-                    self.reply(&h, r)?;
+            // A request with session side effects is executed once per id: a resend
+            // (after a lost connection) is answered from the session's reply cache.
+            let mut claim = None;
+            if h.op.cached() {
+                match session.begin(h.id, h.op) {
+                    Begin::Replay(reply) => {
+                        self.shared
+                            .stats
+                            .replies_replayed
+                            .fetch_add(1, Ordering::Relaxed);
+                        tracing::debug!(
+                            op = h.op.name(),
+                            id = h.id,
+                            "resend answered from the reply cache"
+                        );
+                        self.send(&reply)?;
+                        continue;
+                    }
+                    Begin::Run(c) => claim = Some(c),
                 }
+            }
+            // A panic (a bug reached by this request) ends this connection only: it is
+            // answered with EIO if nothing of its reply went out yet, and the caller's
+            // guards give back the slot, the socket and the session.
+            let r = catch_unwind(AssertUnwindSafe(|| self.handle(&h, req, t, &mut claim)));
+            match r {
+                Ok(r) => r?,
+                Err(p) => {
+                    let what = panic_message(&*p);
+                    self.shared.stats.panics.fetch_add(1, Ordering::Relaxed);
+                    self.shared.stats.record(h.op, false, 0, t);
+                    if !self.replying {
+                        let _ = self.reply(
+                            &h,
+                            Err(Error::new(libc::EIO, "the server failed this request")),
+                            claim.take(),
+                        );
+                    }
+                    return Err(ConnEnd::Panicked {
+                        op: h.op.name(),
+                        what,
+                    });
+                }
+            }
+        }
+    }
+
+    /// One decoded request, answered.
+    fn handle(
+        &mut self,
+        h: &ReqHeader,
+        req: Request,
+        t: Instant,
+        claim: &mut Option<Claim<'a>>,
+    ) -> Result<(), ConnEnd> {
+        let ctx = Ctx {
+            uid: h.uid,
+            gid: h.gid,
+            pid: 0,
+        };
+        match req {
+            Request::Write(w) => self.write(h, w, t),
+            Request::Read(r) => self.read(h, r, t),
+            other => {
+                let op = other.op();
+                let r = self.dispatch(&ctx, other);
+                self.shared.stats.record(op, r.is_ok(), 0, t);
+                self.reply(h, r, claim.take())
             }
         }
     }
@@ -101,7 +171,21 @@ impl Conn<'_> {
         discard(&mut self.s, n as usize).map_err(|e| ConnEnd::io("discarding a payload", e))
     }
 
-    fn reply(&mut self, h: &ReqHeader, r: Result<Reply, Error>) -> Result<(), ConnEnd> {
+    /// Send an encoded reply (header and body).
+    fn send(&mut self, msg: &[u8]) -> Result<(), ConnEnd> {
+        self.replying = true;
+        write_all_vectored(&mut self.s, &mut [IoSlice::new(msg)])
+            .map_err(|e| ConnEnd::io("sending a reply", e))
+    }
+
+    /// Answer `h` with `r`; with a claim, the reply is kept in the session's reply
+    /// cache (before it is sent, so a resend racing it finds it).
+    fn reply(
+        &mut self,
+        h: &ReqHeader,
+        r: Result<Reply, Error>,
+        claim: Option<Claim<'_>>,
+    ) -> Result<(), ConnEnd> {
         let (rh, body) = match r.map(|rep| rep.encode()) {
             Ok(body) if body.len() <= MAX_BODY => {
                 (RespHeader::ok(h.op, h.id, body.len() as u32, 0), body)
@@ -117,19 +201,34 @@ impl Conn<'_> {
             Err(e) => (RespHeader::error(h.op, h.id, e.errno), Vec::new()),
         };
         let rh = rh.encode();
+        if let Some(claim) = claim {
+            let mut msg = Vec::with_capacity(RESP_HDR + body.len());
+            msg.extend_from_slice(&rh);
+            msg.extend_from_slice(&body);
+            let msg: Arc<[u8]> = msg.into();
+            claim.finish(msg.clone());
+            return self.send(&msg);
+        }
+        self.replying = true;
         write_all_vectored(&mut self.s, &mut [IoSlice::new(&rh), IoSlice::new(&body)])
             .map_err(|e| ConnEnd::io("sending a reply", e))
     }
 
     /// The backend handle a request names, checked against the session: fh 0 is "no
-    /// handle"; any other must be this session's handle for that inode. Also says
-    /// whether the node's generation still needs a check (the handle vouches for it
-    /// when it was opened at a known generation).
-    pub(crate) fn resolve(&self, node: NodeRef, fh: u64) -> Result<(u64, bool), Error> {
+    /// handle"; any other must be this session's handle for that inode, opened for
+    /// `access` (EBADF otherwise, as for a file descriptor). Also says whether the
+    /// node's generation still needs a check (the handle vouches for it when it was
+    /// opened at a known generation).
+    pub(crate) fn resolve(
+        &self,
+        node: NodeRef,
+        fh: u64,
+        access: Access,
+    ) -> Result<(u64, bool), Error> {
         if fh == 0 {
             return Ok((0, node.gen != 0));
         }
-        let h = self.session.handle(fh, node.ino)?;
+        let h = self.session.handle(fh, node.ino, access)?;
         if node.gen != 0 && h.gen != 0 {
             if node.gen != h.gen {
                 return Err(crate::dispatch::stale(node));
@@ -141,22 +240,24 @@ impl Conn<'_> {
 
     fn read(&mut self, h: &ReqHeader, r: ReadReq, t: Instant) -> Result<(), ConnEnd> {
         let backend = &*self.shared.backend;
-        let checked = self.resolve(r.node, r.fh).and_then(|(bfh, check)| {
-            let held = if check {
-                Some(self.hold([r.node])?)
-            } else {
-                None
-            };
-            Ok((bfh, held))
-        });
+        let checked = self
+            .resolve(r.node, r.fh, Access::Read)
+            .and_then(|(bfh, check)| {
+                let held = if check {
+                    Some(self.hold([r.node])?)
+                } else {
+                    None
+                };
+                Ok((bfh, held))
+            });
         let (bfh, held) = match checked {
             Ok(x) => x,
             Err(e) => {
                 self.shared.stats.record(Op::Read, false, 0, t);
-                return self.reply(h, Err(e));
+                return self.reply(h, Err(e), None);
             }
         };
-        let s = &mut self.s;
+        let (s, replying) = (&mut self.s, &mut self.replying);
         let mut sent = false;
         let mut send_err: Option<std::io::Error> = None;
         let mut n = 0u64;
@@ -171,6 +272,7 @@ impl Conn<'_> {
             iov.push(IoSlice::new(&rh));
             iov.extend(slices.iter().map(|x| IoSlice::new(x)));
             sent = true;
+            *replying = true;
             write_all_vectored(s, &mut iov).map_err(|e| {
                 let m = e.to_string();
                 send_err = Some(e);
@@ -186,12 +288,12 @@ impl Conn<'_> {
         match res {
             Ok(()) if sent => Ok(()),
             // A backend that never called the sink: an empty read.
-            Ok(()) => self.reply(h, Ok(Reply::Read(EmptyReply {}))),
+            Ok(()) => self.reply(h, Ok(Reply::Read(EmptyReply {})), None),
             Err(e) if sent => Err(ConnEnd::Io(
                 "sending read data",
                 std::io::Error::other(e.msg().into_owned()),
             )),
-            Err(e) => self.reply(h, Err(e)),
+            Err(e) => self.reply(h, Err(e), None),
         }
     }
 
@@ -201,21 +303,22 @@ impl Conn<'_> {
         let checked = if shared.cfg.read_only {
             Err(ro())
         } else {
-            self.resolve(w.node, w.fh).and_then(|(bfh, check)| {
-                let held = if check {
-                    Some(self.hold([w.node])?)
-                } else {
-                    None
-                };
-                Ok((bfh, held))
-            })
+            self.resolve(w.node, w.fh, Access::Write)
+                .and_then(|(bfh, check)| {
+                    let held = if check {
+                        Some(self.hold([w.node])?)
+                    } else {
+                        None
+                    };
+                    Ok((bfh, held))
+                })
         };
         let (bfh, held) = match checked {
             Ok(x) => x,
             Err(e) => {
                 self.discard(w.size)?;
                 shared.stats.record(Op::Write, false, 0, t);
-                return self.reply(h, Err(e));
+                return self.reply(h, Err(e), None);
             }
         };
         // Payload bytes taken off the socket; the rest is discarded after the call,
@@ -296,6 +399,10 @@ impl Conn<'_> {
             if r.is_ok() { size as u64 } else { 0 },
             t,
         );
-        self.reply(h, r.map(|written| Reply::Write(WriteReply { written })))
+        self.reply(
+            h,
+            r.map(|written| Reply::Write(WriteReply { written })),
+            None,
+        )
     }
 }

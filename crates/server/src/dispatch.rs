@@ -2,7 +2,7 @@
 //! references, and the backend call.
 
 use crate::conn::{ro, Conn};
-use crate::session::Handle;
+use crate::session::{Access, Handle};
 use zcfs_backend::{Backend, Ctx, DirEntry, Error, Result};
 use zcfs_protocol::*;
 
@@ -64,10 +64,10 @@ impl<'a> Conn<'a> {
         Ok(held)
     }
 
-    /// A handle named by (node, fh) for flush/fsync/fallocate, with its generation
-    /// check held for the operation.
-    fn handle_for(&self, node: NodeRef, fh: u64) -> Result<(u64, Held<'a, 1>)> {
-        let (bfh, check) = self.resolve(node, fh)?;
+    /// A handle named by (node, fh) for flush/fsync/fallocate, open for `access`, with
+    /// its generation check held for the operation.
+    fn handle_for(&self, node: NodeRef, fh: u64, access: Access) -> Result<(u64, Held<'a, 1>)> {
+        let (bfh, check) = self.resolve(node, fh, access)?;
         let held = self.hold([if check { node } else { NodeRef::ino(node.ino) }])?;
         Ok((bfh, held))
     }
@@ -190,7 +190,7 @@ impl<'a> Conn<'a> {
                 Reply::Create(CreateReply { attr, fh })
             }
             Request::Flush(r) => {
-                let (bfh, _g) = self.handle_for(r.node, r.fh)?;
+                let (bfh, _g) = self.handle_for(r.node, r.fh, Access::Any)?;
                 b.flush(r.node.ino, bfh)?;
                 Reply::Flush(EmptyReply {})
             }
@@ -201,7 +201,7 @@ impl<'a> Conn<'a> {
                 Reply::Release(EmptyReply {})
             }
             Request::Fsync(r) => {
-                let (bfh, _g) = self.handle_for(r.node, r.fh)?;
+                let (bfh, _g) = self.handle_for(r.node, r.fh, Access::Any)?;
                 b.fsync(r.node.ino, bfh, r.datasync)?;
                 Reply::Fsync(EmptyReply {})
             }
@@ -240,7 +240,7 @@ impl<'a> Conn<'a> {
                 Reply::Removexattr(EmptyReply {})
             }
             Request::Fallocate(r) => {
-                let (bfh, _g) = self.handle_for(r.node, r.fh)?;
+                let (bfh, _g) = self.handle_for(r.node, r.fh, Access::Write)?;
                 b.fallocate(r.node.ino, bfh, r.offset, r.len, r.mode)?;
                 Reply::Fallocate(EmptyReply {})
             }

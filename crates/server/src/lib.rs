@@ -21,17 +21,29 @@
 //! stalls (stops reading replies, or stops sending in the middle of a message) for
 //! `ServerConfig::peer_timeout` is dropped; no lock of the server is held across
 //! socket I/O, so it delays no one else.
+//!
+//! Before authentication a peer is given little: the whole handshake must be done
+//! within `ServerConfig::handshake_timeout`, at most `max_handshakes` connections (and
+//! `max_handshakes_per_addr` from one address) may be in it at once, fewer than
+//! `max_connections`, and it touches no session until its proof checked out.
+//!
+//! A request that panics (a bug) is answered with EIO and ends its connection only: a
+//! guard gives back the connection's slot, socket and session however its thread
+//! ends, and the shared tables' locks are not poisoned by it.
 
 mod conn;
 mod dispatch;
 mod session;
 mod stats;
 
+pub use session::{REPLY_CACHE_BYTES, REPLY_CACHE_ENTRIES};
 pub use stats::{OpReport, ServerStats, StatsReport};
+pub use zcfs_transport::HANDSHAKE_TIMEOUT;
 
 use conn::{Conn, ConnEnd};
-use session::Sessions;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use session::{lock, Attachment, Sessions};
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -44,6 +56,12 @@ pub const DEFAULT_GRACE: Duration = Duration::from_secs(60);
 pub const DEFAULT_PEER_TIMEOUT: Duration = Duration::from_secs(30);
 /// Most open handles one session may hold by default.
 pub const DEFAULT_MAX_SESSION_HANDLES: usize = 1 << 20;
+/// Most connections in the handshake at once by default (a quarter of the default
+/// `max_connections`: peers that have not authenticated never hold the rest).
+pub const DEFAULT_MAX_HANDSHAKES: usize = 16;
+/// Most connections in the handshake at once from one address by default (a client
+/// dials its connections one after the other).
+pub const DEFAULT_MAX_HANDSHAKES_PER_ADDR: usize = 4;
 
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -62,6 +80,27 @@ pub struct ServerConfig {
     pub peer_timeout: Duration,
     /// Most open handles per session (EMFILE beyond).
     pub max_session_handles: usize,
+    /// How long a peer has for the whole handshake.
+    pub handshake_timeout: Duration,
+    /// Most connections in the handshake at once; always kept below `max_connections`
+    /// (see `handshake_limits`).
+    pub max_handshakes: usize,
+    /// Most connections in the handshake at once from one IP address.
+    pub max_handshakes_per_addr: usize,
+}
+
+impl ServerConfig {
+    /// The bounds on connections in the handshake as applied: (total, per address).
+    /// The total stays below `max_connections` (when it is above 1), so peers that
+    /// have not authenticated cannot hold every connection slot, and the per-address
+    /// bound within the total.
+    pub fn handshake_limits(&self) -> (usize, usize) {
+        let total = self
+            .max_handshakes
+            .min(self.max_connections.saturating_sub(1))
+            .max(1);
+        (total, self.max_handshakes_per_addr.clamp(1, total))
+    }
 }
 
 impl Default for ServerConfig {
@@ -76,6 +115,9 @@ impl Default for ServerConfig {
             grace: DEFAULT_GRACE,
             peer_timeout: DEFAULT_PEER_TIMEOUT,
             max_session_handles: DEFAULT_MAX_SESSION_HANDLES,
+            handshake_timeout: HANDSHAKE_TIMEOUT,
+            max_handshakes: DEFAULT_MAX_HANDSHAKES,
+            max_handshakes_per_addr: DEFAULT_MAX_HANDSHAKES_PER_ADDR,
         }
     }
 }
@@ -105,6 +147,13 @@ impl Shared {
     }
 }
 
+/// Connections in the handshake: in all, and by peer address.
+#[derive(Default)]
+struct Handshakes {
+    total: usize,
+    by_addr: HashMap<IpAddr, usize>,
+}
+
 /// A running server: accepts until `shutdown`.
 pub struct Server {
     shared: Arc<Shared>,
@@ -113,6 +162,51 @@ pub struct Server {
     stopping: AtomicBool,
     /// Open connections (a clone of each socket), to close them at shutdown.
     conns: Arc<Mutex<Vec<(u64, TcpStream)>>>,
+    handshakes: Arc<Mutex<Handshakes>>,
+}
+
+/// A connection's hold on the server's resources: its slot (`active`), its place in the
+/// handshake bounds while it is in the handshake, and the clone of its socket. Given
+/// back on drop, however the connection's thread ends (a panic included).
+struct Slot {
+    id: u64,
+    ip: IpAddr,
+    stats: Arc<ServerStats>,
+    conns: Arc<Mutex<Vec<(u64, TcpStream)>>>,
+    handshakes: Arc<Mutex<Handshakes>>,
+    handshaking: bool,
+}
+
+impl Slot {
+    /// The handshake ended (either way): its place in the handshake bounds is free.
+    fn handshake_done(&mut self) {
+        if !std::mem::take(&mut self.handshaking) {
+            return;
+        }
+        let mut h = lock(&self.handshakes);
+        h.total -= 1;
+        if let Some(n) = h.by_addr.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                h.by_addr.remove(&self.ip);
+            }
+        }
+        self.stats.handshaking.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.handshake_done();
+        let mut conns = lock(&self.conns);
+        if let Some(i) = conns.iter().position(|(i, _)| *i == self.id) {
+            let (_, s) = conns.swap_remove(i);
+            // The peer sees the end now, not when the last clone goes.
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        drop(conns);
+        self.stats.active.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Server {
@@ -135,6 +229,7 @@ impl Server {
             listener,
             stopping: AtomicBool::new(false),
             conns: Arc::new(Mutex::new(Vec::new())),
+            handshakes: Arc::new(Mutex::new(Handshakes::default())),
         })
     }
 
@@ -172,18 +267,48 @@ impl Server {
                     continue;
                 }
             };
-            let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+            let Ok(addr) = s.peer_addr() else {
+                continue;
+            };
+            let peer = addr.to_string();
             let stats = &self.shared.stats;
-            if stats.active.load(Ordering::SeqCst) >= self.shared.cfg.max_connections {
+            let cfg = &self.shared.cfg;
+            if stats.active.load(Ordering::SeqCst) >= cfg.max_connections {
                 stats.rejected_limit.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(%peer, limit = self.shared.cfg.max_connections, "connection refused: connection limit reached");
+                tracing::warn!(%peer, limit = cfg.max_connections, "connection refused: connection limit reached");
                 continue;
             }
-            let _ = tune(&s);
+            {
+                let (total, per_addr) = cfg.handshake_limits();
+                let mut h = lock(&self.handshakes);
+                let from_addr = h.by_addr.get(&addr.ip()).copied().unwrap_or(0);
+                if h.total >= total || from_addr >= per_addr {
+                    drop(h);
+                    stats
+                        .rejected_handshake_limit
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(%peer, total, per_addr, "connection refused: too many connections in the handshake");
+                    continue;
+                }
+                h.total += 1;
+                *h.by_addr.entry(addr.ip()).or_default() += 1;
+                stats.handshaking.fetch_add(1, Ordering::SeqCst);
+            }
             next_id += 1;
             let id = next_id;
+            stats.active.fetch_add(1, Ordering::SeqCst);
+            // From here on the slot gives everything back when dropped.
+            let mut slot = Slot {
+                id,
+                ip: addr.ip(),
+                stats: stats.clone(),
+                conns: self.conns.clone(),
+                handshakes: self.handshakes.clone(),
+                handshaking: true,
+            };
+            let _ = tune(&s);
             match s.try_clone() {
-                Ok(c) => self.conns.lock().unwrap().push((id, c)),
+                Ok(c) => lock(&self.conns).push((id, c)),
                 Err(e) => {
                     tracing::warn!(%peer, "connection refused: {e}");
                     continue;
@@ -193,20 +318,17 @@ impl Server {
             if self.stopping.load(Ordering::SeqCst) {
                 let _ = s.shutdown(std::net::Shutdown::Both);
             }
-            stats.active.fetch_add(1, Ordering::SeqCst);
             stats.connections.fetch_add(1, Ordering::Relaxed);
-            let (shared, conns) = (self.shared.clone(), self.conns.clone());
+            let shared = self.shared.clone();
             threads.retain(|t| !t.is_finished());
-            threads.push(
-                std::thread::Builder::new()
-                    .name(format!("zcfs-conn-{id}"))
-                    .spawn(move || {
-                        connection(s, &peer, &shared);
-                        conns.lock().unwrap().retain(|(i, _)| *i != id);
-                        shared.stats.active.fetch_sub(1, Ordering::SeqCst);
-                    })
-                    .expect("spawn connection thread"),
-            );
+            let spawned = std::thread::Builder::new()
+                .name(format!("zcfs-conn-{id}"))
+                .spawn(move || connection(s, &peer, &shared, &mut slot));
+            match spawned {
+                Ok(t) => threads.push(t),
+                // The closure (and the slot in it) is dropped: everything given back.
+                Err(e) => tracing::warn!("connection refused: spawning its thread: {e}"),
+            }
         }
         for t in threads {
             let _ = t.join();
@@ -221,7 +343,7 @@ impl Server {
     /// releases what the sessions held).
     pub fn shutdown(&self) {
         self.stopping.store(true, Ordering::SeqCst);
-        for (_, c) in self.conns.lock().unwrap().iter() {
+        for (_, c) in lock(&self.conns).iter() {
             let _ = c.shutdown(std::net::Shutdown::Both);
         }
         // Wake the accept loop.
@@ -233,70 +355,115 @@ impl Server {
     }
 }
 
-/// Serve one connection: handshake (joining its session), requests, and the end.
-fn connection(mut s: TcpStream, peer: &str, shared: &Shared) {
+/// A connection's place in its session, given back when dropped (however the
+/// connection's thread ends): the last connection of a session starts its grace period.
+struct Attached<'a> {
+    sessions: &'a Sessions,
+    attachment: Option<Attachment>,
+}
+
+impl Drop for Attached<'_> {
+    fn drop(&mut self) {
+        if let Some(a) = self.attachment.take() {
+            self.sessions.detach(a);
+        }
+    }
+}
+
+/// Serve one connection: handshake (joining its session once authenticated), requests,
+/// and the end.
+fn connection(mut s: TcpStream, peer: &str, shared: &Shared, slot: &mut Slot) {
     let stats = &shared.stats;
     if let Err(e) = set_peer_timeout(&s, shared.cfg.peer_timeout) {
         tracing::warn!(%peer, "dropping client: socket options: {e}");
         return;
     }
-    let mut session = None;
+    let mut attachment = None;
     let hs = server_handshake(
         &mut s,
         shared.cfg.secret.as_deref(),
         shared.cfg.max_inflight,
         shared.instance,
+        shared.cfg.handshake_timeout,
         &mut |hello| {
-            let (sess, resumed) = shared.sessions.attach(hello.session);
-            session = Some((sess, resumed));
+            let a = shared.sessions.attach(hello.session);
+            let resumed = a.resumed;
+            attachment = Some(a);
             resumed
         },
     );
-    let handshake_ok = hs.is_ok();
+    slot.handshake_done();
+    let hs = hs.and_then(|h| {
+        // Back from the handshake's deadline to the peer timeout.
+        set_peer_timeout(&s, shared.cfg.peer_timeout)?;
+        Ok(h)
+    });
     match hs {
         Ok(_) => {
-            let (session, resumed) = session.as_ref().expect("attached during the handshake");
-            let (session, resumed) = (&**session, *resumed);
+            let attached = Attached {
+                sessions: &shared.sessions,
+                attachment,
+            };
+            let a = attached
+                .attachment
+                .as_ref()
+                .expect("attached during the handshake");
+            let (session, resumed) = (&*a.session, a.resumed);
             if resumed {
                 stats.sessions_resumed.fetch_add(1, Ordering::Relaxed);
             }
             tracing::info!(%peer, session = format!("{:016x}", session.id), resumed, "client connected");
-            // Back from the handshake's deadline to the peer timeout.
-            if let Err(e) = s.set_read_timeout(Some(shared.cfg.peer_timeout)) {
-                tracing::warn!(%peer, "dropping client: socket options: {e}");
-            } else {
-                let mut conn = Conn { s, shared, session };
-                match conn.serve() {
-                    Ok(()) | Err(ConnEnd::Closed) => tracing::info!(%peer, "client disconnected"),
-                    Err(ConnEnd::Malformed(e)) => {
-                        stats.rejected_malformed.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!(%peer, "dropping client: malformed message: {e}");
-                    }
-                    Err(e @ ConnEnd::Stalled(_)) => {
-                        stats.dropped_stalled.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!(%peer, "dropping client: {e}");
-                    }
-                    Err(e) => tracing::info!(%peer, "client dropped: {e}"),
+            let mut conn = Conn {
+                s,
+                shared,
+                session,
+                replying: false,
+            };
+            match conn.serve() {
+                Ok(()) | Err(ConnEnd::Closed) => tracing::info!(%peer, "client disconnected"),
+                Err(ConnEnd::Malformed(e)) => {
+                    stats.rejected_malformed.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(%peer, "dropping client: malformed message: {e}");
                 }
+                Err(e @ ConnEnd::Stalled(_)) => {
+                    stats.dropped_stalled.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(%peer, "dropping client: {e}");
+                }
+                Err(e @ ConnEnd::Panicked { .. }) => {
+                    tracing::error!(%peer, "dropping client: {e}");
+                }
+                Err(e) => tracing::info!(%peer, "client dropped: {e}"),
             }
-        }
-        Err(TransportError::AuthFailed) => {
-            stats.rejected_auth.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(%peer, "dropping client: authentication failed");
-        }
-        Err(TransportError::Closed) => {
-            tracing::info!(%peer, "client hung up during the handshake");
+            // `attached` detaches here, then the slot is given back by the caller.
         }
         Err(e) => {
-            stats.rejected_malformed.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(%peer, "dropping client: handshake failed: {e}");
-        }
-    }
-    if let Some((sess, _)) = session {
-        if handshake_ok {
-            shared.sessions.detach(&sess);
-        } else {
-            shared.sessions.abandon(&sess);
+            // Attached only if the peer authenticated and then went away before the
+            // last message reached it: as if it had never come.
+            if let Some(a) = attachment {
+                shared.sessions.abandon(a);
+            }
+            match e {
+                TransportError::AuthFailed => {
+                    stats.rejected_auth.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(%peer, "dropping client: authentication failed");
+                }
+                TransportError::Closed => {
+                    tracing::info!(%peer, "client hung up during the handshake");
+                }
+                TransportError::Io(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
+                    ) =>
+                {
+                    stats.dropped_stalled.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(%peer, "dropping client: handshake not done within {:?}", shared.cfg.handshake_timeout);
+                }
+                e => {
+                    stats.rejected_malformed.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(%peer, "dropping client: handshake failed: {e}");
+                }
+            }
         }
     }
 }

@@ -6,14 +6,41 @@
 //! When its last connection ends it waits out the grace period: a connection with the
 //! same id resumes it; otherwise the reaper gives every handle and reference back to
 //! the backend. Locks here are held for table updates only, never across socket I/O or
-//! a backend call.
+//! a backend call, and a panic elsewhere never poisons them for the others (`lock`).
+//!
+//! A session also keeps the replies it sent (the **reply cache**, as NFSv4.1's session
+//! slots do): every request with session side effects (`Op::cached`: everything but
+//! read, write, ping and stats) is remembered by its request id, which is unique within
+//! a client's session, with its encoded reply. A client that lost a connection resends
+//! such a request with the same id on another connection; the server answers from the
+//! cache without executing it again (or, while the first is still running, waits for it
+//! and answers with its reply). So a create whose reply was lost leaves no unknown
+//! handle behind, and a release or forget lost on the way is applied exactly once. The
+//! cache is bounded per session by `REPLY_CACHE_ENTRIES` and `REPLY_CACHE_BYTES`,
+//! oldest evicted first; a request resent after its reply was evicted executes again.
 
 use crate::ServerStats;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use zcfs_backend::{Backend, Error};
+use zcfs_protocol::Op;
+
+/// Most replies one session's reply cache keeps (oldest evicted first). A client
+/// resends what it had in flight on a lost connection (by default 2 connections of 64
+/// requests), right after reconnecting: this leaves room for eight times that.
+pub const REPLY_CACHE_ENTRIES: usize = 1024;
+/// Most bytes (reply headers and bodies) one session's reply cache keeps. Every reply
+/// body fits (`MAX_BODY` is 256 KiB), so 16 of the largest are kept.
+pub const REPLY_CACHE_BYTES: usize = 4 << 20;
+
+/// Lock a mutex of the session tables, whether or not a panicking thread held it: they
+/// are changed in small steps that leave them consistent, so one panicking request
+/// must not take every other client's session down with it.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// An open handle of a session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +51,111 @@ pub(crate) struct Handle {
     /// The backend's own handle.
     pub backend_fh: u64,
     pub flags: i32,
+}
+
+/// What a request does through a handle: checked against the flags it was opened with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Access {
+    /// read
+    Read,
+    /// write, fallocate
+    Write,
+    /// flush, fsync, release: any open handle
+    Any,
+}
+
+impl Handle {
+    /// Whether the handle was opened for `a` (O_RDONLY reads, O_WRONLY writes, O_RDWR
+    /// both; the fourth access mode, 3, neither).
+    pub fn allows(&self, a: Access) -> bool {
+        let mode = self.flags & libc::O_ACCMODE;
+        match a {
+            Access::Read => mode == libc::O_RDONLY || mode == libc::O_RDWR,
+            Access::Write => mode == libc::O_WRONLY || mode == libc::O_RDWR,
+            Access::Any => true,
+        }
+    }
+}
+
+/// The replies a session sent for requests with side effects, by request id.
+#[derive(Default)]
+struct ReplyCache {
+    done: HashMap<u64, (Op, Arc<[u8]>)>,
+    /// Ids in `done`, oldest first.
+    order: VecDeque<u64>,
+    /// Bytes in `done`.
+    bytes: usize,
+    /// Ids being executed now (their replies are not known yet).
+    running: HashSet<u64>,
+}
+
+impl ReplyCache {
+    fn remove(&mut self, id: u64) {
+        if let Some((_, r)) = self.done.remove(&id) {
+            self.bytes -= r.len();
+            // Rare (an id reused for another operation): a linear search is fine.
+            if let Some(i) = self.order.iter().position(|&x| x == id) {
+                self.order.remove(i);
+            }
+        }
+    }
+
+    fn insert(&mut self, id: u64, op: Op, reply: Arc<[u8]>, max_entries: usize, max_bytes: usize) {
+        self.remove(id);
+        if reply.len() > max_bytes || max_entries == 0 {
+            return;
+        }
+        while self.order.len() >= max_entries || self.bytes + reply.len() > max_bytes {
+            let old = self
+                .order
+                .pop_front()
+                .expect("bytes are held by some entry");
+            let (_, r) = self.done.remove(&old).expect("order and done agree");
+            self.bytes -= r.len();
+        }
+        self.bytes += reply.len();
+        self.order.push_back(id);
+        self.done.insert(id, (op, reply));
+    }
+}
+
+/// What to do with a request whose reply is cached (see `Session::begin`).
+pub(crate) enum Begin<'a> {
+    /// Executed before: send this reply again.
+    Replay(Arc<[u8]>),
+    /// New: execute it, and give its reply to the claim.
+    Run(Claim<'a>),
+}
+
+/// A request of a session being executed; its reply goes into the cache with `finish`.
+/// Dropped unfinished (a panic), it stops being "running", so a resend executes.
+pub(crate) struct Claim<'a> {
+    session: &'a Session,
+    id: u64,
+    op: Op,
+    done: bool,
+}
+
+impl Claim<'_> {
+    /// The encoded reply (header and body): kept for resends of the same id.
+    pub fn finish(mut self, reply: Arc<[u8]>) {
+        self.done = true;
+        let s = self.session;
+        let mut c = lock(&s.replies);
+        c.running.remove(&self.id);
+        c.insert(self.id, self.op, reply, s.max_replies, s.max_reply_bytes);
+        drop(c);
+        s.replied.notify_all();
+    }
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            lock(&self.session.replies).running.remove(&self.id);
+            self.session.replied.notify_all();
+        }
+    }
 }
 
 #[derive(Default)]
@@ -48,6 +180,11 @@ pub(crate) struct Session {
     pub id: u64,
     max_handles: usize,
     state: Mutex<SessionState>,
+    replies: Mutex<ReplyCache>,
+    /// Signalled when a running request's reply is known.
+    replied: Condvar,
+    max_replies: usize,
+    max_reply_bytes: usize,
 }
 
 fn ebadf(fh: u64) -> Error {
@@ -58,9 +195,55 @@ fn ebadf(fh: u64) -> Error {
 }
 
 impl Session {
+    fn new(id: u64, max_handles: usize, limits: ReplyLimits) -> Session {
+        Session {
+            id,
+            max_handles,
+            state: Mutex::new(SessionState::default()),
+            replies: Mutex::new(ReplyCache::default()),
+            replied: Condvar::new(),
+            max_replies: limits.entries,
+            max_reply_bytes: limits.bytes,
+        }
+    }
+
+    /// A request with session side effects (`Op::cached`) arrived: answer it from the
+    /// reply cache if this id was executed before (with this operation), wait for it if
+    /// it is executing now (a resend that overtook the first attempt), or claim it.
+    pub fn begin(&self, id: u64, op: Op) -> Begin<'_> {
+        let mut c = lock(&self.replies);
+        loop {
+            if let Some((was, reply)) = c.done.get(&id) {
+                if *was == op {
+                    return Begin::Replay(reply.clone());
+                }
+                // The id named another operation (a client breaking the rule that
+                // ids are unique): this one is new.
+                c.remove(id);
+            }
+            if !c.running.contains(&id) {
+                break;
+            }
+            c = self.replied.wait(c).unwrap_or_else(|e| e.into_inner());
+        }
+        c.running.insert(id);
+        Begin::Run(Claim {
+            session: self,
+            id,
+            op,
+            done: false,
+        })
+    }
+
+    /// Replies cached (tests and stats): count, bytes.
+    pub fn cached_replies(&self) -> (usize, usize) {
+        let c = lock(&self.replies);
+        (c.done.len(), c.bytes)
+    }
+
     /// One more reference held for the client to `ino`.
     pub fn add_ref(&self, ino: u64) {
-        let mut st = self.state.lock().unwrap();
+        let mut st = lock(&self.state);
         let n = st.refs.entry(ino).or_insert(0);
         *n = n.saturating_add(1);
     }
@@ -68,7 +251,7 @@ impl Session {
     /// Take up to `n` references to `ino` back (never more than the session holds);
     /// returns how many to give back to the backend.
     pub fn take_refs(&self, ino: u64, n: u64) -> u64 {
-        let mut st = self.state.lock().unwrap();
+        let mut st = lock(&self.state);
         let Some(have) = st.refs.get_mut(&ino) else {
             return 0;
         };
@@ -83,18 +266,12 @@ impl Session {
     /// References held for `ino` (tests and stats).
     #[cfg(test)]
     pub fn refs_of(&self, ino: u64) -> u64 {
-        self.state
-            .lock()
-            .unwrap()
-            .refs
-            .get(&ino)
-            .copied()
-            .unwrap_or(0)
+        lock(&self.state).refs.get(&ino).copied().unwrap_or(0)
     }
 
     /// Whether another handle fits (checked before asking the backend to open).
     pub fn has_room(&self) -> Result<(), Error> {
-        if self.state.lock().unwrap().handles.len() >= self.max_handles {
+        if lock(&self.state).handles.len() >= self.max_handles {
             return Err(self.too_many());
         }
         Ok(())
@@ -112,7 +289,7 @@ impl Session {
 
     /// Register an open handle; returns the fh the client will name it by.
     pub fn add_handle(&self, h: Handle) -> Result<u64, Error> {
-        let mut st = self.state.lock().unwrap();
+        let mut st = lock(&self.state);
         if st.handles.len() >= self.max_handles {
             return Err(self.too_many());
         }
@@ -122,17 +299,28 @@ impl Session {
         Ok(fh)
     }
 
-    /// The handle `fh` of this session, if it is open for `ino`.
-    pub fn handle(&self, fh: u64, ino: u64) -> Result<Handle, Error> {
-        match self.state.lock().unwrap().handles.get(&fh) {
-            Some(h) if h.ino == ino => Ok(*h),
+    /// The handle `fh` of this session, if it is open for `ino` and for `access`.
+    pub fn handle(&self, fh: u64, ino: u64, access: Access) -> Result<Handle, Error> {
+        match lock(&self.state).handles.get(&fh) {
+            Some(h) if h.ino == ino && h.allows(access) => Ok(*h),
+            Some(h) if h.ino == ino => Err(Error::new(
+                libc::EBADF,
+                format!(
+                    "handle {fh} was opened with flags {:#o}, not for {}",
+                    h.flags,
+                    match access {
+                        Access::Read => "reading",
+                        _ => "writing",
+                    }
+                ),
+            )),
             _ => Err(ebadf(fh)),
         }
     }
 
     /// Remove the handle `fh` (open for `ino`) from the session, to release it.
     pub fn take_handle(&self, fh: u64, ino: u64) -> Result<Handle, Error> {
-        let mut st = self.state.lock().unwrap();
+        let mut st = lock(&self.state);
         match st.handles.get(&fh) {
             Some(h) if h.ino == ino => Ok(st.handles.remove(&fh).expect("present")),
             _ => Err(ebadf(fh)),
@@ -140,7 +328,7 @@ impl Session {
     }
 
     fn drain(&self) -> (Vec<Handle>, Vec<(u64, u64)>) {
-        let mut st = self.state.lock().unwrap();
+        let mut st = lock(&self.state);
         (
             st.handles.drain().map(|(_, h)| h).collect(),
             st.refs.drain().collect(),
@@ -155,6 +343,35 @@ pub(crate) struct SessionCounts {
     pub in_grace: usize,
     pub handles: u64,
     pub references: u64,
+    /// Replies kept in reply caches, and their bytes.
+    pub replies_cached: u64,
+    pub reply_cache_bytes: u64,
+}
+
+/// Bounds of each session's reply cache.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ReplyLimits {
+    pub entries: usize,
+    pub bytes: usize,
+}
+
+impl Default for ReplyLimits {
+    fn default() -> Self {
+        ReplyLimits {
+            entries: REPLY_CACHE_ENTRIES,
+            bytes: REPLY_CACHE_BYTES,
+        }
+    }
+}
+
+/// A connection's place in a session, from `Sessions::attach`; given back with
+/// `detach` (the connection ended) or `abandon` (its handshake failed after all).
+pub(crate) struct Attachment {
+    pub session: Arc<Session>,
+    pub resumed: bool,
+    /// When the session went idle before this connection came (to restore it if the
+    /// handshake fails: a failed handshake does not restart the grace period).
+    idle_since: Option<Instant>,
 }
 
 /// The session table and its reaper.
@@ -164,6 +381,7 @@ pub(crate) struct Sessions {
     wake: Condvar,
     grace: Duration,
     max_handles: usize,
+    limits: ReplyLimits,
 }
 
 #[derive(Default)]
@@ -174,62 +392,51 @@ struct SessionMap {
 
 impl Sessions {
     pub fn new(grace: Duration, max_handles: usize) -> Sessions {
+        Sessions::with_limits(grace, max_handles, ReplyLimits::default())
+    }
+
+    pub fn with_limits(grace: Duration, max_handles: usize, limits: ReplyLimits) -> Sessions {
         Sessions {
             map: Mutex::new(SessionMap::default()),
             wake: Condvar::new(),
             grace,
             max_handles,
+            limits,
         }
     }
 
-    /// A connection with session id `id` arrived: join the session, or start one.
-    /// Returns the session and whether it already existed (resumed).
-    pub fn attach(&self, id: u64) -> (Arc<Session>, bool) {
-        let mut m = self.map.lock().unwrap();
+    /// An authenticated connection (or any, when the server has no secret) with
+    /// session id `id`: join the session, or start one.
+    pub fn attach(&self, id: u64) -> Attachment {
+        let mut m = lock(&self.map);
         if let Some(s) = m.sessions.get(&id) {
             let s = s.clone();
-            let mut st = s.state.lock().unwrap();
+            let mut st = lock(&s.state);
             st.connections += 1;
-            st.idle_since = None;
+            let idle_since = st.idle_since.take();
             drop(st);
-            return (s, true);
+            return Attachment {
+                session: s,
+                resumed: true,
+                idle_since,
+            };
         }
-        let s = Arc::new(Session {
-            id,
-            max_handles: self.max_handles,
-            state: Mutex::new(SessionState {
-                connections: 1,
-                ..Default::default()
-            }),
-        });
+        let s = Arc::new(Session::new(id, self.max_handles, self.limits));
+        lock(&s.state).connections = 1;
         m.sessions.insert(id, s.clone());
-        (s, false)
+        Attachment {
+            session: s,
+            resumed: false,
+            idle_since: None,
+        }
     }
 
-    /// A connection of `s` ended: the last one starts the grace period.
-    pub fn detach(&self, s: &Arc<Session>) {
-        self.end_connection(s, false);
-    }
-
-    /// A connection of `s` failed its handshake: as `detach`, but a session left
-    /// without connections and holding nothing is forgotten at once (peers that fail
-    /// authentication do not fill the table with empty sessions).
-    pub fn abandon(&self, s: &Arc<Session>) {
-        self.end_connection(s, true);
-    }
-
-    fn end_connection(&self, s: &Arc<Session>, forget_if_empty: bool) {
-        let mut m = self.map.lock().unwrap();
-        let mut st = s.state.lock().unwrap();
+    /// A connection ended: the last one of its session starts the grace period.
+    pub fn detach(&self, a: Attachment) {
+        let m = lock(&self.map);
+        let mut st = lock(&a.session.state);
         st.connections -= 1;
         if st.connections > 0 {
-            return;
-        }
-        if forget_if_empty && st.holds_nothing() {
-            drop(st);
-            if m.sessions.get(&s.id).is_some_and(|x| Arc::ptr_eq(x, s)) {
-                m.sessions.remove(&s.id);
-            }
             return;
         }
         st.idle_since = Some(Instant::now());
@@ -238,11 +445,37 @@ impl Sessions {
         self.wake.notify_all();
     }
 
+    /// A connection's handshake failed after it attached (the peer went away before the
+    /// last message reached it): the session is as if it had never come. A session it
+    /// started is forgotten; one in grace keeps its deadline.
+    pub fn abandon(&self, a: Attachment) {
+        let mut m = lock(&self.map);
+        let s = &a.session;
+        let mut st = lock(&s.state);
+        st.connections -= 1;
+        if st.connections > 0 {
+            return;
+        }
+        if !a.resumed && st.holds_nothing() {
+            drop(st);
+            if m.sessions.get(&s.id).is_some_and(|x| Arc::ptr_eq(x, s)) {
+                m.sessions.remove(&s.id);
+            }
+            return;
+        }
+        // Connections that ended while this one was counted did not start the grace
+        // period: it starts now.
+        st.idle_since = Some(a.idle_since.unwrap_or_else(Instant::now));
+        drop(st);
+        drop(m);
+        self.wake.notify_all();
+    }
+
     pub fn counts(&self) -> SessionCounts {
-        let m = self.map.lock().unwrap();
+        let m = lock(&self.map);
         let mut c = SessionCounts::default();
         for s in m.sessions.values() {
-            let st = s.state.lock().unwrap();
+            let st = lock(&s.state);
             if st.connections > 0 {
                 c.active += 1;
             } else {
@@ -250,19 +483,23 @@ impl Sessions {
             }
             c.handles += st.handles.len() as u64;
             c.references += st.refs.values().sum::<u64>();
+            drop(st);
+            let (n, bytes) = s.cached_replies();
+            c.replies_cached += n as u64;
+            c.reply_cache_bytes += bytes as u64;
         }
         c
     }
 
     /// The reaper: until `stop`, release each session whose grace period ran out.
     pub fn reap(&self, backend: &dyn Backend, stats: &ServerStats) {
-        let mut m = self.map.lock().unwrap();
+        let mut m = lock(&self.map);
         while !m.stopping {
             let now = Instant::now();
             let mut expired = Vec::new();
             let mut next: Option<Instant> = None;
             m.sessions.retain(|_, s| {
-                let st = s.state.lock().unwrap();
+                let st = lock(&s.state);
                 match st.idle_since {
                     Some(t) if st.connections == 0 => {
                         let deadline = t + self.grace;
@@ -283,17 +520,17 @@ impl Sessions {
                     tracing::info!(session = format!("{:016x}", s.id), "session expired");
                     release(&s, backend, stats);
                 }
-                m = self.map.lock().unwrap();
+                m = lock(&self.map);
                 continue;
             }
             m = match next {
                 Some(t) => {
                     self.wake
                         .wait_timeout(m, t.saturating_duration_since(now))
-                        .unwrap()
+                        .unwrap_or_else(|e| e.into_inner())
                         .0
                 }
-                None => self.wake.wait(m).unwrap(),
+                None => self.wake.wait(m).unwrap_or_else(|e| e.into_inner()),
             };
         }
     }
@@ -302,7 +539,7 @@ impl Sessions {
     /// connection ended).
     pub fn stop(&self, backend: &dyn Backend, stats: &ServerStats) {
         let all: Vec<Arc<Session>> = {
-            let mut m = self.map.lock().unwrap();
+            let mut m = lock(&self.map);
             m.stopping = true;
             m.sessions.drain().map(|(_, s)| s).collect()
         };
@@ -339,18 +576,30 @@ mod tests {
     use zcfs_backend::null::NullFs;
 
     fn handle(ino: u64) -> Handle {
+        handle_with(ino, libc::O_RDWR)
+    }
+
+    fn handle_with(ino: u64, flags: i32) -> Handle {
         Handle {
             ino,
             gen: 1,
             backend_fh: 0,
-            flags: 0,
+            flags,
         }
+    }
+
+    fn attach(t: &Sessions, id: u64) -> (Arc<Session>, bool) {
+        let a = t.attach(id);
+        let r = (a.session.clone(), a.resumed);
+        // The connection stays counted (as while it is served).
+        std::mem::forget(a);
+        r
     }
 
     #[test]
     fn references_never_go_below_zero() {
         let t = Sessions::new(Duration::from_secs(60), 8);
-        let (s, resumed) = t.attach(7);
+        let (s, resumed) = attach(&t, 7);
         assert!(!resumed);
         s.add_ref(5);
         s.add_ref(5);
@@ -363,13 +612,16 @@ mod tests {
     #[test]
     fn handles_are_per_session_and_bounded() {
         let t = Sessions::new(Duration::from_secs(60), 2);
-        let (a, _) = t.attach(1);
-        let (b, _) = t.attach(2);
+        let (a, _) = attach(&t, 1);
+        let (b, _) = attach(&t, 2);
         let fa = a.add_handle(handle(10)).unwrap();
         assert_eq!(b.take_handle(fa, 10).unwrap_err().errno, libc::EBADF);
-        assert_eq!(a.handle(fa, 11).unwrap_err().errno, libc::EBADF);
+        assert_eq!(
+            a.handle(fa, 11, Access::Any).unwrap_err().errno,
+            libc::EBADF
+        );
         assert_eq!(a.take_handle(fa, 11).unwrap_err().errno, libc::EBADF);
-        assert_eq!(a.handle(fa, 10).unwrap().ino, 10);
+        assert_eq!(a.handle(fa, 10, Access::Any).unwrap().ino, 10);
         // The bound: exactly `max_handles` fit.
         a.add_handle(handle(11)).unwrap();
         assert!(a.has_room().is_err());
@@ -384,6 +636,32 @@ mod tests {
     }
 
     #[test]
+    fn a_handle_serves_what_it_was_opened_for() {
+        let t = Sessions::new(Duration::from_secs(60), 8);
+        let (s, _) = attach(&t, 1);
+        let ro = s.add_handle(handle_with(5, libc::O_RDONLY)).unwrap();
+        let wo = s
+            .add_handle(handle_with(5, libc::O_WRONLY | libc::O_APPEND))
+            .unwrap();
+        let rw = s
+            .add_handle(handle_with(5, libc::O_RDWR | libc::O_CREAT))
+            .unwrap();
+        let none = s.add_handle(handle_with(5, libc::O_ACCMODE)).unwrap();
+        let ok = |fh, a| s.handle(fh, 5, a).map(|_| ()).map_err(|e| e.errno);
+        assert_eq!(ok(ro, Access::Read), Ok(()));
+        assert_eq!(ok(ro, Access::Write), Err(libc::EBADF));
+        assert_eq!(ok(wo, Access::Read), Err(libc::EBADF));
+        assert_eq!(ok(wo, Access::Write), Ok(()));
+        assert_eq!(ok(rw, Access::Read), Ok(()));
+        assert_eq!(ok(rw, Access::Write), Ok(()));
+        for fh in [ro, wo, rw, none] {
+            assert_eq!(ok(fh, Access::Any), Ok(()));
+        }
+        assert_eq!(ok(none, Access::Read), Err(libc::EBADF));
+        assert_eq!(ok(none, Access::Write), Err(libc::EBADF));
+    }
+
+    #[test]
     fn a_session_outlives_its_connections_by_the_grace_period() {
         let t = Arc::new(Sessions::new(Duration::from_millis(300), 8));
         let stats = Arc::new(ServerStats::default());
@@ -391,33 +669,143 @@ mod tests {
             let (t, stats) = (t.clone(), stats.clone());
             std::thread::spawn(move || t.reap(&NullFs::default(), &stats))
         };
-        // A failed handshake's empty session is forgotten at once.
-        let (s, _) = t.attach(1);
-        t.abandon(&s);
+        // A failed handshake's new session is forgotten at once.
+        let a = t.attach(1);
+        t.abandon(a);
         assert_eq!(t.counts().in_grace, 0);
         // An empty session of a client that was connected waits out the grace period.
-        let (s, resumed) = t.attach(1);
-        assert!(!resumed);
-        t.detach(&s);
+        let a = t.attach(1);
+        assert!(!a.resumed);
+        t.detach(a);
         assert_eq!(t.counts().in_grace, 1);
-        let (s, resumed) = t.attach(1);
-        assert!(resumed);
+        let a = t.attach(1);
+        assert!(a.resumed);
+        let s = a.session.clone();
         s.add_ref(9);
-        t.detach(&s);
+        t.detach(a);
         // Resumed within grace...
         std::thread::sleep(Duration::from_millis(100));
-        let (s2, resumed) = t.attach(1);
-        assert!(resumed && Arc::ptr_eq(&s, &s2));
-        assert_eq!(s2.refs_of(9), 1);
-        t.detach(&s2);
+        let a = t.attach(1);
+        assert!(a.resumed && Arc::ptr_eq(&s, &a.session));
+        assert_eq!(a.session.refs_of(9), 1);
+        t.detach(a);
         assert_eq!(t.counts().in_grace, 1);
         // ... and released after it.
         std::thread::sleep(Duration::from_millis(600));
         assert_eq!(t.counts().in_grace, 0);
         assert_eq!(stats.sessions_expired.load(Ordering::Relaxed), 1);
         assert_eq!(stats.expired_references.load(Ordering::Relaxed), 1);
-        assert!(!t.attach(1).1, "a new session after expiry");
+        assert!(!t.attach(1).resumed, "a new session after expiry");
         t.stop(&NullFs::default(), &stats);
         reaper.join().unwrap();
+    }
+
+    /// A handshake that fails after attaching (the peer left before the last message)
+    /// leaves a session in grace exactly as it was: its deadline is not moved.
+    #[test]
+    fn a_failed_handshake_does_not_restart_the_grace_period() {
+        let grace = Duration::from_millis(400);
+        let t = Arc::new(Sessions::new(grace, 8));
+        let stats = Arc::new(ServerStats::default());
+        let reaper = {
+            let (t, stats) = (t.clone(), stats.clone());
+            std::thread::spawn(move || t.reap(&NullFs::default(), &stats))
+        };
+        let a = t.attach(1);
+        a.session.add_ref(9);
+        t.detach(a);
+        let idle = Instant::now();
+        while idle.elapsed() < grace * 3 && t.counts().in_grace == 1 {
+            let a = t.attach(1);
+            assert!(a.resumed);
+            t.abandon(a);
+            std::thread::sleep(grace / 8);
+        }
+        let took = idle.elapsed();
+        assert_eq!(t.counts().in_grace, 0, "still held after {took:?}");
+        assert!(took < grace * 2, "{took:?}");
+        assert_eq!(stats.expired_references.load(Ordering::Relaxed), 1);
+        t.stop(&NullFs::default(), &stats);
+        reaper.join().unwrap();
+    }
+
+    fn reply(len: usize, fill: u8) -> Arc<[u8]> {
+        vec![fill; len].into()
+    }
+
+    fn run(s: &Session, id: u64, op: Op, r: Arc<[u8]>) {
+        match s.begin(id, op) {
+            Begin::Run(c) => c.finish(r),
+            Begin::Replay(_) => panic!("id {id} replayed"),
+        }
+    }
+
+    fn replayed(s: &Session, id: u64, op: Op) -> Option<Arc<[u8]>> {
+        match s.begin(id, op) {
+            Begin::Replay(r) => Some(r),
+            Begin::Run(_) => None,
+        }
+    }
+
+    /// The reply cache keeps exactly REPLY_CACHE_ENTRIES replies, then evicts the oldest.
+    #[test]
+    fn the_reply_cache_holds_its_count_bound() {
+        let t = Sessions::new(Duration::from_secs(60), 8);
+        let (s, _) = attach(&t, 1);
+        for id in 1..=REPLY_CACHE_ENTRIES as u64 {
+            run(&s, id, Op::Mkdir, reply(40, id as u8));
+        }
+        assert_eq!(
+            s.cached_replies(),
+            (REPLY_CACHE_ENTRIES, REPLY_CACHE_ENTRIES * 40)
+        );
+        assert_eq!(&*replayed(&s, 1, Op::Mkdir).unwrap(), &[1u8; 40][..]);
+        run(&s, REPLY_CACHE_ENTRIES as u64 + 1, Op::Mkdir, reply(40, 0));
+        assert_eq!(s.cached_replies().0, REPLY_CACHE_ENTRIES);
+        assert!(replayed(&s, 1, Op::Mkdir).is_none(), "the oldest evicted");
+        assert!(replayed(&s, 2, Op::Mkdir).is_some());
+    }
+
+    /// ... and at most REPLY_CACHE_BYTES bytes, evicting the oldest to make room.
+    #[test]
+    fn the_reply_cache_holds_its_byte_bound() {
+        let t = Sessions::new(Duration::from_secs(60), 8);
+        let (s, _) = attach(&t, 1);
+        let big = REPLY_CACHE_BYTES / 16;
+        for id in 1..=16 {
+            run(&s, id, Op::Readdir, reply(big, 1));
+        }
+        assert_eq!(s.cached_replies(), (16, REPLY_CACHE_BYTES));
+        assert!(replayed(&s, 1, Op::Readdir).is_some());
+        run(&s, 17, Op::Forget, reply(1, 2));
+        assert_eq!(s.cached_replies(), (16, REPLY_CACHE_BYTES - big + 1));
+        assert!(replayed(&s, 1, Op::Readdir).is_none(), "the oldest evicted");
+        assert!(replayed(&s, 2, Op::Readdir).is_some());
+        // A reply over the bound is not kept (and evicts nothing).
+        run(&s, 18, Op::Readdir, reply(REPLY_CACHE_BYTES + 1, 3));
+        assert!(replayed(&s, 18, Op::Readdir).is_none());
+        assert_eq!(s.cached_replies(), (16, REPLY_CACHE_BYTES - big + 1));
+    }
+
+    /// A resend that arrives while the first attempt still runs waits for its reply; an
+    /// id reused for another operation is new; a claim dropped unfinished (a panic)
+    /// lets a resend execute.
+    #[test]
+    fn a_resend_waits_for_the_running_attempt() {
+        let t = Sessions::new(Duration::from_secs(60), 8);
+        let (s, _) = attach(&t, 1);
+        let Begin::Run(first) = s.begin(5, Op::Create) else {
+            panic!("new id replayed")
+        };
+        std::thread::scope(|scope| {
+            let resend = scope.spawn(|| replayed(&s, 5, Op::Create));
+            std::thread::sleep(Duration::from_millis(100));
+            assert!(!resend.is_finished(), "the resend did not wait");
+            first.finish(reply(8, 7));
+            assert_eq!(&*resend.join().unwrap().unwrap(), &[7u8; 8][..]);
+        });
+        assert!(replayed(&s, 5, Op::Release).is_none(), "another operation");
+        drop(replayed(&s, 6, Op::Lookup));
+        assert!(replayed(&s, 6, Op::Lookup).is_none(), "an unfinished claim");
     }
 }

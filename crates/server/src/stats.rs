@@ -28,8 +28,18 @@ pub struct ServerStats {
     pub rejected_invalid: AtomicU64,
     pub rejected_auth: AtomicU64,
     pub rejected_limit: AtomicU64,
-    /// Connections dropped because the peer stalled past the peer timeout.
+    /// Connections refused because too many (from everywhere, or from the peer's
+    /// address) were still in the handshake.
+    pub rejected_handshake_limit: AtomicU64,
+    /// Connections in the handshake now (part of `active`).
+    pub handshaking: AtomicUsize,
+    /// Connections dropped because the peer stalled past the peer timeout (or did not
+    /// finish the handshake within its deadline).
     pub dropped_stalled: AtomicU64,
+    /// Resent requests answered from a session's reply cache (not executed again).
+    pub replies_replayed: AtomicU64,
+    /// Requests that panicked (answered with EIO; their connection dropped).
+    pub panics: AtomicU64,
     /// Connections that joined a session the server still had.
     pub sessions_resumed: AtomicU64,
     /// Sessions released after their grace period (or at shutdown).
@@ -51,7 +61,11 @@ impl Default for ServerStats {
             rejected_invalid: AtomicU64::new(0),
             rejected_auth: AtomicU64::new(0),
             rejected_limit: AtomicU64::new(0),
+            rejected_handshake_limit: AtomicU64::new(0),
+            handshaking: AtomicUsize::new(0),
             dropped_stalled: AtomicU64::new(0),
+            replies_replayed: AtomicU64::new(0),
+            panics: AtomicU64::new(0),
             sessions_resumed: AtomicU64::new(0),
             sessions_expired: AtomicU64::new(0),
             expired_handles: AtomicU64::new(0),
@@ -81,7 +95,16 @@ pub struct StatsReport {
     pub rejected_auth: u64,
     pub rejected_limit: u64,
     #[serde(default)]
+    pub rejected_handshake_limit: u64,
+    /// Connections still in the handshake (counted in `connections_active` too).
+    #[serde(default)]
+    pub connections_handshaking: usize,
+    #[serde(default)]
     pub dropped_stalled: u64,
+    #[serde(default)]
+    pub replies_replayed: u64,
+    #[serde(default)]
+    pub requests_panicked: u64,
     #[serde(default)]
     pub sessions_active: usize,
     #[serde(default)]
@@ -96,6 +119,11 @@ pub struct StatsReport {
     /// Inode references held for all sessions now.
     #[serde(default)]
     pub references_held: u64,
+    /// Replies kept in the sessions' reply caches now, and their bytes.
+    #[serde(default)]
+    pub replies_cached: u64,
+    #[serde(default)]
+    pub reply_cache_bytes: u64,
     #[serde(default)]
     pub expired_handles: u64,
     #[serde(default)]
@@ -151,6 +179,8 @@ impl ServerStats {
             in_grace,
             handles,
             references,
+            replies_cached,
+            reply_cache_bytes,
         } = sessions.counts();
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         StatsReport {
@@ -161,13 +191,19 @@ impl ServerStats {
             rejected_invalid: load(&self.rejected_invalid),
             rejected_auth: load(&self.rejected_auth),
             rejected_limit: load(&self.rejected_limit),
+            rejected_handshake_limit: load(&self.rejected_handshake_limit),
+            connections_handshaking: self.handshaking.load(Ordering::Relaxed),
             dropped_stalled: load(&self.dropped_stalled),
+            replies_replayed: load(&self.replies_replayed),
+            requests_panicked: load(&self.panics),
             sessions_active: active,
             sessions_in_grace: in_grace,
             sessions_resumed: load(&self.sessions_resumed),
             sessions_expired: load(&self.sessions_expired),
             handles_open: handles,
             references_held: references,
+            replies_cached,
+            reply_cache_bytes,
             expired_handles: load(&self.expired_handles),
             expired_references: load(&self.expired_references),
             payload_bytes_read: r,

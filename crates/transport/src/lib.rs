@@ -5,7 +5,7 @@
 use rand::RngCore;
 use std::io::{IoSlice, IoSliceMut, Read, Write};
 use std::net::TcpStream;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use zcfs_protocol::handshake::*;
 use zcfs_protocol::{ProtoError, MAX_DATA, VERSION};
 
@@ -183,11 +183,62 @@ fn nonce() -> [u8; 32] {
     n
 }
 
-/// How long a server gives a peer to complete the handshake.
+/// How long a server gives a peer to complete the whole handshake (every read and
+/// write of it together, not each one).
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// One deadline for a sequence of reads and writes on a socket: each waits at most for
+/// the time left, so a peer that trickles bytes cannot stretch it.
+struct Deadline(Instant);
+
+impl Deadline {
+    fn after(d: Duration) -> Deadline {
+        Deadline(Instant::now() + d)
+    }
+
+    fn left(&self) -> std::io::Result<Duration> {
+        let left = self.0.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the handshake was not finished within its deadline",
+            ));
+        }
+        Ok(left)
+    }
+
+    fn read_exact(&self, s: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<()> {
+        let mut got = 0;
+        while got < buf.len() {
+            s.set_read_timeout(Some(self.left()?))?;
+            match s.read(&mut buf[got..]) {
+                Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => got += n,
+                // Timed out (or woken early): `left` decides on the next round.
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted || timed_out(&e) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    fn write_all(&self, s: &mut TcpStream, mut buf: &[u8]) -> std::io::Result<()> {
+        while !buf.is_empty() {
+            s.set_write_timeout(Some(self.left()?))?;
+            match s.write(buf) {
+                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                Ok(n) => buf = &buf[n..],
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted || timed_out(&e) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Client side of the handshake, for the client's `session` (random, not 0). Returns
-/// the server's welcome (limits, instance, whether the session was resumed).
+/// the server's welcome (limits, instance, and whether the session was resumed: with
+/// authentication, as the verdict said it).
 pub fn client_handshake(s: &mut TcpStream, secret: Option<&[u8]>, session: u64) -> Result<Welcome> {
     let cn = nonce();
     s.write_all(
@@ -201,7 +252,7 @@ pub fn client_handshake(s: &mut TcpStream, secret: Option<&[u8]>, session: u64) 
     )?;
     let mut wb = [0u8; WELCOME_LEN];
     s.read_exact(&mut wb).map_err(eof_closed)?;
-    let w = Welcome::decode(&wb)?;
+    let mut w = Welcome::decode(&wb)?;
     if !w.auth {
         return Ok(w);
     }
@@ -212,29 +263,41 @@ pub fn client_handshake(s: &mut TcpStream, secret: Option<&[u8]>, session: u64) 
     s.write_all(&client_proof(secret, &w.nonce, &cn))?;
     let mut v = [0u8; VERDICT_LEN];
     s.read_exact(&mut v).map_err(eof_closed)?;
-    if u64::from_le_bytes(v) != 0 {
+    let v = Verdict::decode(&v)?;
+    if v.status != 0 {
         return Err(TransportError::AuthFailed);
     }
+    w.resumed = v.resumed;
     Ok(w)
 }
 
-/// Server side of the handshake, with a deadline so a silent peer cannot hold a slot.
-/// `attach` is called with the client's hello before the welcome goes out and says
-/// whether its session was resumed; when this then fails (authentication), the caller
-/// undoes the attachment. The socket's read timeout is left at `HANDSHAKE_TIMEOUT`.
+/// Server side of the handshake, all of it within `timeout` (`HANDSHAKE_TIMEOUT`), so a
+/// silent or trickling peer cannot hold a connection for longer.
+///
+/// `attach` is called with the client's hello once the peer may have a session: after
+/// its proof checked out when there is a secret (so a peer that does not know the
+/// secret never touches one, nor learns whether it exists), before the welcome
+/// otherwise. It says whether the session was resumed, which the verdict (or, without a
+/// secret, the welcome) carries. If the handshake fails after `attach` (the peer went
+/// away before the last message reached it), the caller undoes the attachment. The
+/// socket's timeouts are left as the deadline set them: the caller sets its own.
 pub fn server_handshake(
     s: &mut TcpStream,
     secret: Option<&[u8]>,
     max_inflight: u32,
     instance: u64,
+    timeout: Duration,
     attach: &mut dyn FnMut(&Hello) -> bool,
 ) -> Result<Hello> {
-    s.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+    let deadline = Deadline::after(timeout);
     let mut hb = [0u8; HELLO_LEN];
-    s.read_exact(&mut hb).map_err(eof_closed)?;
+    deadline.read_exact(s, &mut hb).map_err(eof_closed)?;
     let h = Hello::decode(&hb)?;
     let sn = nonce();
-    let resumed = attach(&h);
+    let resumed = match secret {
+        None => attach(&h),
+        Some(_) => false,
+    };
     let w = Welcome {
         version: VERSION as u16,
         features: h.features & FEATURES,
@@ -248,15 +311,17 @@ pub fn server_handshake(
         max_data: MAX_DATA as u32,
         instance,
     };
-    s.write_all(&w.encode())?;
+    deadline.write_all(s, &w.encode())?;
     if let Some(k) = secret {
         let mut p = [0u8; PROOF_LEN];
-        s.read_exact(&mut p).map_err(eof_closed)?;
-        let ok = verify_client(k, &sn, &h.nonce, &p).is_ok();
-        s.write_all(&(if ok { 0u64 } else { libc::EACCES as u64 }).to_le_bytes())?;
-        if !ok {
+        deadline.read_exact(s, &mut p).map_err(eof_closed)?;
+        if verify_client(k, &sn, &h.nonce, &p).is_err() {
+            // Best effort: the peer is dropped either way.
+            let _ = deadline.write_all(s, &Verdict::refused(libc::EACCES).encode());
             return Err(TransportError::AuthFailed);
         }
+        let resumed = attach(&h);
+        deadline.write_all(s, &Verdict::accepted(resumed).encode())?;
     }
     Ok(h)
 }
@@ -282,12 +347,23 @@ mod tests {
         let addr = l.local_addr().unwrap();
         let t = std::thread::spawn(move || {
             let (mut s, _) = l.accept().unwrap();
-            server_handshake(&mut s, server_secret, 32, 99, &mut |h| h.session == 42)
+            let mut attached = 0;
+            let r = server_handshake(&mut s, server_secret, 32, 99, HANDSHAKE_TIMEOUT, &mut |h| {
+                attached += 1;
+                h.session == 42
+            });
+            (r, attached)
         });
         let mut c = TcpStream::connect(addr).unwrap();
         let w = client_handshake(&mut c, client_secret, 42);
         drop(c);
-        (t.join().unwrap(), w)
+        let (s, attached) = t.join().unwrap();
+        assert_eq!(
+            attached,
+            s.is_ok() as usize,
+            "attached exactly when it succeeded"
+        );
+        (s, w)
     }
 
     #[test]
@@ -298,7 +374,8 @@ mod tests {
         assert_eq!(w.instance, 99);
         assert!(w.resumed, "the attach callback's answer reaches the client");
         let (s, c) = pair(Some(b"k"), Some(b"k"));
-        assert!(s.is_ok() && c.is_ok());
+        assert!(s.is_ok());
+        assert!(c.unwrap().resumed, "with a secret, the verdict carries it");
         let (_, c) = pair(Some(b"k"), Some(b"wrong"));
         assert!(
             matches!(c, Err(TransportError::AuthFailed)),
@@ -306,6 +383,96 @@ mod tests {
         );
         let (_, c) = pair(Some(b"k"), None);
         assert!(matches!(c, Err(TransportError::SecretRequired)));
+    }
+
+    /// A peer without the secret that answers with a made-up proof: refused, never
+    /// attached, and the welcome told it nothing about the session.
+    #[test]
+    fn a_failed_proof_attaches_nothing_and_learns_nothing() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let t = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut attached = false;
+            let r = server_handshake(&mut s, Some(b"k"), 32, 99, HANDSHAKE_TIMEOUT, &mut |_| {
+                attached = true;
+                true
+            });
+            (r, attached)
+        });
+        let mut c = TcpStream::connect(addr).unwrap();
+        c.write_all(
+            &Hello {
+                version: VERSION as u16,
+                features: 0,
+                nonce: [1; 32],
+                session: 42,
+            }
+            .encode(),
+        )
+        .unwrap();
+        let mut w = [0u8; WELCOME_LEN];
+        c.read_exact(&mut w).unwrap();
+        assert!(!Welcome::decode(&w).unwrap().resumed);
+        c.write_all(&[0u8; PROOF_LEN]).unwrap();
+        let mut v = [0u8; VERDICT_LEN];
+        c.read_exact(&mut v).unwrap();
+        assert_eq!(Verdict::decode(&v).unwrap(), Verdict::refused(libc::EACCES));
+        let (r, attached) = t.join().unwrap();
+        assert!(matches!(r, Err(TransportError::AuthFailed)));
+        assert!(!attached);
+    }
+
+    /// The deadline covers the whole handshake: a peer sending its hello a byte at a
+    /// time (each read gets a byte well within the deadline) is dropped at the deadline,
+    /// and one that finishes just within it is served.
+    #[test]
+    fn the_deadline_bounds_the_whole_handshake() {
+        let timeout = Duration::from_millis(600);
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let mut out = Vec::new();
+            for _ in 0..2 {
+                let (mut s, _) = l.accept().unwrap();
+                let t = Instant::now();
+                let r = server_handshake(&mut s, None, 32, 1, timeout, &mut |_| false);
+                out.push((r.map(|h| h.session), t.elapsed()));
+            }
+            out
+        });
+        let hello = Hello {
+            version: VERSION as u16,
+            features: 0,
+            nonce: [1; 32],
+            session: 9,
+        }
+        .encode();
+        // 64 bytes, one every 50 ms: 3.2 s, far past the deadline.
+        let mut c = TcpStream::connect(addr).unwrap();
+        for b in hello {
+            if c.write_all(&[b]).is_err() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        drop(c);
+        // Half the hello, a pause of half the deadline, the rest: within it.
+        let mut c = TcpStream::connect(addr).unwrap();
+        c.write_all(&hello[..32]).unwrap();
+        std::thread::sleep(timeout / 2);
+        c.write_all(&hello[32..]).unwrap();
+        let mut w = [0u8; WELCOME_LEN];
+        c.read_exact(&mut w).unwrap();
+        let out = server.join().unwrap();
+        match &out[0] {
+            (Err(TransportError::Io(e)), took) => {
+                assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
+                assert!(*took >= timeout && *took < timeout * 2, "{took:?}");
+            }
+            other => panic!("a trickling peer was not dropped at the deadline: {other:?}"),
+        }
+        assert_eq!(out[1].0.as_ref().unwrap(), &9);
     }
 
     #[test]
