@@ -24,12 +24,19 @@ use std::io::{IoSlice, Read};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 use zcfs_backend::Error;
 use zcfs_protocol::handshake::Welcome;
 use zcfs_protocol::{Cred, Op, Request, RespHeader, RESP_HDR};
 use zcfs_transport::{client_handshake, tune, write_all_vectored, TransportError};
+
+/// Lock a mutex whether or not a panicking thread held it: the client's tables are
+/// changed in small consistent steps, and one panicking caller must not take the
+/// mount down for every other.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
@@ -61,17 +68,37 @@ pub struct Response {
     pub hdr: RespHeader,
     pub body: Vec<u8>,
     pub data: Vec<u8>,
+    /// The session epoch of the connection it came on (see `Client::epoch`): what it
+    /// says about the server's references belongs to that session only.
+    pub epoch: u64,
 }
 
 type Slot = SyncSender<Result<Response, Error>>;
+
+/// A request sent without waiting for its reply (a forget), kept until the reply
+/// comes, to send again (with its id) if its connection is lost first.
+struct Posted {
+    req: Request,
+    /// The session epoch it belongs to: moot once the session is gone.
+    epoch: u64,
+    /// The connection it went out on (dead: not sent yet, or lost).
+    conn: Weak<Conn>,
+}
+
+type PostedTable = Arc<Mutex<HashMap<u64, Posted>>>;
 
 struct Conn {
     writer: Mutex<TcpStream>,
     /// The same socket, to shut it down without waiting for a writer.
     control: TcpStream,
-    pending: Mutex<HashMap<u64, (Op, Slot)>>,
+    /// Requests waiting for their replies: operation, and where the reply goes (None:
+    /// posted, no one waits; its reply only clears it from `posted`).
+    pending: Mutex<HashMap<u64, (Op, Option<Slot>)>>,
+    posted: PostedTable,
     broken: AtomicBool,
     welcome: Welcome,
+    /// The client's session epoch when this connection was handed out.
+    epoch: AtomicU64,
     inflight: (Mutex<u32>, Condvar),
 }
 
@@ -87,12 +114,18 @@ impl Conn {
     fn close(&self, why: &str) {
         self.broken.store(true, Ordering::SeqCst);
         let _ = self.control.shutdown(std::net::Shutdown::Both);
-        for (_, (_, slot)) in self.pending.lock().unwrap().drain() {
-            let _ = slot.try_send(Err(Error::new(
-                libc::ENOTCONN,
-                format!("connection to the server lost: {why}"),
-            )));
+        for (_, (_, slot)) in lock(&self.pending).drain() {
+            if let Some(slot) = slot {
+                let _ = slot.try_send(Err(Error::new(
+                    libc::ENOTCONN,
+                    format!("connection to the server lost: {why}"),
+                )));
+            }
         }
+    }
+
+    fn is_up(&self) -> bool {
+        !self.broken.load(Ordering::SeqCst)
     }
 }
 
@@ -110,7 +143,7 @@ impl Ticket {
         let r = match self.rx.recv_timeout(self.timeout) {
             Ok(r) => r,
             Err(_) => {
-                self.conn.pending.lock().unwrap().remove(&self.id);
+                lock(&self.conn.pending).remove(&self.id);
                 self.conn.break_with("reply timed out");
                 Err(Error::new(
                     libc::ETIMEDOUT,
@@ -133,14 +166,18 @@ impl Drop for Ticket {
     /// Release the in-flight slot, waited for or not.
     fn drop(&mut self) {
         let (m, cv) = &self.conn.inflight;
-        *m.lock().unwrap() -= 1;
+        *lock(m) -= 1;
         cv.notify_one();
     }
 }
 
-/// Run after a (re)connection found the session gone: the server no longer holds
-/// this client's handles and references.
-type RestartHook = Box<dyn Fn(&Client) + Send + Sync>;
+/// Run when a (re)connection found the session gone (before that connection is handed
+/// out to anyone): the server no longer holds this client's handles and references.
+/// Gets the new connection (to re-open files on) and the new session epoch.
+pub(crate) type RestartHook = Box<dyn Fn(&Client, &ConnRef, u64) + Send + Sync>;
+
+/// A connection, as the restart hook sees it (opaque: `Client::call_on`).
+pub(crate) struct ConnRef(Arc<Conn>);
 
 pub struct Client {
     cfg: ClientConfig,
@@ -153,6 +190,16 @@ pub struct Client {
     instance: AtomicU64,
     /// Some connection's handshake succeeded before: the server knew our session.
     had_session: AtomicBool,
+    /// Counts the sessions this client has had (bumped when one was found gone);
+    /// changed only under `dialing` and `reval`.
+    epoch: AtomicU64,
+    /// Held while a connection is made, checked (and the session revalidated) and
+    /// handed out: no request of a new session goes out before the revalidation.
+    dialing: Mutex<()>,
+    /// Held to change `epoch` and to post against it.
+    reval: Mutex<()>,
+    /// Posted requests without a reply yet.
+    posted: PostedTable,
     /// Called when the session was lost (handle revalidation).
     on_restart: Mutex<Option<RestartHook>>,
     pub bytes_sent: AtomicU64,
@@ -162,6 +209,9 @@ pub struct Client {
     pub resumed: AtomicU64,
     /// Times the revalidation hook ran (session lost or server restarted).
     pub revalidations: AtomicU64,
+    /// Requests sent again after a lost connection (same id), and posted requests
+    /// sent again after their connection was lost.
+    pub resent: AtomicU64,
 }
 
 impl Drop for Client {
@@ -190,6 +240,10 @@ fn terr(addr: &str, e: TransportError) -> Error {
     }
 }
 
+/// How one attempt of a request ended: its result, and the session epoch of the
+/// connection it went out on (None: it never left).
+type Attempt = (Result<Response, Error>, Option<u64>);
+
 impl Client {
     pub fn new(cfg: ClientConfig) -> Client {
         let n = cfg.connections.max(1);
@@ -201,12 +255,17 @@ impl Client {
             ids: AtomicU64::new(1),
             instance: AtomicU64::new(0),
             had_session: AtomicBool::new(false),
+            epoch: AtomicU64::new(0),
+            dialing: Mutex::new(()),
+            reval: Mutex::new(()),
+            posted: Arc::new(Mutex::new(HashMap::new())),
             on_restart: Mutex::new(None),
             bytes_sent: AtomicU64::new(0),
             bytes_received: AtomicU64::new(0),
             reconnects: AtomicU64::new(0),
             resumed: AtomicU64::new(0),
             revalidations: AtomicU64::new(0),
+            resent: AtomicU64::new(0),
         }
     }
 
@@ -227,18 +286,24 @@ impl Client {
         self.session
     }
 
+    /// The session epoch: 0 for the first session, one more each time a reconnection
+    /// found the session gone (server restarted, or grace period over).
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::SeqCst)
+    }
+
     /// Close every connection now (the next call connects again). What the server
     /// holds for this client stays for its grace period.
     pub fn disconnect(&self) {
         for slot in &self.conns {
-            if let Some(c) = slot.lock().unwrap().take() {
+            if let Some(c) = lock(slot).take() {
                 c.close("the client disconnected");
             }
         }
     }
 
     pub(crate) fn set_on_restart(&self, f: RestartHook) {
-        *self.on_restart.lock().unwrap() = Some(f);
+        *lock(&self.on_restart) = Some(f);
     }
 
     fn resolve(&self) -> Result<SocketAddr, Error> {
@@ -277,8 +342,10 @@ impl Client {
             writer: Mutex::new(s),
             control,
             pending: Mutex::new(HashMap::new()),
+            posted: self.posted.clone(),
             broken: AtomicBool::new(false),
             welcome,
+            epoch: AtomicU64::new(u64::MAX),
             inflight: (Mutex::new(0), Condvar::new()),
         });
         let c2 = conn.clone();
@@ -289,18 +356,22 @@ impl Client {
         Ok(conn)
     }
 
-    /// The `i`th connection, (re)connecting if needed.
+    /// The `i`th connection, (re)connecting if needed. A new connection is handed out
+    /// only after what its handshake says is dealt with: a lost session revalidated
+    /// (the restart hook), posted requests its predecessor lost sent again.
+    /// Connections are made one at a time (`dialing`): a handshake's `resumed` then
+    /// always speaks of the session as the connections made before left it, never of
+    /// one a sibling connection created and has not revalidated yet.
     fn conn(&self, i: usize) -> Result<Arc<Conn>, Error> {
-        let mut slot = self.conns[i].lock().unwrap();
+        let mut slot = lock(&self.conns[i]);
         if let Some(c) = slot.as_ref() {
-            if !c.broken.load(Ordering::SeqCst) {
+            if c.is_up() {
                 return Ok(c.clone());
             }
             self.reconnects.fetch_add(1, Ordering::Relaxed);
         }
+        let _dialing = lock(&self.dialing);
         let c = self.dial()?;
-        *slot = Some(c.clone());
-        drop(slot);
         let old = self.instance.swap(c.welcome.instance, Ordering::SeqCst);
         let had_session = self.had_session.swap(true, Ordering::SeqCst);
         let restarted = old != 0 && old != c.welcome.instance;
@@ -313,60 +384,145 @@ impl Client {
                 restarted,
                 "the server no longer holds this client's session: revalidating handles"
             );
+            let epoch = {
+                let _reval = lock(&self.reval);
+                let epoch = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
+                // What was posted to the old session went with it.
+                lock(&self.posted).retain(|_, p| p.epoch == epoch);
+                epoch
+            };
+            c.epoch.store(epoch, Ordering::SeqCst);
             self.revalidations.fetch_add(1, Ordering::Relaxed);
-            if let Some(f) = self.on_restart.lock().unwrap().as_ref() {
-                f(self);
+            if let Some(f) = lock(&self.on_restart).as_ref() {
+                f(self, &ConnRef(c.clone()), epoch);
             }
+        } else {
+            c.epoch.store(self.epoch(), Ordering::SeqCst);
         }
+        *slot = Some(c.clone());
+        self.resend_posted(&c);
         Ok(c)
+    }
+
+    /// Send again (with their ids) the posted requests of this session whose
+    /// connection was lost before their replies came: the server's reply cache answers
+    /// any it did execute.
+    fn resend_posted(&self, c: &Arc<Conn>) {
+        let epoch = c.epoch.load(Ordering::SeqCst);
+        let lost: Vec<(u64, Request)> = {
+            let mut posted = lock(&self.posted);
+            posted
+                .iter_mut()
+                .filter(|(_, p)| {
+                    p.epoch == epoch && p.conn.upgrade().filter(|x| x.is_up()).is_none()
+                })
+                .map(|(&id, p)| {
+                    p.conn = Arc::downgrade(c);
+                    (id, p.req.clone())
+                })
+                .collect()
+        };
+        for (id, req) in lost {
+            self.resent.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(
+                id,
+                "sending {} again after a lost connection",
+                req.op().name()
+            );
+            drop(self.submit_on(c.clone(), id, &req, Cred::default(), &[], false));
+        }
+    }
+
+    /// A connection to send on (round robin), connecting if needed.
+    fn pick(&self) -> Result<Arc<Conn>, Error> {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len();
+        self.conn(i)
     }
 
     /// Send a request (and write data) without waiting for the reply.
     pub fn submit(&self, req: &Request, cred: Cred, data: &[&[u8]]) -> Result<Ticket, Error> {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len();
-        let conn = self.conn(i)?;
-        Ok(self.submit_on(conn, req, cred, data))
+        let conn = self.pick()?;
+        let id = self.ids.fetch_add(1, Ordering::Relaxed);
+        Ok(self.submit_on(conn, id, req, cred, data, true))
     }
 
-    /// Send a request on a connection that is up, without connecting and without
-    /// waiting for the reply; false when no connection is up (then a lost session
-    /// makes the request moot: forget).
-    pub fn post(&self, req: &Request, cred: Cred) -> bool {
-        let live = self.conns.iter().find_map(|slot| {
-            slot.lock()
-                .unwrap()
-                .as_ref()
-                .filter(|c| !c.broken.load(Ordering::SeqCst))
-                .cloned()
-        });
-        match live {
-            Some(conn) => {
-                drop(self.submit_on(conn, req, cred, &[]));
-                true
+    /// Send a request without waiting for its reply, as part of session `epoch` (what
+    /// the caller counted it against). It goes out on a connection of that session that
+    /// is up, or, with none up, on the next one made; one lost with its connection goes
+    /// out again (same id) on the next. Dropped if that session is gone: the server
+    /// gave back everything the session held.
+    pub fn post(&self, req: &Request, cred: Cred, epoch: u64) {
+        let id = self.ids.fetch_add(1, Ordering::Relaxed);
+        {
+            // Registered first (as not sent): from here on, every connection made
+            // sends it if it is still without a reply then.
+            let _reval = lock(&self.reval);
+            if epoch != self.epoch() {
+                return;
             }
-            None => false,
+            lock(&self.posted).insert(
+                id,
+                Posted {
+                    req: req.clone(),
+                    epoch,
+                    conn: Weak::new(),
+                },
+            );
+        }
+        // Send it on a connection that is up. One lost after it was chosen has (or will
+        // have) a successor that sends it; one already replaced when chosen is not
+        // enough, so go on to the next.
+        loop {
+            let live = self.conns.iter().find_map(|slot| {
+                lock(slot)
+                    .as_ref()
+                    .filter(|c| c.is_up() && c.epoch.load(Ordering::SeqCst) == epoch)
+                    .cloned()
+            });
+            let Some(conn) = live else { return };
+            match lock(&self.posted).get_mut(&id) {
+                Some(p) => p.conn = Arc::downgrade(&conn),
+                // Answered already (sent by a reconnection meanwhile).
+                None => return,
+            }
+            drop(self.submit_on(conn.clone(), id, req, cred, &[], false));
+            if conn.is_up() {
+                return;
+            }
         }
     }
 
-    fn submit_on(&self, conn: Arc<Conn>, req: &Request, cred: Cred, data: &[&[u8]]) -> Ticket {
+    /// Requests posted and not answered yet (tests).
+    pub fn posted_unanswered(&self) -> usize {
+        lock(&self.posted).len()
+    }
+
+    fn submit_on(
+        &self,
+        conn: Arc<Conn>,
+        id: u64,
+        req: &Request,
+        cred: Cred,
+        data: &[&[u8]],
+        wait: bool,
+    ) -> Ticket {
         {
             let (m, cv) = &conn.inflight;
-            let mut n = m.lock().unwrap();
+            let mut n = lock(m);
             while *n >= conn.welcome.max_inflight {
-                n = cv.wait(n).unwrap();
+                n = cv.wait(n).unwrap_or_else(|e| e.into_inner());
             }
             *n += 1;
         }
-        let id = self.ids.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = sync_channel(1);
-        conn.pending.lock().unwrap().insert(id, (req.op(), tx));
+        lock(&conn.pending).insert(id, (req.op(), wait.then_some(tx)));
         let (hdr, body) = req.encode(id, cred);
         let mut iov = Vec::with_capacity(2 + data.len());
         iov.push(IoSlice::new(&hdr));
         iov.push(IoSlice::new(&body));
         iov.extend(data.iter().map(|d| IoSlice::new(d)));
         let n: usize = iov.iter().map(|s| s.len()).sum();
-        let r = write_all_vectored(&mut *conn.writer.lock().unwrap(), &mut iov);
+        let r = write_all_vectored(&mut *lock(&conn.writer), &mut iov);
         let ticket = Ticket {
             rx,
             conn: conn.clone(),
@@ -383,19 +539,66 @@ impl Client {
         ticket
     }
 
-    /// Send and wait; idempotent requests are retried once after a lost connection.
-    pub fn call(&self, req: &Request, cred: Cred, data: &[&[u8]]) -> Result<Response, Error> {
-        let mut attempt = 0;
-        loop {
-            let r = self.submit(req, cred, data).and_then(Ticket::wait);
-            match r {
-                Err(e) if attempt == 0 && req.op().idempotent() && is_transport(&e) => {
-                    attempt += 1;
-                    tracing::info!("retrying {} after: {}", req.op().name(), e.msg());
-                }
-                other => return other,
+    fn attempt(
+        &self,
+        conn: Result<Arc<Conn>, Error>,
+        id: u64,
+        req: &Request,
+        cred: Cred,
+        data: &[&[u8]],
+    ) -> Attempt {
+        match conn {
+            Ok(c) => {
+                let epoch = c.epoch.load(Ordering::SeqCst);
+                (
+                    self.submit_on(c, id, req, cred, data, true).wait(),
+                    Some(epoch),
+                )
             }
+            Err(e) => (Err(e), None),
         }
+    }
+
+    /// Send and wait. After a lost connection the request is sent once more, with the
+    /// same id: any request into the same session (the server's reply cache answers
+    /// one it already executed, so it is executed once), an idempotent one also into a
+    /// new session (the old one is gone with what the first attempt did to it).
+    pub fn call(&self, req: &Request, cred: Cred, data: &[&[u8]]) -> Result<Response, Error> {
+        self.exchange(req, cred, data).0
+    }
+
+    /// `call`, also saying whether the request was sent again.
+    pub fn exchange(
+        &self,
+        req: &Request,
+        cred: Cred,
+        data: &[&[u8]],
+    ) -> (Result<Response, Error>, bool) {
+        let id = self.ids.fetch_add(1, Ordering::Relaxed);
+        let (r, sent_in) = self.attempt(self.pick(), id, req, cred, data);
+        let e = match r {
+            Err(e) if is_transport(&e) => e,
+            r => return (r, false),
+        };
+        let conn = match self.pick() {
+            Ok(c) => c,
+            Err(e2) => return (Err(e2), false),
+        };
+        let op = req.op();
+        if !op.idempotent() && sent_in.is_some_and(|ep| ep != conn.epoch.load(Ordering::SeqCst)) {
+            return (Err(e), false);
+        }
+        self.resent.fetch_add(1, Ordering::Relaxed);
+        tracing::info!("sending {} again after: {}", op.name(), e.msg());
+        (self.attempt(Ok(conn), id, req, cred, data).0, true)
+    }
+
+    /// Send on the given connection and wait (the restart hook re-opening files before
+    /// the connection is handed out).
+    pub(crate) fn call_on(&self, conn: &ConnRef, req: &Request) -> Result<Response, Error> {
+        let id = self.ids.fetch_add(1, Ordering::Relaxed);
+        self.submit_on(conn.0.clone(), id, req, Cred::default(), &[], true)
+            .wait()
     }
 }
 
@@ -427,7 +630,7 @@ fn read_loop(mut s: TcpStream, conn: Arc<Conn>) {
         if let Err(e) = got {
             break format!("receive: {e}");
         }
-        let Some((op, slot)) = conn.pending.lock().unwrap().remove(&h.id) else {
+        let Some((op, slot)) = lock(&conn.pending).remove(&h.id) else {
             // A reply to a request that timed out: drop it.
             continue;
         };
@@ -439,7 +642,192 @@ fn read_loop(mut s: TcpStream, conn: Arc<Conn>) {
                 h.op.name()
             );
         }
-        let _ = slot.try_send(Ok(Response { hdr: h, body, data }));
+        match slot {
+            Some(slot) => {
+                let epoch = conn.epoch.load(Ordering::SeqCst);
+                let _ = slot.try_send(Ok(Response {
+                    hdr: h,
+                    body,
+                    data,
+                    epoch,
+                }));
+            }
+            // A posted request answered: nothing to send again.
+            None => {
+                lock(&conn.posted).remove(&h.id);
+            }
+        }
     };
     conn.break_with(&why);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+    use zcfs_protocol::{
+        LookupName, LookupReq, MkdirReq, Name, NodeRef, PingReq, ReqHeader, REQ_HDR,
+    };
+
+    /// A stand-in server: handshakes (every connection a new server instance when
+    /// `restarts`, else the same one resuming the session), answers every request with
+    /// an empty success, except that the first request of operation `drop_first` ends
+    /// its connection unanswered. Records (op, id) of what it received.
+    struct Fake {
+        addr: SocketAddr,
+        seen: Arc<Mutex<Vec<(Op, u64)>>>,
+    }
+
+    fn fake(restarts: bool, drop_first: Option<Op>) -> Fake {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let seen2 = seen.clone();
+        std::thread::spawn(move || {
+            let dropped = Arc::new(AtomicBool::new(false));
+            for (n, s) in l.incoming().enumerate() {
+                let Ok(mut s) = s else { return };
+                let instance = if restarts { n as u64 + 1 } else { 1 };
+                let hs = zcfs_transport::server_handshake(
+                    &mut s,
+                    None,
+                    8,
+                    instance,
+                    Duration::from_secs(5),
+                    &mut |_| !restarts && n > 0,
+                );
+                if hs.is_err() {
+                    continue;
+                }
+                let (seen, dropped) = (seen2.clone(), dropped.clone());
+                std::thread::spawn(move || loop {
+                    let mut hb = [0u8; REQ_HDR];
+                    if s.read_exact(&mut hb).is_err() {
+                        return;
+                    }
+                    let h = ReqHeader::decode(&hb).unwrap();
+                    let mut body = vec![0u8; (h.body_len + h.data_len) as usize];
+                    s.read_exact(&mut body).unwrap();
+                    lock(&seen).push((h.op, h.id));
+                    if Some(h.op) == drop_first && !dropped.swap(true, Ordering::SeqCst) {
+                        let _ = s.shutdown(std::net::Shutdown::Both);
+                        return;
+                    }
+                    let r = RespHeader::ok(h.op, h.id, 0, 0).encode();
+                    if std::io::Write::write_all(&mut s, &r).is_err() {
+                        return;
+                    }
+                });
+            }
+        });
+        Fake { addr, seen }
+    }
+
+    fn client(f: &Fake) -> Client {
+        let mut cfg = ClientConfig::new(&f.addr.to_string());
+        cfg.connections = 1;
+        cfg.timeout = Duration::from_secs(5);
+        Client::new(cfg)
+    }
+
+    fn ping() -> Request {
+        PingReq {}.into()
+    }
+
+    /// The revalidation runs before the new connection is handed out: when the hook
+    /// runs no connection of the new session is in use (a lookup on it would take a
+    /// reference the hook then forgets), and the hook's own requests go out on it.
+    #[test]
+    fn a_lost_session_is_revalidated_before_its_connection_is_handed_out() {
+        let f = fake(true, None);
+        let c = client(&f);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let seen2 = seen.clone();
+        c.set_on_restart(Box::new(move |c: &Client, conn: &ConnRef, epoch| {
+            // The slot is still held by the reconnection (nothing handed out), or
+            // holds no connection that is up.
+            let handed_out = c.conns[0]
+                .try_lock()
+                .is_ok_and(|slot| slot.as_ref().is_some_and(|x| x.is_up()));
+            let ping = c.call_on(conn, &ping()).map(|r| r.epoch);
+            lock(&seen2).push((handed_out, epoch, ping.ok()));
+        }));
+        c.connect().unwrap();
+        assert_eq!(c.call(&ping(), Cred::default(), &[]).unwrap().epoch, 0);
+        c.disconnect();
+        let r = c.call(&ping(), Cred::default(), &[]).unwrap();
+        assert_eq!(*lock(&seen), vec![(false, 1, Some(1))]);
+        assert_eq!((r.epoch, c.epoch()), (1, 1));
+    }
+
+    fn mkdir() -> Request {
+        MkdirReq {
+            parent: NodeRef::ino(1),
+            name: Name::new("d").unwrap(),
+            mode: 0o755,
+        }
+        .into()
+    }
+
+    /// A request lost with its connection is sent again with the same id when the
+    /// session was resumed (the server's reply cache makes it count once).
+    #[test]
+    fn a_lost_request_is_resent_with_its_id_into_the_same_session() {
+        let f = fake(false, Some(Op::Mkdir));
+        let c = client(&f);
+        c.connect().unwrap();
+        let (r, resent) = c.exchange(&mkdir(), Cred::default(), &[]);
+        assert!(r.is_ok() && resent);
+        let mk: Vec<u64> = lock(&f.seen)
+            .iter()
+            .filter(|(op, _)| *op == Op::Mkdir)
+            .map(|x| x.1)
+            .collect();
+        assert!(mk.len() == 2 && mk[0] == mk[1], "{mk:?}");
+        assert_eq!(c.epoch(), 0);
+    }
+
+    /// Into a new session (the server restarted), a request that is not idempotent is
+    /// not sent again (what it did went with the old session or stayed done); an
+    /// idempotent one is.
+    #[test]
+    fn only_idempotent_requests_are_resent_into_a_new_session() {
+        let f = fake(true, Some(Op::Mkdir));
+        let c = client(&f);
+        c.connect().unwrap();
+        let (r, resent) = c.exchange(&mkdir(), Cred::default(), &[]);
+        assert_eq!(r.unwrap_err().errno, libc::ENOTCONN);
+        assert!(!resent);
+        let count = |op| lock(&f.seen).iter().filter(|(o, _)| *o == op).count();
+        assert_eq!(count(Op::Mkdir), 1);
+        let f = fake(true, Some(Op::Lookup));
+        let c = client(&f);
+        c.connect().unwrap();
+        let lookup: Request = LookupReq {
+            parent: NodeRef::ino(1),
+            name: LookupName::new("x").unwrap(),
+        }
+        .into();
+        let (r, resent) = c.exchange(&lookup, Cred::default(), &[]);
+        assert!(r.is_ok() && resent);
+        assert_eq!((r.unwrap().epoch, c.epoch()), (1, 1));
+    }
+
+    /// What was posted to a session that is gone is not sent into the next one.
+    #[test]
+    fn posts_of_a_lost_session_are_dropped() {
+        let f = fake(true, None);
+        let c = client(&f);
+        c.connect().unwrap();
+        c.disconnect();
+        c.post(&ping(), Cred::default(), 0);
+        assert_eq!(c.posted_unanswered(), 1);
+        c.call(&ping(), Cred::default(), &[]).unwrap();
+        assert_eq!(c.epoch(), 1);
+        assert_eq!(c.posted_unanswered(), 0);
+        c.post(&ping(), Cred::default(), 0);
+        assert_eq!(c.posted_unanswered(), 0, "posted against an old epoch");
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(lock(&f.seen).len(), 1, "only the call went out");
+    }
 }

@@ -8,13 +8,20 @@
 //! - References (the Backend contract) are counted twice per inode: those handed to our
 //!   caller, and those the server holds for our session (one per entry it sent). When
 //!   the caller's count drops to zero the server's are given back (a Forget, not
-//!   waited for) and the cached names of the inode dropped. A name is answered from the
-//!   cache only while the server holds a reference to its inode, so the number cannot
-//!   have been reused meanwhile.
+//!   waited for, sent again if its connection is lost) and the cached names of the
+//!   inode dropped. A name is answered from the cache only while the server holds a
+//!   reference to its inode, so the number cannot have been reused meanwhile.
+//! - A readdirplus listing counts each entry's server reference as the listing's until
+//!   it passes the entry on; then, in one step, as the caller's. A node keeps living
+//!   while a listing holds references to it (whatever the caller forgets meanwhile),
+//!   and the listing gives back exactly the references of the entries it did not pass
+//!   on, also when the callback panics.
+//! - Server references belong to one session: each reply says which (its epoch), and
+//!   what came from a session the client has since lost is not counted.
 //! - Caches: attributes and names for the attribute timeout. An operation that changes
 //!   an inode refreshes (from its reply) or drops every cached copy of it.
 
-use crate::{Client, ClientConfig};
+use crate::{lock, Client, ClientConfig};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -43,6 +50,8 @@ struct OpenFile {
     flags: i32,
     /// The server's handle; None once the server lost it (restart and the file is gone).
     server_fh: Option<u64>,
+    /// The session epoch `server_fh` belongs to.
+    epoch: u64,
 }
 
 /// What we know of an inode.
@@ -54,6 +63,9 @@ struct Node {
     caller_refs: u64,
     /// References the server holds for our session.
     server_refs: u64,
+    /// Of `server_refs`, those readdirplus listings received and have not passed on
+    /// yet (the node lives while there are any).
+    listing: u64,
     /// Name cache keys that pointed at it (dropped with it).
     names: Vec<(u64, Vec<u8>)>,
 }
@@ -65,6 +77,8 @@ struct Meta {
     /// Extended attributes known to be absent: `ls -l` asks for ACLs of every entry.
     no_xattr: HashMap<(u64, Vec<u8>), Instant>,
     nodes: HashMap<u64, Node>,
+    /// The session epoch `server_refs` count in (the client's, set by revalidation).
+    epoch: u64,
 }
 
 impl Meta {
@@ -74,11 +88,10 @@ impl Meta {
         self.no_xattr.clear();
     }
 
-    /// The caller is done with `ino`: drop what we know of it. Returns the server's
-    /// references to give back.
-    fn drop_node(&mut self, ino: u64) -> u64 {
+    /// Drop what we know of `ino` (its names and attributes too).
+    fn drop_node(&mut self, ino: u64) {
         let Some(node) = self.nodes.remove(&ino) else {
-            return 0;
+            return;
         };
         for key in node.names {
             if self.names.get(&key).is_some_and(|(i, _)| *i == ino) {
@@ -86,7 +99,92 @@ impl Meta {
             }
         }
         self.attrs.remove(&ino);
-        node.server_refs
+    }
+
+    /// `ino` may be unheld now: if our caller holds no reference, the server's
+    /// references that no listing is passing on go back (returned: how many), and the
+    /// node is dropped once no listing holds any either.
+    fn settle(&mut self, ino: u64) -> u64 {
+        let Some(node) = self.nodes.get_mut(&ino) else {
+            return 0;
+        };
+        if node.caller_refs > 0 {
+            return 0;
+        }
+        let give = node.server_refs.saturating_sub(node.listing);
+        node.server_refs -= give;
+        if node.listing == 0 {
+            self.drop_node(ino);
+        }
+        give
+    }
+}
+
+/// The server references of the entries of one readdirplus reply that have not been
+/// passed to the caller yet. Whatever is left when it is dropped (the caller stopped
+/// early, or its callback panicked) goes back to the server.
+struct Listing<'a> {
+    fs: &'a RemoteFs,
+    /// The session epoch they were counted in (None: not counted, the session was
+    /// already gone when the reply was taken in).
+    epoch: Option<u64>,
+    inos: Vec<u64>,
+    next: usize,
+}
+
+impl Listing<'_> {
+    /// Entry `ino` (the next one) goes to the caller: its server reference is the
+    /// caller's now, in the same step as the caller's own.
+    fn hand_out(&mut self, e: &DirEntry) {
+        debug_assert_eq!(self.inos.get(self.next), Some(&e.ino));
+        self.next += 1;
+        let mut m = lock(&self.fs.meta);
+        if self.epoch != Some(m.epoch) {
+            // The session is gone (and its references with it): the caller's only.
+            if let Some(a) = &e.attr {
+                self.fs.remember_locked(&mut m, a);
+            }
+            m.nodes.entry(e.ino).or_default().caller_refs += 1;
+            return;
+        }
+        let node = m.nodes.entry(e.ino).or_default();
+        node.listing = node.listing.saturating_sub(1);
+        node.caller_refs += 1;
+    }
+}
+
+impl Drop for Listing<'_> {
+    fn drop(&mut self) {
+        let mut give: Vec<ForgetItem> = Vec::new();
+        let epoch = {
+            let mut m = lock(&self.fs.meta);
+            if self.epoch != Some(m.epoch) {
+                return;
+            }
+            for &ino in &self.inos[self.next..] {
+                let Some(node) = m.nodes.get_mut(&ino) else {
+                    continue;
+                };
+                node.listing = node.listing.saturating_sub(1);
+                let n = if node.caller_refs == 0 {
+                    m.settle(ino)
+                } else if node.server_refs - node.listing > 1 {
+                    // The caller's references keep one of the server's; this one
+                    // is not needed for them.
+                    node.server_refs -= 1;
+                    1
+                } else {
+                    0
+                };
+                match give.iter_mut().find(|i| i.ino == ino) {
+                    Some(i) => i.count += n,
+                    None if n > 0 => give.push(ForgetItem { ino, count: n }),
+                    None => {}
+                }
+            }
+            m.epoch
+        };
+        self.fs.send_forgets(give, epoch);
     }
 }
 
@@ -128,21 +226,24 @@ impl RemoteFs {
             written_bytes: AtomicU64::new(0),
         };
         let (open, meta) = (fs.open.clone(), fs.meta.clone());
-        client.set_on_restart(Box::new(move |c: &Client| {
+        // Runs before the new connection is handed out: no reply of the new session is
+        // counted before the old session's references are forgotten.
+        client.set_on_restart(Box::new(move |c: &Client, conn, epoch| {
             {
                 // The server holds nothing for us any more; what it said may be stale.
-                let mut m = meta.lock().unwrap();
+                let mut m = lock(&meta);
                 m.drop_caches();
+                m.epoch = epoch;
+                m.nodes.retain(|_, n| n.caller_refs > 0);
                 for n in m.nodes.values_mut() {
                     n.server_refs = 0;
+                    n.listing = 0;
                 }
             }
             // Re-open what was open, so the server knows the handles again; the
             // generation makes sure it is the same file (an unlinked-but-open file
             // did not survive a restart: that handle is stale).
-            let files: Vec<(u64, u64, u64, i32)> = open
-                .lock()
-                .unwrap()
+            let files: Vec<(u64, u64, u64, i32)> = lock(&open)
                 .iter()
                 .map(|(fh, f)| (*fh, f.ino, f.gen, f.flags))
                 .collect();
@@ -153,13 +254,13 @@ impl RemoteFs {
                 }
                 .into();
                 let server_fh = c
-                    .submit(&req, Cred::default(), &[])
-                    .and_then(crate::Ticket::wait)
+                    .call_on(conn, &req)
                     .ok()
                     .and_then(|r| <OpenReq as Operation>::Reply::decode(&r.body).ok())
                     .map(|r| r.fh);
-                if let Some(f) = open.lock().unwrap().get_mut(&fh) {
+                if let Some(f) = lock(&open).get_mut(&fh) {
                     f.server_fh = server_fh;
+                    f.epoch = epoch;
                 }
             }
         }));
@@ -177,9 +278,16 @@ impl RemoteFs {
     }
 
     fn call_with<O: Operation>(&self, ctx: &Ctx, req: O, data: &[&[u8]]) -> Result<O::Reply> {
+        Ok(self.call_in(ctx, req, data)?.0)
+    }
+
+    /// `call_with`, also giving the session epoch the reply came from (what it says of
+    /// the server's references is true in that session only).
+    fn call_in<O: Operation>(&self, ctx: &Ctx, req: O, data: &[&[u8]]) -> Result<(O::Reply, u64)> {
         let r = self.client.call(&req.into(), cred(ctx), data)?;
-        O::Reply::decode(&r.body)
-            .map_err(|e| Error::new(libc::EIO, format!("malformed {} reply: {e}", O::OP.name())))
+        let reply = O::Reply::decode(&r.body)
+            .map_err(|e| Error::new(libc::EIO, format!("malformed {} reply: {e}", O::OP.name())))?;
+        Ok((reply, r.epoch))
     }
 
     fn caching(&self) -> bool {
@@ -192,19 +300,13 @@ impl RemoteFs {
 
     /// `ino` with the generation we know (0 when we know none).
     fn node(&self, ino: u64) -> NodeRef {
-        let gen = self
-            .meta
-            .lock()
-            .unwrap()
-            .nodes
-            .get(&ino)
-            .map_or(0, |n| n.gen);
+        let gen = lock(&self.meta).nodes.get(&ino).map_or(0, |n| n.gen);
         NodeRef::new(ino, gen)
     }
 
     /// Attributes received: remember the generation, cache them.
     fn remember(&self, a: &Attr) {
-        let mut m = self.meta.lock().unwrap();
+        let mut m = lock(&self.meta);
         self.remember_locked(&mut m, a);
     }
 
@@ -216,24 +318,27 @@ impl RemoteFs {
     }
 
     fn forget_attr(&self, ino: u64) {
-        self.meta.lock().unwrap().attrs.remove(&ino);
+        lock(&self.meta).attrs.remove(&ino);
     }
 
     /// A name in `parent` changed: drop it and the parent's attributes.
     fn forget_name(&self, parent: u64, name: &[u8]) {
-        let mut m = self.meta.lock().unwrap();
+        let mut m = lock(&self.meta);
         m.names.remove(&(parent, name.to_vec()));
         m.attrs.remove(&parent);
     }
 
-    /// An entry the server sent (it holds a reference for us), handed to our caller
-    /// (one reference for it). `name`: where it was found, to cache; `changed`: the
-    /// parent directory was modified.
-    fn entry(&self, a: Attr, name: Option<(u64, &[u8])>, changed: bool) -> Attr {
-        let mut m = self.meta.lock().unwrap();
+    /// An entry the server sent in session `epoch` (it holds a reference for us there),
+    /// handed to our caller (one reference for it). `name`: where it was found, to
+    /// cache; `changed`: the parent directory was modified.
+    fn entry(&self, a: Attr, epoch: u64, name: Option<(u64, &[u8])>, changed: bool) -> Attr {
+        let mut m = lock(&self.meta);
         self.remember_locked(&mut m, &a);
-        let node = m.nodes.get_mut(&a.ino).expect("remembered");
-        node.server_refs += 1;
+        let current = m.epoch == epoch;
+        let node = m.nodes.entry(a.ino).or_default();
+        if current {
+            node.server_refs += 1;
+        }
         node.caller_refs += 1;
         if let Some((parent, n)) = name {
             let key = (parent, n.to_vec());
@@ -257,7 +362,7 @@ impl RemoteFs {
             return None;
         }
         let (ino, attr) = {
-            let mut m = self.meta.lock().unwrap();
+            let mut m = lock(&self.meta);
             let (ino, t) = *m.names.get(&(parent, name.to_vec()))?;
             if !self.ttl_ok(&t) {
                 return None;
@@ -288,38 +393,20 @@ impl RemoteFs {
         }
     }
 
-    /// Give the server back its references to inodes our caller holds none of.
-    fn release_unheld(&self, inos: &[u64]) {
-        let mut items = Vec::new();
-        {
-            let mut m = self.meta.lock().unwrap();
-            for &ino in inos {
-                if m.nodes.get(&ino).is_some_and(|n| n.caller_refs == 0) {
-                    let count = m.drop_node(ino);
-                    if count > 0 {
-                        items.push(ForgetItem { ino, count });
-                    }
-                }
-            }
-        }
-        self.send_forgets(items);
-    }
-
-    fn send_forgets(&self, items: Vec<ForgetItem>) {
+    /// Give the server back references of session `epoch` (posted: not waited for,
+    /// sent again if lost with a connection, dropped if the session is gone).
+    fn send_forgets(&self, items: Vec<ForgetItem>, epoch: u64) {
         for chunk in items.chunks(MAX_FORGET_ITEMS) {
             let req: Request = ForgetReq {
                 items: List::new(chunk.to_vec()).expect("chunk within the limit"),
             }
             .into();
-            // Not waited for. With no connection up there is nothing to send it on;
-            // if the session is then lost the server gave the references back itself,
-            // and if it is resumed they stay held until the session ends.
-            self.client.post(&req, Cred::default());
+            self.client.post(&req, Cred::default(), epoch);
         }
     }
 
     fn server_fh(&self, fh: u64) -> Result<u64> {
-        match self.open.lock().unwrap().get(&fh) {
+        match lock(&self.open).get(&fh) {
             Some(f) => f.server_fh.ok_or_else(|| {
                 Error::new(libc::ESTALE, "the server restarted and this file is gone")
             }),
@@ -328,15 +415,16 @@ impl RemoteFs {
         }
     }
 
-    fn track(&self, ino: u64, gen: u64, flags: i32, server_fh: u64) -> u64 {
+    fn track(&self, ino: u64, gen: u64, flags: i32, server_fh: u64, epoch: u64) -> u64 {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        self.open.lock().unwrap().insert(
+        lock(&self.open).insert(
             fh,
             OpenFile {
                 ino,
                 gen,
                 flags,
                 server_fh: Some(server_fh),
+                epoch,
             },
         );
         fh
@@ -346,7 +434,7 @@ impl RemoteFs {
     /// it open (fstat of an open unlinked file shows nlink 0); an inode without names
     /// and not open is gone, so its attributes are dropped.
     fn removed(&self, a: &Attr) {
-        let open_here = self.open.lock().unwrap().values().any(|f| f.ino == a.ino);
+        let open_here = lock(&self.open).values().any(|f| f.ino == a.ino);
         if a.nlink > 0 || open_here {
             self.remember(a);
         } else {
@@ -357,10 +445,10 @@ impl RemoteFs {
     /// A handle of `ino` was closed: an unlinked inode no longer open here may be gone,
     /// so its attributes (nlink 0) are not kept.
     fn closed(&self, ino: u64) {
-        if self.open.lock().unwrap().values().any(|f| f.ino == ino) {
+        if lock(&self.open).values().any(|f| f.ino == ino) {
             return;
         }
-        let mut m = self.meta.lock().unwrap();
+        let mut m = lock(&self.meta);
         if m.attrs.get(&ino).is_some_and(|(a, _)| a.nlink == 0) {
             m.attrs.remove(&ino);
         }
@@ -373,9 +461,7 @@ impl RemoteFs {
 
     /// References to `ino` (held for our caller, held by the server for us).
     pub fn references(&self, ino: u64) -> (u64, u64) {
-        self.meta
-            .lock()
-            .unwrap()
+        lock(&self.meta)
             .nodes
             .get(&ino)
             .map_or((0, 0), |n| (n.caller_refs, n.server_refs))
@@ -388,35 +474,33 @@ impl Backend for RemoteFs {
         if let Some(a) = self.cached_lookup(parent, name) {
             return Ok(a);
         }
-        let r = self.call(
+        let (r, epoch) = self.call_in(
             ctx,
             LookupReq {
                 parent: self.node(parent),
                 name: n,
             },
+            &[],
         )?;
-        Ok(self.entry(r.attr, Some((parent, name)), false))
+        Ok(self.entry(r.attr, epoch, Some((parent, name)), false))
     }
 
     fn forget(&self, ino: u64, n: u64) {
-        let count = {
-            let mut m = self.meta.lock().unwrap();
+        let (count, epoch) = {
+            let mut m = lock(&self.meta);
             let Some(node) = m.nodes.get_mut(&ino) else {
                 return;
             };
             node.caller_refs = node.caller_refs.saturating_sub(n);
-            if node.caller_refs > 0 {
-                return;
-            }
-            m.drop_node(ino)
+            (m.settle(ino), m.epoch)
         };
         if count > 0 {
-            self.send_forgets(vec![ForgetItem { ino, count }]);
+            self.send_forgets(vec![ForgetItem { ino, count }], epoch);
         }
     }
 
     fn getattr(&self, ino: u64) -> Result<Attr> {
-        if let Some((a, t)) = self.meta.lock().unwrap().attrs.get(&ino) {
+        if let Some((a, t)) = lock(&self.meta).attrs.get(&ino) {
             if self.ttl_ok(t) {
                 return Ok(a.clone());
             }
@@ -462,8 +546,8 @@ impl Backend for RemoteFs {
             rdev,
         };
         self.forget_name(parent, n);
-        let r = self.call(ctx, req)?;
-        Ok(self.entry(r.attr, Some((parent, n)), true))
+        let (r, epoch) = self.call_in(ctx, req, &[])?;
+        Ok(self.entry(r.attr, epoch, Some((parent, n)), true))
     }
 
     fn mkdir(&self, ctx: &Ctx, parent: u64, n: &[u8], mode: u32) -> Result<Attr> {
@@ -473,8 +557,8 @@ impl Backend for RemoteFs {
             mode,
         };
         self.forget_name(parent, n);
-        let r = self.call(ctx, req)?;
-        Ok(self.entry(r.attr, Some((parent, n)), true))
+        let (r, epoch) = self.call_in(ctx, req, &[])?;
+        Ok(self.entry(r.attr, epoch, Some((parent, n)), true))
     }
 
     fn unlink(&self, ctx: &Ctx, parent: u64, n: &[u8]) -> Result<Attr> {
@@ -506,8 +590,8 @@ impl Backend for RemoteFs {
             target: SymlinkTarget::new(target).map_err(invalid)?,
         };
         self.forget_name(parent, n);
-        let r = self.call(ctx, req)?;
-        Ok(self.entry(r.attr, Some((parent, n)), true))
+        let (r, epoch) = self.call_in(ctx, req, &[])?;
+        Ok(self.entry(r.attr, epoch, Some((parent, n)), true))
     }
 
     fn rename(
@@ -528,7 +612,7 @@ impl Backend for RemoteFs {
         };
         // Names, parents and the inodes involved all change: start afresh (what we
         // know of each inode's generation and references stays true).
-        self.meta.lock().unwrap().drop_caches();
+        lock(&self.meta).drop_caches();
         self.call(ctx, req).map(|_| ())
     }
 
@@ -542,8 +626,8 @@ impl Backend for RemoteFs {
         // reply's.
         self.forget_attr(ino);
         self.forget_name(newparent, newname);
-        let r = self.call(ctx, req)?;
-        Ok(self.entry(r.attr, Some((newparent, newname)), true))
+        let (r, epoch) = self.call_in(ctx, req, &[])?;
+        Ok(self.entry(r.attr, epoch, Some((newparent, newname)), true))
     }
 
     fn open(&self, ctx: &Ctx, ino: u64, flags: i32) -> Result<u64> {
@@ -551,8 +635,8 @@ impl Backend for RemoteFs {
             self.forget_attr(ino);
         }
         let node = self.node(ino);
-        let r = self.call(ctx, OpenReq { node, flags })?;
-        Ok(self.track(ino, node.gen, flags, r.fh))
+        let (r, epoch) = self.call_in(ctx, OpenReq { node, flags }, &[])?;
+        Ok(self.track(ino, node.gen, flags, r.fh, epoch))
     }
 
     fn create(
@@ -570,13 +654,14 @@ impl Backend for RemoteFs {
             flags,
         };
         self.forget_name(parent, n);
-        let r = self.call(ctx, req)?;
-        let a = self.entry(r.attr, Some((parent, n)), true);
+        let (r, epoch) = self.call_in(ctx, req, &[])?;
+        let a = self.entry(r.attr, epoch, Some((parent, n)), true);
         let fh = self.track(
             a.ino,
             a.generation,
             flags & !libc::O_CREAT & !libc::O_EXCL,
             r.fh,
+            epoch,
         );
         Ok((a, fh))
     }
@@ -605,18 +690,42 @@ impl Backend for RemoteFs {
         sink(&[&r.data])
     }
 
+    /// Sent in requests of at most MAX_DATA bytes, in order. A short reply ends the
+    /// write there (the next bytes belong after what was written, not after the
+    /// chunk), and so does an error after something was written: the count says how
+    /// far the caller's bytes got, as write(2) does.
     fn write(&self, ino: u64, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
         self.forget_attr(ino);
         let (node, sfh) = (self.node(ino), self.server_fh(fh)?);
+        // The count is a u32: a longer buffer is a short write.
+        let data = &data[..data.len().min(u32::MAX as usize)];
         let mut done = 0usize;
-        for chunk in data.chunks(MAX_DATA) {
+        while done < data.len() {
+            let chunk = &data[done..data.len().min(done + MAX_DATA)];
             let req = WriteReq {
                 node,
                 fh: sfh,
                 offset: offset + done as u64,
                 size: chunk.len() as u32,
             };
-            done += self.call_with(&Ctx::default(), req, &[chunk])?.written as usize;
+            let written = match self.call_with(&Ctx::default(), req, &[chunk]) {
+                Ok(r) => r.written as usize,
+                Err(_) if done > 0 => break,
+                Err(e) => return Err(e),
+            };
+            if written > chunk.len() {
+                return Err(Error::new(
+                    libc::EIO,
+                    format!(
+                        "the server wrote {written} bytes of a {}-byte request",
+                        chunk.len()
+                    ),
+                ));
+            }
+            done += written;
+            if written < chunk.len() {
+                break;
+            }
         }
         self.written_bytes.fetch_add(done as u64, Ordering::Relaxed);
         Ok(done as u32)
@@ -629,18 +738,32 @@ impl Backend for RemoteFs {
             .map(|_| ())
     }
 
+    /// A release lost with its connection is sent again with the same id (the server's
+    /// reply cache makes it count once; EBADF for the resend means the first did it).
+    /// One that cannot be sent now is posted: it goes out with the next connection of
+    /// the session, or is moot if the session is gone (its handles released with it).
     fn release(&self, ino: u64, fh: u64) -> Result<()> {
-        let f = self.open.lock().unwrap().remove(&fh);
+        let f = lock(&self.open).remove(&fh);
         if f.is_some() {
             self.closed(ino);
         }
-        match f.and_then(|f| f.server_fh) {
-            Some(sfh) => {
-                let node = self.node(ino);
-                self.call(&Ctx::default(), ReleaseReq { node, fh: sfh })
-                    .map(|_| ())
+        let Some((sfh, epoch)) = f.and_then(|f| Some((f.server_fh?, f.epoch))) else {
+            return Ok(());
+        };
+        let req: Request = ReleaseReq {
+            node: self.node(ino),
+            fh: sfh,
+        }
+        .into();
+        match self.client.exchange(&req, Cred::default(), &[]) {
+            (Ok(_), _) => Ok(()),
+            (Err(e), true) if e.errno == libc::EBADF => Ok(()),
+            (Err(e), _) if crate::is_transport(&e) => {
+                tracing::info!(ino, "release deferred until the server is back: {e}");
+                self.client.post(&req, Cred::default(), epoch);
+                Ok(())
             }
-            None => Ok(()),
+            (Err(e), _) => Err(e),
         }
     }
 
@@ -672,50 +795,44 @@ impl Backend for RemoteFs {
                 plus,
                 max_entries,
             };
-            let es = self.call(&Ctx::default(), req)?.entries.into_vec();
+            let (r, epoch) = self.call_in(&Ctx::default(), req, &[])?;
+            let es = r.entries.into_vec();
             if es.is_empty() {
                 return Ok(());
             }
-            // With `plus` each entry came with a server reference; each one passed on
-            // is a reference of our caller's.
-            let mut left: Vec<u64> = if plus {
-                let mut m = self.meta.lock().unwrap();
+            // With `plus` each entry came with a server reference: the listing's until
+            // it is passed on.
+            let mut listing = plus.then(|| {
+                let mut m = lock(&self.meta);
+                let counted = m.epoch == epoch;
                 for e in &es {
-                    match &e.attr {
-                        Some(a) => self.remember_locked(&mut m, a),
-                        None => {
-                            m.nodes.entry(e.ino).or_default();
-                        }
+                    if let Some(a) = &e.attr {
+                        self.remember_locked(&mut m, a);
                     }
-                    m.nodes.get_mut(&e.ino).expect("present").server_refs += 1;
+                    if counted {
+                        let node = m.nodes.entry(e.ino).or_default();
+                        node.server_refs += 1;
+                        node.listing += 1;
+                    }
                 }
-                es.iter().map(|e| e.ino).collect()
-            } else {
-                Vec::new()
-            };
-            let mut more = true;
-            for (i, e) in es.into_iter().enumerate() {
+                Listing {
+                    fs: self,
+                    epoch: counted.then_some(epoch),
+                    inos: es.iter().map(|e| e.ino).collect(),
+                    next: 0,
+                }
+            });
+            for e in es {
                 cookie = e.next;
-                if plus {
-                    let mut m = self.meta.lock().unwrap();
-                    m.nodes.get_mut(&e.ino).expect("present").caller_refs += 1;
+                if let Some(l) = listing.as_mut() {
+                    l.hand_out(&e);
                 }
                 if !f(e) {
-                    if plus {
-                        left.drain(..=i);
-                    }
-                    more = false;
-                    break;
+                    // What the listing did not pass on goes back when it is dropped.
+                    return Ok(());
                 }
             }
-            if plus && more {
-                left.clear();
-            }
-            // Entries fetched but not passed on: the server's references go back.
-            self.release_unheld(&left);
-            if !more {
-                return Ok(());
-            }
+            drop(listing);
         }
     }
 
@@ -731,7 +848,7 @@ impl Backend for RemoteFs {
             flags,
         };
         {
-            let mut m = self.meta.lock().unwrap();
+            let mut m = lock(&self.meta);
             m.attrs.remove(&ino);
             m.no_xattr.remove(&(ino, n.to_vec()));
         }
@@ -741,10 +858,7 @@ impl Backend for RemoteFs {
     fn getxattr(&self, ino: u64, n: &[u8]) -> Result<Vec<u8>> {
         let xname = XattrName::new(n).map_err(invalid)?;
         let key = (ino, n.to_vec());
-        if self
-            .meta
-            .lock()
-            .unwrap()
+        if lock(&self.meta)
             .no_xattr
             .get(&key)
             .is_some_and(|t| self.ttl_ok(t))
@@ -759,11 +873,7 @@ impl Backend for RemoteFs {
             Ok(r) => Ok(r.value.into_bytes()),
             Err(e) => {
                 if e.errno == libc::ENODATA && self.caching() {
-                    self.meta
-                        .lock()
-                        .unwrap()
-                        .no_xattr
-                        .insert(key, Instant::now());
+                    lock(&self.meta).no_xattr.insert(key, Instant::now());
                 }
                 Err(e)
             }
