@@ -36,11 +36,52 @@ fn owner(ctx: &Ctx) -> Owner {
     }
 }
 
+/// Attempts at ".." while the directory keeps moving between parents.
+const PARENT_TRIES: usize = 16;
+
+impl LocalFs {
+    /// ".." of `dir`, with a reference to it. The number `parent_of` gives may be
+    /// reused by the time it is held (the parent removed after `dir` moved out, or
+    /// `dir` removed), and a hold without a generation would reach the new inode. So
+    /// the parent is held first and checked after: if it is still `dir`'s parent and
+    /// `dir` is still linked, the inode held is that parent (a held inode keeps its
+    /// number), otherwise the reference goes back and it is tried again. A removed
+    /// directory has no "..": ENOENT.
+    fn lookup_parent(&self, dir: u64) -> Result<Attr> {
+        for _ in 0..PARENT_TRIES {
+            let p = self.vol.parent_of(dir).map_err(err)?;
+            let held = match self.hold(p, 0) {
+                Ok(a) => a,
+                // Gone meanwhile: `dir` has another parent now, or was removed.
+                Err(_) => continue,
+            };
+            let linked = self.vol.getattr(dir).map_err(err)?.nlink > 0;
+            if linked && self.vol.parent_of(dir).ok() == Some(p) {
+                return Ok(attr(held));
+            }
+            self.forget(p, 1);
+            if !linked {
+                break;
+            }
+        }
+        match self.vol.getattr(dir).map_err(err)?.nlink {
+            0 => Err(Error::new(
+                libc::ENOENT,
+                "the directory was removed: it has no \"..\"",
+            )),
+            _ => Err(Error::new(
+                libc::EAGAIN,
+                "the directory kept moving while its parent was looked up",
+            )),
+        }
+    }
+}
+
 impl Backend for LocalFs {
     fn lookup(&self, _ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr> {
         match name {
             b"." => self.hold(parent, 0),
-            b".." => self.hold(self.vol.parent_of(parent).map_err(err)?, 0),
+            b".." => self.lookup_parent(parent),
             _ => self.vol.lookup_held(parent, name).map(attr).map_err(err),
         }
     }
