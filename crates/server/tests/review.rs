@@ -14,9 +14,7 @@ use zcfs_backend::*;
 use zcfs_client::{ClientConfig, RemoteFs};
 use zcfs_protocol::handshake::{HELLO_LEN, WELCOME_LEN};
 use zcfs_protocol::Wire;
-use zcfs_protocol::{
-    Cred, NodeRef, Op, ReqHeader, Request, RespHeader, WriteReq, MAX_DATA,
-};
+use zcfs_protocol::{Cred, NodeRef, Op, ReqHeader, Request, RespHeader, WriteReq, MAX_DATA};
 use zcfs_server::ServerConfig;
 
 const MIB: usize = 1 << 20;
@@ -61,7 +59,9 @@ impl Proxy {
         std::thread::spawn(move || {
             for c in l.incoming() {
                 let Ok(c) = c else { return };
-                let Ok(s) = TcpStream::connect(server) else { return };
+                let Ok(s) = TcpStream::connect(server) else {
+                    return;
+                };
                 let _ = c.set_nodelay(true);
                 let _ = s.set_nodelay(true);
                 for up in [true, false] {
@@ -84,7 +84,13 @@ impl Proxy {
     }
 }
 
-fn pump(mut from: TcpStream, mut to: TcpStream, up: bool, cut: Arc<Mutex<Cut>>, fired: Arc<AtomicBool>) {
+fn pump(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    up: bool,
+    cut: Arc<Mutex<Cut>>,
+    fired: Arc<AtomicBool>,
+) {
     let close = |a: &TcpStream, b: &TcpStream| {
         let _ = a.shutdown(Shutdown::Both);
         let _ = b.shutdown(Shutdown::Both);
@@ -109,7 +115,11 @@ fn pump(mut from: TcpStream, mut to: TcpStream, up: bool, cut: Arc<Mutex<Cut>>, 
         if from.read_exact(&mut msg).is_err() {
             return close(&from, &to);
         }
-        let want = if up { Cut::BeforeRequest(op) } else { Cut::BeforeReply(op) };
+        let want = if up {
+            Cut::BeforeRequest(op)
+        } else {
+            Cut::BeforeReply(op)
+        };
         if *cut.lock().unwrap() == want && !fired.swap(true, Ordering::SeqCst) {
             *cut.lock().unwrap() = Cut::None;
             return close(&from, &to);
@@ -134,7 +144,13 @@ fn readdirplus_survives_a_forget_of_an_entry_during_the_listing() {
     let d = fs.mkdir(&c, ROOT, b"d", 0o755).unwrap();
     for i in 0..8 {
         let (e, h) = fs
-            .create(&c, d.ino, format!("e{i}").as_bytes(), libc::S_IFREG | 0o644, 0)
+            .create(
+                &c,
+                d.ino,
+                format!("e{i}").as_bytes(),
+                libc::S_IFREG | 0o644,
+                0,
+            )
             .unwrap();
         fs.release(e.ino, h).unwrap();
         fs.forget(e.ino, 1);
@@ -171,9 +187,11 @@ fn readdirplus_survives_a_forget_of_an_entry_during_the_listing() {
     }
     // (and d's, from the mkdir: given back too, so that x's is the only one left)
     fs.forget(d.ino, 1);
-    eventually(Duration::from_secs(5), "the server holds x's reference", || {
-        srv.report().references_held == 1
-    });
+    eventually(
+        Duration::from_secs(5),
+        "the server holds x's reference",
+        || srv.report().references_held == 1,
+    );
 }
 
 /// A Backend that passes everything on, except that a full-size write at offset 0 is
@@ -189,34 +207,93 @@ impl Backend for ShortFirstWrite {
         }
         self.0.lookup(c, p, n)
     }
-    fn forget(&self, i: u64, n: u64) { self.0.forget(i, n) }
-    fn hold(&self, i: u64, g: u64) -> Result<Attr> { self.0.hold(i, g) }
-    fn getattr(&self, i: u64) -> Result<Attr> { self.0.getattr(i) }
-    fn setattr(&self, c: &Ctx, i: u64, s: &SetAttr) -> Result<Attr> { self.0.setattr(c, i, s) }
-    fn readlink(&self, i: u64) -> Result<Vec<u8>> { self.0.readlink(i) }
-    fn mknod(&self, c: &Ctx, p: u64, n: &[u8], m: u32, r: u32) -> Result<Attr> { self.0.mknod(c, p, n, m, r) }
-    fn mkdir(&self, c: &Ctx, p: u64, n: &[u8], m: u32) -> Result<Attr> { self.0.mkdir(c, p, n, m) }
-    fn unlink(&self, c: &Ctx, p: u64, n: &[u8]) -> Result<Attr> { self.0.unlink(c, p, n) }
-    fn rmdir(&self, c: &Ctx, p: u64, n: &[u8]) -> Result<Attr> { self.0.rmdir(c, p, n) }
-    fn symlink(&self, c: &Ctx, p: u64, n: &[u8], t: &[u8]) -> Result<Attr> { self.0.symlink(c, p, n, t) }
-    fn rename(&self, c: &Ctx, p: u64, n: &[u8], np: u64, nn: &[u8], f: u32) -> Result<()> { self.0.rename(c, p, n, np, nn, f) }
-    fn link(&self, c: &Ctx, i: u64, np: u64, nn: &[u8]) -> Result<Attr> { self.0.link(c, i, np, nn) }
-    fn open(&self, c: &Ctx, i: u64, f: i32) -> Result<u64> { self.0.open(c, i, f) }
-    fn create(&self, c: &Ctx, p: u64, n: &[u8], m: u32, f: i32) -> Result<(Attr, u64)> { self.0.create(c, p, n, m, f) }
-    fn read(&self, i: u64, fh: u64, o: u64, s: u32, sink: &mut ReadSink<'_>) -> Result<()> { self.0.read(i, fh, o, s, sink) }
-    fn write(&self, i: u64, fh: u64, o: u64, d: &[u8]) -> Result<u32> { self.0.write(i, fh, o, d) }
-    fn write_with(&self, i: u64, fh: u64, o: u64, len: u32, fill: &mut WriteFill<'_>) -> Result<u32> {
-        let len = if o == 0 && len as usize == MAX_DATA { len / 2 } else { len };
+    fn forget(&self, i: u64, n: u64) {
+        self.0.forget(i, n)
+    }
+    fn hold(&self, i: u64, g: u64) -> Result<Attr> {
+        self.0.hold(i, g)
+    }
+    fn getattr(&self, i: u64) -> Result<Attr> {
+        self.0.getattr(i)
+    }
+    fn setattr(&self, c: &Ctx, i: u64, s: &SetAttr) -> Result<Attr> {
+        self.0.setattr(c, i, s)
+    }
+    fn readlink(&self, i: u64) -> Result<Vec<u8>> {
+        self.0.readlink(i)
+    }
+    fn mknod(&self, c: &Ctx, p: u64, n: &[u8], m: u32, r: u32) -> Result<Attr> {
+        self.0.mknod(c, p, n, m, r)
+    }
+    fn mkdir(&self, c: &Ctx, p: u64, n: &[u8], m: u32) -> Result<Attr> {
+        self.0.mkdir(c, p, n, m)
+    }
+    fn unlink(&self, c: &Ctx, p: u64, n: &[u8]) -> Result<Attr> {
+        self.0.unlink(c, p, n)
+    }
+    fn rmdir(&self, c: &Ctx, p: u64, n: &[u8]) -> Result<Attr> {
+        self.0.rmdir(c, p, n)
+    }
+    fn symlink(&self, c: &Ctx, p: u64, n: &[u8], t: &[u8]) -> Result<Attr> {
+        self.0.symlink(c, p, n, t)
+    }
+    fn rename(&self, c: &Ctx, p: u64, n: &[u8], np: u64, nn: &[u8], f: u32) -> Result<()> {
+        self.0.rename(c, p, n, np, nn, f)
+    }
+    fn link(&self, c: &Ctx, i: u64, np: u64, nn: &[u8]) -> Result<Attr> {
+        self.0.link(c, i, np, nn)
+    }
+    fn open(&self, c: &Ctx, i: u64, f: i32) -> Result<u64> {
+        self.0.open(c, i, f)
+    }
+    fn create(&self, c: &Ctx, p: u64, n: &[u8], m: u32, f: i32) -> Result<(Attr, u64)> {
+        self.0.create(c, p, n, m, f)
+    }
+    fn read(&self, i: u64, fh: u64, o: u64, s: u32, sink: &mut ReadSink<'_>) -> Result<()> {
+        self.0.read(i, fh, o, s, sink)
+    }
+    fn write(&self, i: u64, fh: u64, o: u64, d: &[u8]) -> Result<u32> {
+        self.0.write(i, fh, o, d)
+    }
+    fn write_with(
+        &self,
+        i: u64,
+        fh: u64,
+        o: u64,
+        len: u32,
+        fill: &mut WriteFill<'_>,
+    ) -> Result<u32> {
+        let len = if o == 0 && len as usize == MAX_DATA {
+            len / 2
+        } else {
+            len
+        };
         self.0.write_with(i, fh, o, len, fill)
     }
-    fn release(&self, i: u64, fh: u64) -> Result<()> { self.0.release(i, fh) }
-    fn fsync(&self, i: u64, fh: u64, d: bool) -> Result<()> { self.0.fsync(i, fh, d) }
-    fn readdir(&self, i: u64, o: u64, p: bool, f: &mut dyn FnMut(DirEntry) -> bool) -> Result<()> { self.0.readdir(i, o, p, f) }
-    fn statfs(&self) -> Result<StatFs> { self.0.statfs() }
-    fn setxattr(&self, i: u64, n: &[u8], v: &[u8], f: i32) -> Result<()> { self.0.setxattr(i, n, v, f) }
-    fn getxattr(&self, i: u64, n: &[u8]) -> Result<Vec<u8>> { self.0.getxattr(i, n) }
-    fn listxattr(&self, i: u64) -> Result<Vec<Vec<u8>>> { self.0.listxattr(i) }
-    fn removexattr(&self, i: u64, n: &[u8]) -> Result<()> { self.0.removexattr(i, n) }
+    fn release(&self, i: u64, fh: u64) -> Result<()> {
+        self.0.release(i, fh)
+    }
+    fn fsync(&self, i: u64, fh: u64, d: bool) -> Result<()> {
+        self.0.fsync(i, fh, d)
+    }
+    fn readdir(&self, i: u64, o: u64, p: bool, f: &mut dyn FnMut(DirEntry) -> bool) -> Result<()> {
+        self.0.readdir(i, o, p, f)
+    }
+    fn statfs(&self) -> Result<StatFs> {
+        self.0.statfs()
+    }
+    fn setxattr(&self, i: u64, n: &[u8], v: &[u8], f: i32) -> Result<()> {
+        self.0.setxattr(i, n, v, f)
+    }
+    fn getxattr(&self, i: u64, n: &[u8]) -> Result<Vec<u8>> {
+        self.0.getxattr(i, n)
+    }
+    fn listxattr(&self, i: u64) -> Result<Vec<Vec<u8>>> {
+        self.0.listxattr(i)
+    }
+    fn removexattr(&self, i: u64, n: &[u8]) -> Result<()> {
+        self.0.removexattr(i, n)
+    }
 }
 
 /// Finding 2. RemoteFs::write splits a buffer into 16 MiB requests and, after a short
@@ -225,7 +302,10 @@ impl Backend for ShortFirstWrite {
 /// were the right ones.
 #[test]
 fn a_short_chunk_does_not_shift_the_rest_of_a_large_remote_write() {
-    let srv = Running::start(Arc::new(ShortFirstWrite(memory_fs(96 * MIB), None)), config());
+    let srv = Running::start(
+        Arc::new(ShortFirstWrite(memory_fs(96 * MIB), None)),
+        config(),
+    );
     let fs = srv.client();
     let (f, fh) = file(&fs, b"big");
     let data: Vec<u8> = (0..2 * MAX_DATA as u32)
@@ -271,10 +351,14 @@ fn a_release_lost_with_its_connection_does_not_leak_the_handle() {
     eprintln!("release: {r:?}");
     // The client goes on (reconnects, resumes its session) and holds nothing of f.
     assert_eq!(fs.references(f.ino), (0, 0));
-    eventually(Duration::from_secs(5), "the session released f's handle", || {
-        fs.statfs().unwrap();
-        srv.report().handles_open == 0
-    });
+    eventually(
+        Duration::from_secs(5),
+        "the session released f's handle",
+        || {
+            fs.statfs().unwrap();
+            srv.report().handles_open == 0
+        },
+    );
     assert!(fs.statfs().unwrap().bfree >= held + (MIB / 4096) as u64);
 }
 
@@ -295,10 +379,14 @@ fn a_forget_lost_with_its_connection_does_not_leak_the_reference() {
         proxy.fired.load(Ordering::SeqCst)
     });
     assert_eq!(fs.references(f.ino), (0, 0));
-    eventually(Duration::from_secs(5), "the session gave f's reference back", || {
-        fs.statfs().unwrap();
-        srv.report().references_held == 0
-    });
+    eventually(
+        Duration::from_secs(5),
+        "the session gave f's reference back",
+        || {
+            fs.statfs().unwrap();
+            srv.report().references_held == 0
+        },
+    );
 }
 
 /// Finding 4. A create (or mkdir, mknod, symlink, link; or an open/lookup whose retry
@@ -325,10 +413,14 @@ fn a_create_whose_reply_is_lost_leaves_nothing_held_in_the_session() {
     fs.unlink(&c, ROOT, b"f").unwrap();
     fs.forget(ino, 1);
     assert_eq!(fs.references(ino), (0, 0));
-    eventually(Duration::from_secs(5), "nothing of f held by the session", || {
-        let r = srv.report();
-        r.handles_open == 0 && r.references_held == 0
-    });
+    eventually(
+        Duration::from_secs(5),
+        "nothing of f held by the session",
+        || {
+            let r = srv.report();
+            r.handles_open == 0 && r.references_held == 0
+        },
+    );
 }
 
 /// Finding 5. "The server gives a peer 5 s to finish the handshake" — but the deadline is
@@ -376,13 +468,18 @@ fn the_handshake_deadline_bounds_the_whole_handshake() {
     stop.store(true, Ordering::SeqCst);
     trickler.join().unwrap();
     assert_eq!(
-        active, 0,
+        active,
+        0,
         "{:?} after they connected, peers still in the handshake hold {active} slots \
          (a client with the secret: {:?})",
         started.elapsed(),
         legit.as_ref().err()
     );
-    assert!(legit.is_ok(), "a client with the secret was locked out: {:?}", legit.err());
+    assert!(
+        legit.is_ok(),
+        "a client with the secret was locked out: {:?}",
+        legit.err()
+    );
 }
 
 fn remote_with_secret(addr: SocketAddr) -> zcfs_backend::Result<RemoteFs> {
@@ -433,7 +530,9 @@ fn an_unauthenticated_peer_cannot_keep_a_session_from_expiring() {
         s.write_all(&hello.encode()).unwrap();
         let mut w = [0u8; WELCOME_LEN];
         s.read_exact(&mut w).unwrap();
-        told_resumed |= zcfs_protocol::handshake::Welcome::decode(&w).unwrap().resumed;
+        told_resumed |= zcfs_protocol::handshake::Welcome::decode(&w)
+            .unwrap()
+            .resumed;
         s.write_all(&[0u8; 32]).unwrap(); // a proof made up without the secret
         let mut v = [0u8; 8];
         s.read_exact(&mut v).unwrap();
@@ -494,7 +593,13 @@ fn concurrent_readdirplus_listings_of_one_directory_do_not_panic() {
     let d = fs.mkdir(&c, ROOT, b"d", 0o755).unwrap();
     for i in 0..100 {
         let (e, h) = fs
-            .create(&c, d.ino, format!("entry-{i}").as_bytes(), libc::S_IFREG | 0o644, 0)
+            .create(
+                &c,
+                d.ino,
+                format!("entry-{i}").as_bytes(),
+                libc::S_IFREG | 0o644,
+                0,
+            )
             .unwrap();
         fs.release(e.ino, h).unwrap();
         fs.forget(e.ino, 1);
@@ -542,7 +647,10 @@ fn a_panicking_request_gives_back_its_connection_slot_and_session() {
         },
     );
     let mut raw = srv.raw(0xbad);
-    let r = raw.call(zcfs_protocol::OpenReq { node: NodeRef::ino(ROOT), flags: 0 });
+    let r = raw.call(zcfs_protocol::OpenReq {
+        node: NodeRef::ino(ROOT),
+        flags: 0,
+    });
     assert_eq!(r.status, 0);
     let (h, body) = Request::from(zcfs_protocol::LookupReq {
         parent: NodeRef::ino(ROOT),
@@ -552,7 +660,9 @@ fn a_panicking_request_gives_back_its_connection_slot_and_session() {
     raw.send(&h, &body, &[]);
     // The peer should see the connection end, after at most an EIO reply to the
     // request that panicked (no other reply can come).
-    raw.s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    raw.s
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
     let mut rest = Vec::new();
     let closed = raw.s.read_to_end(&mut rest).is_ok()
         && (rest.is_empty()
@@ -593,7 +703,13 @@ fn a_stalled_reader_does_not_make_other_clients_overwrites_fail() {
     for i in 0..8u8 {
         vol.write(w.ino, wh, 0, &vec![i; 4 * MIB]).unwrap();
     }
-    let srv = Running::start(vol.clone(), ServerConfig { peer_timeout, ..config() });
+    let srv = Running::start(
+        vol.clone(),
+        ServerConfig {
+            peer_timeout,
+            ..config()
+        },
+    );
     let mut stalled = Raw::connect_small_window(srv.addr(), 0x5, 16 << 10);
     let (h, body) = Request::from(zcfs_protocol::ReadReq {
         node: NodeRef::ino(r.ino),
@@ -608,7 +724,10 @@ fn a_stalled_reader_does_not_make_other_clients_overwrites_fail() {
     let started = Instant::now();
     let mut results = Vec::new();
     for i in 0..8u8 {
-        results.push(fs.write(w.ino, 0, 0, &vec![0x10 + i; 4 * MIB]).map_err(|e| e.errno));
+        results.push(
+            fs.write(w.ino, 0, 0, &vec![0x10 + i; 4 * MIB])
+                .map_err(|e| e.errno),
+        );
     }
     let within = started.elapsed();
     let bfree = fs.statfs().unwrap().bfree;
