@@ -195,7 +195,7 @@ pub struct Client {
     epoch: AtomicU64,
     /// Held while a connection is made, checked (and the session revalidated) and
     /// handed out: no request of a new session goes out before the revalidation.
-    dialing: Mutex<()>,
+    dialing: DialGate,
     /// Held to change `epoch` and to post against it.
     reval: Mutex<()>,
     /// Posted requests without a reply yet.
@@ -240,6 +240,47 @@ fn terr(addr: &str, e: TransportError) -> Error {
     }
 }
 
+/// Lets one connection be made at a time; a caller waits for its turn at most for the
+/// client's timeout (calls stay bounded while the server is unreachable).
+#[derive(Default)]
+struct DialGate {
+    busy: Mutex<bool>,
+    free: Condvar,
+}
+
+/// A turn at the `DialGate`, given back on drop.
+struct DialTurn<'a>(&'a DialGate);
+
+impl DialGate {
+    fn enter(&self, patience: Duration, addr: &str) -> Result<DialTurn<'_>, Error> {
+        let deadline = std::time::Instant::now() + patience;
+        let mut busy = lock(&self.busy);
+        while *busy {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Err(Error::new(
+                    libc::ETIMEDOUT,
+                    format!("connecting to {addr}: another connection attempt is still under way"),
+                ));
+            }
+            busy = self
+                .free
+                .wait_timeout(busy, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        *busy = true;
+        Ok(DialTurn(self))
+    }
+}
+
+impl Drop for DialTurn<'_> {
+    fn drop(&mut self) {
+        *lock(&self.0.busy) = false;
+        self.0.free.notify_one();
+    }
+}
+
 /// How one attempt of a request ended: its result, and the session epoch of the
 /// connection it went out on (None: it never left).
 type Attempt = (Result<Response, Error>, Option<u64>);
@@ -256,7 +297,7 @@ impl Client {
             instance: AtomicU64::new(0),
             had_session: AtomicBool::new(false),
             epoch: AtomicU64::new(0),
-            dialing: Mutex::new(()),
+            dialing: DialGate::default(),
             reval: Mutex::new(()),
             posted: Arc::new(Mutex::new(HashMap::new())),
             on_restart: Mutex::new(None),
@@ -370,7 +411,7 @@ impl Client {
             }
             self.reconnects.fetch_add(1, Ordering::Relaxed);
         }
-        let _dialing = lock(&self.dialing);
+        let _dialing = self.dialing.enter(self.cfg.timeout, &self.cfg.addr)?;
         let c = self.dial()?;
         let old = self.instance.swap(c.welcome.instance, Ordering::SeqCst);
         let had_session = self.had_session.swap(true, Ordering::SeqCst);
