@@ -10,15 +10,34 @@ pub mod null;
 
 use std::fmt;
 
-pub use zcfs_types::{errno_name, Attr, Error, Result, SetAttr, SetTime, StatFs, Time, ROOT};
+pub use zcfs_types::{errno_name, Attr, Cred, Error, Result, SetAttr, SetTime, StatFs, Time, ROOT};
 
-/// Who is asking (the caller of the system call behind the request).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// Who is asking (the caller of the system call behind the request): the identity the
+/// backend checks permissions against, and its process (0 when unknown).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Ctx {
-    pub uid: u32,
-    pub gid: u32,
+    pub cred: Cred,
     pub pid: u32,
 }
+
+impl Ctx {
+    /// A caller without supplementary groups.
+    pub fn user(uid: u32, gid: u32) -> Ctx {
+        Ctx {
+            cred: Cred::new(uid, gid, Vec::new()),
+            pid: 0,
+        }
+    }
+    /// Root (passes every permission check).
+    pub fn root() -> Ctx {
+        Ctx::default()
+    }
+}
+
+/// access(2) mask bits, as the kernel sends them.
+pub const R_OK: u32 = 4;
+pub const W_OK: u32 = 2;
+pub const X_OK: u32 = 1;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DirEntry {
@@ -91,6 +110,13 @@ pub type WriteFill<'a> = dyn FnMut(&mut [&mut [u8]]) -> Result<()> + 'a;
 /// a backend may ignore it (the local volume keeps no per-handle state) or use it (the
 /// remote client maps it to the server's handle). `fh` 0 means "no handle".
 ///
+/// **Permissions**: the backend decides, from `ctx.cred`, as a POSIX file system does
+/// (mode bits with the supplementary groups, sticky directories, who may chown and
+/// chmod, set-id bits dropped on write, chown and truncate). Calls through a handle
+/// (`read`, `write`, a `setattr` with a handle) were authorized when the handle was
+/// opened. A credential marked `checked` was checked by a party the backend trusts
+/// (a kernel mounted with default_permissions); a network server never passes one on.
+///
 /// **Errors** are an errno ([`Error`]) with a message only when there is more to say;
 /// a failed call changes nothing the caller can observe.
 pub trait Backend: Send + Sync {
@@ -117,8 +143,13 @@ pub trait Backend: Send + Sync {
     /// Attributes of `ino`.
     fn getattr(&self, ino: u64) -> Result<Attr>;
     /// Change attributes (chmod, chown, truncate, utimes) as one step; returns the new
-    /// attributes.
-    fn setattr(&self, ctx: &Ctx, ino: u64, set: &SetAttr) -> Result<Attr>;
+    /// attributes. `fh` is the handle the change comes through (ftruncate, futimens),
+    /// 0 for none: a size change through a handle opened for writing needs no write
+    /// permission on the file.
+    fn setattr(&self, ctx: &Ctx, ino: u64, set: &SetAttr, fh: u64) -> Result<Attr>;
+    /// access(2): may `ctx` access `ino` for `mask` ([`R_OK`] | [`W_OK`] | [`X_OK`]; 0
+    /// asks whether it exists)? EACCES if not.
+    fn access(&self, ctx: &Ctx, ino: u64, mask: u32) -> Result<()>;
     /// Target of a symlink (EINVAL for anything else).
     fn readlink(&self, ino: u64) -> Result<Vec<u8>>;
     /// Create a regular file, fifo, socket or device node (`mode` carries the type;
@@ -148,8 +179,9 @@ pub trait Backend: Send + Sync {
     ) -> Result<()>;
     /// A new name for `ino` (not a directory). Gives a reference.
     fn link(&self, ctx: &Ctx, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr>;
-    /// Open `ino` with open(2) `flags`; returns a handle (see the trait's notes). With
-    /// O_TRUNC the frontend truncates through `setattr` (FUSE_ATOMIC_O_TRUNC).
+    /// Open `ino` with open(2) `flags`, if `ctx` may access it that way (O_TRUNC asks
+    /// for write); returns a handle (see the trait's notes). With O_TRUNC the frontend
+    /// truncates through `setattr` with the handle (FUSE_ATOMIC_O_TRUNC).
     fn open(&self, ctx: &Ctx, ino: u64, flags: i32) -> Result<u64>;
     /// Create and open a regular file in one step: a reference and a handle.
     fn create(
@@ -174,8 +206,9 @@ pub trait Backend: Send + Sync {
         sink: &mut ReadSink<'_>,
     ) -> Result<()>;
     /// Write `data` at `offset`; returns the bytes written (fewer only when the
-    /// volume runs out of room part way, as POSIX allows).
-    fn write(&self, ino: u64, fh: u64, offset: u64, data: &[u8]) -> Result<u32>;
+    /// volume runs out of room part way, as POSIX allows). A write by an unprivileged
+    /// `ctx` drops the file's set-user-ID bit (and set-group-ID, as Linux does).
+    fn write(&self, ctx: &Ctx, ino: u64, fh: u64, offset: u64, data: &[u8]) -> Result<u32>;
     /// Write `len` bytes at `offset`, letting `fill` place them straight into the
     /// destination (e.g. from a socket into the PM blocks that will hold them). `fill`
     /// is called at most once, with slices totalling exactly `len` bytes. If the
@@ -184,6 +217,7 @@ pub trait Backend: Send + Sync {
     /// it, or writes it through `write`). The default goes through a buffer.
     fn write_with(
         &self,
+        ctx: &Ctx,
         ino: u64,
         fh: u64,
         offset: u64,
@@ -192,7 +226,7 @@ pub trait Backend: Send + Sync {
     ) -> Result<u32> {
         let mut buf = vec![0u8; len as usize];
         fill(&mut [&mut buf[..]])?;
-        self.write(ino, fh, offset, &buf)
+        self.write(ctx, ino, fh, offset, &buf)
     }
     /// close(2) of a file descriptor on the handle (may come several times per handle).
     fn flush(&self, _ino: u64, _fh: u64) -> Result<()> {
@@ -202,7 +236,7 @@ pub trait Backend: Send + Sync {
     fn release(&self, ino: u64, fh: u64) -> Result<()>;
     /// Make the inode's data (and, unless `datasync`, its metadata) durable.
     fn fsync(&self, ino: u64, fh: u64, datasync: bool) -> Result<()>;
-    /// Open a directory for listing; returns a handle (0 by default).
+    /// Open a directory for listing (read permission); returns a handle (0 by default).
     fn opendir(&self, _ctx: &Ctx, ino: u64) -> Result<u64> {
         if self.getattr(ino)?.is_dir() {
             Ok(0)
@@ -224,14 +258,24 @@ pub trait Backend: Send + Sync {
         f: &mut dyn FnMut(DirEntry) -> bool,
     ) -> Result<()>;
     fn statfs(&self) -> Result<StatFs>;
-    /// `flags`: 0, [`XATTR_CREATE`] or [`XATTR_REPLACE`].
-    fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: i32) -> Result<()>;
+    /// `flags`: 0, [`XATTR_CREATE`] or [`XATTR_REPLACE`]. user.* attributes need write
+    /// permission, trusted.* ones root.
+    fn setxattr(&self, ctx: &Ctx, ino: u64, name: &[u8], value: &[u8], flags: i32) -> Result<()>;
     /// ENODATA when absent.
-    fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>>;
-    fn listxattr(&self, ino: u64) -> Result<Vec<Vec<u8>>>;
-    fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()>;
+    fn getxattr(&self, ctx: &Ctx, ino: u64, name: &[u8]) -> Result<Vec<u8>>;
+    /// The names (trusted.* ones only for root).
+    fn listxattr(&self, ctx: &Ctx, ino: u64) -> Result<Vec<Vec<u8>>>;
+    fn removexattr(&self, ctx: &Ctx, ino: u64, name: &[u8]) -> Result<()>;
     /// Punch a hole (FALLOC_FL_PUNCH_HOLE | KEEP_SIZE) or preallocate (mode 0).
-    fn fallocate(&self, _ino: u64, _fh: u64, _offset: u64, _len: u64, _mode: i32) -> Result<()> {
+    fn fallocate(
+        &self,
+        _ctx: &Ctx,
+        _ino: u64,
+        _fh: u64,
+        _offset: u64,
+        _len: u64,
+        _mode: i32,
+    ) -> Result<()> {
         Err(Error::errno(libc::EOPNOTSUPP))
     }
     /// Copy accounting since start.

@@ -73,8 +73,12 @@ impl Backend for NullFs {
     fn getattr(&self, ino: u64) -> Result<Attr> {
         Ok(self.attr(ino))
     }
-    fn setattr(&self, _ctx: &Ctx, ino: u64, _set: &SetAttr) -> Result<Attr> {
+    fn setattr(&self, _ctx: &Ctx, ino: u64, _set: &SetAttr, _fh: u64) -> Result<Attr> {
         Ok(self.attr(ino))
+    }
+    /// Anyone may do anything (writes are accepted and dropped).
+    fn access(&self, _ctx: &Ctx, ino: u64, _mask: u32) -> Result<()> {
+        self.getattr(ino).map(|_| ())
     }
     fn readlink(&self, _ino: u64) -> Result<Vec<u8>> {
         Err(Error::errno(libc::EINVAL))
@@ -141,7 +145,7 @@ impl Backend for NullFs {
         }
         sink(&parts)
     }
-    fn write(&self, _ino: u64, _fh: u64, _offset: u64, data: &[u8]) -> Result<u32> {
+    fn write(&self, _ctx: &Ctx, _ino: u64, _fh: u64, _offset: u64, data: &[u8]) -> Result<u32> {
         Ok(data.len() as u32)
     }
     fn release(&self, _ino: u64, _fh: u64) -> Result<()> {
@@ -171,16 +175,23 @@ impl Backend for NullFs {
             frsize: 4096,
         })
     }
-    fn setxattr(&self, _ino: u64, _name: &[u8], _value: &[u8], _flags: i32) -> Result<()> {
+    fn setxattr(
+        &self,
+        _ctx: &Ctx,
+        _ino: u64,
+        _name: &[u8],
+        _value: &[u8],
+        _flags: i32,
+    ) -> Result<()> {
         Err(Error::errno(libc::EOPNOTSUPP))
     }
-    fn getxattr(&self, _ino: u64, _name: &[u8]) -> Result<Vec<u8>> {
+    fn getxattr(&self, _ctx: &Ctx, _ino: u64, _name: &[u8]) -> Result<Vec<u8>> {
         Err(Error::errno(libc::ENODATA))
     }
-    fn listxattr(&self, _ino: u64) -> Result<Vec<Vec<u8>>> {
+    fn listxattr(&self, _ctx: &Ctx, _ino: u64) -> Result<Vec<Vec<u8>>> {
         Ok(vec![])
     }
-    fn removexattr(&self, _ino: u64, _name: &[u8]) -> Result<()> {
+    fn removexattr(&self, _ctx: &Ctx, _ino: u64, _name: &[u8]) -> Result<()> {
         Err(Error::errno(libc::ENODATA))
     }
 }
@@ -197,7 +208,7 @@ mod tests {
         assert_eq!(a.size, FILE_SIZE);
         assert_eq!(a.ino, n.lookup(&ctx, ROOT, b"file").unwrap().ino);
         assert_ne!(a.ino, ROOT);
-        assert_eq!(n.write(a.ino, 0, 0, &[1; 100]).unwrap(), 100);
+        assert_eq!(n.write(&ctx, a.ino, 0, 0, &[1; 100]).unwrap(), 100);
         let mut got = 0;
         n.read(a.ino, 0, FILE_SIZE - 10, 4096, &mut |s| {
             got = s.iter().map(|x| x.len()).sum();

@@ -11,7 +11,7 @@ use anyhow::Result;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use zcfs_volume::{MkfsOptions, Owner, Volume, VolumeConfig, ROOT_INO};
+use zcfs_volume::{Cred, MkfsOptions, Volume, VolumeConfig, ROOT_INO};
 
 struct Vol {
     path: PathBuf,
@@ -31,6 +31,7 @@ impl Vol {
             &MkfsOptions {
                 inodes: None,
                 log_bytes: None,
+                ..Default::default()
             },
         )?;
         Ok(Vol {
@@ -53,18 +54,18 @@ impl Drop for Vol {
 const FILE: u64 = 512 << 20;
 
 fn fill(v: &Volume) -> Result<u64> {
-    let f = v.create(ROOT_INO, b"bench", 0o644, Owner::default(), 0)?;
+    let f = v.create(&Cred::ROOT, ROOT_INO, b"bench", 0o644, 0)?;
     let chunk = vec![0x42u8; 8 << 20];
     let mut off = 0;
     while off < FILE {
-        v.write(f.ino, off, &chunk)?;
+        v.write(&Cred::ROOT, f.ino, off, &chunk)?;
         off += chunk.len() as u64;
     }
     // Overwrite it once more, untimed: copy-on-write then cycles through blocks already
     // backed by pages (the steady state), not through never-touched tmpfs pages.
     off = 0;
     while off < FILE {
-        v.write(f.ino, off, &chunk)?;
+        v.write(&Cred::ROOT, f.ino, off, &chunk)?;
         off += chunk.len() as u64;
     }
     v.sync()?;
@@ -110,7 +111,7 @@ fn run_ops(
                         i += 1;
                         let t0 = Instant::now();
                         if write {
-                            v.write(ino, off, &buf)?;
+                            v.write(&Cred::ROOT, ino, off, &buf)?;
                         } else {
                             v.read(ino, off, &mut buf)?;
                         }

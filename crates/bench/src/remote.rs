@@ -91,7 +91,7 @@ fn prepare(fs: &RemoteFs, short: bool) -> Result<u64> {
     let chunk = vec![0x3cu8; 8 << 20];
     let mut off = 0;
     while off < file_size(short) {
-        fs.write(a.ino, fh, off, &chunk)
+        fs.write(&Ctx::default(), a.ino, fh, off, &chunk)
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         off += chunk.len() as u64;
     }

@@ -28,10 +28,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use zcfs_backend::*;
 use zcfs_protocol::{
-    CreateReq, FallocateReq, FlushReq, FsyncReq, GetattrReq, GetxattrReq, LinkReq, ListxattrReq,
-    LookupReq, MkdirReq, MknodReq, OpenReq, ReadReq, ReaddirReq, ReadlinkReq, ReleaseReq,
-    RemovexattrReq, RenameReq, RmdirReq, SetattrReq, SetxattrReq, StatfsReq, StatsReq, SymlinkReq,
-    SyncAllReq, UnlinkReq, WriteReq,
+    AccessReq, CreateReq, FallocateReq, FlushReq, FsyncReq, GetattrReq, GetxattrReq, LinkReq,
+    ListxattrReq, LookupReq, MkdirReq, MknodReq, OpenReq, ReadReq, ReaddirReq, ReadlinkReq,
+    ReleaseReq, RemovexattrReq, RenameReq, RmdirReq, SetattrReq, SetxattrReq, StatfsReq, StatsReq,
+    SymlinkReq, SyncAllReq, UnlinkReq, WriteReq,
 };
 use zcfs_protocol::{
     Cred, ForgetItem, ForgetReq, List, LookupName, Name, NodeRef, Operation, ProtoError,
@@ -199,8 +199,8 @@ pub struct RemoteFs {
 
 fn cred(ctx: &Ctx) -> Cred {
     Cred {
-        uid: ctx.uid,
-        gid: ctx.gid,
+        uid: ctx.cred.uid,
+        gid: ctx.cred.gid,
     }
 }
 
@@ -515,17 +515,33 @@ impl Backend for RemoteFs {
         Ok(r.attr)
     }
 
-    fn setattr(&self, ctx: &Ctx, ino: u64, set: &SetAttr) -> Result<Attr> {
+    fn setattr(&self, ctx: &Ctx, ino: u64, set: &SetAttr, fh: u64) -> Result<Attr> {
         self.forget_attr(ino);
+        let fh = if fh == 0 { 0 } else { self.server_fh(fh)? };
         let r = self.call(
             ctx,
             SetattrReq {
                 node: self.node(ino),
                 set: set.clone(),
+                fh,
             },
         )?;
         self.remember(&r.attr);
         Ok(r.attr)
+    }
+
+    fn access(&self, ctx: &Ctx, ino: u64, mask: u32) -> Result<()> {
+        let req = AccessReq {
+            node: self.node(ino),
+            mask,
+        };
+        self.call(ctx, req).map(|_| ())
+    }
+
+    /// Listing needs read permission, which only the server can tell.
+    fn opendir(&self, ctx: &Ctx, ino: u64) -> Result<u64> {
+        self.access(ctx, ino, zcfs_backend::R_OK)?;
+        Ok(0)
     }
 
     fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
@@ -694,7 +710,7 @@ impl Backend for RemoteFs {
     /// write there (the next bytes belong after what was written, not after the
     /// chunk), and so does an error after something was written: the count says how
     /// far the caller's bytes got, as write(2) does.
-    fn write(&self, ino: u64, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
+    fn write(&self, ctx: &Ctx, ino: u64, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
         self.forget_attr(ino);
         let (node, sfh) = (self.node(ino), self.server_fh(fh)?);
         // The count is a u32: a longer buffer is a short write.
@@ -708,7 +724,7 @@ impl Backend for RemoteFs {
                 offset: offset + done as u64,
                 size: chunk.len() as u32,
             };
-            let written = match self.call_with(&Ctx::default(), req, &[chunk]) {
+            let written = match self.call_with(ctx, req, &[chunk]) {
                 Ok(r) => r.written as usize,
                 Err(_) if done > 0 => break,
                 Err(e) => return Err(e),
@@ -840,7 +856,7 @@ impl Backend for RemoteFs {
         Ok(self.call(&Ctx::default(), StatfsReq {})?.statfs)
     }
 
-    fn setxattr(&self, ino: u64, n: &[u8], value: &[u8], flags: i32) -> Result<()> {
+    fn setxattr(&self, ctx: &Ctx, ino: u64, n: &[u8], value: &[u8], flags: i32) -> Result<()> {
         let req = SetxattrReq {
             node: self.node(ino),
             name: XattrName::new(n).map_err(invalid)?,
@@ -852,10 +868,10 @@ impl Backend for RemoteFs {
             m.attrs.remove(&ino);
             m.no_xattr.remove(&(ino, n.to_vec()));
         }
-        self.call(&Ctx::default(), req).map(|_| ())
+        self.call(ctx, req).map(|_| ())
     }
 
-    fn getxattr(&self, ino: u64, n: &[u8]) -> Result<Vec<u8>> {
+    fn getxattr(&self, ctx: &Ctx, ino: u64, n: &[u8]) -> Result<Vec<u8>> {
         let xname = XattrName::new(n).map_err(invalid)?;
         let key = (ino, n.to_vec());
         if lock(&self.meta)
@@ -869,7 +885,7 @@ impl Backend for RemoteFs {
             node: self.node(ino),
             name: xname,
         };
-        match self.call(&Ctx::default(), req) {
+        match self.call(ctx, req) {
             Ok(r) => Ok(r.value.into_bytes()),
             Err(e) => {
                 if e.errno == libc::ENODATA && self.caching() {
@@ -880,9 +896,9 @@ impl Backend for RemoteFs {
         }
     }
 
-    fn listxattr(&self, ino: u64) -> Result<Vec<Vec<u8>>> {
+    fn listxattr(&self, ctx: &Ctx, ino: u64) -> Result<Vec<Vec<u8>>> {
         let r = self.call(
-            &Ctx::default(),
+            ctx,
             ListxattrReq {
                 node: self.node(ino),
             },
@@ -894,16 +910,24 @@ impl Backend for RemoteFs {
             .collect())
     }
 
-    fn removexattr(&self, ino: u64, n: &[u8]) -> Result<()> {
+    fn removexattr(&self, ctx: &Ctx, ino: u64, n: &[u8]) -> Result<()> {
         let req = RemovexattrReq {
             node: self.node(ino),
             name: XattrName::new(n).map_err(invalid)?,
         };
         self.forget_attr(ino);
-        self.call(&Ctx::default(), req).map(|_| ())
+        self.call(ctx, req).map(|_| ())
     }
 
-    fn fallocate(&self, ino: u64, fh: u64, offset: u64, len: u64, mode: i32) -> Result<()> {
+    fn fallocate(
+        &self,
+        ctx: &Ctx,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        len: u64,
+        mode: i32,
+    ) -> Result<()> {
         self.forget_attr(ino);
         let req = FallocateReq {
             node: self.node(ino),
@@ -912,7 +936,7 @@ impl Backend for RemoteFs {
             len,
             mode,
         };
-        self.call(&Ctx::default(), req).map(|_| ())
+        self.call(ctx, req).map(|_| ())
     }
 
     fn copy_stats(&self) -> CopyStats {

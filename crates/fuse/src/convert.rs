@@ -1,16 +1,8 @@
 //! Conversions between fuser's types and the backend's, and the small reply helpers.
 
-use fuser::{Errno, FileAttr, FileType, INodeNo, ReplyEmpty, ReplyXattr, Request, TimeOrNow};
+use fuser::{Errno, FileAttr, FileType, INodeNo, ReplyEmpty, ReplyXattr, TimeOrNow};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use zcfs_backend::{Ctx, SetTime, Time};
-
-pub(crate) fn ctx(req: &Request) -> Ctx {
-    Ctx {
-        uid: req.uid(),
-        gid: req.gid(),
-        pid: req.pid(),
-    }
-}
+use zcfs_backend::{SetTime, Time};
 
 pub(crate) fn sys_time(t: Time) -> SystemTime {
     if t.sec >= 0 {

@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use zcfs_backend::{Attr, Backend, Ctx, SetAttr};
 
+pub mod caller;
 mod convert;
 mod options;
 
@@ -28,6 +29,7 @@ pub struct FuseFs {
     backend: Arc<dyn Backend>,
     opts: FuseOptions,
     ttl: Duration,
+    callers: caller::Callers,
     pub stats: Arc<FuseStats>,
 }
 
@@ -40,6 +42,7 @@ impl FuseFs {
         };
         FuseFs {
             backend,
+            callers: caller::Callers::new(opts.default_permissions),
             opts,
             ttl,
             stats: Arc::new(FuseStats::default()),
@@ -80,6 +83,11 @@ impl FuseFs {
         f
     }
 
+    /// The caller of `req`, with its supplementary groups.
+    fn ctx(&self, req: &Request) -> Ctx {
+        self.callers.ctx(req.uid(), req.gid(), req.pid())
+    }
+
     fn count(&self) {
         self.stats.requests.fetch_add(1, Ordering::Relaxed);
     }
@@ -115,6 +123,11 @@ impl Filesystem for FuseFs {
         // queue depth buys nothing (libfuse asks for it by default too).
         let mut want = InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_ATOMIC_O_TRUNC
+            // The backend drops set-id bits on write, truncate and chown itself, as the
+            // caller's identity says (the kernel would otherwise send a chmod as the
+            // writer, which a backend checking permissions refuses).
+            | InitFlags::FUSE_HANDLE_KILLPRIV
+            | InitFlags::FUSE_HANDLE_KILLPRIV_V2
             | InitFlags::FUSE_ASYNC_DIO;
         if self.opts.readdirplus {
             want |= InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO;
@@ -138,7 +151,10 @@ impl Filesystem for FuseFs {
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         self.count();
-        match self.backend.lookup(&ctx(req), parent.0, name.as_bytes()) {
+        match self
+            .backend
+            .lookup(&self.ctx(req), parent.0, name.as_bytes())
+        {
             Ok(a) => reply.entry(&self.ttl, &self.file_attr(&a), Generation(a.generation)),
             // A negative entry is cached as long as a positive one.
             Err(e) if e.errno == libc::ENOENT && !self.ttl.is_zero() => {
@@ -171,7 +187,7 @@ impl Filesystem for FuseFs {
         atime: Option<TimeOrNow>,
         mtime: Option<TimeOrNow>,
         _ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
+        fh: Option<FileHandle>,
         _crtime: Option<SystemTime>,
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
@@ -187,7 +203,8 @@ impl Filesystem for FuseFs {
             atime: atime.map(set_time),
             mtime: mtime.map(set_time),
         };
-        match self.backend.setattr(&ctx(req), ino.0, &set) {
+        let fh = fh.map_or(0, |f| f.0);
+        match self.backend.setattr(&self.ctx(req), ino.0, &set, fh) {
             Ok(a) => reply.attr(&self.ttl, &self.file_attr(&a)),
             Err(e) => reply.error(errno(&e)),
         }
@@ -215,7 +232,7 @@ impl Filesystem for FuseFs {
         self.entry(
             reply,
             self.backend
-                .mknod(&ctx(req), parent.0, name.as_bytes(), mode, rdev),
+                .mknod(&self.ctx(req), parent.0, name.as_bytes(), mode, rdev),
         )
     }
 
@@ -232,7 +249,7 @@ impl Filesystem for FuseFs {
         self.entry(
             reply,
             self.backend
-                .mkdir(&ctx(req), parent.0, name.as_bytes(), mode),
+                .mkdir(&self.ctx(req), parent.0, name.as_bytes(), mode),
         )
     }
 
@@ -241,7 +258,7 @@ impl Filesystem for FuseFs {
         ok_or_error(
             reply,
             self.backend
-                .unlink(&ctx(req), parent.0, name.as_bytes())
+                .unlink(&self.ctx(req), parent.0, name.as_bytes())
                 .map(|_| ()),
         )
     }
@@ -251,7 +268,7 @@ impl Filesystem for FuseFs {
         ok_or_error(
             reply,
             self.backend
-                .rmdir(&ctx(req), parent.0, name.as_bytes())
+                .rmdir(&self.ctx(req), parent.0, name.as_bytes())
                 .map(|_| ()),
         )
     }
@@ -268,7 +285,7 @@ impl Filesystem for FuseFs {
         self.entry(
             reply,
             self.backend.symlink(
-                &ctx(req),
+                &self.ctx(req),
                 parent.0,
                 link_name.as_bytes(),
                 target.as_os_str().as_bytes(),
@@ -290,7 +307,7 @@ impl Filesystem for FuseFs {
         ok_or_error(
             reply,
             self.backend.rename(
-                &ctx(req),
+                &self.ctx(req),
                 parent.0,
                 name.as_bytes(),
                 newparent.0,
@@ -312,13 +329,13 @@ impl Filesystem for FuseFs {
         self.entry(
             reply,
             self.backend
-                .link(&ctx(req), ino.0, newparent.0, newname.as_bytes()),
+                .link(&self.ctx(req), ino.0, newparent.0, newname.as_bytes()),
         )
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         self.count();
-        let c = ctx(req);
+        let c = self.ctx(req);
         match self.backend.open(&c, ino.0, flags.0) {
             Ok(fh) => {
                 // FUSE_ATOMIC_O_TRUNC: the truncation is ours to do.
@@ -327,7 +344,7 @@ impl Filesystem for FuseFs {
                         size: Some(0),
                         ..Default::default()
                     };
-                    if let Err(e) = self.backend.setattr(&c, ino.0, &set) {
+                    if let Err(e) = self.backend.setattr(&c, ino.0, &set, fh) {
                         let _ = self.backend.release(ino.0, fh);
                         return reply.error(errno(&e));
                     }
@@ -351,7 +368,7 @@ impl Filesystem for FuseFs {
         self.count();
         match self
             .backend
-            .create(&ctx(req), parent.0, name.as_bytes(), mode, flags)
+            .create(&self.ctx(req), parent.0, name.as_bytes(), mode, flags)
         {
             Ok((a, fh)) => reply.created(
                 &self.ttl,
@@ -403,7 +420,7 @@ impl Filesystem for FuseFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -420,7 +437,10 @@ impl Filesystem for FuseFs {
         self.stats
             .user_copy_bytes
             .fetch_add(data.len() as u64, Ordering::Relaxed);
-        match self.backend.write(ino.0, fh.0, offset, data) {
+        match self
+            .backend
+            .write(&self.ctx(req), ino.0, fh.0, offset, data)
+        {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(errno(&e)),
         }
@@ -466,7 +486,7 @@ impl Filesystem for FuseFs {
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         self.count();
-        match self.backend.opendir(&ctx(req), ino.0) {
+        match self.backend.opendir(&self.ctx(req), ino.0) {
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
             Err(e) => reply.error(errno(&e)),
         }
@@ -508,7 +528,7 @@ impl Filesystem for FuseFs {
             return reply.ok();
         }
         if offset <= 1 {
-            let parent = self.parent_of(&ctx(req), ino.0);
+            let parent = self.parent_of(&self.ctx(req), ino.0);
             if reply.add(INodeNo(parent), 2, FileType::Directory, "..") {
                 return reply.ok();
             }
@@ -538,7 +558,7 @@ impl Filesystem for FuseFs {
         mut reply: ReplyDirectoryPlus,
     ) {
         self.count();
-        let c = ctx(req);
+        let c = self.ctx(req);
         if offset == 0 {
             if let Ok(a) = self.backend.getattr(ino.0) {
                 if reply.add(
@@ -617,7 +637,7 @@ impl Filesystem for FuseFs {
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
@@ -628,21 +648,25 @@ impl Filesystem for FuseFs {
         self.count();
         ok_or_error(
             reply,
-            self.backend.setxattr(ino.0, name.as_bytes(), value, flags),
+            self.backend
+                .setxattr(&self.ctx(req), ino.0, name.as_bytes(), value, flags),
         )
     }
 
-    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         self.count();
-        match self.backend.getxattr(ino.0, name.as_bytes()) {
+        match self
+            .backend
+            .getxattr(&self.ctx(req), ino.0, name.as_bytes())
+        {
             Ok(v) => xattr_reply(reply, size, &v),
             Err(e) => reply.error(errno(&e)),
         }
     }
 
-    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         self.count();
-        match self.backend.listxattr(ino.0) {
+        match self.backend.listxattr(&self.ctx(req), ino.0) {
             Ok(names) => {
                 let mut buf = Vec::new();
                 for n in names {
@@ -655,14 +679,26 @@ impl Filesystem for FuseFs {
         }
     }
 
-    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         self.count();
-        ok_or_error(reply, self.backend.removexattr(ino.0, name.as_bytes()))
+        let r = self
+            .backend
+            .removexattr(&self.ctx(req), ino.0, name.as_bytes());
+        ok_or_error(reply, r)
+    }
+
+    /// access(2) and chdir: without default_permissions the kernel asks us.
+    fn access(&self, req: &Request, ino: INodeNo, mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        self.count();
+        let r = self
+            .backend
+            .access(&self.ctx(req), ino.0, mask.bits() as u32 & 7);
+        ok_or_error(reply, r)
     }
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -673,7 +709,8 @@ impl Filesystem for FuseFs {
         self.count();
         ok_or_error(
             reply,
-            self.backend.fallocate(ino.0, fh.0, offset, length, mode),
+            self.backend
+                .fallocate(&self.ctx(req), ino.0, fh.0, offset, length, mode),
         )
     }
 }

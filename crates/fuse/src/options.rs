@@ -47,6 +47,9 @@ pub struct FuseOptions {
     pub gid: Option<u32>,
     /// Clear these permission bits in what is shown (`umask=`).
     pub umask: Option<u32>,
+    /// The kernel checks permissions (mounted with default_permissions), so the
+    /// backend is told the caller was checked.
+    pub default_permissions: bool,
 }
 
 impl Default for FuseOptions {
@@ -61,6 +64,7 @@ impl Default for FuseOptions {
             uid: None,
             gid: None,
             umask: None,
+            default_permissions: false,
         }
     }
 }

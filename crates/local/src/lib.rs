@@ -5,7 +5,8 @@ use std::sync::Arc;
 use zcfs_backend::{
     Attr, Backend, CopyStats, Ctx, DirEntry, Error, ReadSink, Result, SetAttr, StatFs, WriteFill,
 };
-use zcfs_volume::{FsError, Owner, RenameFlags, Volume, XattrMode};
+use zcfs_volume::perm::{open_mask, MAY_READ};
+use zcfs_volume::{FsError, RenameFlags, SizeRight, Volume, XattrMode};
 
 pub struct LocalFs {
     vol: Arc<Volume>,
@@ -29,10 +30,37 @@ fn attr(a: Attr) -> Attr {
     a
 }
 
-fn owner(ctx: &Ctx) -> Owner {
-    Owner {
-        uid: ctx.uid,
-        gid: ctx.gid,
+/// A handle of LocalFs: the access its open was granted, so calls through it are not
+/// checked again (the volume keeps no per-handle state; the inode reference the open
+/// took is counted by the volume). Never 0, which means "no handle".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Handle(u64);
+
+impl Handle {
+    const OPEN: u64 = 1;
+    const READ: u64 = 2;
+    const WRITE: u64 = 4;
+
+    fn for_flags(flags: i32) -> Handle {
+        let mut h = Handle::OPEN;
+        match flags & libc::O_ACCMODE {
+            libc::O_RDONLY => h |= Handle::READ,
+            libc::O_WRONLY => h |= Handle::WRITE,
+            _ => h |= Handle::READ | Handle::WRITE,
+        }
+        Handle(h)
+    }
+    /// Whether `fh` (0: no handle) allows `bit`; a call without a handle is the
+    /// frontend's own (it checked what it needed).
+    fn allows(fh: u64, bit: u64) -> Result<()> {
+        if fh == 0 || fh & bit != 0 {
+            Ok(())
+        } else {
+            Err(Error::new(
+                libc::EBADF,
+                "the handle was not opened for that access",
+            ))
+        }
     }
 }
 
@@ -47,16 +75,16 @@ impl LocalFs {
     /// `dir` is still linked, the inode held is that parent (a held inode keeps its
     /// number), otherwise the reference goes back and it is tried again. A removed
     /// directory has no "..": ENOENT.
-    fn lookup_parent(&self, dir: u64) -> Result<Attr> {
+    fn lookup_parent(&self, ctx: &Ctx, dir: u64) -> Result<Attr> {
         for _ in 0..PARENT_TRIES {
-            let p = self.vol.parent_of(dir).map_err(err)?;
+            let p = self.vol.parent_of(&ctx.cred, dir).map_err(err)?;
             let held = match self.hold(p, 0) {
                 Ok(a) => a,
                 // Gone meanwhile: `dir` has another parent now, or was removed.
                 Err(_) => continue,
             };
             let linked = self.vol.getattr(dir).map_err(err)?.nlink > 0;
-            if linked && self.vol.parent_of(dir).ok() == Some(p) {
+            if linked && self.vol.parent_of(&ctx.cred, dir).ok() == Some(p) {
                 return Ok(attr(held));
             }
             self.forget(p, 1);
@@ -78,11 +106,20 @@ impl LocalFs {
 }
 
 impl Backend for LocalFs {
-    fn lookup(&self, _ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr> {
+    fn lookup(&self, ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr> {
         match name {
-            b"." => self.hold(parent, 0),
-            b".." => self.lookup_parent(parent),
-            _ => self.vol.lookup_held(parent, name).map(attr).map_err(err),
+            b"." => {
+                self.vol
+                    .access(&ctx.cred, parent, zcfs_volume::perm::MAY_EXEC)
+                    .map_err(err)?;
+                self.hold(parent, 0)
+            }
+            b".." => self.lookup_parent(ctx, parent),
+            _ => self
+                .vol
+                .lookup_held(&ctx.cred, parent, name)
+                .map(attr)
+                .map_err(err),
         }
     }
     fn forget(&self, ino: u64, n: u64) {
@@ -98,39 +135,53 @@ impl Backend for LocalFs {
     fn getattr(&self, ino: u64) -> Result<Attr> {
         self.vol.getattr(ino).map(attr).map_err(err)
     }
-    fn setattr(&self, _ctx: &Ctx, ino: u64, set: &SetAttr) -> Result<Attr> {
-        self.vol.setattr(ino, set).map_err(err)
+    fn setattr(&self, ctx: &Ctx, ino: u64, set: &SetAttr, fh: u64) -> Result<Attr> {
+        let right = if fh != 0 && fh & Handle::WRITE != 0 {
+            SizeRight::WritableHandle
+        } else {
+            SizeRight::Permission
+        };
+        self.vol.setattr(&ctx.cred, ino, set, right).map_err(err)
+    }
+    fn access(&self, ctx: &Ctx, ino: u64, mask: u32) -> Result<()> {
+        self.vol.access(&ctx.cred, ino, mask & 7).map_err(err)
     }
     fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
         self.vol.readlink(ino).map_err(err)
     }
     fn mknod(&self, ctx: &Ctx, parent: u64, name: &[u8], mode: u32, rdev: u32) -> Result<Attr> {
         self.vol
-            .create_held(parent, name, mode, owner(ctx), rdev)
+            .create_held(&ctx.cred, parent, name, mode, rdev)
             .map(attr)
             .map_err(err)
     }
     fn mkdir(&self, ctx: &Ctx, parent: u64, name: &[u8], mode: u32) -> Result<Attr> {
         self.vol
-            .mkdir_held(parent, name, mode, owner(ctx))
+            .mkdir_held(&ctx.cred, parent, name, mode)
             .map(attr)
             .map_err(err)
     }
-    fn unlink(&self, _ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr> {
-        self.vol.unlink(parent, name).map(attr).map_err(err)
+    fn unlink(&self, ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr> {
+        self.vol
+            .unlink(&ctx.cred, parent, name)
+            .map(attr)
+            .map_err(err)
     }
-    fn rmdir(&self, _ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr> {
-        self.vol.rmdir(parent, name).map(attr).map_err(err)
+    fn rmdir(&self, ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr> {
+        self.vol
+            .rmdir(&ctx.cred, parent, name)
+            .map(attr)
+            .map_err(err)
     }
     fn symlink(&self, ctx: &Ctx, parent: u64, name: &[u8], target: &[u8]) -> Result<Attr> {
         self.vol
-            .symlink_held(parent, name, target, owner(ctx))
+            .symlink_held(&ctx.cred, parent, name, target)
             .map(attr)
             .map_err(err)
     }
     fn rename(
         &self,
-        _ctx: &Ctx,
+        ctx: &Ctx,
         parent: u64,
         name: &[u8],
         newparent: u64,
@@ -139,18 +190,25 @@ impl Backend for LocalFs {
     ) -> Result<()> {
         let f = RenameFlags::from_bits(flags).map_err(err)?;
         self.vol
-            .rename(parent, name, newparent, newname, f)
+            .rename(&ctx.cred, parent, name, newparent, newname, f)
             .map_err(err)
     }
-    fn link(&self, _ctx: &Ctx, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr> {
+    fn link(&self, ctx: &Ctx, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr> {
         self.vol
-            .link_held(ino, newparent, newname)
+            .link_held(&ctx.cred, ino, newparent, newname)
             .map(attr)
             .map_err(err)
     }
-    fn open(&self, _ctx: &Ctx, ino: u64, _flags: i32) -> Result<u64> {
+    fn open(&self, ctx: &Ctx, ino: u64, flags: i32) -> Result<u64> {
+        let attr = self.vol.getattr(ino).map_err(err)?;
+        if attr.is_dir() && flags & libc::O_ACCMODE != libc::O_RDONLY {
+            return Err(Error::errno(libc::EISDIR));
+        }
+        self.vol
+            .access(&ctx.cred, ino, open_mask(flags))
+            .map_err(err)?;
         self.vol.open_handle(ino).map_err(err)?;
-        Ok(0)
+        Ok(Handle::for_flags(flags).0)
     }
     fn create(
         &self,
@@ -158,49 +216,53 @@ impl Backend for LocalFs {
         parent: u64,
         name: &[u8],
         mode: u32,
-        _flags: i32,
+        flags: i32,
     ) -> Result<(Attr, u64)> {
-        // The entry holds one reference (the lookup), the handle another; both are
-        // taken under the same lock as the creation, so no unlink can come between.
+        // The entry holds one reference (the lookup), the handle another. The creator
+        // may open what it created whatever the new mode says (as open(2) does).
         let a = self
             .vol
-            .create_held(parent, name, mode, owner(ctx), 0)
+            .create_held(&ctx.cred, parent, name, mode, 0)
             .map_err(err)?;
         if let Err(e) = self.vol.open_handle(a.ino) {
             self.forget(a.ino, 1);
             return Err(err(e));
         }
-        Ok((attr(a), 0))
+        Ok((attr(a), Handle::for_flags(flags).0))
     }
     fn read(
         &self,
         ino: u64,
-        _fh: u64,
+        fh: u64,
         offset: u64,
         size: u32,
         sink: &mut ReadSink<'_>,
     ) -> Result<()> {
+        Handle::allows(fh, Handle::READ)?;
         self.vol
             .read_with(ino, offset, size as usize, |slices| sink(slices))
             .map_err(err)?
     }
-    fn write(&self, ino: u64, _fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
+    fn write(&self, ctx: &Ctx, ino: u64, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
+        Handle::allows(fh, Handle::WRITE)?;
         self.vol
-            .write(ino, offset, data)
+            .write(&ctx.cred, ino, offset, data)
             .map(|n| n as u32)
             .map_err(err)
     }
     fn write_with(
         &self,
+        ctx: &Ctx,
         ino: u64,
-        _fh: u64,
+        fh: u64,
         offset: u64,
         len: u32,
         fill: &mut WriteFill<'_>,
     ) -> Result<u32> {
+        Handle::allows(fh, Handle::WRITE)?;
         let mut r = self
             .vol
-            .reserve_write(ino, offset, len as usize)
+            .reserve_write(&ctx.cred, ino, offset, len as usize)
             .map_err(err)?;
         fill(&mut r.slices_mut())?;
         r.commit().map(|n| n as u32).map_err(err)
@@ -210,6 +272,13 @@ impl Backend for LocalFs {
     }
     fn fsync(&self, ino: u64, _fh: u64, _datasync: bool) -> Result<()> {
         self.vol.fsync(ino).map_err(err)
+    }
+    fn opendir(&self, ctx: &Ctx, ino: u64) -> Result<u64> {
+        if !self.vol.getattr(ino).map_err(err)?.is_dir() {
+            return Err(Error::errno(libc::ENOTDIR));
+        }
+        self.vol.access(&ctx.cred, ino, MAY_READ).map_err(err)?;
+        Ok(0)
     }
     fn readdir(
         &self,
@@ -255,29 +324,40 @@ impl Backend for LocalFs {
     fn statfs(&self) -> Result<StatFs> {
         Ok(self.vol.statfs())
     }
-    fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: i32) -> Result<()> {
+    fn setxattr(&self, ctx: &Ctx, ino: u64, name: &[u8], value: &[u8], flags: i32) -> Result<()> {
         let mode = match flags {
             0 => XattrMode::Any,
             zcfs_backend::XATTR_CREATE => XattrMode::Create,
             zcfs_backend::XATTR_REPLACE => XattrMode::Replace,
             _ => return Err(Error::errno(libc::EINVAL)),
         };
-        self.vol.setxattr(ino, name, value, mode).map_err(err)
+        self.vol
+            .setxattr(&ctx.cred, ino, name, value, mode)
+            .map_err(err)
     }
-    fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
-        self.vol.getxattr(ino, name).map_err(err)
+    fn getxattr(&self, ctx: &Ctx, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
+        self.vol.getxattr(&ctx.cred, ino, name).map_err(err)
     }
-    fn listxattr(&self, ino: u64) -> Result<Vec<Vec<u8>>> {
-        self.vol.listxattr(ino).map_err(err)
+    fn listxattr(&self, ctx: &Ctx, ino: u64) -> Result<Vec<Vec<u8>>> {
+        self.vol.listxattr(&ctx.cred, ino).map_err(err)
     }
-    fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
-        self.vol.removexattr(ino, name).map_err(err)
+    fn removexattr(&self, ctx: &Ctx, ino: u64, name: &[u8]) -> Result<()> {
+        self.vol.removexattr(&ctx.cred, ino, name).map_err(err)
     }
-    fn fallocate(&self, ino: u64, _fh: u64, offset: u64, len: u64, mode: i32) -> Result<()> {
+    fn fallocate(
+        &self,
+        ctx: &Ctx,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        len: u64,
+        mode: i32,
+    ) -> Result<()> {
+        Handle::allows(fh, Handle::WRITE)?;
         const KEEP_SIZE: i32 = libc::FALLOC_FL_KEEP_SIZE;
         const PUNCH: i32 = libc::FALLOC_FL_PUNCH_HOLE;
         match mode {
-            m if m == PUNCH | KEEP_SIZE => self.vol.pfree(ino, offset, len).map_err(err),
+            m if m == PUNCH | KEEP_SIZE => self.vol.pfree(&ctx.cred, ino, offset, len).map_err(err),
             0 => {
                 // Preallocation is not needed on a copy-on-write volume (blocks are
                 // allocated at write time); only the size changes.
@@ -285,7 +365,7 @@ impl Backend for LocalFs {
                     .checked_add(len)
                     .ok_or_else(|| Error::errno(libc::EFBIG))?;
                 if end > self.vol.getattr(ino).map_err(err)?.size {
-                    self.vol.truncate(ino, end).map_err(err)?;
+                    self.vol.truncate(&ctx.cred, ino, end).map_err(err)?;
                 }
                 Ok(())
             }

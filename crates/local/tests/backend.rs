@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use zcfs_backend::{Backend, Ctx, SetAttr, ROOT};
 use zcfs_local::LocalFs;
-use zcfs_volume::{MkfsOptions, Region, Volume, VolumeConfig};
+use zcfs_volume::{MkfsOptions, Region, RootDir, Volume, VolumeConfig};
 
 fn fs() -> LocalFs {
     let mut region = Region::anonymous(16 << 20);
@@ -14,6 +14,12 @@ fn fs() -> LocalFs {
         &MkfsOptions {
             inodes: Some(256),
             log_bytes: Some(256 << 10),
+            // Owned by the tests' caller (`ctx()`).
+            root: RootDir {
+                uid: 1000,
+                gid: 100,
+                mode: 0o755,
+            },
         },
     )
     .unwrap();
@@ -21,11 +27,7 @@ fn fs() -> LocalFs {
 }
 
 fn ctx() -> Ctx {
-    Ctx {
-        uid: 1000,
-        gid: 100,
-        pid: 1,
-    }
+    Ctx::user(1000, 100)
 }
 
 fn read(fs: &LocalFs, ino: u64, off: u64, len: u32) -> Vec<u8> {
@@ -45,7 +47,7 @@ fn a_looked_up_inode_outlives_its_last_name_until_forgotten() {
         .create(&ctx(), ROOT, b"f", libc::S_IFREG | 0o644, libc::O_RDWR)
         .unwrap();
     assert_eq!((a.uid, a.gid), (1000, 100));
-    fs.write(a.ino, fh, 0, b"kept").unwrap();
+    fs.write(&ctx(), a.ino, fh, 0, b"kept").unwrap();
     fs.release(a.ino, fh).unwrap();
     // create gave one reference; a lookup another.
     let b = fs.lookup(&ctx(), ROOT, b"f").unwrap();
@@ -127,7 +129,7 @@ fn errors_carry_their_errno_and_the_zero_copy_paths_move_the_right_bytes() {
     let data: Vec<u8> = (0..10_000u32).map(|i| i as u8).collect();
     let mut calls = 0;
     let n = fs
-        .write_with(a.ino, fh, 100, data.len() as u32, &mut |dst| {
+        .write_with(&ctx(), a.ino, fh, 100, data.len() as u32, &mut |dst| {
             calls += 1;
             let mut at = 0;
             for d in dst.iter_mut() {
@@ -155,7 +157,7 @@ fn errors_carry_their_errno_and_the_zero_copy_paths_move_the_right_bytes() {
         mode: Some(0o600),
         ..Default::default()
     };
-    let after = fs.setattr(&ctx(), a.ino, &set).unwrap();
+    let after = fs.setattr(&ctx(), a.ino, &set, 0).unwrap();
     assert_eq!((after.size, after.mode & 0o7777), (50, 0o600));
     fs.release(a.ino, fh).unwrap();
     let stats = fs.copy_stats();

@@ -37,7 +37,7 @@ pub use wire::{Reader, Wire};
 /// moved `resumed` after authentication (the Verdict) and added the session reply cache
 /// (clients resend any request after a lost connection, which a version 2 server would
 /// execute twice).
-pub const VERSION: u8 = 3;
+pub const VERSION: u8 = 4;
 pub const REQ_MAGIC: u16 = 0x515a; // "ZQ"
 pub const RESP_MAGIC: u16 = 0x525a; // "ZR"
 /// Size of the fixed request header.

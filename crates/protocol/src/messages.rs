@@ -42,9 +42,12 @@ wire_struct! {
 }
 
 wire_struct! {
+    /// `fh`: the handle the change comes through (ftruncate), 0 for none; a size change
+    /// through a handle opened for writing needs no write permission on the file.
     pub struct SetattrReq {
         pub node: NodeRef,
         pub set: SetAttr,
+        pub fh: u64,
     }
 }
 
@@ -283,6 +286,14 @@ wire_struct! {
     /// for the reply; never retried).
     pub struct ForgetReq {
         pub items: List<ForgetItem, MAX_FORGET_ITEMS>,
+    }
+}
+
+wire_struct! {
+    /// access(2): `mask` is R_OK (4) | W_OK (2) | X_OK (1), or 0 for existence.
+    pub struct AccessReq {
+        pub node: NodeRef,
+        pub mask: u32,
     }
 }
 

@@ -225,4 +225,5 @@ operations! {
     27 Ping        "ping"        : PingReq        -> EmptyReply,     mutates false, idempotent true;
     28 Stats       "stats"       : StatsReq       -> StatsReply,     mutates false, idempotent true;
     29 Forget      "forget"      : ForgetReq      -> EmptyReply,     mutates false, idempotent false;
+    30 Access      "access"      : AccessReq      -> EmptyReply,     mutates false, idempotent true;
 }

@@ -119,8 +119,8 @@ fn request_for(op: Op) -> BoxedStrategy<Request> {
             .prop_map(|(parent, name)| LookupReq { parent, name }.into())
             .boxed(),
         Op::Getattr => node().prop_map(|node| GetattrReq { node }.into()).boxed(),
-        Op::Setattr => (node(), setattr())
-            .prop_map(|(node, set)| SetattrReq { node, set }.into())
+        Op::Setattr => (node(), setattr(), any::<u64>())
+            .prop_map(|(node, set, fh)| SetattrReq { node, set, fh }.into())
             .boxed(),
         Op::Readlink => node().prop_map(|node| ReadlinkReq { node }.into()).boxed(),
         Op::Mknod => (node(), name(), any::<u32>(), any::<u32>())
@@ -266,6 +266,9 @@ fn request_for(op: Op) -> BoxedStrategy<Request> {
             .boxed(),
         Op::SyncAll => Just(SyncAllReq {}.into()).boxed(),
         Op::Ping => Just(PingReq {}.into()).boxed(),
+        Op::Access => (node(), 0u32..8)
+            .prop_map(|(node, mask)| AccessReq { node, mask }.into())
+            .boxed(),
         Op::Stats => Just(StatsReq {}.into()).boxed(),
         Op::Forget => prop::collection::vec((any::<u64>(), 1u64..), 0..50)
             .prop_map(|items| {
@@ -354,6 +357,7 @@ fn reply_for(op: Op) -> BoxedStrategy<Reply> {
         Op::Fallocate => Just(Reply::Fallocate(EmptyReply {})).boxed(),
         Op::SyncAll => Just(Reply::SyncAll(EmptyReply {})).boxed(),
         Op::Ping => Just(Reply::Ping(EmptyReply {})).boxed(),
+        Op::Access => Just(Reply::Access(EmptyReply {})).boxed(),
         Op::Stats => prop::collection::vec(any::<u8>(), 0..2000)
             .prop_map(|j| {
                 Reply::Stats(StatsReply {
@@ -737,7 +741,7 @@ fn body_errors_are_answerable() {
 
 #[test]
 fn the_table_is_consistent() {
-    assert_eq!(ALL_OPS.len(), 29);
+    assert_eq!(ALL_OPS.len(), 30);
     for (i, &op) in ALL_OPS.iter().enumerate() {
         assert_eq!(Op::from_u8(op as u8), Ok(op));
         assert!((op as usize) < OP_SLOTS);

@@ -150,13 +150,9 @@ impl<'a> Conn<'a> {
         t: Instant,
         claim: &mut Option<Claim<'a>>,
     ) -> Result<(), ConnEnd> {
-        let ctx = Ctx {
-            uid: h.uid,
-            gid: h.gid,
-            pid: 0,
-        };
+        let ctx = Ctx::user(h.uid, h.gid);
         match req {
-            Request::Write(w) => self.write(h, w, t),
+            Request::Write(w) => self.write(&ctx, h, w, t),
             Request::Read(r) => self.read(h, r, t),
             other => {
                 let op = other.op();
@@ -297,7 +293,7 @@ impl<'a> Conn<'a> {
         }
     }
 
-    fn write(&mut self, h: &ReqHeader, w: WriteReq, t: Instant) -> Result<(), ConnEnd> {
+    fn write(&mut self, ctx: &Ctx, h: &ReqHeader, w: WriteReq, t: Instant) -> Result<(), ConnEnd> {
         let shared = self.shared;
         let backend = &*shared.backend;
         let checked = if shared.cfg.read_only {
@@ -335,7 +331,7 @@ impl<'a> Conn<'a> {
                         .stats
                         .user_copy_bytes
                         .fetch_add(size as u64, Ordering::Relaxed);
-                    backend.write(w.node.ino, bfh, w.offset, &buf)
+                    backend.write(ctx, w.node.ino, bfh, w.offset, &buf)
                 }
                 Err(e) => {
                     recv_err = Some(e);
@@ -344,7 +340,7 @@ impl<'a> Conn<'a> {
             }
         } else {
             let s = &mut self.s;
-            backend.write_with(w.node.ino, bfh, w.offset, size, &mut |dst| {
+            backend.write_with(ctx, w.node.ino, bfh, w.offset, size, &mut |dst| {
                 // Straight from the socket into the reserved destination blocks.
                 let want: usize = dst.iter().map(|d| d.len()).sum();
                 if received + want > size as usize {
@@ -377,7 +373,7 @@ impl<'a> Conn<'a> {
                             .stats
                             .user_copy_bytes
                             .fetch_add(size as u64, Ordering::Relaxed);
-                        backend.write(w.node.ino, bfh, w.offset, &buf)
+                        backend.write(ctx, w.node.ino, bfh, w.offset, &buf)
                     }
                     Err(e) => {
                         recv_err = Some(e);

@@ -102,11 +102,24 @@ impl<'a> Conn<'a> {
                     attr: b.getattr(r.node.ino)?,
                 })
             }
+            Request::Setattr(r) if r.fh != 0 => {
+                // Through a handle (ftruncate): it must be this session's, opened for
+                // writing, and the backend is given its own handle for it.
+                let (bfh, _g) = self.handle_for(r.node, r.fh, Access::Write)?;
+                Reply::Setattr(AttrReply {
+                    attr: b.setattr(ctx, r.node.ino, &r.set, bfh)?,
+                })
+            }
             Request::Setattr(r) => {
                 let _g = self.hold([r.node])?;
                 Reply::Setattr(AttrReply {
-                    attr: b.setattr(ctx, r.node.ino, &r.set)?,
+                    attr: b.setattr(ctx, r.node.ino, &r.set, 0)?,
                 })
+            }
+            Request::Access(r) => {
+                let _g = self.hold([r.node])?;
+                b.access(ctx, r.node.ino, r.mask)?;
+                Reply::Access(EmptyReply {})
             }
             Request::Readlink(r) => {
                 let _g = self.hold([r.node])?;
@@ -214,19 +227,19 @@ impl<'a> Conn<'a> {
             }),
             Request::Setxattr(r) => {
                 let _g = self.hold([r.node])?;
-                b.setxattr(r.node.ino, &r.name, &r.value, r.flags)?;
+                b.setxattr(ctx, r.node.ino, &r.name, &r.value, r.flags)?;
                 Reply::Setxattr(EmptyReply {})
             }
             Request::Getxattr(r) => {
                 let _g = self.hold([r.node])?;
-                let value = XattrValue::new(b.getxattr(r.node.ino, &r.name)?)
+                let value = XattrValue::new(b.getxattr(ctx, r.node.ino, &r.name)?)
                     .map_err(|e| Error::new(e.errno(), e.to_string()))?;
                 Reply::Getxattr(GetxattrReply { value })
             }
             Request::Listxattr(r) => {
                 let _g = self.hold([r.node])?;
                 let names = b
-                    .listxattr(r.node.ino)?
+                    .listxattr(ctx, r.node.ino)?
                     .into_iter()
                     .map(XattrName::new)
                     .collect::<zcfs_protocol::Result<Vec<_>>>()
@@ -236,12 +249,12 @@ impl<'a> Conn<'a> {
             }
             Request::Removexattr(r) => {
                 let _g = self.hold([r.node])?;
-                b.removexattr(r.node.ino, &r.name)?;
+                b.removexattr(ctx, r.node.ino, &r.name)?;
                 Reply::Removexattr(EmptyReply {})
             }
             Request::Fallocate(r) => {
                 let (bfh, _g) = self.handle_for(r.node, r.fh, Access::Write)?;
-                b.fallocate(r.node.ino, bfh, r.offset, r.len, r.mode)?;
+                b.fallocate(ctx, r.node.ino, bfh, r.offset, r.len, r.mode)?;
                 Reply::Fallocate(EmptyReply {})
             }
             Request::SyncAll(_) => {

@@ -216,7 +216,7 @@ fn a_handle_does_only_what_it_was_opened_for() {
     let (f, fh) = fs
         .create(&ctx(), ROOT, b"f", libc::S_IFREG | 0o644, libc::O_RDWR)
         .unwrap();
-    fs.write(f.ino, fh, 0, b"contents").unwrap();
+    fs.write(&ctx(), f.ino, fh, 0, b"contents").unwrap();
     let node = NodeRef::new(f.ino, f.generation);
     let mut raw = srv.raw(0xf1a6);
     let open = |raw: &mut Raw, flags| {

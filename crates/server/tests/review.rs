@@ -216,8 +216,14 @@ impl Backend for ShortFirstWrite {
     fn getattr(&self, i: u64) -> Result<Attr> {
         self.0.getattr(i)
     }
-    fn setattr(&self, c: &Ctx, i: u64, s: &SetAttr) -> Result<Attr> {
-        self.0.setattr(c, i, s)
+    fn setattr(&self, c: &Ctx, i: u64, s: &SetAttr, fh: u64) -> Result<Attr> {
+        self.0.setattr(c, i, s, fh)
+    }
+    fn access(&self, c: &Ctx, i: u64, m: u32) -> Result<()> {
+        self.0.access(c, i, m)
+    }
+    fn opendir(&self, c: &Ctx, i: u64) -> Result<u64> {
+        self.0.opendir(c, i)
     }
     fn readlink(&self, i: u64) -> Result<Vec<u8>> {
         self.0.readlink(i)
@@ -252,11 +258,12 @@ impl Backend for ShortFirstWrite {
     fn read(&self, i: u64, fh: u64, o: u64, s: u32, sink: &mut ReadSink<'_>) -> Result<()> {
         self.0.read(i, fh, o, s, sink)
     }
-    fn write(&self, i: u64, fh: u64, o: u64, d: &[u8]) -> Result<u32> {
-        self.0.write(i, fh, o, d)
+    fn write(&self, c: &Ctx, i: u64, fh: u64, o: u64, d: &[u8]) -> Result<u32> {
+        self.0.write(c, i, fh, o, d)
     }
     fn write_with(
         &self,
+        c: &Ctx,
         i: u64,
         fh: u64,
         o: u64,
@@ -268,7 +275,7 @@ impl Backend for ShortFirstWrite {
         } else {
             len
         };
-        self.0.write_with(i, fh, o, len, fill)
+        self.0.write_with(c, i, fh, o, len, fill)
     }
     fn release(&self, i: u64, fh: u64) -> Result<()> {
         self.0.release(i, fh)
@@ -282,17 +289,17 @@ impl Backend for ShortFirstWrite {
     fn statfs(&self) -> Result<StatFs> {
         self.0.statfs()
     }
-    fn setxattr(&self, i: u64, n: &[u8], v: &[u8], f: i32) -> Result<()> {
-        self.0.setxattr(i, n, v, f)
+    fn setxattr(&self, c: &Ctx, i: u64, n: &[u8], v: &[u8], f: i32) -> Result<()> {
+        self.0.setxattr(c, i, n, v, f)
     }
-    fn getxattr(&self, i: u64, n: &[u8]) -> Result<Vec<u8>> {
-        self.0.getxattr(i, n)
+    fn getxattr(&self, c: &Ctx, i: u64, n: &[u8]) -> Result<Vec<u8>> {
+        self.0.getxattr(c, i, n)
     }
-    fn listxattr(&self, i: u64) -> Result<Vec<Vec<u8>>> {
-        self.0.listxattr(i)
+    fn listxattr(&self, c: &Ctx, i: u64) -> Result<Vec<Vec<u8>>> {
+        self.0.listxattr(c, i)
     }
-    fn removexattr(&self, i: u64, n: &[u8]) -> Result<()> {
-        self.0.removexattr(i, n)
+    fn removexattr(&self, c: &Ctx, i: u64, n: &[u8]) -> Result<()> {
+        self.0.removexattr(c, i, n)
     }
 }
 
@@ -311,7 +318,7 @@ fn a_short_chunk_does_not_shift_the_rest_of_a_large_remote_write() {
     let data: Vec<u8> = (0..2 * MAX_DATA as u32)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
         .collect();
-    let n = fs.write(f.ino, fh, 0, &data).unwrap() as usize;
+    let n = fs.write(&ctx(), f.ino, fh, 0, &data).unwrap() as usize;
     assert!(n > 0 && n <= data.len());
     // Whatever was reported written must be the caller's bytes, at their offsets.
     let mut at = 0;
@@ -341,7 +348,7 @@ fn a_release_lost_with_its_connection_does_not_leak_the_handle() {
     let proxy = Proxy::start(srv.addr());
     let fs = remote(proxy.addr, |_| {});
     let (f, fh) = file(&fs, b"f");
-    fs.write(f.ino, fh, 0, &vec![0x55; MIB]).unwrap();
+    fs.write(&ctx(), f.ino, fh, 0, &vec![0x55; MIB]).unwrap();
     fs.unlink(&ctx(), ROOT, b"f").unwrap();
     fs.forget(f.ino, 1);
     let held = fs.statfs().unwrap().bfree;
@@ -370,7 +377,7 @@ fn a_forget_lost_with_its_connection_does_not_leak_the_reference() {
     let proxy = Proxy::start(srv.addr());
     let fs = remote(proxy.addr, |_| {});
     let (f, fh) = file(&fs, b"f");
-    fs.write(f.ino, fh, 0, &vec![0x55; MIB]).unwrap();
+    fs.write(&ctx(), f.ino, fh, 0, &vec![0x55; MIB]).unwrap();
     fs.release(f.ino, fh).unwrap();
     fs.unlink(&ctx(), ROOT, b"f").unwrap();
     proxy.cut(Cut::BeforeRequest(Op::Forget));
@@ -509,7 +516,7 @@ fn an_unauthenticated_peer_cannot_keep_a_session_from_expiring() {
     );
     let a = remote_with_secret(srv.addr()).unwrap();
     let (f, fh) = file(&a, b"f");
-    a.write(f.ino, fh, 0, &vec![1; MIB]).unwrap();
+    a.write(&ctx(), f.ino, fh, 0, &vec![1; MIB]).unwrap();
     a.unlink(&ctx(), ROOT, b"f").unwrap();
     let session = a.client().session();
     drop(a);
@@ -557,7 +564,7 @@ fn a_handle_opened_read_only_does_not_write() {
     let srv = Running::start(memory_fs(64 * MIB), config());
     let fs = srv.client();
     let (f, fh) = file(&fs, b"f");
-    fs.write(f.ino, fh, 0, b"original").unwrap();
+    fs.write(&ctx(), f.ino, fh, 0, b"original").unwrap();
     let mut raw = srv.raw(0x77);
     let r = raw.call(zcfs_protocol::OpenReq {
         node: NodeRef::new(f.ino, f.generation),
@@ -696,12 +703,14 @@ fn a_stalled_reader_does_not_make_other_clients_overwrites_fail() {
     let peer_timeout = Duration::from_secs(6);
     let vol = memory_fs(24 * MIB);
     let (r, rh) = file(&*vol, b"r");
-    vol.write(r.ino, rh, 0, &vec![1u8; 4 * MIB]).unwrap();
+    vol.write(&ctx(), r.ino, rh, 0, &vec![1u8; 4 * MIB])
+        .unwrap();
     let (w, wh) = file(&*vol, b"w");
-    vol.write(w.ino, wh, 0, &vec![2u8; 4 * MIB]).unwrap();
+    vol.write(&ctx(), w.ino, wh, 0, &vec![2u8; 4 * MIB])
+        .unwrap();
     // Without a stalled reader, overwriting w in a loop works for ever.
     for i in 0..8u8 {
-        vol.write(w.ino, wh, 0, &vec![i; 4 * MIB]).unwrap();
+        vol.write(&ctx(), w.ino, wh, 0, &vec![i; 4 * MIB]).unwrap();
     }
     let srv = Running::start(
         vol.clone(),
@@ -725,7 +734,7 @@ fn a_stalled_reader_does_not_make_other_clients_overwrites_fail() {
     let mut results = Vec::new();
     for i in 0..8u8 {
         results.push(
-            fs.write(w.ino, 0, 0, &vec![0x10 + i; 4 * MIB])
+            fs.write(&ctx(), w.ino, 0, 0, &vec![0x10 + i; 4 * MIB])
                 .map_err(|e| e.errno),
         );
     }

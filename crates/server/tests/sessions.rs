@@ -101,11 +101,17 @@ fn remote_fs_refuses_what_the_protocol_cannot_carry_without_sending() {
     assert_eq!(errno(fs.rename(&c, ROOT, &long, ROOT, b"g", 0)), e);
     assert_eq!(errno(fs.link(&c, f.ino, ROOT, &long).map(drop)), e);
     let xlong = vec![b'u'; MAX_XATTR_NAME + 1];
-    assert_eq!(errno(fs.setxattr(f.ino, &xlong, b"v", 0)), libc::ERANGE);
-    assert_eq!(errno(fs.getxattr(f.ino, &xlong).map(drop)), libc::ERANGE);
-    assert_eq!(errno(fs.removexattr(f.ino, &xlong)), libc::ERANGE);
     assert_eq!(
-        errno(fs.setxattr(f.ino, b"user.k", &vec![0; MAX_XATTR_VALUE + 1], 0)),
+        errno(fs.setxattr(&ctx(), f.ino, &xlong, b"v", 0)),
+        libc::ERANGE
+    );
+    assert_eq!(
+        errno(fs.getxattr(&ctx(), f.ino, &xlong).map(drop)),
+        libc::ERANGE
+    );
+    assert_eq!(errno(fs.removexattr(&ctx(), f.ino, &xlong)), libc::ERANGE);
+    assert_eq!(
+        errno(fs.setxattr(&ctx(), f.ino, b"user.k", &vec![0; MAX_XATTR_VALUE + 1], 0)),
         libc::E2BIG
     );
     assert_eq!(
@@ -128,7 +134,7 @@ fn a_client_cannot_release_or_use_another_clients_handle() {
     let a = srv.client();
     let (f, fh) = file(&a, b"f");
     let data: Vec<u8> = (0..MIB as u32).map(|i| (i * 13) as u8).collect();
-    a.write(f.ino, fh, 0, &data).unwrap();
+    a.write(&ctx(), f.ino, fh, 0, &data).unwrap();
     a.unlink(&ctx(), ROOT, b"f").unwrap();
     let bfree_open = a.statfs().unwrap().bfree;
     // B names A's handles (a session numbers its handles from 1) and no handle.
@@ -193,7 +199,7 @@ fn a_client_cannot_release_or_use_another_clients_handle() {
 /// A file of `fs`'s, written, unlinked and left open: it holds 1 MiB until released.
 fn orphan(fs: &dyn Backend, name: &[u8]) -> (u64, u64) {
     let (f, fh) = file(fs, name);
-    fs.write(f.ino, fh, 0, &vec![0x77; MIB]).unwrap();
+    fs.write(&ctx(), f.ino, fh, 0, &vec![0x77; MIB]).unwrap();
     fs.unlink(&ctx(), ROOT, name).unwrap();
     (f.ino, fh)
 }
@@ -277,7 +283,7 @@ fn a_stale_generation_gets_estale() {
         srv.report().references_held == 0
     });
     let (b, bh) = file(&fs, b"b");
-    fs.write(b.ino, bh, 0, b"new file").unwrap();
+    fs.write(&ctx(), b.ino, bh, 0, b"new file").unwrap();
     assert_eq!(
         b.ino, a.ino,
         "the volume reuses the lowest free inode number"
@@ -292,6 +298,7 @@ fn a_stale_generation_gets_estale() {
                 size: Some(0),
                 ..Default::default()
             },
+            fh: 0,
         }),
         raw.call(OpenReq {
             node: old,
@@ -394,7 +401,8 @@ fn stalled_reader_delays_no_one(backend: Arc<dyn Backend>, big: u64, other: u64)
         let t = Instant::now();
         fs.getattr(other).unwrap();
         assert_eq!(
-            fs.write(other, 0, i * 4096, &[i as u8; 4096]).unwrap(),
+            fs.write(&ctx(), other, 0, i * 4096, &[i as u8; 4096])
+                .unwrap(),
             4096
         );
         assert_eq!(fs.statfs().unwrap().bsize, 4096);
@@ -432,7 +440,8 @@ fn a_stalled_reader_delays_no_one_and_is_dropped() {
 fn a_stalled_reader_of_a_volume_delays_no_one_and_is_dropped() {
     let vol = memory_fs(64 * MIB);
     let (big, bh) = file(&*vol, b"big");
-    vol.write(big.ino, bh, 0, &vec![1u8; MAX_DATA]).unwrap();
+    vol.write(&ctx(), big.ino, bh, 0, &vec![1u8; MAX_DATA])
+        .unwrap();
     let (other, oh) = file(&*vol, b"other");
     stalled_reader_delays_no_one(vol.clone(), big.ino, other.ino);
     vol.release(big.ino, bh).unwrap();
@@ -463,7 +472,7 @@ fn link_and_unlink_change_the_cached_attributes_at_once() {
     );
     // An open file loses its last name: nlink 0, here and at the server.
     let fh = b.open(&c, f.ino, libc::O_RDWR).unwrap();
-    b.write(f.ino, fh, 0, b"still here").unwrap();
+    b.write(&ctx(), f.ino, fh, 0, b"still here").unwrap();
     let gone = b.unlink(&c, ROOT, b"f").unwrap();
     assert_eq!((gone.ino, gone.nlink), (f.ino, 0));
     assert_eq!(b.getattr(f.ino).unwrap().nlink, 0);
@@ -593,6 +602,7 @@ fn references_are_counted_given_back_and_released_with_the_session() {
                 mode: Some(0o700),
                 ..Default::default()
             },
+            0,
         )
         .unwrap();
     }
@@ -675,13 +685,13 @@ fn an_overwrite_larger_than_the_free_space_succeeds_through_the_server() {
         .unwrap();
     let len = (c.statfs().unwrap().bfree * 4096 * 2 / 3) as usize;
     assert_eq!(
-        c.write(a.ino, fh, 0, &vec![1u8; len]).unwrap() as usize,
+        c.write(&ctx(), a.ino, fh, 0, &vec![1u8; len]).unwrap() as usize,
         len
     );
     c.fsync(a.ino, fh, false).unwrap();
     assert!((c.statfs().unwrap().bfree * 4096) < len as u64);
     assert_eq!(
-        c.write(a.ino, fh, 0, &vec![2u8; len]).unwrap() as usize,
+        c.write(&ctx(), a.ino, fh, 0, &vec![2u8; len]).unwrap() as usize,
         len
     );
     let mut got = Vec::new();

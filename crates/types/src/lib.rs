@@ -203,3 +203,59 @@ mod tests {
         );
     }
 }
+
+/// Who does an operation, as the file system checks permissions: user, primary group,
+/// supplementary groups.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Cred {
+    pub uid: u32,
+    pub gid: u32,
+    /// Supplementary groups (the primary group need not be repeated).
+    pub groups: Vec<u32>,
+    /// Permissions were already checked by a party the backend trusts (a kernel mounted
+    /// with `default_permissions`, an administrative tool): only the identity matters,
+    /// as owner of new files.
+    pub checked: bool,
+}
+
+impl Cred {
+    /// Root: passes every permission check (as a process with the capabilities).
+    pub const ROOT: Cred = Cred {
+        uid: 0,
+        gid: 0,
+        groups: Vec::new(),
+        checked: false,
+    };
+
+    pub fn root() -> Cred {
+        Cred::ROOT
+    }
+    pub fn new(uid: u32, gid: u32, groups: Vec<u32>) -> Cred {
+        Cred {
+            uid,
+            gid,
+            groups,
+            checked: false,
+        }
+    }
+    /// An identity whose permissions a trusted party has checked already.
+    pub fn checked(uid: u32, gid: u32) -> Cred {
+        Cred {
+            uid,
+            gid,
+            groups: Vec::new(),
+            checked: true,
+        }
+    }
+    pub fn is_root(&self) -> bool {
+        self.uid == 0
+    }
+    /// Whether the caller is in group `gid` (primary or supplementary).
+    pub fn in_group(&self, gid: u32) -> bool {
+        self.gid == gid || self.groups.contains(&gid)
+    }
+    /// Whether permission checks apply to this caller at all.
+    pub fn bypasses_checks(&self) -> bool {
+        self.checked || self.is_root()
+    }
+}

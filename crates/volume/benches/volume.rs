@@ -26,6 +26,7 @@ impl Scratch {
             &MkfsOptions {
                 inodes: Some(1 << 20),
                 log_bytes: None,
+                ..Default::default()
             },
         )
         .unwrap();
@@ -47,7 +48,6 @@ impl Drop for Scratch {
     }
 }
 
-const OWNER: Owner = Owner { uid: 0, gid: 0 };
 const FILE_BLOCKS: u64 = 4096; // 16 MiB working file
 
 fn cacheline() -> Option<PersistMode> {
@@ -77,16 +77,19 @@ fn write_4k(c: &mut Criterion) {
     ];
     for (name, cfg) in cases {
         let s = Scratch::new(name, cfg);
-        let f = s.vol().create(ROOT_INO, b"f", 0o644, OWNER, 0).unwrap();
+        let f = s
+            .vol()
+            .create(&Cred::ROOT, ROOT_INO, b"f", 0o644, 0)
+            .unwrap();
         let buf = vec![0x5au8; 4096];
         for i in 0..FILE_BLOCKS {
-            s.vol().write(f.ino, i * 4096, &buf).unwrap();
+            s.vol().write(&Cred::ROOT, f.ino, i * 4096, &buf).unwrap();
         }
         let mut i = 0u64;
         g.bench_function(BenchmarkId::from_parameter(name), |b| {
             b.iter(|| {
                 i = (i * 7 + 13) % FILE_BLOCKS;
-                s.vol().write(f.ino, i * 4096, &buf).unwrap();
+                s.vol().write(&Cred::ROOT, f.ino, i * 4096, &buf).unwrap();
             })
         });
     }
@@ -97,9 +100,12 @@ fn read_4k(c: &mut Criterion) {
     let mut g = c.benchmark_group("read_4k");
     g.throughput(Throughput::Bytes(4096));
     let s = Scratch::new("read", VolumeConfig::default());
-    let f = s.vol().create(ROOT_INO, b"f", 0o644, OWNER, 0).unwrap();
+    let f = s
+        .vol()
+        .create(&Cred::ROOT, ROOT_INO, b"f", 0o644, 0)
+        .unwrap();
     let data = vec![0x33u8; (FILE_BLOCKS * 4096) as usize];
-    s.vol().write(f.ino, 0, &data).unwrap();
+    s.vol().write(&Cred::ROOT, f.ino, 0, &data).unwrap();
     let mut buf = vec![0u8; 4096];
     let mut i = 0u64;
     g.bench_function("copy", |b| {
@@ -129,7 +135,7 @@ fn create(c: &mut Criterion) {
         ("batched", VolumeConfig::default()),
     ] {
         let s = Scratch::new(&format!("create-{name}"), cfg);
-        let d = s.vol().mkdir(ROOT_INO, b"d", 0o755, OWNER).unwrap();
+        let d = s.vol().mkdir(&Cred::ROOT, ROOT_INO, b"d", 0o755).unwrap();
         let mut n = 0u64;
         g.bench_function(BenchmarkId::from_parameter(name), |b| {
             b.iter_custom(|iters| {
@@ -138,13 +144,13 @@ fn create(c: &mut Criterion) {
                     .collect();
                 let start = Instant::now();
                 for nm in &names {
-                    s.vol().create(d.ino, nm, 0o644, OWNER, 0).unwrap();
+                    s.vol().create(&Cred::ROOT, d.ino, nm, 0o644, 0).unwrap();
                 }
                 let t = start.elapsed();
                 n += iters;
                 // Keep the inode table from filling up (not timed).
                 for nm in &names {
-                    s.vol().unlink(d.ino, nm).unwrap();
+                    s.vol().unlink(&Cred::ROOT, d.ino, nm).unwrap();
                 }
                 t
             })
@@ -183,13 +189,16 @@ fn consistency_cost_1m(c: &mut Criterion) {
     ];
     for (name, cfg) in cases {
         let s = Scratch::new(name, cfg);
-        let f = s.vol().create(ROOT_INO, b"f", 0o644, OWNER, 0).unwrap();
+        let f = s
+            .vol()
+            .create(&Cred::ROOT, ROOT_INO, b"f", 0o644, 0)
+            .unwrap();
         let buf = vec![0x77u8; 1 << 20];
         let mut i = 0u64;
         g.bench_function(BenchmarkId::from_parameter(name), |b| {
             b.iter(|| {
                 i = (i + 1) % 64;
-                s.vol().write(f.ino, i << 20, &buf).unwrap();
+                s.vol().write(&Cred::ROOT, f.ino, i << 20, &buf).unwrap();
             })
         });
     }

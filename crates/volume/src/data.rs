@@ -6,10 +6,12 @@ use crate::commit::{Sink, Txn, ENTRY_OVERHEAD, INODE_RECORD};
 use crate::error::{FsError, Result};
 use crate::layout::*;
 use crate::map::FileMap;
+use crate::perm;
 use crate::pm::{BlockNo, FreshBlock};
 use crate::trace::Traced;
 use crate::volume::{State, Volume};
 use std::sync::atomic::Ordering;
+use zcfs_types::Cred;
 
 static ZERO_BLOCK: [u8; BLOCK] = [0; BLOCK];
 
@@ -41,6 +43,9 @@ pub struct WriteReservation<'v> {
     blocks: Vec<FreshBlock>,
     /// Whether the caller's bytes were already written back (copy_persist path).
     written_back: bool,
+    /// Who writes: decides whether the write drops the file's set-user-ID and
+    /// set-group-ID bits (in the same entry).
+    writer: perm::Writer,
     done: bool,
 }
 
@@ -253,13 +258,16 @@ impl Volume {
     /// has room for: it goes in reservations of at most `MAX_RESERVATION` bytes, each
     /// committed in atomic pieces. If a later reservation fails, the bytes written so far
     /// are reported (a short write, as POSIX allows); if the first fails, its error.
-    pub fn write(&self, ino: u64, off: u64, data: &[u8]) -> Result<usize> {
+    ///
+    /// Permission to write was checked when the caller opened the file; a write by an
+    /// unprivileged `cred` drops the file's set-user-ID and set-group-ID bits.
+    pub fn write(&self, cred: &Cred, ino: u64, off: u64, data: &[u8]) -> Result<usize> {
         let mut done = 0;
         while done < data.len() {
             let pos = off + done as u64;
             let len = self.write_chunk(pos, data.len() - done);
             let chunk = &data[done..done + len];
-            let r = self.reserve_write(ino, pos, len).and_then(|mut r| {
+            let r = self.reserve_write(cred, ino, pos, len).and_then(|mut r| {
                 r.fill_from(chunk);
                 r.commit()
             });
@@ -294,7 +302,13 @@ impl Volume {
 
     /// Reserve fresh blocks for a write of `len` bytes at `off`. The bytes of partially
     /// covered edge blocks are copied in at commit, from the blocks current then.
-    pub fn reserve_write(&self, ino: u64, off: u64, len: usize) -> Result<WriteReservation<'_>> {
+    pub fn reserve_write(
+        &self,
+        cred: &Cred,
+        ino: u64,
+        off: u64,
+        len: usize,
+    ) -> Result<WriteReservation<'_>> {
         if len > MAX_RESERVATION {
             return Err(FsError::Invalid(format!(
                 "one reservation is at most {MAX_RESERVATION} bytes"
@@ -305,7 +319,8 @@ impl Volume {
             .ok_or(FsError::TooBig)?;
         let mut st = self.write_state()?;
         check_file(&st, ino)?;
-        let gen = st.inode(ino)?.rec.gen;
+        let rec = &st.inode(ino)?.rec;
+        let (gen, writer) = (rec.gen, perm::Writer::of(cred, rec.gid));
         let blocks = if len == 0 {
             Vec::new()
         } else {
@@ -324,6 +339,7 @@ impl Volume {
             len,
             blocks,
             written_back: len == 0,
+            writer,
             done: false,
         })
     }
@@ -468,6 +484,7 @@ impl Volume {
             let now = Time::now();
             inode.rec.mtime = now;
             inode.rec.ctime = now;
+            inode.rec.mode = r.writer.mode_after_write(inode.rec.mode, inode.rec.gid);
             txn.dirty.insert(r.ino);
             pool = std::mem::take(&mut txn.pool);
             self.trace(|| Traced::Write {
@@ -493,15 +510,20 @@ impl Volume {
         Ok(r.len)
     }
 
-    /// Set a file's size. Shrinking frees whole blocks past the end and copies the new
-    /// last block with its tail zeroed (bytes past EOF are always zero on PM).
-    pub fn truncate(&self, ino: u64, size: u64) -> Result<()> {
+    /// Set a file's size, through a handle `cred` opened for writing (the permission was
+    /// checked at open; see `setattr` for a truncate by name). Shrinking frees whole
+    /// blocks past the end and copies the new last block with its tail zeroed (bytes
+    /// past EOF are always zero on PM). An unprivileged caller's truncate drops the
+    /// set-user-ID and set-group-ID bits.
+    pub fn truncate(&self, cred: &Cred, ino: u64, size: u64) -> Result<()> {
         let mut st = self.write_state()?;
         let st = &mut *st;
         let mut txn = Txn::new(OpType::Truncate, ino);
         self.reserve_log(&mut txn, ENTRY_OVERHEAD + INODE_RECORD + TRUNCATE_RECORDS)?;
         self.plan_truncate(st, &mut txn, ino, size)?;
         self.apply_truncate(st, &mut txn, ino, size);
+        let rec = &mut st.inode_mut(ino).expect("planned").rec;
+        rec.mode = perm::mode_after_write(cred, rec);
         txn.dirty.insert(ino);
         self.trace(|| Traced::Truncate { ino, size });
         self.finish(st, txn)

@@ -28,6 +28,8 @@ pub enum FsError {
     Stale,
     #[error("operation not permitted: {0}")]
     NotPermitted(String),
+    #[error("permission denied: {0}")]
+    AccessDenied(String),
     #[error("too many links")]
     TooManyLinks,
     #[error("file too large")]
@@ -69,6 +71,7 @@ impl FsError {
             Stale => libc::ESTALE,
             TooManyLinks => libc::EMLINK,
             NotPermitted(_) => libc::EPERM,
+            AccessDenied(_) => libc::EACCES,
             TooBig => libc::EFBIG,
             Unsupported(_) => libc::EOPNOTSUPP,
             ReadOnly | Failed => libc::EROFS,

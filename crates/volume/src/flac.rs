@@ -10,6 +10,7 @@ use crate::pm::{BlockNo, FreshBlock};
 use crate::trace::Traced;
 use crate::volume::Volume;
 use std::sync::atomic::Ordering;
+use zcfs_types::Cred;
 
 static ZERO_BLOCK: [u8; BLOCK] = [0; BLOCK];
 
@@ -131,7 +132,7 @@ impl<'v> PflushTxn<'v> {
 impl Volume {
     /// FLAC `pfree`: release the pages of `[off, off+len)` atomically (a hole remains;
     /// partially covered edge pages are zeroed over the range by copy-on-write).
-    pub fn pfree(&self, ino: u64, off: u64, len: u64) -> Result<()> {
+    pub fn pfree(&self, cred: &Cred, ino: u64, off: u64, len: u64) -> Result<()> {
         let end = off
             .checked_add(len)
             .filter(|e| *e <= max_file_size())
@@ -153,7 +154,7 @@ impl Volume {
         for (s, e) in edges {
             let e = e.min(size);
             if s < e && (s % BLOCK_U64 != 0 || e % BLOCK_U64 != 0) {
-                self.write(ino, s, &ZERO_BLOCK[..(e - s) as usize])?;
+                self.write(cred, ino, s, &ZERO_BLOCK[..(e - s) as usize])?;
             }
         }
         if first_full >= end_full {
@@ -175,6 +176,7 @@ impl Volume {
         inode.map.punch(first_full, end_full, &mut sink);
         inode.rec.mtime = Time::now();
         inode.rec.ctime = inode.rec.mtime;
+        inode.rec.mode = crate::perm::mode_after_write(cred, &inode.rec);
         txn.dirty.insert(ino);
         self.trace(|| Traced::Pages { ino });
         self.finish(st, txn)

@@ -2,7 +2,7 @@
 //! image (or a patched template image) through mount, fsck and a tree walk. Any input
 //! may be rejected; none may panic.
 
-use crate::{fsck, layout, MkfsOptions, Owner, Region, Volume, VolumeConfig, ROOT_INO};
+use crate::{fsck, layout, Cred, MkfsOptions, Region, Volume, VolumeConfig, ROOT_INO};
 
 /// A small valid volume with a few files, directories, links and xattrs: the starting
 /// point for patch-based fuzzing, so mutations get past the checksums.
@@ -13,6 +13,7 @@ pub fn template_image() -> Vec<u8> {
         &MkfsOptions {
             inodes: Some(32),
             log_bytes: Some(16 << 10),
+            ..Default::default()
         },
     )
     .unwrap();
@@ -24,19 +25,27 @@ pub fn template_image() -> Vec<u8> {
         },
     )
     .unwrap();
-    let o = Owner::default();
-    let d = vol.mkdir(ROOT_INO, b"dir", 0o755, o).unwrap();
-    let f = vol.create(d.ino, b"file", 0o644, o, 0).unwrap();
-    vol.write(f.ino, 100, &[7u8; 9000]).unwrap();
-    vol.link(f.ino, ROOT_INO, b"hard").unwrap();
-    vol.symlink(ROOT_INO, b"sym", b"dir/file", o).unwrap();
-    vol.setxattr(f.ino, b"user.x", b"value", crate::XattrMode::Any)
+    let d = vol.mkdir(&Cred::ROOT, ROOT_INO, b"dir", 0o755).unwrap();
+    let f = vol.create(&Cred::ROOT, d.ino, b"file", 0o644, 0).unwrap();
+    vol.write(&Cred::ROOT, f.ino, 100, &[7u8; 9000]).unwrap();
+    vol.link(&Cred::ROOT, f.ino, ROOT_INO, b"hard").unwrap();
+    vol.symlink(&Cred::ROOT, ROOT_INO, b"sym", b"dir/file")
         .unwrap();
-    let g = vol.create(ROOT_INO, b"sparse", 0o600, o, 0).unwrap();
-    vol.write(g.ino, 3 << 20, b"far").unwrap();
+    vol.setxattr(
+        &Cred::ROOT,
+        f.ino,
+        b"user.x",
+        b"value",
+        crate::XattrMode::Any,
+    )
+    .unwrap();
+    let g = vol
+        .create(&Cred::ROOT, ROOT_INO, b"sparse", 0o600, 0)
+        .unwrap();
+    vol.write(&Cred::ROOT, g.ino, 3 << 20, b"far").unwrap();
     // Leave the last operations in the log (not checkpointed) so replay is exercised.
     vol.sync().unwrap();
-    vol.create(d.ino, b"late", 0o644, o, 0).unwrap();
+    vol.create(&Cred::ROOT, d.ino, b"late", 0o644, 0).unwrap();
     vol.sync().unwrap();
     // SAFETY: no operation runs while copying.
     let img = unsafe { vol.test_door().image() };
@@ -73,23 +82,24 @@ pub fn exercise_image(img: &[u8]) {
                 }
                 _ => {
                     let _ = vol.read_with(e.ino, 0, 1 << 20, |s| s.len());
-                    let _ = vol.write(e.ino, 10, b"xyz");
-                    let _ = vol.truncate(e.ino, a.size / 2);
+                    let _ = vol.write(&Cred::ROOT, e.ino, 10, b"xyz");
+                    let _ = vol.truncate(&Cred::ROOT, e.ino, a.size / 2);
                 }
             }
-            let _ = vol.listxattr(e.ino);
+            let _ = vol.listxattr(&Cred::ROOT, e.ino);
             let _ = vol.rename(
+                &Cred::ROOT,
                 d,
                 &e.name,
                 ROOT_INO,
                 b"moved",
                 crate::RenameFlags::default(),
             );
-            let _ = vol.unlink(ROOT_INO, b"moved");
-            let _ = vol.rmdir(ROOT_INO, b"moved");
+            let _ = vol.unlink(&Cred::ROOT, ROOT_INO, b"moved");
+            let _ = vol.rmdir(&Cred::ROOT, ROOT_INO, b"moved");
         }
     }
-    let _ = vol.create(ROOT_INO, b"new", 0o644, Owner::default(), 0);
+    let _ = vol.create(&Cred::ROOT, ROOT_INO, b"new", 0o644, 0);
     let _ = vol.checkpoint_now();
 }
 

@@ -21,6 +21,7 @@ pub mod layout;
 mod map;
 mod names;
 mod ops;
+pub mod perm;
 mod pins;
 mod pm;
 mod recovery;
@@ -36,13 +37,15 @@ pub use flac::{AttachedPages, PageBuf, PflushTxn};
 pub use holder::{read_holder, Holder};
 pub use layout::{Geometry, OpType, Time, BLOCK, NAME_MAX, ROOT_INO};
 pub use ops::{
-    Attr, DirEntry, Owner, RenameFlags, SetAttr, SetTime, StatFs, XattrMode, MAX_LINKS, MAX_SYMLINK,
+    Attr, DirEntry, RenameFlags, SetAttr, SetTime, SizeRight, StatFs, XattrMode, MAX_LINKS,
+    MAX_SYMLINK,
 };
 pub use volume::{
-    CommitFault, FaultPlan, MkfsOptions, RecoveryReport, Stats, StatsSnapshot, TraceHook, Volume,
-    VolumeConfig, VolumeInfo,
+    CommitFault, FaultPlan, MkfsOptions, RecoveryReport, RootDir, Stats, StatsSnapshot, TraceHook,
+    Volume, VolumeConfig, VolumeInfo,
 };
 pub use zcfs_pmem::{PersistMode, Region};
+pub use zcfs_types::Cred;
 
 /// File type bits, re-exported for frontends.
 pub mod mode {

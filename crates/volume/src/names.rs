@@ -8,11 +8,13 @@ use crate::dir::{Dir, Entry};
 use crate::error::{FsError, Result};
 use crate::layout::*;
 use crate::map::FileMap;
-use crate::ops::{attr_of, Attr, DirEntry, Owner, RenameFlags, MAX_LINKS, MAX_SYMLINK};
+use crate::ops::{attr_of, Attr, DirEntry, RenameFlags, MAX_LINKS, MAX_SYMLINK};
+use crate::perm::{self, MAY_EXEC, MAY_WRITE};
 use crate::pm::BlockNo;
 use crate::trace::Traced;
 use crate::volume::{Inode, State, Volume};
 use std::collections::BTreeMap;
+use zcfs_types::Cred;
 
 /// Where a new directory entry goes: a free place in an existing block, or a new block
 /// (whose map change was planned and whose blocks are reserved).
@@ -22,29 +24,32 @@ enum Room {
     NewBlock,
 }
 
-/// What a new node is.
+/// What a new node is, and who makes it.
 struct NewNode<'a> {
     op: OpType,
     mode: u32,
-    owner: Owner,
+    cred: &'a Cred,
     rdev: u32,
     symlink: Option<&'a [u8]>,
 }
 
 impl Volume {
-    pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr> {
-        self.lookup_inner(parent, name, false)
+    /// Look `name` up in `parent`: the caller needs search permission on `parent`.
+    pub fn lookup(&self, cred: &Cred, parent: u64, name: &[u8]) -> Result<Attr> {
+        self.lookup_inner(cred, parent, name, false)
     }
 
     /// `lookup`, taking one reference to the inode found (see `hold`).
-    pub fn lookup_held(&self, parent: u64, name: &[u8]) -> Result<Attr> {
-        self.lookup_inner(parent, name, true)
+    pub fn lookup_held(&self, cred: &Cred, parent: u64, name: &[u8]) -> Result<Attr> {
+        self.lookup_inner(cred, parent, name, true)
     }
 
-    fn lookup_inner(&self, parent: u64, name: &[u8], hold: bool) -> Result<Attr> {
+    fn lookup_inner(&self, cred: &Cred, parent: u64, name: &[u8], hold: bool) -> Result<Attr> {
         check_name(name)?;
         let st = self.read_state();
-        let e = st.dir(parent)?.get(name).ok_or(FsError::NotFound)?;
+        let d = st.dir(parent)?;
+        perm::check(cred, &st.inode(parent)?.rec, MAY_EXEC)?;
+        let e = d.get(name).ok_or(FsError::NotFound)?;
         let a = attr_of(st.inode(e.ino)?);
         if hold {
             self.add_ref(e.ino);
@@ -52,43 +57,46 @@ impl Volume {
         Ok(a)
     }
 
-    /// Parent of a directory (for "..").
-    pub fn parent_of(&self, dir: u64) -> Result<u64> {
+    /// Parent of a directory (for ".."), for a caller with search permission on it.
+    pub fn parent_of(&self, cred: &Cred, dir: u64) -> Result<u64> {
         let st = self.read_state();
         st.dir(dir)?;
-        Ok(st.inode(dir)?.rec.parent)
+        let rec = &st.inode(dir)?.rec;
+        perm::check(cred, rec, MAY_EXEC)?;
+        Ok(rec.parent)
     }
 
-    /// Create a non-directory node (regular file, fifo, socket, device).
+    /// Create a non-directory node (regular file, fifo, socket, device), owned by the
+    /// caller (group: see `perm::new_inode_owner`).
     pub fn create(
         &self,
+        cred: &Cred,
         parent: u64,
         name: &[u8],
         mode: u32,
-        owner: Owner,
         rdev: u32,
     ) -> Result<Attr> {
-        self.create_inner(parent, name, mode, owner, rdev, false)
+        self.create_inner(cred, parent, name, mode, rdev, false)
     }
 
     /// `create`, taking one reference to the new inode.
     pub fn create_held(
         &self,
+        cred: &Cred,
         parent: u64,
         name: &[u8],
         mode: u32,
-        owner: Owner,
         rdev: u32,
     ) -> Result<Attr> {
-        self.create_inner(parent, name, mode, owner, rdev, true)
+        self.create_inner(cred, parent, name, mode, rdev, true)
     }
 
     fn create_inner(
         &self,
+        cred: &Cred,
         parent: u64,
         name: &[u8],
         mode: u32,
-        owner: Owner,
         rdev: u32,
         hold: bool,
     ) -> Result<Attr> {
@@ -100,61 +108,61 @@ impl Volume {
         let node = NewNode {
             op: OpType::Create,
             mode,
-            owner,
+            cred,
             rdev,
             symlink: None,
         };
         self.make_node(parent, name, node, hold)
     }
 
-    pub fn mkdir(&self, parent: u64, name: &[u8], mode: u32, owner: Owner) -> Result<Attr> {
-        self.mkdir_inner(parent, name, mode, owner, false)
+    pub fn mkdir(&self, cred: &Cred, parent: u64, name: &[u8], mode: u32) -> Result<Attr> {
+        self.mkdir_inner(cred, parent, name, mode, false)
     }
 
     /// `mkdir`, taking one reference to the new directory.
-    pub fn mkdir_held(&self, parent: u64, name: &[u8], mode: u32, owner: Owner) -> Result<Attr> {
-        self.mkdir_inner(parent, name, mode, owner, true)
+    pub fn mkdir_held(&self, cred: &Cred, parent: u64, name: &[u8], mode: u32) -> Result<Attr> {
+        self.mkdir_inner(cred, parent, name, mode, true)
     }
 
     fn mkdir_inner(
         &self,
+        cred: &Cred,
         parent: u64,
         name: &[u8],
         mode: u32,
-        owner: Owner,
         hold: bool,
     ) -> Result<Attr> {
         let node = NewNode {
             op: OpType::Mkdir,
             mode: S_IFDIR | (mode & 0o7777),
-            owner,
+            cred,
             rdev: 0,
             symlink: None,
         };
         self.make_node(parent, name, node, hold)
     }
 
-    pub fn symlink(&self, parent: u64, name: &[u8], target: &[u8], owner: Owner) -> Result<Attr> {
-        self.symlink_inner(parent, name, target, owner, false)
+    pub fn symlink(&self, cred: &Cred, parent: u64, name: &[u8], target: &[u8]) -> Result<Attr> {
+        self.symlink_inner(cred, parent, name, target, false)
     }
 
     /// `symlink`, taking one reference to the new inode.
     pub fn symlink_held(
         &self,
+        cred: &Cred,
         parent: u64,
         name: &[u8],
         target: &[u8],
-        owner: Owner,
     ) -> Result<Attr> {
-        self.symlink_inner(parent, name, target, owner, true)
+        self.symlink_inner(cred, parent, name, target, true)
     }
 
     fn symlink_inner(
         &self,
+        cred: &Cred,
         parent: u64,
         name: &[u8],
         target: &[u8],
-        owner: Owner,
         hold: bool,
     ) -> Result<Attr> {
         if target.is_empty() || target.len() > MAX_SYMLINK || target.contains(&0) {
@@ -165,7 +173,7 @@ impl Volume {
         let node = NewNode {
             op: OpType::Symlink,
             mode: S_IFLNK | 0o777,
-            owner,
+            cred,
             rdev: 0,
             symlink: Some(target),
         };
@@ -198,11 +206,16 @@ impl Volume {
         check_name(name)?;
         let mut g = self.write_state()?;
         let st = &mut *g;
-        // Check.
+        // Check, in Linux's order: search the parent, the name must be new, then
+        // write permission on the parent.
         Self::live_dir(st, parent)?;
+        let prec = &st.inode(parent)?.rec;
+        perm::check(n.cred, prec, MAY_EXEC)?;
         if st.dir(parent)?.get(name).is_some() {
             return Err(FsError::Exists);
         }
+        perm::check_dir_change(n.cred, prec, None)?;
+        let (uid, gid, mode) = perm::new_inode_owner(n.cred, prec, n.mode);
         let is_dir = n.mode & S_IFMT == S_IFDIR;
         if is_dir && st.inode(parent)?.rec.nlink >= MAX_LINKS {
             return Err(FsError::TooManyLinks);
@@ -224,24 +237,12 @@ impl Volume {
         let now = Time::now();
         let gen = st.gens[(ino - 1) as usize].wrapping_add(1).max(1);
         st.gens[(ino - 1) as usize] = gen;
-        let pinode = &st.inodes[&parent];
-        let mut mode = n.mode;
-        // setgid directories: new nodes take the directory's group; subdirectories
-        // inherit the bit.
-        let gid = if pinode.rec.mode & S_ISGID != 0 {
-            if is_dir {
-                mode |= S_ISGID;
-            }
-            pinode.rec.gid
-        } else {
-            n.owner.gid
-        };
         let mut inode = Inode {
             rec: InodeRec {
                 ino,
                 gen,
                 mode,
-                uid: n.owner.uid,
+                uid,
                 gid,
                 nlink: if is_dir { 2 } else { 1 },
                 atime: now,
@@ -433,22 +434,26 @@ impl Volume {
     }
 
     /// Remove a name of a non-directory; returns the inode's attributes afterwards.
-    pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<Attr> {
-        self.remove_name(parent, name, false)
+    pub fn unlink(&self, cred: &Cred, parent: u64, name: &[u8]) -> Result<Attr> {
+        self.remove_name(cred, parent, name, false)
     }
 
     /// Remove an empty directory; returns its attributes afterwards (link count 0).
-    pub fn rmdir(&self, parent: u64, name: &[u8]) -> Result<Attr> {
-        self.remove_name(parent, name, true)
+    pub fn rmdir(&self, cred: &Cred, parent: u64, name: &[u8]) -> Result<Attr> {
+        self.remove_name(cred, parent, name, true)
     }
 
     /// unlink (`dir` false) or rmdir (`dir` true): check, then remove the entry and drop
     /// the link in one transaction. Returns the inode's attributes afterwards.
-    fn remove_name(&self, parent: u64, name: &[u8], dir: bool) -> Result<Attr> {
+    fn remove_name(&self, cred: &Cred, parent: u64, name: &[u8], dir: bool) -> Result<Attr> {
         check_name(name)?;
         let mut g = self.write_state()?;
         let st = &mut *g;
-        let e = st.dir(parent)?.get(name).ok_or(FsError::NotFound)?;
+        let d = st.dir(parent)?;
+        let prec = &st.inode(parent)?.rec;
+        perm::check(cred, prec, MAY_EXEC)?;
+        let e = d.get(name).ok_or(FsError::NotFound)?;
+        perm::check_dir_change(cred, prec, Some(&st.inode(e.ino)?.rec))?;
         if dir {
             if !st.dir(e.ino)?.is_empty() {
                 return Err(FsError::NotEmpty);
@@ -488,26 +493,38 @@ impl Volume {
         Ok(after)
     }
 
-    pub fn link(&self, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr> {
-        self.link_inner(ino, newparent, newname, false)
+    pub fn link(&self, cred: &Cred, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr> {
+        self.link_inner(cred, ino, newparent, newname, false)
     }
 
     /// `link`, taking one reference to the inode.
-    pub fn link_held(&self, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr> {
-        self.link_inner(ino, newparent, newname, true)
+    pub fn link_held(&self, cred: &Cred, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr> {
+        self.link_inner(cred, ino, newparent, newname, true)
     }
 
-    fn link_inner(&self, ino: u64, newparent: u64, newname: &[u8], hold: bool) -> Result<Attr> {
+    fn link_inner(
+        &self,
+        cred: &Cred,
+        ino: u64,
+        newparent: u64,
+        newname: &[u8],
+        hold: bool,
+    ) -> Result<Attr> {
         check_name(newname)?;
         let mut g = self.write_state()?;
         let st = &mut *g;
         let i = st.inode(ino)?;
         let (is_dir, nlink, dtype) = (i.rec.is_dir(), i.rec.nlink, dtype_of(i.rec.mode));
-        st.dir(newparent)?;
-        // Linux order: the new name's existence is checked before the source's type.
-        if st.dir(newparent)?.get(newname).is_some() {
+        let d = st.dir(newparent)?;
+        let prec = &st.inode(newparent)?.rec;
+        perm::check(cred, prec, MAY_EXEC)?;
+        // Linux order (do_linkat): the new name's existence, the source (protected
+        // hardlinks), then permission on the directory and the source's type.
+        if d.get(newname).is_some() {
             return Err(FsError::Exists);
         }
+        perm::check_link_source(cred, &st.inode(ino)?.rec)?;
+        perm::check_dir_change(cred, prec, None)?;
         if is_dir {
             return Err(FsError::NotPermitted("hard link to a directory".into()));
         }
@@ -562,14 +579,27 @@ impl Volume {
         false
     }
 
-    pub fn rename(&self, p1: u64, n1: &[u8], p2: u64, n2: &[u8], flags: RenameFlags) -> Result<()> {
+    pub fn rename(
+        &self,
+        cred: &Cred,
+        p1: u64,
+        n1: &[u8],
+        p2: u64,
+        n2: &[u8],
+        flags: RenameFlags,
+    ) -> Result<()> {
         check_name(n1)?;
         check_name(n2)?;
         let mut g = self.write_state()?;
         let st = &mut *g;
+        st.dir(p1)?;
+        st.dir(p2)?;
+        perm::check(cred, &st.inode(p1)?.rec, MAY_EXEC)?;
+        perm::check(cred, &st.inode(p2)?.rec, MAY_EXEC)?;
         let src = st.dir(p1)?.get(n1).ok_or(FsError::NotFound)?;
         let dst = st.dir(p2)?.get(n2);
         let src_dir = st.inode(src.ino)?.rec.is_dir();
+        Self::check_rename_access(st, cred, (p1, src.ino), (p2, dst.map(|d| d.ino)), flags)?;
         let now = Time::now();
         let trace = || Traced::Rename {
             parent: p1,
@@ -692,6 +722,36 @@ impl Volume {
         touch_dir(st, p2, now);
         self.trace(trace);
         self.finish(st, txn)
+    }
+
+    /// `vfs_rename`'s permission checks: removing the source name from `p1`; adding
+    /// or replacing the name in `p2` (for an exchange, both are removals); and moving a
+    /// directory to another parent changes its "..", which needs write permission on
+    /// the directory itself.
+    fn check_rename_access(
+        st: &State,
+        cred: &Cred,
+        (p1, src): (u64, u64),
+        (p2, dst): (u64, Option<u64>),
+        flags: RenameFlags,
+    ) -> Result<()> {
+        let rec = |ino: u64| st.inode(ino).map(|i| &i.rec);
+        perm::check_dir_change(cred, rec(p1)?, Some(rec(src)?))?;
+        match dst {
+            Some(d) => perm::check_dir_change(cred, rec(p2)?, Some(rec(d)?))?,
+            None => perm::check_dir_change(cred, rec(p2)?, None)?,
+        }
+        if p1 != p2 {
+            if rec(src)?.is_dir() {
+                perm::check(cred, rec(src)?, MAY_WRITE)?;
+            }
+            if let Some(d) = dst.filter(|_| flags.exchange) {
+                if rec(d)?.is_dir() {
+                    perm::check(cred, rec(d)?, MAY_WRITE)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {

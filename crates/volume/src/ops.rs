@@ -6,16 +6,20 @@ use crate::commit::{Txn, ENTRY_OVERHEAD, INODE_RECORD};
 use crate::dir::Dir;
 use crate::error::{FsError, Result};
 use crate::layout::*;
+use crate::perm;
 use crate::trace::Traced;
 use crate::volume::{Inode, State, Volume};
 use std::collections::BTreeMap;
+use zcfs_types::Cred;
 pub use zcfs_types::{Attr, SetAttr, SetTime, StatFs};
 
-/// Who creates a node: owner and group of the new inode.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Owner {
-    pub uid: u32,
-    pub gid: u32,
+/// What authorizes a setattr's size change: the caller's write permission on the file
+/// (truncate(2)), or a handle the caller opened for writing (ftruncate(2)), which was
+/// checked at open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SizeRight {
+    Permission,
+    WritableHandle,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -111,13 +115,43 @@ impl Volume {
         Ok(attr_of(self.read_state().inode(ino)?))
     }
 
-    /// Change attributes; a size change and the others commit as one entry.
-    pub fn setattr(&self, ino: u64, set: &SetAttr) -> Result<Attr> {
+    /// May `cred` access `ino` for `mask` (`perm::MAY_*` bits; 0 asks only whether it
+    /// exists)? access(2), and the check an open makes.
+    pub fn access(&self, cred: &Cred, ino: u64, mask: u32) -> Result<()> {
+        let st = self.read_state();
+        perm::check(cred, &st.inode(ino)?.rec, mask)
+    }
+
+    /// Change attributes, as `cred` may (chmod and chown rules, times, truncate); a size
+    /// change and the others commit as one entry. A chown drops set-user-ID and
+    /// set-group-ID of a non-directory; a truncate by an unprivileged caller too.
+    pub fn setattr(
+        &self,
+        cred: &Cred,
+        ino: u64,
+        set: &SetAttr,
+        size_right: SizeRight,
+    ) -> Result<Attr> {
         let mut g = self.write_state()?;
         let st = &mut *g;
-        st.inode(ino)?;
+        let rec = &st.inode(ino)?.rec;
+        perm::check_setattr(cred, rec, set, size_right == SizeRight::WritableHandle)?;
         if set.is_empty() {
             return Ok(attr_of(st.inode(ino)?));
+        }
+        let mut mode = match set.mode {
+            Some(m) => (rec.mode & S_IFMT) | perm::chmod_mode(cred, rec, m & 0o7777),
+            None => rec.mode,
+        };
+        if set.uid.is_some() || set.gid.is_some() {
+            mode = perm::mode_after_chown(mode);
+        }
+        if set.size.is_some() {
+            let rec = InodeRec {
+                mode,
+                ..rec.clone()
+            };
+            mode = perm::mode_after_write(cred, &rec);
         }
         let mut txn = Txn::new(OpType::SetAttr, ino);
         self.reserve_log(
@@ -133,9 +167,7 @@ impl Volume {
         }
         let now = Time::now();
         let i = st.inode_mut(ino).expect("checked");
-        if let Some(m) = set.mode {
-            i.rec.mode = (i.rec.mode & S_IFMT) | (m & 0o7777);
-        }
+        i.rec.mode = mode;
         if let Some(u) = set.uid {
             i.rec.uid = u;
         }
@@ -174,26 +206,33 @@ impl Volume {
         }
     }
 
-    pub fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
+    pub fn getxattr(&self, cred: &Cred, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
         let st = self.read_state();
-        st.inode(ino)?
-            .xattrs
-            .get(name)
-            .cloned()
-            .ok_or(FsError::NoXattr)
+        let i = st.inode(ino)?;
+        perm::check_xattr(cred, &i.rec, name, false)?;
+        i.xattrs.get(name).cloned().ok_or(FsError::NoXattr)
     }
 
-    pub fn listxattr(&self, ino: u64) -> Result<Vec<Vec<u8>>> {
+    /// The names of `ino`'s extended attributes; trusted.* ones only for root.
+    pub fn listxattr(&self, cred: &Cred, ino: u64) -> Result<Vec<Vec<u8>>> {
         Ok(self
             .read_state()
             .inode(ino)?
             .xattrs
             .keys()
+            .filter(|n| cred.bypasses_checks() || !n.starts_with(b"trusted."))
             .cloned()
             .collect())
     }
 
-    pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], mode: XattrMode) -> Result<()> {
+    pub fn setxattr(
+        &self,
+        cred: &Cred,
+        ino: u64,
+        name: &[u8],
+        value: &[u8],
+        mode: XattrMode,
+    ) -> Result<()> {
         if name.is_empty() || name.len() > 255 || name.contains(&0) {
             return Err(FsError::Invalid(
                 "xattr name must be 1..255 bytes without NUL".into(),
@@ -204,6 +243,7 @@ impl Volume {
         }
         let mut st = self.write_state()?;
         let i = st.inode(ino)?;
+        perm::check_xattr(cred, &i.rec, name, true)?;
         let exists = i.xattrs.contains_key(name);
         match mode {
             XattrMode::Create if exists => return Err(FsError::Exists),
@@ -218,9 +258,11 @@ impl Volume {
         self.store_xattrs(&mut st, ino, x, OpType::SetXattr)
     }
 
-    pub fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
+    pub fn removexattr(&self, cred: &Cred, ino: u64, name: &[u8]) -> Result<()> {
         let mut st = self.write_state()?;
-        let mut x = st.inode(ino)?.xattrs.clone();
+        let i = st.inode(ino)?;
+        perm::check_xattr(cred, &i.rec, name, true)?;
+        let mut x = i.xattrs.clone();
         if x.remove(name).is_none() {
             return Err(FsError::NoXattr);
         }

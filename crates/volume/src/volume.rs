@@ -124,10 +124,31 @@ impl VolumeConfig {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct MkfsOptions {
     pub inodes: Option<u64>,
     pub log_bytes: Option<u64>,
+    pub root: RootDir,
+}
+
+/// Owner and permission bits of a new volume's root directory (as mke2fs's
+/// `root_owner`): an export a user owns needs no root to set up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RootDir {
+    pub uid: u32,
+    pub gid: u32,
+    /// Permission bits (at most 0o7777).
+    pub mode: u32,
+}
+
+impl Default for RootDir {
+    fn default() -> Self {
+        RootDir {
+            uid: 0,
+            gid: 0,
+            mode: 0o755,
+        }
+    }
 }
 
 /// Counters, readable while the volume runs.
@@ -308,6 +329,12 @@ impl Volume {
 
     /// Format a mapped region (held alone: `&mut`).
     pub fn mkfs_region(region: &mut Region, opts: &MkfsOptions) -> Result<()> {
+        if opts.root.mode & !0o7777 != 0 {
+            return Err(FsError::Invalid(format!(
+                "root directory mode {:o}: only permission bits (at most 7777)",
+                opts.root.mode
+            )));
+        }
         let geo = Geometry::plan(region.len() as u64, opts.inodes, opts.log_bytes)?;
         let fence = |r: std::result::Result<(), PmemError>| r.map_err(FsError::from);
         // Invalidate any previous volume first, so a crash mid-mkfs leaves no valid
@@ -328,7 +355,9 @@ impl Volume {
         let root = InodeRec {
             ino: ROOT_INO,
             gen: 1,
-            mode: S_IFDIR | 0o755,
+            mode: S_IFDIR | opts.root.mode,
+            uid: opts.root.uid,
+            gid: opts.root.gid,
             nlink: 2,
             atime: now,
             mtime: now,

@@ -5,11 +5,6 @@ use common::*;
 use zcfs_volume::mode::*;
 use zcfs_volume::*;
 
-const OWNER: Owner = Owner {
-    uid: 1000,
-    gid: 100,
-};
-
 fn remount(vol: std::sync::Arc<Volume>, cfg: VolumeConfig) -> std::sync::Arc<Volume> {
     vol.sync().unwrap();
     let img = image_of(&vol);
@@ -21,48 +16,55 @@ fn remount(vol: std::sync::Arc<Volume>, cfg: VolumeConfig) -> std::sync::Arc<Vol
 #[test]
 fn files_dirs_links_and_remount() {
     let vol = memory_volume(4 << 20, VolumeConfig::synchronous());
-    let d = vol.mkdir(ROOT_INO, b"dir", 0o750, OWNER).unwrap();
-    assert_eq!((d.uid, d.gid, d.nlink), (1000, 100, 2));
+    let d = vol.mkdir(&Cred::ROOT, ROOT_INO, b"dir", 0o750).unwrap();
+    assert_eq!((d.uid, d.gid, d.nlink), (0, 0, 2));
     assert_eq!(vol.getattr(ROOT_INO).unwrap().nlink, 3);
-    let f = vol.create(d.ino, b"file", 0o640, OWNER, 0).unwrap();
-    assert_eq!(vol.write(f.ino, 0, b"hello world").unwrap(), 11);
-    assert_eq!(vol.write(f.ino, 6, b"WORLD").unwrap(), 5);
-    let l = vol.link(f.ino, ROOT_INO, b"hard").unwrap();
+    let f = vol.create(&Cred::ROOT, d.ino, b"file", 0o640, 0).unwrap();
+    assert_eq!(
+        vol.write(&Cred::ROOT, f.ino, 0, b"hello world").unwrap(),
+        11
+    );
+    assert_eq!(vol.write(&Cred::ROOT, f.ino, 6, b"WORLD").unwrap(), 5);
+    let l = vol.link(&Cred::ROOT, f.ino, ROOT_INO, b"hard").unwrap();
     assert_eq!(l.nlink, 2);
-    vol.symlink(ROOT_INO, b"sym", b"dir/file", OWNER).unwrap();
+    vol.symlink(&Cred::ROOT, ROOT_INO, b"sym", b"dir/file")
+        .unwrap();
     assert!(matches!(
-        vol.create(d.ino, b"file", 0o644, OWNER, 0),
+        vol.create(&Cred::ROOT, d.ino, b"file", 0o644, 0),
         Err(FsError::Exists)
     ));
     assert!(matches!(
-        vol.rmdir(ROOT_INO, b"dir"),
+        vol.rmdir(&Cred::ROOT, ROOT_INO, b"dir"),
         Err(FsError::NotEmpty)
     ));
-    assert!(matches!(vol.unlink(ROOT_INO, b"dir"), Err(FsError::IsDir)));
     assert!(matches!(
-        vol.link(d.ino, ROOT_INO, b"x"),
+        vol.unlink(&Cred::ROOT, ROOT_INO, b"dir"),
+        Err(FsError::IsDir)
+    ));
+    assert!(matches!(
+        vol.link(&Cred::ROOT, d.ino, ROOT_INO, b"x"),
         Err(FsError::NotPermitted(_))
     ));
     assert!(matches!(
-        vol.lookup(ROOT_INO, &[b'a'; 256]),
+        vol.lookup(&Cred::ROOT, ROOT_INO, &[b'a'; 256]),
         Err(FsError::NameTooLong)
     ));
 
     let vol = remount(vol, VolumeConfig::synchronous());
-    let f2 = vol.lookup(ROOT_INO, b"hard").unwrap();
+    let f2 = vol.lookup(&Cred::ROOT, ROOT_INO, b"hard").unwrap();
     assert_eq!(f2.ino, f.ino);
     assert_eq!(f2.nlink, 2);
     let mut buf = [0u8; 32];
     let n = vol.read(f.ino, 0, &mut buf).unwrap();
     assert_eq!(&buf[..n], b"hello WORLD");
-    let s = vol.lookup(ROOT_INO, b"sym").unwrap();
+    let s = vol.lookup(&Cred::ROOT, ROOT_INO, b"sym").unwrap();
     assert_eq!(vol.readlink(s.ino).unwrap(), b"dir/file");
     assert_eq!(s.mode & S_IFMT, S_IFLNK);
-    vol.unlink(d.ino, b"file").unwrap();
+    vol.unlink(&Cred::ROOT, d.ino, b"file").unwrap();
     assert_eq!(vol.getattr(f.ino).unwrap().nlink, 1);
-    vol.unlink(ROOT_INO, b"hard").unwrap();
+    vol.unlink(&Cred::ROOT, ROOT_INO, b"hard").unwrap();
     assert!(matches!(vol.getattr(f.ino), Err(FsError::Stale)));
-    vol.rmdir(ROOT_INO, b"dir").unwrap();
+    vol.rmdir(&Cred::ROOT, ROOT_INO, b"dir").unwrap();
     assert_eq!(vol.getattr(ROOT_INO).unwrap().nlink, 2);
     let report = zcfs_volume::fsck::check_volume(&vol);
     assert!(report.is_clean(), "{:?}", report.problems);
@@ -71,10 +73,12 @@ fn files_dirs_links_and_remount() {
 #[test]
 fn sparse_large_and_truncate() {
     let vol = memory_volume(64 << 20, VolumeConfig::default());
-    let f = vol.create(ROOT_INO, b"sparse", 0o644, OWNER, 0).unwrap();
+    let f = vol
+        .create(&Cred::ROOT, ROOT_INO, b"sparse", 0o644, 0)
+        .unwrap();
     // A write far out needs a 3-level map; everything before it is a hole.
     let far = 5u64 << 30;
-    vol.write(f.ino, far, b"tail").unwrap();
+    vol.write(&Cred::ROOT, f.ino, far, b"tail").unwrap();
     assert_eq!(vol.getattr(f.ino).unwrap().size, far + 4);
     let mut buf = vec![1u8; 8192];
     assert_eq!(vol.read(f.ino, far - 8188, &mut buf).unwrap(), 8192);
@@ -82,20 +86,20 @@ fn sparse_large_and_truncate() {
     assert_eq!(&buf[8188..], b"tail");
     // 3 MiB of data across many blocks, unaligned.
     let data: Vec<u8> = (0..3_000_001u32).map(|i| (i % 251) as u8).collect();
-    vol.write(f.ino, 777, &data).unwrap();
+    vol.write(&Cred::ROOT, f.ino, 777, &data).unwrap();
     let mut back = vec![0u8; data.len()];
     vol.read(f.ino, 777, &mut back).unwrap();
     assert!(back == data);
     // Truncate down into the middle of a block: bytes past the end must come back as
     // zeros when the file grows again.
-    vol.truncate(f.ino, 5000).unwrap();
-    vol.truncate(f.ino, 10000).unwrap();
+    vol.truncate(&Cred::ROOT, f.ino, 5000).unwrap();
+    vol.truncate(&Cred::ROOT, f.ino, 10000).unwrap();
     let mut b2 = vec![9u8; 10000];
     vol.read(f.ino, 0, &mut b2).unwrap();
     assert_eq!(&b2[777..5000], &data[..5000 - 777]);
     assert!(b2[5000..].iter().all(|&b| b == 0));
     let blocks_before = vol.statfs().bfree;
-    vol.truncate(f.ino, 0).unwrap();
+    vol.truncate(&Cred::ROOT, f.ino, 0).unwrap();
     vol.sync().unwrap();
     let vol = remount(vol, VolumeConfig::default());
     assert!(vol.statfs().bfree > blocks_before);
@@ -107,32 +111,38 @@ fn sparse_large_and_truncate() {
 #[test]
 fn rename_variants() {
     let vol = memory_volume(4 << 20, VolumeConfig::synchronous());
-    let a = vol.mkdir(ROOT_INO, b"a", 0o755, OWNER).unwrap();
-    let b = vol.mkdir(ROOT_INO, b"b", 0o755, OWNER).unwrap();
-    let x = vol.create(a.ino, b"x", 0o644, OWNER, 0).unwrap();
-    let y = vol.create(b.ino, b"y", 0o644, OWNER, 0).unwrap();
+    let a = vol.mkdir(&Cred::ROOT, ROOT_INO, b"a", 0o755).unwrap();
+    let b = vol.mkdir(&Cred::ROOT, ROOT_INO, b"b", 0o755).unwrap();
+    let x = vol.create(&Cred::ROOT, a.ino, b"x", 0o644, 0).unwrap();
+    let y = vol.create(&Cred::ROOT, b.ino, b"y", 0o644, 0).unwrap();
     let none = RenameFlags::default();
     let noreplace = RenameFlags::from_bits(1).unwrap();
     let exchange = RenameFlags::from_bits(2).unwrap();
     assert!(matches!(
-        vol.rename(a.ino, b"x", b.ino, b"y", noreplace),
+        vol.rename(&Cred::ROOT, a.ino, b"x", b.ino, b"y", noreplace),
         Err(FsError::Exists)
     ));
-    vol.rename(a.ino, b"x", b.ino, b"y", exchange).unwrap();
-    assert_eq!(vol.lookup(a.ino, b"x").unwrap().ino, y.ino);
-    assert_eq!(vol.lookup(b.ino, b"y").unwrap().ino, x.ino);
+    vol.rename(&Cred::ROOT, a.ino, b"x", b.ino, b"y", exchange)
+        .unwrap();
+    assert_eq!(vol.lookup(&Cred::ROOT, a.ino, b"x").unwrap().ino, y.ino);
+    assert_eq!(vol.lookup(&Cred::ROOT, b.ino, b"y").unwrap().ino, x.ino);
     // Over an existing file: the target's inode goes away.
-    vol.rename(a.ino, b"x", b.ino, b"y", none).unwrap();
+    vol.rename(&Cred::ROOT, a.ino, b"x", b.ino, b"y", none)
+        .unwrap();
     assert!(matches!(vol.getattr(x.ino), Err(FsError::Stale)));
-    assert!(matches!(vol.lookup(a.ino, b"x"), Err(FsError::NotFound)));
+    assert!(matches!(
+        vol.lookup(&Cred::ROOT, a.ino, b"x"),
+        Err(FsError::NotFound)
+    ));
     // Directory across directories: parent link counts move.
-    vol.rename(ROOT_INO, b"a", b.ino, b"a2", none).unwrap();
+    vol.rename(&Cred::ROOT, ROOT_INO, b"a", b.ino, b"a2", none)
+        .unwrap();
     assert_eq!(vol.getattr(ROOT_INO).unwrap().nlink, 3);
     assert_eq!(vol.getattr(b.ino).unwrap().nlink, 3);
-    assert_eq!(vol.parent_of(a.ino).unwrap(), b.ino);
+    assert_eq!(vol.parent_of(&Cred::ROOT, a.ino).unwrap(), b.ino);
     // Below itself is refused.
     assert!(matches!(
-        vol.rename(ROOT_INO, b"b", a.ino, b"loop", none),
+        vol.rename(&Cred::ROOT, ROOT_INO, b"b", a.ino, b"loop", none),
         Err(FsError::Invalid(_))
     ));
     assert!(RenameFlags::from_bits(4).is_err());
@@ -145,27 +155,27 @@ fn rename_variants() {
 fn xattrs_setattr_statfs_and_setgid() {
     let vol = memory_volume(4 << 20, VolumeConfig::synchronous());
     let d = vol
-        .mkdir(ROOT_INO, b"shared", 0o2775, Owner { uid: 0, gid: 50 })
+        .mkdir(&Cred::new(0, 50, vec![]), ROOT_INO, b"shared", 0o2775)
         .unwrap();
     assert_ne!(d.mode & S_ISGID, 0);
-    let f = vol.create(d.ino, b"f", 0o644, OWNER, 0).unwrap();
+    let f = vol.create(&Cred::ROOT, d.ino, b"f", 0o644, 0).unwrap();
     assert_eq!(f.gid, 50, "setgid directory gives its group");
-    let sub = vol.mkdir(d.ino, b"sub", 0o755, OWNER).unwrap();
+    let sub = vol.mkdir(&Cred::ROOT, d.ino, b"sub", 0o755).unwrap();
     assert_ne!(sub.mode & S_ISGID, 0, "subdirectories inherit setgid");
-    vol.setxattr(f.ino, b"user.k", b"v1", XattrMode::Any)
+    vol.setxattr(&Cred::ROOT, f.ino, b"user.k", b"v1", XattrMode::Any)
         .unwrap();
     assert!(matches!(
-        vol.setxattr(f.ino, b"user.k", b"v", XattrMode::Create),
+        vol.setxattr(&Cred::ROOT, f.ino, b"user.k", b"v", XattrMode::Create),
         Err(FsError::Exists)
     ));
     assert!(matches!(
-        vol.setxattr(f.ino, b"user.n", b"v", XattrMode::Replace),
+        vol.setxattr(&Cred::ROOT, f.ino, b"user.n", b"v", XattrMode::Replace),
         Err(FsError::NoXattr)
     ));
-    vol.setxattr(f.ino, b"user.k", b"v2", XattrMode::Replace)
+    vol.setxattr(&Cred::ROOT, f.ino, b"user.k", b"v2", XattrMode::Replace)
         .unwrap();
     assert!(matches!(
-        vol.setxattr(f.ino, b"user.big", &[0; 5000], XattrMode::Any),
+        vol.setxattr(&Cred::ROOT, f.ino, b"user.big", &[0; 5000], XattrMode::Any),
         Err(FsError::NoSpaceXattr)
     ));
     let t = Time {
@@ -174,6 +184,7 @@ fn xattrs_setattr_statfs_and_setgid() {
     };
     let a = vol
         .setattr(
+            &Cred::ROOT,
             f.ino,
             &SetAttr {
                 mode: Some(0o600),
@@ -181,16 +192,17 @@ fn xattrs_setattr_statfs_and_setgid() {
                 mtime: Some(SetTime::At(t)),
                 ..Default::default()
             },
+            SizeRight::Permission,
         )
         .unwrap();
     assert_eq!((a.mode & 0o7777, a.uid, a.mtime), (0o600, 7, t));
     let s = vol.statfs();
     assert!(s.bfree < s.blocks && s.ffree < s.files && s.namelen == 255);
     let vol = remount(vol, VolumeConfig::synchronous());
-    assert_eq!(vol.getxattr(f.ino, b"user.k").unwrap(), b"v2");
+    assert_eq!(vol.getxattr(&Cred::ROOT, f.ino, b"user.k").unwrap(), b"v2");
     assert_eq!(vol.getattr(f.ino).unwrap().mtime, t);
-    vol.removexattr(f.ino, b"user.k").unwrap();
-    assert!(vol.listxattr(f.ino).unwrap().is_empty());
+    vol.removexattr(&Cred::ROOT, f.ino, b"user.k").unwrap();
+    assert!(vol.listxattr(&Cred::ROOT, f.ino).unwrap().is_empty());
     let report = zcfs_volume::fsck::check_volume(&vol);
     assert!(report.is_clean(), "{:?}", report.problems);
 }
@@ -200,22 +212,24 @@ fn many_entries_readdir_cookies_and_log_wrap() {
     let mkfs = MkfsOptions {
         inodes: Some(4096),
         log_bytes: Some(256 << 10),
+        ..Default::default()
     };
     let vol = memory_volume_with(64 << 20, &mkfs, VolumeConfig::default());
-    let d = vol.mkdir(ROOT_INO, b"big", 0o755, OWNER).unwrap();
+    let d = vol.mkdir(&Cred::ROOT, ROOT_INO, b"big", 0o755).unwrap();
     let n: usize = 3000;
     for i in 0..n {
         vol.create(
+            &Cred::ROOT,
             d.ino,
             format!("entry-with-a-longish-name-{i:06}").as_bytes(),
             0o644,
-            OWNER,
             0,
         )
         .unwrap();
     }
     for i in (0..n).step_by(3) {
         vol.unlink(
+            &Cred::ROOT,
             d.ino,
             format!("entry-with-a-longish-name-{i:06}").as_bytes(),
         )
@@ -259,14 +273,15 @@ fn zero_copy_read_reservation_and_flac_calls() {
         &MkfsOptions {
             inodes: None,
             log_bytes: None,
+            ..Default::default()
         },
     )
     .unwrap();
     let vol = Volume::open(&path, VolumeConfig::default()).unwrap();
-    let f = vol.create(ROOT_INO, b"f", 0o644, OWNER, 0).unwrap();
+    let f = vol.create(&Cred::ROOT, ROOT_INO, b"f", 0o644, 0).unwrap();
     // Reserve, fill in place, commit: no user-space copy.
     let copies_before = vol.stats.snapshot().user_copy_bytes;
-    let mut r = vol.reserve_write(f.ino, 100, 10000).unwrap();
+    let mut r = vol.reserve_write(&Cred::ROOT, f.ino, 100, 10000).unwrap();
     let mut k = 0u8;
     for s in r.slices_mut() {
         for b in s.iter_mut() {
@@ -288,7 +303,7 @@ fn zero_copy_read_reservation_and_flac_calls() {
         .unwrap();
     assert_eq!(total, 10100);
     // pflush: two files' pages committed in one entry.
-    let g = vol.create(ROOT_INO, b"g", 0o644, OWNER, 0).unwrap();
+    let g = vol.create(&Cred::ROOT, ROOT_INO, b"g", 0o644, 0).unwrap();
     let mut p1 = vol.reserve_pages(2).unwrap();
     p1.page_mut(0).fill(0xaa);
     p1.page_mut(1).fill(0xbb);
@@ -307,7 +322,8 @@ fn zero_copy_read_reservation_and_flac_calls() {
         assert!(pages.as_slice()[4096..].iter().all(|&b| b == 0xbb));
         pages.as_mut_slice()[0] = 1;
         // Overwrite the file block while attached: the attached view keeps its data.
-        vol.write(f.ino, 4 * 4096, &[0x11; 4096]).unwrap();
+        vol.write(&Cred::ROOT, f.ino, 4 * 4096, &[0x11; 4096])
+            .unwrap();
         vol.sync().unwrap();
         assert!(pages.as_slice()[4096..].iter().all(|&b| b == 0xbb));
     }
@@ -315,7 +331,7 @@ fn zero_copy_read_reservation_and_flac_calls() {
     vol.read(f.ino, 3 * 4096, &mut one).unwrap();
     assert_eq!(one[0], 0xaa);
     // pfree: a hole in the middle.
-    vol.pfree(f.ino, 3 * 4096, 4096).unwrap();
+    vol.pfree(&Cred::ROOT, f.ino, 3 * 4096, 4096).unwrap();
     vol.read(f.ino, 3 * 4096 + 5, &mut one).unwrap();
     assert_eq!(one[0], 0);
     let report = zcfs_volume::fsck::check_volume(&vol);
@@ -329,22 +345,28 @@ fn zero_copy_read_reservation_and_flac_calls() {
 #[test]
 fn no_space_is_an_error_not_a_panic() {
     let vol = memory_volume(1 << 20, VolumeConfig::default());
-    let f = vol.create(ROOT_INO, b"f", 0o644, OWNER, 0).unwrap();
+    let f = vol.create(&Cred::ROOT, ROOT_INO, b"f", 0o644, 0).unwrap();
     let big = vec![7u8; 2 << 20];
     // A write larger than the free space writes what fits (a short write, as POSIX
     // allows), and the next one is told there is no room.
-    let n = vol.write(f.ino, 0, &big).unwrap();
+    let n = vol.write(&Cred::ROOT, f.ino, 0, &big).unwrap();
     assert!(n > 0 && n < big.len(), "{n}");
     assert!(matches!(
-        vol.write(f.ino, n as u64, &big[n..]),
+        vol.write(&Cred::ROOT, f.ino, n as u64, &big[n..]),
         Err(FsError::NoSpace)
     ));
     // Space comes back once the file is cut, and small writes still work.
-    vol.truncate(f.ino, 0).unwrap();
-    vol.write(f.ino, 0, &[1u8; 8192]).unwrap();
+    vol.truncate(&Cred::ROOT, f.ino, 0).unwrap();
+    vol.write(&Cred::ROOT, f.ino, 0, &[1u8; 8192]).unwrap();
     let mut names = 0;
     loop {
-        match vol.create(ROOT_INO, format!("n{names}").as_bytes(), 0o644, OWNER, 0) {
+        match vol.create(
+            &Cred::ROOT,
+            ROOT_INO,
+            format!("n{names}").as_bytes(),
+            0o644,
+            0,
+        ) {
             Ok(_) => names += 1,
             Err(FsError::NoInodes) | Err(FsError::NoSpace) => break,
             Err(e) => panic!("unexpected {e}"),
@@ -359,7 +381,7 @@ fn no_space_is_an_error_not_a_panic() {
 #[test]
 fn bad_images_give_errors() {
     let vol = memory_volume(1 << 20, VolumeConfig::synchronous());
-    vol.create(ROOT_INO, b"f", 0o644, OWNER, 0).unwrap();
+    vol.create(&Cred::ROOT, ROOT_INO, b"f", 0o644, 0).unwrap();
     // Empty the log, or replay would repair the damage done below.
     vol.checkpoint_now().unwrap();
     let img = image_of(&vol);
@@ -389,11 +411,14 @@ fn bad_images_give_errors() {
 #[test]
 fn unlinked_open_file_lives_until_release_and_crash_reaps_it() {
     let vol = memory_volume(4 << 20, VolumeConfig::synchronous());
-    let f = vol.create(ROOT_INO, b"f", 0o644, OWNER, 0).unwrap();
-    vol.write(f.ino, 0, b"still here").unwrap();
+    let f = vol.create(&Cred::ROOT, ROOT_INO, b"f", 0o644, 0).unwrap();
+    vol.write(&Cred::ROOT, f.ino, 0, b"still here").unwrap();
     vol.open_handle(f.ino).unwrap();
-    vol.unlink(ROOT_INO, b"f").unwrap();
-    assert!(matches!(vol.lookup(ROOT_INO, b"f"), Err(FsError::NotFound)));
+    vol.unlink(&Cred::ROOT, ROOT_INO, b"f").unwrap();
+    assert!(matches!(
+        vol.lookup(&Cred::ROOT, ROOT_INO, b"f"),
+        Err(FsError::NotFound)
+    ));
     let mut buf = [0u8; 10];
     assert_eq!(vol.read(f.ino, 0, &mut buf).unwrap(), 10);
     assert_eq!(&buf, b"still here");

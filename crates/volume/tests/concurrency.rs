@@ -198,12 +198,12 @@ fn threads_against_a_model_in_commit_order() {
     let mkfs = MkfsOptions {
         inodes: Some(256),
         log_bytes: Some(64 << 10),
+        ..Default::default()
     };
     let vol = memory_volume_with(64 << 20, &mkfs, cfg);
-    let o = Owner::default();
     let dirs = [
-        vol.mkdir(ROOT_INO, b"d0", 0o755, o).unwrap().ino,
-        vol.mkdir(ROOT_INO, b"d1", 0o755, o).unwrap().ino,
+        vol.mkdir(&Cred::ROOT, ROOT_INO, b"d0", 0o755).unwrap().ino,
+        vol.mkdir(&Cred::ROOT, ROOT_INO, b"d1", 0o755).unwrap().ino,
     ];
     let start = trace.lock().unwrap().len();
     let mut model0 = ModelFs::default();
@@ -226,21 +226,23 @@ fn threads_against_a_model_in_commit_order() {
                 }
                 let d = dirs[rng.below(2)];
                 let n = name(rng.below(NAMES as usize) as u64);
-                let ino = vol.lookup(d, &n).ok().map(|a| a.ino);
+                let ino = vol.lookup(&Cred::ROOT, d, &n).ok().map(|a| a.ino);
                 match rng.below(20) {
                     0..=2 => {
-                        let _ = vol.create(d, &n, 0o644, o, 0);
+                        let _ = vol.create(&Cred::ROOT, d, &n, 0o644, 0);
                     }
                     3..=8 => {
                         if let Some(ino) = ino {
                             let off = rng.below(MAX_FILE as usize) as u64 & !7;
                             let len = (1 + rng.below(12000) as u64).min(MAX_FILE - off);
-                            let _ = vol.write(ino, off, &bytes(ino, tid, seq, off, len));
+                            let _ =
+                                vol.write(&Cred::ROOT, ino, off, &bytes(ino, tid, seq, off, len));
                         }
                     }
                     9 => {
                         if let Some(ino) = ino {
-                            let _ = vol.truncate(ino, rng.below(MAX_FILE as usize) as u64);
+                            let _ =
+                                vol.truncate(&Cred::ROOT, ino, rng.below(MAX_FILE as usize) as u64);
                         }
                     }
                     10..=11 => {
@@ -257,22 +259,27 @@ fn threads_against_a_model_in_commit_order() {
                             },
                             _ => RenameFlags::default(),
                         };
-                        let _ = vol.rename(d, &n, d2, &n2, flags);
+                        let _ = vol.rename(&Cred::ROOT, d, &n, d2, &n2, flags);
                     }
                     12 => {
                         if let Some(ino) = ino {
                             let d2 = dirs[rng.below(2)];
-                            let _ = vol.link(ino, d2, &name(rng.below(NAMES as usize) as u64));
+                            let _ = vol.link(
+                                &Cred::ROOT,
+                                ino,
+                                d2,
+                                &name(rng.below(NAMES as usize) as u64),
+                            );
                         }
                     }
                     13 => {
-                        let _ = vol.unlink(d, &n);
+                        let _ = vol.unlink(&Cred::ROOT, d, &n);
                     }
                     14 => {
                         // Hold a reference across the unlink of the last name.
                         if let Some(ino) = ino {
                             if vol.open_handle(ino).is_ok() {
-                                let _ = vol.unlink(d, &n);
+                                let _ = vol.unlink(&Cred::ROOT, d, &n);
                                 let mut buf = vec![0u8; 64];
                                 let _ = vol.read(ino, 0, &mut buf);
                                 vol.release_handle(ino).unwrap();
@@ -281,7 +288,7 @@ fn threads_against_a_model_in_commit_order() {
                     }
                     15..=16 => {
                         let a = pos(&trace);
-                        let found = vol.lookup(d, &n).ok().map(|a| a.ino);
+                        let found = vol.lookup(&Cred::ROOT, d, &n).ok().map(|a| a.ino);
                         let b = pos(&trace);
                         seen.lock().unwrap().push((
                             a,

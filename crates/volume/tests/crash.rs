@@ -250,6 +250,7 @@ fn checkpoint_and_log_wrap_under_crash() {
     let mkfs = MkfsOptions {
         inodes: Some(64),
         log_bytes: Some(16 << 10),
+        ..Default::default()
     };
     let mut ops = Vec::new();
     for i in 0..24u32 {

@@ -9,8 +9,6 @@ use std::time::{Duration, Instant};
 use zcfs_volume::fsck::{check_volume, fsck_path};
 use zcfs_volume::*;
 
-const O: Owner = Owner { uid: 0, gid: 0 };
-
 fn clean(vol: &Volume) {
     let r = check_volume(vol);
     assert!(r.is_clean(), "fsck: {:?}", r.problems);
@@ -29,11 +27,21 @@ fn scratch(name: &str) -> std::path::PathBuf {
 fn d1_a_write_larger_than_the_log_succeeds_and_nothing_leaks() {
     let vol = memory_volume_with(64 << 20, &small_mkfs(), VolumeConfig::synchronous());
     assert_eq!(vol.geometry().ring_len(), 32 << 10);
-    let a = vol.create(ROOT_INO, b"a", 0o644, O, 0).unwrap().ino;
-    assert_eq!(vol.write(a, 0, &vec![0xAA; 12 << 20]).unwrap(), 12 << 20);
-    let b = vol.create(ROOT_INO, b"b", 0o644, O, 0).unwrap().ino;
+    let a = vol
+        .create(&Cred::ROOT, ROOT_INO, b"a", 0o644, 0)
+        .unwrap()
+        .ino;
+    assert_eq!(
+        vol.write(&Cred::ROOT, a, 0, &vec![0xAA; 12 << 20]).unwrap(),
+        12 << 20
+    );
+    let b = vol
+        .create(&Cred::ROOT, ROOT_INO, b"b", 0o644, 0)
+        .unwrap()
+        .ino;
     for i in 0..12u64 {
-        vol.write(b, i << 20, &vec![0xBB; 1 << 20]).unwrap();
+        vol.write(&Cred::ROOT, b, i << 20, &vec![0xBB; 1 << 20])
+            .unwrap();
     }
     let mut buf = vec![0u8; 12 << 20];
     assert_eq!(vol.read(a, 0, &mut buf).unwrap(), 12 << 20);
@@ -56,20 +64,31 @@ fn d1_a_write_larger_than_the_log_succeeds_and_nothing_leaks() {
 #[test]
 fn d1_a_failed_write_changes_nothing_and_leaks_nothing() {
     let vol = memory_volume_with(8 << 20, &small_mkfs(), VolumeConfig::synchronous());
-    let a = vol.create(ROOT_INO, b"a", 0o644, O, 0).unwrap().ino;
-    vol.write(a, 0, b"keep me").unwrap();
+    let a = vol
+        .create(&Cred::ROOT, ROOT_INO, b"a", 0o644, 0)
+        .unwrap()
+        .ino;
+    vol.write(&Cred::ROOT, a, 0, b"keep me").unwrap();
     // Fill the volume but for 3 blocks: a 1-block write at 1 TiB needs 1 data block
     // and 5 map nodes.
-    let filler = vol.create(ROOT_INO, b"filler", 0o644, O, 0).unwrap().ino;
+    let filler = vol
+        .create(&Cred::ROOT, ROOT_INO, b"filler", 0o644, 0)
+        .unwrap()
+        .ino;
     let free = vol.statfs().bfree;
     let keep = 3u64;
-    vol.write(filler, 0, &vec![7u8; ((free - keep - 2) * 4096) as usize])
-        .unwrap();
+    vol.write(
+        &Cred::ROOT,
+        filler,
+        0,
+        &vec![7u8; ((free - keep - 2) * 4096) as usize],
+    )
+    .unwrap();
     vol.checkpoint_now().unwrap();
     let before = dump_volume(&vol).unwrap();
     let bfree = vol.statfs().bfree;
     assert!(bfree <= keep + 2, "{bfree}");
-    let r = vol.write(a, 1 << 40, &[0xEE; 100]);
+    let r = vol.write(&Cred::ROOT, a, 1 << 40, &[0xEE; 100]);
     assert!(matches!(r, Err(FsError::NoSpace)), "{r:?}");
     assert_eq!(
         dump_volume(&vol).unwrap(),
@@ -79,20 +98,28 @@ fn d1_a_failed_write_changes_nothing_and_leaks_nothing() {
     assert_eq!(vol.statfs().bfree, bfree, "a failed write leaked blocks");
     assert_eq!(vol.getattr(a).unwrap().size, 7);
     // Truncate that needs a new last block, with no block left: fails, changes nothing.
-    vol.write(filler, 0, &vec![1u8; (vol.statfs().bfree * 4096) as usize])
-        .unwrap_or(0);
+    vol.write(
+        &Cred::ROOT,
+        filler,
+        0,
+        &vec![1u8; (vol.statfs().bfree * 4096) as usize],
+    )
+    .unwrap_or(0);
     let before = dump_volume(&vol).unwrap();
     let bfree = vol.statfs().bfree;
     if bfree == 0 {
-        let r = vol.truncate(filler, 4096 + 100);
+        let r = vol.truncate(&Cred::ROOT, filler, 4096 + 100);
         assert!(matches!(r, Err(FsError::NoSpace)), "{r:?}");
         assert_eq!(dump_volume(&vol).unwrap(), before);
         assert_eq!(vol.statfs().bfree, bfree);
     }
     // Freeing the filler and writing a new file shows no byte of the failed writes.
-    vol.unlink(ROOT_INO, b"filler").unwrap();
-    let c = vol.create(ROOT_INO, b"c", 0o644, O, 0).unwrap().ino;
-    vol.write(c, 0, &vec![0x11; 1 << 20]).unwrap();
+    vol.unlink(&Cred::ROOT, ROOT_INO, b"filler").unwrap();
+    let c = vol
+        .create(&Cred::ROOT, ROOT_INO, b"c", 0o644, 0)
+        .unwrap()
+        .ino;
+    vol.write(&Cred::ROOT, c, 0, &vec![0x11; 1 << 20]).unwrap();
     let mut buf = vec![0u8; 1 << 20];
     vol.read(c, 0, &mut buf).unwrap();
     assert!(buf.iter().all(|&x| x == 0x11));
@@ -106,12 +133,15 @@ fn d1_a_failed_write_changes_nothing_and_leaks_nothing() {
 #[test]
 fn d2_concurrent_partial_writes_to_one_block_keep_every_byte() {
     let vol = memory_volume(8 << 20, VolumeConfig::synchronous());
-    let f = vol.create(ROOT_INO, b"f", 0o644, O, 0).unwrap().ino;
-    vol.write(f, 0, &[0x11; 4096]).unwrap();
-    let mut r = vol.reserve_write(f, 0, 100).unwrap();
-    vol.write(f, 200, &[0x22; 10]).unwrap();
+    let f = vol
+        .create(&Cred::ROOT, ROOT_INO, b"f", 0o644, 0)
+        .unwrap()
+        .ino;
+    vol.write(&Cred::ROOT, f, 0, &[0x11; 4096]).unwrap();
+    let mut r = vol.reserve_write(&Cred::ROOT, f, 0, 100).unwrap();
+    vol.write(&Cred::ROOT, f, 200, &[0x22; 10]).unwrap();
     vol.checkpoint_now().unwrap();
-    vol.write(f, 300, &[0x33; 10]).unwrap();
+    vol.write(&Cred::ROOT, f, 300, &[0x33; 10]).unwrap();
     r.fill_from(&[0x44; 100]);
     r.commit().unwrap();
     let mut buf = [0u8; 4096];
@@ -141,26 +171,33 @@ fn d3_truncate_and_unlink_of_a_large_sparse_file_recover_whole() {
         &MkfsOptions {
             inodes: Some(64),
             log_bytes: Some(16 << 10),
+            ..Default::default()
         },
         VolumeConfig::synchronous(),
     );
-    let f = vol.create(ROOT_INO, b"sparse", 0o644, O, 0).unwrap().ino;
-    let g = vol.create(ROOT_INO, b"other", 0o644, O, 0).unwrap().ino;
+    let f = vol
+        .create(&Cred::ROOT, ROOT_INO, b"sparse", 0o644, 0)
+        .unwrap()
+        .ino;
+    let g = vol
+        .create(&Cred::ROOT, ROOT_INO, b"other", 0o644, 0)
+        .unwrap()
+        .ino;
     // One block in each of 2,000 leaves: the old truncate wrote 2,000+ records.
     for leaf in 0..2000u64 {
-        vol.write(f, leaf * 512 * 4096, &leaf.to_le_bytes())
+        vol.write(&Cred::ROOT, f, leaf * 512 * 4096, &leaf.to_le_bytes())
             .unwrap();
-        vol.write(g, leaf * 512 * 4096, &leaf.to_le_bytes())
+        vol.write(&Cred::ROOT, g, leaf * 512 * 4096, &leaf.to_le_bytes())
             .unwrap();
     }
-    vol.truncate(f, 4096 * 3).unwrap();
-    vol.unlink(ROOT_INO, b"other").unwrap();
+    vol.truncate(&Cred::ROOT, f, 4096 * 3).unwrap();
+    vol.unlink(&Cred::ROOT, ROOT_INO, b"other").unwrap();
     let img = image_of(&vol);
     vol.abandon();
     let again = Volume::open_region(Region::from_image(&img), VolumeConfig::synchronous()).unwrap();
     assert_eq!(again.getattr(f).unwrap().size, 4096 * 3);
     assert!(matches!(
-        again.lookup(ROOT_INO, b"other"),
+        again.lookup(&Cred::ROOT, ROOT_INO, b"other"),
         Err(FsError::NotFound)
     ));
     let mut buf = [0u8; 8];
@@ -179,8 +216,11 @@ fn d4_a_second_opener_is_refused_naming_the_holder() {
     let path = scratch("second-opener");
     Volume::mkfs(&path, 16 << 20, &small_mkfs()).unwrap();
     let vol = Volume::open(&path, VolumeConfig::synchronous()).unwrap();
-    let f = vol.create(ROOT_INO, b"f", 0o644, O, 0).unwrap().ino;
-    vol.write(f, 0, b"mine").unwrap();
+    let f = vol
+        .create(&Cred::ROOT, ROOT_INO, b"f", 0o644, 0)
+        .unwrap()
+        .ino;
+    vol.write(&Cred::ROOT, f, 0, b"mine").unwrap();
     let pid = std::process::id().to_string();
     let busy = |r: Result<std::sync::Arc<Volume>>| match r {
         Err(FsError::Busy(m)) => m,
@@ -229,9 +269,12 @@ fn d4_a_second_opener_is_refused_naming_the_holder() {
 #[test]
 fn d5_a_stalled_reader_blocks_nobody_and_its_blocks_stay_intact() {
     let vol = memory_volume(16 << 20, VolumeConfig::synchronous());
-    let f = vol.create(ROOT_INO, b"f", 0o644, O, 0).unwrap().ino;
+    let f = vol
+        .create(&Cred::ROOT, ROOT_INO, b"f", 0o644, 0)
+        .unwrap()
+        .ino;
     let base = vol.statfs().bfree;
-    vol.write(f, 0, &vec![0x5A; 1 << 20]).unwrap();
+    vol.write(&Cred::ROOT, f, 0, &vec![0x5A; 1 << 20]).unwrap();
     let (entered_tx, entered_rx) = mpsc::channel();
     let (go_tx, go_rx) = mpsc::channel::<()>();
     let v = vol.clone();
@@ -247,14 +290,14 @@ fn d5_a_stalled_reader_blocks_nobody_and_its_blocks_stay_intact() {
     // Meanwhile: the file is cut and rewritten, checkpoints run, other files are
     // written with new data that would reuse the freed blocks.
     let t = Instant::now();
-    vol.truncate(f, 0).unwrap();
+    vol.truncate(&Cred::ROOT, f, 0).unwrap();
     vol.checkpoint_now().unwrap();
     for i in 0..8 {
         let g = vol
-            .create(ROOT_INO, format!("g{i}").as_bytes(), 0o644, O, 0)
+            .create(&Cred::ROOT, ROOT_INO, format!("g{i}").as_bytes(), 0o644, 0)
             .unwrap()
             .ino;
-        vol.write(g, 0, &vec![0xC3; 1 << 20]).unwrap();
+        vol.write(&Cred::ROOT, g, 0, &vec![0xC3; 1 << 20]).unwrap();
         vol.checkpoint_now().unwrap();
     }
     vol.getattr(f).unwrap();
@@ -266,7 +309,8 @@ fn d5_a_stalled_reader_blocks_nobody_and_its_blocks_stay_intact() {
     assert!(reader.join().unwrap(), "a pinned block was overwritten");
     // Once the reader is done, every block comes back.
     for i in 0..8 {
-        vol.unlink(ROOT_INO, format!("g{i}").as_bytes()).unwrap();
+        vol.unlink(&Cred::ROOT, ROOT_INO, format!("g{i}").as_bytes())
+            .unwrap();
     }
     vol.checkpoint_now().unwrap();
     assert_eq!(vol.statfs().bfree, base, "blocks leaked");
@@ -279,11 +323,14 @@ fn d5_a_stalled_reader_blocks_nobody_and_its_blocks_stay_intact() {
 #[test]
 fn d6_a_referenced_inode_replaced_by_rename_lives_until_forgotten() {
     let vol = memory_volume(8 << 20, VolumeConfig::synchronous());
-    let old = vol.create_held(ROOT_INO, b"target", 0o644, O, 0).unwrap();
-    vol.write(old.ino, 0, b"old").unwrap();
-    let tmp = vol.create(ROOT_INO, b"tmp", 0o644, O, 0).unwrap();
-    vol.write(tmp.ino, 0, b"new").unwrap();
+    let old = vol
+        .create_held(&Cred::ROOT, ROOT_INO, b"target", 0o644, 0)
+        .unwrap();
+    vol.write(&Cred::ROOT, old.ino, 0, b"old").unwrap();
+    let tmp = vol.create(&Cred::ROOT, ROOT_INO, b"tmp", 0o644, 0).unwrap();
+    vol.write(&Cred::ROOT, tmp.ino, 0, b"new").unwrap();
     vol.rename(
+        &Cred::ROOT,
         ROOT_INO,
         b"tmp",
         ROOT_INO,
@@ -307,16 +354,26 @@ fn d6_a_referenced_inode_replaced_by_rename_lives_until_forgotten() {
     vol.forget(old.ino, 1).unwrap();
     assert!(matches!(vol.getattr(old.ino), Err(FsError::Stale)));
     // A directory replaced while referenced lives on too (empty, link count 0).
-    let d1 = vol.mkdir(ROOT_INO, b"d1", 0o755, O).unwrap();
-    let d2 = vol.mkdir_held(ROOT_INO, b"d2", 0o755, O).unwrap();
-    vol.rename(ROOT_INO, b"d1", ROOT_INO, b"d2", RenameFlags::default())
-        .unwrap();
+    let d1 = vol.mkdir(&Cred::ROOT, ROOT_INO, b"d1", 0o755).unwrap();
+    let d2 = vol.mkdir_held(&Cred::ROOT, ROOT_INO, b"d2", 0o755).unwrap();
+    vol.rename(
+        &Cred::ROOT,
+        ROOT_INO,
+        b"d1",
+        ROOT_INO,
+        b"d2",
+        RenameFlags::default(),
+    )
+    .unwrap();
     assert_eq!(vol.getattr(d2.ino).unwrap().nlink, 0);
     assert!(matches!(
-        vol.create(d2.ino, b"x", 0o644, O, 0),
+        vol.create(&Cred::ROOT, d2.ino, b"x", 0o644, 0),
         Err(FsError::NotFound)
     ));
-    assert_eq!(vol.lookup(ROOT_INO, b"d2").unwrap().ino, d1.ino);
+    assert_eq!(
+        vol.lookup(&Cred::ROOT, ROOT_INO, b"d2").unwrap().ino,
+        d1.ino
+    );
     clean(&vol);
     vol.forget(d2.ino, 1).unwrap();
     assert!(matches!(vol.getattr(d2.ino), Err(FsError::Stale)));
@@ -331,15 +388,18 @@ fn d11_a_persistence_failure_is_eio_and_turns_the_volume_read_only() {
     let path = scratch("persist-fail");
     Volume::mkfs(&path, 16 << 20, &small_mkfs()).unwrap();
     let vol = Volume::open(&path, VolumeConfig::synchronous()).unwrap();
-    let f = vol.create(ROOT_INO, b"f", 0o644, O, 0).unwrap().ino;
-    vol.write(f, 0, b"durable").unwrap();
+    let f = vol
+        .create(&Cred::ROOT, ROOT_INO, b"f", 0o644, 0)
+        .unwrap()
+        .ino;
+    vol.write(&Cred::ROOT, f, 0, b"durable").unwrap();
     vol.test_door().inject_fence_failure(1);
-    let r = vol.write(f, 0, b"lost?");
+    let r = vol.write(&Cred::ROOT, f, 0, b"lost?");
     assert_eq!(r.map_err(|e| e.errno()), Err(libc::EIO));
     assert!(vol.has_failed() && vol.info().failed);
     assert_eq!(vol.fsync(f).map_err(|e| e.errno()), Err(libc::EIO));
     assert_eq!(
-        vol.create(ROOT_INO, b"g", 0o644, O, 0)
+        vol.create(&Cred::ROOT, ROOT_INO, b"g", 0o644, 0)
             .map_err(|e| e.errno()),
         Err(libc::EROFS)
     );
@@ -394,20 +454,25 @@ fn links_stop_at_max_links() {
         &MkfsOptions {
             inodes: Some(64),
             log_bytes: Some(1 << 20),
+            ..Default::default()
         },
         VolumeConfig::default(),
     );
-    let f = vol.create(ROOT_INO, b"f", 0o644, O, 0).unwrap().ino;
+    let f = vol
+        .create(&Cred::ROOT, ROOT_INO, b"f", 0o644, 0)
+        .unwrap()
+        .ino;
     for i in 1..MAX_LINKS {
-        vol.link(f, ROOT_INO, format!("l{i}").as_bytes()).unwrap();
+        vol.link(&Cred::ROOT, f, ROOT_INO, format!("l{i}").as_bytes())
+            .unwrap();
     }
     assert_eq!(vol.getattr(f).unwrap().nlink, MAX_LINKS);
     assert!(matches!(
-        vol.link(f, ROOT_INO, b"one-more"),
+        vol.link(&Cred::ROOT, f, ROOT_INO, b"one-more"),
         Err(FsError::TooManyLinks)
     ));
     assert!(matches!(
-        vol.lookup(ROOT_INO, b"one-more"),
+        vol.lookup(&Cred::ROOT, ROOT_INO, b"one-more"),
         Err(FsError::NotFound)
     ));
     clean(&vol);
@@ -417,12 +482,17 @@ fn links_stop_at_max_links() {
 #[test]
 fn reservation_limit_is_enforced_at_its_bound() {
     let vol = memory_volume(MAX_RESERVATION + (8 << 20), VolumeConfig::default());
-    let f = vol.create(ROOT_INO, b"f", 0o644, O, 0).unwrap().ino;
+    let f = vol
+        .create(&Cred::ROOT, ROOT_INO, b"f", 0o644, 0)
+        .unwrap()
+        .ino;
     assert!(matches!(
-        vol.reserve_write(f, 0, MAX_RESERVATION + 1),
+        vol.reserve_write(&Cred::ROOT, f, 0, MAX_RESERVATION + 1),
         Err(FsError::Invalid(_))
     ));
-    let mut r = vol.reserve_write(f, 0, MAX_RESERVATION).unwrap();
+    let mut r = vol
+        .reserve_write(&Cred::ROOT, f, 0, MAX_RESERVATION)
+        .unwrap();
     r.fill_from(&vec![3u8; MAX_RESERVATION]);
     assert_eq!(r.commit().unwrap(), MAX_RESERVATION);
     clean(&vol);
@@ -433,8 +503,11 @@ fn reservation_limit_is_enforced_at_its_bound() {
 #[test]
 fn a_large_write_is_whole_to_concurrent_readers() {
     let vol = memory_volume_with(64 << 20, &small_mkfs(), VolumeConfig::default());
-    let f = vol.create(ROOT_INO, b"f", 0o644, O, 0).unwrap().ino;
-    vol.write(f, 0, &vec![1u8; 8 << 20]).unwrap();
+    let f = vol
+        .create(&Cred::ROOT, ROOT_INO, b"f", 0o644, 0)
+        .unwrap()
+        .ino;
+    vol.write(&Cred::ROOT, f, 0, &vec![1u8; 8 << 20]).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let (v, s) = (vol.clone(), stop.clone());
     let reader = std::thread::spawn(move || {
@@ -449,7 +522,7 @@ fn a_large_write_is_whole_to_concurrent_readers() {
         mixed
     });
     for round in 2..12u8 {
-        vol.write(f, 0, &vec![round; 8 << 20]).unwrap();
+        vol.write(&Cred::ROOT, f, 0, &vec![round; 8 << 20]).unwrap();
     }
     stop.store(true, Ordering::Relaxed);
     assert_eq!(reader.join().unwrap(), 0, "a reader saw a write half done");
@@ -463,9 +536,15 @@ fn a_large_write_is_whole_to_concurrent_readers() {
 #[test]
 fn d5_a_stalled_reader_pins_only_its_own_blocks() {
     let vol = memory_volume(16 << 20, VolumeConfig::synchronous());
-    let a = vol.create(ROOT_INO, b"a", 0o644, O, 0).unwrap().ino;
-    vol.write(a, 0, &vec![0xA1; 1 << 20]).unwrap();
-    let b = vol.create(ROOT_INO, b"b", 0o644, O, 0).unwrap().ino;
+    let a = vol
+        .create(&Cred::ROOT, ROOT_INO, b"a", 0o644, 0)
+        .unwrap()
+        .ino;
+    vol.write(&Cred::ROOT, a, 0, &vec![0xA1; 1 << 20]).unwrap();
+    let b = vol
+        .create(&Cred::ROOT, ROOT_INO, b"b", 0o644, 0)
+        .unwrap()
+        .ino;
     let (entered_tx, entered_rx) = mpsc::channel();
     let (go_tx, go_rx) = mpsc::channel::<()>();
     let v = vol.clone();
@@ -480,7 +559,7 @@ fn d5_a_stalled_reader_pins_only_its_own_blocks() {
     entered_rx.recv().unwrap();
     // Rewrite 4 MiB forty times: 160 MiB through a 16 MiB volume.
     for round in 0..40u8 {
-        vol.write(b, 0, &vec![round; 4 << 20]).unwrap();
+        vol.write(&Cred::ROOT, b, 0, &vec![round; 4 << 20]).unwrap();
     }
     go_tx.send(()).unwrap();
     assert!(reader.join().unwrap());

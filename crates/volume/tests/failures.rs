@@ -85,6 +85,7 @@ fn prepared_image() -> (Vec<u8>, Model) {
     let mkfs = MkfsOptions {
         inodes: Some(512),
         log_bytes: Some(64 << 10),
+        ..Default::default()
     };
     let vol = memory_volume_with(32 << 20, &mkfs, VolumeConfig::synchronous());
     let mut model = Model::new();
@@ -163,16 +164,19 @@ fn a_full_volume_and_a_full_inode_table_fail_cleanly() {
     let mkfs = MkfsOptions {
         inodes: Some(160),
         log_bytes: Some(16 << 10),
+        ..Default::default()
     };
     let vol = memory_volume_with(4 << 20, &mkfs, VolumeConfig::synchronous());
     let mut model = Model::new();
     for op in setup() {
         assert_eq!(apply_volume(&vol, &op), model.apply(&op), "setup {op:?}");
     }
-    let o = Owner::default();
-    let big = vol.create(ROOT_INO, b"big", 0o644, o, 0).unwrap().ino;
+    let big = vol
+        .create(&Cred::ROOT, ROOT_INO, b"big", 0o644, 0)
+        .unwrap()
+        .ino;
     let mut at = 0u64;
-    while vol.write(big, at, &[0xF0; 4096]).is_ok() {
+    while vol.write(&Cred::ROOT, big, at, &[0xF0; 4096]).is_ok() {
         at += 4096;
     }
     vol.checkpoint_now().unwrap();
@@ -204,17 +208,17 @@ fn a_full_volume_and_a_full_inode_table_fail_cleanly() {
     let v = memory_volume_with(4 << 20, &mkfs, VolumeConfig::default());
     let mut i = 0;
     while v.statfs().ffree > 0 {
-        v.create(ROOT_INO, format!("i{i}").as_bytes(), 0o644, o, 0)
+        v.create(&Cred::ROOT, ROOT_INO, format!("i{i}").as_bytes(), 0o644, 0)
             .unwrap();
         i += 1;
     }
     let before = snapshot(&v);
     assert!(matches!(
-        v.create(ROOT_INO, b"one-more", 0o644, o, 0),
+        v.create(&Cred::ROOT, ROOT_INO, b"one-more", 0o644, 0),
         Err(FsError::NoInodes)
     ));
     assert!(matches!(
-        v.mkdir(ROOT_INO, b"one-more", 0o755, o),
+        v.mkdir(&Cred::ROOT, ROOT_INO, b"one-more", 0o755),
         Err(FsError::NoInodes)
     ));
     assert_eq!(snapshot(&v), before);
@@ -227,10 +231,13 @@ fn a_pflush_larger_than_the_log_is_refused_before_anything_changes() {
     let mkfs = MkfsOptions {
         inodes: Some(64),
         log_bytes: Some(16 << 10),
+        ..Default::default()
     };
     let vol = memory_volume_with(32 << 20, &mkfs, VolumeConfig::synchronous());
-    let o = Owner::default();
-    let f = vol.create(ROOT_INO, b"f", 0o644, o, 0).unwrap().ino;
+    let f = vol
+        .create(&Cred::ROOT, ROOT_INO, b"f", 0o644, 0)
+        .unwrap()
+        .ino;
     let before = snapshot(&vol);
     let mut t = PflushTxn::default();
     // 2,000 pages: 16 KB of pointers, more than half the 16 KiB ring.

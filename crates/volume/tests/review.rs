@@ -10,8 +10,6 @@ use zcfs_volume::fsck::{check_volume, fsck_region};
 use zcfs_volume::layout::*;
 use zcfs_volume::*;
 
-const O: Owner = Owner { uid: 0, gid: 0 };
-
 fn problems(vol: &Volume) -> Vec<String> {
     check_volume(vol).problems
 }
@@ -36,21 +34,26 @@ fn remount(vol: &Arc<Volume>) -> Result<Arc<Volume>> {
 #[test]
 fn a_directory_with_emptied_trailing_blocks_survives_a_remount() {
     let vol = memory_volume(16 << 20, VolumeConfig::synchronous());
-    let d = vol.mkdir(ROOT_INO, b"d", 0o755, O).unwrap().ino;
-    let f = vol.create(ROOT_INO, b"f", 0o644, O, 0).unwrap().ino;
+    let d = vol.mkdir(&Cred::ROOT, ROOT_INO, b"d", 0o755).unwrap().ino;
+    let f = vol
+        .create(&Cred::ROOT, ROOT_INO, b"f", 0o644, 0)
+        .unwrap()
+        .ino;
     // 3 blocks of one-unit entries (128 per block), as hard links (no inodes needed).
     for i in 0..3 * 128 {
-        vol.link(f, d, format!("n{i:04}").as_bytes()).unwrap();
+        vol.link(&Cred::ROOT, f, d, format!("n{i:04}").as_bytes())
+            .unwrap();
     }
     assert_eq!(vol.getattr(d).unwrap().size, 3 * 4096);
     // Empty blocks 1 and 2.
     for i in 128..3 * 128 {
-        vol.unlink(d, format!("n{i:04}").as_bytes()).unwrap();
+        vol.unlink(&Cred::ROOT, d, format!("n{i:04}").as_bytes())
+            .unwrap();
     }
     assert!(problems(&vol).is_empty());
     let vol = remount(&vol).unwrap();
     // Block 0 is full: this entry needs a block.
-    vol.link(f, d, b"new").unwrap();
+    vol.link(&Cred::ROOT, f, d, b"new").unwrap();
     let mut errs = Vec::new();
     let size = vol.getattr(d).unwrap().size;
     if size != 3 * 4096 {
@@ -83,8 +86,11 @@ fn a_directory_with_emptied_trailing_blocks_survives_a_remount() {
 #[test]
 fn pflush_below_eof_keeps_bytes_past_eof_zero() {
     let vol = memory_volume(8 << 20, VolumeConfig::synchronous());
-    let f = vol.create(ROOT_INO, b"f", 0o644, O, 0).unwrap().ino;
-    vol.write(f, 0, &[b'a'; 100]).unwrap();
+    let f = vol
+        .create(&Cred::ROOT, ROOT_INO, b"f", 0o644, 0)
+        .unwrap()
+        .ino;
+    vol.write(&Cred::ROOT, f, 0, &[b'a'; 100]).unwrap();
     let mut pages = vol.reserve_pages(1).unwrap();
     pages.page_mut(0).fill(0xFF);
     let mut t = PflushTxn::default();
@@ -92,7 +98,7 @@ fn pflush_below_eof_keeps_bytes_past_eof_zero() {
     vol.pflush_commit(t).unwrap();
     assert_eq!(vol.getattr(f).unwrap().size, 100);
     let p = problems(&vol);
-    vol.truncate(f, 4096).unwrap();
+    vol.truncate(&Cred::ROOT, f, 4096).unwrap();
     let mut buf = vec![0u8; 4096];
     vol.read(f, 0, &mut buf).unwrap();
     let exposed = buf[100..].iter().filter(|&&b| b != 0).count();
@@ -140,8 +146,11 @@ fn drop_root_entry(img: &mut [u8], geo: &Geometry, ino: u64) {
 #[test]
 fn fsck_repair_leaves_inodes_sharing_a_block_alone() {
     let vol = memory_volume(8 << 20, VolumeConfig::synchronous());
-    let f = vol.create(ROOT_INO, b"o", 0o644, O, 0).unwrap().ino;
-    vol.write(f, 0, &[7u8; 8192]).unwrap();
+    let f = vol
+        .create(&Cred::ROOT, ROOT_INO, b"o", 0o644, 0)
+        .unwrap()
+        .ino;
+    vol.write(&Cred::ROOT, f, 0, &[7u8; 8192]).unwrap();
     vol.checkpoint_now().unwrap();
     let geo = vol.geometry();
     let mut img = image_of(&vol);
@@ -171,8 +180,11 @@ fn fsck_repair_leaves_inodes_sharing_a_block_alone() {
 #[test]
 fn a_named_inode_with_link_count_zero_is_reported_not_reaped() {
     let vol = memory_volume(8 << 20, VolumeConfig::synchronous());
-    let f = vol.create(ROOT_INO, b"f", 0o644, O, 0).unwrap().ino;
-    vol.write(f, 0, b"precious").unwrap();
+    let f = vol
+        .create(&Cred::ROOT, ROOT_INO, b"f", 0o644, 0)
+        .unwrap()
+        .ino;
+    vol.write(&Cred::ROOT, f, 0, b"precious").unwrap();
     vol.checkpoint_now().unwrap();
     let geo = vol.geometry();
     let mut img = image_of(&vol);
@@ -186,7 +198,7 @@ fn a_named_inode_with_link_count_zero_is_reported_not_reaped() {
         }
     };
     let mut errs = Vec::new();
-    match vol.lookup(ROOT_INO, b"f") {
+    match vol.lookup(&Cred::ROOT, ROOT_INO, b"f") {
         Ok(_) => {}
         Err(e) => errs.push(format!("lookup of a named file: {e} (data freed)")),
     }
@@ -208,11 +220,17 @@ fn a_named_inode_with_link_count_zero_is_reported_not_reaped() {
 #[test]
 fn reserved_pages_come_zeroed() {
     let vol = memory_volume(8 << 20, VolumeConfig::synchronous());
-    let secret = vol.create(ROOT_INO, b"secret", 0o600, O, 0).unwrap().ino;
-    vol.write(secret, 0, &[0xAB; 4096]).unwrap();
-    vol.unlink(ROOT_INO, b"secret").unwrap();
+    let secret = vol
+        .create(&Cred::ROOT, ROOT_INO, b"secret", 0o600, 0)
+        .unwrap()
+        .ino;
+    vol.write(&Cred::ROOT, secret, 0, &[0xAB; 4096]).unwrap();
+    vol.unlink(&Cred::ROOT, ROOT_INO, b"secret").unwrap();
     vol.checkpoint_now().unwrap();
-    let f = vol.create(ROOT_INO, b"f", 0o644, O, 0).unwrap().ino;
+    let f = vol
+        .create(&Cred::ROOT, ROOT_INO, b"f", 0o644, 0)
+        .unwrap()
+        .ino;
     let mut pages = vol.reserve_pages(1).unwrap();
     let stale_before_fill = pages.page_mut(0).iter().filter(|&&b| b == 0xAB).count();
     pages.page_mut(0)[..100].fill(b'x');
@@ -259,7 +277,10 @@ fn a_sync_after_a_persistence_failure_reports_eio() {
         ..VolumeConfig::synchronous()
     };
     let vol = memory_volume(8 << 20, cfg);
-    let f = vol.create(ROOT_INO, b"f", 0o644, O, 0).unwrap().ino;
+    let f = vol
+        .create(&Cred::ROOT, ROOT_INO, b"f", 0o644, 0)
+        .unwrap()
+        .ino;
     let v = vol.clone();
     let fsyncer = std::thread::spawn(move || {
         go_rx.recv().unwrap();
@@ -269,7 +290,7 @@ fn a_sync_after_a_persistence_failure_reports_eio() {
     });
     armed.store(true, Ordering::SeqCst);
     vol.test_door().inject_fence_failure(1);
-    let w = vol.write(f, 0, b"data");
+    let w = vol.write(&Cred::ROOT, f, 0, b"data");
     assert_eq!(w.map_err(|e| e.errno()), Err(libc::EIO));
     assert!(vol.has_failed());
     let tail_at_failure = vol.info().log_tail;
@@ -405,10 +426,13 @@ fn zcopy_to_leaves_no_pin_when_a_mapping_fails() {
     let _ = std::fs::remove_file(&path);
     Volume::mkfs(&path, 16 << 20, &small_mkfs()).unwrap();
     let vol = Volume::open(&path, VolumeConfig::synchronous()).unwrap();
-    let a = vol.create(ROOT_INO, b"a", 0o644, O, 0).unwrap().ino;
+    let a = vol
+        .create(&Cred::ROOT, ROOT_INO, b"a", 0o644, 0)
+        .unwrap()
+        .ino;
     // Two runs: file blocks 0..64 and 65 (a hole between).
-    vol.write(a, 0, &vec![1u8; 64 * 4096]).unwrap();
-    vol.write(a, 65 * 4096, &[2u8; 4096]).unwrap();
+    vol.write(&Cred::ROOT, a, 0, &vec![1u8; 64 * 4096]).unwrap();
+    vol.write(&Cred::ROOT, a, 65 * 4096, &[2u8; 4096]).unwrap();
     let mut failed = None;
     for keep_free in 1..8usize {
         // Use up the process's mappings but `keep_free`.
@@ -454,11 +478,14 @@ fn zcopy_to_leaves_no_pin_when_a_mapping_fails() {
     let (keep_free, err) = failed.expect("never reached a failing mapping");
     eprintln!("zcopy_to failed with {keep_free} mappings left: {err}");
     // Let go of every block, then use all the space the volume reports free.
-    vol.unlink(ROOT_INO, b"a").unwrap();
+    vol.unlink(&Cred::ROOT, ROOT_INO, b"a").unwrap();
     vol.checkpoint_now().unwrap();
     let free = vol.statfs().bfree;
-    let b = vol.create(ROOT_INO, b"b", 0o644, O, 0).unwrap().ino;
-    let r = vol.write(b, 0, &vec![3u8; ((free - 32) * 4096) as usize]);
+    let b = vol
+        .create(&Cred::ROOT, ROOT_INO, b"b", 0o644, 0)
+        .unwrap()
+        .ino;
+    let r = vol.write(&Cred::ROOT, b, 0, &vec![3u8; ((free - 32) * 4096) as usize]);
     drop(vol);
     std::fs::remove_file(&path).unwrap();
     assert!(
@@ -481,12 +508,15 @@ fn zcopy_to_leaves_no_pin_when_a_mapping_fails() {
 #[test]
 fn an_overwrite_larger_than_the_free_space_succeeds() {
     let vol = memory_volume(8 << 20, VolumeConfig::synchronous());
-    let f = vol.create(ROOT_INO, b"f", 0o644, O, 0).unwrap().ino;
+    let f = vol
+        .create(&Cred::ROOT, ROOT_INO, b"f", 0o644, 0)
+        .unwrap()
+        .ino;
     let free = vol.statfs().bfree;
     let n = (free * 2 / 3) as usize; // the file takes 2/3 of the space
-    vol.write(f, 0, &vec![1u8; n * 4096]).unwrap();
+    vol.write(&Cred::ROOT, f, 0, &vec![1u8; n * 4096]).unwrap();
     vol.checkpoint_now().unwrap();
-    let r = vol.write(f, 0, &vec![2u8; n * 4096]);
+    let r = vol.write(&Cred::ROOT, f, 0, &vec![2u8; n * 4096]);
     assert_eq!(
         r.as_ref().map_err(|e| e.to_string()),
         Ok(&(n * 4096)),
@@ -501,8 +531,11 @@ fn an_overwrite_larger_than_the_free_space_succeeds() {
 #[test]
 fn a_root_with_link_count_zero_is_reported_not_reaped() {
     let vol = memory_volume(8 << 20, VolumeConfig::synchronous());
-    let f = vol.create(ROOT_INO, b"f", 0o644, O, 0).unwrap().ino;
-    vol.write(f, 0, b"precious").unwrap();
+    let f = vol
+        .create(&Cred::ROOT, ROOT_INO, b"f", 0o644, 0)
+        .unwrap()
+        .ino;
+    vol.write(&Cred::ROOT, f, 0, b"precious").unwrap();
     vol.checkpoint_now().unwrap();
     let geo = vol.geometry();
     let mut img = image_of(&vol);
@@ -538,11 +571,15 @@ fn a_write_of_one_reservation_is_whole_to_readers() {
         &MkfsOptions {
             inodes: Some(64),
             log_bytes: Some(1 << 20),
+            ..Default::default()
         },
         VolumeConfig::default(),
     );
-    let f = vol.create(ROOT_INO, b"f", 0o644, O, 0).unwrap().ino;
-    vol.write(f, 0, &vec![1u8; len]).unwrap();
+    let f = vol
+        .create(&Cred::ROOT, ROOT_INO, b"f", 0o644, 0)
+        .unwrap()
+        .ino;
+    vol.write(&Cred::ROOT, f, 0, &vec![1u8; len]).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let (v, s) = (vol.clone(), stop.clone());
     let reader = std::thread::spawn(move || {
@@ -559,7 +596,7 @@ fn a_write_of_one_reservation_is_whole_to_readers() {
         (mixed, reads)
     });
     for round in 2..16u8 {
-        vol.write(f, 0, &vec![round; len]).unwrap();
+        vol.write(&Cred::ROOT, f, 0, &vec![round; len]).unwrap();
     }
     stop.store(true, Ordering::Relaxed);
     let (mixed, reads) = reader.join().unwrap();

@@ -127,10 +127,13 @@ fn sigkill_of_a_writer_leaves_a_recoverable_volume_with_fsynced_data() {
         );
         // Every file up to the last acknowledged fsync is there with its bytes.
         let vol = zcfs_volume::Volume::open(&img, zcfs_volume::VolumeConfig::default()).unwrap();
-        let dir = vol.lookup(zcfs_volume::ROOT_INO, b"selftest").unwrap().ino;
+        let dir = vol
+            .lookup(&zcfs_volume::Cred::ROOT, zcfs_volume::ROOT_INO, b"selftest")
+            .unwrap()
+            .ino;
         for i in 0..=last {
             let a = vol
-                .lookup(dir, format!("f{i:06}").as_bytes())
+                .lookup(&zcfs_volume::Cred::ROOT, dir, format!("f{i:06}").as_bytes())
                 .unwrap_or_else(|e| panic!("round {round}: f{i} missing: {e}"));
             let want = content(i);
             let mut got = vec![0u8; want.len() + 10];

@@ -37,7 +37,13 @@ fn server_sigkill_mid_workload_then_restart() {
                             libc::S_IFREG | 0o644,
                             libc::O_RDWR,
                         )?;
-                        fs.write(f.ino, fh, 0, &vec![(i % 251) as u8; 4096 + i as usize])?;
+                        fs.write(
+                            &ctx(),
+                            f.ino,
+                            fh,
+                            0,
+                            &vec![(i % 251) as u8; 4096 + i as usize],
+                        )?;
                         fs.fsync(f.ino, fh, false)?;
                         fs.release(f.ino, fh)
                     })();
@@ -114,10 +120,10 @@ fn cut_link_gives_a_bounded_error_then_recovers() {
         let (f, fh) = fs
             .create(&ctx(), ROOT, b"f", libc::S_IFREG | 0o644, libc::O_RDWR)
             .unwrap();
-        fs.write(f.ino, fh, 0, b"before").unwrap();
+        fs.write(&ctx(), f.ino, fh, 0, b"before").unwrap();
         net.link(false);
         let t = Instant::now();
-        let e = fs.write(f.ino, fh, 0, b"during").unwrap_err();
+        let e = fs.write(&ctx(), f.ino, fh, 0, b"during").unwrap_err();
         let waited = t.elapsed();
         assert!(waited < timeout * 3, "error took {waited:?}");
         assert!(
@@ -134,7 +140,7 @@ fn cut_link_gives_a_bounded_error_then_recovers() {
         // Reconnects by itself; the handle still works.
         let t = Instant::now();
         loop {
-            match fs.write(f.ino, fh, 0, b"after!") {
+            match fs.write(&ctx(), f.ino, fh, 0, b"after!") {
                 Ok(_) => break,
                 Err(e) => {
                     assert!(t.elapsed() < Duration::from_secs(20), "no recovery: {e}");

@@ -24,7 +24,7 @@ fn full_operation_set_across_veth() {
             .unwrap();
         let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7) as u8).collect();
         assert_eq!(
-            fs.write(f.ino, fh, 12345, &data).unwrap() as usize,
+            fs.write(&ctx(), f.ino, fh, 12345, &data).unwrap() as usize,
             data.len()
         );
         assert_eq!(read_all(&fs, f.ino, fh, 12345, 3_000_000), data);
@@ -43,6 +43,7 @@ fn full_operation_set_across_veth() {
                     mode: Some(0o600),
                     ..Default::default()
                 },
+                0,
             )
             .unwrap();
         assert_eq!((a.size, a.mode & 0o777), (100, 0o600));
@@ -74,19 +75,22 @@ fn full_operation_set_across_veth() {
         // An absent xattr, asked twice (the second answer may come from the client's
         // cache), then set: the cache must not hide the new value.
         assert_eq!(
-            fs.getxattr(f.ino, b"user.k").unwrap_err().errno,
+            fs.getxattr(&ctx(), f.ino, b"user.k").unwrap_err().errno,
             libc::ENODATA
         );
         assert_eq!(
-            fs.getxattr(f.ino, b"user.k").unwrap_err().errno,
+            fs.getxattr(&ctx(), f.ino, b"user.k").unwrap_err().errno,
             libc::ENODATA
         );
-        fs.setxattr(f.ino, b"user.k", b"v", 0).unwrap();
-        assert_eq!(fs.getxattr(f.ino, b"user.k").unwrap(), b"v");
-        assert_eq!(fs.listxattr(f.ino).unwrap(), vec![b"user.k".to_vec()]);
-        fs.removexattr(f.ino, b"user.k").unwrap();
+        fs.setxattr(&ctx(), f.ino, b"user.k", b"v", 0).unwrap();
+        assert_eq!(fs.getxattr(&ctx(), f.ino, b"user.k").unwrap(), b"v");
         assert_eq!(
-            fs.getxattr(f.ino, b"user.k").unwrap_err().errno,
+            fs.listxattr(&ctx(), f.ino).unwrap(),
+            vec![b"user.k".to_vec()]
+        );
+        fs.removexattr(&ctx(), f.ino, b"user.k").unwrap();
+        assert_eq!(
+            fs.getxattr(&ctx(), f.ino, b"user.k").unwrap_err().errno,
             libc::ENODATA
         );
         assert!(fs.statfs().unwrap().bfree > 0);
@@ -139,12 +143,12 @@ fn concurrent_clients_on_one_file_and_many_files() {
                                 libc::O_RDWR,
                             )
                             .unwrap();
-                        fs.write(f.ino, fh, 0, &vec![t ^ i as u8; 1000 + i as usize])
+                        fs.write(&ctx(), f.ino, fh, 0, &vec![t ^ i as u8; 1000 + i as usize])
                             .unwrap();
                         fs.release(f.ino, fh).unwrap();
                         // Each thread owns every 4th 4 KiB block of the shared file.
                         let blk = (i * 4 + t as u32) as u64;
-                        fs.write(shared.ino, 0, blk * 4096 + 100, &[t + 1; 3000])
+                        fs.write(&ctx(), shared.ino, 0, blk * 4096 + 100, &[t + 1; 3000])
                             .unwrap();
                     }
                 });
@@ -221,7 +225,7 @@ fn clients_racing_on_one_file_and_one_directory_agree_afterwards() {
                         let sd = fs.mkdir(&c, d.ino, sub.as_bytes(), 0o755).unwrap();
                         assert_eq!(fs.rmdir(&c, d.ino, sub.as_bytes()).unwrap().ino, sd.ino);
                         let at = 1_000_000 + (t * rounds + i) as u64 * 8;
-                        fs.write(f.ino, 0, at, &[t as u8 + 1; 8]).unwrap();
+                        fs.write(&ctx(), f.ino, 0, at, &[t as u8 + 1; 8]).unwrap();
                     }
                 });
             }

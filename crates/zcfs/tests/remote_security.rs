@@ -160,7 +160,9 @@ fn hostile_peers_and_wrong_secrets_are_dropped() {
         // A write to a directory with its payload: rejected, stream stays in step.
         let fs = srv.client(&net, Duration::from_secs(5));
         assert_eq!(
-            fs.write(ROOT, 0, 0, &[0u8; 70_000]).unwrap_err().errno,
+            fs.write(&ctx(), ROOT, 0, 0, &[0u8; 70_000])
+                .unwrap_err()
+                .errno,
             libc::EISDIR
         );
         fs.mkdir(&ctx(), ROOT, b"still-works", 0o755).unwrap();

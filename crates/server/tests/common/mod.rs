@@ -13,9 +13,10 @@ use zcfs_backend::*;
 use zcfs_client::{ClientConfig, RemoteFs};
 use zcfs_protocol::{Cred, ReqHeader, Request, RespHeader, RESP_HDR};
 use zcfs_server::{Server, ServerConfig, StatsReport};
-use zcfs_volume::{MkfsOptions, Region, Volume, VolumeConfig};
+use zcfs_volume::{MkfsOptions, Region, RootDir, Volume, VolumeConfig};
 
-/// A fresh volume of `size` bytes in anonymous memory, as a Backend.
+/// A fresh volume of `size` bytes in anonymous memory, as a Backend. Its root belongs
+/// to the tests' caller (`ctx()`).
 pub fn memory_fs(size: usize) -> Arc<zcfs_local::LocalFs> {
     let mut region = Region::anonymous(size);
     Volume::mkfs_region(
@@ -23,6 +24,11 @@ pub fn memory_fs(size: usize) -> Arc<zcfs_local::LocalFs> {
         &MkfsOptions {
             inodes: Some(256),
             log_bytes: Some(1 << 20),
+            root: RootDir {
+                uid: 1000,
+                gid: 1000,
+                mode: 0o755,
+            },
         },
     )
     .unwrap();
@@ -204,11 +210,7 @@ impl Raw {
 }
 
 pub fn ctx() -> Ctx {
-    Ctx {
-        uid: 1000,
-        gid: 1000,
-        pid: 1,
-    }
+    Ctx::user(1000, 1000)
 }
 
 pub fn read_all(fs: &dyn Backend, ino: u64, fh: u64, off: u64, len: u32) -> Result<Vec<u8>> {
@@ -321,8 +323,14 @@ impl Backend for Accounting {
     fn getattr(&self, ino: u64) -> Result<Attr> {
         self.inner.getattr(ino)
     }
-    fn setattr(&self, ctx: &Ctx, ino: u64, set: &SetAttr) -> Result<Attr> {
-        self.inner.setattr(ctx, ino, set)
+    fn setattr(&self, ctx: &Ctx, ino: u64, set: &SetAttr, fh: u64) -> Result<Attr> {
+        self.inner.setattr(ctx, ino, set, fh)
+    }
+    fn access(&self, ctx: &Ctx, ino: u64, mask: u32) -> Result<()> {
+        self.inner.access(ctx, ino, mask)
+    }
+    fn opendir(&self, ctx: &Ctx, ino: u64) -> Result<u64> {
+        self.inner.opendir(ctx, ino)
     }
     fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
         self.inner.readlink(ino)
@@ -397,18 +405,19 @@ impl Backend for Accounting {
     ) -> Result<()> {
         self.inner.read(ino, fh, offset, size, sink)
     }
-    fn write(&self, ino: u64, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
-        self.inner.write(ino, fh, offset, data)
+    fn write(&self, ctx: &Ctx, ino: u64, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
+        self.inner.write(ctx, ino, fh, offset, data)
     }
     fn write_with(
         &self,
+        ctx: &Ctx,
         ino: u64,
         fh: u64,
         offset: u64,
         len: u32,
         fill: &mut WriteFill<'_>,
     ) -> Result<u32> {
-        self.inner.write_with(ino, fh, offset, len, fill)
+        self.inner.write_with(ctx, ino, fh, offset, len, fill)
     }
     fn flush(&self, ino: u64, fh: u64) -> Result<()> {
         self.inner.flush(ino, fh)
@@ -441,20 +450,28 @@ impl Backend for Accounting {
     fn statfs(&self) -> Result<StatFs> {
         self.inner.statfs()
     }
-    fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: i32) -> Result<()> {
-        self.inner.setxattr(ino, name, value, flags)
+    fn setxattr(&self, ctx: &Ctx, ino: u64, name: &[u8], value: &[u8], flags: i32) -> Result<()> {
+        self.inner.setxattr(ctx, ino, name, value, flags)
     }
-    fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
-        self.inner.getxattr(ino, name)
+    fn getxattr(&self, ctx: &Ctx, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
+        self.inner.getxattr(ctx, ino, name)
     }
-    fn listxattr(&self, ino: u64) -> Result<Vec<Vec<u8>>> {
-        self.inner.listxattr(ino)
+    fn listxattr(&self, ctx: &Ctx, ino: u64) -> Result<Vec<Vec<u8>>> {
+        self.inner.listxattr(ctx, ino)
     }
-    fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
-        self.inner.removexattr(ino, name)
+    fn removexattr(&self, ctx: &Ctx, ino: u64, name: &[u8]) -> Result<()> {
+        self.inner.removexattr(ctx, ino, name)
     }
-    fn fallocate(&self, ino: u64, fh: u64, offset: u64, len: u64, mode: i32) -> Result<()> {
-        self.inner.fallocate(ino, fh, offset, len, mode)
+    fn fallocate(
+        &self,
+        ctx: &Ctx,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        len: u64,
+        mode: i32,
+    ) -> Result<()> {
+        self.inner.fallocate(ctx, ino, fh, offset, len, mode)
     }
     fn copy_stats(&self) -> CopyStats {
         self.inner.copy_stats()

@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use zcfs_volume::mode::*;
 use zcfs_volume::{
-    FsError, MkfsOptions, Owner, Region, RenameFlags, SetAttr, Volume, VolumeConfig, XattrMode,
-    ROOT_INO,
+    Cred, FsError, MkfsOptions, Region, RenameFlags, SetAttr, SizeRight, Volume, VolumeConfig,
+    XattrMode, ROOT_INO,
 };
 
 pub const ENOENT: i32 = libc::ENOENT;
@@ -360,10 +360,20 @@ impl Model {
                 let n = self.nodes.get_mut(&ino).unwrap();
                 n.uid = *u;
                 n.gid = *g;
+                // Linux (since 6.2) drops both privilege bits of a non-directory on
+                // chown, whoever asks.
+                if n.mode & S_IFMT != S_IFDIR {
+                    n.mode &= !(S_ISGID | 0o4000);
+                }
                 Ok(())
             }
             Step::SetXattr(p, k, v) => {
                 let ino = self.resolve(p)?;
+                // Linux: user.* attributes only on regular files and directories.
+                let symlink = matches!(self.nodes[&ino].kind, Kind::Symlink(_));
+                if symlink && k.starts_with("user.") {
+                    return Err(libc::EPERM);
+                }
                 self.nodes
                     .get_mut(&ino)
                     .unwrap()
@@ -373,6 +383,10 @@ impl Model {
             }
             Step::RemoveXattr(p, k) => {
                 let ino = self.resolve(p)?;
+                let symlink = matches!(self.nodes[&ino].kind, Kind::Symlink(_));
+                if symlink && k.starts_with("user.") {
+                    return Err(libc::EPERM);
+                }
                 self.nodes
                     .get_mut(&ino)
                     .unwrap()
@@ -547,8 +561,8 @@ fn dump_vdir(
 
 fn xattrs_of(vol: &Volume, ino: u64) -> Result<BTreeMap<Vec<u8>, Vec<u8>>, FsError> {
     let mut m = BTreeMap::new();
-    for k in vol.listxattr(ino)? {
-        let v = vol.getxattr(ino, &k)?;
+    for k in vol.listxattr(&Cred::ROOT, ino)? {
+        let v = vol.getxattr(&Cred::ROOT, ino, &k)?;
         m.insert(k, v);
     }
     Ok(m)
@@ -557,7 +571,10 @@ fn xattrs_of(vol: &Volume, ino: u64) -> Result<BTreeMap<Vec<u8>, Vec<u8>>, FsErr
 fn vresolve_dir(vol: &Volume, parts: &[&str]) -> Result<u64, i32> {
     let mut cur = ROOT_INO;
     for p in parts {
-        cur = vol.lookup(cur, p.as_bytes()).map_err(|e| e.errno())?.ino;
+        cur = vol
+            .lookup(&Cred::ROOT, cur, p.as_bytes())
+            .map_err(|e| e.errno())?
+            .ino;
     }
     vol.dir_len(cur).map_err(|e| e.errno())?;
     Ok(cur)
@@ -566,13 +583,15 @@ fn vresolve_dir(vol: &Volume, parts: &[&str]) -> Result<u64, i32> {
 fn vresolve(vol: &Volume, path: &str) -> Result<u64, i32> {
     let (dirs, name) = split(path);
     let d = vresolve_dir(vol, &dirs)?;
-    Ok(vol.lookup(d, name.as_bytes()).map_err(|e| e.errno())?.ino)
+    Ok(vol
+        .lookup(&Cred::ROOT, d, name.as_bytes())
+        .map_err(|e| e.errno())?
+        .ino)
 }
 
 /// Apply a path-level operation to the volume; errors as errno.
 pub fn apply_volume(vol: &Volume, op: &Step) -> Result<(), i32> {
     let e = |e: FsError| e.errno();
-    let owner = Owner { uid: 0, gid: 0 };
     match op {
         Step::Failing(inner, n) => {
             let plan = vol.config().faults.clone().expect("a fault plan");
@@ -588,9 +607,9 @@ pub fn apply_volume(vol: &Volume, op: &Step) -> Result<(), i32> {
             let (dirs, name) = split(p);
             let d = vresolve_dir(vol, &dirs)?;
             match op {
-                Step::Create(_) => vol.create(d, name.as_bytes(), S_IFREG | 0o644, owner, 0),
-                Step::Mkdir(_) => vol.mkdir(d, name.as_bytes(), 0o755, owner),
-                Step::Symlink(_, t) => vol.symlink(d, name.as_bytes(), t.as_bytes(), owner),
+                Step::Create(_) => vol.create(&Cred::ROOT, d, name.as_bytes(), S_IFREG | 0o644, 0),
+                Step::Mkdir(_) => vol.mkdir(&Cred::ROOT, d, name.as_bytes(), 0o755),
+                Step::Symlink(_, t) => vol.symlink(&Cred::ROOT, d, name.as_bytes(), t.as_bytes()),
                 _ => unreachable!(),
             }
             .map(|_| ())
@@ -598,34 +617,45 @@ pub fn apply_volume(vol: &Volume, op: &Step) -> Result<(), i32> {
         }
         Step::Write(p, off, len, seed) => {
             let ino = vresolve(vol, p)?;
-            vol.write(ino, *off, &pattern(*off, *len, *seed))
+            vol.write(&Cred::ROOT, ino, *off, &pattern(*off, *len, *seed))
                 .map(|_| ())
                 .map_err(e)
         }
-        Step::Truncate(p, size) => vol.truncate(vresolve(vol, p)?, *size).map_err(e),
-        Step::PunchHole(p, off, len) => vol.pfree(vresolve(vol, p)?, *off, *len).map_err(e),
+        Step::Truncate(p, size) => vol
+            .truncate(&Cred::ROOT, vresolve(vol, p)?, *size)
+            .map_err(e),
+        Step::PunchHole(p, off, len) => vol
+            .pfree(&Cred::ROOT, vresolve(vol, p)?, *off, *len)
+            .map_err(e),
         Step::Link(from, to) => {
             let ino = vresolve(vol, from)?;
             let (dirs, name) = split(to);
             let d = vresolve_dir(vol, &dirs)?;
-            vol.link(ino, d, name.as_bytes()).map(|_| ()).map_err(e)
+            vol.link(&Cred::ROOT, ino, d, name.as_bytes())
+                .map(|_| ())
+                .map_err(e)
         }
         Step::Unlink(p) | Step::Rmdir(p) => {
             let (dirs, name) = split(p);
             let d = vresolve_dir(vol, &dirs)?;
             if matches!(op, Step::Unlink(_)) {
-                vol.unlink(d, name.as_bytes()).map(|_| ()).map_err(e)
+                vol.unlink(&Cred::ROOT, d, name.as_bytes())
+                    .map(|_| ())
+                    .map_err(e)
             } else {
-                vol.rmdir(d, name.as_bytes()).map(|_| ()).map_err(e)
+                vol.rmdir(&Cred::ROOT, d, name.as_bytes())
+                    .map(|_| ())
+                    .map_err(e)
             }
         }
         Step::Rename(from, to, flags) => {
             let (d1s, n1) = split(from);
             let p1 = vresolve_dir(vol, &d1s)?;
-            vol.lookup(p1, n1.as_bytes()).map_err(e)?;
+            vol.lookup(&Cred::ROOT, p1, n1.as_bytes()).map_err(e)?;
             let (d2s, n2) = split(to);
             let p2 = vresolve_dir(vol, &d2s)?;
             vol.rename(
+                &Cred::ROOT,
                 p1,
                 n1.as_bytes(),
                 p2,
@@ -636,29 +666,41 @@ pub fn apply_volume(vol: &Volume, op: &Step) -> Result<(), i32> {
         }
         Step::Chmod(p, m) => vol
             .setattr(
+                &Cred::ROOT,
                 vresolve(vol, p)?,
                 &SetAttr {
                     mode: Some(*m),
                     ..Default::default()
                 },
+                SizeRight::Permission,
             )
             .map(|_| ())
             .map_err(e),
         Step::Chown(p, u, g) => vol
             .setattr(
+                &Cred::ROOT,
                 vresolve(vol, p)?,
                 &SetAttr {
                     uid: Some(*u),
                     gid: Some(*g),
                     ..Default::default()
                 },
+                SizeRight::Permission,
             )
             .map(|_| ())
             .map_err(e),
         Step::SetXattr(p, k, v) => vol
-            .setxattr(vresolve(vol, p)?, k.as_bytes(), v, XattrMode::Any)
+            .setxattr(
+                &Cred::ROOT,
+                vresolve(vol, p)?,
+                k.as_bytes(),
+                v,
+                XattrMode::Any,
+            )
             .map_err(e),
-        Step::RemoveXattr(p, k) => vol.removexattr(vresolve(vol, p)?, k.as_bytes()).map_err(e),
+        Step::RemoveXattr(p, k) => vol
+            .removexattr(&Cred::ROOT, vresolve(vol, p)?, k.as_bytes())
+            .map_err(e),
         Step::Fsync(p) => vol.fsync(vresolve(vol, p)?).map_err(e),
     }
 }
@@ -678,6 +720,7 @@ pub fn small_mkfs() -> MkfsOptions {
     MkfsOptions {
         inodes: Some(64),
         log_bytes: Some(32 << 10),
+        ..Default::default()
     }
 }
 

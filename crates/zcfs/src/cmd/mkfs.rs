@@ -4,7 +4,7 @@ use crate::persistence::persistence_of;
 use anyhow::{bail, Context, Result};
 use std::os::unix::fs::FileTypeExt;
 use std::path::PathBuf;
-use zcfs_volume::{MkfsOptions, Volume, VolumeConfig};
+use zcfs_volume::{MkfsOptions, RootDir, Volume, VolumeConfig};
 
 #[derive(Debug, clap::Args)]
 pub struct MkfsArgs {
@@ -21,6 +21,33 @@ pub struct MkfsArgs {
     /// Size of the operation log ring (default: 1/64 of the volume, 64 KiB..64 MiB).
     #[arg(long, value_parser = parse_size)]
     log_size: Option<u64>,
+    /// Owner of the root directory, UID:GID (default 0:0), as mke2fs's root_owner: a
+    /// volume a user exports needs no root to set up.
+    #[arg(long, value_parser = parse_owner)]
+    root_owner: Option<(u32, u32)>,
+    /// Permission bits of the root directory, in octal (default 755).
+    #[arg(long, value_parser = parse_mode)]
+    root_mode: Option<u32>,
+}
+
+fn parse_owner(s: &str) -> std::result::Result<(u32, u32), String> {
+    let (u, g) = s
+        .split_once(':')
+        .ok_or_else(|| format!("{s:?}: give UID:GID, e.g. 1000:1000"))?;
+    let num = |x: &str| {
+        x.parse::<u32>()
+            .map_err(|_| format!("{x:?} in {s:?} is not a number"))
+    };
+    Ok((num(u)?, num(g)?))
+}
+
+fn parse_mode(s: &str) -> std::result::Result<u32, String> {
+    match u32::from_str_radix(s, 8) {
+        Ok(m) if m <= 0o7777 => Ok(m),
+        _ => Err(format!(
+            "{s:?}: give permission bits in octal, at most 7777"
+        )),
+    }
 }
 
 /// A byte count with an optional binary unit: 65536, 64K, 512M, 4G, 1T (KB, KiB, ... too).
@@ -81,6 +108,11 @@ pub fn run(a: &MkfsArgs) -> Result<i32> {
         &MkfsOptions {
             inodes: a.inodes,
             log_bytes: a.log_size,
+            root: RootDir {
+                uid: a.root_owner.map_or(0, |o| o.0),
+                gid: a.root_owner.map_or(0, |o| o.1),
+                mode: a.root_mode.unwrap_or(0o755),
+            },
         },
     )
     .with_context(|| format!("making a volume on {}", image.display()))?;

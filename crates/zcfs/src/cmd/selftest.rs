@@ -5,7 +5,7 @@
 use anyhow::Result;
 use std::io::Write;
 use std::path::PathBuf;
-use zcfs_volume::{Owner, Volume, VolumeConfig, ROOT_INO};
+use zcfs_volume::{Cred, Volume, VolumeConfig, ROOT_INO};
 
 #[derive(Debug, clap::Args)]
 pub struct SelftestWriterArgs {
@@ -26,16 +26,15 @@ fn content(i: u64) -> Vec<u8> {
 
 pub fn run(a: &SelftestWriterArgs) -> Result<i32> {
     let vol = Volume::open(&a.image, VolumeConfig::default())?;
-    let owner = Owner { uid: 0, gid: 0 };
-    let dir = match vol.lookup(ROOT_INO, b"selftest") {
+    let dir = match vol.lookup(&Cred::ROOT, ROOT_INO, b"selftest") {
         Ok(attr) => attr.ino,
-        Err(_) => vol.mkdir(ROOT_INO, b"selftest", 0o755, owner)?.ino,
+        Err(_) => vol.mkdir(&Cred::ROOT, ROOT_INO, b"selftest", 0o755)?.ino,
     };
     let mut out = std::io::stdout().lock();
     for i in 0..a.files {
         let name = format!("f{i:06}");
-        let attr = vol.create(dir, name.as_bytes(), 0o644, owner, 0)?;
-        vol.write(attr.ino, 0, &content(i))?;
+        let attr = vol.create(&Cred::ROOT, dir, name.as_bytes(), 0o644, 0)?;
+        vol.write(&Cred::ROOT, attr.ino, 0, &content(i))?;
         if (i + 1) % a.fsync_every == 0 {
             vol.fsync(attr.ino)?;
             writeln!(out, "synced {i}")?;

@@ -75,7 +75,7 @@ impl Served {
             "/dev/shm/zcfs-remote-{name}-{}.img",
             std::process::id()
         ));
-        mkfs(&image, "1G", &[]);
+        mkfs(&image, "1G", &["--root-owner", "1000:1000"]);
         let secret = image.with_extension("secret");
         fs::write(&secret, [SECRET, b"\n"].concat()).unwrap();
         use std::os::unix::fs::PermissionsExt;
@@ -163,11 +163,7 @@ pub fn client(net: &Net, timeout: Duration) -> RemoteFs {
 
 /// The caller of the test's requests: uid and gid 1000.
 pub fn ctx() -> Ctx {
-    Ctx {
-        uid: 1000,
-        gid: 1000,
-        pid: 1,
-    }
+    Ctx::user(1000, 1000)
 }
 
 /// Read `len` bytes at `off` into one buffer.

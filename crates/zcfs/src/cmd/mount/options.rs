@@ -49,7 +49,10 @@ pub fn parse_options(a: &MountArgs) -> Result<MountPlan> {
         match (k, v) {
             ("allow_other", None) => p.acl = SessionACL::All,
             ("allow_root", None) => p.acl = SessionACL::RootAndOwner,
-            ("default_permissions", None) => p.mount_options.push(MountOption::DefaultPermissions),
+            ("default_permissions", None) => {
+                p.fuse.default_permissions = true;
+                p.mount_options.push(MountOption::DefaultPermissions)
+            }
             ("ro", None) => {
                 p.read_only = true;
                 p.mount_options.push(MountOption::RO)
