@@ -2,147 +2,14 @@
 //! programs, signals, a killed mount process, the null backend, the mount helper.
 
 mod common;
+use common::mount::*;
 use common::*;
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
-
-fn unique(name: &str) -> String {
-    format!("zcfs-fuse-{name}-{}", std::process::id())
-}
-
-/// A volume image in /dev/shm and a foreground `zcfs mount` of it.
-struct Mount {
-    image: Option<PathBuf>,
-    mp: PathBuf,
-    child: Option<Child>,
-}
-
-impl Mount {
-    fn volume(name: &str, size: &str, extra: &[&str]) -> Mount {
-        Mount::volume_with(name, size, extra, &[])
-    }
-
-    /// A fresh volume (mkfs `extra` arguments) mounted with `mount_args`.
-    fn volume_with(name: &str, size: &str, extra: &[&str], mount_args: &[&str]) -> Mount {
-        assert!(
-            Path::new("/dev/fuse").exists(),
-            "these tests need /dev/fuse (run as root with the fuse module)"
-        );
-        let image = PathBuf::from(format!("/dev/shm/{}.img", unique(name)));
-        mkfs(&image, size, extra);
-        let mut m = Mount {
-            image: Some(image.clone()),
-            mp: PathBuf::new(),
-            child: None,
-        };
-        m.start(image.to_str().unwrap(), mount_args);
-        m
-    }
-
-    fn start(&mut self, source: &str, args: &[&str]) {
-        self.mp = std::env::temp_dir().join(unique(&format!("mp{}", rand_suffix())));
-        fs::create_dir_all(&self.mp).unwrap();
-        let child = zcfs()
-            .arg("mount")
-            .arg(source)
-            .arg(&self.mp)
-            .args(args)
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        self.child = Some(child);
-        let t = Instant::now();
-        while !mounted(&self.mp) {
-            if let Some(st) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                let mut err = String::new();
-                self.child
-                    .as_mut()
-                    .unwrap()
-                    .stderr
-                    .take()
-                    .unwrap()
-                    .read_to_string(&mut err)
-                    .unwrap();
-                panic!("zcfs mount exited ({st}): {err}");
-            }
-            assert!(
-                t.elapsed() < Duration::from_secs(20),
-                "mount did not come up"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn path(&self, p: &str) -> PathBuf {
-        self.mp.join(p)
-    }
-
-    /// SIGTERM and wait: the process unmounts and closes the volume cleanly.
-    fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            // SAFETY: signalling our own child.
-            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-            let t = Instant::now();
-            loop {
-                if let Some(st) = c.try_wait().unwrap() {
-                    assert!(st.success(), "mount process exited with {st}");
-                    break;
-                }
-                assert!(
-                    t.elapsed() < Duration::from_secs(20),
-                    "mount did not stop on SIGTERM"
-                );
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            assert!(!mounted(&self.mp), "still mounted after SIGTERM");
-            let _ = fs::remove_dir(&self.mp);
-        }
-    }
-
-    /// Stop (clean unmount), then fsck.
-    fn fsck_after_stop(mut self) {
-        self.stop();
-        self.fsck();
-    }
-
-    fn fsck(&self) {
-        let out = zcfs()
-            .arg("fsck")
-            .arg(self.image.as_ref().unwrap())
-            .output()
-            .unwrap();
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "fsck: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
-    }
-}
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-            let _ = Command::new("umount").arg("-l").arg(&self.mp).status();
-        }
-        let _ = fs::remove_dir(&self.mp);
-        if let Some(i) = &self.image {
-            let _ = fs::remove_file(i);
-        }
-    }
-}
-
-fn rand_suffix() -> u64 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    N.fetch_add(1, Ordering::Relaxed)
-}
 
 #[test]
 fn posix_semantics() {

@@ -1,6 +1,8 @@
 //! Helpers shared by the zcfs binary's integration tests.
 #![allow(dead_code)]
 
+pub mod mount;
+pub mod posix;
 pub mod remote;
 
 use std::path::Path;
