@@ -3,10 +3,10 @@
 # library and through FUSE, beside the baselines a user would pick instead (tmpfs, NFS-Ganesha
 # with a libnfs client, sshfs) and the machine's limits (raw TCP on the same link, memcpy).
 #
-#   sudo bash scripts/bench.sh            short mode, about 4 minutes
-#   sudo bash scripts/bench.sh --full     full mode (adds the shared baselines: limits, tmpfs, NFS, sshfs)
-#   sudo bash scripts/bench.sh --tbf      also shape the veth to 1 Gbit/s (the RZCFS link) for a second remote run
-#   sudo bash scripts/bench.sh --publish  also write docs/benchmarks.md and its plots from this run
+#   bash scripts/bench.sh            short mode, about 4 minutes
+#   bash scripts/bench.sh --full     full mode (adds the shared baselines: limits, tmpfs, NFS, sshfs)
+#   bash scripts/bench.sh --tbf      also shape the veth to 1 Gbit/s (the RZCFS link) for a second remote run
+#   bash scripts/bench.sh --publish  also write docs/benchmarks.md and its plots from this run
 #
 # Output: bench-results/<timestamp>/ with CSV and JSON of every figure, PNG plots and
 # results.md. Everything started here runs on loopback or inside namespaces created here,

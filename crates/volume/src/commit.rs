@@ -24,11 +24,12 @@
 //!    so replaying a redo record can never land on a block that was reused for data —
 //!    and only once no reader pins them (pins.rs).
 
+use crate::config::CommitFault;
 use crate::error::{FsError, Result};
 use crate::layout::*;
 use crate::map::{FileMap, MapSink};
 use crate::pm::{FreshBlock, PmAddr};
-use crate::volume::{CommitFault, State, Volume};
+use crate::volume::{State, Volume};
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use std::time::Instant;

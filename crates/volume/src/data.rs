@@ -114,7 +114,7 @@ impl WriteReservation<'_> {
             self.len,
             "fill_from with a buffer of the wrong size"
         );
-        let skip_flush = self.vol.cfg.fault == Some(crate::volume::CommitFault::SkipDataFlush);
+        let skip_flush = self.vol.cfg.fault == Some(crate::config::CommitFault::SkipDataFlush);
         let mut at = 0;
         for (i, o, n) in self.runs() {
             self.vol

@@ -11,10 +11,11 @@
 //! disagree on.
 
 use crate::commit::{Txn, ENTRY_OVERHEAD, INODE_RECORD};
+use crate::config::VolumeConfig;
 use crate::error::{FsError, Result};
 use crate::layout::*;
 use crate::pm::{BlockNo, PmAddr};
-use crate::volume::{read_superblock, State, Volume, VolumeConfig};
+use crate::volume::{read_superblock, State, Volume};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;

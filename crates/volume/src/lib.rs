@@ -9,6 +9,7 @@
 
 mod alloc;
 mod commit;
+mod config;
 mod data;
 mod dir;
 mod error;
@@ -26,11 +27,15 @@ mod pins;
 mod pm;
 mod recovery;
 mod refs;
+mod rename;
 mod sync;
 #[doc(hidden)]
 pub mod trace;
 mod volume;
 
+pub use config::{
+    CommitFault, FaultPlan, MkfsOptions, RootDir, Stats, StatsSnapshot, TraceHook, VolumeConfig,
+};
 pub use data::{max_file_size, WriteReservation, MAX_RESERVATION};
 pub use error::{FsError, Result};
 pub use flac::{AttachedPages, PageBuf, PflushTxn};
@@ -40,10 +45,7 @@ pub use ops::{
     Attr, DirEntry, RenameFlags, SetAttr, SetTime, SizeRight, StatFs, XattrMode, MAX_LINKS,
     MAX_SYMLINK,
 };
-pub use volume::{
-    CommitFault, FaultPlan, MkfsOptions, RecoveryReport, RootDir, Stats, StatsSnapshot, TraceHook,
-    Volume, VolumeConfig, VolumeInfo,
-};
+pub use volume::{RecoveryReport, Volume, VolumeInfo};
 pub use zcfs_pmem::{PersistMode, Region};
 pub use zcfs_types::Cred;
 
