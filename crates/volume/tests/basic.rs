@@ -209,11 +209,7 @@ fn xattrs_setattr_statfs_and_setgid() {
 
 #[test]
 fn many_entries_readdir_cookies_and_log_wrap() {
-    let mkfs = MkfsOptions {
-        inodes: Some(4096),
-        log_bytes: Some(256 << 10),
-        ..Default::default()
-    };
+    let mkfs = mkfs_with(4096, 256 << 10);
     let vol = memory_volume_with(64 << 20, &mkfs, VolumeConfig::default());
     let d = vol.mkdir(&Cred::ROOT, ROOT_INO, b"big", 0o755).unwrap();
     let n: usize = 3000;

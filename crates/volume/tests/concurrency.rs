@@ -195,11 +195,7 @@ fn threads_against_a_model_in_commit_order() {
         batch_ops: 16,
         ..VolumeConfig::default()
     };
-    let mkfs = MkfsOptions {
-        inodes: Some(256),
-        log_bytes: Some(64 << 10),
-        ..Default::default()
-    };
+    let mkfs = mkfs_with(256, 64 << 10);
     let vol = memory_volume_with(64 << 20, &mkfs, cfg);
     let dirs = [
         vol.mkdir(&Cred::ROOT, ROOT_INO, b"d0", 0o755).unwrap().ino,

@@ -247,11 +247,7 @@ fn seq2_every_ordered_pair() {
 #[test]
 fn checkpoint_and_log_wrap_under_crash() {
     // A 16 KiB ring: these operations checkpoint and wrap the log several times.
-    let mkfs = MkfsOptions {
-        inodes: Some(64),
-        log_bytes: Some(16 << 10),
-        ..Default::default()
-    };
+    let mkfs = mkfs_with(64, 16 << 10);
     let mut ops = Vec::new();
     for i in 0..24u32 {
         ops.push(Step::Chmod("d1/f".into(), 0o600 + i));

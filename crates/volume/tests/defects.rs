@@ -27,18 +27,12 @@ fn scratch(name: &str) -> std::path::PathBuf {
 fn d1_a_write_larger_than_the_log_succeeds_and_nothing_leaks() {
     let vol = memory_volume_with(64 << 20, &small_mkfs(), VolumeConfig::synchronous());
     assert_eq!(vol.geometry().ring_len(), 32 << 10);
-    let a = vol
-        .create(&Cred::ROOT, ROOT_INO, b"a", 0o644, 0)
-        .unwrap()
-        .ino;
+    let a = new_file(&vol, ROOT_INO, b"a");
     assert_eq!(
         vol.write(&Cred::ROOT, a, 0, &vec![0xAA; 12 << 20]).unwrap(),
         12 << 20
     );
-    let b = vol
-        .create(&Cred::ROOT, ROOT_INO, b"b", 0o644, 0)
-        .unwrap()
-        .ino;
+    let b = new_file(&vol, ROOT_INO, b"b");
     for i in 0..12u64 {
         vol.write(&Cred::ROOT, b, i << 20, &vec![0xBB; 1 << 20])
             .unwrap();
@@ -64,17 +58,11 @@ fn d1_a_write_larger_than_the_log_succeeds_and_nothing_leaks() {
 #[test]
 fn d1_a_failed_write_changes_nothing_and_leaks_nothing() {
     let vol = memory_volume_with(8 << 20, &small_mkfs(), VolumeConfig::synchronous());
-    let a = vol
-        .create(&Cred::ROOT, ROOT_INO, b"a", 0o644, 0)
-        .unwrap()
-        .ino;
+    let a = new_file(&vol, ROOT_INO, b"a");
     vol.write(&Cred::ROOT, a, 0, b"keep me").unwrap();
     // Fill the volume but for 3 blocks: a 1-block write at 1 TiB needs 1 data block
     // and 5 map nodes.
-    let filler = vol
-        .create(&Cred::ROOT, ROOT_INO, b"filler", 0o644, 0)
-        .unwrap()
-        .ino;
+    let filler = new_file(&vol, ROOT_INO, b"filler");
     let free = vol.statfs().bfree;
     let keep = 3u64;
     vol.write(
@@ -115,10 +103,7 @@ fn d1_a_failed_write_changes_nothing_and_leaks_nothing() {
     }
     // Freeing the filler and writing a new file shows no byte of the failed writes.
     vol.unlink(&Cred::ROOT, ROOT_INO, b"filler").unwrap();
-    let c = vol
-        .create(&Cred::ROOT, ROOT_INO, b"c", 0o644, 0)
-        .unwrap()
-        .ino;
+    let c = new_file(&vol, ROOT_INO, b"c");
     vol.write(&Cred::ROOT, c, 0, &vec![0x11; 1 << 20]).unwrap();
     let mut buf = vec![0u8; 1 << 20];
     vol.read(c, 0, &mut buf).unwrap();
@@ -133,10 +118,7 @@ fn d1_a_failed_write_changes_nothing_and_leaks_nothing() {
 #[test]
 fn d2_concurrent_partial_writes_to_one_block_keep_every_byte() {
     let vol = memory_volume(8 << 20, VolumeConfig::synchronous());
-    let f = vol
-        .create(&Cred::ROOT, ROOT_INO, b"f", 0o644, 0)
-        .unwrap()
-        .ino;
+    let f = new_file(&vol, ROOT_INO, b"f");
     vol.write(&Cred::ROOT, f, 0, &[0x11; 4096]).unwrap();
     let mut r = vol.reserve_write(&Cred::ROOT, f, 0, 100).unwrap();
     vol.write(&Cred::ROOT, f, 200, &[0x22; 10]).unwrap();
@@ -168,21 +150,11 @@ fn d2_concurrent_partial_writes_to_one_block_keep_every_byte() {
 fn d3_truncate_and_unlink_of_a_large_sparse_file_recover_whole() {
     let vol = memory_volume_with(
         64 << 20,
-        &MkfsOptions {
-            inodes: Some(64),
-            log_bytes: Some(16 << 10),
-            ..Default::default()
-        },
+        &mkfs_with(64, 16 << 10),
         VolumeConfig::synchronous(),
     );
-    let f = vol
-        .create(&Cred::ROOT, ROOT_INO, b"sparse", 0o644, 0)
-        .unwrap()
-        .ino;
-    let g = vol
-        .create(&Cred::ROOT, ROOT_INO, b"other", 0o644, 0)
-        .unwrap()
-        .ino;
+    let f = new_file(&vol, ROOT_INO, b"sparse");
+    let g = new_file(&vol, ROOT_INO, b"other");
     // One block in each of 2,000 leaves: the old truncate wrote 2,000+ records.
     for leaf in 0..2000u64 {
         vol.write(&Cred::ROOT, f, leaf * 512 * 4096, &leaf.to_le_bytes())
@@ -216,10 +188,7 @@ fn d4_a_second_opener_is_refused_naming_the_holder() {
     let path = scratch("second-opener");
     Volume::mkfs(&path, 16 << 20, &small_mkfs()).unwrap();
     let vol = Volume::open(&path, VolumeConfig::synchronous()).unwrap();
-    let f = vol
-        .create(&Cred::ROOT, ROOT_INO, b"f", 0o644, 0)
-        .unwrap()
-        .ino;
+    let f = new_file(&vol, ROOT_INO, b"f");
     vol.write(&Cred::ROOT, f, 0, b"mine").unwrap();
     let pid = std::process::id().to_string();
     let busy = |r: Result<std::sync::Arc<Volume>>| match r {
@@ -269,10 +238,7 @@ fn d4_a_second_opener_is_refused_naming_the_holder() {
 #[test]
 fn d5_a_stalled_reader_blocks_nobody_and_its_blocks_stay_intact() {
     let vol = memory_volume(16 << 20, VolumeConfig::synchronous());
-    let f = vol
-        .create(&Cred::ROOT, ROOT_INO, b"f", 0o644, 0)
-        .unwrap()
-        .ino;
+    let f = new_file(&vol, ROOT_INO, b"f");
     let base = vol.statfs().bfree;
     vol.write(&Cred::ROOT, f, 0, &vec![0x5A; 1 << 20]).unwrap();
     let (entered_tx, entered_rx) = mpsc::channel();
@@ -388,10 +354,7 @@ fn d11_a_persistence_failure_is_eio_and_turns_the_volume_read_only() {
     let path = scratch("persist-fail");
     Volume::mkfs(&path, 16 << 20, &small_mkfs()).unwrap();
     let vol = Volume::open(&path, VolumeConfig::synchronous()).unwrap();
-    let f = vol
-        .create(&Cred::ROOT, ROOT_INO, b"f", 0o644, 0)
-        .unwrap()
-        .ino;
+    let f = new_file(&vol, ROOT_INO, b"f");
     vol.write(&Cred::ROOT, f, 0, b"durable").unwrap();
     vol.test_door().inject_fence_failure(1);
     let r = vol.write(&Cred::ROOT, f, 0, b"lost?");
@@ -449,19 +412,8 @@ fn d12_fsck_reports_a_damaged_superblock_copy_and_repairs_it() {
 /// Limits at their bound: MAX_LINKS links, then EMLINK, nothing changed.
 #[test]
 fn links_stop_at_max_links() {
-    let vol = memory_volume_with(
-        64 << 20,
-        &MkfsOptions {
-            inodes: Some(64),
-            log_bytes: Some(1 << 20),
-            ..Default::default()
-        },
-        VolumeConfig::default(),
-    );
-    let f = vol
-        .create(&Cred::ROOT, ROOT_INO, b"f", 0o644, 0)
-        .unwrap()
-        .ino;
+    let vol = memory_volume_with(64 << 20, &mkfs_with(64, 1 << 20), VolumeConfig::default());
+    let f = new_file(&vol, ROOT_INO, b"f");
     for i in 1..MAX_LINKS {
         vol.link(&Cred::ROOT, f, ROOT_INO, format!("l{i}").as_bytes())
             .unwrap();
@@ -482,10 +434,7 @@ fn links_stop_at_max_links() {
 #[test]
 fn reservation_limit_is_enforced_at_its_bound() {
     let vol = memory_volume(MAX_RESERVATION + (8 << 20), VolumeConfig::default());
-    let f = vol
-        .create(&Cred::ROOT, ROOT_INO, b"f", 0o644, 0)
-        .unwrap()
-        .ino;
+    let f = new_file(&vol, ROOT_INO, b"f");
     assert!(matches!(
         vol.reserve_write(&Cred::ROOT, f, 0, MAX_RESERVATION + 1),
         Err(FsError::Invalid(_))
@@ -503,10 +452,7 @@ fn reservation_limit_is_enforced_at_its_bound() {
 #[test]
 fn a_large_write_is_whole_to_concurrent_readers() {
     let vol = memory_volume_with(64 << 20, &small_mkfs(), VolumeConfig::default());
-    let f = vol
-        .create(&Cred::ROOT, ROOT_INO, b"f", 0o644, 0)
-        .unwrap()
-        .ino;
+    let f = new_file(&vol, ROOT_INO, b"f");
     vol.write(&Cred::ROOT, f, 0, &vec![1u8; 8 << 20]).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let (v, s) = (vol.clone(), stop.clone());
@@ -536,15 +482,9 @@ fn a_large_write_is_whole_to_concurrent_readers() {
 #[test]
 fn d5_a_stalled_reader_pins_only_its_own_blocks() {
     let vol = memory_volume(16 << 20, VolumeConfig::synchronous());
-    let a = vol
-        .create(&Cred::ROOT, ROOT_INO, b"a", 0o644, 0)
-        .unwrap()
-        .ino;
+    let a = new_file(&vol, ROOT_INO, b"a");
     vol.write(&Cred::ROOT, a, 0, &vec![0xA1; 1 << 20]).unwrap();
-    let b = vol
-        .create(&Cred::ROOT, ROOT_INO, b"b", 0o644, 0)
-        .unwrap()
-        .ino;
+    let b = new_file(&vol, ROOT_INO, b"b");
     let (entered_tx, entered_rx) = mpsc::channel();
     let (go_tx, go_rx) = mpsc::channel::<()>();
     let v = vol.clone();

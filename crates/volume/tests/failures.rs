@@ -82,11 +82,7 @@ fn cfg(plan: &Arc<FaultPlan>) -> VolumeConfig {
 }
 
 fn prepared_image() -> (Vec<u8>, Model) {
-    let mkfs = MkfsOptions {
-        inodes: Some(512),
-        log_bytes: Some(64 << 10),
-        ..Default::default()
-    };
+    let mkfs = mkfs_with(512, 64 << 10);
     let vol = memory_volume_with(32 << 20, &mkfs, VolumeConfig::synchronous());
     let mut model = Model::new();
     for op in setup() {
@@ -161,20 +157,13 @@ fn every_budget_check_of_every_operation_fails_cleanly() {
 fn a_full_volume_and_a_full_inode_table_fail_cleanly() {
     // Fill the volume; then every operation that needs room fails with ENOSPC and
     // changes nothing, and those that need none still work.
-    let mkfs = MkfsOptions {
-        inodes: Some(160),
-        log_bytes: Some(16 << 10),
-        ..Default::default()
-    };
+    let mkfs = mkfs_with(160, 16 << 10);
     let vol = memory_volume_with(4 << 20, &mkfs, VolumeConfig::synchronous());
     let mut model = Model::new();
     for op in setup() {
         assert_eq!(apply_volume(&vol, &op), model.apply(&op), "setup {op:?}");
     }
-    let big = vol
-        .create(&Cred::ROOT, ROOT_INO, b"big", 0o644, 0)
-        .unwrap()
-        .ino;
+    let big = new_file(&vol, ROOT_INO, b"big");
     let mut at = 0u64;
     while vol.write(&Cred::ROOT, big, at, &[0xF0; 4096]).is_ok() {
         at += 4096;
@@ -228,16 +217,9 @@ fn a_full_volume_and_a_full_inode_table_fail_cleanly() {
 
 #[test]
 fn a_pflush_larger_than_the_log_is_refused_before_anything_changes() {
-    let mkfs = MkfsOptions {
-        inodes: Some(64),
-        log_bytes: Some(16 << 10),
-        ..Default::default()
-    };
+    let mkfs = mkfs_with(64, 16 << 10);
     let vol = memory_volume_with(32 << 20, &mkfs, VolumeConfig::synchronous());
-    let f = vol
-        .create(&Cred::ROOT, ROOT_INO, b"f", 0o644, 0)
-        .unwrap()
-        .ino;
+    let f = new_file(&vol, ROOT_INO, b"f");
     let before = snapshot(&vol);
     let mut t = PflushTxn::default();
     // 2,000 pages: 16 KB of pointers, more than half the 16 KiB ring.

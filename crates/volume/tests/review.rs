@@ -35,10 +35,7 @@ fn remount(vol: &Arc<Volume>) -> Result<Arc<Volume>> {
 fn a_directory_with_emptied_trailing_blocks_survives_a_remount() {
     let vol = memory_volume(16 << 20, VolumeConfig::synchronous());
     let d = vol.mkdir(&Cred::ROOT, ROOT_INO, b"d", 0o755).unwrap().ino;
-    let f = vol
-        .create(&Cred::ROOT, ROOT_INO, b"f", 0o644, 0)
-        .unwrap()
-        .ino;
+    let f = new_file(&vol, ROOT_INO, b"f");
     // 3 blocks of one-unit entries (128 per block), as hard links (no inodes needed).
     for i in 0..3 * 128 {
         vol.link(&Cred::ROOT, f, d, format!("n{i:04}").as_bytes())
@@ -86,10 +83,7 @@ fn a_directory_with_emptied_trailing_blocks_survives_a_remount() {
 #[test]
 fn pflush_below_eof_keeps_bytes_past_eof_zero() {
     let vol = memory_volume(8 << 20, VolumeConfig::synchronous());
-    let f = vol
-        .create(&Cred::ROOT, ROOT_INO, b"f", 0o644, 0)
-        .unwrap()
-        .ino;
+    let f = new_file(&vol, ROOT_INO, b"f");
     vol.write(&Cred::ROOT, f, 0, &[b'a'; 100]).unwrap();
     let mut pages = vol.reserve_pages(1).unwrap();
     pages.page_mut(0).fill(0xFF);
@@ -146,10 +140,7 @@ fn drop_root_entry(img: &mut [u8], geo: &Geometry, ino: u64) {
 #[test]
 fn fsck_repair_leaves_inodes_sharing_a_block_alone() {
     let vol = memory_volume(8 << 20, VolumeConfig::synchronous());
-    let f = vol
-        .create(&Cred::ROOT, ROOT_INO, b"o", 0o644, 0)
-        .unwrap()
-        .ino;
+    let f = new_file(&vol, ROOT_INO, b"o");
     vol.write(&Cred::ROOT, f, 0, &[7u8; 8192]).unwrap();
     vol.checkpoint_now().unwrap();
     let geo = vol.geometry();
@@ -172,6 +163,27 @@ fn fsck_repair_leaves_inodes_sharing_a_block_alone() {
     }
 }
 
+/// A volume with file "f" holding "precious", checkpointed; the image with the link
+/// count of inode `which(f)` patched to 0, mounted again (None: the mount refused it,
+/// which is acceptable).
+fn reopen_with_link_count_zero(which: impl Fn(u64) -> u64) -> Option<Arc<Volume>> {
+    let vol = memory_volume(8 << 20, VolumeConfig::synchronous());
+    let f = new_file(&vol, ROOT_INO, b"f");
+    vol.write(&Cred::ROOT, f, 0, b"precious").unwrap();
+    vol.checkpoint_now().unwrap();
+    let geo = vol.geometry();
+    let mut img = image_of(&vol);
+    vol.abandon();
+    patch_inode(&mut img, &geo, which(f), |r| r.nlink = 0);
+    match Volume::open_region(Region::from_image(&img), VolumeConfig::synchronous()) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            eprintln!("refused at mount (acceptable): {e}");
+            None
+        }
+    }
+}
+
 /// A reachable inode whose record says link count 0 (a damaged image): mount's
 /// `reap_orphans` frees it although a directory entry still names it. The entry now
 /// dangles (lookup: ESTALE), `check_volume` calls the volume clean (check_state never
@@ -179,23 +191,8 @@ fn fsck_repair_leaves_inodes_sharing_a_block_alone() {
 /// Reaping should be limited to inodes no entry reaches (or fix the count instead).
 #[test]
 fn a_named_inode_with_link_count_zero_is_reported_not_reaped() {
-    let vol = memory_volume(8 << 20, VolumeConfig::synchronous());
-    let f = vol
-        .create(&Cred::ROOT, ROOT_INO, b"f", 0o644, 0)
-        .unwrap()
-        .ino;
-    vol.write(&Cred::ROOT, f, 0, b"precious").unwrap();
-    vol.checkpoint_now().unwrap();
-    let geo = vol.geometry();
-    let mut img = image_of(&vol);
-    vol.abandon();
-    patch_inode(&mut img, &geo, f, |r| r.nlink = 0);
-    let vol = match Volume::open_region(Region::from_image(&img), VolumeConfig::synchronous()) {
-        Ok(v) => v,
-        Err(e) => {
-            eprintln!("refused at mount (acceptable): {e}");
-            return;
-        }
+    let Some(vol) = reopen_with_link_count_zero(|f| f) else {
+        return;
     };
     let mut errs = Vec::new();
     match vol.lookup(&Cred::ROOT, ROOT_INO, b"f") {
@@ -227,10 +224,7 @@ fn reserved_pages_come_zeroed() {
     vol.write(&Cred::ROOT, secret, 0, &[0xAB; 4096]).unwrap();
     vol.unlink(&Cred::ROOT, ROOT_INO, b"secret").unwrap();
     vol.checkpoint_now().unwrap();
-    let f = vol
-        .create(&Cred::ROOT, ROOT_INO, b"f", 0o644, 0)
-        .unwrap()
-        .ino;
+    let f = new_file(&vol, ROOT_INO, b"f");
     let mut pages = vol.reserve_pages(1).unwrap();
     let stale_before_fill = pages.page_mut(0).iter().filter(|&&b| b == 0xAB).count();
     pages.page_mut(0)[..100].fill(b'x');
@@ -277,10 +271,7 @@ fn a_sync_after_a_persistence_failure_reports_eio() {
         ..VolumeConfig::synchronous()
     };
     let vol = memory_volume(8 << 20, cfg);
-    let f = vol
-        .create(&Cred::ROOT, ROOT_INO, b"f", 0o644, 0)
-        .unwrap()
-        .ino;
+    let f = new_file(&vol, ROOT_INO, b"f");
     let v = vol.clone();
     let fsyncer = std::thread::spawn(move || {
         go_rx.recv().unwrap();
@@ -426,10 +417,7 @@ fn zcopy_to_leaves_no_pin_when_a_mapping_fails() {
     let _ = std::fs::remove_file(&path);
     Volume::mkfs(&path, 16 << 20, &small_mkfs()).unwrap();
     let vol = Volume::open(&path, VolumeConfig::synchronous()).unwrap();
-    let a = vol
-        .create(&Cred::ROOT, ROOT_INO, b"a", 0o644, 0)
-        .unwrap()
-        .ino;
+    let a = new_file(&vol, ROOT_INO, b"a");
     // Two runs: file blocks 0..64 and 65 (a hole between).
     vol.write(&Cred::ROOT, a, 0, &vec![1u8; 64 * 4096]).unwrap();
     vol.write(&Cred::ROOT, a, 65 * 4096, &[2u8; 4096]).unwrap();
@@ -481,10 +469,7 @@ fn zcopy_to_leaves_no_pin_when_a_mapping_fails() {
     vol.unlink(&Cred::ROOT, ROOT_INO, b"a").unwrap();
     vol.checkpoint_now().unwrap();
     let free = vol.statfs().bfree;
-    let b = vol
-        .create(&Cred::ROOT, ROOT_INO, b"b", 0o644, 0)
-        .unwrap()
-        .ino;
+    let b = new_file(&vol, ROOT_INO, b"b");
     let r = vol.write(&Cred::ROOT, b, 0, &vec![3u8; ((free - 32) * 4096) as usize]);
     drop(vol);
     std::fs::remove_file(&path).unwrap();
@@ -508,10 +493,7 @@ fn zcopy_to_leaves_no_pin_when_a_mapping_fails() {
 #[test]
 fn an_overwrite_larger_than_the_free_space_succeeds() {
     let vol = memory_volume(8 << 20, VolumeConfig::synchronous());
-    let f = vol
-        .create(&Cred::ROOT, ROOT_INO, b"f", 0o644, 0)
-        .unwrap()
-        .ino;
+    let f = new_file(&vol, ROOT_INO, b"f");
     let free = vol.statfs().bfree;
     let n = (free * 2 / 3) as usize; // the file takes 2/3 of the space
     vol.write(&Cred::ROOT, f, 0, &vec![1u8; n * 4096]).unwrap();
@@ -530,23 +512,8 @@ fn an_overwrite_larger_than_the_free_space_succeeds() {
 /// mount refuses the volume ("the root directory (inode 1) is missing").
 #[test]
 fn a_root_with_link_count_zero_is_reported_not_reaped() {
-    let vol = memory_volume(8 << 20, VolumeConfig::synchronous());
-    let f = vol
-        .create(&Cred::ROOT, ROOT_INO, b"f", 0o644, 0)
-        .unwrap()
-        .ino;
-    vol.write(&Cred::ROOT, f, 0, b"precious").unwrap();
-    vol.checkpoint_now().unwrap();
-    let geo = vol.geometry();
-    let mut img = image_of(&vol);
-    vol.abandon();
-    patch_inode(&mut img, &geo, ROOT_INO, |r| r.nlink = 0);
-    let vol = match Volume::open_region(Region::from_image(&img), VolumeConfig::synchronous()) {
-        Ok(v) => v,
-        Err(e) => {
-            eprintln!("refused at mount (acceptable): {e}");
-            return;
-        }
+    let Some(vol) = reopen_with_link_count_zero(|_| ROOT_INO) else {
+        return;
     };
     let mut errs = Vec::new();
     if let Err(e) = vol.getattr(ROOT_INO) {
@@ -566,19 +533,8 @@ fn a_root_with_link_count_zero_is_reported_not_reaped() {
 fn a_write_of_one_reservation_is_whole_to_readers() {
     use std::sync::atomic::{AtomicBool, Ordering};
     let len = MAX_RESERVATION;
-    let vol = memory_volume_with(
-        200 << 20,
-        &MkfsOptions {
-            inodes: Some(64),
-            log_bytes: Some(1 << 20),
-            ..Default::default()
-        },
-        VolumeConfig::default(),
-    );
-    let f = vol
-        .create(&Cred::ROOT, ROOT_INO, b"f", 0o644, 0)
-        .unwrap()
-        .ino;
+    let vol = memory_volume_with(200 << 20, &mkfs_with(64, 1 << 20), VolumeConfig::default());
+    let f = new_file(&vol, ROOT_INO, b"f");
     vol.write(&Cred::ROOT, f, 0, &vec![1u8; len]).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let (v, s) = (vol.clone(), stop.clone());

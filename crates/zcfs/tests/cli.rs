@@ -22,17 +22,7 @@ fn scratch(name: &str) -> PathBuf {
 #[test]
 fn mkfs_refuses_to_overwrite_and_fsck_stat_report() {
     let img = scratch("cli");
-    let out = zcfs()
-        .args(["mkfs"])
-        .arg(&img)
-        .args(["--size", "64M"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = run_ok(zcfs().args(["mkfs"]).arg(&img).args(["--size", "64M"]));
     assert!(String::from_utf8_lossy(&out.stdout).contains("persistence msync"));
     let again = zcfs()
         .args(["mkfs"])

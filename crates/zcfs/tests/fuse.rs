@@ -220,17 +220,7 @@ fn sigkill_of_the_mount_process_leaves_a_recoverable_volume() {
     unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
     let mut child = child;
     child.wait().unwrap();
-    let out = zcfs()
-        .arg("umount")
-        .arg("--lazy")
-        .arg(&m.mp)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_ok(zcfs().arg("umount").arg("--lazy").arg(&m.mp));
     m.fsck();
     let image = m.image.clone().unwrap();
     m.start(image.to_str().unwrap(), &[]);
@@ -316,18 +306,7 @@ fn daemon_mode_and_mount_helper_with_fstab_options() {
     let mp = std::env::temp_dir().join(unique("helper-mp"));
     fs::create_dir_all(&mp).unwrap();
     // --daemon returns once the mount is live.
-    let out = zcfs()
-        .arg("mount")
-        .arg("--daemon")
-        .arg(&image)
-        .arg(&mp)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_ok(zcfs().arg("mount").arg("--daemon").arg(&image).arg(&mp));
     assert!(mounted(&mp));
     fs::write(mp.join("f"), "daemon").unwrap();
     assert!(zcfs().arg("umount").arg(&mp).status().unwrap().success());

@@ -274,24 +274,7 @@ mod tests {
 
     #[test]
     fn log_entry_round_trip_and_torn() {
-        let e = LogEntry {
-            op: OpType::Rename,
-            seq: 3,
-            lsn: 4096,
-            ino: 7,
-            data_addr: 0,
-            data_size: 0,
-            records: vec![
-                Record {
-                    addr: 100,
-                    data: RecData::Bytes(vec![1, 2, 3]),
-                },
-                Record {
-                    addr: 200,
-                    data: RecData::Zero(64),
-                },
-            ],
-        };
+        let e = LogEntry::sample(0, 0);
         let b = e.encode();
         assert_eq!(b.len() % 64, 0);
         assert_eq!(LogEntry::decode(&b, 1 << 20).unwrap(), e);

@@ -135,59 +135,14 @@ mod tests {
             .lines()
             .filter_map(|l| l.split_once(' '))
             .collect();
-        let sb = Superblock {
-            generation: 7,
-            clean: true,
-            uuid: [3; 16],
-            geo: Geometry::plan(64 << 20, None, None).unwrap(),
-            mkfs_time: 123,
-            mount_count: 2,
-        };
-        let ino = InodeRec {
-            ino: 5,
-            gen: 2,
-            mode: S_IFREG | 0o644,
-            uid: 1000,
-            gid: 100,
-            nlink: 1,
-            flags: 0,
-            size: 12345,
-            blocks: 4,
-            atime: Time { sec: 1, nsec: 2 },
-            mtime: Time {
-                sec: -5,
-                nsec: 999_999_999,
-            },
-            ctime: Time { sec: 3, nsec: 4 },
-            rdev: 9,
-            parent: 77,
-            map_root: 99,
-            map_height: 2,
-            xattr_block: 55,
-        };
+        let sb = Superblock::sample();
+        let ino = InodeRec::sample();
         let d = Dirent {
             ino: 9,
             dtype: 8,
             name: b"hello".to_vec(),
         };
-        let e = LogEntry {
-            op: OpType::Rename,
-            seq: 3,
-            lsn: 4096,
-            ino: 7,
-            data_addr: 8192,
-            data_size: 100,
-            records: vec![
-                Record {
-                    addr: 100,
-                    data: RecData::Bytes(vec![1, 2, 3]),
-                },
-                Record {
-                    addr: 200,
-                    data: RecData::Zero(64),
-                },
-            ],
-        };
+        let e = LogEntry::sample(8192, 100);
         let mut x = std::collections::BTreeMap::new();
         x.insert(b"user.a".to_vec(), b"1".to_vec());
         assert_eq!(hex(&sb.encode()), golden["SB"]);
@@ -199,5 +154,75 @@ mod tests {
         assert_eq!(Superblock::decode(&sb.encode()).unwrap(), sb);
         assert_eq!(InodeRec::decode(&ino.encode()).unwrap(), ino);
         assert_eq!(LogEntry::decode(&e.encode(), 1 << 20).unwrap(), e);
+    }
+}
+
+/// The records the tests encode (the golden bytes were captured from these).
+#[cfg(test)]
+mod samples {
+    use super::*;
+
+    impl Superblock {
+        pub(crate) fn sample() -> Superblock {
+            Superblock {
+                generation: 7,
+                clean: true,
+                uuid: [3; 16],
+                geo: Geometry::plan(64 << 20, None, None).unwrap(),
+                mkfs_time: 123,
+                mount_count: 2,
+            }
+        }
+    }
+
+    impl InodeRec {
+        pub(crate) fn sample() -> InodeRec {
+            InodeRec {
+                ino: 5,
+                gen: 2,
+                mode: S_IFREG | 0o644,
+                uid: 1000,
+                gid: 100,
+                nlink: 1,
+                flags: 0,
+                size: 12345,
+                blocks: 4,
+                atime: Time { sec: 1, nsec: 2 },
+                mtime: Time {
+                    sec: -5,
+                    nsec: 999_999_999,
+                },
+                ctime: Time { sec: 3, nsec: 4 },
+                rdev: 9,
+                parent: 77,
+                map_root: 99,
+                map_height: 2,
+                xattr_block: 55,
+            }
+        }
+    }
+
+    impl LogEntry {
+        /// With the data range `data_addr`/`data_size`.
+        pub(crate) fn sample(data_addr: u64, data_size: u64) -> LogEntry {
+            LogEntry {
+                op: OpType::Rename,
+                seq: 3,
+                lsn: 4096,
+                ino: 7,
+                data_addr,
+                data_size,
+                records: vec![
+                    Record {
+                        addr: 100,
+                        data: RecData::Bytes(vec![1, 2, 3]),
+                    },
+                    Record {
+                        addr: 200,
+                        data: RecData::Zero(64),
+                    },
+                ],
+            }
+        }
     }
 }

@@ -121,14 +121,7 @@ mod tests {
 
     #[test]
     fn superblock_round_trip_and_corruption() {
-        let sb = Superblock {
-            generation: 7,
-            clean: true,
-            uuid: [3; 16],
-            geo: Geometry::plan(64 << 20, None, None).unwrap(),
-            mkfs_time: 123,
-            mount_count: 2,
-        };
+        let sb = Superblock::sample();
         let b = sb.encode();
         assert_eq!(Superblock::decode(&b).unwrap(), sb);
         let mut bad = b;

@@ -589,6 +589,18 @@ fn vresolve(vol: &Volume, path: &str) -> Result<u64, i32> {
         .ino)
 }
 
+/// A setattr as root on the inode at `path`, as `apply_volume` reports it.
+fn root_setattr(vol: &Volume, path: &str, set: SetAttr) -> Result<(), i32> {
+    vol.setattr(
+        &Cred::ROOT,
+        vresolve(vol, path)?,
+        &set,
+        SizeRight::Permission,
+    )
+    .map(|_| ())
+    .map_err(|e| e.errno())
+}
+
 /// Apply a path-level operation to the volume; errors as errno.
 pub fn apply_volume(vol: &Volume, op: &Step) -> Result<(), i32> {
     let e = |e: FsError| e.errno();
@@ -664,31 +676,23 @@ pub fn apply_volume(vol: &Volume, op: &Step) -> Result<(), i32> {
             )
             .map_err(e)
         }
-        Step::Chmod(p, m) => vol
-            .setattr(
-                &Cred::ROOT,
-                vresolve(vol, p)?,
-                &SetAttr {
-                    mode: Some(*m),
-                    ..Default::default()
-                },
-                SizeRight::Permission,
-            )
-            .map(|_| ())
-            .map_err(e),
-        Step::Chown(p, u, g) => vol
-            .setattr(
-                &Cred::ROOT,
-                vresolve(vol, p)?,
-                &SetAttr {
-                    uid: Some(*u),
-                    gid: Some(*g),
-                    ..Default::default()
-                },
-                SizeRight::Permission,
-            )
-            .map(|_| ())
-            .map_err(e),
+        Step::Chmod(p, m) => root_setattr(
+            vol,
+            p,
+            SetAttr {
+                mode: Some(*m),
+                ..Default::default()
+            },
+        ),
+        Step::Chown(p, u, g) => root_setattr(
+            vol,
+            p,
+            SetAttr {
+                uid: Some(*u),
+                gid: Some(*g),
+                ..Default::default()
+            },
+        ),
         Step::SetXattr(p, k, v) => vol
             .setxattr(
                 &Cred::ROOT,
@@ -717,11 +721,21 @@ pub fn memory_volume_with(size: usize, mkfs: &MkfsOptions, cfg: VolumeConfig) ->
 }
 
 pub fn small_mkfs() -> MkfsOptions {
+    mkfs_with(64, 32 << 10)
+}
+
+/// Mkfs options with this many inodes and log bytes, the rest by default.
+pub fn mkfs_with(inodes: u64, log_bytes: u64) -> MkfsOptions {
     MkfsOptions {
-        inodes: Some(64),
-        log_bytes: Some(32 << 10),
+        inodes: Some(inodes),
+        log_bytes: Some(log_bytes),
         ..Default::default()
     }
+}
+
+/// Create an empty file as root (mode 0644) and return its inode number.
+pub fn new_file(vol: &Volume, parent: u64, name: &[u8]) -> u64 {
+    vol.create(&Cred::ROOT, parent, name, 0o644, 0).unwrap().ino
 }
 
 /// A copy of the volume's whole image.

@@ -18,6 +18,18 @@ pub fn zcfs_bin() -> &'static str {
 }
 
 /// Whether something is mounted at `mp` (field 5 of /proc/self/mountinfo).
+/// Run `cmd` to completion; it must succeed (its stderr is the failure message).
+pub fn run_ok(cmd: &mut Command) -> std::process::Output {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{:?}: {}",
+        cmd,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 pub fn mounted(mp: &Path) -> bool {
     let s = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     s.lines()
