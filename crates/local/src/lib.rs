@@ -25,11 +25,6 @@ fn err(e: FsError) -> Error {
     e.into()
 }
 
-/// The volume speaks the same attribute types as the backends.
-fn attr(a: Attr) -> Attr {
-    a
-}
-
 /// A handle of LocalFs: the access its open was granted, so calls through it are not
 /// checked again (the volume keeps no per-handle state; the inode reference the open
 /// took is counted by the volume). Never 0, which means "no handle".
@@ -85,7 +80,7 @@ impl LocalFs {
             };
             let linked = self.vol.getattr(dir).map_err(err)?.nlink > 0;
             if linked && self.vol.parent_of(&ctx.cred, dir).ok() == Some(p) {
-                return Ok(attr(held));
+                return Ok(held);
             }
             self.forget(p, 1);
             if !linked {
@@ -115,11 +110,7 @@ impl Backend for LocalFs {
                 self.hold(parent, 0)
             }
             b".." => self.lookup_parent(ctx, parent),
-            _ => self
-                .vol
-                .lookup_held(&ctx.cred, parent, name)
-                .map(attr)
-                .map_err(err),
+            _ => self.vol.lookup_held(&ctx.cred, parent, name).map_err(err),
         }
     }
     fn forget(&self, ino: u64, n: u64) {
@@ -130,10 +121,10 @@ impl Backend for LocalFs {
     fn hold(&self, ino: u64, generation: u64) -> Result<Attr> {
         // Generations are 32-bit on the volume; a larger one cannot match.
         let gen = u32::try_from(generation).map_err(|_| err(FsError::Stale))?;
-        self.vol.hold(ino, gen).map(attr).map_err(err)
+        self.vol.hold(ino, gen).map_err(err)
     }
     fn getattr(&self, ino: u64) -> Result<Attr> {
-        self.vol.getattr(ino).map(attr).map_err(err)
+        self.vol.getattr(ino).map_err(err)
     }
     fn setattr(&self, ctx: &Ctx, ino: u64, set: &SetAttr, fh: u64) -> Result<Attr> {
         let right = if fh != 0 && fh & Handle::WRITE != 0 {
@@ -152,31 +143,22 @@ impl Backend for LocalFs {
     fn mknod(&self, ctx: &Ctx, parent: u64, name: &[u8], mode: u32, rdev: u32) -> Result<Attr> {
         self.vol
             .create_held(&ctx.cred, parent, name, mode, rdev)
-            .map(attr)
             .map_err(err)
     }
     fn mkdir(&self, ctx: &Ctx, parent: u64, name: &[u8], mode: u32) -> Result<Attr> {
         self.vol
             .mkdir_held(&ctx.cred, parent, name, mode)
-            .map(attr)
             .map_err(err)
     }
     fn unlink(&self, ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr> {
-        self.vol
-            .unlink(&ctx.cred, parent, name)
-            .map(attr)
-            .map_err(err)
+        self.vol.unlink(&ctx.cred, parent, name).map_err(err)
     }
     fn rmdir(&self, ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr> {
-        self.vol
-            .rmdir(&ctx.cred, parent, name)
-            .map(attr)
-            .map_err(err)
+        self.vol.rmdir(&ctx.cred, parent, name).map_err(err)
     }
     fn symlink(&self, ctx: &Ctx, parent: u64, name: &[u8], target: &[u8]) -> Result<Attr> {
         self.vol
             .symlink_held(&ctx.cred, parent, name, target)
-            .map(attr)
             .map_err(err)
     }
     fn rename(
@@ -196,7 +178,6 @@ impl Backend for LocalFs {
     fn link(&self, ctx: &Ctx, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr> {
         self.vol
             .link_held(&ctx.cred, ino, newparent, newname)
-            .map(attr)
             .map_err(err)
     }
     fn open(&self, ctx: &Ctx, ino: u64, flags: i32) -> Result<u64> {
@@ -228,7 +209,7 @@ impl Backend for LocalFs {
             self.forget(a.ino, 1);
             return Err(err(e));
         }
-        Ok((attr(a), Handle::for_flags(flags).0))
+        Ok((a, Handle::for_flags(flags).0))
     }
     fn read(
         &self,
@@ -302,7 +283,7 @@ impl Backend for LocalFs {
                 // counts a lookup for it); one removed meanwhile (its number possibly
                 // reused: the generation tells) is skipped.
                 match self.vol.hold(e.ino, e.gen) {
-                    Ok(a) => Some(attr(a)),
+                    Ok(a) => Some(a),
                     Err(_) => continue,
                 }
             } else {
