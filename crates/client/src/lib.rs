@@ -27,6 +27,7 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 use zcfs_backend::Error;
+use zcfs_protocol::channel::{Integrity, Mac, TAG_LEN};
 use zcfs_protocol::handshake::Welcome;
 use zcfs_protocol::{Cred, Op, Request, RespHeader, RESP_HDR};
 use zcfs_transport::{client_handshake, tune, write_all_vectored, TransportError};
@@ -48,6 +49,8 @@ pub struct ClientConfig {
     pub timeout: Duration,
     /// How long attributes and names are cached (0 = not at all).
     pub attr_ttl: Duration,
+    /// `Full`: require the server to MAC bulk data too (needs a secret).
+    pub integrity: Integrity,
 }
 
 impl ClientConfig {
@@ -58,6 +61,7 @@ impl ClientConfig {
             connections: 2,
             timeout: Duration::from_secs(10),
             attr_ttl: Duration::from_secs(1),
+            integrity: Integrity::Headers,
         }
     }
 }
@@ -87,8 +91,15 @@ struct Posted {
 
 type PostedTable = Arc<Mutex<HashMap<u64, Posted>>>;
 
+/// The sending side of a connection: the socket, and its MAC when authenticated (held
+/// together: a message's sequence number is its place on the wire).
+struct Writer {
+    s: TcpStream,
+    mac: Option<Mac>,
+}
+
 struct Conn {
-    writer: Mutex<TcpStream>,
+    writer: Mutex<Writer>,
     /// The same socket, to shut it down without waiting for a writer.
     control: TcpStream,
     /// Requests waiting for their replies: operation, and where the reply goes (None:
@@ -232,6 +243,12 @@ fn terr(addr: &str, e: TransportError) -> Error {
             libc::EACCES,
             format!("{addr}: authentication failed (wrong secret?)"),
         ),
+        e @ TransportError::ServerUnauthenticated => {
+            Error::new(libc::EACCES, format!("{addr}: {e}"))
+        }
+        e @ TransportError::IntegrityRefused => {
+            Error::new(libc::EPROTONOSUPPORT, format!("{addr}: {e}"))
+        }
         TransportError::Io(io) => Error::new(
             io.raw_os_error().unwrap_or(libc::EIO),
             format!("{addr}: {io}"),
@@ -370,8 +387,24 @@ impl Client {
         // Writes to a dead link must not block forever either.
         s.set_write_timeout(Some(self.cfg.timeout))
             .map_err(|e| Error::new(libc::EIO, e.to_string()))?;
-        let welcome = client_handshake(&mut s, self.cfg.secret.as_deref(), self.session)
-            .map_err(|e| terr(&self.cfg.addr, e))?;
+        if self.cfg.integrity == Integrity::Full && self.cfg.secret.is_none() {
+            return Err(Error::new(
+                libc::EINVAL,
+                "integrity full needs a secret (--secret-file): without one there are no MACs",
+            ));
+        }
+        let established = client_handshake(
+            &mut s,
+            self.cfg.secret.as_deref(),
+            self.session,
+            self.cfg.integrity,
+        )
+        .map_err(|e| terr(&self.cfg.addr, e))?;
+        let welcome = established.welcome;
+        let (tx, rx) = match established.channel {
+            Some((tx, rx)) => (Some(tx), Some(rx)),
+            None => (None, None),
+        };
         s.set_read_timeout(None)
             .map_err(|e| Error::new(libc::EIO, e.to_string()))?;
         let clone = || {
@@ -380,7 +413,7 @@ impl Client {
         };
         let (reader, control) = (clone()?, clone()?);
         let conn = Arc::new(Conn {
-            writer: Mutex::new(s),
+            writer: Mutex::new(Writer { s, mac: tx }),
             control,
             pending: Mutex::new(HashMap::new()),
             posted: self.posted.clone(),
@@ -392,7 +425,7 @@ impl Client {
         let c2 = conn.clone();
         std::thread::Builder::new()
             .name("zcfs-client-rx".into())
-            .spawn(move || read_loop(reader, c2))
+            .spawn(move || read_loop(reader, rx, c2))
             .map_err(|e| Error::new(libc::EIO, e.to_string()))?;
         Ok(conn)
     }
@@ -558,12 +591,32 @@ impl Client {
         let (tx, rx) = sync_channel(1);
         lock(&conn.pending).insert(id, (req.op(), wait.then_some(tx)));
         let (hdr, body) = req.encode(id, cred);
-        let mut iov = Vec::with_capacity(2 + data.len());
+        let mut w = lock(&conn.writer);
+        // The tags (with a secret): over header and body, and in full mode over the
+        // data too (hashed where the caller has it).
+        let (mut tag, mut data_tag) = ([0u8; TAG_LEN], None);
+        if let Some(mac) = w.mac.as_mut() {
+            let mut m = mac.begin(&hdr, &body);
+            tag = m.tag();
+            let n: usize = data.iter().map(|d| d.len()).sum();
+            if mac.data_tagged(n) {
+                data.iter().for_each(|d| m.data(d));
+                data_tag = Some(m.data_tag());
+            }
+        }
+        let mut iov = Vec::with_capacity(4 + data.len());
         iov.push(IoSlice::new(&hdr));
         iov.push(IoSlice::new(&body));
+        if w.mac.is_some() {
+            iov.push(IoSlice::new(&tag));
+        }
         iov.extend(data.iter().map(|d| IoSlice::new(d)));
+        if let Some(t) = &data_tag {
+            iov.push(IoSlice::new(t));
+        }
         let n: usize = iov.iter().map(|s| s.len()).sum();
-        let r = write_all_vectored(&mut *lock(&conn.writer), &mut iov);
+        let r = write_all_vectored(&mut w.s, &mut iov);
+        drop(w);
         let ticket = Ticket {
             rx,
             conn: conn.clone(),
@@ -651,26 +704,67 @@ fn is_transport(e: &Error) -> bool {
     )
 }
 
-fn read_loop(mut s: TcpStream, conn: Arc<Conn>) {
+/// Receive one reply (header, body, tag, data, data tag) and check its tags. Err: why
+/// the connection must end, and the id of a reply that failed its check (that caller
+/// gets EIO: it must not get data it cannot trust, nor a resend of a request whose
+/// answer was tampered with).
+fn recv_reply(
+    s: &mut TcpStream,
+    mac: &mut Option<Mac>,
+) -> Result<(RespHeader, Vec<u8>, Vec<u8>), (String, Option<u64>)> {
+    let mut hb = [0u8; RESP_HDR];
+    s.read_exact(&mut hb)
+        .map_err(|e| (format!("receive: {e}"), None))?;
+    let h = RespHeader::decode(&hb).map_err(|e| (format!("malformed reply: {e}"), None))?;
+    let tag_len = if mac.is_some() { TAG_LEN } else { 0 };
+    // Into fresh capacity: no zero-fill of a buffer the kernel is about to write.
+    let (mut body, mut data) = (
+        Vec::with_capacity(h.body_len as usize + tag_len),
+        Vec::with_capacity(h.data_len as usize + tag_len),
+    );
+    zcfs_transport::recv_into_vec(s, &mut body, h.body_len as usize + tag_len)
+        .map_err(|e| (format!("receive: {e}"), None))?;
+    let mut m = None;
+    if let Some(mac) = mac.as_mut() {
+        let tag: [u8; TAG_LEN] = body[h.body_len as usize..]
+            .try_into()
+            .expect("TAG_LEN bytes");
+        body.truncate(h.body_len as usize);
+        let mm = mac.begin(&hb, &body);
+        mm.verify(&tag).map_err(|e| (e.to_string(), Some(h.id)))?;
+        if mac.data_tagged(h.data_len as usize) {
+            m = Some(mm);
+        }
+    }
+    zcfs_transport::recv_into_vec(s, &mut data, h.data_len as usize)
+        .map_err(|e| (format!("receive: {e}"), None))?;
+    if let Some(mut mm) = m {
+        let mut tag = [0u8; TAG_LEN];
+        s.read_exact(&mut tag)
+            .map_err(|e| (format!("receive: {e}"), None))?;
+        mm.data(&data);
+        mm.verify_data(&tag)
+            .map_err(|e| (e.to_string(), Some(h.id)))?;
+    }
+    Ok((h, body, data))
+}
+
+fn read_loop(mut s: TcpStream, mut mac: Option<Mac>, conn: Arc<Conn>) {
     let why = loop {
-        let mut hb = [0u8; RESP_HDR];
-        if let Err(e) = s.read_exact(&mut hb) {
-            break format!("receive: {e}");
-        }
-        let h = match RespHeader::decode(&hb) {
-            Ok(h) => h,
-            Err(e) => break format!("malformed reply: {e}"),
+        let (h, body, data) = match recv_reply(&mut s, &mut mac) {
+            Ok(x) => x,
+            Err((why, forged)) => {
+                if let Some(id) = forged {
+                    if let Some((_, Some(slot))) = lock(&conn.pending).remove(&id) {
+                        let _ = slot.try_send(Err(Error::new(
+                            libc::EIO,
+                            format!("the reply failed its integrity check: {why}"),
+                        )));
+                    }
+                }
+                break why;
+            }
         };
-        // Into fresh capacity: no zero-fill of a buffer the kernel is about to write.
-        let (mut body, mut data) = (
-            Vec::with_capacity(h.body_len as usize),
-            Vec::with_capacity(h.data_len as usize),
-        );
-        let got = zcfs_transport::recv_into_vec(&s, &mut body, h.body_len as usize)
-            .and_then(|_| zcfs_transport::recv_into_vec(&s, &mut data, h.data_len as usize));
-        if let Err(e) = got {
-            break format!("receive: {e}");
-        }
         let Some((op, slot)) = lock(&conn.pending).remove(&h.id) else {
             // A reply to a request that timed out: drop it.
             continue;
@@ -732,6 +826,7 @@ mod tests {
                 let hs = zcfs_transport::server_handshake(
                     &mut s,
                     None,
+                    Integrity::Headers,
                     8,
                     instance,
                     Duration::from_secs(5),

@@ -48,12 +48,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use zcfs_backend::Backend;
+use zcfs_protocol::channel::Integrity;
 use zcfs_transport::{server_handshake, set_peer_timeout, tune, TransportError};
 
 /// How long a session outlives its last connection by default.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(60);
 /// How long a peer may stall a message or a reply by default.
 pub const DEFAULT_PEER_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a connection may stay idle (no request begun) by default before the server
+/// closes it (the client reconnects on its next call; the session survives its grace).
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 /// Most open handles one session may hold by default.
 pub const DEFAULT_MAX_SESSION_HANDLES: usize = 1 << 20;
 /// Most connections in the handshake at once by default (a quarter of the default
@@ -87,6 +91,10 @@ pub struct ServerConfig {
     pub max_handshakes: usize,
     /// Most connections in the handshake at once from one IP address.
     pub max_handshakes_per_addr: usize,
+    /// How long a connection may stay idle between messages.
+    pub idle_timeout: Duration,
+    /// What the message MACs cover (with a secret; `Full` needs one).
+    pub integrity: Integrity,
 }
 
 impl ServerConfig {
@@ -118,12 +126,16 @@ impl Default for ServerConfig {
             handshake_timeout: HANDSHAKE_TIMEOUT,
             max_handshakes: DEFAULT_MAX_HANDSHAKES,
             max_handshakes_per_addr: DEFAULT_MAX_HANDSHAKES_PER_ADDR,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            integrity: Integrity::Headers,
         }
     }
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
+    #[error("--integrity full needs a secret (--secret-file): without one there are no MACs")]
+    IntegrityWithoutSecret,
     #[error("listening on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -211,6 +223,9 @@ impl Drop for Slot {
 
 impl Server {
     pub fn bind(backend: Arc<dyn Backend>, cfg: ServerConfig) -> Result<Server, ServerError> {
+        if cfg.integrity == Integrity::Full && cfg.secret.is_none() {
+            return Err(ServerError::IntegrityWithoutSecret);
+        }
         let listener = TcpListener::bind(cfg.listen).map_err(|source| ServerError::Bind {
             addr: cfg.listen,
             source,
@@ -382,6 +397,7 @@ fn connection(mut s: TcpStream, peer: &str, shared: &Shared, slot: &mut Slot) {
     let hs = server_handshake(
         &mut s,
         shared.cfg.secret.as_deref(),
+        shared.cfg.integrity,
         shared.cfg.max_inflight,
         shared.instance,
         shared.cfg.handshake_timeout,
@@ -399,7 +415,11 @@ fn connection(mut s: TcpStream, peer: &str, shared: &Shared, slot: &mut Slot) {
         Ok(h)
     });
     match hs {
-        Ok(_) => {
+        Ok(accepted) => {
+            let (tx, rx) = match accepted.channel {
+                Some((tx, rx)) => (Some(tx), Some(rx)),
+                None => (None, None),
+            };
             let attached = Attached {
                 sessions: &shared.sessions,
                 attachment,
@@ -418,12 +438,23 @@ fn connection(mut s: TcpStream, peer: &str, shared: &Shared, slot: &mut Slot) {
                 shared,
                 session,
                 replying: false,
+                tx,
+                rx,
+                inbound: conn::Inbound::new(),
             };
             match conn.serve() {
                 Ok(()) | Err(ConnEnd::Closed) => tracing::info!(%peer, "client disconnected"),
                 Err(ConnEnd::Malformed(e)) => {
                     stats.rejected_malformed.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(%peer, "dropping client: malformed message: {e}");
+                }
+                Err(e @ ConnEnd::Forged(_)) => {
+                    stats.rejected_forged.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(%peer, "dropping client: {e}");
+                }
+                Err(ConnEnd::Idle) => {
+                    stats.dropped_idle.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(%peer, idle = ?shared.cfg.idle_timeout, "closing an idle connection");
                 }
                 Err(e @ ConnEnd::Stalled(_)) => {
                     stats.dropped_stalled.fetch_add(1, Ordering::Relaxed);

@@ -36,6 +36,11 @@ pub struct ServerStats {
     /// Connections dropped because the peer stalled past the peer timeout (or did not
     /// finish the handshake within its deadline).
     pub dropped_stalled: AtomicU64,
+    /// Connections dropped because a message's MAC did not check out (changed,
+    /// injected, replayed, dropped or reordered on the way).
+    pub rejected_forged: AtomicU64,
+    /// Connections closed after the idle timeout.
+    pub dropped_idle: AtomicU64,
     /// Resent requests answered from a session's reply cache (not executed again).
     pub replies_replayed: AtomicU64,
     /// Requests that panicked (answered with EIO; their connection dropped).
@@ -64,6 +69,8 @@ impl Default for ServerStats {
             rejected_handshake_limit: AtomicU64::new(0),
             handshaking: AtomicUsize::new(0),
             dropped_stalled: AtomicU64::new(0),
+            rejected_forged: AtomicU64::new(0),
+            dropped_idle: AtomicU64::new(0),
             replies_replayed: AtomicU64::new(0),
             panics: AtomicU64::new(0),
             sessions_resumed: AtomicU64::new(0),
@@ -101,6 +108,10 @@ pub struct StatsReport {
     pub connections_handshaking: usize,
     #[serde(default)]
     pub dropped_stalled: u64,
+    #[serde(default)]
+    pub rejected_forged: u64,
+    #[serde(default)]
+    pub dropped_idle: u64,
     #[serde(default)]
     pub replies_replayed: u64,
     #[serde(default)]
@@ -194,6 +205,8 @@ impl ServerStats {
             rejected_handshake_limit: load(&self.rejected_handshake_limit),
             connections_handshaking: self.handshaking.load(Ordering::Relaxed),
             dropped_stalled: load(&self.dropped_stalled),
+            rejected_forged: load(&self.rejected_forged),
+            dropped_idle: load(&self.dropped_idle),
             replies_replayed: load(&self.replies_replayed),
             requests_panicked: load(&self.panics),
             sessions_active: active,

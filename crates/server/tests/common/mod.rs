@@ -122,7 +122,7 @@ impl Raw {
 
     fn handshake(mut s: TcpStream, session: u64) -> Raw {
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        zcfs_transport::client_handshake(&mut s, None, session).unwrap();
+        zcfs_transport::client_handshake(&mut s, None, session, Default::default()).unwrap();
         Raw { s, next_id: 1 }
     }
 

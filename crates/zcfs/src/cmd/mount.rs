@@ -181,6 +181,7 @@ fn open(source: &Source, plan: &MountPlan) -> Result<OpenedBackend> {
                 if let Some(t) = plan.timeout {
                     cfg.timeout = t;
                 }
+                cfg.integrity = plan.integrity;
                 OpenedBackend::remote(cfg)
             };
             connect().with_context(|| {

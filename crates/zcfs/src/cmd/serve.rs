@@ -21,7 +21,8 @@ pub struct ServeArgs {
     /// Address to listen on. Anything but loopback needs --secret-file or --insecure.
     #[arg(long, default_value = "127.0.0.1:7070")]
     listen: SocketAddr,
-    /// File holding the shared secret for mutual HMAC-SHA256 authentication.
+    /// File holding the shared secret (mode 0600 or stricter) for mutual
+    /// authentication and per-message MACs.
     #[arg(long)]
     secret_file: Option<PathBuf>,
     /// Allow unauthenticated clients on a non-loopback address.
@@ -52,6 +53,22 @@ pub struct ServeArgs {
     /// request) before it is dropped.
     #[arg(long, default_value_t = zcfs_server::DEFAULT_PEER_TIMEOUT.as_secs_f64())]
     peer_timeout: f64,
+    /// Seconds a connection may stay idle (no request begun) before it is closed; the
+    /// client reconnects on its next call and keeps its session within --grace.
+    #[arg(long, default_value_t = zcfs_server::DEFAULT_IDLE_TIMEOUT.as_secs_f64())]
+    idle_timeout: f64,
+    /// Most connections still in the handshake (not authenticated yet) at once; kept
+    /// below --max-connections.
+    #[arg(long, default_value_t = zcfs_server::DEFAULT_MAX_HANDSHAKES)]
+    max_unauthenticated: usize,
+    /// Most connections still in the handshake at once from one source address.
+    #[arg(long, default_value_t = zcfs_server::DEFAULT_MAX_HANDSHAKES_PER_ADDR)]
+    max_unauthenticated_per_source: usize,
+    /// What the per-message MACs cover (needs --secret-file): `headers` (default:
+    /// headers and bodies; bulk data moves zero-copy, unMACed) or `full` (bulk data too,
+    /// keyed BLAKE3; every client then uses it).
+    #[arg(long, default_value = "headers")]
+    integrity: zcfs_protocol::channel::Integrity,
 }
 
 fn seconds(flag: &str, v: f64) -> Result<Duration> {
@@ -97,6 +114,13 @@ pub fn run(a: &ServeArgs) -> Result<i32> {
     if peer_timeout.is_zero() {
         bail!("--peer-timeout 0: a peer needs some time to answer");
     }
+    let idle_timeout = seconds("idle-timeout", a.idle_timeout)?;
+    if idle_timeout.is_zero() {
+        bail!("--idle-timeout 0: a connection needs some time between requests");
+    }
+    if a.integrity == zcfs_protocol::channel::Integrity::Full && a.secret_file.is_none() {
+        bail!("--integrity full needs --secret-file FILE: without a secret there are no MACs");
+    }
     let secret = a.secret_file.as_deref().map(read_secret).transpose()?;
     if !a.listen.ip().is_loopback() && secret.is_none() && !a.insecure {
         bail!("listening on {} (not loopback) needs --secret-file FILE, or --insecure to allow anyone on the network", a.listen);
@@ -117,6 +141,10 @@ pub fn run(a: &ServeArgs) -> Result<i32> {
                 one_copy: a.one_copy,
                 grace,
                 peer_timeout,
+                idle_timeout,
+                integrity: a.integrity,
+                max_handshakes: a.max_unauthenticated,
+                max_handshakes_per_addr: a.max_unauthenticated_per_source,
                 ..Default::default()
             },
         )
@@ -131,7 +159,10 @@ pub fn run(a: &ServeArgs) -> Result<i32> {
     println!(
         "serving {source} on {addr}{}{}",
         if authenticated {
-            " (authenticated)"
+            match a.integrity {
+                zcfs_protocol::channel::Integrity::Full => " (authenticated, integrity full)",
+                zcfs_protocol::channel::Integrity::Headers => " (authenticated)",
+            }
         } else {
             ""
         },
