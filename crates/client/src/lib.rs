@@ -708,10 +708,10 @@ fn is_transport(e: &Error) -> bool {
 /// the connection must end, and the id of a reply that failed its check (that caller
 /// gets EIO: it must not get data it cannot trust, nor a resend of a request whose
 /// answer was tampered with).
-fn recv_reply(
-    s: &mut TcpStream,
-    mac: &mut Option<Mac>,
-) -> Result<(RespHeader, Vec<u8>, Vec<u8>), (String, Option<u64>)> {
+/// A reply as received: header, body, data.
+type Received = (RespHeader, Vec<u8>, Vec<u8>);
+
+fn recv_reply(s: &mut TcpStream, mac: &mut Option<Mac>) -> Result<Received, (String, Option<u64>)> {
     let mut hb = [0u8; RESP_HDR];
     s.read_exact(&mut hb)
         .map_err(|e| (format!("receive: {e}"), None))?;
