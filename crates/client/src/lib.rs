@@ -21,7 +21,6 @@ pub use remote::RemoteFs;
 
 use std::collections::HashMap;
 use std::io::{IoSlice, Read};
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
@@ -29,7 +28,7 @@ use std::time::Duration;
 use zcfs_backend::Error;
 use zcfs_protocol::handshake::Welcome;
 use zcfs_protocol::{Cred, Op, Request, RespHeader, RESP_HDR};
-use zcfs_transport::{client_handshake, tune, write_all_vectored, TransportError};
+use zcfs_transport::{client_handshake, tune, write_all_vectored, Address, Stream, TransportError};
 
 /// Lock a mutex whether or not a panicking thread held it: the client's tables are
 /// changed in small consistent steps, and one panicking caller must not take the
@@ -40,7 +39,7 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
-    /// HOST:PORT of the server.
+    /// The server's address: `unix:PATH`, `tcp:HOST:PORT` or `HOST:PORT`.
     pub addr: String,
     pub secret: Option<Vec<u8>>,
     pub connections: usize,
@@ -88,9 +87,9 @@ struct Posted {
 type PostedTable = Arc<Mutex<HashMap<u64, Posted>>>;
 
 struct Conn {
-    writer: Mutex<TcpStream>,
+    writer: Mutex<Stream>,
     /// The same socket, to shut it down without waiting for a writer.
-    control: TcpStream,
+    control: Stream,
     /// Requests waiting for their replies: operation, and where the reply goes (None:
     /// posted, no one waits; its reply only clears it from `posted`).
     pending: Mutex<HashMap<u64, (Op, Option<Slot>)>>,
@@ -347,18 +346,25 @@ impl Client {
         *lock(&self.on_restart) = Some(f);
     }
 
-    fn resolve(&self) -> Result<SocketAddr, Error> {
-        self.cfg
+    fn resolve(&self) -> Result<Address, Error> {
+        let a: Address = self
+            .cfg
             .addr
-            .to_socket_addrs()
-            .map_err(|e| Error::new(libc::EINVAL, format!("{}: {e}", self.cfg.addr)))?
-            .next()
-            .ok_or_else(|| Error::new(libc::EINVAL, format!("{}: no address", self.cfg.addr)))
+            .parse()
+            .map_err(|e| Error::new(libc::EINVAL, format!("{e}")))?;
+        if let Address::Tcp(_) = a {
+            a.resolve()
+                .map_err(|e| Error::new(libc::EINVAL, format!("{}: {e}", self.cfg.addr)))?
+                .ok_or_else(|| {
+                    Error::new(libc::EINVAL, format!("{}: no address", self.cfg.addr))
+                })?;
+        }
+        Ok(a)
     }
 
     fn dial(&self) -> Result<Arc<Conn>, Error> {
         let addr = self.resolve()?;
-        let mut s = TcpStream::connect_timeout(&addr, self.cfg.timeout).map_err(|e| {
+        let mut s = Stream::connect(&addr, self.cfg.timeout).map_err(|e| {
             Error::new(
                 e.raw_os_error().unwrap_or(libc::EIO),
                 format!("connecting to {}: {e}", self.cfg.addr),
@@ -651,7 +657,7 @@ fn is_transport(e: &Error) -> bool {
     )
 }
 
-fn read_loop(mut s: TcpStream, conn: Arc<Conn>) {
+fn read_loop(mut s: Stream, conn: Arc<Conn>) {
     let why = loop {
         let mut hb = [0u8; RESP_HDR];
         if let Err(e) = s.read_exact(&mut hb) {
@@ -705,7 +711,7 @@ fn read_loop(mut s: TcpStream, conn: Arc<Conn>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::TcpListener;
+    use std::net::{SocketAddr, TcpListener};
     use zcfs_protocol::{
         LookupName, LookupReq, MkdirReq, Name, NodeRef, PingReq, ReqHeader, REQ_HDR,
     };

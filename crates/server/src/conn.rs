@@ -7,7 +7,6 @@
 use crate::session::{Access, Begin, Claim, Session};
 use crate::Shared;
 use std::io::{IoSlice, IoSliceMut, Read};
-use std::net::TcpStream;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -17,7 +16,9 @@ use zcfs_protocol::{
     EmptyReply, NodeRef, Op, ProtoError, ReadReq, Reply, ReqHeader, Request, RespHeader,
     WriteReply, WriteReq, MAX_BODY, REQ_HDR, RESP_HDR,
 };
-use zcfs_transport::{discard, read_exact_vectored, read_message_start, write_all_vectored};
+use zcfs_transport::{
+    discard, read_exact_vectored, read_message_start, write_all_vectored, Stream,
+};
 
 /// Why a connection ended.
 #[derive(Debug, thiserror::Error)]
@@ -44,7 +45,7 @@ impl ConnEnd {
 }
 
 pub(crate) struct Conn<'a> {
-    pub s: TcpStream,
+    pub s: Stream,
     pub shared: &'a Shared,
     pub session: &'a Session,
     /// Some of the current request's reply went out (after a panic no answer fits).

@@ -1,10 +1,18 @@
-//! TCP transport for zcfs: exact vectored reads and writes (so headers, bodies and bulk
-//! data move without being joined into one buffer), the handshake on both sides, and
-//! socket options. Other transports (AF_XDP) will sit beside this one.
+//! Socket transport for zcfs (TCP or a Unix domain socket, `Stream`): exact vectored
+//! reads and writes (so headers, bodies and bulk data move without being joined into
+//! one buffer), the handshake on both sides, and socket options. Other transports
+//! (AF_XDP) will sit beside this one.
+
+mod stream;
+
+pub use stream::{
+    peer_cred, Address, AddressError, Listener, Peer, PeerCred, Socket, Stream, UNIX_SOCKET_MODE,
+};
 
 use rand::RngCore;
 use std::io::{IoSlice, IoSliceMut, Read, Write};
 use std::net::TcpStream;
+use std::os::unix::io::AsRawFd;
 use std::time::{Duration, Instant};
 use zcfs_protocol::handshake::*;
 use zcfs_protocol::{ProtoError, MAX_DATA, VERSION};
@@ -58,8 +66,7 @@ pub fn read_exact_vectored(
 
 /// Append exactly `n` bytes from a socket to `buf`, receiving straight into its spare
 /// capacity: no zero-fill, and recv asks for everything still missing each time.
-pub fn recv_into_vec(s: &TcpStream, buf: &mut Vec<u8>, n: usize) -> std::io::Result<()> {
-    use std::os::unix::io::AsRawFd;
+pub fn recv_into_vec(s: &impl AsRawFd, buf: &mut Vec<u8>, n: usize) -> std::io::Result<()> {
     buf.reserve(n);
     let start = buf.len();
     let mut got = 0;
@@ -103,7 +110,7 @@ pub fn discard(r: &mut impl Read, mut n: usize) -> std::io::Result<()> {
 }
 
 fn set_int_option(s: &TcpStream, level: i32, name: i32, value: libc::c_int) -> std::io::Result<()> {
-    let fd = std::os::unix::io::AsRawFd::as_raw_fd(s);
+    let fd = s.as_raw_fd();
     // SAFETY: setting an int socket option on our own socket; the pointer and length
     // describe `value`.
     let r = unsafe {
@@ -122,8 +129,12 @@ fn set_int_option(s: &TcpStream, level: i32, name: i32, value: libc::c_int) -> s
     }
 }
 
-/// Low latency for small messages, keepalive to notice dead peers.
-pub fn tune(s: &TcpStream) -> std::io::Result<()> {
+/// Low latency for small messages, keepalive to notice dead peers (TCP; a Unix socket
+/// needs neither).
+pub fn tune(s: &impl Socket) -> std::io::Result<()> {
+    let Some(s) = s.tcp() else {
+        return Ok(());
+    };
     s.set_nodelay(true)?;
     // Keepalive after 10 s idle, probes every 5 s, 3 misses: a dead peer shows in ~25 s.
     let opts: [(i32, i32, libc::c_int); 4] = [
@@ -143,10 +154,13 @@ pub fn tune(s: &TcpStream) -> std::io::Result<()> {
 /// fails (SO_SNDTIMEO), data left unacknowledged that long breaks the connection
 /// (TCP_USER_TIMEOUT), and so does a receive (SO_RCVTIMEO; see `read_message_start`
 /// for waiting on an idle connection).
-pub fn set_peer_timeout(s: &TcpStream, patience: Duration) -> std::io::Result<()> {
+pub fn set_peer_timeout(s: &impl Socket, patience: Duration) -> std::io::Result<()> {
     let patience = patience.max(Duration::from_millis(1));
     s.set_write_timeout(Some(patience))?;
     s.set_read_timeout(Some(patience))?;
+    let Some(s) = s.tcp() else {
+        return Ok(());
+    };
     let ms = patience.as_millis().min(libc::c_int::MAX as u128) as libc::c_int;
     set_int_option(s, libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, ms)
 }
@@ -162,7 +176,7 @@ fn timed_out(e: &std::io::Error) -> bool {
 /// while no byte has come the connection is idle and we wait on (an idle peer is not a
 /// stalled one); once one has, the rest must come within the timeout. Returns false
 /// when the peer closed the connection between messages.
-pub fn read_message_start(s: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<bool> {
+pub fn read_message_start(s: &mut impl Read, buf: &mut [u8]) -> std::io::Result<bool> {
     let mut got = 0;
     while got < buf.len() {
         match s.read(&mut buf[got..]) {
@@ -207,7 +221,7 @@ impl Deadline {
         Ok(left)
     }
 
-    fn read_exact(&self, s: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<()> {
+    fn read_exact(&self, s: &mut impl Socket, buf: &mut [u8]) -> std::io::Result<()> {
         let mut got = 0;
         while got < buf.len() {
             s.set_read_timeout(Some(self.left()?))?;
@@ -222,7 +236,7 @@ impl Deadline {
         Ok(())
     }
 
-    fn write_all(&self, s: &mut TcpStream, mut buf: &[u8]) -> std::io::Result<()> {
+    fn write_all(&self, s: &mut impl Socket, mut buf: &[u8]) -> std::io::Result<()> {
         while !buf.is_empty() {
             s.set_write_timeout(Some(self.left()?))?;
             match s.write(buf) {
@@ -239,7 +253,11 @@ impl Deadline {
 /// Client side of the handshake, for the client's `session` (random, not 0). Returns
 /// the server's welcome (limits, instance, and whether the session was resumed: with
 /// authentication, as the verdict said it).
-pub fn client_handshake(s: &mut TcpStream, secret: Option<&[u8]>, session: u64) -> Result<Welcome> {
+pub fn client_handshake(
+    s: &mut impl Socket,
+    secret: Option<&[u8]>,
+    session: u64,
+) -> Result<Welcome> {
     let cn = nonce();
     s.write_all(
         &Hello {
@@ -282,7 +300,7 @@ pub fn client_handshake(s: &mut TcpStream, secret: Option<&[u8]>, session: u64) 
 /// away before the last message reached it), the caller undoes the attachment. The
 /// socket's timeouts are left as the deadline set them: the caller sets its own.
 pub fn server_handshake(
-    s: &mut TcpStream,
+    s: &mut impl Socket,
     secret: Option<&[u8]>,
     max_inflight: u32,
     instance: u64,
