@@ -21,7 +21,6 @@ pub use remote::RemoteFs;
 
 use std::collections::HashMap;
 use std::io::{IoSlice, Read};
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
@@ -30,7 +29,7 @@ use zcfs_backend::Error;
 use zcfs_protocol::channel::{Integrity, Mac, TAG_LEN};
 use zcfs_protocol::handshake::Welcome;
 use zcfs_protocol::{Cred, Op, Request, RespHeader, RESP_HDR};
-use zcfs_transport::{client_handshake, tune, write_all_vectored, TransportError};
+use zcfs_transport::{client_handshake, tune, write_all_vectored, Address, Stream, TransportError};
 
 /// Lock a mutex whether or not a panicking thread held it: the client's tables are
 /// changed in small consistent steps, and one panicking caller must not take the
@@ -41,7 +40,7 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
-    /// HOST:PORT of the server.
+    /// The server's address: `unix:PATH`, `tcp:HOST:PORT` or `HOST:PORT`.
     pub addr: String,
     pub secret: Option<Vec<u8>>,
     pub connections: usize,
@@ -94,14 +93,14 @@ type PostedTable = Arc<Mutex<HashMap<u64, Posted>>>;
 /// The sending side of a connection: the socket, and its MAC when authenticated (held
 /// together: a message's sequence number is its place on the wire).
 struct Writer {
-    s: TcpStream,
+    s: Stream,
     mac: Option<Mac>,
 }
 
 struct Conn {
     writer: Mutex<Writer>,
     /// The same socket, to shut it down without waiting for a writer.
-    control: TcpStream,
+    control: Stream,
     /// Requests waiting for their replies: operation, and where the reply goes (None:
     /// posted, no one waits; its reply only clears it from `posted`).
     pending: Mutex<HashMap<u64, (Op, Option<Slot>)>>,
@@ -364,18 +363,25 @@ impl Client {
         *lock(&self.on_restart) = Some(f);
     }
 
-    fn resolve(&self) -> Result<SocketAddr, Error> {
-        self.cfg
+    fn resolve(&self) -> Result<Address, Error> {
+        let a: Address = self
+            .cfg
             .addr
-            .to_socket_addrs()
-            .map_err(|e| Error::new(libc::EINVAL, format!("{}: {e}", self.cfg.addr)))?
-            .next()
-            .ok_or_else(|| Error::new(libc::EINVAL, format!("{}: no address", self.cfg.addr)))
+            .parse()
+            .map_err(|e| Error::new(libc::EINVAL, format!("{e}")))?;
+        if let Address::Tcp(_) = a {
+            a.resolve()
+                .map_err(|e| Error::new(libc::EINVAL, format!("{}: {e}", self.cfg.addr)))?
+                .ok_or_else(|| {
+                    Error::new(libc::EINVAL, format!("{}: no address", self.cfg.addr))
+                })?;
+        }
+        Ok(a)
     }
 
     fn dial(&self) -> Result<Arc<Conn>, Error> {
         let addr = self.resolve()?;
-        let mut s = TcpStream::connect_timeout(&addr, self.cfg.timeout).map_err(|e| {
+        let mut s = Stream::connect(&addr, self.cfg.timeout).map_err(|e| {
             Error::new(
                 e.raw_os_error().unwrap_or(libc::EIO),
                 format!("connecting to {}: {e}", self.cfg.addr),
@@ -704,14 +710,14 @@ fn is_transport(e: &Error) -> bool {
     )
 }
 
+/// A reply as received: header, body, data.
+type Received = (RespHeader, Vec<u8>, Vec<u8>);
+
 /// Receive one reply (header, body, tag, data, data tag) and check its tags. Err: why
 /// the connection must end, and the id of a reply that failed its check (that caller
 /// gets EIO: it must not get data it cannot trust, nor a resend of a request whose
 /// answer was tampered with).
-/// A reply as received: header, body, data.
-type Received = (RespHeader, Vec<u8>, Vec<u8>);
-
-fn recv_reply(s: &mut TcpStream, mac: &mut Option<Mac>) -> Result<Received, (String, Option<u64>)> {
+fn recv_reply(s: &mut Stream, mac: &mut Option<Mac>) -> Result<Received, (String, Option<u64>)> {
     let mut hb = [0u8; RESP_HDR];
     s.read_exact(&mut hb)
         .map_err(|e| (format!("receive: {e}"), None))?;
@@ -749,7 +755,7 @@ fn recv_reply(s: &mut TcpStream, mac: &mut Option<Mac>) -> Result<Received, (Str
     Ok((h, body, data))
 }
 
-fn read_loop(mut s: TcpStream, mut mac: Option<Mac>, conn: Arc<Conn>) {
+fn read_loop(mut s: Stream, mut mac: Option<Mac>, conn: Arc<Conn>) {
     let why = loop {
         let (h, body, data) = match recv_reply(&mut s, &mut mac) {
             Ok(x) => x,
@@ -799,7 +805,7 @@ fn read_loop(mut s: TcpStream, mut mac: Option<Mac>, conn: Arc<Conn>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::TcpListener;
+    use std::net::{SocketAddr, TcpListener};
     use zcfs_protocol::{
         LookupName, LookupReq, MkdirReq, Name, NodeRef, PingReq, ReqHeader, REQ_HDR,
     };

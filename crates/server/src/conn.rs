@@ -7,7 +7,6 @@
 use crate::session::{Access, Begin, Claim, Session};
 use crate::Shared;
 use std::io::{IoSlice, IoSliceMut, Read};
-use std::net::TcpStream;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -20,6 +19,7 @@ use zcfs_protocol::{
 };
 use zcfs_transport::{
     message_time, read_exact_vectored, read_message_start, write_all_vectored, Patient, Start,
+    Stream,
 };
 
 /// Why a connection ended.
@@ -51,7 +51,7 @@ impl ConnEnd {
 }
 
 pub(crate) struct Conn<'a> {
-    pub s: TcpStream,
+    pub s: Stream,
     pub shared: &'a Shared,
     pub session: &'a Session,
     /// Some of the current request's reply went out (after a panic no answer fits).
@@ -88,7 +88,7 @@ impl Inbound {
     /// uses the payload.
     fn recv(
         &mut self,
-        s: &TcpStream,
+        s: &mut Stream,
         patience: std::time::Duration,
         bufs: &mut [IoSliceMut<'_>],
     ) -> Result<(), ConnEnd> {
@@ -118,7 +118,7 @@ impl Inbound {
 
     /// Take what is left of the payload off the socket and drop it (a write refused
     /// before its data was used), checking its tag all the same.
-    fn discard(&mut self, s: &TcpStream, patience: std::time::Duration) -> Result<(), ConnEnd> {
+    fn discard(&mut self, s: &mut Stream, patience: std::time::Duration) -> Result<(), ConnEnd> {
         let mut buf = vec![0u8; self.left.min(64 << 10)];
         while self.left > 0 {
             let k = self.left.min(buf.len());
@@ -163,7 +163,7 @@ impl<'a> Conn<'a> {
             };
             let tag_len = if self.rx.is_some() { TAG_LEN } else { 0 };
             let mut body = vec![0u8; h.body_len as usize + tag_len];
-            Patient::new(&self.s, self.inbound.deadline, patience)
+            Patient::new(&mut self.s, self.inbound.deadline, patience)
                 .read_exact(&mut body)
                 .map_err(|e| ConnEnd::io("receiving a body", e))?;
             if let Some(rx) = &mut self.rx {
@@ -263,7 +263,7 @@ impl<'a> Conn<'a> {
     /// Drop what is left of the current request's payload.
     fn discard(&mut self) -> Result<(), ConnEnd> {
         let patience = self.shared.cfg.peer_timeout;
-        self.inbound.discard(&self.s, patience)
+        self.inbound.discard(&mut self.s, patience)
     }
 
     /// Send an encoded reply (header and body), with its tag on an authenticated
@@ -454,7 +454,7 @@ impl<'a> Conn<'a> {
             let mut buf = vec![0u8; size as usize];
             match self
                 .inbound
-                .recv(&self.s, patience, &mut [IoSliceMut::new(&mut buf)])
+                .recv(&mut self.s, patience, &mut [IoSliceMut::new(&mut buf)])
             {
                 Ok(()) => {
                     shared
@@ -469,7 +469,7 @@ impl<'a> Conn<'a> {
                 }
             }
         } else {
-            let (s, inbound) = (&self.s, &mut self.inbound);
+            let (s, inbound) = (&mut self.s, &mut self.inbound);
             backend.write_with(ctx, w.node.ino, bfh, w.offset, size, &mut |dst| {
                 // Straight from the socket into the reserved destination blocks.
                 let mut iov: Vec<IoSliceMut<'_>> =
@@ -494,7 +494,7 @@ impl<'a> Conn<'a> {
                 let mut buf = vec![0u8; size as usize];
                 match self
                     .inbound
-                    .recv(&self.s, patience, &mut [IoSliceMut::new(&mut buf)])
+                    .recv(&mut self.s, patience, &mut [IoSliceMut::new(&mut buf)])
                 {
                     Ok(()) => {
                         shared

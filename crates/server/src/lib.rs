@@ -1,5 +1,5 @@
-//! The zcfs network server: exports any Backend over TCP (protocol version 2,
-//! docs/protocol.md).
+//! The zcfs network server: exports any Backend over TCP or a Unix domain socket
+//! (docs/protocol.md).
 //!
 //! Each connection is served by one thread, in order, so many requests may be in flight
 //! on it (the client pipelines; TCP carries the queue). Data paths:
@@ -43,13 +43,15 @@ pub use zcfs_transport::HANDSHAKE_TIMEOUT;
 use conn::{Conn, ConnEnd};
 use session::{lock, Attachment, Sessions};
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use zcfs_backend::Backend;
 use zcfs_protocol::channel::Integrity;
-use zcfs_transport::{server_handshake, set_peer_timeout, tune, TransportError};
+use zcfs_transport::{
+    server_handshake, set_peer_timeout, tune, Address, Listener, Peer, Stream, TransportError,
+};
 
 /// How long a session outlives its last connection by default.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(60);
@@ -69,7 +71,8 @@ pub const DEFAULT_MAX_HANDSHAKES_PER_ADDR: usize = 4;
 
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    pub listen: SocketAddr,
+    /// Where to listen: a TCP address or a Unix socket.
+    pub listen: Address,
     pub secret: Option<Vec<u8>>,
     pub read_only: bool,
     pub max_connections: usize,
@@ -89,7 +92,8 @@ pub struct ServerConfig {
     /// Most connections in the handshake at once; always kept below `max_connections`
     /// (see `handshake_limits`).
     pub max_handshakes: usize,
-    /// Most connections in the handshake at once from one IP address.
+    /// Most connections in the handshake at once from one IP address (one uid, on a
+    /// Unix socket).
     pub max_handshakes_per_addr: usize,
     /// How long a connection may stay idle between messages.
     pub idle_timeout: Duration,
@@ -114,7 +118,7 @@ impl ServerConfig {
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
-            listen: "127.0.0.1:7070".parse().unwrap(),
+            listen: Address::Tcp("127.0.0.1:7070".into()),
             secret: None,
             read_only: false,
             max_connections: 64,
@@ -138,7 +142,7 @@ pub enum ServerError {
     IntegrityWithoutSecret,
     #[error("listening on {addr}: {source}")]
     Bind {
-        addr: SocketAddr,
+        addr: Address,
         #[source]
         source: std::io::Error,
     },
@@ -159,21 +163,38 @@ impl Shared {
     }
 }
 
+/// What the per-source handshake bound counts by: the IP address of a TCP peer, the
+/// uid of a Unix socket peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Source {
+    Ip(IpAddr),
+    Uid(u32),
+}
+
+impl From<&Peer> for Source {
+    fn from(p: &Peer) -> Source {
+        match p {
+            Peer::Tcp(a) => Source::Ip(a.ip()),
+            Peer::Unix(c) => Source::Uid(c.uid),
+        }
+    }
+}
+
 /// Connections in the handshake: in all, and by peer address.
 #[derive(Default)]
 struct Handshakes {
     total: usize,
-    by_addr: HashMap<IpAddr, usize>,
+    by_addr: HashMap<Source, usize>,
 }
 
 /// A running server: accepts until `shutdown`.
 pub struct Server {
     shared: Arc<Shared>,
     pub stats: Arc<ServerStats>,
-    listener: TcpListener,
+    listener: Listener,
     stopping: AtomicBool,
     /// Open connections (a clone of each socket), to close them at shutdown.
-    conns: Arc<Mutex<Vec<(u64, TcpStream)>>>,
+    conns: Arc<Mutex<Vec<(u64, Stream)>>>,
     handshakes: Arc<Mutex<Handshakes>>,
 }
 
@@ -182,9 +203,9 @@ pub struct Server {
 /// back on drop, however the connection's thread ends (a panic included).
 struct Slot {
     id: u64,
-    ip: IpAddr,
+    ip: Source,
     stats: Arc<ServerStats>,
-    conns: Arc<Mutex<Vec<(u64, TcpStream)>>>,
+    conns: Arc<Mutex<Vec<(u64, Stream)>>>,
     handshakes: Arc<Mutex<Handshakes>>,
     handshaking: bool,
 }
@@ -226,8 +247,8 @@ impl Server {
         if cfg.integrity == Integrity::Full && cfg.secret.is_none() {
             return Err(ServerError::IntegrityWithoutSecret);
         }
-        let listener = TcpListener::bind(cfg.listen).map_err(|source| ServerError::Bind {
-            addr: cfg.listen,
+        let listener = Listener::bind(&cfg.listen).map_err(|source| ServerError::Bind {
+            addr: cfg.listen.clone(),
             source,
         })?;
         let stats = Arc::new(ServerStats::default());
@@ -248,10 +269,19 @@ impl Server {
         })
     }
 
-    pub fn local_addr(&self) -> SocketAddr {
+    /// The address the server listens on (with the port chosen, for a TCP port 0).
+    pub fn local_addr(&self) -> Address {
         self.listener
             .local_addr()
             .expect("bound listener has an address")
+    }
+
+    /// The TCP address the server listens on (None on a Unix socket).
+    pub fn tcp_addr(&self) -> Option<SocketAddr> {
+        match &self.listener {
+            Listener::Tcp(l) => l.local_addr().ok(),
+            Listener::Unix(..) => None,
+        }
     }
 
     pub fn backend(&self) -> &Arc<dyn Backend> {
@@ -271,21 +301,20 @@ impl Server {
         };
         let mut threads: Vec<std::thread::JoinHandle<()>> = Vec::new();
         let mut next_id = 0u64;
-        for s in self.listener.incoming() {
+        loop {
+            let accepted = self.listener.accept();
             if self.stopping.load(Ordering::SeqCst) {
                 break;
             }
-            let s = match s {
-                Ok(s) => s,
+            let (s, who) = match accepted {
+                Ok(x) => x,
                 Err(e) => {
                     tracing::warn!("accept: {e}");
                     continue;
                 }
             };
-            let Ok(addr) = s.peer_addr() else {
-                continue;
-            };
-            let peer = addr.to_string();
+            let source = Source::from(&who);
+            let peer = who.to_string();
             let stats = &self.shared.stats;
             let cfg = &self.shared.cfg;
             if stats.active.load(Ordering::SeqCst) >= cfg.max_connections {
@@ -296,7 +325,7 @@ impl Server {
             {
                 let (total, per_addr) = cfg.handshake_limits();
                 let mut h = lock(&self.handshakes);
-                let from_addr = h.by_addr.get(&addr.ip()).copied().unwrap_or(0);
+                let from_addr = h.by_addr.get(&source).copied().unwrap_or(0);
                 if h.total >= total || from_addr >= per_addr {
                     drop(h);
                     stats
@@ -306,7 +335,7 @@ impl Server {
                     continue;
                 }
                 h.total += 1;
-                *h.by_addr.entry(addr.ip()).or_default() += 1;
+                *h.by_addr.entry(source).or_default() += 1;
                 stats.handshaking.fetch_add(1, Ordering::SeqCst);
             }
             next_id += 1;
@@ -315,7 +344,7 @@ impl Server {
             // From here on the slot gives everything back when dropped.
             let mut slot = Slot {
                 id,
-                ip: addr.ip(),
+                ip: source,
                 stats: stats.clone(),
                 conns: self.conns.clone(),
                 handshakes: self.handshakes.clone(),
@@ -362,7 +391,7 @@ impl Server {
             let _ = c.shutdown(std::net::Shutdown::Both);
         }
         // Wake the accept loop.
-        let _ = TcpStream::connect(self.local_addr());
+        let _ = Stream::connect(&self.local_addr(), Duration::from_secs(1));
     }
 
     pub fn report(&self) -> StatsReport {
@@ -387,7 +416,7 @@ impl Drop for Attached<'_> {
 
 /// Serve one connection: handshake (joining its session once authenticated), requests,
 /// and the end.
-fn connection(mut s: TcpStream, peer: &str, shared: &Shared, slot: &mut Slot) {
+fn connection(mut s: Stream, peer: &str, shared: &Shared, slot: &mut Slot) {
     let stats = &shared.stats;
     if let Err(e) = set_peer_timeout(&s, shared.cfg.peer_timeout) {
         tracing::warn!(%peer, "dropping client: socket options: {e}");

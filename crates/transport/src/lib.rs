@@ -1,10 +1,18 @@
-//! TCP transport for zcfs: exact vectored reads and writes (so headers, bodies and bulk
-//! data move without being joined into one buffer), the handshake on both sides, and
-//! socket options. Other transports (AF_XDP) will sit beside this one.
+//! Socket transport for zcfs (TCP or a Unix domain socket, `Stream`): exact vectored
+//! reads and writes (so headers, bodies and bulk data move without being joined into
+//! one buffer), the handshake on both sides, and socket options. Other transports
+//! (AF_XDP) will sit beside this one.
+
+mod stream;
+
+pub use stream::{
+    peer_cred, Address, AddressError, Listener, Peer, PeerCred, Socket, Stream, UNIX_SOCKET_MODE,
+};
 
 use rand::RngCore;
 use std::io::{IoSlice, IoSliceMut, Read, Write};
 use std::net::TcpStream;
+use std::os::unix::io::AsRawFd;
 use std::time::{Duration, Instant};
 use zcfs_protocol::channel::{derive_keys, Integrity, Mac};
 use zcfs_protocol::handshake::*;
@@ -63,8 +71,7 @@ pub fn read_exact_vectored(
 
 /// Append exactly `n` bytes from a socket to `buf`, receiving straight into its spare
 /// capacity: no zero-fill, and recv asks for everything still missing each time.
-pub fn recv_into_vec(s: &TcpStream, buf: &mut Vec<u8>, n: usize) -> std::io::Result<()> {
-    use std::os::unix::io::AsRawFd;
+pub fn recv_into_vec(s: &impl AsRawFd, buf: &mut Vec<u8>, n: usize) -> std::io::Result<()> {
     buf.reserve(n);
     let start = buf.len();
     let mut got = 0;
@@ -108,7 +115,7 @@ pub fn discard(r: &mut impl Read, mut n: usize) -> std::io::Result<()> {
 }
 
 fn set_int_option(s: &TcpStream, level: i32, name: i32, value: libc::c_int) -> std::io::Result<()> {
-    let fd = std::os::unix::io::AsRawFd::as_raw_fd(s);
+    let fd = s.as_raw_fd();
     // SAFETY: setting an int socket option on our own socket; the pointer and length
     // describe `value`.
     let r = unsafe {
@@ -127,8 +134,12 @@ fn set_int_option(s: &TcpStream, level: i32, name: i32, value: libc::c_int) -> s
     }
 }
 
-/// Low latency for small messages, keepalive to notice dead peers.
-pub fn tune(s: &TcpStream) -> std::io::Result<()> {
+/// Low latency for small messages, keepalive to notice dead peers (TCP; a Unix socket
+/// needs neither).
+pub fn tune(s: &impl Socket) -> std::io::Result<()> {
+    let Some(s) = s.tcp() else {
+        return Ok(());
+    };
     s.set_nodelay(true)?;
     // Keepalive after 10 s idle, probes every 5 s, 3 misses: a dead peer shows in ~25 s.
     let opts: [(i32, i32, libc::c_int); 4] = [
@@ -148,10 +159,13 @@ pub fn tune(s: &TcpStream) -> std::io::Result<()> {
 /// fails (SO_SNDTIMEO), data left unacknowledged that long breaks the connection
 /// (TCP_USER_TIMEOUT), and so does a receive (SO_RCVTIMEO; see `read_message_start`
 /// for waiting on an idle connection).
-pub fn set_peer_timeout(s: &TcpStream, patience: Duration) -> std::io::Result<()> {
+pub fn set_peer_timeout(s: &impl Socket, patience: Duration) -> std::io::Result<()> {
     let patience = patience.max(Duration::from_millis(1));
     s.set_write_timeout(Some(patience))?;
     s.set_read_timeout(Some(patience))?;
+    let Some(s) = s.tcp() else {
+        return Ok(());
+    };
     let ms = patience.as_millis().min(libc::c_int::MAX as u128) as libc::c_int;
     set_int_option(s, libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, ms)
 }
@@ -179,7 +193,7 @@ pub enum Start {
 /// we wait on, up to `idle` (an idle peer is not a stalled one); once one has, the rest
 /// must come within `patience`.
 pub fn read_message_start(
-    s: &mut TcpStream,
+    s: &mut impl Socket,
     buf: &mut [u8],
     patience: Duration,
     idle: Duration,
@@ -235,15 +249,15 @@ pub fn message_time(patience: Duration, data_len: u64) -> Duration {
 /// whole message: a peer trickling bytes cannot stretch a message beyond it. The
 /// socket's timeout is shortened only near the deadline (no extra system call on the
 /// fast path) and put back when this is dropped.
-pub struct Patient<'a> {
-    s: &'a TcpStream,
+pub struct Patient<'a, S: Socket> {
+    s: &'a mut S,
     deadline: Instant,
     patience: Duration,
     shortened: bool,
 }
 
-impl<'a> Patient<'a> {
-    pub fn new(s: &'a TcpStream, deadline: Instant, patience: Duration) -> Patient<'a> {
+impl<'a, S: Socket> Patient<'a, S> {
+    pub fn new(s: &'a mut S, deadline: Instant, patience: Duration) -> Patient<'a, S> {
         Patient {
             s,
             deadline,
@@ -268,21 +282,19 @@ impl<'a> Patient<'a> {
     }
 }
 
-impl Read for Patient<'_> {
+impl<S: Socket> Read for Patient<'_, S> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         self.before()?;
-        let mut s = self.s;
-        s.read(buf)
+        self.s.read(buf)
     }
 
     fn read_vectored(&mut self, bufs: &mut [IoSliceMut<'_>]) -> std::io::Result<usize> {
         self.before()?;
-        let mut s = self.s;
-        s.read_vectored(bufs)
+        self.s.read_vectored(bufs)
     }
 }
 
-impl Drop for Patient<'_> {
+impl<S: Socket> Drop for Patient<'_, S> {
     fn drop(&mut self) {
         if self.shortened {
             let _ = self.s.set_read_timeout(Some(self.patience));
@@ -320,7 +332,7 @@ impl Deadline {
         Ok(left)
     }
 
-    fn read_exact(&self, s: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<()> {
+    fn read_exact(&self, s: &mut impl Socket, buf: &mut [u8]) -> std::io::Result<()> {
         let mut got = 0;
         while got < buf.len() {
             s.set_read_timeout(Some(self.left()?))?;
@@ -335,7 +347,7 @@ impl Deadline {
         Ok(())
     }
 
-    fn write_all(&self, s: &mut TcpStream, mut buf: &[u8]) -> std::io::Result<()> {
+    fn write_all(&self, s: &mut impl Socket, mut buf: &[u8]) -> std::io::Result<()> {
         while !buf.is_empty() {
             s.set_write_timeout(Some(self.left()?))?;
             match s.write(buf) {
@@ -361,7 +373,7 @@ pub struct Established {
 /// secret the server must prove it knows it (a Welcome without auth is refused), and
 /// the connection gets its MACs; `integrity` Full is required of the server.
 pub fn client_handshake(
-    s: &mut TcpStream,
+    s: &mut impl Socket,
     secret: Option<&[u8]>,
     session: u64,
     integrity: Integrity,
@@ -445,7 +457,7 @@ pub struct Accepted {
 /// away before the last message reached it), the caller undoes the attachment. The
 /// socket's timeouts are left as the deadline set them: the caller sets its own.
 pub fn server_handshake(
-    s: &mut TcpStream,
+    s: &mut impl Socket,
     secret: Option<&[u8]>,
     integrity: Integrity,
     max_inflight: u32,
@@ -758,7 +770,7 @@ mod tests {
     fn a_trickled_message_is_cut_at_its_deadline() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let mut c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (s, _) = l.accept().unwrap();
+        let (mut s, _) = l.accept().unwrap();
         let patience = Duration::from_millis(300);
         set_peer_timeout(&s, patience).unwrap();
         let t = std::thread::spawn(move || {
@@ -770,7 +782,7 @@ mod tests {
             }
         });
         let started = Instant::now();
-        let mut p = Patient::new(&s, started + message_time(patience, 0), patience);
+        let mut p = Patient::new(&mut s, started + message_time(patience, 0), patience);
         let mut buf = [0u8; 40];
         let e = p.read_exact(&mut buf).unwrap_err();
         assert!(timed_out(&e), "{e}");

@@ -38,7 +38,7 @@ pub fn memory_fs(size: usize) -> Arc<zcfs_local::LocalFs> {
 
 pub fn config() -> ServerConfig {
     ServerConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
+        listen: zcfs_transport::Address::Tcp("127.0.0.1:0".into()),
         ..Default::default()
     }
 }
@@ -61,7 +61,7 @@ impl Running {
     }
 
     pub fn addr(&self) -> SocketAddr {
-        self.server.local_addr()
+        self.server.tcp_addr().expect("a TCP server")
     }
 
     pub fn report(&self) -> StatsReport {

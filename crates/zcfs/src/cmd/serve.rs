@@ -133,7 +133,7 @@ pub fn run(a: &ServeArgs) -> Result<i32> {
         zcfs_server::Server::bind(
             backend,
             zcfs_server::ServerConfig {
-                listen: a.listen,
+                listen: a.listen.into(),
                 secret,
                 read_only: a.read_only,
                 max_connections: a.max_connections,
