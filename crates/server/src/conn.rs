@@ -90,9 +90,9 @@ impl Inbound {
         &mut self,
         s: &mut Stream,
         patience: std::time::Duration,
-        bufs: &mut [IoSliceMut<'_>],
+        dst: &mut [&mut [u8]],
     ) -> Result<(), ConnEnd> {
-        let n: usize = bufs.iter().map(|b| b.len()).sum();
+        let n: usize = dst.iter().map(|b| b.len()).sum();
         if n > self.left {
             return Err(ConnEnd::Io(
                 "receiving write data",
@@ -100,10 +100,15 @@ impl Inbound {
             ));
         }
         let mut r = Patient::new(s, self.deadline, patience);
-        read_exact_vectored(&mut r, bufs).map_err(|e| ConnEnd::io("receiving write data", e))?;
+        {
+            // readv advances these in place: hash `dst` itself afterwards.
+            let mut iov: Vec<IoSliceMut<'_>> = dst.iter_mut().map(|d| IoSliceMut::new(d)).collect();
+            read_exact_vectored(&mut r, &mut iov)
+                .map_err(|e| ConnEnd::io("receiving write data", e))?;
+        }
         self.left -= n;
         if let Some(m) = &mut self.mac {
-            for b in bufs.iter() {
+            for b in dst.iter() {
                 m.data(b);
             }
             if self.left == 0 {
@@ -122,7 +127,7 @@ impl Inbound {
         let mut buf = vec![0u8; self.left.min(64 << 10)];
         while self.left > 0 {
             let k = self.left.min(buf.len());
-            self.recv(s, patience, &mut [IoSliceMut::new(&mut buf[..k])])?;
+            self.recv(s, patience, &mut [&mut buf[..k]])?;
         }
         Ok(())
     }
@@ -454,7 +459,7 @@ impl<'a> Conn<'a> {
             let mut buf = vec![0u8; size as usize];
             match self
                 .inbound
-                .recv(&mut self.s, patience, &mut [IoSliceMut::new(&mut buf)])
+                .recv(&mut self.s, patience, &mut [&mut buf[..]])
             {
                 Ok(()) => {
                     shared
@@ -472,9 +477,7 @@ impl<'a> Conn<'a> {
             let (s, inbound) = (&mut self.s, &mut self.inbound);
             backend.write_with(ctx, w.node.ino, bfh, w.offset, size, &mut |dst| {
                 // Straight from the socket into the reserved destination blocks.
-                let mut iov: Vec<IoSliceMut<'_>> =
-                    dst.iter_mut().map(|d| IoSliceMut::new(d)).collect();
-                inbound.recv(s, patience, &mut iov).map_err(|e| {
+                inbound.recv(s, patience, dst).map_err(|e| {
                     let m = e.to_string();
                     recv_err = Some(e);
                     Error::new(libc::EIO, m)
@@ -494,7 +497,7 @@ impl<'a> Conn<'a> {
                 let mut buf = vec![0u8; size as usize];
                 match self
                     .inbound
-                    .recv(&mut self.s, patience, &mut [IoSliceMut::new(&mut buf)])
+                    .recv(&mut self.s, patience, &mut [&mut buf[..]])
                 {
                     Ok(()) => {
                         shared
