@@ -21,7 +21,7 @@
 //! - Caches: attributes and names for the attribute timeout. An operation that changes
 //!   an inode refreshes (from its reply) or drops every cached copy of it.
 
-use crate::{lock, Client, ClientConfig};
+use crate::{lock, Caller, Client, ClientConfig};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -44,6 +44,9 @@ use zcfs_protocol::{
 /// FUSE reply holds.
 const READDIRPLUS_BATCH: u32 = 128;
 
+/// Who opened a file: uid and gid, supplementary groups.
+type Opener = (Cred, Vec<u32>);
+
 struct OpenFile {
     ino: u64,
     gen: u64,
@@ -52,6 +55,8 @@ struct OpenFile {
     server_fh: Option<u64>,
     /// The session epoch `server_fh` belongs to.
     epoch: u64,
+    /// Who opened it: re-opened as them after a server restart.
+    opener: Opener,
 }
 
 /// What we know of an inode.
@@ -197,10 +202,14 @@ pub struct RemoteFs {
     written_bytes: AtomicU64,
 }
 
-fn cred(ctx: &Ctx) -> Cred {
-    Cred {
-        uid: ctx.cred.uid,
-        gid: ctx.cred.gid,
+/// Who the caller is, as the request carries it: uid, gid and supplementary groups.
+fn cred(ctx: &Ctx) -> Caller<'_> {
+    Caller {
+        cred: Cred {
+            uid: ctx.cred.uid,
+            gid: ctx.cred.gid,
+        },
+        groups: &ctx.cred.groups,
     }
 }
 
@@ -243,18 +252,25 @@ impl RemoteFs {
             // Re-open what was open, so the server knows the handles again; the
             // generation makes sure it is the same file (an unlinked-but-open file
             // did not survive a restart: that handle is stale).
-            let files: Vec<(u64, u64, u64, i32)> = lock(&open)
+            let files: Vec<(u64, u64, u64, i32, Opener)> = lock(&open)
                 .iter()
-                .map(|(fh, f)| (*fh, f.ino, f.gen, f.flags))
+                .map(|(fh, f)| (*fh, f.ino, f.gen, f.flags, f.opener.clone()))
                 .collect();
-            for (fh, ino, gen, flags) in files {
+            for (fh, ino, gen, flags, (cred, groups)) in files {
                 let req: Request = OpenReq {
                     node: NodeRef::new(ino, gen),
                     flags: flags & !libc::O_TRUNC & !libc::O_CREAT & !libc::O_EXCL,
                 }
                 .into();
                 let server_fh = c
-                    .call_on(conn, &req)
+                    .call_on(
+                        conn,
+                        &req,
+                        Caller {
+                            cred,
+                            groups: &groups,
+                        },
+                    )
                     .ok()
                     .and_then(|r| <OpenReq as Operation>::Reply::decode(&r.body).ok())
                     .map(|r| r.fh);
@@ -401,7 +417,7 @@ impl RemoteFs {
                 items: List::new(chunk.to_vec()).expect("chunk within the limit"),
             }
             .into();
-            self.client.post(&req, Cred::default(), epoch);
+            self.client.post(&req, Caller::process(), epoch);
         }
     }
 
@@ -415,8 +431,9 @@ impl RemoteFs {
         }
     }
 
-    fn track(&self, ino: u64, gen: u64, flags: i32, server_fh: u64, epoch: u64) -> u64 {
+    fn track(&self, ctx: &Ctx, ino: u64, gen: u64, flags: i32, server_fh: u64, epoch: u64) -> u64 {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        let c = cred(ctx);
         lock(&self.open).insert(
             fh,
             OpenFile {
@@ -425,6 +442,7 @@ impl RemoteFs {
                 flags,
                 server_fh: Some(server_fh),
                 epoch,
+                opener: (c.cred, c.groups.to_vec()),
             },
         );
         fh
@@ -652,7 +670,7 @@ impl Backend for RemoteFs {
         }
         let node = self.node(ino);
         let (r, epoch) = self.call_in(ctx, OpenReq { node, flags }, &[])?;
-        Ok(self.track(ino, node.gen, flags, r.fh, epoch))
+        Ok(self.track(ctx, ino, node.gen, flags, r.fh, epoch))
     }
 
     fn create(
@@ -673,6 +691,7 @@ impl Backend for RemoteFs {
         let (r, epoch) = self.call_in(ctx, req, &[])?;
         let a = self.entry(r.attr, epoch, Some((parent, n)), true);
         let fh = self.track(
+            ctx,
             a.ino,
             a.generation,
             flags & !libc::O_CREAT & !libc::O_EXCL,
@@ -697,7 +716,7 @@ impl Backend for RemoteFs {
             size: size.min(MAX_DATA as u32),
         }
         .into();
-        let r = self.client.call(&req, Cred::default(), &[])?;
+        let r = self.client.call(&req, Caller::process(), &[])?;
         self.read_bytes
             .fetch_add(r.data.len() as u64, Ordering::Relaxed);
         self.client
@@ -771,12 +790,12 @@ impl Backend for RemoteFs {
             fh: sfh,
         }
         .into();
-        match self.client.exchange(&req, Cred::default(), &[]) {
+        match self.client.exchange(&req, Caller::process(), &[]) {
             (Ok(_), _) => Ok(()),
             (Err(e), true) if e.errno == libc::EBADF => Ok(()),
             (Err(e), _) if crate::is_transport(&e) => {
                 tracing::info!(ino, "release deferred until the server is back: {e}");
-                self.client.post(&req, Cred::default(), epoch);
+                self.client.post(&req, Caller::process(), epoch);
                 Ok(())
             }
             (Err(e), _) => Err(e),
