@@ -213,6 +213,14 @@ fn cred(ctx: &Ctx) -> Caller<'_> {
     }
 }
 
+/// This process as the caller, for requests made for no caller in particular
+/// (statfs, flush, fsync, sync, stats): a server that knows this process (a Unix socket)
+/// lets it act as itself, whoever it is.
+fn own() -> Ctx {
+    let c = Caller::process().cred;
+    Ctx::user(c.uid, c.gid)
+}
+
 /// A request the protocol refuses to carry: refused here, with the same errno.
 fn invalid(e: ProtoError) -> Error {
     Error::new(e.errno(), e.to_string())
@@ -474,7 +482,7 @@ impl RemoteFs {
 
     /// Server-side counters as JSON (`zcfs stat ADDR:PORT`).
     pub fn server_stats(&self) -> Result<Vec<u8>> {
-        Ok(self.call(&Ctx::default(), StatsReq {})?.json.into_bytes())
+        Ok(self.call(&own(), StatsReq {})?.json.into_bytes())
     }
 
     /// References to `ino` (held for our caller, held by the server for us).
@@ -524,7 +532,7 @@ impl Backend for RemoteFs {
             }
         }
         let r = self.call(
-            &Ctx::default(),
+            &own(),
             GetattrReq {
                 node: self.node(ino),
             },
@@ -564,7 +572,7 @@ impl Backend for RemoteFs {
 
     fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
         let r = self.call(
-            &Ctx::default(),
+            &own(),
             ReadlinkReq {
                 node: self.node(ino),
             },
@@ -769,8 +777,7 @@ impl Backend for RemoteFs {
     fn flush(&self, ino: u64, fh: u64) -> Result<()> {
         let fh = self.server_fh(fh).unwrap_or(0);
         let node = self.node(ino);
-        self.call(&Ctx::default(), FlushReq { node, fh })
-            .map(|_| ())
+        self.call(&own(), FlushReq { node, fh }).map(|_| ())
     }
 
     /// A release lost with its connection is sent again with the same id (the server's
@@ -805,7 +812,7 @@ impl Backend for RemoteFs {
     fn fsync(&self, ino: u64, fh: u64, datasync: bool) -> Result<()> {
         let fh = self.server_fh(fh).unwrap_or(0);
         let node = self.node(ino);
-        self.call(&Ctx::default(), FsyncReq { node, fh, datasync })
+        self.call(&own(), FsyncReq { node, fh, datasync })
             .map(|_| ())
     }
 
@@ -830,7 +837,7 @@ impl Backend for RemoteFs {
                 plus,
                 max_entries,
             };
-            let (r, epoch) = self.call_in(&Ctx::default(), req, &[])?;
+            let (r, epoch) = self.call_in(&own(), req, &[])?;
             let es = r.entries.into_vec();
             if es.is_empty() {
                 return Ok(());
@@ -872,7 +879,7 @@ impl Backend for RemoteFs {
     }
 
     fn statfs(&self) -> Result<StatFs> {
-        Ok(self.call(&Ctx::default(), StatfsReq {})?.statfs)
+        Ok(self.call(&own(), StatfsReq {})?.statfs)
     }
 
     fn setxattr(&self, ctx: &Ctx, ino: u64, n: &[u8], value: &[u8], flags: i32) -> Result<()> {
@@ -969,6 +976,6 @@ impl Backend for RemoteFs {
     }
 
     fn sync_all(&self) -> Result<()> {
-        self.call(&Ctx::default(), SyncAllReq {}).map(|_| ())
+        self.call(&own(), SyncAllReq {}).map(|_| ())
     }
 }

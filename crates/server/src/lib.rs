@@ -40,7 +40,7 @@ mod stats;
 pub use identity::{IdentityMap, PeerRule, Squash, DEFAULT_ANON_ID};
 pub use session::{REPLY_CACHE_BYTES, REPLY_CACHE_ENTRIES};
 pub use stats::{OpReport, ServerStats, StatsReport};
-pub use zcfs_transport::HANDSHAKE_TIMEOUT;
+pub use zcfs_transport::{Address, HANDSHAKE_TIMEOUT};
 
 use conn::{Conn, ConnEnd};
 use session::{lock, Attachment, Sessions};
@@ -51,7 +51,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use zcfs_backend::Backend;
 use zcfs_transport::{
-    server_handshake, set_peer_timeout, tune, Address, Listener, Peer, Stream, TransportError,
+    server_handshake, set_peer_timeout, tune, Listener, Peer, Stream, TransportError,
 };
 
 /// How long a session outlives its last connection by default.
