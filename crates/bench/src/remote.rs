@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use zcfs_backend::{Backend, Ctx, ROOT};
 use zcfs_client::{ClientConfig, RemoteFs};
 use zcfs_netns::{owned_name, Pair};
-use zcfs_protocol::{Cred, NodeRef, ReadReq, Request, WriteReq};
+use zcfs_protocol::{NodeRef, ReadReq, Request, WriteReq};
 
 struct ServerProc {
     child: Child,
@@ -74,7 +74,11 @@ fn start_server_with(
     }
     let mut cmd = net.srv.command(zcfs);
     cmd.arg("serve").arg(&image);
-    cmd.args(["--listen", &format!("{}:{port}", net.srv_ip)]);
+    cmd.args([
+        "--listen",
+        &format!("{}:{port}", net.srv_ip),
+        "--no-root-squash",
+    ]);
     if insecure {
         cmd.arg("--insecure");
     }
@@ -183,7 +187,7 @@ fn zcfs_bench(
             // Timed from before the request leaves (submit returns once it is sent).
             let t0 = Instant::now();
             let tk = client
-                .submit(&req(next()), Cred::default(), &payload)
+                .submit(&req(next()), zcfs_client::Caller::process(), &payload)
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
             q.push_back((t0, tk));
         }

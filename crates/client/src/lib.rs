@@ -28,7 +28,7 @@ use std::time::Duration;
 use zcfs_backend::Error;
 use zcfs_protocol::channel::{Integrity, Mac, TAG_LEN};
 use zcfs_protocol::handshake::Welcome;
-use zcfs_protocol::{Cred, Op, Request, RespHeader, RESP_HDR};
+use zcfs_protocol::{Cred, Op, Request, RespHeader, MAX_GROUPS, RESP_HDR};
 use zcfs_transport::{client_handshake, tune, write_all_vectored, Address, Stream, TransportError};
 
 /// Lock a mutex whether or not a panicking thread held it: the client's tables are
@@ -62,6 +62,43 @@ impl ClientConfig {
             attr_ttl: Duration::from_secs(1),
             integrity: Integrity::Headers,
         }
+    }
+}
+
+/// Who a request is sent as: uid and gid (the header), and the supplementary groups
+/// (at most `MAX_GROUPS`; their gids open the body).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Caller<'a> {
+    pub cred: Cred,
+    pub groups: &'a [u32],
+}
+
+impl Caller<'_> {
+    /// This process's own uid and gid, without groups: for requests made for no
+    /// caller in particular (forget, release, reads through a handle). A server that
+    /// knows this process (a Unix socket) lets it act as itself, whoever it is.
+    pub fn process() -> Caller<'static> {
+        // SAFETY: getuid and getgid cannot fail.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        Caller {
+            cred: Cred { uid, gid },
+            groups: &[],
+        }
+    }
+
+    /// Requests for a caller in more groups than the protocol carries are refused here,
+    /// before anything is sent.
+    fn check(&self) -> Result<(), Error> {
+        if self.groups.len() > MAX_GROUPS {
+            return Err(Error::new(
+                libc::EINVAL,
+                format!(
+                    "the caller is in {} supplementary groups; a request carries at most {MAX_GROUPS}",
+                    self.groups.len()
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -509,7 +546,7 @@ impl Client {
                 "sending {} again after a lost connection",
                 req.op().name()
             );
-            drop(self.submit_on(c.clone(), id, &req, Cred::default(), &[], false));
+            drop(self.submit_on(c.clone(), id, &req, Caller::process(), &[], false));
         }
     }
 
@@ -520,10 +557,11 @@ impl Client {
     }
 
     /// Send a request (and write data) without waiting for the reply.
-    pub fn submit(&self, req: &Request, cred: Cred, data: &[&[u8]]) -> Result<Ticket, Error> {
+    pub fn submit(&self, req: &Request, cred: Caller<'_>, data: &[&[u8]]) -> Result<Ticket, Error> {
+        cred.check()?;
         let conn = self.pick()?;
         let id = self.ids.fetch_add(1, Ordering::Relaxed);
-        Ok(self.submit_on(conn, id, req, cred, data, true))
+        self.submit_on(conn, id, req, cred, data, true)
     }
 
     /// Send a request without waiting for its reply, as part of session `epoch` (what
@@ -531,7 +569,11 @@ impl Client {
     /// is up, or, with none up, on the next one made; one lost with its connection goes
     /// out again (same id) on the next. Dropped if that session is gone: the server
     /// gave back everything the session held.
-    pub fn post(&self, req: &Request, cred: Cred, epoch: u64) {
+    pub fn post(&self, req: &Request, cred: Caller<'_>, epoch: u64) {
+        if let Err(e) = cred.check() {
+            tracing::warn!("not posting {}: {}", req.op().name(), e.msg());
+            return;
+        }
         let id = self.ids.fetch_add(1, Ordering::Relaxed);
         {
             // Registered first (as not sent): from here on, every connection made
@@ -582,10 +624,13 @@ impl Client {
         conn: Arc<Conn>,
         id: u64,
         req: &Request,
-        cred: Cred,
+        cred: Caller<'_>,
         data: &[&[u8]],
         wait: bool,
-    ) -> Ticket {
+    ) -> Result<Ticket, Error> {
+        let (hdr, body) = req
+            .encode_with_groups(id, cred.cred, cred.groups)
+            .map_err(|e| Error::new(e.errno(), e.to_string()))?;
         {
             let (m, cv) = &conn.inflight;
             let mut n = lock(m);
@@ -596,7 +641,6 @@ impl Client {
         }
         let (tx, rx) = sync_channel(1);
         lock(&conn.pending).insert(id, (req.op(), wait.then_some(tx)));
-        let (hdr, body) = req.encode(id, cred);
         let mut w = lock(&conn.writer);
         // The tags (with a secret): over header and body, and in full mode over the
         // data too (hashed where the caller has it).
@@ -633,10 +677,10 @@ impl Client {
         if let Err(e) = r {
             conn.break_with(&format!("send failed: {e}"));
             // The ticket now holds the ENOTCONN the break delivered.
-            return ticket;
+            return Ok(ticket);
         }
         self.bytes_sent.fetch_add(n as u64, Ordering::Relaxed);
-        ticket
+        Ok(ticket)
     }
 
     fn attempt(
@@ -644,14 +688,15 @@ impl Client {
         conn: Result<Arc<Conn>, Error>,
         id: u64,
         req: &Request,
-        cred: Cred,
+        cred: Caller<'_>,
         data: &[&[u8]],
     ) -> Attempt {
         match conn {
             Ok(c) => {
                 let epoch = c.epoch.load(Ordering::SeqCst);
                 (
-                    self.submit_on(c, id, req, cred, data, true).wait(),
+                    self.submit_on(c, id, req, cred, data, true)
+                        .and_then(Ticket::wait),
                     Some(epoch),
                 )
             }
@@ -663,7 +708,7 @@ impl Client {
     /// same id: any request into the same session (the server's reply cache answers
     /// one it already executed, so it is executed once), an idempotent one also into a
     /// new session (the old one is gone with what the first attempt did to it).
-    pub fn call(&self, req: &Request, cred: Cred, data: &[&[u8]]) -> Result<Response, Error> {
+    pub fn call(&self, req: &Request, cred: Caller<'_>, data: &[&[u8]]) -> Result<Response, Error> {
         self.exchange(req, cred, data).0
     }
 
@@ -671,9 +716,12 @@ impl Client {
     pub fn exchange(
         &self,
         req: &Request,
-        cred: Cred,
+        cred: Caller<'_>,
         data: &[&[u8]],
     ) -> (Result<Response, Error>, bool) {
+        if let Err(e) = cred.check() {
+            return (Err(e), false);
+        }
         let id = self.ids.fetch_add(1, Ordering::Relaxed);
         let (r, sent_in) = self.attempt(self.pick(), id, req, cred, data);
         let e = match r {
@@ -695,10 +743,15 @@ impl Client {
 
     /// Send on the given connection and wait (the restart hook re-opening files before
     /// the connection is handed out).
-    pub(crate) fn call_on(&self, conn: &ConnRef, req: &Request) -> Result<Response, Error> {
+    pub(crate) fn call_on(
+        &self,
+        conn: &ConnRef,
+        req: &Request,
+        cred: Caller<'_>,
+    ) -> Result<Response, Error> {
         let id = self.ids.fetch_add(1, Ordering::Relaxed);
-        self.submit_on(conn.0.clone(), id, req, Cred::default(), &[], true)
-            .wait()
+        self.submit_on(conn.0.clone(), id, req, cred, &[], true)
+            .and_then(Ticket::wait)
     }
 }
 
@@ -891,13 +944,13 @@ mod tests {
             let handed_out = c.conns[0]
                 .try_lock()
                 .is_ok_and(|slot| slot.as_ref().is_some_and(|x| x.is_up()));
-            let ping = c.call_on(conn, &ping()).map(|r| r.epoch);
+            let ping = c.call_on(conn, &ping(), Caller::default()).map(|r| r.epoch);
             lock(&seen2).push((handed_out, epoch, ping.ok()));
         }));
         c.connect().unwrap();
-        assert_eq!(c.call(&ping(), Cred::default(), &[]).unwrap().epoch, 0);
+        assert_eq!(c.call(&ping(), Caller::default(), &[]).unwrap().epoch, 0);
         c.disconnect();
-        let r = c.call(&ping(), Cred::default(), &[]).unwrap();
+        let r = c.call(&ping(), Caller::default(), &[]).unwrap();
         assert_eq!(*lock(&seen), vec![(false, 1, Some(1))]);
         assert_eq!((r.epoch, c.epoch()), (1, 1));
     }
@@ -918,7 +971,7 @@ mod tests {
         let f = fake(false, Some(Op::Mkdir));
         let c = client(&f);
         c.connect().unwrap();
-        let (r, resent) = c.exchange(&mkdir(), Cred::default(), &[]);
+        let (r, resent) = c.exchange(&mkdir(), Caller::default(), &[]);
         assert!(r.is_ok() && resent);
         let mk: Vec<u64> = lock(&f.seen)
             .iter()
@@ -937,7 +990,7 @@ mod tests {
         let f = fake(true, Some(Op::Mkdir));
         let c = client(&f);
         c.connect().unwrap();
-        let (r, resent) = c.exchange(&mkdir(), Cred::default(), &[]);
+        let (r, resent) = c.exchange(&mkdir(), Caller::default(), &[]);
         assert_eq!(r.unwrap_err().errno, libc::ENOTCONN);
         assert!(!resent);
         let count = |op| lock(&f.seen).iter().filter(|(o, _)| *o == op).count();
@@ -950,7 +1003,7 @@ mod tests {
             name: LookupName::new("x").unwrap(),
         }
         .into();
-        let (r, resent) = c.exchange(&lookup, Cred::default(), &[]);
+        let (r, resent) = c.exchange(&lookup, Caller::default(), &[]);
         assert!(r.is_ok() && resent);
         assert_eq!((r.unwrap().epoch, c.epoch()), (1, 1));
     }
@@ -962,12 +1015,12 @@ mod tests {
         let c = client(&f);
         c.connect().unwrap();
         c.disconnect();
-        c.post(&ping(), Cred::default(), 0);
+        c.post(&ping(), Caller::default(), 0);
         assert_eq!(c.posted_unanswered(), 1);
-        c.call(&ping(), Cred::default(), &[]).unwrap();
+        c.call(&ping(), Caller::default(), &[]).unwrap();
         assert_eq!(c.epoch(), 1);
         assert_eq!(c.posted_unanswered(), 0);
-        c.post(&ping(), Cred::default(), 0);
+        c.post(&ping(), Caller::default(), 0);
         assert_eq!(c.posted_unanswered(), 0, "posted against an old epoch");
         std::thread::sleep(Duration::from_millis(100));
         assert_eq!(lock(&f.seen).len(), 1, "only the call went out");

@@ -64,6 +64,10 @@ pub const MAX_XATTR_VALUE: usize = 64 << 10;
 pub const MAX_XATTR_NAMES: usize = 65_536;
 /// Most directory entries in one readdir reply.
 pub const MAX_ENTRIES: usize = 4096;
+/// Most supplementary groups a request may carry (their gids open its body). Linux
+/// allows more (NGROUPS_MAX 65536); a client refuses to send a request for a caller
+/// in more (EINVAL), and a server answers one that names more with EINVAL.
+pub const MAX_GROUPS: usize = 256;
 /// Most (inode, count) pairs in one forget request.
 pub const MAX_FORGET_ITEMS: usize = 1024;
 /// Offsets and offset + length stay at or below this (a file offset is an off_t).

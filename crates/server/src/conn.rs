@@ -5,7 +5,7 @@
 //! (SO_SNDTIMEO): a peer that stalls longer is dropped.
 
 use crate::session::{Access, Begin, Claim, Session};
-use crate::Shared;
+use crate::{PeerRule, Shared};
 use std::io::{IoSlice, IoSliceMut, Read};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
@@ -52,6 +52,8 @@ impl ConnEnd {
 
 pub(crate) struct Conn<'a> {
     pub s: Stream,
+    /// What the peer may name as its identity.
+    pub rule: PeerRule,
     pub shared: &'a Shared,
     pub session: &'a Session,
     /// Some of the current request's reply went out (after a panic no answer fits).
@@ -182,7 +184,7 @@ impl<'a> Conn<'a> {
                 }
             }
             self.replying = false;
-            let req = match Request::decode(&h, &body) {
+            let (req, groups) = match Request::decode_with_groups(&h, &body) {
                 Ok(r) => r,
                 Err(e) => {
                     // Well framed, semantically wrong: answer it and stay in step.
@@ -221,7 +223,9 @@ impl<'a> Conn<'a> {
             // A panic (a bug reached by this request) ends this connection only: it is
             // answered with EIO if nothing of its reply went out yet, and the caller's
             // guards give back the slot, the socket and the session.
-            let r = catch_unwind(AssertUnwindSafe(|| self.handle(&h, req, t, &mut claim)));
+            let r = catch_unwind(AssertUnwindSafe(|| {
+                self.handle(&h, req, groups, t, &mut claim)
+            }));
             match r {
                 Ok(r) => r?,
                 Err(p) => {
@@ -249,10 +253,25 @@ impl<'a> Conn<'a> {
         &mut self,
         h: &ReqHeader,
         req: Request,
+        groups: Vec<u32>,
         t: Instant,
         claim: &mut Option<Claim<'a>>,
     ) -> Result<(), ConnEnd> {
-        let ctx = Ctx::user(h.uid, h.gid);
+        // Who the peer may be, then who the export lets it be.
+        let cred = match self.rule.check(h.uid, h.gid, groups) {
+            Ok(c) => self.shared.cfg.identity.map(c),
+            Err(e) => {
+                self.shared
+                    .stats
+                    .rejected_identity
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(op = h.op.name(), "refused: {}", e.msg());
+                self.discard()?;
+                self.shared.stats.record(h.op, false, 0, t);
+                return self.reply(h, Err(e), claim.take());
+            }
+        };
+        let ctx = Ctx { cred, pid: 0 };
         match req {
             Request::Write(w) => self.write(&ctx, h, w, t),
             Request::Read(r) => self.read(h, r, t),

@@ -33,12 +33,14 @@
 
 mod conn;
 mod dispatch;
+mod identity;
 mod session;
 mod stats;
 
+pub use identity::{IdentityMap, PeerRule, Squash, DEFAULT_ANON_ID};
 pub use session::{REPLY_CACHE_BYTES, REPLY_CACHE_ENTRIES};
 pub use stats::{OpReport, ServerStats, StatsReport};
-pub use zcfs_transport::HANDSHAKE_TIMEOUT;
+pub use zcfs_transport::{Address, HANDSHAKE_TIMEOUT};
 
 use conn::{Conn, ConnEnd};
 use session::{lock, Attachment, Sessions};
@@ -50,7 +52,7 @@ use std::time::Duration;
 use zcfs_backend::Backend;
 use zcfs_protocol::channel::Integrity;
 use zcfs_transport::{
-    server_handshake, set_peer_timeout, tune, Address, Listener, Peer, Stream, TransportError,
+    server_handshake, set_peer_timeout, tune, Listener, Peer, Stream, TransportError,
 };
 
 /// How long a session outlives its last connection by default.
@@ -99,6 +101,8 @@ pub struct ServerConfig {
     pub idle_timeout: Duration,
     /// What the message MACs cover (with a secret; `Full` needs one).
     pub integrity: Integrity,
+    /// Whose identity is replaced by the anonymous one (root squash by default).
+    pub identity: IdentityMap,
 }
 
 impl ServerConfig {
@@ -132,6 +136,7 @@ impl Default for ServerConfig {
             max_handshakes_per_addr: DEFAULT_MAX_HANDSHAKES_PER_ADDR,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             integrity: Integrity::Headers,
+            identity: IdentityMap::default(),
         }
     }
 }
@@ -367,7 +372,7 @@ impl Server {
             threads.retain(|t| !t.is_finished());
             let spawned = std::thread::Builder::new()
                 .name(format!("zcfs-conn-{id}"))
-                .spawn(move || connection(s, &peer, &shared, &mut slot));
+                .spawn(move || connection(s, who, &peer, &shared, &mut slot));
             match spawned {
                 Ok(t) => threads.push(t),
                 // The closure (and the slot in it) is dropped: everything given back.
@@ -416,8 +421,15 @@ impl Drop for Attached<'_> {
 
 /// Serve one connection: handshake (joining its session once authenticated), requests,
 /// and the end.
-fn connection(mut s: Stream, peer: &str, shared: &Shared, slot: &mut Slot) {
+fn connection(mut s: Stream, who: Peer, peer: &str, shared: &Shared, slot: &mut Slot) {
     let stats = &shared.stats;
+    let rule = match peer_rule(&s, &who) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(%peer, "dropping client: its groups: {e}");
+            return;
+        }
+    };
     if let Err(e) = set_peer_timeout(&s, shared.cfg.peer_timeout) {
         tracing::warn!(%peer, "dropping client: socket options: {e}");
         return;
@@ -464,6 +476,7 @@ fn connection(mut s: Stream, peer: &str, shared: &Shared, slot: &mut Slot) {
             tracing::info!(%peer, session = format!("{:016x}", session.id), resumed, "client connected");
             let mut conn = Conn {
                 s,
+                rule,
                 shared,
                 session,
                 replying: false,
@@ -525,5 +538,19 @@ fn connection(mut s: Stream, peer: &str, shared: &Shared, slot: &mut Slot) {
                 }
             }
         }
+    }
+}
+
+/// What the peer may name as its identity: a process that is not root on the Unix
+/// socket only itself (its uid, gid and groups as the kernel knows them); anyone else
+/// any identity.
+fn peer_rule(s: &Stream, who: &Peer) -> std::io::Result<PeerRule> {
+    match who {
+        Peer::Unix(c) if c.uid != 0 => Ok(PeerRule::Only {
+            uid: c.uid,
+            gid: c.gid,
+            groups: zcfs_transport::peer_groups(s, c.pid)?,
+        }),
+        _ => Ok(PeerRule::Any),
     }
 }

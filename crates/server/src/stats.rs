@@ -26,6 +26,8 @@ pub struct ServerStats {
     pub rejected_malformed: AtomicU64,
     /// Well-framed requests whose body was invalid: answered with an errno.
     pub rejected_invalid: AtomicU64,
+    /// Requests naming an identity their peer may not act as (answered EPERM).
+    pub rejected_identity: AtomicU64,
     pub rejected_auth: AtomicU64,
     pub rejected_limit: AtomicU64,
     /// Connections refused because too many (from everywhere, or from the peer's
@@ -64,6 +66,7 @@ impl Default for ServerStats {
             active: AtomicUsize::new(0),
             rejected_malformed: AtomicU64::new(0),
             rejected_invalid: AtomicU64::new(0),
+            rejected_identity: AtomicU64::new(0),
             rejected_auth: AtomicU64::new(0),
             rejected_limit: AtomicU64::new(0),
             rejected_handshake_limit: AtomicU64::new(0),
@@ -99,6 +102,8 @@ pub struct StatsReport {
     pub rejected_malformed: u64,
     #[serde(default)]
     pub rejected_invalid: u64,
+    #[serde(default)]
+    pub rejected_identity: u64,
     pub rejected_auth: u64,
     pub rejected_limit: u64,
     #[serde(default)]
@@ -200,6 +205,7 @@ impl ServerStats {
             connections_active: self.active.load(Ordering::Relaxed),
             rejected_malformed: load(&self.rejected_malformed),
             rejected_invalid: load(&self.rejected_invalid),
+            rejected_identity: load(&self.rejected_identity),
             rejected_auth: load(&self.rejected_auth),
             rejected_limit: load(&self.rejected_limit),
             rejected_handshake_limit: load(&self.rejected_handshake_limit),

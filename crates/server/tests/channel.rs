@@ -166,6 +166,13 @@ fn cred() -> Cred {
     }
 }
 
+fn caller() -> zcfs_client::Caller<'static> {
+    zcfs_client::Caller {
+        cred: cred(),
+        groups: &[],
+    }
+}
+
 fn mkdir(name: &str) -> Request {
     MkdirReq {
         parent: NodeRef::ino(ROOT),
@@ -203,7 +210,7 @@ fn through_proxy(
     c.connect().unwrap();
     let tickets: Vec<_> = reqs
         .iter()
-        .map(|r| c.submit(r, cred(), &[]).unwrap())
+        .map(|r| c.submit(r, caller(), &[]).unwrap())
         .collect();
     tickets.into_iter().map(|t| t.wait()).collect()
 }
@@ -329,7 +336,7 @@ fn stripping_the_auth_exchange_is_refused() {
     };
     let p = Proxy::start(srv.addr(), false, hooks);
     let c = client_to(p.addr, Integrity::Headers);
-    let e = c.call(&mkdir("stripped"), cred(), &[]).unwrap_err();
+    let e = c.call(&mkdir("stripped"), caller(), &[]).unwrap_err();
     assert_eq!(e.errno, libc::EACCES, "{e}");
     assert!(e.to_string().contains("did not authenticate"), "{e}");
     assert_eq!(requests.load(Ordering::SeqCst), 0);
@@ -347,7 +354,7 @@ fn stripping_the_auth_exchange_is_refused() {
     };
     let p = Proxy::start(srv.addr(), true, hooks);
     let c = client_to(p.addr, Integrity::Headers);
-    let e = c.call(&mkdir("downgraded"), cred(), &[]).unwrap_err();
+    let e = c.call(&mkdir("downgraded"), caller(), &[]).unwrap_err();
     assert_eq!(e.errno, libc::EACCES, "{e}");
 }
 
@@ -382,7 +389,7 @@ fn a_rogue_server_is_refused_before_any_request() {
             rest
         });
         let c = client_to(addr, Integrity::Headers);
-        let e = c.call(&mkdir("x"), cred(), &[]).unwrap_err();
+        let e = c.call(&mkdir("x"), caller(), &[]).unwrap_err();
         assert_eq!(e.errno, libc::EACCES, "{e}");
         drop(c);
         assert!(
@@ -419,7 +426,7 @@ fn full_integrity_catches_a_flipped_payload_both_ways() {
     let p = Proxy::start(srv.addr(), true, hooks);
     let c = client_to(p.addr, Integrity::Full);
     c.connect().unwrap();
-    let r = c.submit(&write, cred(), &[&[b'B'; 8192]]).unwrap().wait();
+    let r = c.submit(&write, caller(), &[&[b'B'; 8192]]).unwrap().wait();
     assert!(r.is_err(), "a write with a changed payload was answered");
     let mut got = Vec::new();
     fs.read(a.ino, 0, 0, 8192, &mut |s| {
@@ -448,11 +455,11 @@ fn full_integrity_catches_a_flipped_payload_both_ways() {
     let p = Proxy::start(srv.addr(), true, hooks);
     let c = client_to(p.addr, Integrity::Full);
     c.connect().unwrap();
-    let e = c.submit(&read, cred(), &[]).unwrap().wait().unwrap_err();
+    let e = c.submit(&read, caller(), &[]).unwrap().wait().unwrap_err();
     assert_eq!(e.errno, libc::EIO, "{e}");
     // The same path without tampering works (and full mode is what was negotiated).
     let c = client_to(srv.addr(), Integrity::Full);
-    let r = c.call(&read, cred(), &[]).unwrap();
+    let r = c.call(&read, caller(), &[]).unwrap();
     assert!(r.data == vec![b'A'; 8192]);
     // A client that requires full integrity refuses a server that does not offer it.
     let (plain, _) = server(Integrity::Headers);
@@ -536,11 +543,11 @@ fn slow_and_stalled_peers_delay_no_one() {
     // Meanwhile: the well-behaved client, one call every 100 ms for 3 s (over three
     // peer timeouts), each answered within its 2 s timeout.
     for i in 0..30 {
-        let _ = hellos.get(i).map(|mut s| s.write(&[b'Z']));
+        let _ = hellos.get(i).map(|mut s| s.write(b"Z"));
         if i < m.len() - REQ_HDR {
             let _ = slow.write_all(&m[REQ_HDR + i..REQ_HDR + i + 1]);
         }
-        good.call(&mkdir(&format!("good{i}")), cred(), &[])
+        good.call(&mkdir(&format!("good{i}")), caller(), &[])
             .unwrap_or_else(|e| panic!("call {i} of a well-behaved client failed: {e}"));
         std::thread::sleep(Duration::from_millis(100));
     }

@@ -6,7 +6,8 @@
 mod stream;
 
 pub use stream::{
-    peer_cred, Address, AddressError, Listener, Peer, PeerCred, Socket, Stream, UNIX_SOCKET_MODE,
+    peer_cred, peer_groups, Address, AddressError, Listener, Peer, PeerCred, Socket, Stream,
+    UNIX_SOCKET_MODE,
 };
 
 use rand::RngCore;

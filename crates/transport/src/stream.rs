@@ -161,6 +161,84 @@ pub fn peer_cred(s: &impl AsRawFd) -> std::io::Result<PeerCred> {
     })
 }
 
+/// SO_PEERGROUPS (asm-generic/socket.h; Linux 4.13): not in the libc crate for Linux.
+#[cfg(any(
+    target_arch = "x86_64",
+    target_arch = "x86",
+    target_arch = "aarch64",
+    target_arch = "arm",
+    target_arch = "riscv64",
+    target_arch = "loongarch64",
+    target_arch = "s390x"
+))]
+const SO_PEERGROUPS: Option<libc::c_int> = Some(59);
+#[cfg(not(any(
+    target_arch = "x86_64",
+    target_arch = "x86",
+    target_arch = "aarch64",
+    target_arch = "arm",
+    target_arch = "riscv64",
+    target_arch = "loongarch64",
+    target_arch = "s390x"
+)))]
+const SO_PEERGROUPS: Option<libc::c_int> = None;
+
+/// Most supplementary groups a process can have on Linux (NGROUPS_MAX).
+pub const MAX_PEER_GROUPS: usize = 65_536;
+
+/// The supplementary groups of the process at the other end of a Unix socket, as
+/// they were when it connected (SO_PEERGROUPS); where the kernel does not say, those
+/// /proc/PID/status shows for its pid now.
+pub fn peer_groups(s: &impl AsRawFd, pid: i32) -> std::io::Result<Vec<u32>> {
+    if let Some(opt) = SO_PEERGROUPS {
+        let mut groups = vec![0 as libc::gid_t; 64];
+        loop {
+            let mut len = (groups.len() * std::mem::size_of::<libc::gid_t>()) as libc::socklen_t;
+            // SAFETY: getsockopt writes at most `len` bytes into `groups`, which holds
+            // exactly that many; the descriptor is our own socket.
+            let r = unsafe {
+                libc::getsockopt(
+                    s.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    opt,
+                    groups.as_mut_ptr() as *mut libc::c_void,
+                    &mut len,
+                )
+            };
+            let n = len as usize / std::mem::size_of::<libc::gid_t>();
+            if r == 0 {
+                groups.truncate(n.min(groups.len()));
+                return Ok(groups);
+            }
+            let e = std::io::Error::last_os_error();
+            match e.raw_os_error() {
+                // The kernel says how much room it needs.
+                Some(libc::ERANGE) if n > groups.len() && n <= MAX_PEER_GROUPS => {
+                    groups.resize(n, 0)
+                }
+                Some(libc::ENOPROTOOPT) => break,
+                _ => return Err(e),
+            }
+        }
+    }
+    proc_groups(pid)
+}
+
+/// The `Groups:` line of /proc/PID/status.
+fn proc_groups(pid: i32) -> std::io::Result<Vec<u32>> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let line = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Groups:"))
+        .ok_or_else(|| std::io::Error::other(format!("/proc/{pid}/status has no Groups line")))?;
+    line.split_whitespace()
+        .map(|g| {
+            g.parse::<u32>()
+                .map_err(|e| std::io::Error::other(format!("/proc/{pid}/status: group {g:?}: {e}")))
+        })
+        .collect()
+}
+
 impl Stream {
     /// Connect to `addr`, waiting at most `timeout` (for TCP; a Unix socket connects at
     /// once or fails).
@@ -437,6 +515,17 @@ mod tests {
                 gid
             })
         );
+        // SAFETY: getgroups with a buffer of the size given.
+        let mine = unsafe {
+            let mut g = vec![0 as libc::gid_t; 65_536];
+            let n = libc::getgroups(g.len() as libc::c_int, g.as_mut_ptr());
+            assert!(n >= 0);
+            g.truncate(n as usize);
+            g
+        };
+        let Stream::Unix(us) = &s else { unreachable!() };
+        assert_eq!(peer_groups(us, std::process::id() as i32).unwrap(), mine);
+        assert_eq!(proc_groups(std::process::id() as i32).unwrap(), mine);
         c.write_all(b"hi").unwrap();
         let mut b = [0u8; 2];
         s.read_exact(&mut b).unwrap();
