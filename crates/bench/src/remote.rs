@@ -247,7 +247,7 @@ fn channel_cost(a: &RemoteArgs, zcfs: &Path, net: &Pair, secs: f64) -> Result<()
     for (tag, port, extra, insecure) in &systems {
         procs.push(start_server_with(zcfs, net, *port, extra, tag, *insecure)?);
     }
-    let srv_ip = net.srv_ip.clone();
+    let srv_ip = net.srv_ip;
     let cases: Vec<(usize, bool, usize)> = [4096usize, 1 << 20]
         .iter()
         .flat_map(|&s| [false, true].map(move |w| (s, w)))
