@@ -131,7 +131,7 @@ CPU_PIDS=()
 NS_VARS=$("$ZB" netns up --owner $$ --label fuse --subnet 210); eval "$NS_VARS"; NETNS+=("$SRV" "$CLI")
 RIMG=/dev/shm/zcfs-bench-fuse-remote-$$.img; FILES+=("$RIMG")
 "$Z" mkfs "$RIMG" --size 4G --inodes 200000 >/dev/null
-"$ZB" netns exec "$SRV" -- "$Z" serve "$RIMG" --listen "$SRV_IP:7070" --insecure >"$WORK/serve.out" 2>"$OUT/serve-remote.log" & SPID=$!; PIDS+=($SPID)
+"$ZB" netns exec "$SRV" -- "$Z" serve "$RIMG" --listen "$SRV_IP:7070" --insecure --no-root-squash >"$WORK/serve.out" 2>"$OUT/serve-remote.log" & SPID=$!; PIDS+=($SPID)
 for _ in $(seq 100); do grep -q serving "$WORK/serve.out" 2>/dev/null && break; sleep 0.05; done
 RMP=$WORK/zcfs-remote; mkdir -p "$RMP"
 "$ZB" netns exec "$CLI" -- "$Z" mount "$SRV_IP:7070" "$RMP" 2>"$OUT/mount-remote.log" & RPID=$!; PIDS+=($RPID); MOUNTS+=("$RMP")

@@ -38,7 +38,7 @@ echo "== volume: $IMG (2 GiB, in /dev/shm)"
 "$Z" mkfs "$IMG" --size 2G
 
 echo "== server: zcfs serve on 127.0.0.1:$PORT"
-"$Z" serve "$IMG" --listen "127.0.0.1:$PORT" > "$WORK/serve.out" 2> "$WORK/serve.err" &
+"$Z" serve "$IMG" --listen "127.0.0.1:$PORT" --insecure --no-root-squash > "$WORK/serve.out" 2> "$WORK/serve.err" &
 SERVER_PID=$!
 for _ in $(seq 100); do grep -q serving "$WORK/serve.out" 2>/dev/null && break; sleep 0.05; done
 cat "$WORK/serve.out"

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use zcfs_backend::{Backend, Ctx, ROOT};
 use zcfs_client::{ClientConfig, RemoteFs};
 use zcfs_netns::{owned_name, Pair};
-use zcfs_protocol::{Cred, NodeRef, ReadReq, Request, WriteReq};
+use zcfs_protocol::{NodeRef, ReadReq, Request, WriteReq};
 
 struct ServerProc {
     child: Child,
@@ -40,6 +40,24 @@ fn start_server(
     one_copy: bool,
     tag: &str,
 ) -> Result<ServerProc> {
+    start_server_with(
+        zcfs,
+        net,
+        port,
+        if one_copy { &["--one-copy"] } else { &[] },
+        tag,
+        true,
+    )
+}
+
+fn start_server_with(
+    zcfs: &Path,
+    net: &Pair,
+    port: u16,
+    extra: &[&str],
+    tag: &str,
+    insecure: bool,
+) -> Result<ServerProc> {
     let image = PathBuf::from(format!(
         "/dev/shm/zcfs-bench-{tag}-{}.img",
         std::process::id()
@@ -56,10 +74,15 @@ fn start_server(
     }
     let mut cmd = net.srv.command(zcfs);
     cmd.arg("serve").arg(&image);
-    cmd.args(["--listen", &format!("{}:{port}", net.srv_ip), "--insecure"]);
-    if one_copy {
-        cmd.arg("--one-copy");
+    cmd.args([
+        "--listen",
+        &format!("{}:{port}", net.srv_ip),
+        "--no-root-squash",
+    ]);
+    if insecure {
+        cmd.arg("--insecure");
     }
+    cmd.args(extra);
     let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::null()).spawn()?;
     let mut line = String::new();
     BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line)?;
@@ -164,7 +187,7 @@ fn zcfs_bench(
             // Timed from before the request leaves (submit returns once it is sent).
             let t0 = Instant::now();
             let tk = client
-                .submit(&req(next()), Cred::default(), &payload)
+                .submit(&req(next()), zcfs_client::Caller::process(), &payload)
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
             q.push_back((t0, tk));
         }
@@ -196,6 +219,115 @@ fn zcfs_bench(
     ))
 }
 
+/// The secret of the channel benchmark's servers (a file of mode 0600).
+const BENCH_SECRET: &[u8] = b"zcfs-bench-channel-secret-0123456789";
+
+/// `--channel`: the cost of the message MACs and of `--integrity full` beside no MAC,
+/// 4 KiB and 1 MiB, sequential read and write at QD1 and QD16, in rounds: each round
+/// measures every configuration once, in turn, so drift on the shared machine hits
+/// them alike; the median of the rounds is reported with its ratio to no MAC.
+fn channel_cost(a: &RemoteArgs, zcfs: &Path, net: &Pair, secs: f64) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let rounds = a.repeat.unwrap_or(5).max(1);
+    let secret = PathBuf::from(format!("/dev/shm/zcfs-bench-secret-{}", std::process::id()));
+    std::fs::write(&secret, BENCH_SECRET)?;
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600))?;
+    let sf = secret.to_string_lossy().into_owned();
+    let systems: [(&str, u16, Vec<&str>, bool); 3] = [
+        ("no-mac", 7080, vec![], true),
+        ("mac", 7081, vec!["--secret-file", &sf], false),
+        (
+            "mac+full",
+            7082,
+            vec!["--secret-file", &sf, "--integrity", "full"],
+            false,
+        ),
+    ];
+    let mut procs = Vec::new();
+    for (tag, port, extra, insecure) in &systems {
+        procs.push(start_server_with(zcfs, net, *port, extra, tag, *insecure)?);
+    }
+    let srv_ip = net.srv_ip;
+    let cases: Vec<(usize, bool, usize)> = [4096usize, 1 << 20]
+        .iter()
+        .flat_map(|&s| [false, true].map(move |w| (s, w)))
+        .flat_map(|(s, w)| [1usize, 16].map(move |q| (s, w, q)))
+        .collect();
+    let rows = net.cli.run(move || -> Result<Vec<Row>> {
+        let mut fss = Vec::new();
+        for (i, (_, port, _, insecure)) in systems.iter().enumerate() {
+            let mut c = ClientConfig::new(&format!("{srv_ip}:{port}"));
+            c.connections = 1;
+            c.timeout = Duration::from_secs(30);
+            if !insecure {
+                c.secret = Some(BENCH_SECRET.to_vec());
+            }
+            if i == 2 {
+                c.integrity = zcfs_protocol::channel::Integrity::Full;
+            }
+            let fs = RemoteFs::connect(c).map_err(|e| anyhow::anyhow!("{port}: {e}"))?;
+            let ino = prepare(&fs, true)?;
+            fss.push((fs, ino));
+        }
+        // runs[case][system] = rows of each round.
+        let mut runs = vec![vec![Vec::new(); systems.len()]; cases.len()];
+        for round in 0..rounds {
+            for (ci, &(size, write, qd)) in cases.iter().enumerate() {
+                for (si, (fs, ino)) in fss.iter().enumerate() {
+                    let r = zcfs_bench(fs, *ino, systems[si].0, size, write, false, qd, secs, true)?;
+                    runs[ci][si].push(r);
+                }
+            }
+            eprintln!("round {} of {rounds} done", round + 1);
+        }
+        let mut rows = Vec::new();
+        for (ci, &(size, write, qd)) in cases.iter().enumerate() {
+            let med = |v: &mut Vec<Row>| -> Row {
+                v.sort_by(|a, b| a.mb_s.total_cmp(&b.mb_s));
+                v[v.len() / 2].clone()
+            };
+            let base = med(&mut runs[ci][0]);
+            for si in 0..systems.len() {
+                let r = med(&mut runs[ci][si]);
+                let p50s: Vec<f64> = {
+                    let mut p: Vec<f64> = runs[ci][si].iter().map(|x| x.p50_us).collect();
+                    p.sort_by(f64::total_cmp);
+                    p
+                };
+                let p50 = p50s[p50s.len() / 2];
+                let bp50 = {
+                    let mut p: Vec<f64> = runs[ci][0].iter().map(|x| x.p50_us).collect();
+                    p.sort_by(f64::total_cmp);
+                    p[p.len() / 2]
+                };
+                eprintln!(
+                    "channel {:<8} {} {:>8} B qd{qd:<2}: {:>8.1} MB/s ({:.3} of no-mac), p50 {:>8.1} us ({:.3} of no-mac), cpu {:>6.1} us/op",
+                    systems[si].0,
+                    if write { "write" } else { "read " },
+                    size,
+                    r.mb_s,
+                    r.mb_s / base.mb_s,
+                    p50,
+                    p50 / bp50,
+                    r.cpu_us_per_op
+                );
+                rows.push(Row { p50_us: p50, ..r });
+            }
+        }
+        Ok(rows)
+    })??;
+    drop(procs);
+    let _ = std::fs::remove_file(&secret);
+    let json =
+        serde_json::json!({ "seconds_per_measurement": secs, "rounds": rounds, "rows": rows });
+    report::write(
+        &a.out,
+        "remote-channel",
+        &json,
+        &report::remote_summary(&rows, "veth (unshaped)"),
+    )
+}
+
 pub fn run(a: &RemoteArgs) -> Result<()> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
@@ -218,6 +350,9 @@ pub fn run(a: &RemoteArgs) -> Result<()> {
         net.shape(rate)?;
     }
     let link = a.tbf.clone().unwrap_or_else(|| "veth (unshaped)".into());
+    if a.channel {
+        return channel_cost(a, &zcfs, &net, secs);
+    }
     eprintln!("link: {link}; {secs} s per measurement, median of {repeat} runs");
 
     // Raw TCP server in the server namespace.

@@ -21,15 +21,15 @@ pub use remote::RemoteFs;
 
 use std::collections::HashMap;
 use std::io::{IoSlice, Read};
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 use zcfs_backend::Error;
+use zcfs_protocol::channel::{Integrity, Mac, TAG_LEN};
 use zcfs_protocol::handshake::Welcome;
-use zcfs_protocol::{Cred, Op, Request, RespHeader, RESP_HDR};
-use zcfs_transport::{client_handshake, tune, write_all_vectored, TransportError};
+use zcfs_protocol::{Cred, Op, Request, RespHeader, MAX_GROUPS, RESP_HDR};
+use zcfs_transport::{client_handshake, tune, write_all_vectored, Address, Stream, TransportError};
 
 /// Lock a mutex whether or not a panicking thread held it: the client's tables are
 /// changed in small consistent steps, and one panicking caller must not take the
@@ -40,7 +40,7 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
-    /// HOST:PORT of the server.
+    /// The server's address: `unix:PATH`, `tcp:HOST:PORT` or `HOST:PORT`.
     pub addr: String,
     pub secret: Option<Vec<u8>>,
     pub connections: usize,
@@ -48,6 +48,8 @@ pub struct ClientConfig {
     pub timeout: Duration,
     /// How long attributes and names are cached (0 = not at all).
     pub attr_ttl: Duration,
+    /// `Full`: require the server to MAC bulk data too (needs a secret).
+    pub integrity: Integrity,
 }
 
 impl ClientConfig {
@@ -58,7 +60,45 @@ impl ClientConfig {
             connections: 2,
             timeout: Duration::from_secs(10),
             attr_ttl: Duration::from_secs(1),
+            integrity: Integrity::Headers,
         }
+    }
+}
+
+/// Who a request is sent as: uid and gid (the header), and the supplementary groups
+/// (at most `MAX_GROUPS`; their gids open the body).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Caller<'a> {
+    pub cred: Cred,
+    pub groups: &'a [u32],
+}
+
+impl Caller<'_> {
+    /// This process's own uid and gid, without groups: for requests made for no
+    /// caller in particular (forget, release, reads through a handle). A server that
+    /// knows this process (a Unix socket) lets it act as itself, whoever it is.
+    pub fn process() -> Caller<'static> {
+        // SAFETY: getuid and getgid cannot fail.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        Caller {
+            cred: Cred { uid, gid },
+            groups: &[],
+        }
+    }
+
+    /// Requests for a caller in more groups than the protocol carries are refused here,
+    /// before anything is sent.
+    fn check(&self) -> Result<(), Error> {
+        if self.groups.len() > MAX_GROUPS {
+            return Err(Error::new(
+                libc::EINVAL,
+                format!(
+                    "the caller is in {} supplementary groups; a request carries at most {MAX_GROUPS}",
+                    self.groups.len()
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -87,10 +127,17 @@ struct Posted {
 
 type PostedTable = Arc<Mutex<HashMap<u64, Posted>>>;
 
+/// The sending side of a connection: the socket, and its MAC when authenticated (held
+/// together: a message's sequence number is its place on the wire).
+struct Writer {
+    s: Stream,
+    mac: Option<Mac>,
+}
+
 struct Conn {
-    writer: Mutex<TcpStream>,
+    writer: Mutex<Writer>,
     /// The same socket, to shut it down without waiting for a writer.
-    control: TcpStream,
+    control: Stream,
     /// Requests waiting for their replies: operation, and where the reply goes (None:
     /// posted, no one waits; its reply only clears it from `posted`).
     pending: Mutex<HashMap<u64, (Op, Option<Slot>)>>,
@@ -232,6 +279,12 @@ fn terr(addr: &str, e: TransportError) -> Error {
             libc::EACCES,
             format!("{addr}: authentication failed (wrong secret?)"),
         ),
+        e @ TransportError::ServerUnauthenticated => {
+            Error::new(libc::EACCES, format!("{addr}: {e}"))
+        }
+        e @ TransportError::IntegrityRefused => {
+            Error::new(libc::EPROTONOSUPPORT, format!("{addr}: {e}"))
+        }
         TransportError::Io(io) => Error::new(
             io.raw_os_error().unwrap_or(libc::EIO),
             format!("{addr}: {io}"),
@@ -347,18 +400,25 @@ impl Client {
         *lock(&self.on_restart) = Some(f);
     }
 
-    fn resolve(&self) -> Result<SocketAddr, Error> {
-        self.cfg
+    fn resolve(&self) -> Result<Address, Error> {
+        let a: Address = self
+            .cfg
             .addr
-            .to_socket_addrs()
-            .map_err(|e| Error::new(libc::EINVAL, format!("{}: {e}", self.cfg.addr)))?
-            .next()
-            .ok_or_else(|| Error::new(libc::EINVAL, format!("{}: no address", self.cfg.addr)))
+            .parse()
+            .map_err(|e| Error::new(libc::EINVAL, format!("{e}")))?;
+        if let Address::Tcp(_) = a {
+            a.resolve()
+                .map_err(|e| Error::new(libc::EINVAL, format!("{}: {e}", self.cfg.addr)))?
+                .ok_or_else(|| {
+                    Error::new(libc::EINVAL, format!("{}: no address", self.cfg.addr))
+                })?;
+        }
+        Ok(a)
     }
 
     fn dial(&self) -> Result<Arc<Conn>, Error> {
         let addr = self.resolve()?;
-        let mut s = TcpStream::connect_timeout(&addr, self.cfg.timeout).map_err(|e| {
+        let mut s = Stream::connect(&addr, self.cfg.timeout).map_err(|e| {
             Error::new(
                 e.raw_os_error().unwrap_or(libc::EIO),
                 format!("connecting to {}: {e}", self.cfg.addr),
@@ -370,8 +430,24 @@ impl Client {
         // Writes to a dead link must not block forever either.
         s.set_write_timeout(Some(self.cfg.timeout))
             .map_err(|e| Error::new(libc::EIO, e.to_string()))?;
-        let welcome = client_handshake(&mut s, self.cfg.secret.as_deref(), self.session)
-            .map_err(|e| terr(&self.cfg.addr, e))?;
+        if self.cfg.integrity == Integrity::Full && self.cfg.secret.is_none() {
+            return Err(Error::new(
+                libc::EINVAL,
+                "integrity full needs a secret (--secret-file): without one there are no MACs",
+            ));
+        }
+        let established = client_handshake(
+            &mut s,
+            self.cfg.secret.as_deref(),
+            self.session,
+            self.cfg.integrity,
+        )
+        .map_err(|e| terr(&self.cfg.addr, e))?;
+        let welcome = established.welcome;
+        let (tx, rx) = match established.channel {
+            Some((tx, rx)) => (Some(tx), Some(rx)),
+            None => (None, None),
+        };
         s.set_read_timeout(None)
             .map_err(|e| Error::new(libc::EIO, e.to_string()))?;
         let clone = || {
@@ -380,7 +456,7 @@ impl Client {
         };
         let (reader, control) = (clone()?, clone()?);
         let conn = Arc::new(Conn {
-            writer: Mutex::new(s),
+            writer: Mutex::new(Writer { s, mac: tx }),
             control,
             pending: Mutex::new(HashMap::new()),
             posted: self.posted.clone(),
@@ -392,7 +468,7 @@ impl Client {
         let c2 = conn.clone();
         std::thread::Builder::new()
             .name("zcfs-client-rx".into())
-            .spawn(move || read_loop(reader, c2))
+            .spawn(move || read_loop(reader, rx, c2))
             .map_err(|e| Error::new(libc::EIO, e.to_string()))?;
         Ok(conn)
     }
@@ -470,7 +546,7 @@ impl Client {
                 "sending {} again after a lost connection",
                 req.op().name()
             );
-            drop(self.submit_on(c.clone(), id, &req, Cred::default(), &[], false));
+            drop(self.submit_on(c.clone(), id, &req, Caller::process(), &[], false));
         }
     }
 
@@ -481,10 +557,11 @@ impl Client {
     }
 
     /// Send a request (and write data) without waiting for the reply.
-    pub fn submit(&self, req: &Request, cred: Cred, data: &[&[u8]]) -> Result<Ticket, Error> {
+    pub fn submit(&self, req: &Request, cred: Caller<'_>, data: &[&[u8]]) -> Result<Ticket, Error> {
+        cred.check()?;
         let conn = self.pick()?;
         let id = self.ids.fetch_add(1, Ordering::Relaxed);
-        Ok(self.submit_on(conn, id, req, cred, data, true))
+        self.submit_on(conn, id, req, cred, data, true)
     }
 
     /// Send a request without waiting for its reply, as part of session `epoch` (what
@@ -492,7 +569,11 @@ impl Client {
     /// is up, or, with none up, on the next one made; one lost with its connection goes
     /// out again (same id) on the next. Dropped if that session is gone: the server
     /// gave back everything the session held.
-    pub fn post(&self, req: &Request, cred: Cred, epoch: u64) {
+    pub fn post(&self, req: &Request, cred: Caller<'_>, epoch: u64) {
+        if let Err(e) = cred.check() {
+            tracing::warn!("not posting {}: {}", req.op().name(), e.msg());
+            return;
+        }
         let id = self.ids.fetch_add(1, Ordering::Relaxed);
         {
             // Registered first (as not sent): from here on, every connection made
@@ -543,10 +624,13 @@ impl Client {
         conn: Arc<Conn>,
         id: u64,
         req: &Request,
-        cred: Cred,
+        cred: Caller<'_>,
         data: &[&[u8]],
         wait: bool,
-    ) -> Ticket {
+    ) -> Result<Ticket, Error> {
+        let (hdr, body) = req
+            .encode_with_groups(id, cred.cred, cred.groups)
+            .map_err(|e| Error::new(e.errno(), e.to_string()))?;
         {
             let (m, cv) = &conn.inflight;
             let mut n = lock(m);
@@ -557,13 +641,32 @@ impl Client {
         }
         let (tx, rx) = sync_channel(1);
         lock(&conn.pending).insert(id, (req.op(), wait.then_some(tx)));
-        let (hdr, body) = req.encode(id, cred);
-        let mut iov = Vec::with_capacity(2 + data.len());
+        let mut w = lock(&conn.writer);
+        // The tags (with a secret): over header and body, and in full mode over the
+        // data too (hashed where the caller has it).
+        let (mut tag, mut data_tag) = ([0u8; TAG_LEN], None);
+        if let Some(mac) = w.mac.as_mut() {
+            let mut m = mac.begin(&hdr, &body);
+            tag = m.tag();
+            let n: usize = data.iter().map(|d| d.len()).sum();
+            if mac.data_tagged(n) {
+                data.iter().for_each(|d| m.data(d));
+                data_tag = Some(m.data_tag());
+            }
+        }
+        let mut iov = Vec::with_capacity(4 + data.len());
         iov.push(IoSlice::new(&hdr));
         iov.push(IoSlice::new(&body));
+        if w.mac.is_some() {
+            iov.push(IoSlice::new(&tag));
+        }
         iov.extend(data.iter().map(|d| IoSlice::new(d)));
+        if let Some(t) = &data_tag {
+            iov.push(IoSlice::new(t));
+        }
         let n: usize = iov.iter().map(|s| s.len()).sum();
-        let r = write_all_vectored(&mut *lock(&conn.writer), &mut iov);
+        let r = write_all_vectored(&mut w.s, &mut iov);
+        drop(w);
         let ticket = Ticket {
             rx,
             conn: conn.clone(),
@@ -574,10 +677,10 @@ impl Client {
         if let Err(e) = r {
             conn.break_with(&format!("send failed: {e}"));
             // The ticket now holds the ENOTCONN the break delivered.
-            return ticket;
+            return Ok(ticket);
         }
         self.bytes_sent.fetch_add(n as u64, Ordering::Relaxed);
-        ticket
+        Ok(ticket)
     }
 
     fn attempt(
@@ -585,14 +688,15 @@ impl Client {
         conn: Result<Arc<Conn>, Error>,
         id: u64,
         req: &Request,
-        cred: Cred,
+        cred: Caller<'_>,
         data: &[&[u8]],
     ) -> Attempt {
         match conn {
             Ok(c) => {
                 let epoch = c.epoch.load(Ordering::SeqCst);
                 (
-                    self.submit_on(c, id, req, cred, data, true).wait(),
+                    self.submit_on(c, id, req, cred, data, true)
+                        .and_then(Ticket::wait),
                     Some(epoch),
                 )
             }
@@ -604,7 +708,7 @@ impl Client {
     /// same id: any request into the same session (the server's reply cache answers
     /// one it already executed, so it is executed once), an idempotent one also into a
     /// new session (the old one is gone with what the first attempt did to it).
-    pub fn call(&self, req: &Request, cred: Cred, data: &[&[u8]]) -> Result<Response, Error> {
+    pub fn call(&self, req: &Request, cred: Caller<'_>, data: &[&[u8]]) -> Result<Response, Error> {
         self.exchange(req, cred, data).0
     }
 
@@ -612,9 +716,12 @@ impl Client {
     pub fn exchange(
         &self,
         req: &Request,
-        cred: Cred,
+        cred: Caller<'_>,
         data: &[&[u8]],
     ) -> (Result<Response, Error>, bool) {
+        if let Err(e) = cred.check() {
+            return (Err(e), false);
+        }
         let id = self.ids.fetch_add(1, Ordering::Relaxed);
         let (r, sent_in) = self.attempt(self.pick(), id, req, cred, data);
         let e = match r {
@@ -636,10 +743,15 @@ impl Client {
 
     /// Send on the given connection and wait (the restart hook re-opening files before
     /// the connection is handed out).
-    pub(crate) fn call_on(&self, conn: &ConnRef, req: &Request) -> Result<Response, Error> {
+    pub(crate) fn call_on(
+        &self,
+        conn: &ConnRef,
+        req: &Request,
+        cred: Caller<'_>,
+    ) -> Result<Response, Error> {
         let id = self.ids.fetch_add(1, Ordering::Relaxed);
-        self.submit_on(conn.0.clone(), id, req, Cred::default(), &[], true)
-            .wait()
+        self.submit_on(conn.0.clone(), id, req, cred, &[], true)
+            .and_then(Ticket::wait)
     }
 }
 
@@ -651,26 +763,67 @@ fn is_transport(e: &Error) -> bool {
     )
 }
 
-fn read_loop(mut s: TcpStream, conn: Arc<Conn>) {
+/// A reply as received: header, body, data.
+type Received = (RespHeader, Vec<u8>, Vec<u8>);
+
+/// Receive one reply (header, body, tag, data, data tag) and check its tags. Err: why
+/// the connection must end, and the id of a reply that failed its check (that caller
+/// gets EIO: it must not get data it cannot trust, nor a resend of a request whose
+/// answer was tampered with).
+fn recv_reply(s: &mut Stream, mac: &mut Option<Mac>) -> Result<Received, (String, Option<u64>)> {
+    let mut hb = [0u8; RESP_HDR];
+    s.read_exact(&mut hb)
+        .map_err(|e| (format!("receive: {e}"), None))?;
+    let h = RespHeader::decode(&hb).map_err(|e| (format!("malformed reply: {e}"), None))?;
+    let tag_len = if mac.is_some() { TAG_LEN } else { 0 };
+    // Into fresh capacity: no zero-fill of a buffer the kernel is about to write.
+    let (mut body, mut data) = (
+        Vec::with_capacity(h.body_len as usize + tag_len),
+        Vec::with_capacity(h.data_len as usize + tag_len),
+    );
+    zcfs_transport::recv_into_vec(s, &mut body, h.body_len as usize + tag_len)
+        .map_err(|e| (format!("receive: {e}"), None))?;
+    let mut m = None;
+    if let Some(mac) = mac.as_mut() {
+        let tag: [u8; TAG_LEN] = body[h.body_len as usize..]
+            .try_into()
+            .expect("TAG_LEN bytes");
+        body.truncate(h.body_len as usize);
+        let mm = mac.begin(&hb, &body);
+        mm.verify(&tag).map_err(|e| (e.to_string(), Some(h.id)))?;
+        if mac.data_tagged(h.data_len as usize) {
+            m = Some(mm);
+        }
+    }
+    zcfs_transport::recv_into_vec(s, &mut data, h.data_len as usize)
+        .map_err(|e| (format!("receive: {e}"), None))?;
+    if let Some(mut mm) = m {
+        let mut tag = [0u8; TAG_LEN];
+        s.read_exact(&mut tag)
+            .map_err(|e| (format!("receive: {e}"), None))?;
+        mm.data(&data);
+        mm.verify_data(&tag)
+            .map_err(|e| (e.to_string(), Some(h.id)))?;
+    }
+    Ok((h, body, data))
+}
+
+fn read_loop(mut s: Stream, mut mac: Option<Mac>, conn: Arc<Conn>) {
     let why = loop {
-        let mut hb = [0u8; RESP_HDR];
-        if let Err(e) = s.read_exact(&mut hb) {
-            break format!("receive: {e}");
-        }
-        let h = match RespHeader::decode(&hb) {
-            Ok(h) => h,
-            Err(e) => break format!("malformed reply: {e}"),
+        let (h, body, data) = match recv_reply(&mut s, &mut mac) {
+            Ok(x) => x,
+            Err((why, forged)) => {
+                if let Some(id) = forged {
+                    if let Some((_, Some(slot))) = lock(&conn.pending).remove(&id) {
+                        let _ = slot.try_send(Err(Error::new(
+                            libc::EIO,
+                            format!("the reply failed its integrity check: {why}"),
+                        )));
+                    }
+                }
+                break why;
+            }
         };
-        // Into fresh capacity: no zero-fill of a buffer the kernel is about to write.
-        let (mut body, mut data) = (
-            Vec::with_capacity(h.body_len as usize),
-            Vec::with_capacity(h.data_len as usize),
-        );
-        let got = zcfs_transport::recv_into_vec(&s, &mut body, h.body_len as usize)
-            .and_then(|_| zcfs_transport::recv_into_vec(&s, &mut data, h.data_len as usize));
-        if let Err(e) = got {
-            break format!("receive: {e}");
-        }
         let Some((op, slot)) = lock(&conn.pending).remove(&h.id) else {
             // A reply to a request that timed out: drop it.
             continue;
@@ -705,7 +858,7 @@ fn read_loop(mut s: TcpStream, conn: Arc<Conn>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::TcpListener;
+    use std::net::{SocketAddr, TcpListener};
     use zcfs_protocol::{
         LookupName, LookupReq, MkdirReq, Name, NodeRef, PingReq, ReqHeader, REQ_HDR,
     };
@@ -732,6 +885,7 @@ mod tests {
                 let hs = zcfs_transport::server_handshake(
                     &mut s,
                     None,
+                    Integrity::Headers,
                     8,
                     instance,
                     Duration::from_secs(5),
@@ -790,13 +944,13 @@ mod tests {
             let handed_out = c.conns[0]
                 .try_lock()
                 .is_ok_and(|slot| slot.as_ref().is_some_and(|x| x.is_up()));
-            let ping = c.call_on(conn, &ping()).map(|r| r.epoch);
+            let ping = c.call_on(conn, &ping(), Caller::default()).map(|r| r.epoch);
             lock(&seen2).push((handed_out, epoch, ping.ok()));
         }));
         c.connect().unwrap();
-        assert_eq!(c.call(&ping(), Cred::default(), &[]).unwrap().epoch, 0);
+        assert_eq!(c.call(&ping(), Caller::default(), &[]).unwrap().epoch, 0);
         c.disconnect();
-        let r = c.call(&ping(), Cred::default(), &[]).unwrap();
+        let r = c.call(&ping(), Caller::default(), &[]).unwrap();
         assert_eq!(*lock(&seen), vec![(false, 1, Some(1))]);
         assert_eq!((r.epoch, c.epoch()), (1, 1));
     }
@@ -817,7 +971,7 @@ mod tests {
         let f = fake(false, Some(Op::Mkdir));
         let c = client(&f);
         c.connect().unwrap();
-        let (r, resent) = c.exchange(&mkdir(), Cred::default(), &[]);
+        let (r, resent) = c.exchange(&mkdir(), Caller::default(), &[]);
         assert!(r.is_ok() && resent);
         let mk: Vec<u64> = lock(&f.seen)
             .iter()
@@ -836,7 +990,7 @@ mod tests {
         let f = fake(true, Some(Op::Mkdir));
         let c = client(&f);
         c.connect().unwrap();
-        let (r, resent) = c.exchange(&mkdir(), Cred::default(), &[]);
+        let (r, resent) = c.exchange(&mkdir(), Caller::default(), &[]);
         assert_eq!(r.unwrap_err().errno, libc::ENOTCONN);
         assert!(!resent);
         let count = |op| lock(&f.seen).iter().filter(|(o, _)| *o == op).count();
@@ -849,7 +1003,7 @@ mod tests {
             name: LookupName::new("x").unwrap(),
         }
         .into();
-        let (r, resent) = c.exchange(&lookup, Cred::default(), &[]);
+        let (r, resent) = c.exchange(&lookup, Caller::default(), &[]);
         assert!(r.is_ok() && resent);
         assert_eq!((r.unwrap().epoch, c.epoch()), (1, 1));
     }
@@ -861,12 +1015,12 @@ mod tests {
         let c = client(&f);
         c.connect().unwrap();
         c.disconnect();
-        c.post(&ping(), Cred::default(), 0);
+        c.post(&ping(), Caller::default(), 0);
         assert_eq!(c.posted_unanswered(), 1);
-        c.call(&ping(), Cred::default(), &[]).unwrap();
+        c.call(&ping(), Caller::default(), &[]).unwrap();
         assert_eq!(c.epoch(), 1);
         assert_eq!(c.posted_unanswered(), 0);
-        c.post(&ping(), Cred::default(), 0);
+        c.post(&ping(), Caller::default(), 0);
         assert_eq!(c.posted_unanswered(), 0, "posted against an old epoch");
         std::thread::sleep(Duration::from_millis(100));
         assert_eq!(lock(&f.seen).len(), 1, "only the call went out");

@@ -21,7 +21,7 @@
 //! - Caches: attributes and names for the attribute timeout. An operation that changes
 //!   an inode refreshes (from its reply) or drops every cached copy of it.
 
-use crate::{lock, Client, ClientConfig};
+use crate::{lock, Caller, Client, ClientConfig};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -44,6 +44,9 @@ use zcfs_protocol::{
 /// FUSE reply holds.
 const READDIRPLUS_BATCH: u32 = 128;
 
+/// Who opened a file: uid and gid, supplementary groups.
+type Opener = (Cred, Vec<u32>);
+
 struct OpenFile {
     ino: u64,
     gen: u64,
@@ -52,6 +55,8 @@ struct OpenFile {
     server_fh: Option<u64>,
     /// The session epoch `server_fh` belongs to.
     epoch: u64,
+    /// Who opened it: re-opened as them after a server restart.
+    opener: Opener,
 }
 
 /// What we know of an inode.
@@ -197,11 +202,23 @@ pub struct RemoteFs {
     written_bytes: AtomicU64,
 }
 
-fn cred(ctx: &Ctx) -> Cred {
-    Cred {
-        uid: ctx.cred.uid,
-        gid: ctx.cred.gid,
+/// Who the caller is, as the request carries it: uid, gid and supplementary groups.
+fn cred(ctx: &Ctx) -> Caller<'_> {
+    Caller {
+        cred: Cred {
+            uid: ctx.cred.uid,
+            gid: ctx.cred.gid,
+        },
+        groups: &ctx.cred.groups,
     }
+}
+
+/// This process as the caller, for requests made for no caller in particular
+/// (statfs, flush, fsync, sync, stats): a server that knows this process (a Unix socket)
+/// lets it act as itself, whoever it is.
+fn own() -> Ctx {
+    let c = Caller::process().cred;
+    Ctx::user(c.uid, c.gid)
 }
 
 /// A request the protocol refuses to carry: refused here, with the same errno.
@@ -243,18 +260,25 @@ impl RemoteFs {
             // Re-open what was open, so the server knows the handles again; the
             // generation makes sure it is the same file (an unlinked-but-open file
             // did not survive a restart: that handle is stale).
-            let files: Vec<(u64, u64, u64, i32)> = lock(&open)
+            let files: Vec<(u64, u64, u64, i32, Opener)> = lock(&open)
                 .iter()
-                .map(|(fh, f)| (*fh, f.ino, f.gen, f.flags))
+                .map(|(fh, f)| (*fh, f.ino, f.gen, f.flags, f.opener.clone()))
                 .collect();
-            for (fh, ino, gen, flags) in files {
+            for (fh, ino, gen, flags, (cred, groups)) in files {
                 let req: Request = OpenReq {
                     node: NodeRef::new(ino, gen),
                     flags: flags & !libc::O_TRUNC & !libc::O_CREAT & !libc::O_EXCL,
                 }
                 .into();
                 let server_fh = c
-                    .call_on(conn, &req)
+                    .call_on(
+                        conn,
+                        &req,
+                        Caller {
+                            cred,
+                            groups: &groups,
+                        },
+                    )
                     .ok()
                     .and_then(|r| <OpenReq as Operation>::Reply::decode(&r.body).ok())
                     .map(|r| r.fh);
@@ -401,7 +425,7 @@ impl RemoteFs {
                 items: List::new(chunk.to_vec()).expect("chunk within the limit"),
             }
             .into();
-            self.client.post(&req, Cred::default(), epoch);
+            self.client.post(&req, Caller::process(), epoch);
         }
     }
 
@@ -415,8 +439,9 @@ impl RemoteFs {
         }
     }
 
-    fn track(&self, ino: u64, gen: u64, flags: i32, server_fh: u64, epoch: u64) -> u64 {
+    fn track(&self, ctx: &Ctx, ino: u64, gen: u64, flags: i32, server_fh: u64, epoch: u64) -> u64 {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        let c = cred(ctx);
         lock(&self.open).insert(
             fh,
             OpenFile {
@@ -425,6 +450,7 @@ impl RemoteFs {
                 flags,
                 server_fh: Some(server_fh),
                 epoch,
+                opener: (c.cred, c.groups.to_vec()),
             },
         );
         fh
@@ -456,7 +482,7 @@ impl RemoteFs {
 
     /// Server-side counters as JSON (`zcfs stat ADDR:PORT`).
     pub fn server_stats(&self) -> Result<Vec<u8>> {
-        Ok(self.call(&Ctx::default(), StatsReq {})?.json.into_bytes())
+        Ok(self.call(&own(), StatsReq {})?.json.into_bytes())
     }
 
     /// References to `ino` (held for our caller, held by the server for us).
@@ -506,7 +532,7 @@ impl Backend for RemoteFs {
             }
         }
         let r = self.call(
-            &Ctx::default(),
+            &own(),
             GetattrReq {
                 node: self.node(ino),
             },
@@ -546,7 +572,7 @@ impl Backend for RemoteFs {
 
     fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
         let r = self.call(
-            &Ctx::default(),
+            &own(),
             ReadlinkReq {
                 node: self.node(ino),
             },
@@ -652,7 +678,7 @@ impl Backend for RemoteFs {
         }
         let node = self.node(ino);
         let (r, epoch) = self.call_in(ctx, OpenReq { node, flags }, &[])?;
-        Ok(self.track(ino, node.gen, flags, r.fh, epoch))
+        Ok(self.track(ctx, ino, node.gen, flags, r.fh, epoch))
     }
 
     fn create(
@@ -673,6 +699,7 @@ impl Backend for RemoteFs {
         let (r, epoch) = self.call_in(ctx, req, &[])?;
         let a = self.entry(r.attr, epoch, Some((parent, n)), true);
         let fh = self.track(
+            ctx,
             a.ino,
             a.generation,
             flags & !libc::O_CREAT & !libc::O_EXCL,
@@ -697,7 +724,7 @@ impl Backend for RemoteFs {
             size: size.min(MAX_DATA as u32),
         }
         .into();
-        let r = self.client.call(&req, Cred::default(), &[])?;
+        let r = self.client.call(&req, Caller::process(), &[])?;
         self.read_bytes
             .fetch_add(r.data.len() as u64, Ordering::Relaxed);
         self.client
@@ -750,8 +777,7 @@ impl Backend for RemoteFs {
     fn flush(&self, ino: u64, fh: u64) -> Result<()> {
         let fh = self.server_fh(fh).unwrap_or(0);
         let node = self.node(ino);
-        self.call(&Ctx::default(), FlushReq { node, fh })
-            .map(|_| ())
+        self.call(&own(), FlushReq { node, fh }).map(|_| ())
     }
 
     /// A release lost with its connection is sent again with the same id (the server's
@@ -771,12 +797,12 @@ impl Backend for RemoteFs {
             fh: sfh,
         }
         .into();
-        match self.client.exchange(&req, Cred::default(), &[]) {
+        match self.client.exchange(&req, Caller::process(), &[]) {
             (Ok(_), _) => Ok(()),
             (Err(e), true) if e.errno == libc::EBADF => Ok(()),
             (Err(e), _) if crate::is_transport(&e) => {
                 tracing::info!(ino, "release deferred until the server is back: {e}");
-                self.client.post(&req, Cred::default(), epoch);
+                self.client.post(&req, Caller::process(), epoch);
                 Ok(())
             }
             (Err(e), _) => Err(e),
@@ -786,7 +812,7 @@ impl Backend for RemoteFs {
     fn fsync(&self, ino: u64, fh: u64, datasync: bool) -> Result<()> {
         let fh = self.server_fh(fh).unwrap_or(0);
         let node = self.node(ino);
-        self.call(&Ctx::default(), FsyncReq { node, fh, datasync })
+        self.call(&own(), FsyncReq { node, fh, datasync })
             .map(|_| ())
     }
 
@@ -811,7 +837,7 @@ impl Backend for RemoteFs {
                 plus,
                 max_entries,
             };
-            let (r, epoch) = self.call_in(&Ctx::default(), req, &[])?;
+            let (r, epoch) = self.call_in(&own(), req, &[])?;
             let es = r.entries.into_vec();
             if es.is_empty() {
                 return Ok(());
@@ -853,7 +879,7 @@ impl Backend for RemoteFs {
     }
 
     fn statfs(&self) -> Result<StatFs> {
-        Ok(self.call(&Ctx::default(), StatfsReq {})?.statfs)
+        Ok(self.call(&own(), StatfsReq {})?.statfs)
     }
 
     fn setxattr(&self, ctx: &Ctx, ino: u64, n: &[u8], value: &[u8], flags: i32) -> Result<()> {
@@ -950,6 +976,6 @@ impl Backend for RemoteFs {
     }
 
     fn sync_all(&self) -> Result<()> {
-        self.call(&Ctx::default(), SyncAllReq {}).map(|_| ())
+        self.call(&own(), SyncAllReq {}).map(|_| ())
     }
 }

@@ -6,11 +6,21 @@
 //! client -> Hello    { magic "ZCFSHELO", version, features, client nonce,
 //!                      session id }                                               64 B
 //! server -> Welcome  { magic "ZCFSWELC", version, features, auth, resumed,
-//!                      server nonce, server proof = HMAC(secret, "zcfs-server" | cn | sn),
-//!                      max in-flight, max data, server instance }                112 B
-//! client -> Proof    { client proof = HMAC(secret, "zcfs-client" | sn | cn) }      32 B  (auth only)
+//!                      server nonce, server proof, max in-flight, max data,
+//!                      server instance }                                         112 B
+//! client -> Proof    { client proof }                                             32 B  (auth only)
 //! server -> Verdict  { status: 0 ok, else errno; resumed }                         8 B  (auth only)
+//!
+//! server proof = HMAC(secret, "zcfs-server" | Hello | Welcome with a zero proof)
+//! client proof = HMAC(secret, "zcfs-client" | Hello | Welcome)
 //! ```
+//!
+//! The proofs cover the whole transcript (both nonces, versions, features, the auth
+//! flag, the limits): a peer on the path that changes any of it (say, clears the
+//! full-integrity feature bit) makes the proofs fail. After the Verdict, every message
+//! carries a MAC under keys derived from the secret and the same transcript
+//! (`channel`). A client that has a secret refuses a Welcome without auth: a server
+//! that does not prove it knows the secret is never sent a request.
 //!
 //! With a secret, nothing about sessions is said before the peer has proved itself:
 //! the Welcome's `resumed` is 0 and the Verdict carries it.
@@ -26,8 +36,12 @@ pub const VERDICT_LEN: usize = 8;
 const HELLO_MAGIC: &[u8; 8] = b"ZCFSHELO";
 const WELCOME_MAGIC: &[u8; 8] = b"ZCFSWELC";
 
-/// Feature bits (none defined yet; negotiated as the intersection).
-pub const FEATURES: u64 = 0;
+/// Feature bit: MAC the bulk data too (`--integrity full`). In a Hello: the client
+/// requires it; in a Welcome: the connection uses it (only with auth).
+pub const FEATURE_INTEGRITY_FULL: u64 = 1;
+/// Every feature bit this version knows (others are ignored in a Hello and refused in
+/// a Welcome).
+pub const FEATURES: u64 = FEATURE_INTEGRITY_FULL;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hello {
@@ -131,6 +145,12 @@ impl Welcome {
         if w.max_inflight == 0 || w.max_data < 4096 {
             return Err(ProtoError::Invalid("welcome limits"));
         }
+        if w.features & !FEATURES != 0 {
+            return Err(ProtoError::Invalid("welcome feature bits"));
+        }
+        if w.features & FEATURE_INTEGRITY_FULL != 0 && !w.auth {
+            return Err(ProtoError::Invalid("full integrity without authentication"));
+        }
         Ok(w)
     }
 }
@@ -184,49 +204,70 @@ impl Verdict {
 
 type HmacSha256 = Hmac<Sha256>;
 
-fn mac(secret: &[u8], role: &[u8], a: &[u8; 32], b: &[u8; 32]) -> HmacSha256 {
+fn mac(
+    secret: &[u8],
+    role: &[u8],
+    hello: &[u8; HELLO_LEN],
+    welcome: &[u8; WELCOME_LEN],
+) -> HmacSha256 {
     let mut m = HmacSha256::new_from_slice(secret).expect("HMAC accepts any key length");
     m.update(role);
-    m.update(a);
-    m.update(b);
+    m.update(hello);
+    m.update(welcome);
     m
 }
 
-/// The server's proof over (client nonce, server nonce).
-pub fn server_proof(secret: &[u8], client_nonce: &[u8; 32], server_nonce: &[u8; 32]) -> [u8; 32] {
-    mac(secret, b"zcfs-server", client_nonce, server_nonce)
+/// A Welcome's bytes as the server proof covers them: the proof field zeroed.
+fn unproved(welcome: &[u8; WELCOME_LEN]) -> [u8; WELCOME_LEN] {
+    let mut w = *welcome;
+    w[56..88].fill(0);
+    w
+}
+
+/// The server's proof over the transcript (the Hello and the Welcome, whose proof
+/// field is ignored).
+pub fn server_proof(
+    secret: &[u8],
+    hello: &[u8; HELLO_LEN],
+    welcome: &[u8; WELCOME_LEN],
+) -> [u8; 32] {
+    mac(secret, b"zcfs-server", hello, &unproved(welcome))
         .finalize()
         .into_bytes()
         .into()
 }
 
-/// The client's proof over (server nonce, client nonce).
-pub fn client_proof(secret: &[u8], server_nonce: &[u8; 32], client_nonce: &[u8; 32]) -> [u8; 32] {
-    mac(secret, b"zcfs-client", server_nonce, client_nonce)
+/// The client's proof over the transcript (the Hello and the Welcome as received).
+pub fn client_proof(
+    secret: &[u8],
+    hello: &[u8; HELLO_LEN],
+    welcome: &[u8; WELCOME_LEN],
+) -> [u8; 32] {
+    mac(secret, b"zcfs-client", hello, welcome)
         .finalize()
         .into_bytes()
         .into()
 }
 
-/// Constant-time check of a peer's proof.
+/// Constant-time check of the server's proof (in the Welcome).
 pub fn verify_server(
     secret: &[u8],
-    client_nonce: &[u8; 32],
-    server_nonce: &[u8; 32],
-    proof: &[u8; 32],
+    hello: &[u8; HELLO_LEN],
+    welcome: &[u8; WELCOME_LEN],
 ) -> Result<()> {
-    mac(secret, b"zcfs-server", client_nonce, server_nonce)
-        .verify_slice(proof)
+    mac(secret, b"zcfs-server", hello, &unproved(welcome))
+        .verify_slice(&welcome[56..88])
         .map_err(|_| ProtoError::AuthFailed)
 }
 
+/// Constant-time check of the client's proof.
 pub fn verify_client(
     secret: &[u8],
-    server_nonce: &[u8; 32],
-    client_nonce: &[u8; 32],
+    hello: &[u8; HELLO_LEN],
+    welcome: &[u8; WELCOME_LEN],
     proof: &[u8; 32],
 ) -> Result<()> {
-    mac(secret, b"zcfs-client", server_nonce, client_nonce)
+    mac(secret, b"zcfs-client", hello, welcome)
         .verify_slice(proof)
         .map_err(|_| ProtoError::AuthFailed)
 }
@@ -236,19 +277,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn proofs_verify_only_with_the_same_secret_and_roles() {
-        let (cn, sn) = ([1u8; 32], [2u8; 32]);
-        let sp = server_proof(b"secret", &cn, &sn);
-        assert!(verify_server(b"secret", &cn, &sn, &sp).is_ok());
-        assert!(verify_server(b"other", &cn, &sn, &sp).is_err());
+    fn proofs_verify_only_with_the_same_secret_roles_and_transcript() {
+        let hello = [1u8; HELLO_LEN];
+        let mut welcome = [2u8; WELCOME_LEN];
+        let sp = server_proof(b"secret", &hello, &welcome);
+        welcome[56..88].copy_from_slice(&sp);
+        assert!(verify_server(b"secret", &hello, &welcome).is_ok());
+        assert!(verify_server(b"other", &hello, &welcome).is_err());
         // A server proof replayed as a client proof fails (roles differ).
-        assert!(verify_client(b"secret", &sn, &cn, &sp).is_err());
-        let cp = client_proof(b"secret", &sn, &cn);
-        assert!(verify_client(b"secret", &sn, &cn, &cp).is_ok());
-        assert!(
-            verify_client(b"secret", &[3u8; 32], &cn, &cp).is_err(),
-            "proof bound to the nonce"
-        );
+        assert!(verify_client(b"secret", &hello, &welcome, &sp).is_err());
+        let cp = client_proof(b"secret", &hello, &welcome);
+        assert!(verify_client(b"secret", &hello, &welcome, &cp).is_ok());
+        // Any byte of the transcript changed (a nonce, a feature bit, the auth flag):
+        // both proofs fail.
+        for i in
+            (0..HELLO_LEN + WELCOME_LEN).filter(|i| !(HELLO_LEN + 56..HELLO_LEN + 88).contains(i))
+        {
+            let (mut h, mut w) = (hello, welcome);
+            if i < HELLO_LEN {
+                h[i] ^= 1;
+            } else {
+                w[i - HELLO_LEN] ^= 1;
+            }
+            assert!(verify_server(b"secret", &h, &w).is_err(), "byte {i}");
+            assert!(verify_client(b"secret", &h, &w, &cp).is_err(), "byte {i}");
+        }
     }
 
     #[test]
@@ -289,6 +342,22 @@ mod tests {
         let mut bad = w.encode();
         bad[11] = 2;
         assert!(Welcome::decode(&bad).is_err());
+        let unknown = Welcome {
+            features: 1 << 40,
+            ..w.clone()
+        };
+        assert!(
+            Welcome::decode(&unknown.encode()).is_err(),
+            "unknown feature"
+        );
+        let full_unauth = Welcome {
+            features: FEATURE_INTEGRITY_FULL,
+            ..w.clone()
+        };
+        assert!(
+            Welcome::decode(&full_unauth.encode()).is_err(),
+            "full integrity needs auth"
+        );
         let told = Welcome {
             auth: true,
             resumed: true,

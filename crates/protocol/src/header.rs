@@ -22,7 +22,8 @@ pub struct Cred {
 /// | 16 | 4 | data length (write payload ≤ `MAX_DATA`; 0 for every other operation) |
 /// | 20 | 4 | caller uid |
 /// | 24 | 4 | caller gid |
-/// | 28 | 4 | reserved (0) |
+/// | 28 | 4 | number of the caller's supplementary groups (≤ `MAX_GROUPS`); their gids
+/// (u32 each) open the body and count in its length |
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReqHeader {
     pub op: Op,
@@ -31,8 +32,9 @@ pub struct ReqHeader {
     pub data_len: u32,
     pub uid: u32,
     pub gid: u32,
-    /// Must be 0; a request with another value is answered EINVAL (the frame is fine).
-    pub reserved: u32,
+    /// How many supplementary group ids open the body. Over `MAX_GROUPS`, or more
+    /// than the body holds, the request is answered EINVAL (the frame is fine).
+    pub ngroups: u32,
 }
 
 fn u32_at(b: &[u8], o: usize) -> u32 {
@@ -74,7 +76,7 @@ impl ReqHeader {
             data_len,
             uid: cred.uid,
             gid: cred.gid,
-            reserved: 0,
+            ngroups: 0,
         }
     }
 
@@ -88,7 +90,7 @@ impl ReqHeader {
         b[16..20].copy_from_slice(&self.data_len.to_le_bytes());
         b[20..24].copy_from_slice(&self.uid.to_le_bytes());
         b[24..28].copy_from_slice(&self.gid.to_le_bytes());
-        b[28..32].copy_from_slice(&self.reserved.to_le_bytes());
+        b[28..32].copy_from_slice(&self.ngroups.to_le_bytes());
         b
     }
 
@@ -103,7 +105,7 @@ impl ReqHeader {
             data_len: u32_at(b, 16),
             uid: u32_at(b, 20),
             gid: u32_at(b, 24),
-            reserved: u32_at(b, 28),
+            ngroups: u32_at(b, 28),
         };
         check_frame("request body", h.body_len, MAX_BODY)?;
         check_frame("request data", h.data_len, MAX_DATA)?;

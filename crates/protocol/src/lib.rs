@@ -1,4 +1,4 @@
-//! The zcfs wire format, version 3 (docs/protocol.md). Pure: bytes in, typed messages
+//! The zcfs wire format, version 5 (docs/protocol.md). Pure: bytes in, typed messages
 //! out, every field checked against explicit limits; no I/O, so it is fuzzed and shared
 //! by client and server.
 //!
@@ -18,6 +18,7 @@
 //! Adding an operation: a line in the table in `ops.rs`, its request and reply structs
 //! in `messages.rs`, the server's dispatch and the client's call.
 
+pub mod channel;
 pub mod handshake;
 mod header;
 mod messages;
@@ -36,8 +37,10 @@ pub use wire::{Reader, Wire};
 /// Protocol version (header byte 2, handshake): peers must match exactly. Version 3
 /// moved `resumed` after authentication (the Verdict) and added the session reply cache
 /// (clients resend any request after a lost connection, which a version 2 server would
-/// execute twice).
-pub const VERSION: u8 = 4;
+/// execute twice). Version 5 authenticates every message after a handshake with a
+/// secret (`channel`: a MAC trailer after each body, optionally a payload MAC) and
+/// binds the handshake proofs to its whole transcript.
+pub const VERSION: u8 = 5;
 pub const REQ_MAGIC: u16 = 0x515a; // "ZQ"
 pub const RESP_MAGIC: u16 = 0x525a; // "ZR"
 /// Size of the fixed request header.
@@ -61,6 +64,10 @@ pub const MAX_XATTR_VALUE: usize = 64 << 10;
 pub const MAX_XATTR_NAMES: usize = 65_536;
 /// Most directory entries in one readdir reply.
 pub const MAX_ENTRIES: usize = 4096;
+/// Most supplementary groups a request may carry (their gids open its body). Linux
+/// allows more (NGROUPS_MAX 65536); a client refuses to send a request for a caller
+/// in more (EINVAL), and a server answers one that names more with EINVAL.
+pub const MAX_GROUPS: usize = 256;
 /// Most (inode, count) pairs in one forget request.
 pub const MAX_FORGET_ITEMS: usize = 1024;
 /// Offsets and offset + length stay at or below this (a file offset is an off_t).

@@ -148,26 +148,83 @@ impl Request {
         }
     }
 
-    /// Header and body for this request (a write's data goes after them).
+    /// Header and body for this request (a write's data goes after them), sent as a
+    /// caller without supplementary groups.
     pub fn encode(&self, id: u64, cred: Cred) -> ([u8; REQ_HDR], Vec<u8>) {
-        let mut body = Vec::new();
-        self.put_body(&mut body);
-        let h = ReqHeader::new(self.op(), id, body.len() as u32, self.data_len(), cred);
-        (h.encode(), body)
+        self.encode_with_groups(id, cred, &[])
+            .expect("a request without groups fits its limits")
     }
 
-    /// Decode a request body under its (already checked) header. Every error here is
-    /// a body error: the header framed the message, so the receiver answers it.
+    /// Header and body for this request sent as `cred` with the supplementary
+    /// `groups`: their count in the header, the gids opening the body. More than
+    /// `MAX_GROUPS` groups, or a body that would pass `MAX_BODY` with them, is an
+    /// error (nothing to send).
+    pub fn encode_with_groups(
+        &self,
+        id: u64,
+        cred: Cred,
+        groups: &[u32],
+    ) -> Result<([u8; REQ_HDR], Vec<u8>)> {
+        if groups.len() > MAX_GROUPS {
+            return Err(ProtoError::TooLong {
+                what: "supplementary groups",
+                len: groups.len(),
+                max: MAX_GROUPS,
+                errno: libc::EINVAL,
+            });
+        }
+        let mut body = Vec::with_capacity(groups.len() * 4);
+        for g in groups {
+            body.extend_from_slice(&g.to_le_bytes());
+        }
+        self.put_body(&mut body);
+        if body.len() > MAX_BODY {
+            return Err(ProtoError::TooLong {
+                what: "request body",
+                len: body.len(),
+                max: MAX_BODY,
+                errno: libc::E2BIG,
+            });
+        }
+        let mut h = ReqHeader::new(self.op(), id, body.len() as u32, self.data_len(), cred);
+        h.ngroups = groups.len() as u32;
+        Ok((h.encode(), body))
+    }
+
+    /// Decode a request body under its (already checked) header, without the
+    /// caller's supplementary groups (see `decode_with_groups`).
     pub fn decode(h: &ReqHeader, body: &[u8]) -> Result<Request> {
+        Request::decode_with_groups(h, body).map(|(r, _)| r)
+    }
+
+    /// Decode a request body under its (already checked) header: the caller's
+    /// supplementary groups and the request. Every error here is a body error: the
+    /// header framed the message, so the receiver answers it.
+    pub fn decode_with_groups(h: &ReqHeader, body: &[u8]) -> Result<(Request, Vec<u32>)> {
         if body.len() != h.body_len as usize {
             return Err(ProtoError::Truncated(
                 "request body shorter than its header says",
             ));
         }
-        if h.reserved != 0 {
-            return Err(ProtoError::Invalid("reserved header field is not 0"));
+        if h.ngroups as usize > MAX_GROUPS {
+            return Err(ProtoError::TooLong {
+                what: "supplementary groups",
+                len: h.ngroups as usize,
+                max: MAX_GROUPS,
+                errno: libc::EINVAL,
+            });
         }
-        let mut r = Reader::new(body);
+        let glen = h.ngroups as usize * 4;
+        if glen > body.len() {
+            return Err(ProtoError::Truncated(
+                "supplementary groups longer than the body",
+            ));
+        }
+        let groups = body[..glen]
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+            .collect();
+        let mut r = Reader::new(&body[glen..]);
         let req = Request::get_body(h.op, &mut r)?;
         r.end()?;
         if req.data_len() != h.data_len {
@@ -175,7 +232,7 @@ impl Request {
                 "write size differs from the header's data length",
             ));
         }
-        Ok(req)
+        Ok((req, groups))
     }
 }
 

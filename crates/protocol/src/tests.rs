@@ -717,13 +717,14 @@ fn body_errors_are_answerable() {
         Request::decode(&hd, &body).unwrap_err(),
         ProtoError::Truncated("u64")
     );
+    // More groups than the body holds.
     let (h, body) = Request::from(PingReq {}).encode(1, Cred::default());
     let mut hd = ReqHeader::decode(&h).unwrap();
-    hd.reserved = 1;
+    hd.ngroups = 1;
     let e = ReqHeader::decode(&hd.encode())
         .and_then(|h| Request::decode(&h, &body))
         .unwrap_err();
-    assert!(!e.is_framing(), "{e}");
+    assert!(!e.is_framing() && e.errno() == libc::EINVAL, "{e}");
     let mut rename = RenameReq {
         parent: NodeRef::ino(1),
         name: Name::new("a").unwrap(),
@@ -763,4 +764,41 @@ fn the_table_is_consistent() {
     }
     assert!(!Op::Read.cached() && !Op::Write.cached());
     assert!(Op::Forget.cached() && Op::Release.cached() && Op::Create.cached());
+}
+
+/// A request carries up to `MAX_GROUPS` supplementary groups: at the bound they go out
+/// and come back in order; one more is refused by the encoder (nothing to send), and a
+/// header naming one more is a body error (answered EINVAL), not a framing error.
+#[test]
+fn groups_travel_up_to_the_bound() {
+    let req = Request::from(GetattrReq {
+        node: NodeRef::ino(7),
+    });
+    let cred = Cred {
+        uid: 1001,
+        gid: 1001,
+    };
+    for n in [0, 1, MAX_GROUPS] {
+        let groups: Vec<u32> = (0..n as u32).map(|g| 5000 + g).collect();
+        let (h, body) = req.encode_with_groups(3, cred, &groups).unwrap();
+        let hd = ReqHeader::decode(&h).unwrap();
+        assert_eq!(hd.ngroups as usize, n);
+        assert_eq!(body.len(), n * 4 + req.encode(3, cred).1.len());
+        let (back, g) = Request::decode_with_groups(&hd, &body).unwrap();
+        assert_eq!((back, g), (req.clone(), groups));
+    }
+    let over: Vec<u32> = (0..MAX_GROUPS as u32 + 1).collect();
+    let e = req.encode_with_groups(3, cred, &over).unwrap_err();
+    assert_eq!(e.errno(), libc::EINVAL, "{e}");
+    // A peer that sends MAX_GROUPS + 1 anyway (gids in the body, count in the header).
+    let (h, mut body) = req
+        .encode_with_groups(3, cred, &over[..MAX_GROUPS])
+        .unwrap();
+    let mut hd = ReqHeader::decode(&h).unwrap();
+    body.splice(0..0, 9u32.to_le_bytes());
+    hd.ngroups += 1;
+    hd.body_len += 4;
+    let hd = ReqHeader::decode(&hd.encode()).expect("the frame is fine");
+    let e = Request::decode_with_groups(&hd, &body).unwrap_err();
+    assert!(!e.is_framing() && e.errno() == libc::EINVAL, "{e}");
 }

@@ -5,19 +5,22 @@
 //! (SO_SNDTIMEO): a peer that stalls longer is dropped.
 
 use crate::session::{Access, Begin, Claim, Session};
-use crate::Shared;
+use crate::{PeerRule, Shared};
 use std::io::{IoSlice, IoSliceMut, Read};
-use std::net::TcpStream;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 use zcfs_backend::{Ctx, Error};
+use zcfs_protocol::channel::{Mac, MacError, MessageMac, TAG_LEN};
 use zcfs_protocol::{
     EmptyReply, NodeRef, Op, ProtoError, ReadReq, Reply, ReqHeader, Request, RespHeader,
     WriteReply, WriteReq, MAX_BODY, REQ_HDR, RESP_HDR,
 };
-use zcfs_transport::{discard, read_exact_vectored, read_message_start, write_all_vectored};
+use zcfs_transport::{
+    message_time, read_exact_vectored, read_message_start, write_all_vectored, Patient, Start,
+    Stream,
+};
 
 /// Why a connection ended.
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +33,10 @@ pub(crate) enum ConnEnd {
     Io(&'static str, std::io::Error),
     #[error("malformed header: {0}")]
     Malformed(#[from] ProtoError),
+    #[error("{0}")]
+    Forged(#[from] MacError),
+    #[error("idle for the idle timeout")]
+    Idle,
     #[error("a {op} request panicked: {what}")]
     Panicked { op: &'static str, what: String },
 }
@@ -44,11 +51,88 @@ impl ConnEnd {
 }
 
 pub(crate) struct Conn<'a> {
-    pub s: TcpStream,
+    pub s: Stream,
+    /// What the peer may name as its identity.
+    pub rule: PeerRule,
     pub shared: &'a Shared,
     pub session: &'a Session,
     /// Some of the current request's reply went out (after a panic no answer fits).
     pub replying: bool,
+    /// The channel's MACs (send, receive) when authenticated.
+    pub tx: Option<Mac>,
+    pub rx: Option<Mac>,
+    /// The message being received: its deadline and what is left of its payload.
+    pub inbound: Inbound,
+}
+
+/// The rest of the message being received after its header and body: one deadline for
+/// all of it, and (in full integrity mode) the MAC its payload is checked with.
+pub(crate) struct Inbound {
+    deadline: Instant,
+    /// Payload bytes not taken off the socket yet.
+    left: usize,
+    /// Full mode: the message's MAC, continued over the payload; its data tag is
+    /// read and checked when the last payload byte is in.
+    mac: Option<MessageMac>,
+}
+
+impl Inbound {
+    pub fn new() -> Inbound {
+        Inbound {
+            deadline: Instant::now(),
+            left: 0,
+            mac: None,
+        }
+    }
+
+    /// Receive exactly `bufs` of the payload (within the message's deadline); in full
+    /// mode the data tag is checked as soon as the last byte is in, before anyone
+    /// uses the payload.
+    fn recv(
+        &mut self,
+        s: &mut Stream,
+        patience: std::time::Duration,
+        dst: &mut [&mut [u8]],
+    ) -> Result<(), ConnEnd> {
+        let n: usize = dst.iter().map(|b| b.len()).sum();
+        if n > self.left {
+            return Err(ConnEnd::Io(
+                "receiving write data",
+                std::io::Error::other("more than the payload asked for"),
+            ));
+        }
+        let mut r = Patient::new(s, self.deadline, patience);
+        {
+            // readv advances these in place: hash `dst` itself afterwards.
+            let mut iov: Vec<IoSliceMut<'_>> = dst.iter_mut().map(|d| IoSliceMut::new(d)).collect();
+            read_exact_vectored(&mut r, &mut iov)
+                .map_err(|e| ConnEnd::io("receiving write data", e))?;
+        }
+        self.left -= n;
+        if let Some(m) = &mut self.mac {
+            for b in dst.iter() {
+                m.data(b);
+            }
+            if self.left == 0 {
+                let mut tag = [0u8; TAG_LEN];
+                r.read_exact(&mut tag)
+                    .map_err(|e| ConnEnd::io("receiving a payload tag", e))?;
+                self.mac.take().expect("checked above").verify_data(&tag)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Take what is left of the payload off the socket and drop it (a write refused
+    /// before its data was used), checking its tag all the same.
+    fn discard(&mut self, s: &mut Stream, patience: std::time::Duration) -> Result<(), ConnEnd> {
+        let mut buf = vec![0u8; self.left.min(64 << 10)];
+        while self.left > 0 {
+            let k = self.left.min(buf.len());
+            self.recv(s, patience, &mut [&mut buf[..k]])?;
+        }
+        Ok(())
+    }
 }
 
 /// What a panic carried, for the log.
@@ -66,21 +150,41 @@ pub(crate) fn ro() -> Error {
 impl<'a> Conn<'a> {
     pub fn serve(&mut self) -> Result<(), ConnEnd> {
         let session: &'a Session = self.session;
+        let patience = self.shared.cfg.peer_timeout;
+        let idle = self.shared.cfg.idle_timeout;
         loop {
             let mut hb = [0u8; REQ_HDR];
-            match read_message_start(&mut self.s, &mut hb) {
-                Ok(true) => {}
-                Ok(false) => return Err(ConnEnd::Closed),
+            match read_message_start(&mut self.s, &mut hb, patience, idle) {
+                Ok(Start::Message) => {}
+                Ok(Start::Closed) => return Err(ConnEnd::Closed),
+                Ok(Start::Idle) => return Err(ConnEnd::Idle),
                 Err(e) => return Err(ConnEnd::io("receiving a header", e)),
             }
             let t = Instant::now();
             let h = ReqHeader::decode(&hb)?;
-            let mut body = vec![0u8; h.body_len as usize];
-            self.s
+            // From the header on, the whole message has one deadline.
+            self.inbound = Inbound {
+                deadline: t + message_time(patience, h.data_len as u64),
+                left: h.data_len as usize,
+                mac: None,
+            };
+            let tag_len = if self.rx.is_some() { TAG_LEN } else { 0 };
+            let mut body = vec![0u8; h.body_len as usize + tag_len];
+            Patient::new(&mut self.s, self.inbound.deadline, patience)
                 .read_exact(&mut body)
                 .map_err(|e| ConnEnd::io("receiving a body", e))?;
+            if let Some(rx) = &mut self.rx {
+                // Nothing of a message is acted on before its tag checked out.
+                let tag: [u8; TAG_LEN] = body[h.body_len as usize..].try_into().expect("TAG_LEN");
+                body.truncate(h.body_len as usize);
+                let m = rx.begin(&hb, &body);
+                m.verify(&tag)?;
+                if rx.data_tagged(h.data_len as usize) {
+                    self.inbound.mac = Some(m);
+                }
+            }
             self.replying = false;
-            let req = match Request::decode(&h, &body) {
+            let (req, groups) = match Request::decode_with_groups(&h, &body) {
                 Ok(r) => r,
                 Err(e) => {
                     // Well framed, semantically wrong: answer it and stay in step.
@@ -89,7 +193,7 @@ impl<'a> Conn<'a> {
                         .rejected_invalid
                         .fetch_add(1, Ordering::Relaxed);
                     tracing::debug!(op = h.op.name(), "invalid request: {e}");
-                    self.discard(h.data_len)?;
+                    self.discard()?;
                     self.shared.stats.record(h.op, false, 0, t);
                     self.reply(&h, Err(Error::new(e.errno(), e.to_string())), None)?;
                     continue;
@@ -119,7 +223,9 @@ impl<'a> Conn<'a> {
             // A panic (a bug reached by this request) ends this connection only: it is
             // answered with EIO if nothing of its reply went out yet, and the caller's
             // guards give back the slot, the socket and the session.
-            let r = catch_unwind(AssertUnwindSafe(|| self.handle(&h, req, t, &mut claim)));
+            let r = catch_unwind(AssertUnwindSafe(|| {
+                self.handle(&h, req, groups, t, &mut claim)
+            }));
             match r {
                 Ok(r) => r?,
                 Err(p) => {
@@ -147,10 +253,25 @@ impl<'a> Conn<'a> {
         &mut self,
         h: &ReqHeader,
         req: Request,
+        groups: Vec<u32>,
         t: Instant,
         claim: &mut Option<Claim<'a>>,
     ) -> Result<(), ConnEnd> {
-        let ctx = Ctx::user(h.uid, h.gid);
+        // Who the peer may be, then who the export lets it be.
+        let cred = match self.rule.check(h.uid, h.gid, groups) {
+            Ok(c) => self.shared.cfg.identity.map(c),
+            Err(e) => {
+                self.shared
+                    .stats
+                    .rejected_identity
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(op = h.op.name(), "refused: {}", e.msg());
+                self.discard()?;
+                self.shared.stats.record(h.op, false, 0, t);
+                return self.reply(h, Err(e), claim.take());
+            }
+        };
+        let ctx = Ctx { cred, pid: 0 };
         match req {
             Request::Write(w) => self.write(&ctx, h, w, t),
             Request::Read(r) => self.read(h, r, t),
@@ -163,14 +284,22 @@ impl<'a> Conn<'a> {
         }
     }
 
-    fn discard(&mut self, n: u32) -> Result<(), ConnEnd> {
-        discard(&mut self.s, n as usize).map_err(|e| ConnEnd::io("discarding a payload", e))
+    /// Drop what is left of the current request's payload.
+    fn discard(&mut self) -> Result<(), ConnEnd> {
+        let patience = self.shared.cfg.peer_timeout;
+        self.inbound.discard(&mut self.s, patience)
     }
 
-    /// Send an encoded reply (header and body).
+    /// Send an encoded reply (header and body), with its tag on an authenticated
+    /// connection.
     fn send(&mut self, msg: &[u8]) -> Result<(), ConnEnd> {
         self.replying = true;
-        write_all_vectored(&mut self.s, &mut [IoSlice::new(msg)])
+        let tag = self
+            .tx
+            .as_mut()
+            .map(|tx| tx.begin(&msg[..RESP_HDR], &msg[RESP_HDR..]).tag());
+        let tag: &[u8] = tag.as_ref().map_or(&[], |t| t);
+        write_all_vectored(&mut self.s, &mut [IoSlice::new(msg), IoSlice::new(tag)])
             .map_err(|e| ConnEnd::io("sending a reply", e))
     }
 
@@ -206,8 +335,13 @@ impl<'a> Conn<'a> {
             return self.send(&msg);
         }
         self.replying = true;
-        write_all_vectored(&mut self.s, &mut [IoSlice::new(&rh), IoSlice::new(&body)])
-            .map_err(|e| ConnEnd::io("sending a reply", e))
+        let tag = self.tx.as_mut().map(|tx| tx.begin(&rh, &body).tag());
+        let tag: &[u8] = tag.as_ref().map_or(&[], |t| t);
+        write_all_vectored(
+            &mut self.s,
+            &mut [IoSlice::new(&rh), IoSlice::new(&body), IoSlice::new(tag)],
+        )
+        .map_err(|e| ConnEnd::io("sending a reply", e))
     }
 
     /// The backend handle a request names, checked against the session: fh 0 is "no
@@ -253,7 +387,7 @@ impl<'a> Conn<'a> {
                 return self.reply(h, Err(e), None);
             }
         };
-        let (s, replying) = (&mut self.s, &mut self.replying);
+        let (s, replying, tx) = (&mut self.s, &mut self.replying, &mut self.tx);
         let mut sent = false;
         let mut send_err: Option<std::io::Error> = None;
         let mut n = 0u64;
@@ -264,9 +398,26 @@ impl<'a> Conn<'a> {
                 return Err(Error::new(libc::EIO, "backend returned more than asked"));
             }
             let rh = RespHeader::ok(Op::Read, h.id, 0, n as u32).encode();
-            let mut iov: Vec<IoSlice<'_>> = Vec::with_capacity(slices.len() + 1);
+            // The tags: over the header, and (full mode) over the data too, hashed
+            // where it lies (no copy).
+            let (mut tag, mut data_tag) = ([0u8; TAG_LEN], None);
+            if let Some(tx) = tx.as_mut() {
+                let mut m = tx.begin(&rh, &[]);
+                tag = m.tag();
+                if tx.data_tagged(n as usize) {
+                    slices.iter().for_each(|x| m.data(x));
+                    data_tag = Some(m.data_tag());
+                }
+            }
+            let mut iov: Vec<IoSlice<'_>> = Vec::with_capacity(slices.len() + 3);
             iov.push(IoSlice::new(&rh));
+            if tx.is_some() {
+                iov.push(IoSlice::new(&tag));
+            }
             iov.extend(slices.iter().map(|x| IoSlice::new(x)));
+            if let Some(t) = &data_tag {
+                iov.push(IoSlice::new(t));
+            }
             sent = true;
             *replying = true;
             write_all_vectored(s, &mut iov).map_err(|e| {
@@ -312,20 +463,23 @@ impl<'a> Conn<'a> {
         let (bfh, held) = match checked {
             Ok(x) => x,
             Err(e) => {
-                self.discard(w.size)?;
+                self.discard()?;
                 shared.stats.record(Op::Write, false, 0, t);
                 return self.reply(h, Err(e), None);
             }
         };
-        // Payload bytes taken off the socket; the rest is discarded after the call,
-        // whatever the backend did, so the stream stays in step.
-        let mut received = 0usize;
-        let mut recv_err: Option<std::io::Error> = None;
+        let patience = shared.cfg.peer_timeout;
+        // The payload is taken off the socket (and, in full mode, its tag checked)
+        // before the backend commits anything; what is left is discarded after the
+        // call, whatever the backend did, so the stream stays in step.
+        let mut recv_err: Option<ConnEnd> = None;
         let size = w.size;
         let r = if shared.cfg.one_copy {
             let mut buf = vec![0u8; size as usize];
-            received = buf.len();
-            match self.s.read_exact(&mut buf) {
+            match self
+                .inbound
+                .recv(&mut self.s, patience, &mut [&mut buf[..]])
+            {
                 Ok(()) => {
                     shared
                         .stats
@@ -339,20 +493,10 @@ impl<'a> Conn<'a> {
                 }
             }
         } else {
-            let s = &mut self.s;
+            let (s, inbound) = (&mut self.s, &mut self.inbound);
             backend.write_with(ctx, w.node.ino, bfh, w.offset, size, &mut |dst| {
                 // Straight from the socket into the reserved destination blocks.
-                let want: usize = dst.iter().map(|d| d.len()).sum();
-                if received + want > size as usize {
-                    return Err(Error::new(
-                        libc::EIO,
-                        "backend asked for more than the payload",
-                    ));
-                }
-                received += want;
-                let mut iov: Vec<IoSliceMut<'_>> =
-                    dst.iter_mut().map(|d| IoSliceMut::new(d)).collect();
-                read_exact_vectored(s, &mut iov).map_err(|e| {
+                inbound.recv(s, patience, dst).map_err(|e| {
                     let m = e.to_string();
                     recv_err = Some(e);
                     Error::new(libc::EIO, m)
@@ -364,10 +508,16 @@ impl<'a> Conn<'a> {
         // in pieces. Take the payload into memory (one copy, counted) and let the backend
         // write it piece by piece.
         let r = match r {
-            Err(e) if e.errno == libc::ENOSPC && received == 0 && recv_err.is_none() => {
+            Err(e)
+                if e.errno == libc::ENOSPC
+                    && self.inbound.left == size as usize
+                    && recv_err.is_none() =>
+            {
                 let mut buf = vec![0u8; size as usize];
-                received = buf.len();
-                match self.s.read_exact(&mut buf) {
+                match self
+                    .inbound
+                    .recv(&mut self.s, patience, &mut [&mut buf[..]])
+                {
                     Ok(()) => {
                         shared
                             .stats
@@ -385,10 +535,10 @@ impl<'a> Conn<'a> {
         };
         drop(held);
         if let Some(e) = recv_err {
-            return Err(ConnEnd::io("receiving write data", e));
+            return Err(e);
         }
         // Rejected before the payload was read (no such file, no space, ...).
-        self.discard(size - received as u32)?;
+        self.discard()?;
         shared.stats.record(
             Op::Write,
             r.is_ok(),

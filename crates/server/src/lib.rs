@@ -1,5 +1,5 @@
-//! The zcfs network server: exports any Backend over TCP (protocol version 2,
-//! docs/protocol.md).
+//! The zcfs network server: exports any Backend over TCP or a Unix domain socket
+//! (docs/protocol.md).
 //!
 //! Each connection is served by one thread, in order, so many requests may be in flight
 //! on it (the client pipelines; TCP carries the queue). Data paths:
@@ -33,27 +33,35 @@
 
 mod conn;
 mod dispatch;
+mod identity;
 mod session;
 mod stats;
 
+pub use identity::{IdentityMap, PeerRule, Squash, DEFAULT_ANON_ID};
 pub use session::{REPLY_CACHE_BYTES, REPLY_CACHE_ENTRIES};
 pub use stats::{OpReport, ServerStats, StatsReport};
-pub use zcfs_transport::HANDSHAKE_TIMEOUT;
+pub use zcfs_transport::{Address, HANDSHAKE_TIMEOUT};
 
 use conn::{Conn, ConnEnd};
 use session::{lock, Attachment, Sessions};
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use zcfs_backend::Backend;
-use zcfs_transport::{server_handshake, set_peer_timeout, tune, TransportError};
+use zcfs_protocol::channel::Integrity;
+use zcfs_transport::{
+    server_handshake, set_peer_timeout, tune, Listener, Peer, Stream, TransportError,
+};
 
 /// How long a session outlives its last connection by default.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(60);
 /// How long a peer may stall a message or a reply by default.
 pub const DEFAULT_PEER_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a connection may stay idle (no request begun) by default before the server
+/// closes it (the client reconnects on its next call; the session survives its grace).
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 /// Most open handles one session may hold by default.
 pub const DEFAULT_MAX_SESSION_HANDLES: usize = 1 << 20;
 /// Most connections in the handshake at once by default (a quarter of the default
@@ -65,7 +73,8 @@ pub const DEFAULT_MAX_HANDSHAKES_PER_ADDR: usize = 4;
 
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    pub listen: SocketAddr,
+    /// Where to listen: a TCP address or a Unix socket.
+    pub listen: Address,
     pub secret: Option<Vec<u8>>,
     pub read_only: bool,
     pub max_connections: usize,
@@ -85,8 +94,15 @@ pub struct ServerConfig {
     /// Most connections in the handshake at once; always kept below `max_connections`
     /// (see `handshake_limits`).
     pub max_handshakes: usize,
-    /// Most connections in the handshake at once from one IP address.
+    /// Most connections in the handshake at once from one IP address (one uid, on a
+    /// Unix socket).
     pub max_handshakes_per_addr: usize,
+    /// How long a connection may stay idle between messages.
+    pub idle_timeout: Duration,
+    /// What the message MACs cover (with a secret; `Full` needs one).
+    pub integrity: Integrity,
+    /// Whose identity is replaced by the anonymous one (root squash by default).
+    pub identity: IdentityMap,
 }
 
 impl ServerConfig {
@@ -106,7 +122,7 @@ impl ServerConfig {
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
-            listen: "127.0.0.1:7070".parse().unwrap(),
+            listen: Address::Tcp("127.0.0.1:7070".into()),
             secret: None,
             read_only: false,
             max_connections: 64,
@@ -118,15 +134,20 @@ impl Default for ServerConfig {
             handshake_timeout: HANDSHAKE_TIMEOUT,
             max_handshakes: DEFAULT_MAX_HANDSHAKES,
             max_handshakes_per_addr: DEFAULT_MAX_HANDSHAKES_PER_ADDR,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            integrity: Integrity::Headers,
+            identity: IdentityMap::default(),
         }
     }
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
+    #[error("--integrity full needs a secret (--secret-file): without one there are no MACs")]
+    IntegrityWithoutSecret,
     #[error("listening on {addr}: {source}")]
     Bind {
-        addr: SocketAddr,
+        addr: Address,
         #[source]
         source: std::io::Error,
     },
@@ -147,21 +168,38 @@ impl Shared {
     }
 }
 
+/// What the per-source handshake bound counts by: the IP address of a TCP peer, the
+/// uid of a Unix socket peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Source {
+    Ip(IpAddr),
+    Uid(u32),
+}
+
+impl From<&Peer> for Source {
+    fn from(p: &Peer) -> Source {
+        match p {
+            Peer::Tcp(a) => Source::Ip(a.ip()),
+            Peer::Unix(c) => Source::Uid(c.uid),
+        }
+    }
+}
+
 /// Connections in the handshake: in all, and by peer address.
 #[derive(Default)]
 struct Handshakes {
     total: usize,
-    by_addr: HashMap<IpAddr, usize>,
+    by_addr: HashMap<Source, usize>,
 }
 
 /// A running server: accepts until `shutdown`.
 pub struct Server {
     shared: Arc<Shared>,
     pub stats: Arc<ServerStats>,
-    listener: TcpListener,
+    listener: Listener,
     stopping: AtomicBool,
     /// Open connections (a clone of each socket), to close them at shutdown.
-    conns: Arc<Mutex<Vec<(u64, TcpStream)>>>,
+    conns: Arc<Mutex<Vec<(u64, Stream)>>>,
     handshakes: Arc<Mutex<Handshakes>>,
 }
 
@@ -170,9 +208,9 @@ pub struct Server {
 /// back on drop, however the connection's thread ends (a panic included).
 struct Slot {
     id: u64,
-    ip: IpAddr,
+    ip: Source,
     stats: Arc<ServerStats>,
-    conns: Arc<Mutex<Vec<(u64, TcpStream)>>>,
+    conns: Arc<Mutex<Vec<(u64, Stream)>>>,
     handshakes: Arc<Mutex<Handshakes>>,
     handshaking: bool,
 }
@@ -211,8 +249,11 @@ impl Drop for Slot {
 
 impl Server {
     pub fn bind(backend: Arc<dyn Backend>, cfg: ServerConfig) -> Result<Server, ServerError> {
-        let listener = TcpListener::bind(cfg.listen).map_err(|source| ServerError::Bind {
-            addr: cfg.listen,
+        if cfg.integrity == Integrity::Full && cfg.secret.is_none() {
+            return Err(ServerError::IntegrityWithoutSecret);
+        }
+        let listener = Listener::bind(&cfg.listen).map_err(|source| ServerError::Bind {
+            addr: cfg.listen.clone(),
             source,
         })?;
         let stats = Arc::new(ServerStats::default());
@@ -233,10 +274,19 @@ impl Server {
         })
     }
 
-    pub fn local_addr(&self) -> SocketAddr {
+    /// The address the server listens on (with the port chosen, for a TCP port 0).
+    pub fn local_addr(&self) -> Address {
         self.listener
             .local_addr()
             .expect("bound listener has an address")
+    }
+
+    /// The TCP address the server listens on (None on a Unix socket).
+    pub fn tcp_addr(&self) -> Option<SocketAddr> {
+        match &self.listener {
+            Listener::Tcp(l) => l.local_addr().ok(),
+            Listener::Unix(..) => None,
+        }
     }
 
     pub fn backend(&self) -> &Arc<dyn Backend> {
@@ -256,21 +306,20 @@ impl Server {
         };
         let mut threads: Vec<std::thread::JoinHandle<()>> = Vec::new();
         let mut next_id = 0u64;
-        for s in self.listener.incoming() {
+        loop {
+            let accepted = self.listener.accept();
             if self.stopping.load(Ordering::SeqCst) {
                 break;
             }
-            let s = match s {
-                Ok(s) => s,
+            let (s, who) = match accepted {
+                Ok(x) => x,
                 Err(e) => {
                     tracing::warn!("accept: {e}");
                     continue;
                 }
             };
-            let Ok(addr) = s.peer_addr() else {
-                continue;
-            };
-            let peer = addr.to_string();
+            let source = Source::from(&who);
+            let peer = who.to_string();
             let stats = &self.shared.stats;
             let cfg = &self.shared.cfg;
             if stats.active.load(Ordering::SeqCst) >= cfg.max_connections {
@@ -281,7 +330,7 @@ impl Server {
             {
                 let (total, per_addr) = cfg.handshake_limits();
                 let mut h = lock(&self.handshakes);
-                let from_addr = h.by_addr.get(&addr.ip()).copied().unwrap_or(0);
+                let from_addr = h.by_addr.get(&source).copied().unwrap_or(0);
                 if h.total >= total || from_addr >= per_addr {
                     drop(h);
                     stats
@@ -291,7 +340,7 @@ impl Server {
                     continue;
                 }
                 h.total += 1;
-                *h.by_addr.entry(addr.ip()).or_default() += 1;
+                *h.by_addr.entry(source).or_default() += 1;
                 stats.handshaking.fetch_add(1, Ordering::SeqCst);
             }
             next_id += 1;
@@ -300,7 +349,7 @@ impl Server {
             // From here on the slot gives everything back when dropped.
             let mut slot = Slot {
                 id,
-                ip: addr.ip(),
+                ip: source,
                 stats: stats.clone(),
                 conns: self.conns.clone(),
                 handshakes: self.handshakes.clone(),
@@ -323,7 +372,7 @@ impl Server {
             threads.retain(|t| !t.is_finished());
             let spawned = std::thread::Builder::new()
                 .name(format!("zcfs-conn-{id}"))
-                .spawn(move || connection(s, &peer, &shared, &mut slot));
+                .spawn(move || connection(s, who, &peer, &shared, &mut slot));
             match spawned {
                 Ok(t) => threads.push(t),
                 // The closure (and the slot in it) is dropped: everything given back.
@@ -347,7 +396,7 @@ impl Server {
             let _ = c.shutdown(std::net::Shutdown::Both);
         }
         // Wake the accept loop.
-        let _ = TcpStream::connect(self.local_addr());
+        let _ = Stream::connect(&self.local_addr(), Duration::from_secs(1));
     }
 
     pub fn report(&self) -> StatsReport {
@@ -372,8 +421,15 @@ impl Drop for Attached<'_> {
 
 /// Serve one connection: handshake (joining its session once authenticated), requests,
 /// and the end.
-fn connection(mut s: TcpStream, peer: &str, shared: &Shared, slot: &mut Slot) {
+fn connection(mut s: Stream, who: Peer, peer: &str, shared: &Shared, slot: &mut Slot) {
     let stats = &shared.stats;
+    let rule = match peer_rule(&s, &who) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(%peer, "dropping client: its groups: {e}");
+            return;
+        }
+    };
     if let Err(e) = set_peer_timeout(&s, shared.cfg.peer_timeout) {
         tracing::warn!(%peer, "dropping client: socket options: {e}");
         return;
@@ -382,6 +438,7 @@ fn connection(mut s: TcpStream, peer: &str, shared: &Shared, slot: &mut Slot) {
     let hs = server_handshake(
         &mut s,
         shared.cfg.secret.as_deref(),
+        shared.cfg.integrity,
         shared.cfg.max_inflight,
         shared.instance,
         shared.cfg.handshake_timeout,
@@ -399,7 +456,11 @@ fn connection(mut s: TcpStream, peer: &str, shared: &Shared, slot: &mut Slot) {
         Ok(h)
     });
     match hs {
-        Ok(_) => {
+        Ok(accepted) => {
+            let (tx, rx) = match accepted.channel {
+                Some((tx, rx)) => (Some(tx), Some(rx)),
+                None => (None, None),
+            };
             let attached = Attached {
                 sessions: &shared.sessions,
                 attachment,
@@ -415,15 +476,27 @@ fn connection(mut s: TcpStream, peer: &str, shared: &Shared, slot: &mut Slot) {
             tracing::info!(%peer, session = format!("{:016x}", session.id), resumed, "client connected");
             let mut conn = Conn {
                 s,
+                rule,
                 shared,
                 session,
                 replying: false,
+                tx,
+                rx,
+                inbound: conn::Inbound::new(),
             };
             match conn.serve() {
                 Ok(()) | Err(ConnEnd::Closed) => tracing::info!(%peer, "client disconnected"),
                 Err(ConnEnd::Malformed(e)) => {
                     stats.rejected_malformed.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(%peer, "dropping client: malformed message: {e}");
+                }
+                Err(e @ ConnEnd::Forged(_)) => {
+                    stats.rejected_forged.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(%peer, "dropping client: {e}");
+                }
+                Err(ConnEnd::Idle) => {
+                    stats.dropped_idle.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(%peer, idle = ?shared.cfg.idle_timeout, "closing an idle connection");
                 }
                 Err(e @ ConnEnd::Stalled(_)) => {
                     stats.dropped_stalled.fetch_add(1, Ordering::Relaxed);
@@ -465,5 +538,19 @@ fn connection(mut s: TcpStream, peer: &str, shared: &Shared, slot: &mut Slot) {
                 }
             }
         }
+    }
+}
+
+/// What the peer may name as its identity: a process that is not root on the Unix
+/// socket only itself (its uid, gid and groups as the kernel knows them); anyone else
+/// any identity.
+fn peer_rule(s: &Stream, who: &Peer) -> std::io::Result<PeerRule> {
+    match who {
+        Peer::Unix(c) if c.uid != 0 => Ok(PeerRule::Only {
+            uid: c.uid,
+            gid: c.gid,
+            groups: zcfs_transport::peer_groups(s, c.pid)?,
+        }),
+        _ => Ok(PeerRule::Any),
     }
 }

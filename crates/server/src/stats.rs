@@ -26,6 +26,8 @@ pub struct ServerStats {
     pub rejected_malformed: AtomicU64,
     /// Well-framed requests whose body was invalid: answered with an errno.
     pub rejected_invalid: AtomicU64,
+    /// Requests naming an identity their peer may not act as (answered EPERM).
+    pub rejected_identity: AtomicU64,
     pub rejected_auth: AtomicU64,
     pub rejected_limit: AtomicU64,
     /// Connections refused because too many (from everywhere, or from the peer's
@@ -36,6 +38,11 @@ pub struct ServerStats {
     /// Connections dropped because the peer stalled past the peer timeout (or did not
     /// finish the handshake within its deadline).
     pub dropped_stalled: AtomicU64,
+    /// Connections dropped because a message's MAC did not check out (changed,
+    /// injected, replayed, dropped or reordered on the way).
+    pub rejected_forged: AtomicU64,
+    /// Connections closed after the idle timeout.
+    pub dropped_idle: AtomicU64,
     /// Resent requests answered from a session's reply cache (not executed again).
     pub replies_replayed: AtomicU64,
     /// Requests that panicked (answered with EIO; their connection dropped).
@@ -59,11 +66,14 @@ impl Default for ServerStats {
             active: AtomicUsize::new(0),
             rejected_malformed: AtomicU64::new(0),
             rejected_invalid: AtomicU64::new(0),
+            rejected_identity: AtomicU64::new(0),
             rejected_auth: AtomicU64::new(0),
             rejected_limit: AtomicU64::new(0),
             rejected_handshake_limit: AtomicU64::new(0),
             handshaking: AtomicUsize::new(0),
             dropped_stalled: AtomicU64::new(0),
+            rejected_forged: AtomicU64::new(0),
+            dropped_idle: AtomicU64::new(0),
             replies_replayed: AtomicU64::new(0),
             panics: AtomicU64::new(0),
             sessions_resumed: AtomicU64::new(0),
@@ -92,6 +102,8 @@ pub struct StatsReport {
     pub rejected_malformed: u64,
     #[serde(default)]
     pub rejected_invalid: u64,
+    #[serde(default)]
+    pub rejected_identity: u64,
     pub rejected_auth: u64,
     pub rejected_limit: u64,
     #[serde(default)]
@@ -101,6 +113,10 @@ pub struct StatsReport {
     pub connections_handshaking: usize,
     #[serde(default)]
     pub dropped_stalled: u64,
+    #[serde(default)]
+    pub rejected_forged: u64,
+    #[serde(default)]
+    pub dropped_idle: u64,
     #[serde(default)]
     pub replies_replayed: u64,
     #[serde(default)]
@@ -189,11 +205,14 @@ impl ServerStats {
             connections_active: self.active.load(Ordering::Relaxed),
             rejected_malformed: load(&self.rejected_malformed),
             rejected_invalid: load(&self.rejected_invalid),
+            rejected_identity: load(&self.rejected_identity),
             rejected_auth: load(&self.rejected_auth),
             rejected_limit: load(&self.rejected_limit),
             rejected_handshake_limit: load(&self.rejected_handshake_limit),
             connections_handshaking: self.handshaking.load(Ordering::Relaxed),
             dropped_stalled: load(&self.dropped_stalled),
+            rejected_forged: load(&self.rejected_forged),
+            dropped_idle: load(&self.dropped_idle),
             replies_replayed: load(&self.replies_replayed),
             requests_panicked: load(&self.panics),
             sessions_active: active,

@@ -76,7 +76,7 @@ fn the_reply_cache_keeps_the_last_replies_of_a_session() {
     let mut raw = srv.raw(0xcace);
     // Header and body go out in separate writes: without this, each request waits for
     // a delayed ACK.
-    raw.s.set_nodelay(true).unwrap();
+    raw.s.as_tcp().unwrap().set_nodelay(true).unwrap();
     assert_eq!(call_id(&mut raw, 1, mkdir("d")).status, 0);
     let getattr = || GetattrReq {
         node: NodeRef::ino(ROOT),

@@ -1,11 +1,21 @@
-//! TCP transport for zcfs: exact vectored reads and writes (so headers, bodies and bulk
-//! data move without being joined into one buffer), the handshake on both sides, and
-//! socket options. Other transports (AF_XDP) will sit beside this one.
+//! Socket transport for zcfs (TCP or a Unix domain socket, `Stream`): exact vectored
+//! reads and writes (so headers, bodies and bulk data move without being joined into
+//! one buffer), the handshake on both sides, and socket options. Other transports
+//! (AF_XDP) will sit beside this one.
+
+mod stream;
+
+pub use stream::{
+    peer_cred, peer_groups, Address, AddressError, Listener, Peer, PeerCred, Socket, Stream,
+    UNIX_SOCKET_MODE,
+};
 
 use rand::RngCore;
 use std::io::{IoSlice, IoSliceMut, Read, Write};
 use std::net::TcpStream;
+use std::os::unix::io::AsRawFd;
 use std::time::{Duration, Instant};
+use zcfs_protocol::channel::{derive_keys, Integrity, Mac};
 use zcfs_protocol::handshake::*;
 use zcfs_protocol::{ProtoError, MAX_DATA, VERSION};
 
@@ -19,6 +29,10 @@ pub enum TransportError {
     SecretRequired,
     #[error("authentication failed: the peer does not know the shared secret")]
     AuthFailed,
+    #[error("the server did not authenticate itself (its Welcome has auth=0) but this client has a secret: refusing to talk to it (a rogue server, or one started without --secret-file)")]
+    ServerUnauthenticated,
+    #[error("the server does not offer --integrity full, which this client requires")]
+    IntegrityRefused,
     #[error("the peer closed the connection")]
     Closed,
 }
@@ -58,8 +72,7 @@ pub fn read_exact_vectored(
 
 /// Append exactly `n` bytes from a socket to `buf`, receiving straight into its spare
 /// capacity: no zero-fill, and recv asks for everything still missing each time.
-pub fn recv_into_vec(s: &TcpStream, buf: &mut Vec<u8>, n: usize) -> std::io::Result<()> {
-    use std::os::unix::io::AsRawFd;
+pub fn recv_into_vec(s: &impl AsRawFd, buf: &mut Vec<u8>, n: usize) -> std::io::Result<()> {
     buf.reserve(n);
     let start = buf.len();
     let mut got = 0;
@@ -103,7 +116,7 @@ pub fn discard(r: &mut impl Read, mut n: usize) -> std::io::Result<()> {
 }
 
 fn set_int_option(s: &TcpStream, level: i32, name: i32, value: libc::c_int) -> std::io::Result<()> {
-    let fd = std::os::unix::io::AsRawFd::as_raw_fd(s);
+    let fd = s.as_raw_fd();
     // SAFETY: setting an int socket option on our own socket; the pointer and length
     // describe `value`.
     let r = unsafe {
@@ -122,8 +135,12 @@ fn set_int_option(s: &TcpStream, level: i32, name: i32, value: libc::c_int) -> s
     }
 }
 
-/// Low latency for small messages, keepalive to notice dead peers.
-pub fn tune(s: &TcpStream) -> std::io::Result<()> {
+/// Low latency for small messages, keepalive to notice dead peers (TCP; a Unix socket
+/// needs neither).
+pub fn tune(s: &impl Socket) -> std::io::Result<()> {
+    let Some(s) = s.tcp() else {
+        return Ok(());
+    };
     s.set_nodelay(true)?;
     // Keepalive after 10 s idle, probes every 5 s, 3 misses: a dead peer shows in ~25 s.
     let opts: [(i32, i32, libc::c_int); 4] = [
@@ -143,10 +160,13 @@ pub fn tune(s: &TcpStream) -> std::io::Result<()> {
 /// fails (SO_SNDTIMEO), data left unacknowledged that long breaks the connection
 /// (TCP_USER_TIMEOUT), and so does a receive (SO_RCVTIMEO; see `read_message_start`
 /// for waiting on an idle connection).
-pub fn set_peer_timeout(s: &TcpStream, patience: Duration) -> std::io::Result<()> {
+pub fn set_peer_timeout(s: &impl Socket, patience: Duration) -> std::io::Result<()> {
     let patience = patience.max(Duration::from_millis(1));
     s.set_write_timeout(Some(patience))?;
     s.set_read_timeout(Some(patience))?;
+    let Some(s) = s.tcp() else {
+        return Ok(());
+    };
     let ms = patience.as_millis().min(libc::c_int::MAX as u128) as libc::c_int;
     set_int_option(s, libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, ms)
 }
@@ -158,23 +178,129 @@ fn timed_out(e: &std::io::Error) -> bool {
     )
 }
 
-/// Read the first `buf.len()` bytes of a message from a socket with a receive timeout:
-/// while no byte has come the connection is idle and we wait on (an idle peer is not a
-/// stalled one); once one has, the rest must come within the timeout. Returns false
-/// when the peer closed the connection between messages.
-pub fn read_message_start(s: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<bool> {
+/// How a wait for the next message ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// The first `buf.len()` bytes of a message are in.
+    Message,
+    /// The peer closed the connection between messages.
+    Closed,
+    /// No byte came for the idle timeout.
+    Idle,
+}
+
+/// Read the first `buf.len()` bytes of a message from a socket whose receive timeout is
+/// `patience` (`set_peer_timeout`): while no byte has come the connection is idle and
+/// we wait on, up to `idle` (an idle peer is not a stalled one); once one has, the rest
+/// must come within `patience`.
+pub fn read_message_start(
+    s: &mut impl Socket,
+    buf: &mut [u8],
+    patience: Duration,
+    idle: Duration,
+) -> std::io::Result<Start> {
+    let started = Instant::now();
     let mut got = 0;
-    while got < buf.len() {
+    let mut shortened = false;
+    let r = loop {
+        if got == buf.len() {
+            break Ok(Start::Message);
+        }
         match s.read(&mut buf[got..]) {
-            Ok(0) if got == 0 => return Ok(false),
-            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-            Ok(n) => got += n,
+            Ok(0) if got == 0 => break Ok(Start::Closed),
+            Ok(0) => break Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => {
+                if got == 0 && shortened {
+                    // The rest of the message gets the full patience.
+                    s.set_read_timeout(Some(patience))?;
+                    shortened = false;
+                }
+                got += n;
+            }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) if got == 0 && timed_out(&e) => {}
-            Err(e) => return Err(e),
+            Err(e) if got == 0 && timed_out(&e) => {
+                let left = idle.saturating_sub(started.elapsed());
+                if left.is_zero() {
+                    break Ok(Start::Idle);
+                }
+                if left < patience {
+                    s.set_read_timeout(Some(left))?;
+                    shortened = true;
+                }
+            }
+            Err(e) => break Err(e),
+        }
+    };
+    if shortened {
+        s.set_read_timeout(Some(patience))?;
+    }
+    r
+}
+
+/// The slowest a peer may send bulk data once a message has begun: a message of `n`
+/// data bytes must arrive within the peer timeout plus `n / MIN_DATA_RATE` seconds.
+pub const MIN_DATA_RATE: u64 = 1 << 20;
+
+/// The time a message with `data_len` bytes of bulk data has, from its header on.
+pub fn message_time(patience: Duration, data_len: u64) -> Duration {
+    patience + Duration::from_secs_f64(data_len as f64 / MIN_DATA_RATE as f64)
+}
+
+/// Reads from a socket (whose receive timeout is `patience`) under one deadline for a
+/// whole message: a peer trickling bytes cannot stretch a message beyond it. The
+/// socket's timeout is shortened only near the deadline (no extra system call on the
+/// fast path) and put back when this is dropped.
+pub struct Patient<'a, S: Socket> {
+    s: &'a mut S,
+    deadline: Instant,
+    patience: Duration,
+    shortened: bool,
+}
+
+impl<'a, S: Socket> Patient<'a, S> {
+    pub fn new(s: &'a mut S, deadline: Instant, patience: Duration) -> Patient<'a, S> {
+        Patient {
+            s,
+            deadline,
+            patience,
+            shortened: false,
         }
     }
-    Ok(true)
+
+    fn before(&mut self) -> std::io::Result<()> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the message did not arrive within its deadline",
+            ));
+        }
+        if left < self.patience {
+            self.s.set_read_timeout(Some(left))?;
+            self.shortened = true;
+        }
+        Ok(())
+    }
+}
+
+impl<S: Socket> Read for Patient<'_, S> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.before()?;
+        self.s.read(buf)
+    }
+
+    fn read_vectored(&mut self, bufs: &mut [IoSliceMut<'_>]) -> std::io::Result<usize> {
+        self.before()?;
+        self.s.read_vectored(bufs)
+    }
+}
+
+impl<S: Socket> Drop for Patient<'_, S> {
+    fn drop(&mut self) {
+        if self.shortened {
+            let _ = self.s.set_read_timeout(Some(self.patience));
+        }
+    }
 }
 
 fn nonce() -> [u8; 32] {
@@ -207,7 +333,7 @@ impl Deadline {
         Ok(left)
     }
 
-    fn read_exact(&self, s: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<()> {
+    fn read_exact(&self, s: &mut impl Socket, buf: &mut [u8]) -> std::io::Result<()> {
         let mut got = 0;
         while got < buf.len() {
             s.set_read_timeout(Some(self.left()?))?;
@@ -222,7 +348,7 @@ impl Deadline {
         Ok(())
     }
 
-    fn write_all(&self, s: &mut TcpStream, mut buf: &[u8]) -> std::io::Result<()> {
+    fn write_all(&self, s: &mut impl Socket, mut buf: &[u8]) -> std::io::Result<()> {
         while !buf.is_empty() {
             s.set_write_timeout(Some(self.left()?))?;
             match s.write(buf) {
@@ -236,31 +362,62 @@ impl Deadline {
     }
 }
 
-/// Client side of the handshake, for the client's `session` (random, not 0). Returns
-/// the server's welcome (limits, instance, and whether the session was resumed: with
-/// authentication, as the verdict said it).
-pub fn client_handshake(s: &mut TcpStream, secret: Option<&[u8]>, session: u64) -> Result<Welcome> {
+/// What a finished handshake gives the client: the server's Welcome (with `resumed` as
+/// the Verdict said it) and, with a secret, the channel's MACs (send, receive).
+#[derive(Debug)]
+pub struct Established {
+    pub welcome: Welcome,
+    pub channel: Option<(Mac, Mac)>,
+}
+
+/// Client side of the handshake, for the client's `session` (random, not 0). With a
+/// secret the server must prove it knows it (a Welcome without auth is refused), and
+/// the connection gets its MACs; `integrity` Full is required of the server.
+pub fn client_handshake(
+    s: &mut impl Socket,
+    secret: Option<&[u8]>,
+    session: u64,
+    integrity: Integrity,
+) -> Result<Established> {
     let cn = nonce();
-    s.write_all(
-        &Hello {
-            version: VERSION as u16,
-            features: FEATURES,
-            nonce: cn,
-            session,
-        }
-        .encode(),
-    )?;
+    let hello = Hello {
+        version: VERSION as u16,
+        features: match integrity {
+            Integrity::Full => FEATURE_INTEGRITY_FULL,
+            Integrity::Headers => 0,
+        },
+        nonce: cn,
+        session,
+    }
+    .encode();
+    s.write_all(&hello)?;
     let mut wb = [0u8; WELCOME_LEN];
     s.read_exact(&mut wb).map_err(eof_closed)?;
     let mut w = Welcome::decode(&wb)?;
+    let Some(secret) = secret else {
+        if w.auth {
+            return Err(TransportError::SecretRequired);
+        }
+        if integrity == Integrity::Full {
+            return Err(TransportError::IntegrityRefused);
+        }
+        return Ok(Established {
+            welcome: w,
+            channel: None,
+        });
+    };
     if !w.auth {
-        return Ok(w);
+        // A server that does not prove it knows the secret is never sent a request.
+        return Err(TransportError::ServerUnauthenticated);
     }
-    let secret = secret.ok_or(TransportError::SecretRequired)?;
-    // The server proves itself first: we never answer a server that does not know
-    // the secret.
-    verify_server(secret, &cn, &w.nonce, &w.proof).map_err(|_| TransportError::AuthFailed)?;
-    s.write_all(&client_proof(secret, &w.nonce, &cn))?;
+    // The server proves itself first (over the whole transcript): we never answer a
+    // server that does not know the secret, nor one whose Welcome was changed.
+    verify_server(secret, &hello, &wb).map_err(|_| TransportError::AuthFailed)?;
+    let full = w.features & FEATURE_INTEGRITY_FULL != 0;
+    if integrity == Integrity::Full && !full {
+        return Err(TransportError::IntegrityRefused);
+    }
+    s.write_all(&client_proof(secret, &hello, &wb))?;
     let mut v = [0u8; VERDICT_LEN];
     s.read_exact(&mut v).map_err(eof_closed)?;
     let v = Verdict::decode(&v)?;
@@ -268,11 +425,30 @@ pub fn client_handshake(s: &mut TcpStream, secret: Option<&[u8]>, session: u64) 
         return Err(TransportError::AuthFailed);
     }
     w.resumed = v.resumed;
-    Ok(w)
+    let mode = if full {
+        Integrity::Full
+    } else {
+        Integrity::Headers
+    };
+    let keys = derive_keys(secret, &hello, &wb);
+    Ok(Established {
+        welcome: w,
+        channel: Some(Mac::pair(&keys, mode, true)),
+    })
+}
+
+/// What a finished handshake gives the server: the client's Hello and, with a secret,
+/// the channel's MACs (send, receive).
+#[derive(Debug)]
+pub struct Accepted {
+    pub hello: Hello,
+    pub channel: Option<(Mac, Mac)>,
 }
 
 /// Server side of the handshake, all of it within `timeout` (`HANDSHAKE_TIMEOUT`), so a
-/// silent or trickling peer cannot hold a connection for longer.
+/// silent or trickling peer cannot hold a connection for longer. With a secret,
+/// `integrity` is the mode every connection uses (Full is refused without a secret by
+/// the caller's configuration; here it is ignored then).
 ///
 /// `attach` is called with the client's hello once the peer may have a session: after
 /// its proof checked out when there is a secret (so a peer that does not know the
@@ -282,13 +458,14 @@ pub fn client_handshake(s: &mut TcpStream, secret: Option<&[u8]>, session: u64) 
 /// away before the last message reached it), the caller undoes the attachment. The
 /// socket's timeouts are left as the deadline set them: the caller sets its own.
 pub fn server_handshake(
-    s: &mut TcpStream,
+    s: &mut impl Socket,
     secret: Option<&[u8]>,
+    integrity: Integrity,
     max_inflight: u32,
     instance: u64,
     timeout: Duration,
     attach: &mut dyn FnMut(&Hello) -> bool,
-) -> Result<Hello> {
+) -> Result<Accepted> {
     let deadline = Deadline::after(timeout);
     let mut hb = [0u8; HELLO_LEN];
     deadline.read_exact(s, &mut hb).map_err(eof_closed)?;
@@ -298,32 +475,48 @@ pub fn server_handshake(
         None => attach(&h),
         Some(_) => false,
     };
-    let w = Welcome {
+    let full = secret.is_some() && integrity == Integrity::Full;
+    let mut w = Welcome {
         version: VERSION as u16,
-        features: h.features & FEATURES,
+        features: if full { FEATURE_INTEGRITY_FULL } else { 0 },
         auth: secret.is_some(),
         resumed,
         nonce: sn,
-        proof: secret
-            .map(|k| server_proof(k, &h.nonce, &sn))
-            .unwrap_or([0; 32]),
+        proof: [0; 32],
         max_inflight,
         max_data: MAX_DATA as u32,
         instance,
     };
-    deadline.write_all(s, &w.encode())?;
     if let Some(k) = secret {
-        let mut p = [0u8; PROOF_LEN];
-        deadline.read_exact(s, &mut p).map_err(eof_closed)?;
-        if verify_client(k, &sn, &h.nonce, &p).is_err() {
-            // Best effort: the peer is dropped either way.
-            let _ = deadline.write_all(s, &Verdict::refused(libc::EACCES).encode());
-            return Err(TransportError::AuthFailed);
-        }
-        let resumed = attach(&h);
-        deadline.write_all(s, &Verdict::accepted(resumed).encode())?;
+        w.proof = server_proof(k, &hb, &w.encode());
     }
-    Ok(h)
+    let wb = w.encode();
+    deadline.write_all(s, &wb)?;
+    let Some(k) = secret else {
+        return Ok(Accepted {
+            hello: h,
+            channel: None,
+        });
+    };
+    let mut p = [0u8; PROOF_LEN];
+    deadline.read_exact(s, &mut p).map_err(eof_closed)?;
+    if verify_client(k, &hb, &wb, &p).is_err() {
+        // Best effort: the peer is dropped either way.
+        let _ = deadline.write_all(s, &Verdict::refused(libc::EACCES).encode());
+        return Err(TransportError::AuthFailed);
+    }
+    let resumed = attach(&h);
+    deadline.write_all(s, &Verdict::accepted(resumed).encode())?;
+    let mode = if full {
+        Integrity::Full
+    } else {
+        Integrity::Headers
+    };
+    let keys = derive_keys(k, &hb, &wb);
+    Ok(Accepted {
+        hello: h,
+        channel: Some(Mac::pair(&keys, mode, false)),
+    })
 }
 
 fn eof_closed(e: std::io::Error) -> TransportError {
@@ -348,14 +541,23 @@ mod tests {
         let t = std::thread::spawn(move || {
             let (mut s, _) = l.accept().unwrap();
             let mut attached = 0;
-            let r = server_handshake(&mut s, server_secret, 32, 99, HANDSHAKE_TIMEOUT, &mut |h| {
-                attached += 1;
-                h.session == 42
-            });
+            let r = server_handshake(
+                &mut s,
+                server_secret,
+                Integrity::Headers,
+                32,
+                99,
+                HANDSHAKE_TIMEOUT,
+                &mut |h| {
+                    attached += 1;
+                    h.session == 42
+                },
+            )
+            .map(|a| a.hello);
             (r, attached)
         });
         let mut c = TcpStream::connect(addr).unwrap();
-        let w = client_handshake(&mut c, client_secret, 42);
+        let w = client_handshake(&mut c, client_secret, 42, Integrity::Headers).map(|e| e.welcome);
         drop(c);
         let (s, attached) = t.join().unwrap();
         assert_eq!(
@@ -383,6 +585,11 @@ mod tests {
         );
         let (_, c) = pair(Some(b"k"), None);
         assert!(matches!(c, Err(TransportError::SecretRequired)));
+        let (_, c) = pair(None, Some(b"k"));
+        assert!(
+            matches!(c, Err(TransportError::ServerUnauthenticated)),
+            "a client with a secret refuses a server that does not authenticate"
+        );
     }
 
     /// A peer without the secret that answers with a made-up proof: refused, never
@@ -394,10 +601,18 @@ mod tests {
         let t = std::thread::spawn(move || {
             let (mut s, _) = l.accept().unwrap();
             let mut attached = false;
-            let r = server_handshake(&mut s, Some(b"k"), 32, 99, HANDSHAKE_TIMEOUT, &mut |_| {
-                attached = true;
-                true
-            });
+            let r = server_handshake(
+                &mut s,
+                Some(b"k"),
+                Integrity::Headers,
+                32,
+                99,
+                HANDSHAKE_TIMEOUT,
+                &mut |_| {
+                    attached = true;
+                    true
+                },
+            );
             (r, attached)
         });
         let mut c = TcpStream::connect(addr).unwrap();
@@ -436,8 +651,16 @@ mod tests {
             for _ in 0..2 {
                 let (mut s, _) = l.accept().unwrap();
                 let t = Instant::now();
-                let r = server_handshake(&mut s, None, 32, 1, timeout, &mut |_| false);
-                out.push((r.map(|h| h.session), t.elapsed()));
+                let r = server_handshake(
+                    &mut s,
+                    None,
+                    Integrity::Headers,
+                    32,
+                    1,
+                    timeout,
+                    &mut |_| false,
+                );
+                out.push((r.map(|a| a.hello.session), t.elapsed()));
             }
             out
         });
@@ -493,10 +716,14 @@ mod tests {
             c
         });
         let mut buf = [0u8; 8];
-        assert!(read_message_start(&mut s, &mut buf).unwrap());
+        let idle = Duration::from_secs(3600);
+        assert_eq!(
+            read_message_start(&mut s, &mut buf, patience, idle).unwrap(),
+            Start::Message
+        );
         assert_eq!(buf, [1u8; 8]);
         let started = std::time::Instant::now();
-        let e = read_message_start(&mut s, &mut buf).unwrap_err();
+        let e = read_message_start(&mut s, &mut buf, patience, idle).unwrap_err();
         assert!(timed_out(&e), "{e}");
         assert!(started.elapsed() < patience * 4, "{:?}", started.elapsed());
         drop(t.join().unwrap());
@@ -506,7 +733,70 @@ mod tests {
         let (mut s, _) = l.accept().unwrap();
         set_peer_timeout(&s, patience).unwrap();
         drop(c);
-        assert!(!read_message_start(&mut s, &mut buf).unwrap());
+        assert_eq!(
+            read_message_start(&mut s, &mut buf, patience, idle).unwrap(),
+            Start::Closed
+        );
+    }
+
+    /// A connection idle for the idle timeout ends (at the idle timeout, even when it
+    /// is not a multiple of the peer timeout).
+    #[test]
+    fn an_idle_connection_ends_at_the_idle_timeout() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut s, _) = l.accept().unwrap();
+        let patience = Duration::from_millis(200);
+        set_peer_timeout(&s, patience).unwrap();
+        let idle = Duration::from_millis(300);
+        let started = Instant::now();
+        let mut buf = [0u8; 8];
+        assert_eq!(
+            read_message_start(&mut s, &mut buf, patience, idle).unwrap(),
+            Start::Idle
+        );
+        let took = started.elapsed();
+        assert!(took >= idle && took < idle + patience, "{took:?}");
+        assert_eq!(
+            s.read_timeout().unwrap(),
+            Some(patience),
+            "patience put back"
+        );
+        drop(c);
+    }
+
+    /// A message's deadline holds however the peer trickles: each read gets a byte
+    /// well within the patience, yet the whole message is cut at its deadline.
+    #[test]
+    fn a_trickled_message_is_cut_at_its_deadline() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut s, _) = l.accept().unwrap();
+        let patience = Duration::from_millis(300);
+        set_peer_timeout(&s, patience).unwrap();
+        let t = std::thread::spawn(move || {
+            for _ in 0..40 {
+                if c.write_all(&[7]).is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        let started = Instant::now();
+        let mut p = Patient::new(&mut s, started + message_time(patience, 0), patience);
+        let mut buf = [0u8; 40];
+        let e = p.read_exact(&mut buf).unwrap_err();
+        assert!(timed_out(&e), "{e}");
+        let took = started.elapsed();
+        assert!(took < patience * 2, "{took:?}");
+        drop(p);
+        assert_eq!(
+            s.read_timeout().unwrap(),
+            Some(patience),
+            "patience put back"
+        );
+        drop(s);
+        t.join().unwrap();
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! What `mount`, `serve` and `stat` take as SOURCE: `null`, a volume image, or the
-//! HOST:PORT of a server.
+//! What `mount`, `serve` and `stat` take as SOURCE: `null`, a volume image, or a
+//! server's address as `zcfs serve` prints it (`unix:PATH`, `tcp:HOST:PORT`, or
+//! HOST:PORT).
 
 use anyhow::{anyhow, Error};
 use std::fmt;
@@ -12,19 +13,27 @@ pub enum Source {
     Null,
     /// A volume image: a file (e.g. in /dev/shm) or a DAX device.
     Image(PathBuf),
-    /// A `zcfs serve` at HOST:PORT (resolved when connecting).
+    /// A `zcfs serve` at an address (`unix:PATH`, `[tcp:]HOST:PORT`; resolved when
+    /// connecting).
     Remote(String),
 }
 
 impl FromStr for Source {
     type Err = Error;
 
-    /// `null` first, then an existing path (a path may contain a colon), then HOST:PORT.
+    /// `null` first, then `unix:` and `tcp:` addresses, then an existing path (a path
+    /// may contain a colon; a socket is a server's), then HOST:PORT.
     fn from_str(s: &str) -> Result<Source, Error> {
+        use std::os::unix::fs::FileTypeExt;
         if s == "null" {
             return Ok(Source::Null);
         }
+        if s.starts_with("unix:") || s.starts_with("tcp:") {
+            s.parse::<zcfs_server::Address>()?;
+            return Ok(Source::Remote(s.into()));
+        }
         let not_a_path = match std::fs::metadata(s) {
+            Ok(m) if m.file_type().is_socket() => return Ok(Source::Remote(format!("unix:{s}"))),
             Ok(_) => return Ok(Source::Image(s.into())),
             Err(e) => e,
         };
@@ -35,7 +44,7 @@ impl FromStr for Source {
             return Ok(Source::Remote(s.into()));
         }
         Err(anyhow!(
-            "{s} is neither `null`, an existing volume image ({not_a_path}), nor HOST:PORT"
+            "{s} is neither `null`, an existing volume image ({not_a_path}), nor a server address (unix:PATH, [tcp:]HOST:PORT)"
         ))
     }
 }
@@ -62,7 +71,13 @@ mod tests {
             "/dev/null".parse::<Source>().unwrap(),
             Source::Image("/dev/null".into())
         );
-        for addr in ["127.0.0.1:7070", "server.example:7070", "[::1]:7070"] {
+        for addr in [
+            "127.0.0.1:7070",
+            "server.example:7070",
+            "[::1]:7070",
+            "tcp:127.0.0.1:7070",
+            "unix:/run/zcfs/vol.sock",
+        ] {
             assert_eq!(addr.parse::<Source>().unwrap(), Source::Remote(addr.into()));
         }
         for bad in [
@@ -82,7 +97,7 @@ mod tests {
 
     #[test]
     fn shows_as_written() {
-        for s in ["null", "/dev/null", "10.0.0.5:7070"] {
+        for s in ["null", "/dev/null", "10.0.0.5:7070", "unix:/x/y.sock"] {
             assert_eq!(s.parse::<Source>().unwrap().to_string(), s);
         }
     }

@@ -450,7 +450,7 @@ fn a_second_opener_of_a_mounted_image_is_refused_naming_the_holder() {
     for args in [
         &["fsck"][..],
         &["fsck", "--repair"],
-        &["serve", "--listen", "127.0.0.1:0"],
+        &["serve", "--listen", "127.0.0.1:0", "--insecure"],
     ] {
         let out = zcfs()
             .args(&args[..1])

@@ -26,8 +26,13 @@ fn hostile_peers_and_wrong_secrets_are_dropped() {
             RESP_HDR,
         };
         let raw = || TcpStream::connect(&addr).unwrap();
-        let handshake = |s: &mut TcpStream| {
-            zcfs_transport::client_handshake(s, Some(SECRET), 77).unwrap();
+        use zcfs_protocol::channel::{Integrity, Mac, TAG_LEN};
+        // The channel's MACs (send, receive) of an authenticated connection.
+        let handshake = |s: &mut TcpStream| -> (Mac, Mac) {
+            zcfs_transport::client_handshake(s, Some(SECRET), 77, Integrity::Headers)
+                .unwrap()
+                .channel
+                .unwrap()
         };
         let dropped = |mut s: TcpStream| {
             s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -44,8 +49,13 @@ fn hostile_peers_and_wrong_secrets_are_dropped() {
         dropped(s);
         // Our client with a wrong secret refuses the server (its proof does not verify).
         let mut s = raw();
-        let e = zcfs_transport::client_handshake(&mut s, Some(b"not-the-secret-at-all"), 78)
-            .unwrap_err();
+        let e = zcfs_transport::client_handshake(
+            &mut s,
+            Some(b"not-the-secret-at-all"),
+            78,
+            Integrity::Headers,
+        )
+        .unwrap_err();
         assert!(
             matches!(e, zcfs_transport::TransportError::AuthFailed),
             "{e}"
@@ -54,7 +64,7 @@ fn hostile_peers_and_wrong_secrets_are_dropped() {
         // No secret at all.
         let mut s = raw();
         assert!(matches!(
-            zcfs_transport::client_handshake(&mut s, None, 79),
+            zcfs_transport::client_handshake(&mut s, None, 79, Integrity::Headers),
             Err(zcfs_transport::TransportError::SecretRequired)
         ));
         drop(s);
@@ -103,18 +113,25 @@ fn hostile_peers_and_wrong_secrets_are_dropped() {
         // same connection goes on: a name with '/', a name of 300 bytes, a write whose
         // body disagrees with its header (its payload is skipped).
         let mut s = raw();
-        handshake(&mut s);
+        let (mut tx, mut rx) = handshake(&mut s);
         let mut send = |h: ReqHeader, body: &[u8], data: &[u8]| {
-            s.write_all(&h.encode()).unwrap();
+            let hb = h.encode();
+            s.write_all(&hb).unwrap();
             s.write_all(body).unwrap();
+            s.write_all(&tx.begin(&hb, body).tag()).unwrap();
             s.write_all(data).unwrap();
             let mut rh = [0u8; RESP_HDR];
             s.read_exact(&mut rh).unwrap();
-            let rh = RespHeader::decode(&rh).unwrap();
-            assert_eq!(rh.id, h.id);
-            let mut body = vec![0u8; (rh.body_len + rh.data_len) as usize];
+            let rhd = RespHeader::decode(&rh).unwrap();
+            assert_eq!(rhd.id, h.id);
+            let mut body = vec![0u8; rhd.body_len as usize];
             s.read_exact(&mut body).unwrap();
-            rh.status
+            let mut tag = [0u8; TAG_LEN];
+            s.read_exact(&mut tag).unwrap();
+            rx.begin(&rh, &body).verify(&tag).unwrap();
+            let mut data = vec![0u8; rhd.data_len as usize];
+            s.read_exact(&mut data).unwrap();
+            rhd.status
         };
         let lookup = |name: &[u8]| {
             let mut b = NodeRef::ino(1).encode();

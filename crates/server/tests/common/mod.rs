@@ -13,6 +13,7 @@ use zcfs_backend::*;
 use zcfs_client::{ClientConfig, RemoteFs};
 use zcfs_protocol::{Cred, ReqHeader, Request, RespHeader, RESP_HDR};
 use zcfs_server::{Server, ServerConfig, StatsReport};
+use zcfs_transport::Stream;
 use zcfs_volume::{MkfsOptions, Region, RootDir, Volume, VolumeConfig};
 
 /// A fresh volume of `size` bytes in anonymous memory, as a Backend. Its root belongs
@@ -36,9 +37,15 @@ pub fn memory_fs(size: usize) -> Arc<zcfs_local::LocalFs> {
     Arc::new(zcfs_local::LocalFs::new(vol))
 }
 
+/// A server on 127.0.0.1:0 without root squash (the tests' raw connections act as
+/// root; tests/identity.rs covers the identity rules).
 pub fn config() -> ServerConfig {
     ServerConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
+        listen: zcfs_transport::Address::Tcp("127.0.0.1:0".into()),
+        identity: zcfs_server::IdentityMap {
+            squash: zcfs_server::Squash::None,
+            ..Default::default()
+        },
         ..Default::default()
     }
 }
@@ -61,7 +68,7 @@ impl Running {
     }
 
     pub fn addr(&self) -> SocketAddr {
-        self.server.local_addr()
+        self.server.tcp_addr().expect("a TCP server")
     }
 
     pub fn report(&self) -> StatsReport {
@@ -104,7 +111,7 @@ impl Drop for Running {
 
 /// A protocol connection driven by hand.
 pub struct Raw {
-    pub s: TcpStream,
+    pub s: Stream,
     next_id: u64,
 }
 
@@ -117,12 +124,22 @@ pub struct RawReply {
 
 impl Raw {
     pub fn connect(addr: SocketAddr, session: u64) -> Raw {
-        Raw::handshake(TcpStream::connect(addr).unwrap(), session)
+        Raw::handshake(TcpStream::connect(addr).unwrap().into(), session)
     }
 
-    fn handshake(mut s: TcpStream, session: u64) -> Raw {
+    /// A connection to a server's Unix socket (as whoever the calling thread runs as).
+    pub fn connect_unix(path: &std::path::Path, session: u64) -> Raw {
+        Raw::handshake(
+            std::os::unix::net::UnixStream::connect(path)
+                .unwrap()
+                .into(),
+            session,
+        )
+    }
+
+    fn handshake(mut s: Stream, session: u64) -> Raw {
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        zcfs_transport::client_handshake(&mut s, None, session).unwrap();
+        zcfs_transport::client_handshake(&mut s, None, session, Default::default()).unwrap();
         Raw { s, next_id: 1 }
     }
 
@@ -162,7 +179,7 @@ impl Raw {
                 std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
             );
             assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
-            Raw::handshake(TcpStream::from_raw_fd(fd), session)
+            Raw::handshake(TcpStream::from_raw_fd(fd).into(), session)
         }
     }
 
@@ -172,9 +189,20 @@ impl Raw {
     }
 
     pub fn call_with(&mut self, req: impl Into<Request>, data: &[u8]) -> RawReply {
+        self.call_as(req, Cred::default(), &[], data)
+    }
+
+    /// Send a request naming `cred` and `groups` as its caller, and wait for its reply.
+    pub fn call_as(
+        &mut self,
+        req: impl Into<Request>,
+        cred: Cred,
+        groups: &[u32],
+        data: &[u8],
+    ) -> RawReply {
         let req = req.into();
         self.next_id += 1;
-        let (h, body) = req.encode(self.next_id, Cred::default());
+        let (h, body) = req.encode_with_groups(self.next_id, cred, groups).unwrap();
         self.send(&h, &body, data);
         self.receive(self.next_id)
     }
@@ -479,4 +507,48 @@ impl Backend for Accounting {
     fn sync_all(&self) -> Result<()> {
         self.inner.sync_all()
     }
+}
+
+/// Run `f` on a thread of its own that acts as `uid`, `gid` with `groups` (the raw
+/// setres[ug]id and setgroups system calls change the calling thread only, unlike the
+/// libc wrappers, which change every thread of the process). Sockets it connects carry
+/// that identity (SO_PEERCRED, SO_PEERGROUPS). Needs root.
+pub fn as_user<T: Send + 'static>(
+    uid: u32,
+    gid: u32,
+    groups: &[u32],
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let groups = groups.to_vec();
+    std::thread::spawn(move || {
+        // SAFETY: plain system calls on the calling thread's credentials; the group
+        // list pointer and length describe `groups`.
+        unsafe {
+            assert_eq!(
+                libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()),
+                0,
+                "setgroups: {}",
+                std::io::Error::last_os_error()
+            );
+            assert_eq!(libc::syscall(libc::SYS_setresgid, gid, gid, gid), 0);
+            assert_eq!(libc::syscall(libc::SYS_setresuid, uid, uid, uid), 0);
+        }
+        f()
+    })
+    .join()
+    .unwrap()
+}
+
+/// Whether the tests run as root (the identity tests need to become other users).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// A fresh path for a server's Unix socket.
+pub fn socket_path(tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("zcfs-sock-{}-{tag}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    dir.join("s.sock")
 }

@@ -103,7 +103,10 @@ fn mount_until_unmounted(a: &MountArgs, ready_pipe: &mut Option<ReadyPipe>) -> R
     config.clone_fd = true;
     let session = zcfs_fuse::spawn(fs, &a.mountpoint, &config).map_err(|e| {
         let hint = match e.raw_os_error() {
-            Some(libc::EPERM) | Some(libc::EACCES) => {
+            // fusermount3 explains its own refusals; this is a direct mount's.
+            Some(libc::EPERM) | Some(libc::EACCES)
+                if config.acl != zcfs_fuse::SessionACL::Owner =>
+            {
                 " (allow_other as a non-root user needs user_allow_other in /etc/fuse.conf)"
             }
             Some(libc::ENODEV) => " (is the fuse module loaded? `modprobe fuse`)",
@@ -117,7 +120,7 @@ fn mount_until_unmounted(a: &MountArgs, ready_pipe: &mut Option<ReadyPipe>) -> R
     }
     sd_notify("READY=1");
     let mut signalled = None;
-    while !session.guard.is_finished() {
+    while !session.is_finished() {
         if let Some(sig) = signals.wait(Duration::from_millis(200)) {
             signalled = Some(sig);
             break;
@@ -181,11 +184,12 @@ fn open(source: &Source, plan: &MountPlan) -> Result<OpenedBackend> {
                 if let Some(t) = plan.timeout {
                     cfg.timeout = t;
                 }
+                cfg.integrity = plan.integrity;
                 OpenedBackend::remote(cfg)
             };
             connect().with_context(|| {
                 format!(
-                    "{addr} is neither `null`, an existing volume image, nor a reachable HOST:PORT"
+                    "{addr} is neither `null`, an existing volume image, nor a reachable server address"
                 )
             })
         }

@@ -1,5 +1,6 @@
-//! `zcfs serve SOURCE`: export a volume image (or `null`) over TCP until SIGINT, SIGTERM
-//! or SIGHUP, then print the server's counters on stderr.
+//! `zcfs serve SOURCE`: export a volume image (or `null`) on a Unix socket (by default
+//! /run/zcfs/NAME.sock) or TCP until SIGINT, SIGTERM or SIGHUP, then print the server's
+//! counters on stderr.
 
 use crate::backend::OpenedBackend;
 use crate::process::{sd_notify, StopSignals};
@@ -8,25 +9,46 @@ use crate::server_report::format_report;
 use crate::source::Source;
 use anyhow::{anyhow, bail, Result};
 use std::io::Write;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use zcfs_server::Address;
+use zcfs_server::Squash;
 use zcfs_volume::{PersistMode, VolumeConfig};
+
+/// Where the default Unix sockets go (created 0755 when missing).
+pub const SOCKET_DIR: &str = "/run/zcfs";
 
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
     /// Volume image, or `null` to measure the network path alone.
     source: String,
-    /// Address to listen on. Anything but loopback needs --secret-file or --insecure.
-    #[arg(long, default_value = "127.0.0.1:7070")]
-    listen: SocketAddr,
-    /// File holding the shared secret for mutual HMAC-SHA256 authentication.
+    /// Address to listen on: unix:PATH (default unix:/run/zcfs/NAME.sock, NAME the
+    /// image's file name without its extension), or [tcp:]HOST:PORT. On the Unix socket
+    /// a local process acts only as itself (root as anyone); TCP, loopback included,
+    /// needs --secret-file or --insecure.
+    #[arg(long)]
+    listen: Option<String>,
+    /// File holding the shared secret (mode 0600 or stricter) for mutual
+    /// authentication and per-message MACs.
     #[arg(long)]
     secret_file: Option<PathBuf>,
-    /// Allow unauthenticated clients on a non-loopback address.
+    /// Allow unauthenticated clients on TCP (anyone who can reach the port may act as
+    /// any user but root; as root too with --no-root-squash).
     #[arg(long)]
     insecure: bool,
+    /// Requests as root act as root (by default they act as the anonymous user).
+    #[arg(long, conflicts_with = "squash_all")]
+    no_root_squash: bool,
+    /// Every request acts as the anonymous user and group.
+    #[arg(long)]
+    squash_all: bool,
+    /// The anonymous user's uid.
+    #[arg(long, default_value_t = zcfs_server::DEFAULT_ANON_ID)]
+    anon_uid: u32,
+    /// The anonymous user's gid.
+    #[arg(long, default_value_t = zcfs_server::DEFAULT_ANON_ID)]
+    anon_gid: u32,
     #[arg(long)]
     read_only: bool,
     #[arg(long, default_value_t = 64)]
@@ -52,6 +74,51 @@ pub struct ServeArgs {
     /// request) before it is dropped.
     #[arg(long, default_value_t = zcfs_server::DEFAULT_PEER_TIMEOUT.as_secs_f64())]
     peer_timeout: f64,
+    /// Seconds a connection may stay idle (no request begun) before it is closed; the
+    /// client reconnects on its next call and keeps its session within --grace.
+    #[arg(long, default_value_t = zcfs_server::DEFAULT_IDLE_TIMEOUT.as_secs_f64())]
+    idle_timeout: f64,
+    /// Most connections still in the handshake (not authenticated yet) at once; kept
+    /// below --max-connections.
+    #[arg(long, default_value_t = zcfs_server::DEFAULT_MAX_HANDSHAKES)]
+    max_unauthenticated: usize,
+    /// Most connections still in the handshake at once from one source address.
+    #[arg(long, default_value_t = zcfs_server::DEFAULT_MAX_HANDSHAKES_PER_ADDR)]
+    max_unauthenticated_per_source: usize,
+    /// What the per-message MACs cover (needs --secret-file): `headers` (default:
+    /// headers and bodies; bulk data moves zero-copy, unMACed) or `full` (bulk data too,
+    /// keyed BLAKE3; every client then uses it).
+    #[arg(long, default_value = "headers")]
+    integrity: zcfs_protocol::channel::Integrity,
+}
+
+/// `--listen`, or the default Unix socket for the source (its directory made if need
+/// be: mode 0755, so anyone can reach the socket, 0666; the server decides by identity).
+fn listen_address(a: &ServeArgs, source: &Source) -> Result<Address> {
+    let addr = match &a.listen {
+        Some(l) => l.parse::<Address>().map_err(|e| anyhow!("--listen {e}"))?,
+        None => {
+            let name = match source {
+                Source::Image(p) => p
+                    .file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| "zcfs".into()),
+                _ => "null".into(),
+            };
+            Address::Unix(PathBuf::from(SOCKET_DIR).join(format!("{name}.sock")))
+        }
+    };
+    if let Address::Unix(p) = &addr {
+        if let Some(dir) = p.parent().filter(|d| !d.exists()) {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(dir)
+                .map_err(|e| anyhow!("creating {}: {e}", dir.display()))?;
+        }
+    }
+    Ok(addr)
 }
 
 fn seconds(flag: &str, v: f64) -> Result<Duration> {
@@ -97,19 +164,41 @@ pub fn run(a: &ServeArgs) -> Result<i32> {
     if peer_timeout.is_zero() {
         bail!("--peer-timeout 0: a peer needs some time to answer");
     }
+    let idle_timeout = seconds("idle-timeout", a.idle_timeout)?;
+    if idle_timeout.is_zero() {
+        bail!("--idle-timeout 0: a connection needs some time between requests");
+    }
+    if a.integrity == zcfs_protocol::channel::Integrity::Full && a.secret_file.is_none() {
+        bail!("--integrity full needs --secret-file FILE: without a secret there are no MACs");
+    }
     let secret = a.secret_file.as_deref().map(read_secret).transpose()?;
-    if !a.listen.ip().is_loopback() && secret.is_none() && !a.insecure {
-        bail!("listening on {} (not loopback) needs --secret-file FILE, or --insecure to allow anyone on the network", a.listen);
+    let source: Source = a.source.parse()?;
+    let listen = listen_address(a, &source)?;
+    if let Address::Tcp(_) = listen {
+        if secret.is_none() && !a.insecure {
+            bail!("listening on {listen} (TCP, loopback included) needs --secret-file FILE, or --insecure to allow anyone who can reach it");
+        }
     }
     let authenticated = secret.is_some();
-    let source: Source = a.source.parse()?;
+    let identity = zcfs_server::IdentityMap {
+        squash: if a.squash_all {
+            Squash::All
+        } else if a.no_root_squash {
+            Squash::None
+        } else {
+            Squash::Root
+        },
+        anon_uid: a.anon_uid,
+        anon_gid: a.anon_gid,
+    };
     let OpenedBackend { backend, volume } = open(&source, a)?;
     let signals = StopSignals::block();
     let server = Arc::new(
         zcfs_server::Server::bind(
             backend,
             zcfs_server::ServerConfig {
-                listen: a.listen,
+                listen,
+                identity,
                 secret,
                 read_only: a.read_only,
                 max_connections: a.max_connections,
@@ -117,10 +206,14 @@ pub fn run(a: &ServeArgs) -> Result<i32> {
                 one_copy: a.one_copy,
                 grace,
                 peer_timeout,
+                idle_timeout,
+                integrity: a.integrity,
+                max_handshakes: a.max_unauthenticated,
+                max_handshakes_per_addr: a.max_unauthenticated_per_source,
                 ..Default::default()
             },
         )
-        .map_err(|e| anyhow!("{e} (is another server using the port?)"))?,
+        .map_err(|e| anyhow!("{e} (is another server using it?)"))?,
     );
     let addr = server.local_addr();
     let accepting = server.clone();
@@ -131,7 +224,10 @@ pub fn run(a: &ServeArgs) -> Result<i32> {
     println!(
         "serving {source} on {addr}{}{}",
         if authenticated {
-            " (authenticated)"
+            match a.integrity {
+                zcfs_protocol::channel::Integrity::Full => " (authenticated, integrity full)",
+                zcfs_protocol::channel::Integrity::Headers => " (authenticated)",
+            }
         } else {
             ""
         },

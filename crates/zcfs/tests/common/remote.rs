@@ -97,6 +97,8 @@ impl Served {
             .arg(&self.image)
             .args(["--listen", &net.addr(), "--secret-file"])
             .arg(&self.secret)
+            // The tests act as root on the client.
+            .arg("--no-root-squash")
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -17,6 +17,8 @@ pub struct MountPlan {
     pub batch_ops: Option<usize>,
     pub secret_file: Option<PathBuf>,
     pub timeout: Option<Duration>,
+    /// `-o integrity=full`: require the server to MAC bulk data too.
+    pub integrity: zcfs_protocol::channel::Integrity,
 }
 
 pub fn parse_options(a: &MountArgs) -> Result<MountPlan> {
@@ -32,6 +34,7 @@ pub fn parse_options(a: &MountArgs) -> Result<MountPlan> {
         batch_ops: None,
         secret_file: a.secret_file.clone(),
         timeout: None,
+        integrity: Default::default(),
     };
     let num = |k: &str, v: &str| -> Result<u64> {
         v.parse().map_err(|_| anyhow!("-o {k}={v}: not a number"))
@@ -87,6 +90,7 @@ pub fn parse_options(a: &MountArgs) -> Result<MountPlan> {
             ("max_write", Some(v)) => p.fuse.max_write = num(k, v)?.clamp(4096, 16 << 20) as u32,
             ("batch", Some(v)) => p.batch_ops = Some(num(k, v)?.max(1) as usize),
             ("secret_file", Some(v)) => p.secret_file = Some(v.into()),
+            ("integrity", Some(v)) => p.integrity = v.parse().map_err(|e| anyhow!("-o integrity={v}: {e}"))?,
             ("timeout", Some(v)) => p.timeout = Some(Duration::from_secs_f64(v.parse().map_err(|_| anyhow!("-o timeout={v}: not seconds"))?)),
             // fstab and mount(8) conventions that are not ours to act on.
             ("_netdev" | "nofail" | "noauto" | "auto" | "user" | "users" | "nouser" | "defaults", None) => {}
@@ -96,7 +100,7 @@ pub fn parse_options(a: &MountArgs) -> Result<MountPlan> {
                 "unknown mount option {opt:?}. Known: allow_other, allow_root, default_permissions, ro, rw, \
                  [no]suid, [no]dev, [no]exec, [no]atime, sync, async, dirsync, uid=, gid=, umask=, fsname=, \
                  subtype=, cache=none|metadata|auto|always, writeback, direct_io, no_readdirplus, threads=, \
-                 attr_timeout=, max_write=, batch=, secret_file=, timeout="
+                 attr_timeout=, max_write=, batch=, secret_file=, timeout=, integrity=headers|full"
             ),
         }
     }
