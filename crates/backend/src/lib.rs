@@ -80,12 +80,69 @@ impl fmt::Display for CopyStats {
 pub const XATTR_CREATE: i32 = 1;
 pub const XATTR_REPLACE: i32 = 2;
 
-/// Receives read data as borrowed slices (the zero-copy read path); see
-/// [`Backend::read`] for when it runs.
-pub type ReadSink<'a> = dyn FnMut(&[&[u8]]) -> Result<()> + 'a;
-/// Fills destination slices of a write (the zero-copy write path: e.g. from a socket);
-/// see [`Backend::write_with`] for when it runs.
-pub type WriteFill<'a> = dyn FnMut(&mut [&mut [u8]]) -> Result<()> + 'a;
+/// Where a read's data goes: the frontend's reply (a FUSE reply, a socket).
+///
+/// A backend calls [`ReadReply::send`] exactly once for a successful read, with the data
+/// as borrowed slices (they may be the backend's own memory, such as PM blocks, and are
+/// valid only during the call); an error of `send` is returned by the read. A read that
+/// fails before it has data does not call it. Closures `FnMut(&[&[u8]]) -> Result<()>`
+/// are replies.
+pub trait ReadReply {
+    fn send(&mut self, data: &[&[u8]]) -> Result<()>;
+}
+
+impl<F: FnMut(&[&[u8]]) -> Result<()>> ReadReply for F {
+    fn send(&mut self, data: &[&[u8]]) -> Result<()> {
+        self(data)
+    }
+}
+
+/// A write's payload, still at its source (a socket, a buffer): a backend moves it
+/// straight into the memory that will hold it (the zero-copy write path).
+///
+/// The payload is `remaining()` bytes long when the write begins. A backend takes all
+/// of it with [`WritePayload::fill`] (in one or several calls, each with destination
+/// slices totalling at most what remains) or none of it when it refuses the write. What
+/// a backend leaves is the payload's owner's to deal with: sources that must stay in
+/// step (a socket) discard it when the payload is dropped.
+pub trait WritePayload {
+    /// Bytes not taken yet.
+    fn remaining(&self) -> usize;
+    /// Move the next bytes of the payload into `dst`, filling every slice.
+    fn fill(&mut self, dst: &mut [&mut [u8]]) -> Result<()>;
+}
+
+/// A payload already in memory.
+#[derive(Debug)]
+pub struct BufPayload<'a>(pub &'a [u8]);
+
+impl WritePayload for BufPayload<'_> {
+    fn remaining(&self) -> usize {
+        self.0.len()
+    }
+    fn fill(&mut self, dst: &mut [&mut [u8]]) -> Result<()> {
+        let want: usize = dst.iter().map(|d| d.len()).sum();
+        if want > self.0.len() {
+            return Err(Error::new(
+                libc::EIO,
+                format!("a fill of {want} bytes from a payload of {}", self.0.len()),
+            ));
+        }
+        for d in dst.iter_mut() {
+            let (head, rest) = self.0.split_at(d.len());
+            d.copy_from_slice(head);
+            self.0 = rest;
+        }
+        Ok(())
+    }
+}
+
+/// Take a whole payload into memory (one copy).
+pub fn payload_to_vec(p: &mut dyn WritePayload) -> Result<Vec<u8>> {
+    let mut buf = vec![0u8; p.remaining()];
+    p.fill(&mut [&mut buf[..]])?;
+    Ok(buf)
+}
 
 /// The request set. Methods take `&self`: backends are shared by many worker threads,
 /// and every method may be called concurrently with every other.
@@ -192,40 +249,33 @@ pub trait Backend: Send + Sync {
         mode: u32,
         flags: i32,
     ) -> Result<(Attr, u64)>;
-    /// Read up to `size` bytes at `offset`. On success `sink` has been called exactly
-    /// once with the data as slices (fewer bytes at end of file, none past it); the
-    /// slices may be borrowed from the backend's own memory (PM blocks) and are valid
-    /// only during the call. On error `sink` has not been called, or its own error is
-    /// returned.
+    /// Read up to `size` bytes at `offset` into `reply` (see [`ReadReply`]: fewer bytes
+    /// at end of file, none past it).
     fn read(
         &self,
         ino: u64,
         fh: u64,
         offset: u64,
         size: u32,
-        sink: &mut ReadSink<'_>,
+        reply: &mut dyn ReadReply,
     ) -> Result<()>;
     /// Write `data` at `offset`; returns the bytes written (fewer only when the
     /// volume runs out of room part way, as POSIX allows). A write by an unprivileged
     /// `ctx` drops the file's set-user-ID bit (and set-group-ID, as Linux does).
     fn write(&self, ctx: &Ctx, ino: u64, fh: u64, offset: u64, data: &[u8]) -> Result<u32>;
-    /// Write `len` bytes at `offset`, letting `fill` place them straight into the
-    /// destination (e.g. from a socket into the PM blocks that will hold them). `fill`
-    /// is called at most once, with slices totalling exactly `len` bytes. If the
-    /// backend refuses the write before calling it (no such file, no room), the payload
-    /// is untouched and the caller must consume it some other way (the server discards
-    /// it, or writes it through `write`). The default goes through a buffer.
+    /// Write the whole `payload` at `offset`, moving it straight to where it will be kept
+    /// (e.g. from a socket into the PM blocks that will hold it); see [`WritePayload`]
+    /// for what happens to a payload the backend refuses. The default goes through a
+    /// buffer.
     fn write_with(
         &self,
         ctx: &Ctx,
         ino: u64,
         fh: u64,
         offset: u64,
-        len: u32,
-        fill: &mut WriteFill<'_>,
+        payload: &mut dyn WritePayload,
     ) -> Result<u32> {
-        let mut buf = vec![0u8; len as usize];
-        fill(&mut [&mut buf[..]])?;
+        let buf = payload_to_vec(payload)?;
         self.write(ctx, ino, fh, offset, &buf)
     }
     /// close(2) of a file descriptor on the handle (may come several times per handle).
@@ -285,5 +335,24 @@ pub trait Backend: Send + Sync {
     /// Make everything durable (syncfs).
     fn sync_all(&self) -> Result<()> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_buffered_payload_fills_in_order_and_never_past_its_end() {
+        let data: Vec<u8> = (0..10u8).collect();
+        let mut p = BufPayload(&data);
+        let (mut a, mut b) = ([0u8; 3], [0u8; 4]);
+        p.fill(&mut [&mut a[..], &mut b[..]]).unwrap();
+        assert_eq!((a, b, p.remaining()), ([0, 1, 2], [3, 4, 5, 6], 3));
+        let mut c = [0u8; 4];
+        assert_eq!(p.fill(&mut [&mut c[..]]).unwrap_err().errno, libc::EIO);
+        assert_eq!(p.remaining(), 3, "a refused fill takes nothing");
+        assert_eq!(payload_to_vec(&mut p).unwrap(), vec![7, 8, 9]);
+        assert_eq!(p.remaining(), 0);
     }
 }

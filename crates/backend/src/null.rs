@@ -133,7 +133,7 @@ impl Backend for NullFs {
         _fh: u64,
         offset: u64,
         size: u32,
-        sink: &mut ReadSink<'_>,
+        reply: &mut dyn ReadReply,
     ) -> Result<()> {
         let n = (size as u64).min(FILE_SIZE.saturating_sub(offset)) as usize;
         let mut parts: Vec<&[u8]> = Vec::new();
@@ -143,7 +143,7 @@ impl Backend for NullFs {
             parts.push(&ZEROS[..k]);
             left -= k;
         }
-        sink(&parts)
+        reply.send(&parts)
     }
     fn write(&self, _ctx: &Ctx, _ino: u64, _fh: u64, _offset: u64, data: &[u8]) -> Result<u32> {
         Ok(data.len() as u32)
@@ -210,7 +210,7 @@ mod tests {
         assert_ne!(a.ino, ROOT);
         assert_eq!(n.write(&ctx, a.ino, 0, 0, &[1; 100]).unwrap(), 100);
         let mut got = 0;
-        n.read(a.ino, 0, FILE_SIZE - 10, 4096, &mut |s| {
+        n.read(a.ino, 0, FILE_SIZE - 10, 4096, &mut |s: &[&[u8]]| {
             got = s.iter().map(|x| x.len()).sum();
             Ok(())
         })

@@ -715,7 +715,7 @@ impl Backend for RemoteFs {
         fh: u64,
         offset: u64,
         size: u32,
-        sink: &mut ReadSink<'_>,
+        reply: &mut dyn ReadReply,
     ) -> Result<()> {
         let req: Request = ReadReq {
             node: self.node(ino),
@@ -730,7 +730,7 @@ impl Backend for RemoteFs {
         self.client
             .bytes_received
             .fetch_add(r.data.len() as u64, Ordering::Relaxed);
-        sink(&[&r.data])
+        reply.send(&[&r.data])
     }
 
     /// Sent in requests of at most MAX_DATA bytes, in order. A short reply ends the

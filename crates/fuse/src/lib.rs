@@ -395,22 +395,29 @@ impl Filesystem for FuseFs {
         self.count();
         let mut reply = Some(reply);
         let stats = &self.stats;
-        let r = self.backend.read(ino.0, fh.0, offset, size, &mut |slices| {
-            let n: usize = slices.iter().map(|s| s.len()).sum();
-            stats.read_bytes.fetch_add(n as u64, Ordering::Relaxed);
-            // fuser copies the reply into its own buffer once; pieces are joined first.
-            stats.user_copy_bytes.fetch_add(
-                n as u64 * if slices.len() > 1 { 2 } else { 1 },
-                Ordering::Relaxed,
-            );
-            let r = reply.take().expect("read sink called once");
-            match slices {
-                [] => r.data(&[]),
-                [one] => r.data(one),
-                many => r.data(&many.concat()),
-            }
-            Ok(())
-        });
+        let r = self
+            .backend
+            .read(ino.0, fh.0, offset, size, &mut |slices: &[&[u8]]| {
+                let n: usize = slices.iter().map(|s| s.len()).sum();
+                stats.read_bytes.fetch_add(n as u64, Ordering::Relaxed);
+                // fuser copies the reply into its own buffer once; pieces are joined first.
+                stats.user_copy_bytes.fetch_add(
+                    n as u64 * if slices.len() > 1 { 2 } else { 1 },
+                    Ordering::Relaxed,
+                );
+                let Some(r) = reply.take() else {
+                    return Err(zcfs_backend::Error::new(
+                        libc::EIO,
+                        "the backend sent a read reply twice",
+                    ));
+                };
+                match slices {
+                    [] => r.data(&[]),
+                    [one] => r.data(one),
+                    many => r.data(&many.concat()),
+                }
+                Ok(())
+            });
         if let Err(e) = r {
             if let Some(reply) = reply.take() {
                 reply.error(errno(&e));

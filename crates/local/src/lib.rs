@@ -3,7 +3,8 @@
 
 use std::sync::Arc;
 use zcfs_backend::{
-    Attr, Backend, CopyStats, Ctx, DirEntry, Error, ReadSink, Result, SetAttr, StatFs, WriteFill,
+    Attr, Backend, CopyStats, Ctx, DirEntry, Error, ReadReply, Result, SetAttr, StatFs,
+    WritePayload,
 };
 use zcfs_volume::perm::{open_mask, MAY_READ};
 use zcfs_volume::{FsError, RenameFlags, SizeRight, Volume, XattrMode};
@@ -217,11 +218,11 @@ impl Backend for LocalFs {
         fh: u64,
         offset: u64,
         size: u32,
-        sink: &mut ReadSink<'_>,
+        reply: &mut dyn ReadReply,
     ) -> Result<()> {
         Handle::allows(fh, Handle::READ)?;
         self.vol
-            .read_with(ino, offset, size as usize, |slices| sink(slices))
+            .read_with(ino, offset, size as usize, |slices| reply.send(slices))
             .map_err(err)?
     }
     fn write(&self, ctx: &Ctx, ino: u64, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
@@ -237,15 +238,14 @@ impl Backend for LocalFs {
         ino: u64,
         fh: u64,
         offset: u64,
-        len: u32,
-        fill: &mut WriteFill<'_>,
+        payload: &mut dyn WritePayload,
     ) -> Result<u32> {
         Handle::allows(fh, Handle::WRITE)?;
         let mut r = self
             .vol
-            .reserve_write(&ctx.cred, ino, offset, len as usize)
+            .reserve_write(&ctx.cred, ino, offset, payload.remaining())
             .map_err(err)?;
-        fill(&mut r.slices_mut())?;
+        payload.fill(&mut r.slices_mut())?;
         r.commit().map(|n| n as u32).map_err(err)
     }
     fn release(&self, ino: u64, _fh: u64) -> Result<()> {

@@ -3,7 +3,7 @@
 //! carry their errno, and the zero-copy read and write paths move the right bytes.
 
 use std::sync::Arc;
-use zcfs_backend::{Backend, Ctx, SetAttr, ROOT};
+use zcfs_backend::{Backend, BufPayload, Ctx, SetAttr, WritePayload, ROOT};
 use zcfs_local::LocalFs;
 use zcfs_volume::{MkfsOptions, Region, RootDir, Volume, VolumeConfig};
 
@@ -32,7 +32,7 @@ fn ctx() -> Ctx {
 
 fn read(fs: &LocalFs, ino: u64, off: u64, len: u32) -> Vec<u8> {
     let mut out = Vec::new();
-    fs.read(ino, 0, off, len, &mut |s| {
+    fs.read(ino, 0, off, len, &mut |s: &[&[u8]]| {
         out = s.concat();
         Ok(())
     })
@@ -127,25 +127,19 @@ fn errors_carry_their_errno_and_the_zero_copy_paths_move_the_right_bytes() {
     );
     // write_with fills the reserved blocks in place, in one call, exactly len bytes.
     let data: Vec<u8> = (0..10_000u32).map(|i| i as u8).collect();
-    let mut calls = 0;
-    let n = fs
-        .write_with(&ctx(), a.ino, fh, 100, data.len() as u32, &mut |dst| {
-            calls += 1;
-            let mut at = 0;
-            for d in dst.iter_mut() {
-                d.copy_from_slice(&data[at..at + d.len()]);
-                at += d.len();
-            }
-            assert_eq!(at, data.len());
-            Ok(())
-        })
-        .unwrap();
+    let mut payload = Counted {
+        inner: BufPayload(&data),
+        calls: 0,
+    };
+    let n = fs.write_with(&ctx(), a.ino, fh, 100, &mut payload).unwrap();
+    let calls = payload.calls;
+    assert_eq!(payload.remaining(), 0);
     assert_eq!((n as usize, calls), (data.len(), 1));
     assert_eq!(read(&fs, a.ino, 100, 10_000), data);
     assert_eq!(read(&fs, a.ino, 0, 100), vec![0u8; 100]);
-    // The sink runs once, also at end of file (with nothing).
+    // The reply is sent once, also at end of file (with nothing).
     let mut calls = 0;
-    fs.read(a.ino, fh, 1 << 20, 10, &mut |s| {
+    fs.read(a.ino, fh, 1 << 20, 10, &mut |s: &[&[u8]]| {
         calls += 1;
         assert!(s.iter().all(|x| x.is_empty()));
         Ok(())
@@ -163,4 +157,20 @@ fn errors_carry_their_errno_and_the_zero_copy_paths_move_the_right_bytes() {
     let stats = fs.copy_stats();
     assert!(stats.payload_bytes_written >= 10_000);
     let _ = Arc::new(fs);
+}
+
+/// A payload in memory that counts the backend's fills.
+struct Counted<'a> {
+    inner: BufPayload<'a>,
+    calls: usize,
+}
+
+impl WritePayload for Counted<'_> {
+    fn remaining(&self) -> usize {
+        self.inner.remaining()
+    }
+    fn fill(&mut self, dst: &mut [&mut [u8]]) -> zcfs_backend::Result<()> {
+        self.calls += 1;
+        self.inner.fill(dst)
+    }
 }

@@ -11,7 +11,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
-use zcfs_backend::{Ctx, Error};
+use zcfs_backend::{payload_to_vec, Ctx, Error, WritePayload};
 use zcfs_protocol::channel::{Mac, MacError, MessageMac, TAG_LEN};
 use zcfs_protocol::{
     EmptyReply, NodeRef, Op, ProtoError, ReadReq, Reply, ReqHeader, Request, RespHeader,
@@ -132,6 +132,43 @@ impl Inbound {
             self.recv(s, patience, &mut [&mut buf[..k]])?;
         }
         Ok(())
+    }
+}
+
+/// A write's payload still on the socket. The backend takes it straight into the
+/// blocks that will hold it; dropping the payload discards what was not taken (checking
+/// its tag in full mode), so the stream stays in step. A receive that fails leaves the
+/// connection's end in `failed` and the backend an EIO.
+struct SocketPayload<'c> {
+    s: &'c mut Stream,
+    inbound: &'c mut Inbound,
+    patience: std::time::Duration,
+    failed: &'c mut Option<ConnEnd>,
+}
+
+impl WritePayload for SocketPayload<'_> {
+    fn remaining(&self) -> usize {
+        self.inbound.left
+    }
+    fn fill(&mut self, dst: &mut [&mut [u8]]) -> zcfs_backend::Result<()> {
+        if self.failed.is_some() {
+            return Err(Error::new(libc::EIO, "the payload was lost"));
+        }
+        self.inbound.recv(self.s, self.patience, dst).map_err(|e| {
+            let err = Error::new(libc::EIO, e.to_string());
+            *self.failed = Some(e);
+            err
+        })
+    }
+}
+
+impl Drop for SocketPayload<'_> {
+    fn drop(&mut self) {
+        if self.failed.is_none() {
+            if let Err(e) = self.inbound.discard(self.s, self.patience) {
+                *self.failed = Some(e);
+            }
+        }
     }
 }
 
@@ -391,41 +428,47 @@ impl<'a> Conn<'a> {
         let mut sent = false;
         let mut send_err: Option<std::io::Error> = None;
         let mut n = 0u64;
-        let res = backend.read(r.node.ino, bfh, r.offset, r.size, &mut |slices| {
-            // Header and the borrowed slices in one writev: no copy on our side.
-            n = slices.iter().map(|x| x.len() as u64).sum();
-            if n > r.size as u64 {
-                return Err(Error::new(libc::EIO, "backend returned more than asked"));
-            }
-            let rh = RespHeader::ok(Op::Read, h.id, 0, n as u32).encode();
-            // The tags: over the header, and (full mode) over the data too, hashed
-            // where it lies (no copy).
-            let (mut tag, mut data_tag) = ([0u8; TAG_LEN], None);
-            if let Some(tx) = tx.as_mut() {
-                let mut m = tx.begin(&rh, &[]);
-                tag = m.tag();
-                if tx.data_tagged(n as usize) {
-                    slices.iter().for_each(|x| m.data(x));
-                    data_tag = Some(m.data_tag());
+        let res = backend.read(
+            r.node.ino,
+            bfh,
+            r.offset,
+            r.size,
+            &mut |slices: &[&[u8]]| {
+                // Header and the borrowed slices in one writev: no copy on our side.
+                n = slices.iter().map(|x| x.len() as u64).sum();
+                if n > r.size as u64 {
+                    return Err(Error::new(libc::EIO, "backend returned more than asked"));
                 }
-            }
-            let mut iov: Vec<IoSlice<'_>> = Vec::with_capacity(slices.len() + 3);
-            iov.push(IoSlice::new(&rh));
-            if tx.is_some() {
-                iov.push(IoSlice::new(&tag));
-            }
-            iov.extend(slices.iter().map(|x| IoSlice::new(x)));
-            if let Some(t) = &data_tag {
-                iov.push(IoSlice::new(t));
-            }
-            sent = true;
-            *replying = true;
-            write_all_vectored(s, &mut iov).map_err(|e| {
-                let m = e.to_string();
-                send_err = Some(e);
-                Error::new(libc::EIO, m)
-            })
-        });
+                let rh = RespHeader::ok(Op::Read, h.id, 0, n as u32).encode();
+                // The tags: over the header, and (full mode) over the data too, hashed
+                // where it lies (no copy).
+                let (mut tag, mut data_tag) = ([0u8; TAG_LEN], None);
+                if let Some(tx) = tx.as_mut() {
+                    let mut m = tx.begin(&rh, &[]);
+                    tag = m.tag();
+                    if tx.data_tagged(n as usize) {
+                        slices.iter().for_each(|x| m.data(x));
+                        data_tag = Some(m.data_tag());
+                    }
+                }
+                let mut iov: Vec<IoSlice<'_>> = Vec::with_capacity(slices.len() + 3);
+                iov.push(IoSlice::new(&rh));
+                if tx.is_some() {
+                    iov.push(IoSlice::new(&tag));
+                }
+                iov.extend(slices.iter().map(|x| IoSlice::new(x)));
+                if let Some(t) = &data_tag {
+                    iov.push(IoSlice::new(t));
+                }
+                sent = true;
+                *replying = true;
+                write_all_vectored(s, &mut iov).map_err(|e| {
+                    let m = e.to_string();
+                    send_err = Some(e);
+                    Error::new(libc::EIO, m)
+                })
+            },
+        );
         drop(held);
         self.shared.stats.record(Op::Read, res.is_ok(), n, t);
         if let Some(e) = send_err {
@@ -434,7 +477,7 @@ impl<'a> Conn<'a> {
         }
         match res {
             Ok(()) if sent => Ok(()),
-            // A backend that never called the sink: an empty read.
+            // A backend that never sent a reply (against the contract): an empty read.
             Ok(()) => self.reply(h, Ok(Reply::Read(EmptyReply {})), None),
             Err(e) if sent => Err(ConnEnd::Io(
                 "sending read data",
@@ -442,6 +485,23 @@ impl<'a> Conn<'a> {
             )),
             Err(e) => self.reply(h, Err(e), None),
         }
+    }
+
+    /// The one-copy path: the payload into memory (counted as a user-space copy), then
+    /// the backend's buffered write.
+    fn write_buffered(
+        shared: &Shared,
+        ctx: &Ctx,
+        w: &WriteReq,
+        bfh: u64,
+        payload: &mut SocketPayload<'_>,
+    ) -> zcfs_backend::Result<u32> {
+        let buf = payload_to_vec(payload)?;
+        shared
+            .stats
+            .user_copy_bytes
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+        shared.backend.write(ctx, w.node.ino, bfh, w.offset, &buf)
     }
 
     fn write(&mut self, ctx: &Ctx, h: &ReqHeader, w: WriteReq, t: Instant) -> Result<(), ConnEnd> {
@@ -468,77 +528,42 @@ impl<'a> Conn<'a> {
                 return self.reply(h, Err(e), None);
             }
         };
-        let patience = shared.cfg.peer_timeout;
-        // The payload is taken off the socket (and, in full mode, its tag checked)
-        // before the backend commits anything; what is left is discarded after the
-        // call, whatever the backend did, so the stream stays in step.
         let mut recv_err: Option<ConnEnd> = None;
         let size = w.size;
-        let r = if shared.cfg.one_copy {
-            let mut buf = vec![0u8; size as usize];
-            match self
-                .inbound
-                .recv(&mut self.s, patience, &mut [&mut buf[..]])
-            {
-                Ok(()) => {
-                    shared
-                        .stats
-                        .user_copy_bytes
-                        .fetch_add(size as u64, Ordering::Relaxed);
-                    backend.write(ctx, w.node.ino, bfh, w.offset, &buf)
-                }
-                Err(e) => {
-                    recv_err = Some(e);
-                    Err(Error::errno(libc::EIO))
-                }
-            }
-        } else {
-            let (s, inbound) = (&mut self.s, &mut self.inbound);
-            backend.write_with(ctx, w.node.ino, bfh, w.offset, size, &mut |dst| {
+        let r = {
+            let mut payload = SocketPayload {
+                s: &mut self.s,
+                inbound: &mut self.inbound,
+                patience: shared.cfg.peer_timeout,
+                failed: &mut recv_err,
+            };
+            let r = if shared.cfg.one_copy {
+                Self::write_buffered(shared, ctx, &w, bfh, &mut payload)
+            } else {
                 // Straight from the socket into the reserved destination blocks.
-                inbound.recv(s, patience, dst).map_err(|e| {
-                    let m = e.to_string();
-                    recv_err = Some(e);
-                    Error::new(libc::EIO, m)
-                })
-            })
-        };
-        // Refused for room before any byte was taken: copy-on-write wants room for the
-        // whole payload at once, but an overwrite larger than the free space still fits
-        // in pieces. Take the payload into memory (one copy, counted) and let the backend
-        // write it piece by piece.
-        let r = match r {
-            Err(e)
-                if e.errno == libc::ENOSPC
-                    && self.inbound.left == size as usize
-                    && recv_err.is_none() =>
-            {
-                let mut buf = vec![0u8; size as usize];
-                match self
-                    .inbound
-                    .recv(&mut self.s, patience, &mut [&mut buf[..]])
+                backend.write_with(ctx, w.node.ino, bfh, w.offset, &mut payload)
+            };
+            match r {
+                // Refused for room before any byte was taken: copy-on-write wants room
+                // for the whole payload at once, but an overwrite larger than the free
+                // space still fits in pieces. Take the payload into memory (one copy,
+                // counted) and let the backend write it piece by piece.
+                Err(e)
+                    if e.errno == libc::ENOSPC
+                        && payload.remaining() == size as usize
+                        && payload.failed.is_none() =>
                 {
-                    Ok(()) => {
-                        shared
-                            .stats
-                            .user_copy_bytes
-                            .fetch_add(size as u64, Ordering::Relaxed);
-                        backend.write(ctx, w.node.ino, bfh, w.offset, &buf)
-                    }
-                    Err(e) => {
-                        recv_err = Some(e);
-                        Err(Error::errno(libc::EIO))
-                    }
+                    Self::write_buffered(shared, ctx, &w, bfh, &mut payload)
                 }
+                r => r,
             }
-            r => r,
+            // The payload drops here: what the backend did not take is discarded (its
+            // tag checked all the same), so the stream stays in step.
         };
         drop(held);
         if let Some(e) = recv_err {
             return Err(e);
         }
-        // Rejected before the payload was read (no such file, no space, ...).
-        self.discard()?;
         shared.stats.record(
             Op::Write,
             r.is_ok(),

@@ -429,7 +429,7 @@ fn full_integrity_catches_a_flipped_payload_both_ways() {
     let r = c.submit(&write, caller(), &[&[b'B'; 8192]]).unwrap().wait();
     assert!(r.is_err(), "a write with a changed payload was answered");
     let mut got = Vec::new();
-    fs.read(a.ino, 0, 0, 8192, &mut |s| {
+    fs.read(a.ino, 0, 0, 8192, &mut |s: &[&[u8]]| {
         s.iter().for_each(|x| got.extend_from_slice(x));
         Ok(())
     })
@@ -592,7 +592,7 @@ fn large_payloads_pass_in_both_modes() {
                 .unwrap_or_else(|e| panic!("{integrity} {i}: {e} {:?}", srv.report()));
         }
         let mut got = Vec::new();
-        fs.read(a.ino, fh, 8 << 20, 8 << 20, &mut |s| {
+        fs.read(a.ino, fh, 8 << 20, 8 << 20, &mut |s: &[&[u8]]| {
             s.iter().for_each(|x| got.extend_from_slice(x));
             Ok(())
         })

@@ -255,8 +255,8 @@ impl Backend for ShortFirstWrite {
     fn create(&self, c: &Ctx, p: u64, n: &[u8], m: u32, f: i32) -> Result<(Attr, u64)> {
         self.0.create(c, p, n, m, f)
     }
-    fn read(&self, i: u64, fh: u64, o: u64, s: u32, sink: &mut ReadSink<'_>) -> Result<()> {
-        self.0.read(i, fh, o, s, sink)
+    fn read(&self, i: u64, fh: u64, o: u64, s: u32, reply: &mut dyn ReadReply) -> Result<()> {
+        self.0.read(i, fh, o, s, reply)
     }
     fn write(&self, c: &Ctx, i: u64, fh: u64, o: u64, d: &[u8]) -> Result<u32> {
         self.0.write(c, i, fh, o, d)
@@ -267,15 +267,24 @@ impl Backend for ShortFirstWrite {
         i: u64,
         fh: u64,
         o: u64,
-        len: u32,
-        fill: &mut WriteFill<'_>,
+        payload: &mut dyn WritePayload,
     ) -> Result<u32> {
-        let len = if o == 0 && len as usize == MAX_DATA {
+        let len = payload.remaining();
+        let take = if o == 0 && len == MAX_DATA {
             len / 2
         } else {
             len
         };
-        self.0.write_with(c, i, fh, o, len, fill)
+        self.0.write_with(
+            c,
+            i,
+            fh,
+            o,
+            &mut Prefix {
+                inner: payload,
+                left: take,
+            },
+        )
     }
     fn release(&self, i: u64, fh: u64) -> Result<()> {
         self.0.release(i, fh)
@@ -748,4 +757,22 @@ fn a_stalled_reader_does_not_make_other_clients_overwrites_fail() {
     );
     vol.release(r.ino, rh).unwrap();
     vol.release(w.ino, wh).unwrap();
+}
+
+/// The first `left` bytes of a payload, as if that were all of it.
+struct Prefix<'p> {
+    inner: &'p mut dyn WritePayload,
+    left: usize,
+}
+
+impl WritePayload for Prefix<'_> {
+    fn remaining(&self) -> usize {
+        self.left
+    }
+    fn fill(&mut self, dst: &mut [&mut [u8]]) -> Result<()> {
+        let n: usize = dst.iter().map(|d| d.len()).sum();
+        assert!(n <= self.left, "a fill past the prefix");
+        self.left -= n;
+        self.inner.fill(dst)
+    }
 }

@@ -695,7 +695,7 @@ fn an_overwrite_larger_than_the_free_space_succeeds_through_the_server() {
         len
     );
     let mut got = Vec::new();
-    c.read(a.ino, fh, 0, len as u32, &mut |s| {
+    c.read(a.ino, fh, 0, len as u32, &mut |s: &[&[u8]]| {
         got = s.concat();
         Ok(())
     })

@@ -243,7 +243,7 @@ pub fn ctx() -> Ctx {
 
 pub fn read_all(fs: &dyn Backend, ino: u64, fh: u64, off: u64, len: u32) -> Result<Vec<u8>> {
     let mut out = Vec::new();
-    fs.read(ino, fh, off, len, &mut |s| {
+    fs.read(ino, fh, off, len, &mut |s: &[&[u8]]| {
         for x in s {
             out.extend_from_slice(x);
         }
@@ -429,9 +429,9 @@ impl Backend for Accounting {
         fh: u64,
         offset: u64,
         size: u32,
-        sink: &mut ReadSink<'_>,
+        reply: &mut dyn ReadReply,
     ) -> Result<()> {
-        self.inner.read(ino, fh, offset, size, sink)
+        self.inner.read(ino, fh, offset, size, reply)
     }
     fn write(&self, ctx: &Ctx, ino: u64, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
         self.inner.write(ctx, ino, fh, offset, data)
@@ -442,10 +442,9 @@ impl Backend for Accounting {
         ino: u64,
         fh: u64,
         offset: u64,
-        len: u32,
-        fill: &mut WriteFill<'_>,
+        payload: &mut dyn WritePayload,
     ) -> Result<u32> {
-        self.inner.write_with(ctx, ino, fh, offset, len, fill)
+        self.inner.write_with(ctx, ino, fh, offset, payload)
     }
     fn flush(&self, ino: u64, fh: u64) -> Result<()> {
         self.inner.flush(ino, fh)

@@ -171,7 +171,7 @@ pub fn ctx() -> Ctx {
 /// Read `len` bytes at `off` into one buffer.
 pub fn read_all(fs: &dyn Backend, ino: u64, fh: u64, off: u64, len: u32) -> Vec<u8> {
     let mut out = Vec::new();
-    fs.read(ino, fh, off, len, &mut |s| {
+    fs.read(ino, fh, off, len, &mut |s: &[&[u8]]| {
         for x in s {
             out.extend_from_slice(x);
         }
