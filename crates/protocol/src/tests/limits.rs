@@ -1,0 +1,355 @@
+//! Every limit of the wire format at its bound: headers, names, lists, data sizes,
+//! groups; body errors that are answered; the operation table.
+
+use super::*;
+
+/// A raw request header (for bodies the typed API refuses to build).
+fn raw_header(op: Op, body_len: usize, data_len: u32) -> ReqHeader {
+    ReqHeader::new(op, 7, body_len as u32, data_len, Cred::default())
+}
+
+fn lookup_body(name_len: usize) -> Vec<u8> {
+    let mut b = NodeRef::ino(1).encode();
+    (name_len as u16).put(&mut b);
+    b.extend(std::iter::repeat_n(b'x', name_len));
+    b
+}
+
+#[test]
+fn header_limits_at_the_bound_are_framing_errors() {
+    let ok = raw_header(Op::Write, MAX_BODY, MAX_DATA as u32);
+    assert_eq!(ReqHeader::decode(&ok.encode()).unwrap(), ok);
+    let cases = [
+        raw_header(Op::Statfs, MAX_BODY + 1, 0),
+        raw_header(Op::Write, 0, MAX_DATA as u32 + 1),
+        raw_header(Op::Read, 0, 1),
+    ];
+    for h in cases {
+        let e = ReqHeader::decode(&h.encode()).unwrap_err();
+        assert!(e.is_framing(), "{e}");
+        assert_eq!(e.errno(), libc::EPROTO);
+    }
+    let mut b = raw_header(Op::Statfs, 0, 0).encode();
+    b[3] = 200;
+    assert_eq!(ReqHeader::decode(&b), Err(ProtoError::UnknownOp(200)));
+    b[3] = 0;
+    assert_eq!(ReqHeader::decode(&b), Err(ProtoError::UnknownOp(0)));
+    b[3] = Op::Statfs as u8;
+    b[2] = 1;
+    assert_eq!(ReqHeader::decode(&b), Err(ProtoError::BadVersion(1)));
+    b[0] = 0;
+    assert!(matches!(
+        ReqHeader::decode(&b),
+        Err(ProtoError::BadMagic(_))
+    ));
+
+    // Replies: status 1..=4095, lengths within the limits, data only on reads.
+    let ok = RespHeader::ok(Op::Read, 1, MAX_BODY as u32, MAX_DATA as u32);
+    assert_eq!(RespHeader::decode(&ok.encode()).unwrap(), ok);
+    let e = RespHeader::error(Op::Lookup, 1, MAX_ERRNO);
+    assert_eq!(RespHeader::decode(&e.encode()).unwrap().status, MAX_ERRNO);
+    assert_eq!(RespHeader::error(Op::Lookup, 1, 99_999).status, MAX_ERRNO);
+    for bad in [
+        RespHeader {
+            status: MAX_ERRNO + 1,
+            ..e
+        },
+        RespHeader { status: -1, ..e },
+        RespHeader { body_len: 4, ..e },
+        RespHeader::ok(Op::Read, 1, MAX_BODY as u32 + 1, 0),
+        RespHeader::ok(Op::Read, 1, 0, MAX_DATA as u32 + 1),
+        RespHeader::ok(Op::Getattr, 1, 0, 1),
+    ] {
+        assert!(RespHeader::decode(&bad.encode()).unwrap_err().is_framing());
+    }
+}
+
+#[test]
+fn names_at_the_bound() {
+    assert!(Name::new(vec![b'a'; MAX_NAME]).is_ok());
+    let e = Name::new(vec![b'a'; MAX_NAME + 1]).unwrap_err();
+    assert_eq!(e.errno(), libc::ENAMETOOLONG);
+    assert!(!e.is_framing());
+    for bad in [&b""[..], b"a/b", b"a\0b", b".", b".."] {
+        assert_eq!(Name::new(bad).unwrap_err().errno(), libc::EINVAL, "{bad:?}");
+    }
+    assert!(LookupName::new(".").is_ok() && LookupName::new("..").is_ok());
+    assert_eq!(
+        LookupName::new(vec![b'a'; MAX_NAME + 1])
+            .unwrap_err()
+            .errno(),
+        libc::ENAMETOOLONG
+    );
+    assert!(SymlinkTarget::new(vec![b'/'; MAX_SYMLINK]).is_ok());
+    assert_eq!(
+        SymlinkTarget::new(vec![b'/'; MAX_SYMLINK + 1])
+            .unwrap_err()
+            .errno(),
+        libc::ENAMETOOLONG
+    );
+    assert_eq!(SymlinkTarget::new("").unwrap_err().errno(), libc::EINVAL);
+    assert!(XattrName::new(vec![b'u'; MAX_XATTR_NAME]).is_ok());
+    assert_eq!(
+        XattrName::new(vec![b'u'; MAX_XATTR_NAME + 1])
+            .unwrap_err()
+            .errno(),
+        libc::ERANGE
+    );
+    assert!(XattrValue::new(vec![0; MAX_XATTR_VALUE]).is_ok());
+    assert_eq!(
+        XattrValue::new(vec![0; MAX_XATTR_VALUE + 1])
+            .unwrap_err()
+            .errno(),
+        libc::E2BIG
+    );
+}
+
+#[test]
+fn a_well_framed_300_byte_name_is_a_body_error_with_enametoolong() {
+    for len in [MAX_NAME, MAX_NAME + 1, 300] {
+        let body = lookup_body(len);
+        let h = raw_header(Op::Lookup, body.len(), 0);
+        let h = ReqHeader::decode(&h.encode()).unwrap();
+        match Request::decode(&h, &body) {
+            Ok(Request::Lookup(r)) => assert_eq!(r.name.len(), MAX_NAME, "{len}"),
+            Ok(other) => panic!("{other:?}"),
+            Err(e) => {
+                assert!(len > MAX_NAME);
+                assert!(!e.is_framing());
+                assert_eq!(e.errno(), libc::ENAMETOOLONG);
+            }
+        }
+    }
+    // Even when the body is too short to hold the name it claims.
+    let mut body = lookup_body(10);
+    body[16..18].copy_from_slice(&300u16.to_le_bytes());
+    let h = raw_header(Op::Lookup, body.len(), 0);
+    assert_eq!(
+        Request::decode(&h, &body).unwrap_err().errno(),
+        libc::ENAMETOOLONG
+    );
+}
+
+#[test]
+fn lists_at_the_bound() {
+    let item = ForgetItem { ino: 5, count: 1 };
+    let full = ForgetReq {
+        items: List::new(vec![item; MAX_FORGET_ITEMS]).unwrap(),
+    };
+    let (h, body) = Request::from(full.clone()).encode(1, Cred::default());
+    let h = ReqHeader::decode(&h).unwrap();
+    assert_eq!(Request::decode(&h, &body).unwrap(), Request::Forget(full));
+    assert!(List::<ForgetItem, MAX_FORGET_ITEMS>::new(vec![item; MAX_FORGET_ITEMS + 1]).is_err());
+    // One more item than allowed on the wire: a body error.
+    let mut body = Vec::new();
+    (MAX_FORGET_ITEMS as u32 + 1).put(&mut body);
+    for _ in 0..=MAX_FORGET_ITEMS {
+        item.put(&mut body);
+    }
+    let h = raw_header(Op::Forget, body.len(), 0);
+    let e = Request::decode(&h, &body).unwrap_err();
+    assert!(!e.is_framing());
+    assert_eq!(e.errno(), libc::EINVAL);
+    // A count of 0 is not a forget.
+    let mut body = Vec::new();
+    1u32.put(&mut body);
+    ForgetItem { ino: 5, count: 0 }.put(&mut body);
+    assert!(Request::decode(&raw_header(Op::Forget, body.len(), 0), &body).is_err());
+
+    // Listxattr: the most names fit in one body.
+    let names = vec![XattrName::new("u").unwrap(); MAX_XATTR_NAMES];
+    let r = Reply::Listxattr(ListxattrReply {
+        names: List::new(names).unwrap(),
+    });
+    let body = r.encode();
+    assert!(body.len() <= MAX_BODY);
+    assert_eq!(Reply::decode(Op::Listxattr, &body).unwrap(), r);
+    let mut over = Vec::new();
+    (MAX_XATTR_NAMES as u32 + 1).put(&mut over);
+    assert!(Reply::decode(Op::Listxattr, &over).is_err());
+
+    // Readdir: at most MAX_ENTRIES entries asked for and returned.
+    let e = DirEntry {
+        name: b"n".to_vec(),
+        ino: 2,
+        kind: 0,
+        next: 1,
+        attr: None,
+    };
+    let r = Reply::Readdir(ReaddirReply {
+        entries: List::new(vec![e.clone(); MAX_ENTRIES]).unwrap(),
+    });
+    assert_eq!(Reply::decode(Op::Readdir, &r.encode()).unwrap(), r);
+    let mut over = Vec::new();
+    (MAX_ENTRIES as u32 + 1).put(&mut over);
+    for _ in 0..=MAX_ENTRIES {
+        e.put(&mut over);
+    }
+    assert!(Reply::decode(Op::Readdir, &over).is_err());
+    for (n, ok) in [
+        (0, false),
+        (1, true),
+        (MAX_ENTRIES as u32, true),
+        (MAX_ENTRIES as u32 + 1, false),
+    ] {
+        let body = ReaddirReq {
+            dir: NodeRef::ino(1),
+            cookie: 0,
+            plus: true,
+            max_entries: n,
+        }
+        .encode();
+        let h = raw_header(Op::Readdir, body.len(), 0);
+        assert_eq!(Request::decode(&h, &body).is_ok(), ok, "{n} entries");
+    }
+}
+
+#[test]
+fn data_sizes_and_offsets_at_the_bound() {
+    let read = |offset: u64, size: u32| {
+        let body = ReadReq {
+            node: NodeRef::ino(2),
+            fh: 0,
+            offset,
+            size,
+        }
+        .encode();
+        Request::decode(&raw_header(Op::Read, body.len(), 0), &body)
+    };
+    assert!(read(0, MAX_DATA as u32).is_ok());
+    assert_eq!(
+        read(0, MAX_DATA as u32 + 1).unwrap_err().errno(),
+        libc::EINVAL
+    );
+    assert!(read(MAX_OFFSET - 10, 10).is_ok());
+    assert!(read(MAX_OFFSET - 10, 11).is_err());
+    assert!(read(u64::MAX, 1).is_err(), "overflow");
+    // A write's size must be the header's data length.
+    let body = WriteReq {
+        node: NodeRef::ino(2),
+        fh: 0,
+        offset: 0,
+        size: 100,
+    }
+    .encode();
+    assert!(Request::decode(&raw_header(Op::Write, body.len(), 100), &body).is_ok());
+    let e = Request::decode(&raw_header(Op::Write, body.len(), 99), &body).unwrap_err();
+    assert!(!e.is_framing());
+    let fall = |offset: u64, len: u64| {
+        let body = FallocateReq {
+            node: NodeRef::ino(2),
+            fh: 0,
+            offset,
+            len,
+            mode: 0,
+        }
+        .encode();
+        Request::decode(&raw_header(Op::Fallocate, body.len(), 0), &body)
+    };
+    assert!(fall(1, MAX_OFFSET - 1).is_ok());
+    assert!(fall(1, MAX_OFFSET).is_err());
+}
+
+#[test]
+fn body_errors_are_answerable() {
+    // Trailing bytes, a short body, a reserved field, bad flags: answered, not dropped.
+    let (h, mut body) = Request::from(GetattrReq {
+        node: NodeRef::ino(1),
+    })
+    .encode(1, Cred::default());
+    let mut hd = ReqHeader::decode(&h).unwrap();
+    body.push(0);
+    hd.body_len += 1;
+    let e = Request::decode(&hd, &body).unwrap_err();
+    assert!(!e.is_framing() && e.errno() == libc::EINVAL, "{e}");
+    body.truncate(10);
+    hd.body_len = 10;
+    assert_eq!(
+        Request::decode(&hd, &body).unwrap_err(),
+        ProtoError::Truncated("u64")
+    );
+    // More groups than the body holds.
+    let (h, body) = Request::from(PingReq {}).encode(1, Cred::default());
+    let mut hd = ReqHeader::decode(&h).unwrap();
+    hd.ngroups = 1;
+    let e = ReqHeader::decode(&hd.encode())
+        .and_then(|h| Request::decode(&h, &body))
+        .unwrap_err();
+    assert!(!e.is_framing() && e.errno() == libc::EINVAL, "{e}");
+    let mut rename = RenameReq {
+        parent: NodeRef::ino(1),
+        name: Name::new("a").unwrap(),
+        new_parent: NodeRef::ino(1),
+        new_name: Name::new("b").unwrap(),
+        flags: RenameFlags::default(),
+    }
+    .encode();
+    let n = rename.len();
+    rename[n - 4..].copy_from_slice(&3u32.to_le_bytes());
+    let e = Request::decode(&raw_header(Op::Rename, n, 0), &rename).unwrap_err();
+    assert_eq!(e, ProtoError::Invalid("rename flags"));
+    assert!(RenameFlags::new(3).is_err());
+}
+
+#[test]
+fn the_table_is_consistent() {
+    assert_eq!(ALL_OPS.len(), 30);
+    for (i, &op) in ALL_OPS.iter().enumerate() {
+        assert_eq!(Op::from_u8(op as u8), Ok(op));
+        assert!((op as usize) < OP_SLOTS);
+        assert!(ALL_OPS[..i].iter().all(|o| o.name() != op.name()));
+    }
+    assert!(
+        !Op::Forget.idempotent(),
+        "a resent forget would give back too much"
+    );
+    assert!(
+        !Op::Forget.mutates(),
+        "a read-only export still takes references back"
+    );
+    assert!(Op::Write.mutates() && !Op::Read.mutates());
+    // Every operation that is not idempotent has its reply cached (it may be resent
+    // only within the session whose cache holds it); the data paths never.
+    for &op in ALL_OPS {
+        assert!(op.idempotent() || op.cached(), "{}", op.name());
+    }
+    assert!(!Op::Read.cached() && !Op::Write.cached());
+    assert!(Op::Forget.cached() && Op::Release.cached() && Op::Create.cached());
+}
+
+/// A request carries up to `MAX_GROUPS` supplementary groups: at the bound they go out
+/// and come back in order; one more is refused by the encoder (nothing to send), and a
+/// header naming one more is a body error (answered EINVAL), not a framing error.
+#[test]
+fn groups_travel_up_to_the_bound() {
+    let req = Request::from(GetattrReq {
+        node: NodeRef::ino(7),
+    });
+    let cred = Cred {
+        uid: 1001,
+        gid: 1001,
+    };
+    for n in [0, 1, MAX_GROUPS] {
+        let groups: Vec<u32> = (0..n as u32).map(|g| 5000 + g).collect();
+        let (h, body) = req.encode_with_groups(3, cred, &groups).unwrap();
+        let hd = ReqHeader::decode(&h).unwrap();
+        assert_eq!(hd.ngroups as usize, n);
+        assert_eq!(body.len(), n * 4 + req.encode(3, cred).1.len());
+        let (back, g) = Request::decode_with_groups(&hd, &body).unwrap();
+        assert_eq!((back, g), (req.clone(), groups));
+    }
+    let over: Vec<u32> = (0..MAX_GROUPS as u32 + 1).collect();
+    let e = req.encode_with_groups(3, cred, &over).unwrap_err();
+    assert_eq!(e.errno(), libc::EINVAL, "{e}");
+    // A peer that sends MAX_GROUPS + 1 anyway (gids in the body, count in the header).
+    let (h, mut body) = req
+        .encode_with_groups(3, cred, &over[..MAX_GROUPS])
+        .unwrap();
+    let mut hd = ReqHeader::decode(&h).unwrap();
+    body.splice(0..0, 9u32.to_le_bytes());
+    hd.ngroups += 1;
+    hd.body_len += 4;
+    let hd = ReqHeader::decode(&hd.encode()).expect("the frame is fine");
+    let e = Request::decode_with_groups(&hd, &body).unwrap_err();
+    assert!(!e.is_framing() && e.errno() == libc::EINVAL, "{e}");
+}
