@@ -1,0 +1,172 @@
+//! What a RemoteFs knows of the server's inodes: generations, the two reference counts,
+//! and the attribute, name and absent-xattr caches (kept for the attribute timeout;
+//! an operation that changes an inode refreshes or drops every cached copy of it).
+
+use super::RemoteFs;
+use crate::lock;
+use std::collections::HashMap;
+use std::time::Instant;
+use zcfs_backend::*;
+
+/// What we know of an inode.
+#[derive(Default)]
+pub(super) struct Node {
+    /// Its generation (0 = not known yet).
+    pub(super) gen: u64,
+    /// References handed to our caller and not yet forgotten.
+    pub(super) caller_refs: u64,
+    /// References the server holds for our session.
+    pub(super) server_refs: u64,
+    /// Of `server_refs`, those readdirplus listings received and have not passed on
+    /// yet (the node lives while there are any).
+    pub(super) listing: u64,
+    /// Name cache keys that pointed at it (dropped with it).
+    pub(super) names: Vec<(u64, Vec<u8>)>,
+}
+
+#[derive(Default)]
+pub(super) struct Meta {
+    pub(super) attrs: HashMap<u64, (Attr, Instant)>,
+    pub(super) names: HashMap<(u64, Vec<u8>), (u64, Instant)>,
+    /// Extended attributes known to be absent: `ls -l` asks for ACLs of every entry.
+    pub(super) no_xattr: HashMap<(u64, Vec<u8>), Instant>,
+    pub(super) nodes: HashMap<u64, Node>,
+    /// The session epoch `server_refs` count in (the client's, set by revalidation).
+    pub(super) epoch: u64,
+}
+
+impl Meta {
+    pub(super) fn drop_caches(&mut self) {
+        self.attrs.clear();
+        self.names.clear();
+        self.no_xattr.clear();
+    }
+
+    /// Drop what we know of `ino` (its names and attributes too).
+    pub(super) fn drop_node(&mut self, ino: u64) {
+        let Some(node) = self.nodes.remove(&ino) else {
+            return;
+        };
+        for key in node.names {
+            if self.names.get(&key).is_some_and(|(i, _)| *i == ino) {
+                self.names.remove(&key);
+            }
+        }
+        self.attrs.remove(&ino);
+    }
+
+    /// `ino` may be unheld now: if our caller holds no reference, the server's
+    /// references that no listing is passing on go back (returned: how many), and the
+    /// node is dropped once no listing holds any either.
+    pub(super) fn settle(&mut self, ino: u64) -> u64 {
+        let Some(node) = self.nodes.get_mut(&ino) else {
+            return 0;
+        };
+        if node.caller_refs > 0 {
+            return 0;
+        }
+        let give = node.server_refs.saturating_sub(node.listing);
+        node.server_refs -= give;
+        if node.listing == 0 {
+            self.drop_node(ino);
+        }
+        give
+    }
+}
+
+impl RemoteFs {
+    /// Attributes received: remember the generation, cache them.
+    pub(super) fn remember(&self, a: &Attr) {
+        let mut m = lock(&self.meta);
+        self.remember_locked(&mut m, a);
+    }
+
+    pub(super) fn remember_locked(&self, m: &mut Meta, a: &Attr) {
+        m.nodes.entry(a.ino).or_default().gen = a.generation;
+        if self.caching() {
+            m.attrs.insert(a.ino, (a.clone(), Instant::now()));
+        }
+    }
+
+    pub(super) fn forget_attr(&self, ino: u64) {
+        lock(&self.meta).attrs.remove(&ino);
+    }
+
+    /// A name in `parent` changed: drop it and the parent's attributes.
+    pub(super) fn forget_name(&self, parent: u64, name: &[u8]) {
+        let mut m = lock(&self.meta);
+        m.names.remove(&(parent, name.to_vec()));
+        m.attrs.remove(&parent);
+    }
+
+    /// An entry the server sent in session `epoch` (it holds a reference for us there),
+    /// handed to our caller (one reference for it). `name`: where it was found, to
+    /// cache; `changed`: the parent directory was modified.
+    pub(super) fn entry(
+        &self,
+        a: Attr,
+        epoch: u64,
+        name: Option<(u64, &[u8])>,
+        changed: bool,
+    ) -> Attr {
+        let mut m = lock(&self.meta);
+        self.remember_locked(&mut m, &a);
+        let current = m.epoch == epoch;
+        let node = m.nodes.entry(a.ino).or_default();
+        if current {
+            node.server_refs += 1;
+        }
+        node.caller_refs += 1;
+        if let Some((parent, n)) = name {
+            let key = (parent, n.to_vec());
+            if self.caching() {
+                if !node.names.contains(&key) {
+                    node.names.push(key.clone());
+                }
+                m.names.insert(key, (a.ino, Instant::now()));
+            }
+            if changed {
+                m.attrs.remove(&parent);
+            }
+        }
+        a
+    }
+
+    /// A lookup answered from the name cache, if the server still holds a reference
+    /// to the inode cached under that name (so its number was not reused).
+    pub(super) fn cached_lookup(&self, parent: u64, name: &[u8]) -> Option<Attr> {
+        if !self.caching() {
+            return None;
+        }
+        let (ino, attr) = {
+            let mut m = lock(&self.meta);
+            let (ino, t) = *m.names.get(&(parent, name.to_vec()))?;
+            if !self.ttl_ok(&t) {
+                return None;
+            }
+            let attr = m
+                .attrs
+                .get(&ino)
+                .filter(|(_, t)| self.ttl_ok(t))
+                .map(|(a, _)| a.clone());
+            let node = m.nodes.get_mut(&ino)?;
+            if node.server_refs == 0 {
+                return None;
+            }
+            // The caller's reference, taken under the lock: a concurrent forget cannot
+            // give the server's back between the check and here.
+            node.caller_refs += 1;
+            (ino, attr)
+        };
+        match attr {
+            Some(a) => Some(a),
+            None => match self.getattr(ino) {
+                Ok(a) => Some(a),
+                Err(_) => {
+                    self.forget(ino, 1);
+                    None
+                }
+            },
+        }
+    }
+}
