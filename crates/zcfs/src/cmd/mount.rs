@@ -184,6 +184,12 @@ fn open(source: &Source, plan: &MountPlan) -> Result<OpenedBackend> {
                 if let Some(t) = plan.timeout {
                     cfg.timeout = t;
                 }
+                // cache=none: no cache of names and attributes in the client either
+                // (a cached name would skip the server's search-permission check, as
+                // a kernel-cached one skips it without default_permissions).
+                if plan.fuse.cache == zcfs_fuse::CacheMode::None {
+                    cfg.attr_ttl = Duration::ZERO;
+                }
                 OpenedBackend::remote(cfg)
             };
             connect().with_context(|| {
