@@ -185,6 +185,12 @@ fn open(source: &Source, plan: &MountPlan) -> Result<OpenedBackend> {
                     cfg.timeout = t;
                 }
                 cfg.integrity = plan.integrity;
+                // cache=none: no cache of names and attributes in the client either
+                // (a cached name would skip the server's search-permission check, as
+                // a kernel-cached one skips it without default_permissions).
+                if plan.fuse.cache == zcfs_fuse::CacheMode::None {
+                    cfg.attr_ttl = Duration::ZERO;
+                }
                 OpenedBackend::remote(cfg)
             };
             connect().with_context(|| {
