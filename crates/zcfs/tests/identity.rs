@@ -199,7 +199,7 @@ fn an_ordinary_user_mounts_the_default_socket_and_acts_only_as_itself() {
             assert_eq!(libc::syscall(libc::SYS_setresuid, USER, USER, USER), 0);
         }
         let mut s = std::os::unix::net::UnixStream::connect(&sock).unwrap();
-        zcfs_transport::client_handshake(&mut s, None, 5).unwrap();
+        zcfs_transport::client_handshake(&mut s, None, 5, Default::default()).unwrap();
         let mut status = |id: u64, uid: u32, gid: u32| {
             use std::io::{Read, Write};
             let (h, body) = zcfs_protocol::Request::from(zcfs_protocol::GetattrReq {
