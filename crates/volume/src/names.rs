@@ -277,7 +277,7 @@ impl Volume {
         self.add_dirent(st, &mut txn, parent, name, ino, dtype_of(mode), room);
         let p = st.inodes.get_mut(&parent).expect("checked");
         if is_dir {
-            p.rec.nlink += 1;
+            p.rec.link_added();
         }
         p.rec.mtime = now;
         p.rec.ctime = now;
@@ -415,7 +415,7 @@ impl Volume {
         txn.dirty.insert(ino);
         inode.rec.ctime = now;
         if !last {
-            inode.rec.nlink -= 1;
+            inode.rec.link_dropped();
         } else if held {
             inode.rec.nlink = 0;
         } else {
@@ -480,7 +480,7 @@ impl Volume {
         let mut after = attr_of(&st.inodes[&e.ino]);
         self.drop_link(st, &mut txn, e.ino, now);
         if dir {
-            st.inodes.get_mut(&parent).expect("checked").rec.nlink -= 1;
+            st.inodes.get_mut(&parent).expect("checked").rec.link_dropped();
         }
         touch_dir(st, parent, now);
         match st.inodes.get(&e.ino) {
@@ -551,7 +551,7 @@ impl Volume {
         let now = Time::now();
         self.add_dirent(st, &mut txn, newparent, newname, ino, dtype, room);
         let i = st.inodes.get_mut(&ino).expect("checked");
-        i.rec.nlink += 1;
+        i.rec.link_added();
         i.rec.ctime = now;
         txn.dirty.insert(ino);
         touch_dir(st, newparent, now);

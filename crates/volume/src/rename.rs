@@ -100,13 +100,13 @@ impl Volume {
             if p1 != p2 {
                 if src_dir {
                     st.inodes.get_mut(&src.ino).expect("checked").rec.parent = p2;
-                    st.inodes.get_mut(&p1).expect("checked").rec.nlink -= 1;
-                    st.inodes.get_mut(&p2).expect("checked").rec.nlink += 1;
+                    st.inodes.get_mut(&p1).expect("checked").rec.link_dropped();
+                    st.inodes.get_mut(&p2).expect("checked").rec.link_added();
                 }
                 if dst_dir {
                     st.inodes.get_mut(&dst.ino).expect("checked").rec.parent = p1;
-                    st.inodes.get_mut(&p2).expect("checked").rec.nlink -= 1;
-                    st.inodes.get_mut(&p1).expect("checked").rec.nlink += 1;
+                    st.inodes.get_mut(&p2).expect("checked").rec.link_dropped();
+                    st.inodes.get_mut(&p1).expect("checked").rec.link_added();
                 }
             }
             for i in [src.ino, dst.ino] {
@@ -157,15 +157,15 @@ impl Volume {
                 let dst_dir = st.inodes[&d.ino].rec.is_dir();
                 self.drop_link(st, &mut txn, d.ino, now);
                 if dst_dir {
-                    st.inodes.get_mut(&p2).expect("checked").rec.nlink -= 1;
+                    st.inodes.get_mut(&p2).expect("checked").rec.link_dropped();
                 }
             }
             None => self.add_dirent(st, &mut txn, p2, n2, src.ino, src.dtype, room),
         }
         if src_dir && p1 != p2 {
             st.inodes.get_mut(&src.ino).expect("checked").rec.parent = p2;
-            st.inodes.get_mut(&p1).expect("checked").rec.nlink -= 1;
-            st.inodes.get_mut(&p2).expect("checked").rec.nlink += 1;
+            st.inodes.get_mut(&p1).expect("checked").rec.link_dropped();
+            st.inodes.get_mut(&p2).expect("checked").rec.link_added();
         }
         st.inodes.get_mut(&src.ino).expect("checked").rec.ctime = now;
         txn.dirty.insert(src.ino);
