@@ -193,7 +193,9 @@ impl Volume {
 
     pub fn statfs(&self) -> StatFs {
         let st = self.read_state();
-        let bfree = st.balloc.free_count() + st.deferred_frees.len() as u64;
+        // Blocks promised to preallocated files count as used, as on ext4.
+        let bfree =
+            (st.balloc.free_count() + st.deferred_frees.len() as u64).saturating_sub(st.reserved);
         StatFs {
             blocks: self.geo.data_blocks,
             bfree,
