@@ -141,3 +141,176 @@ fn a_replaced_directory_lives_while_open_as_on_tmpfs() {
         m.fsck_after_stop();
     }
 }
+
+/// One observation of the fallocate script: what a call returned, and the file after.
+#[derive(Debug, Clone, PartialEq)]
+struct Obs {
+    what: String,
+    /// errno or the offset lseek returned, etc.
+    result: String,
+    size: u64,
+    /// st_blocks in 4 KiB units.
+    blocks: u64,
+    /// FNV-1a of the contents.
+    hash: u64,
+}
+
+fn fnv(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf29ce484222325u64, |h, &x| {
+        (h ^ x as u64).wrapping_mul(0x100000001b3)
+    })
+}
+
+/// Run the fallocate script in `base`. `zero_range` is how ZERO_RANGE is done there:
+/// natively (zcfs), or as tmpfs can, PUNCH_HOLE then KEEP_SIZE preallocation then
+/// growing the size (tmpfs has no ZERO_RANGE; the result must be the same file).
+fn falloc_script(base: &Path, native_zero_range: bool) -> Vec<Obs> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = Vec::new();
+    let path = base.join("f");
+    let c = cpath(&path);
+    const KEEP: i32 = libc::FALLOC_FL_KEEP_SIZE;
+    const PUNCH: i32 = libc::FALLOC_FL_PUNCH_HOLE;
+    // SAFETY: plain system calls on a descriptor this function owns.
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_CREAT | libc::O_RDWR, 0o644) };
+    assert!(fd >= 0);
+    let rc = |r: libc::c_int| if r < 0 { errname(errno()) } else { "ok".into() };
+    let falloc = |mode: i32, off: i64, len: i64| {
+        // SAFETY: fallocate on our descriptor.
+        rc(unsafe { libc::fallocate(fd, mode, off, len) })
+    };
+    let pwrite = |off: i64, data: &[u8]| {
+        // SAFETY: pwrite from a live buffer on our descriptor.
+        let n = unsafe { libc::pwrite(fd, data.as_ptr().cast(), data.len(), off) };
+        assert_eq!(n, data.len() as isize, "pwrite: {}", errname(errno()));
+    };
+    let seek = |off: i64, whence: i32| {
+        // SAFETY: lseek on our descriptor.
+        let r = unsafe { libc::lseek(fd, off, whence) };
+        if r < 0 {
+            errname(errno())
+        } else {
+            r.to_string()
+        }
+    };
+    let mut note = |what: &str, result: String| {
+        let m = std::fs::metadata(&path).unwrap();
+        let data = std::fs::read(&path).unwrap();
+        out.push(Obs {
+            what: what.into(),
+            result,
+            size: m.size(),
+            blocks: m.blocks() / 8,
+            hash: fnv(&data),
+        });
+    };
+    note("preallocate 64 KiB", falloc(0, 0, 64 << 10));
+    pwrite(4095, b"ab");
+    note(
+        "2 bytes across a block boundary allocate nothing more",
+        "ok".into(),
+    );
+    note("KEEP_SIZE past the end", falloc(KEEP, 64 << 10, 32 << 10));
+    note("punch 8 KiB", falloc(PUNCH | KEEP, 16 << 10, 8 << 10));
+    note("punch without KEEP_SIZE", falloc(PUNCH, 0, 4096));
+    note(
+        "COLLAPSE_RANGE",
+        falloc(libc::FALLOC_FL_COLLAPSE_RANGE, 0, 4096),
+    );
+    note(
+        "INSERT_RANGE",
+        falloc(libc::FALLOC_FL_INSERT_RANGE, 0, 4096),
+    );
+    note("zero length", falloc(0, 0, 0));
+    note("negative offset", falloc(0, -1, 4096));
+    // Data and holes: rewrite as data at 0..8K and 40K..48K, holes elsewhere.
+    // SAFETY: ftruncate on our descriptor.
+    unsafe { libc::ftruncate(fd, 0) };
+    pwrite(0, &[1u8; 8192]);
+    pwrite(40 << 10, &[2u8; 8192]);
+    unsafe { libc::ftruncate(fd, 56 << 10) };
+    note("data 0..8K, 40K..48K, size 56K", "ok".into());
+    for off in [
+        0i64,
+        5000,
+        8192,
+        20000,
+        40 << 10,
+        50 << 10,
+        56 << 10,
+        1 << 20,
+    ] {
+        note(&format!("SEEK_DATA {off}"), seek(off, libc::SEEK_DATA));
+        note(&format!("SEEK_HOLE {off}"), seek(off, libc::SEEK_HOLE));
+    }
+    // ZERO_RANGE over part of the data, keeping the size, then growing it.
+    let zero = |keep: bool, off: i64, len: i64| {
+        if native_zero_range {
+            let m = libc::FALLOC_FL_ZERO_RANGE | if keep { KEEP } else { 0 };
+            return falloc(m, off, len);
+        }
+        let (bs, be) = ((off + 4095) / 4096 * 4096, (off + len) / 4096 * 4096);
+        for (s, e) in [(off, bs.min(off + len)), (be.max(off), off + len)] {
+            if s < e {
+                // SAFETY: fstat into a zeroed stat we own.
+                let mut st: libc::stat = unsafe { std::mem::zeroed() };
+                unsafe { libc::fstat(fd, &mut st) };
+                let e2 = e.min(st.st_size);
+                if s < e2 {
+                    pwrite(s, &vec![0u8; (e2 - s) as usize]);
+                }
+            }
+        }
+        if bs < be {
+            assert_eq!(falloc(PUNCH | KEEP, bs, be - bs), "ok");
+        }
+        let r = falloc(if keep { KEEP } else { 0 }, off, len);
+        r
+    };
+    note("ZERO_RANGE|KEEP_SIZE 100..6100", zero(true, 100, 6000));
+    note("ZERO_RANGE growing to 64K", zero(false, 44 << 10, 20 << 10));
+    note("preallocate past the volume", falloc(0, 0, 1 << 30));
+    unsafe { libc::close(fd) };
+    out
+}
+
+fn compare_obs(want: &[Obs], got: &[Obs]) -> Vec<String> {
+    assert_eq!(want.len(), got.len());
+    want.iter()
+        .zip(got)
+        .filter(|(w, g)| {
+            // Map nodes count in zcfs's st_blocks: at most one per 512 blocks, plus
+            // the levels above.
+            let blocks_ok = g.blocks >= w.blocks && g.blocks <= w.blocks + w.blocks / 512 + 2;
+            w.what != g.what
+                || w.result != g.result
+                || w.size != g.size
+                || w.hash != g.hash
+                || !blocks_ok
+        })
+        .map(|(w, g)| format!("tmpfs: {w:?}\n zcfs: {g:?}"))
+        .collect()
+}
+
+/// fallocate through a real mount, compared with a tmpfs of a similar size: sizes,
+/// st_blocks, contents, errnos, SEEK_DATA/SEEK_HOLE answers, ENOSPC up front.
+#[test]
+fn fallocate_and_seek_match_tmpfs() {
+    let reference = TmpfsDir::new("falloc");
+    common::sh(&format!(
+        "mount -t tmpfs -o size=64m zcfs-falloc-ref {}",
+        reference.0.display()
+    ));
+    let want = falloc_script(&reference.0, false);
+    common::sh(&format!("umount {}", reference.0.display()));
+    let m = Mount::volume_with("falloc", "64M", &[], &["-o", "cache=none"]);
+    let got = falloc_script(&m.mp, true);
+    let diffs = compare_obs(&want, &got);
+    assert!(
+        diffs.is_empty(),
+        "{} differ:\n{}",
+        diffs.len(),
+        diffs.join("\n")
+    );
+    m.fsck_after_stop();
+}
