@@ -144,7 +144,7 @@ impl Volume {
             None => rec.mode,
         };
         if set.uid.is_some() || set.gid.is_some() {
-            mode = perm::mode_after_chown(mode);
+            mode = perm::mode_after_chown(cred, mode, rec.gid);
         }
         if set.size.is_some() {
             let rec = InodeRec {

@@ -264,8 +264,7 @@ fn falloc_script(base: &Path, native_zero_range: bool) -> Vec<Obs> {
         if bs < be {
             assert_eq!(falloc(PUNCH | KEEP, bs, be - bs), "ok");
         }
-        let r = falloc(if keep { KEEP } else { 0 }, off, len);
-        r
+        falloc(if keep { KEEP } else { 0 }, off, len)
     };
     note("ZERO_RANGE|KEEP_SIZE 100..6100", zero(true, 100, 6000));
     note("ZERO_RANGE growing to 64K", zero(false, 44 << 10, 20 << 10));
