@@ -316,7 +316,10 @@ pub trait Backend: Send + Sync {
     /// The names (trusted.* ones only for root).
     fn listxattr(&self, ctx: &Ctx, ino: u64) -> Result<Vec<Vec<u8>>>;
     fn removexattr(&self, ctx: &Ctx, ino: u64, name: &[u8]) -> Result<()>;
-    /// Punch a hole (FALLOC_FL_PUNCH_HOLE | KEEP_SIZE) or preallocate (mode 0).
+    /// fallocate(2): preallocate (mode 0, KEEP_SIZE), punch a hole (PUNCH_HOLE |
+    /// KEEP_SIZE), zero a range (ZERO_RANGE, with or without KEEP_SIZE); EOPNOTSUPP for
+    /// a mode the backend does not offer. Preallocation promises that writes into the
+    /// range do not fail for space, or fails with ENOSPC up front.
     fn fallocate(
         &self,
         _ctx: &Ctx,
@@ -327,6 +330,12 @@ pub trait Backend: Send + Sync {
         _mode: i32,
     ) -> Result<()> {
         Err(Error::errno(libc::EOPNOTSUPP))
+    }
+    /// lseek(2) with SEEK_DATA (`whence` 3) or SEEK_HOLE (4) from `offset`: the offset
+    /// found, ENXIO at or past the end of the file. ENOSYS (the default) lets the
+    /// kernel answer as if the whole file were data.
+    fn lseek(&self, _ino: u64, _fh: u64, _offset: u64, _whence: i32) -> Result<u64> {
+        Err(Error::errno(libc::ENOSYS))
     }
     /// Copy accounting since start.
     fn copy_stats(&self) -> CopyStats {

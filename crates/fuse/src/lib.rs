@@ -9,8 +9,8 @@ use convert::*;
 use fuser::{
     FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow, WriteFlags,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 pub use options::{CacheMode, FuseOptions, FuseStats};
 use std::ffi::OsStr;
@@ -719,6 +719,26 @@ impl Filesystem for FuseFs {
             self.backend
                 .fallocate(&self.ctx(req), ino.0, fh.0, offset, length, mode),
         )
+    }
+
+    /// SEEK_DATA / SEEK_HOLE (the kernel answers SEEK_SET/CUR/END itself).
+    fn lseek(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        self.count();
+        let Ok(off) = u64::try_from(offset) else {
+            return reply.error(errno(&zcfs_backend::Error::errno(libc::ENXIO)));
+        };
+        match self.backend.lseek(ino.0, fh.0, off, whence) {
+            Ok(o) => reply.offset(o as i64),
+            Err(e) => reply.error(errno(&e)),
+        }
     }
 }
 

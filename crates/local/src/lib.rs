@@ -7,7 +7,7 @@ use zcfs_backend::{
     WritePayload,
 };
 use zcfs_volume::perm::{open_mask, MAY_READ};
-use zcfs_volume::{FsError, RenameFlags, SizeRight, Volume, XattrMode};
+use zcfs_volume::{FallocMode, FsError, RenameFlags, Seek, SizeRight, Volume, XattrMode};
 
 pub struct LocalFs {
     vol: Arc<Volume>,
@@ -337,22 +337,22 @@ impl Backend for LocalFs {
         Handle::allows(fh, Handle::WRITE)?;
         const KEEP_SIZE: i32 = libc::FALLOC_FL_KEEP_SIZE;
         const PUNCH: i32 = libc::FALLOC_FL_PUNCH_HOLE;
-        match mode {
-            m if m == PUNCH | KEEP_SIZE => self.vol.pfree(&ctx.cred, ino, offset, len).map_err(err),
-            0 => {
-                // Preallocation is not needed on a copy-on-write volume (blocks are
-                // allocated at write time); only the size changes.
-                let end = offset
-                    .checked_add(len)
-                    .ok_or_else(|| Error::errno(libc::EFBIG))?;
-                if end > self.vol.getattr(ino).map_err(err)?.size {
-                    self.vol.truncate(&ctx.cred, ino, end).map_err(err)?;
-                }
-                Ok(())
-            }
-            KEEP_SIZE => Ok(()),
-            _ => Err(Error::errno(libc::EOPNOTSUPP)),
+        if mode == PUNCH | KEEP_SIZE {
+            return self.vol.pfree(&ctx.cred, ino, offset, len).map_err(err);
         }
+        let mode = FallocMode::from_bits(mode).map_err(err)?;
+        self.vol
+            .fallocate(&ctx.cred, ino, offset, len, mode)
+            .map_err(err)
+    }
+    fn lseek(&self, ino: u64, fh: u64, offset: u64, whence: i32) -> Result<u64> {
+        Handle::allows(fh, Handle::OPEN)?;
+        let what = match whence {
+            libc::SEEK_DATA => Seek::Data,
+            libc::SEEK_HOLE => Seek::Hole,
+            _ => return Err(Error::errno(libc::EINVAL)),
+        };
+        self.vol.seek(ino, offset, what).map_err(err)
     }
     fn copy_stats(&self) -> CopyStats {
         let s = self.vol.stats.snapshot();

@@ -148,14 +148,16 @@ impl MapSink for Sink<'_> {
 }
 
 impl Volume {
-    /// Make sure `n` blocks can be allocated, checkpointing to release deferred frees.
+    /// Make sure `n` blocks can be allocated without touching the blocks promised to
+    /// files (`State::reserved`), checkpointing to release deferred frees.
     pub(crate) fn ensure_blocks(&self, st: &mut State, n: u64) -> Result<()> {
-        if st.balloc.free_count() >= n {
+        let unpromised = |st: &State| st.balloc.free_count().saturating_sub(st.reserved);
+        if unpromised(st) >= n {
             return Ok(());
         }
         self.commit_batch(st)?;
         self.checkpoint(st)?;
-        if st.balloc.free_count() >= n {
+        if unpromised(st) >= n {
             Ok(())
         } else {
             Err(FsError::NoSpace)

@@ -46,6 +46,9 @@ pub struct WriteReservation<'v> {
     /// Who writes: decides whether the write drops the file's set-user-ID and
     /// set-group-ID bits (in the same entry).
     writer: perm::Writer,
+    /// Blocks drawn from the file's copy-on-write reserve (falloc.rs) for the mapped
+    /// blocks this write replaces; settled at commit or drop.
+    drawn: u64,
     done: bool,
 }
 
@@ -135,6 +138,11 @@ impl WriteReservation<'_> {
         let vol = self.vol;
         let r = vol.commit_write(&mut self);
         vol.give_back(std::mem::take(&mut self.blocks));
+        if self.drawn > 0 && r.is_err() {
+            // commit_write settles the draw on success (under its lock hold).
+            let mut st = vol.state.write().unwrap();
+            st.end_draw(self.ino, self.gen, self.drawn, 0);
+        }
         r
     }
 }
@@ -143,6 +151,10 @@ impl Drop for WriteReservation<'_> {
     fn drop(&mut self) {
         if !self.done {
             self.vol.give_back(std::mem::take(&mut self.blocks));
+            if self.drawn > 0 {
+                let mut st = self.vol.state.write().unwrap();
+                st.end_draw(self.ino, self.gen, self.drawn, 0);
+            }
         }
     }
 }
@@ -158,10 +170,10 @@ enum Run {
 /// One atomic piece of a write: `count` file blocks from `start` (an index into the
 /// reservation), and the bound on its log entry.
 #[derive(Debug, Clone, Copy)]
-struct Piece {
-    start: u64,
-    count: u64,
-    bound: u64,
+pub(crate) struct Piece {
+    pub start: u64,
+    pub count: u64,
+    pub bound: u64,
 }
 
 impl Volume {
@@ -265,7 +277,7 @@ impl Volume {
         let mut done = 0;
         while done < data.len() {
             let pos = off + done as u64;
-            let len = self.write_chunk(pos, data.len() - done);
+            let len = self.write_chunk(ino, pos, data.len() - done);
             let chunk = &data[done..done + len];
             let r = self.reserve_write(cred, ino, pos, len).and_then(|mut r| {
                 r.fill_from(chunk);
@@ -285,8 +297,15 @@ impl Volume {
     /// needs room for the new blocks before the old ones are freed, so an overwrite
     /// larger than the free space goes in pieces, each freeing the old blocks the next
     /// one reuses. Pieces end on block boundaries.
-    fn write_chunk(&self, pos: u64, left: usize) -> usize {
-        let free = self.statfs().bfree.saturating_sub(WRITE_MARGIN_BLOCKS);
+    /// A preallocated file's overwrites may also use its reserve (falloc.rs).
+    fn write_chunk(&self, ino: u64, pos: u64, left: usize) -> usize {
+        let drawable = {
+            let st = self.read_state();
+            st.inodes.get(&ino).map_or(0, |i| {
+                i.rec.cow_reserve - st.drawing.get(&(ino, i.rec.gen)).copied().unwrap_or(0)
+            })
+        };
+        let free = (self.statfs().bfree + drawable).saturating_sub(WRITE_MARGIN_BLOCKS);
         let room = (free.max(1) * BLOCK_U64 - pos % BLOCK_U64) as usize;
         let len = left.min(MAX_RESERVATION).min(room);
         if len == left {
@@ -321,12 +340,24 @@ impl Volume {
         check_file(&st, ino)?;
         let rec = &st.inode(ino)?.rec;
         let (gen, writer) = (rec.gen, perm::Writer::of(cred, rec.gid));
+        let mut drawn = 0;
         let blocks = if len == 0 {
             Vec::new()
         } else {
             let n = (off + len as u64 - 1) / BLOCK_U64 - off / BLOCK_U64 + 1;
+            // Overwrites of a preallocated file draw from its reserve (falloc.rs).
+            if st.inode(ino)?.rec.cow_reserve > 0 {
+                let mut mapped = 0;
+                st.inode(ino)?
+                    .map
+                    .for_range(off / BLOCK_U64, n, |_, b| mapped += b.is_some() as u64);
+                drawn = st.draw_reserve(ino, gen, mapped);
+            }
             let mut txn = Txn::new(OpType::Write, ino);
-            self.reserve_blocks(&mut st, &mut txn, n)?;
+            if let Err(e) = self.reserve_blocks(&mut st, &mut txn, n) {
+                st.end_draw(ino, gen, drawn, 0);
+                return Err(e);
+            }
             let mut b = std::mem::take(&mut txn.pool);
             b.sort_unstable_by_key(FreshBlock::no); // ascending: adjacent blocks merge
             b
@@ -340,6 +371,7 @@ impl Volume {
             blocks,
             written_back: len == 0,
             writer,
+            drawn,
             done: false,
         })
     }
@@ -378,7 +410,7 @@ impl Volume {
     /// Split setting file blocks `first..first+n` into pieces whose log entries each
     /// fit the log, with a bound for each. Leaves are never split (one leaf's record is
     /// at most 4 KiB, and the smallest ring holds two such entries).
-    fn write_pieces(&self, map: &FileMap, first: u64, n: u64) -> Result<Vec<Piece>> {
+    pub(crate) fn write_pieces(&self, map: &FileMap, first: u64, n: u64) -> Result<Vec<Piece>> {
         let max = self.max_entry();
         let fixed = ENTRY_OVERHEAD + INODE_RECORD;
         let mut pieces: Vec<Piece> = Vec::new();
@@ -473,9 +505,11 @@ impl Volume {
                 vol: self,
                 txn: &mut txn,
             };
+            let mut replaced = 0;
             for (i, b) in (p.start..).zip(piece) {
                 if let Some(old) = inode.map.set(first + i, b.publish(), &mut sink) {
                     sink.txn.releases.push(old);
+                    replaced += 1;
                 }
             }
             if piece_end > inode.rec.size {
@@ -485,6 +519,7 @@ impl Volume {
             inode.rec.mtime = now;
             inode.rec.ctime = now;
             inode.rec.mode = r.writer.mode_after_write(inode.rec.mode, inode.rec.gid);
+            st.spend_draw(r.ino, r.gen, &mut r.drawn, replaced);
             txn.dirty.insert(r.ino);
             pool = std::mem::take(&mut txn.pool);
             self.trace(|| Traced::Write {
@@ -504,6 +539,9 @@ impl Volume {
         for b in pool {
             st.balloc.free(b.publish());
         }
+        // What was drawn and not spent is promised again.
+        st.end_draw(r.ino, r.gen, r.drawn, 0);
+        r.drawn = 0;
         self.stats
             .data_bytes_written
             .fetch_add(r.len as u64, Ordering::Relaxed);
@@ -579,6 +617,7 @@ impl Volume {
         let now = Time::now();
         inode.rec.mtime = now;
         inode.rec.ctime = now;
+        st.clamp_reserve(ino);
     }
 
     /// fsync / fdatasync: everything written so far is durable on return.

@@ -34,6 +34,8 @@ pub enum FsError {
     TooManyLinks,
     #[error("file too large")]
     TooBig,
+    #[error("no data (or hole) at or past the offset: it is at or past the end of the file")]
+    PastEnd,
     #[error("not a zcfs volume (bad magic)")]
     NotZcfs,
     #[error("unsupported: {0}")]
@@ -73,6 +75,7 @@ impl FsError {
             NotPermitted(_) => libc::EPERM,
             AccessDenied(_) => libc::EACCES,
             TooBig => libc::EFBIG,
+            PastEnd => libc::ENXIO,
             Unsupported(_) => libc::EOPNOTSUPP,
             ReadOnly | Failed => libc::EROFS,
             Busy(_) => libc::EBUSY,
@@ -94,7 +97,7 @@ impl From<FsError> for zcfs_types::Error {
         use FsError::*;
         match e {
             NotFound | Exists | NotDir | IsDir | NotEmpty | NoSpace | NoInodes | NameTooLong
-            | NoXattr | Stale | TooManyLinks | TooBig | ReadOnly => {
+            | NoXattr | Stale | TooManyLinks | TooBig | PastEnd | ReadOnly => {
                 zcfs_types::Error::errno(e.errno())
             }
             other => zcfs_types::Error::new(other.errno(), other.to_string()),

@@ -177,6 +177,7 @@ impl Volume {
         inode.rec.mtime = Time::now();
         inode.rec.ctime = inode.rec.mtime;
         inode.rec.mode = crate::perm::mode_after_write(cred, &inode.rec);
+        st.clamp_reserve(ino);
         txn.dirty.insert(ino);
         self.trace(|| Traced::Pages { ino });
         self.finish(st, txn)

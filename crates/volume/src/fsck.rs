@@ -148,6 +148,7 @@ enum Fix {
     Nlink(u64, u32),
     BlocksField(u64),
     Orphan(u64),
+    Reserve(u64),
 }
 
 fn check_state(vol: &Volume, st: &State, report: &mut FsckReport) -> Vec<Fix> {
@@ -198,6 +199,16 @@ fn check_state(vol: &Volume, st: &State, report: &mut FsckReport) -> Vec<Fix> {
             ));
             fixes.push(Fix::BlocksField(ino));
         }
+        // A preallocation reserve is for overwrites of the file's own blocks: never
+        // more than its data blocks, and only regular files have one.
+        let max_reserve = if r.is_reg() { i.map.data_blocks() } else { 0 };
+        if r.cow_reserve > max_reserve {
+            report.problems.push(format!(
+                "inode {ino}: copy-on-write reserve {} exceeds its {max_reserve} data blocks",
+                r.cow_reserve
+            ));
+            fixes.push(Fix::Reserve(ino));
+        }
         if ino != ROOT_INO && !reached.contains(&ino) && r.nlink == 0 {
             report.notes.push(format!(
                 "inode {ino} was removed while still open or referenced; the next mount frees it"
@@ -247,11 +258,29 @@ fn check_state(vol: &Volume, st: &State, report: &mut FsckReport) -> Vec<Fix> {
                 fixes.push(Fix::Nlink(ino, want));
             }
             let nblocks = r.size.div_ceil(BLOCK_U64);
-            if i.map.mapped_end() > nblocks {
+            let end = i.map.mapped_end();
+            if end > nblocks && !r.is_reg() {
                 report.problems.push(format!(
                     "inode {ino}: blocks mapped past its size {}",
                     r.size
                 ));
+            } else if end > nblocks {
+                // fallocate KEEP_SIZE preallocates past the end: zeroed blocks, so
+                // growing the file later still shows zeros.
+                let mut dirty = 0u64;
+                i.map.for_range(nblocks, end - nblocks, |_, b| {
+                    if let Some(b) = b {
+                        if vol.live(st, BlockNo(b), 0, BLOCK).iter().any(|&x| x != 0) {
+                            dirty += 1;
+                        }
+                    }
+                });
+                if dirty > 0 {
+                    report.problems.push(format!(
+                        "inode {ino}: {dirty} blocks past its size {} are not zero",
+                        r.size
+                    ));
+                }
             }
             if r.is_symlink() {
                 report.symlinks += 1;
@@ -284,6 +313,13 @@ fn check_state(vol: &Volume, st: &State, report: &mut FsckReport) -> Vec<Fix> {
     let waiting = (st.deferred_frees.len() + st.batch.frees.len()) as u64;
     let used = geo.data_blocks - st.balloc.free_count() - waiting;
     report.blocks_used = used;
+    let reserved: u64 = st.inodes.values().map(|i| i.rec.cow_reserve).sum();
+    let free = geo.data_blocks - used;
+    if reserved > free {
+        report.problems.push(format!(
+            "files reserve {reserved} blocks for preallocated overwrites but only {free} are free"
+        ));
+    }
     if used != owned {
         report.problems.push(format!(
             "allocator counts {used} blocks in use, inodes own {owned}"
@@ -313,6 +349,21 @@ fn apply_repairs(vol: &Arc<Volume>, fixes: &[Fix], report: &mut FsckReport) -> R
                 report
                     .repaired
                     .push(format!("inode {ino}: block count rewritten"));
+            }
+            Fix::Reserve(ino) => {
+                if let Some(i) = st.inodes.get_mut(&ino) {
+                    let max = if i.rec.is_reg() {
+                        i.map.data_blocks()
+                    } else {
+                        0
+                    };
+                    st.reserved -= i.rec.cow_reserve - max;
+                    i.rec.cow_reserve = max;
+                    txn.dirty.insert(ino);
+                    report.repaired.push(format!(
+                        "inode {ino}: copy-on-write reserve lowered to {max}"
+                    ));
+                }
             }
             Fix::Orphan(ino) => {
                 let Some(inode) = st.inodes.get(&ino) else {

@@ -13,6 +13,7 @@ mod config;
 mod data;
 mod dir;
 mod error;
+mod falloc;
 mod flac;
 pub mod fsck;
 #[doc(hidden)]
@@ -38,6 +39,7 @@ pub use config::{
 };
 pub use data::{max_file_size, WriteReservation, MAX_RESERVATION};
 pub use error::{FsError, Result};
+pub use falloc::{FallocMode, Seek};
 pub use flac::{AttachedPages, PageBuf, PflushTxn};
 pub use holder::{read_holder, Holder};
 pub use layout::{Geometry, OpType, Time, BLOCK, NAME_MAX, ROOT_INO};

@@ -378,6 +378,48 @@ impl FileMap {
         v
     }
 
+    /// Data blocks (not nodes) the map points at.
+    pub fn data_blocks(&self) -> u64 {
+        self.data_blocks
+    }
+
+    /// The first mapped file block at or after `fb` (SEEK_DATA), visiting only the
+    /// leaves that exist.
+    pub fn next_data(&self, fb: u64) -> Option<u64> {
+        if self.height == 0 {
+            return (fb == 0 && self.root != 0).then_some(0);
+        }
+        for (&(_, i), n) in self.nodes.range((1, idx(1, fb))..=(1, u64::MAX)) {
+            let from = if i == idx(1, fb) { slot(1, fb) } else { 0 };
+            if let Some(s) = n.ptrs[from..].iter().position(|&p| p != 0) {
+                return Some((i << NODE_SHIFT) + (from + s) as u64);
+            }
+        }
+        None
+    }
+
+    /// The first unmapped file block at or after `fb` (SEEK_HOLE).
+    pub fn next_hole(&self, fb: u64) -> u64 {
+        if self.height == 0 {
+            return if fb == 0 && self.root != 0 { 1 } else { fb };
+        }
+        let mut fb = fb;
+        // Each round either returns or moves to the next leaf, which must exist to
+        // hold data: bounded by the number of leaves.
+        for _ in 0..=self.nodes.len() {
+            if self.get(fb).is_none() {
+                return fb;
+            }
+            let leaf = &self.nodes[&(1, idx(1, fb))];
+            let from = slot(1, fb);
+            if let Some(s) = leaf.ptrs[from..].iter().position(|&p| p == 0) {
+                return fb - from as u64 + (from + s) as u64;
+            }
+            fb = (idx(1, fb) + 1) << NODE_SHIFT;
+        }
+        fb
+    }
+
     /// Highest mapped file block + 1 (0 when empty).
     pub fn mapped_end(&self) -> u64 {
         if self.height == 0 {

@@ -427,6 +427,7 @@ impl Volume {
     /// redo records: once the inode's slot is free nothing points at its blocks.
     pub(crate) fn free_inode(&self, st: &mut State, txn: &mut Txn, ino: u64) {
         txn.dirty.insert(ino);
+        st.drop_reserve(ino);
         let Some(mut inode) = st.inodes.remove(&ino) else {
             return;
         };

@@ -144,7 +144,7 @@ impl Volume {
             None => rec.mode,
         };
         if set.uid.is_some() || set.gid.is_some() {
-            mode = perm::mode_after_chown(mode);
+            mode = perm::mode_after_chown(cred, mode, rec.gid);
         }
         if set.size.is_some() {
             let rec = InodeRec {
@@ -193,7 +193,9 @@ impl Volume {
 
     pub fn statfs(&self) -> StatFs {
         let st = self.read_state();
-        let bfree = st.balloc.free_count() + st.deferred_frees.len() as u64;
+        // Blocks promised to preallocated files count as used, as on ext4.
+        let bfree =
+            (st.balloc.free_count() + st.deferred_frees.len() as u64).saturating_sub(st.reserved);
         StatFs {
             blocks: self.geo.data_blocks,
             bfree,

@@ -173,14 +173,19 @@ pub(crate) fn chmod_mode(cred: &Cred, rec: &InodeRec, mode: u32) -> u32 {
     }
 }
 
-/// What a chown does to the privilege bits of a non-directory (`chown_common` asks to
-/// kill both, whoever asks, and `notify_change` drops each bit that is set, as Linux
-/// does since 6.2).
-pub(crate) fn mode_after_chown(mode: u32) -> u32 {
+/// What a chown by `cred` does to the privilege bits of a non-directory whose group
+/// is `gid` before the change (`chown_common`: ATTR_KILL_SUID whoever asks, and
+/// `setattr_should_drop_sgid`: set-group-ID goes when the file is group-executable or
+/// the caller is neither in the file's group nor privileged).
+pub(crate) fn mode_after_chown(cred: &Cred, mode: u32, gid: u32) -> u32 {
     if mode & S_IFMT == S_IFDIR {
         return mode;
     }
-    mode & !(S_ISUID | S_ISGID)
+    let mut m = mode & !S_ISUID;
+    if m & S_ISGID != 0 && (m & S_IXGRP != 0 || !(cred.is_root() || cred.in_group(gid))) {
+        m &= !S_ISGID;
+    }
+    m
 }
 
 /// Who writes to (or truncates) a file, as far as its privilege bits care
@@ -391,9 +396,18 @@ mod tests {
 
     #[test]
     fn privilege_bits_go_on_chown_and_write() {
-        assert_eq!(mode_after_chown(S_IFREG | 0o6755), S_IFREG | 0o755);
-        assert_eq!(mode_after_chown(S_IFREG | 0o6745), S_IFREG | 0o745);
-        assert_eq!(mode_after_chown(S_IFDIR | 0o2755), S_IFDIR | 0o2755);
+        let (root, u) = (Cred::ROOT, user(7, 5, &[]));
+        assert_eq!(
+            mode_after_chown(&root, S_IFREG | 0o6755, 5),
+            S_IFREG | 0o755
+        );
+        assert_eq!(
+            mode_after_chown(&root, S_IFREG | 0o6745, 5),
+            S_IFREG | 0o2745
+        );
+        assert_eq!(mode_after_chown(&u, S_IFREG | 0o6745, 5), S_IFREG | 0o2745);
+        assert_eq!(mode_after_chown(&u, S_IFREG | 0o6745, 6), S_IFREG | 0o745);
+        assert_eq!(mode_after_chown(&u, S_IFDIR | 0o2755, 6), S_IFDIR | 0o2755);
         let w = |mode, gid| rec(S_IFREG | mode, 10, gid);
         let member = user(1, 5, &[]);
         assert_eq!(mode_after_write(&member, &w(0o4755, 5)), S_IFREG | 0o755);

@@ -271,7 +271,10 @@ pub(crate) fn load_state(
             ))?;
         }
     }
+    let reserved = inodes.values().map(|i| i.rec.cow_reserve).sum();
     Ok(State {
+        reserved,
+        drawing: HashMap::new(),
         inodes,
         dirs,
         balloc,

@@ -73,6 +73,12 @@ pub(crate) struct State {
     /// Inodes sharing a block with another (damaged image, seen only by fsck): never
     /// freed by reaping or repair, which would free the block twice.
     pub tainted: HashSet<u64>,
+    /// Blocks promised to files for copy-on-write overwrites of their preallocated
+    /// blocks and not drawn yet: Σ (`cow_reserve` − `drawing`) over the inodes. Other
+    /// allocations leave this many free blocks alone (see falloc.rs).
+    pub reserved: u64,
+    /// Per (inode, generation): reserve drawn by write reservations not committed yet.
+    pub drawing: HashMap<(u64, u32), u64>,
 }
 
 pub struct Volume {

@@ -53,6 +53,10 @@ fn cases() -> Vec<(&'static str, Step)> {
         ),
         ("link-grows-dir", Step::Link("d2/g".into(), "full/g".into())),
         ("punch-far", Step::PunchHole("d2/g".into(), 8 << 20, 4096)),
+        (
+            "fallocate-new-levels",
+            Step::Fallocate("d1/f".into(), 40 << 20, 3 << 20, 0),
+        ),
     ]);
     c
 }

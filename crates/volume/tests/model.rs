@@ -30,6 +30,8 @@ fn op() -> impl Strategy<Value = Step> {
             .prop_map(|(p, k, v)| Step::SetXattr(p, k.into(), v)),
         1 => (path(), prop::sample::select(vec!["user.a", "user.b"])).prop_map(|(p, k)| Step::RemoveXattr(p, k.into())),
         1 => (path(), 0u64..16000, 1u64..9000).prop_map(|(p, o, l)| Step::PunchHole(p, o, l)),
+        1 => (path(), 0u64..16000, 1u64..9000, prop::sample::select(vec![0, 1, 16, 17]))
+            .prop_map(|(p, o, l, m)| Step::Fallocate(p, o, l, m)),
         1 => path().prop_map(Step::Fsync),
     ]
 }

@@ -28,7 +28,10 @@ fields! {
     I_MAP_ROOT: 8,
     I_XATTR_BLOCK: 8,
     I_MAP_HEIGHT: 1,
-    I_RESERVED: 11,
+    I_RESERVED: 3,
+    /// Blocks held back for copy-on-write overwrites of preallocated blocks
+    /// (fallocate; format version 3, zero in version 2 images).
+    I_COW_RESERVE: 8,
     /// CRC32C of everything before it.
     I_CRC: 4,
 }
@@ -59,6 +62,9 @@ pub struct InodeRec {
     pub map_root: u64,
     pub map_height: u8,
     pub xattr_block: u64,
+    /// Blocks held back from the allocator for copy-on-write overwrites of the
+    /// file's preallocated blocks (fallocate); see `falloc.rs`.
+    pub cow_reserve: u64,
 }
 
 impl InodeRec {
@@ -103,6 +109,7 @@ impl InodeRec {
         put64(&mut b, I_MAP_ROOT, self.map_root);
         put64(&mut b, I_XATTR_BLOCK, self.xattr_block);
         b[I_MAP_HEIGHT.start] = self.map_height;
+        put64(&mut b, I_COW_RESERVE, self.cow_reserve);
         let crc = crc32c::crc32c(&b[..I_CRC.start]);
         put32(&mut b, I_CRC, crc);
         b
@@ -150,6 +157,7 @@ impl InodeRec {
             map_root: u64_at(b, I_MAP_ROOT),
             xattr_block: u64_at(b, I_XATTR_BLOCK),
             map_height: b[I_MAP_HEIGHT.start],
+            cow_reserve: u64_at(b, I_COW_RESERVE),
         };
         if r.ino != 0 && !valid_file_type(r.mode) {
             return Err(corrupt(format!(

@@ -58,6 +58,7 @@ pub enum OpType {
     PunchHole = 13,
     PflushCommit = 14,
     Repair = 15,
+    Fallocate = 16,
 }
 
 impl OpType {
@@ -80,6 +81,7 @@ impl OpType {
             13 => PunchHole,
             14 => PflushCommit,
             15 => Repair,
+            16 => Fallocate,
             _ => return None,
         })
     }

@@ -25,8 +25,13 @@ pub const BLOCK: usize = 4096;
 pub const BLOCK_U64: u64 = BLOCK as u64;
 pub const MAGIC: &[u8; 8] = b"ZCFSVOL1";
 /// On-PM format version. 2: log entries count records in 32 bits (version 1 clamped the
-/// count to 16 bits).
-pub const VERSION: u32 = 2;
+/// count to 16 bits). 3: the inode record's copy-on-write reserve (fallocate) and the
+/// fallocate log entry.
+pub const VERSION: u32 = 3;
+/// Oldest version this build opens. A version 2 image reads as version 3 with no
+/// reserves (the field was zero); its superblock is rewritten as version 3 at the first
+/// read-write open, after which older builds refuse it by version.
+pub const OLDEST_VERSION: u32 = 2;
 pub const SB_SIZE: usize = 512;
 pub const INODE_SIZE: usize = 128;
 pub const INODES_PER_BLOCK: usize = BLOCK / INODE_SIZE;
@@ -154,6 +159,39 @@ mod tests {
         assert_eq!(Superblock::decode(&sb.encode()).unwrap(), sb);
         assert_eq!(InodeRec::decode(&ino.encode()).unwrap(), ino);
         assert_eq!(LogEntry::decode(&e.encode(), 1 << 20).unwrap(), e);
+        // Version 3 added the copy-on-write reserve in bytes that were zero: a
+        // version 2 superblock still opens, and a record without a reserve encodes
+        // exactly as in version 2 (the INO bytes above).
+        let v2 = unhex(golden["SB_V2"]);
+        assert_eq!(u32_at(&v2, 8..12), 2);
+        assert_eq!(Superblock::decode(&v2).unwrap(), sb);
+        let with_reserve = InodeRec {
+            cow_reserve: 0x0102_0304_0506_0708,
+            ..ino
+        };
+        let b = with_reserve.encode();
+        assert_eq!(u64_at(&b, 116..124), 0x0102_0304_0506_0708); // docs/format.md
+        assert_eq!(InodeRec::decode(&b).unwrap(), with_reserve);
+    }
+
+    fn unhex(s: &str) -> Vec<u8> {
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    /// A version this build does not read is refused with a clear error.
+    #[test]
+    fn other_versions_are_refused_by_number() {
+        for v in [OLDEST_VERSION - 1, VERSION + 1] {
+            let mut b = Superblock::sample().encode();
+            put32(&mut b, 8..12, v); // the version field (docs/format.md)
+            let crc = crc32c::crc32c(&b[..508]);
+            put32(&mut b, 508..512, crc);
+            let e = Superblock::decode(&b).unwrap_err().to_string();
+            assert!(e.contains(&format!("version {v}")), "{e}");
+        }
     }
 }
 
@@ -198,6 +236,7 @@ mod samples {
                 map_root: 99,
                 map_height: 2,
                 xattr_block: 55,
+                cow_reserve: 0,
             }
         }
     }

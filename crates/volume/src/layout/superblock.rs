@@ -82,9 +82,9 @@ impl Superblock {
             return Err(corrupt("superblock checksum mismatch"));
         }
         let version = u32_at(b, SB_VERSION);
-        if version != VERSION {
+        if !(OLDEST_VERSION..=VERSION).contains(&version) {
             return Err(FsError::Unsupported(format!(
-                "volume format version {version}, this build reads {VERSION}"
+                "volume format version {version}, this build reads versions {OLDEST_VERSION} to {VERSION}"
             )));
         }
         if u32_at(b, SB_BLOCK_SIZE) as usize != BLOCK

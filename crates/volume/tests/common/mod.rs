@@ -30,6 +30,8 @@ pub enum Step {
     SetXattr(String, String, Vec<u8>),
     RemoveXattr(String, String),
     PunchHole(String, u64, u64),
+    /// path, offset, length, Linux fallocate mode bits (not PUNCH_HOLE).
+    Fallocate(String, u64, u64, i32),
     Fsync(String),
     /// The inner operation with the `n`-th budget check failing (the volume must have
     /// a fault plan): it must fail and change nothing.
@@ -395,6 +397,22 @@ impl Model {
                     .map(|_| ())
                     .ok_or(libc::ENODATA)
             }
+            Step::Fallocate(p, off, len, mode) => {
+                let ino = self.resolve(p)?;
+                let data = self.file_mut(ino)?;
+                let keep = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
+                let end = (off + len) as usize;
+                if mode & libc::FALLOC_FL_ZERO_RANGE != 0 {
+                    let to = end.min(data.len());
+                    for b in data.iter_mut().take(to).skip(*off as usize) {
+                        *b = 0;
+                    }
+                }
+                if !keep && data.len() < end {
+                    data.resize(end, 0);
+                }
+                Ok(())
+            }
             Step::Fsync(p) => self.resolve(p).map(|_| ()),
         }
     }
@@ -705,6 +723,11 @@ pub fn apply_volume(vol: &Volume, op: &Step) -> Result<(), i32> {
         Step::RemoveXattr(p, k) => vol
             .removexattr(&Cred::ROOT, vresolve(vol, p)?, k.as_bytes())
             .map_err(e),
+        Step::Fallocate(p, off, len, mode) => {
+            let ino = vresolve(vol, p)?;
+            let m = zcfs_volume::FallocMode::from_bits(*mode).map_err(e)?;
+            vol.fallocate(&Cred::ROOT, ino, *off, *len, m).map_err(e)
+        }
         Step::Fsync(p) => vol.fsync(vresolve(vol, p)?).map_err(e),
     }
 }
@@ -803,6 +826,18 @@ pub fn single_ops() -> Vec<(&'static str, Step)> {
             Step::RemoveXattr("d1/f".into(), "user.a".into()),
         ),
         ("punch", Step::PunchHole("d2/g".into(), 0, 4096)),
+        (
+            "fallocate-grow",
+            Step::Fallocate("d1/f".into(), 1000, 20000, 0),
+        ),
+        (
+            "fallocate-keep",
+            Step::Fallocate("d2/g".into(), 0, 64 << 10, libc::FALLOC_FL_KEEP_SIZE),
+        ),
+        (
+            "zero-range",
+            Step::Fallocate("d2/g".into(), 100, 6000, libc::FALLOC_FL_ZERO_RANGE),
+        ),
         ("fsync", Step::Fsync("d1/f".into())),
     ]
 }

@@ -49,6 +49,10 @@ pub const NOBODY: Who = Who {
 #[derive(Debug, Clone)]
 pub enum Call {
     Open(&'static str, i32, u32),
+    /// open with the given umask (path, flags, mode, umask).
+    OpenUmask(&'static str, i32, u32, u32),
+    /// mkdir with the given umask.
+    MkdirUmask(&'static str, u32, u32),
     /// open(O_WRONLY), write 3 bytes at 0, close.
     Write(&'static str),
     Mkdir(&'static str, u32),
@@ -79,6 +83,8 @@ impl Call {
         use Call::*;
         match self {
             Open(p, ..)
+            | OpenUmask(p, ..)
+            | MkdirUmask(p, ..)
             | Write(p)
             | Mkdir(p, _)
             | Rmdir(p)
@@ -151,6 +157,18 @@ pub fn run_as(base: &Path, who: Who, call: &Call) -> i32 {
                     }
                 }
                 Mkdir(_, m) => ok(libc::mkdir(a.as_ptr(), *m)),
+                OpenUmask(_, flags, mode, mask) => {
+                    libc::umask(*mask);
+                    let fd = libc::open(a.as_ptr(), *flags | libc::O_CLOEXEC, *mode);
+                    if fd >= 0 {
+                        libc::close(fd);
+                    }
+                    ok(fd)
+                }
+                MkdirUmask(_, m, mask) => {
+                    libc::umask(*mask);
+                    ok(libc::mkdir(a.as_ptr(), *m))
+                }
                 Rmdir(_) => ok(libc::rmdir(a.as_ptr())),
                 Unlink(_) => ok(libc::unlink(a.as_ptr())),
                 Rename(..) => ok(libc::rename(a.as_ptr(), b.as_ptr())),
@@ -428,6 +446,10 @@ pub fn script() -> Vec<Step> {
         // setgid directories (mkdir/00.t, open/00.t).
         step(r, Mkdir("g", 0o2777), "setgid directory"),
         step(r, Chown("g", 0, 1001), "in alice's group"),
+        // mkdir(2) takes neither the set-group-ID bit nor what the umask removes from
+        // its mode (without this step g was a plain 0755 directory and the setgid
+        // steps below compared two EACCES).
+        step(r, Chmod("g", 0o2777), "setgid, writable by all"),
         step(
             b,
             Open("g/x", CR, 0o644),
@@ -452,6 +474,96 @@ pub fn script() -> Vec<Step> {
         step(a, SetXattr("d/f", "trusted.k"), "trusted.* is root's"),
         step(r, Symlink("f", "d/sl"), "a symlink"),
         step(r, SetXattr("d/sl", "user.k"), "no user.* on symlinks"),
+        // The kernel's set-group-ID rules in full (inode_init_owner, mode_strip_umask
+        // then mode_strip_sgid, setattr_should_drop_sgid, chown_common), issue 14.
+        // g is root's 2777 directory in alice's group (1001); bob is not in it.
+        step(
+            b,
+            OpenUmask("g/u1", CR, 0o2775, 0o002),
+            "non-member, group-executable: setgid stripped",
+        ),
+        step(
+            b,
+            OpenUmask("g/u2", CR, 0o2775, 0o010),
+            "umask takes group-exec away first: setgid kept",
+        ),
+        step(
+            b,
+            OpenUmask("g/u3", CR, 0o2755, 0o077),
+            "umask 077: no group-exec, setgid kept",
+        ),
+        step(
+            a,
+            OpenUmask("g/u4", CR, 0o2777, 0o022),
+            "member keeps setgid under umask 022",
+        ),
+        step(
+            bg,
+            OpenUmask("g/u5", CR, 0o2775, 0o002),
+            "member by supplementary group keeps setgid",
+        ),
+        step(
+            b,
+            MkdirUmask("g/ud", 0o755, 0o077),
+            "subdirectory inherits setgid whatever the umask",
+        ),
+        step(b, MkdirUmask("g/ud/n", 0o700, 0o022), "and passes it on"),
+        step(
+            r,
+            OpenUmask("g/u6", CR, 0o2775, 0o002),
+            "root creates with setgid",
+        ),
+        // Writes (bob owns g/x, group 1001).
+        step(r, Chmod("g/x", 0o2666), "setgid, not group-executable"),
+        step(a, Write("g/x"), "a member's write keeps non-exec setgid"),
+        step(
+            b,
+            Write("g/x"),
+            "a non-member's write drops even non-exec setgid",
+        ),
+        step(r, Chmod("g/x", 0o2676), "setgid, group-executable"),
+        step(a, Write("g/x"), "a member's write drops group-exec setgid"),
+        step(r, Chmod("g/x", 0o2666), "again"),
+        step(a, Truncate("g/x", 1), "a member's truncate keeps it"),
+        step(b, Truncate("g/x", 0), "a non-member's truncate drops it"),
+        step(r, Chmod("g/x", 0o6666), "both bits, no exec"),
+        step(a, Write("g/x"), "a member's write drops setuid only"),
+        // chmod by the owner, in or out of the file's group.
+        step(b, Chmod("g/x", 0o2755), "owner outside the group: dropped"),
+        step(
+            bg,
+            Chmod("g/x", 0o2755),
+            "owner in the group by a supplementary group: kept",
+        ),
+        step(b, Chmod("g/x", 0o2644), "owner outside again, non-exec"),
+        // chown, by the owner and by root.
+        step(r, Chmod("g/x", 0o2644), "setgid, not group-executable"),
+        step(
+            bg,
+            Chown("g/x", u32::MAX, 1001),
+            "owner chgrp to the same group",
+        ),
+        // Not compared: chown(-1, -1) by a non-member drops a non-executable setgid
+        // bit on tmpfs, but through FUSE (HANDLE_KILLPRIV) the file system receives a
+        // setattr with only ctime and cannot tell it from nothing.
+        step(r, Chmod("g/x", 0o2644), "again"),
+        step(
+            r,
+            Chown("g/x", 1002, u32::MAX),
+            "root chown, non-exec setgid",
+        ),
+        step(r, Chmod("g/ud", 0o2755), "a setgid directory"),
+        step(
+            r,
+            Chown("g/ud", 1001, 1002),
+            "chown keeps a directory's setgid",
+        ),
+        step(r, Mkdir("g/ud2", 0o3777), "setgid and sticky asked by root"),
+        step(
+            b,
+            Mkdir("g/ud3", 0o2777),
+            "non-member asks for setgid on a directory",
+        ),
         // Nobody (65534), the squashed identity: only what others may do.
         step(n, Open("d/f", RO, 0), "nobody may not read 0600"),
         step(n, Chmod("d/f", 0o4755), "nobody may not plant setuid"),
