@@ -1,0 +1,190 @@
+//! Adversarial review of the security and wire code (issue 10). Every test here
+//! FAILS on the code as reviewed: each shows one hole (see the comment above it).
+//! Needs root (the Unix-socket tests become other users).
+
+mod common;
+use common::*;
+use std::time::Duration;
+use zcfs_backend::{Backend, Ctx, ROOT};
+use zcfs_protocol::*;
+use zcfs_server::{IdentityMap, ServerConfig};
+use zcfs_transport::Address;
+
+const MIB: usize = 1 << 20;
+const SECRET: &[u8] = b"the owner's secret, mode 0600";
+
+fn cred(uid: u32, gid: u32) -> Cred {
+    Cred { uid, gid }
+}
+
+/// A volume with a file "secret" owned by 1000:1000, mode 0600, holding `SECRET`.
+/// Returns the volume and the file's inode.
+fn volume_with_secret() -> (std::sync::Arc<zcfs_local::LocalFs>, u64) {
+    let fs = memory_fs(64 * MIB);
+    let owner = Ctx::user(1000, 1000);
+    let (a, fh) = fs
+        .create(&owner, ROOT, b"secret", libc::S_IFREG | 0o600, libc::O_RDWR)
+        .unwrap();
+    assert_eq!(
+        fs.write(&owner, a.ino, fh, 0, SECRET).unwrap() as usize,
+        SECRET.len()
+    );
+    fs.release(a.ino, fh).unwrap();
+    fs.forget(a.ino, 1);
+    (fs, a.ino)
+}
+
+/// A TCP server with the default identity map (root squash), as `zcfs serve` runs.
+fn squashing_server(fs: std::sync::Arc<zcfs_local::LocalFs>) -> Running {
+    Running::start(
+        fs,
+        ServerConfig {
+            identity: IdentityMap::default(),
+            ..config()
+        },
+    )
+}
+
+/// FINDING 1 (critical): read with fh 0 ("no handle") is never authorized. The server
+/// passes fh 0 to the backend (conn.rs `resolve`: `if fh == 0 { return Ok((0, ..)) }`),
+/// and the backend's read takes no credential at all (a call through fh 0 is "the
+/// frontend's own": crates/local/src/lib.rs `Handle::allows`). So any peer, as any
+/// uid (here 1001, and a squashed root), reads a 0600 file it may not open.
+#[test]
+fn read_without_a_handle_is_authorized_like_open() {
+    let (fs, ino) = volume_with_secret();
+    let srv = squashing_server(fs);
+    let mut raw = srv.raw(0x1001);
+    for who in [cred(1001, 1001), cred(0, 0)] {
+        // open(2) is refused: the control.
+        let open = raw.call_as(
+            OpenReq {
+                node: NodeRef::ino(ino),
+                flags: libc::O_RDONLY,
+            },
+            who,
+            &[],
+            &[],
+        );
+        assert_eq!(open.status, libc::EACCES, "open as {who:?}");
+        let r = raw.call_as(
+            ReadReq {
+                node: NodeRef::ino(ino),
+                fh: 0,
+                offset: 0,
+                size: 4096,
+            },
+            who,
+            &[],
+            &[],
+        );
+        assert!(
+            r.status != 0 && r.data.is_empty(),
+            "uid {} read a 0600 file of uid 1000 without a handle: status {}, data {:?}",
+            who.uid,
+            r.status,
+            String::from_utf8_lossy(&r.data)
+        );
+    }
+}
+
+/// FINDING 1b (critical): write with fh 0 is never authorized either: uid 1001
+/// overwrites uid 1000's 0600 file (volume `write`/`reserve_write` assume the
+/// permission was checked at open).
+#[test]
+fn write_without_a_handle_is_authorized_like_open() {
+    let (fs, ino) = volume_with_secret();
+    let srv = squashing_server(fs.clone());
+    let mut raw = srv.raw(0x1002);
+    let evil = b"owned";
+    let r = raw.call_as(
+        WriteReq {
+            node: NodeRef::ino(ino),
+            fh: 0,
+            offset: 0,
+            size: evil.len() as u32,
+        },
+        cred(1001, 1001),
+        &[],
+        evil,
+    );
+    let now = read_all(&*fs, ino, 0, 0, 4096).unwrap();
+    assert!(
+        r.status != 0 && now == SECRET,
+        "uid 1001 wrote into a 0600 file of uid 1000: status {}, file now {:?}",
+        r.status,
+        String::from_utf8_lossy(&now)
+    );
+}
+
+/// FINDING 1c (critical): fallocate with fh 0 punches holes in (or extends) a file the
+/// caller may not write: the data of uid 1000's 0600 file is zeroed by uid 1001.
+#[test]
+fn fallocate_without_a_handle_is_authorized_like_open() {
+    let (fs, ino) = volume_with_secret();
+    let srv = squashing_server(fs.clone());
+    let mut raw = srv.raw(0x1003);
+    let r = raw.call_as(
+        FallocateReq {
+            node: NodeRef::ino(ino),
+            fh: 0,
+            offset: 0,
+            len: SECRET.len() as u64,
+            mode: libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+        },
+        cred(1001, 1001),
+        &[],
+        &[],
+    );
+    let now = read_all(&*fs, ino, 0, 0, 4096).unwrap();
+    assert!(
+        r.status != 0 && now == SECRET,
+        "uid 1001 punched a hole in a 0600 file of uid 1000: status {}, file now {:?}",
+        r.status,
+        now
+    );
+}
+
+/// FINDING 1d (critical, local privilege escalation on the server host): the same
+/// hole through the Unix socket, where SO_PEERCRED makes a non-root peer "act only as
+/// itself": as itself, uid 1001 still reads uid 1000's 0600 file (no secret is needed
+/// on the Unix socket).
+#[test]
+fn a_unix_peer_that_is_not_root_cannot_read_others_files_without_a_handle() {
+    assert!(is_root(), "the identity tests run as root");
+    let (fs, ino) = volume_with_secret();
+    let path = socket_path("r10-read");
+    let _srv = Running::start(
+        fs,
+        ServerConfig {
+            listen: Address::Unix(path.clone()),
+            identity: IdentityMap::default(),
+            ..config()
+        },
+    );
+    let (status, data) = as_user(1001, 1001, &[], move || {
+        let mut raw = Raw::connect_unix(&path, 0x1004);
+        let r = raw.call_as(
+            ReadReq {
+                node: NodeRef::ino(ino),
+                fh: 0,
+                offset: 0,
+                size: 4096,
+            },
+            cred(1001, 1001),
+            &[],
+            &[],
+        );
+        (r.status, r.data)
+    });
+    assert!(
+        status != 0 && data.is_empty(),
+        "a local uid 1001 read uid 1000's 0600 file over the Unix socket: {:?}",
+        String::from_utf8_lossy(&data)
+    );
+}
+
+#[allow(dead_code)]
+fn _unused() -> Duration {
+    Duration::ZERO
+}
