@@ -184,7 +184,72 @@ fn a_unix_peer_that_is_not_root_cannot_read_others_files_without_a_handle() {
     );
 }
 
-#[allow(dead_code)]
-fn _unused() -> Duration {
-    Duration::ZERO
+/// FINDING 2 (medium): the Verdict is not authenticated. Its `resumed` byte comes after
+/// both proofs and before any message key is used (transport `client_handshake` takes
+/// `w.resumed = v.resumed` from 8 unMACed bytes), so a peer on the path can flip it:
+/// 0 -> 1 makes a client whose session is gone believe it was resumed (it skips
+/// revalidation, keeps dead handles and counts, and resends requests that are not
+/// idempotent into a new session: executed twice); 1 -> 0 makes it revalidate and
+/// forget its count of references the server still holds for it (they stay held for
+/// the session's life: unlinked files are not freed). The proofs cover Hello and
+/// Welcome only.
+#[test]
+fn a_flipped_verdict_resumed_flag_is_detected() {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use zcfs_protocol::channel::Integrity;
+    use zcfs_protocol::handshake::{HELLO_LEN, PROOF_LEN, VERDICT_LEN, WELCOME_LEN};
+    let secret: &'static [u8] = b"a-review10-secret";
+    let srv_l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let prx_l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let srv_addr = srv_l.local_addr().unwrap();
+    let prx_addr = prx_l.local_addr().unwrap();
+    // The server: a new session (attach says "not resumed").
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = srv_l.accept().unwrap();
+        let r = zcfs_transport::server_handshake(
+            &mut s,
+            Some(secret),
+            Integrity::Headers,
+            64,
+            7,
+            Duration::from_secs(5),
+            &mut |_| false,
+        );
+        let mut b = [0u8; 1];
+        let _ = s.read(&mut b);
+        r.is_ok()
+    });
+    // The path: passes everything, sets the Verdict's resumed byte.
+    let proxy = std::thread::spawn(move || {
+        let (mut c, _) = prx_l.accept().unwrap();
+        let mut s = TcpStream::connect(srv_addr).unwrap();
+        let mut fwd = |from: &mut TcpStream, to: &mut TcpStream, n: usize, flip: Option<usize>| {
+            let mut b = vec![0u8; n];
+            from.read_exact(&mut b).unwrap();
+            if let Some(i) = flip {
+                b[i] = 1;
+            }
+            to.write_all(&b).unwrap();
+        };
+        fwd(&mut c, &mut s, HELLO_LEN, None);
+        fwd(&mut s, &mut c, WELCOME_LEN, None);
+        fwd(&mut c, &mut s, PROOF_LEN, None);
+        fwd(&mut s, &mut c, VERDICT_LEN, Some(4));
+        (c, s)
+    });
+    let mut c = TcpStream::connect(prx_addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let r = zcfs_transport::client_handshake(&mut c, Some(secret), 42, Integrity::Headers);
+    let streams = proxy.join().unwrap();
+    drop(streams);
+    drop(c);
+    assert!(server.join().unwrap(), "the server accepted the client");
+    if let Ok(e) = r {
+        assert!(
+            !e.welcome.resumed,
+            "the server started a new session, but a byte flipped on the path made the \
+             authenticated client believe its session was resumed"
+        );
+    }
 }
