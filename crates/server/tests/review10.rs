@@ -253,3 +253,184 @@ fn a_flipped_verdict_resumed_flag_is_detected() {
         );
     }
 }
+
+/// A directory "private" owned by 1000:1000, mode 0700, holding "inner-name" (0644,
+/// readable by anyone who can reach it). Returns (volume, dir ino, file ino).
+fn volume_with_private_dir() -> (std::sync::Arc<zcfs_local::LocalFs>, u64, u64) {
+    let fs = memory_fs(64 * MIB);
+    let owner = Ctx::user(1000, 1000);
+    let d = fs.mkdir(&owner, ROOT, b"private", 0o700).unwrap();
+    let (f, fh) = fs
+        .create(
+            &owner,
+            d.ino,
+            b"inner-name",
+            libc::S_IFREG | 0o644,
+            libc::O_RDWR,
+        )
+        .unwrap();
+    fs.write(&owner, f.ino, fh, 0, SECRET).unwrap();
+    fs.release(f.ino, fh).unwrap();
+    fs.forget(f.ino, 1);
+    fs.forget(d.ino, 1);
+    (fs, d.ino, f.ino)
+}
+
+/// FINDING 3 (high): readdir checks no permission at all: the server calls
+/// `backend.readdir(dir, ..)` (dispatch.rs, `Request::Readdir`) without the caller's
+/// credential and without `opendir`; the backend's readdir takes none. uid 1001 lists
+/// uid 1000's 0700 directory (names, and with `plus` every attribute, plus a reference
+/// each), though its lookup in that directory is EACCES.
+#[test]
+fn readdir_of_a_directory_the_caller_may_not_read_is_refused() {
+    let (fs, dir, _) = volume_with_private_dir();
+    let srv = squashing_server(fs);
+    let mut raw = srv.raw(0x3001);
+    let look = raw.call_as(
+        LookupReq {
+            parent: NodeRef::ino(dir),
+            name: LookupName::new("inner-name").unwrap(),
+        },
+        cred(1001, 1001),
+        &[],
+        &[],
+    );
+    assert_eq!(
+        look.status,
+        libc::EACCES,
+        "the control: no search permission"
+    );
+    for plus in [false, true] {
+        let r = raw.call_as(
+            ReaddirReq {
+                dir: NodeRef::ino(dir),
+                cookie: 0,
+                plus,
+                max_entries: 16,
+            },
+            cred(1001, 1001),
+            &[],
+            &[],
+        );
+        let leaked = r.body.windows(10).any(|w| w == b"inner-name");
+        assert!(
+            r.status == libc::EACCES && !leaked,
+            "uid 1001 listed uid 1000's 0700 directory (plus {plus}): status {}, name leaked {leaked}",
+            r.status
+        );
+    }
+}
+
+/// FINDING 4 (medium-high): a NodeRef with generation 0 is "not checked" and inode
+/// numbers are small and dense, so any caller reaches any inode without search
+/// permission on a path to it: uid 1001 opens and reads a 0644 file inside uid 1000's
+/// 0700 directory by its number alone (on Linux, open(2) through the path is EACCES;
+/// NFS makes file handles hard to forge, here the generation check is optional).
+#[test]
+fn an_inode_behind_a_directory_without_search_permission_is_not_reachable_by_number() {
+    let (fs, _dir, file) = volume_with_private_dir();
+    let srv = squashing_server(fs);
+    let mut raw = srv.raw(0x3002);
+    let open = raw.call_as(
+        OpenReq {
+            node: NodeRef::ino(file),
+            flags: libc::O_RDONLY,
+        },
+        cred(1001, 1001),
+        &[],
+        &[],
+    );
+    let mut data = Vec::new();
+    if open.status == 0 {
+        let fh = OpenReply::decode(&open.body).unwrap().fh;
+        data = raw
+            .call_as(
+                ReadReq {
+                    node: NodeRef::ino(file),
+                    fh,
+                    offset: 0,
+                    size: 4096,
+                },
+                cred(1001, 1001),
+                &[],
+                &[],
+            )
+            .data;
+    }
+    assert!(
+        open.status != 0,
+        "uid 1001 opened (and read {:?}) a file behind uid 1000's 0700 directory by its \
+         inode number {file}, generation 0",
+        String::from_utf8_lossy(&data)
+    );
+}
+
+/// FINDING 5 (medium, resource exhaustion): nothing bounds how many sessions the
+/// server keeps, nor the memory of the sessions of peers that are gone. Each session
+/// keeps up to `REPLY_CACHE_BYTES` (4 MiB) of replies and up to 2^20 handles for the
+/// grace period (60 s) after its last connection; a peer (any local user on the Unix
+/// socket, which needs no secret) that reconnects with a fresh session id each time
+/// leaves 4 MiB behind per connection: unbounded memory, though it never holds more
+/// than one of the `max_connections` slots. Here 8 connections, one after the other,
+/// each with its own session id, leave 8 sessions and ~8 x 4 MiB of cached replies
+/// (1024 getxattr replies of ~4 KiB each),
+/// with `max_connections` 2.
+#[test]
+fn sessions_of_peers_that_are_gone_hold_bounded_memory() {
+    let fs = memory_fs(64 * MIB);
+    // The volume keeps at most one 4 KiB block of xattrs per inode.
+    let value = vec![b'x'; 4000];
+    fs.setxattr(&Ctx::root(), ROOT, b"user.big", &value, 0)
+        .unwrap();
+    let max_connections = 2;
+    let srv = Running::start(
+        fs,
+        ServerConfig {
+            max_connections,
+            // Long enough that no session expires while the test runs (the default,
+            // 60 s, is as good for the attack: it only sets the rate needed).
+            grace: Duration::from_secs(600),
+            ..config()
+        },
+    );
+    const SESSIONS: u64 = 8;
+    for s in 0..SESSIONS {
+        let mut raw = srv.raw(0x5000 + s);
+        // Pipelined in batches (one write each), so the test does not wait on Nagle.
+        let mut id = 1u64;
+        for _ in 0..zcfs_server::REPLY_CACHE_ENTRIES / 32 {
+            let mut batch = Vec::new();
+            let first = id;
+            for _ in 0..32 {
+                let (h, body) = Request::from(GetxattrReq {
+                    node: NodeRef::ino(ROOT),
+                    name: XattrName::new("user.big").unwrap(),
+                })
+                .encode_with_groups(id, Cred::default(), &[])
+                .unwrap();
+                batch.extend_from_slice(&h);
+                batch.extend_from_slice(&body);
+                id += 1;
+            }
+            raw.send(&batch, &[], &[]);
+            for i in first..id {
+                assert_eq!(raw.receive(i).status, 0);
+            }
+        }
+        drop(raw);
+    }
+    eventually(Duration::from_secs(10), "every connection ended", || {
+        srv.report().connections_active == 0
+    });
+    let r = srv.report();
+    let bound = max_connections * zcfs_server::REPLY_CACHE_BYTES;
+    assert!(
+        (r.reply_cache_bytes as usize) <= bound,
+        "{} sessions of peers that are gone hold {} MiB of cached replies (in grace: {}), \
+         more than max_connections x REPLY_CACHE_BYTES = {} MiB; nothing bounds it",
+        SESSIONS,
+        r.reply_cache_bytes >> 20,
+        r.sessions_in_grace,
+        bound >> 20
+    );
+}
