@@ -434,3 +434,49 @@ fn sessions_of_peers_that_are_gone_hold_bounded_memory() {
         bound >> 20
     );
 }
+
+/// FINDING 6 (medium, local denial of service): on the Unix socket (no secret needed)
+/// one unprivileged user can hold every connection slot: the per-source bound
+/// (`max_handshakes_per_addr`, per uid on a Unix socket) only counts connections in
+/// the handshake, and an established idle connection is kept for the idle timeout
+/// (300 s) — after which the user simply reconnects. Here uid 1001 opens
+/// `max_connections` connections and sits on them; root (a mount of another user, or
+/// its reconnection) is then refused.
+#[test]
+fn one_unprivileged_unix_user_cannot_take_every_connection_slot() {
+    assert!(is_root(), "the identity tests run as root");
+    let path = socket_path("r10-slots");
+    let max_connections = 4;
+    let srv = Running::start(
+        memory_fs(64 * MIB),
+        ServerConfig {
+            listen: Address::Unix(path.clone()),
+            identity: IdentityMap::default(),
+            max_connections,
+            ..config()
+        },
+    );
+    let p = path.clone();
+    let hogs: Vec<Raw> = as_user(1001, 1001, &[], move || {
+        (0..max_connections)
+            .map(|i| {
+                let mut r = Raw::connect_unix(&p, 0x6000 + i as u64);
+                assert_eq!(r.call_as(PingReq {}, cred(1001, 1001), &[], &[]).status, 0);
+                r
+            })
+            .collect()
+    });
+    let mut s: zcfs_transport::Stream = std::os::unix::net::UnixStream::connect(&path)
+        .unwrap()
+        .into();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let r = zcfs_transport::client_handshake(&mut s, None, 0x6100, Default::default());
+    let refused = srv.report().rejected_limit;
+    drop(hogs);
+    assert!(
+        r.is_ok(),
+        "root was refused ({:?}; rejected_limit {refused}) because uid 1001 holds all \
+         {max_connections} connection slots",
+        r.err()
+    );
+}
