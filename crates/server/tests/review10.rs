@@ -224,7 +224,7 @@ fn a_flipped_verdict_resumed_flag_is_detected() {
     let proxy = std::thread::spawn(move || {
         let (mut c, _) = prx_l.accept().unwrap();
         let mut s = TcpStream::connect(srv_addr).unwrap();
-        let mut fwd = |from: &mut TcpStream, to: &mut TcpStream, n: usize, flip: Option<usize>| {
+        let fwd = |from: &mut TcpStream, to: &mut TcpStream, n: usize, flip: Option<usize>| {
             let mut b = vec![0u8; n];
             from.read_exact(&mut b).unwrap();
             if let Some(i) = flip {
@@ -478,5 +478,68 @@ fn one_unprivileged_unix_user_cannot_take_every_connection_slot() {
         "root was refused ({:?}; rejected_limit {refused}) because uid 1001 holds all \
          {max_connections} connection slots",
         r.err()
+    );
+}
+
+/// FINDING 7 (medium; high on a client mounted with `-o dev`/`-o suid`): operations
+/// Linux reserves to capabilities are open to any owner over the wire. A non-root
+/// caller creates a character device (here 1:1, /dev/mem: Linux needs CAP_MKNOD,
+/// nfsd refuses it the same way) and sets `security.capability` on its own file
+/// (Linux needs CAP_SETFCAP; perm.rs `check_xattr` lets the owner write any
+/// security.* name). Through a FUSE mount the client's kernel refuses both, but any
+/// peer that speaks the protocol (a holder of the secret, any local user on the
+/// server's Unix socket) does not go through that kernel; every client that mounts
+/// with `dev` or `suid` then gives the device or the capabilities to whoever opens or
+/// runs the file.
+#[test]
+fn device_nodes_and_file_capabilities_need_privilege() {
+    let srv = squashing_server(memory_fs(64 * MIB));
+    let mut raw = srv.raw(0x7001);
+    let owner = cred(1000, 1000);
+    let dev = raw.call_as(
+        MknodReq {
+            parent: NodeRef::ino(ROOT),
+            name: Name::new("mem").unwrap(),
+            mode: libc::S_IFCHR | 0o666,
+            rdev: ((1 << 8) | 1) as u32,
+        },
+        owner,
+        &[],
+        &[],
+    );
+    let file = raw.call_as(
+        MknodReq {
+            parent: NodeRef::ino(ROOT),
+            name: Name::new("tool").unwrap(),
+            mode: libc::S_IFREG | 0o755,
+            rdev: 0,
+        },
+        owner,
+        &[],
+        &[],
+    );
+    assert_eq!(file.status, 0);
+    let tool = EntryReply::decode(&file.body).unwrap().attr.ino;
+    // VFS_CAP_REVISION_2 with CAP_SETUID (7) permitted and effective.
+    let mut cap = vec![0u8; 20];
+    cap[..4].copy_from_slice(&(0x0200_0001u32).to_le_bytes());
+    cap[4..8].copy_from_slice(&(1u32 << 7).to_le_bytes());
+    let fcap = raw.call_as(
+        SetxattrReq {
+            node: NodeRef::ino(tool),
+            name: XattrName::new("security.capability").unwrap(),
+            value: XattrValue::new(cap).unwrap(),
+            flags: 0,
+        },
+        owner,
+        &[],
+        &[],
+    );
+    assert!(
+        dev.status == libc::EPERM && fcap.status == libc::EPERM,
+        "uid 1000 made a char device 1:1 (status {}) and gave its file CAP_SETUID \
+         (status {})",
+        dev.status,
+        fcap.status
     );
 }
