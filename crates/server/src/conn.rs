@@ -11,7 +11,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
-use zcfs_backend::{payload_to_vec, Ctx, Error, WritePayload};
+use zcfs_backend::{payload_to_vec, Ctx, Error, WritePayload, R_OK, W_OK};
 use zcfs_protocol::channel::{Mac, MacError, MessageMac, TAG_LEN};
 use zcfs_protocol::{
     EmptyReply, NodeRef, Op, ProtoError, ReadReq, Reply, ReqHeader, Request, RespHeader,
@@ -311,7 +311,7 @@ impl<'a> Conn<'a> {
         let ctx = Ctx { cred, pid: 0 };
         match req {
             Request::Write(w) => self.write(&ctx, h, w, t),
-            Request::Read(r) => self.read(h, r, t),
+            Request::Read(r) => self.read(&ctx, h, r, t),
             other => {
                 let op = other.op();
                 let r = self.dispatch(&ctx, other);
@@ -388,11 +388,22 @@ impl<'a> Conn<'a> {
     /// opened at a known generation).
     pub(crate) fn resolve(
         &self,
+        ctx: &Ctx,
         node: NodeRef,
         fh: u64,
         access: Access,
     ) -> Result<(u64, bool), Error> {
         if fh == 0 {
+            // No handle: nothing was authorized at an open, so the caller is checked
+            // now, as open would check it (the backend trusts its handle 0).
+            let mask = match access {
+                Access::Read => R_OK,
+                Access::Write => W_OK,
+                Access::Any => 0,
+            };
+            if mask != 0 {
+                self.shared.backend.access(ctx, node.ino, mask)?;
+            }
             return Ok((0, node.gen != 0));
         }
         let h = self.session.handle(fh, node.ino, access)?;
@@ -405,10 +416,10 @@ impl<'a> Conn<'a> {
         Ok((h.backend_fh, node.gen != 0))
     }
 
-    fn read(&mut self, h: &ReqHeader, r: ReadReq, t: Instant) -> Result<(), ConnEnd> {
+    fn read(&mut self, ctx: &Ctx, h: &ReqHeader, r: ReadReq, t: Instant) -> Result<(), ConnEnd> {
         let backend = &*self.shared.backend;
         let checked = self
-            .resolve(r.node, r.fh, Access::Read)
+            .resolve(ctx, r.node, r.fh, Access::Read)
             .and_then(|(bfh, check)| {
                 let held = if check {
                     Some(self.hold([r.node])?)
@@ -510,7 +521,7 @@ impl<'a> Conn<'a> {
         let checked = if shared.cfg.read_only {
             Err(ro())
         } else {
-            self.resolve(w.node, w.fh, Access::Write)
+            self.resolve(ctx, w.node, w.fh, Access::Write)
                 .and_then(|(bfh, check)| {
                     let held = if check {
                         Some(self.hold([w.node])?)

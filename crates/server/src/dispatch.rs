@@ -66,8 +66,14 @@ impl<'a> Conn<'a> {
 
     /// A handle named by (node, fh) for flush/fsync/fallocate, open for `access`, with
     /// its generation check held for the operation.
-    fn handle_for(&self, node: NodeRef, fh: u64, access: Access) -> Result<(u64, Held<'a, 1>)> {
-        let (bfh, check) = self.resolve(node, fh, access)?;
+    fn handle_for(
+        &self,
+        ctx: &Ctx,
+        node: NodeRef,
+        fh: u64,
+        access: Access,
+    ) -> Result<(u64, Held<'a, 1>)> {
+        let (bfh, check) = self.resolve(ctx, node, fh, access)?;
         let held = self.hold([if check { node } else { NodeRef::ino(node.ino) }])?;
         Ok((bfh, held))
     }
@@ -105,7 +111,7 @@ impl<'a> Conn<'a> {
             Request::Setattr(r) if r.fh != 0 => {
                 // Through a handle (ftruncate): it must be this session's, opened for
                 // writing, and the backend is given its own handle for it.
-                let (bfh, _g) = self.handle_for(r.node, r.fh, Access::Write)?;
+                let (bfh, _g) = self.handle_for(ctx, r.node, r.fh, Access::Write)?;
                 Reply::Setattr(AttrReply {
                     attr: b.setattr(ctx, r.node.ino, &r.set, bfh)?,
                 })
@@ -203,7 +209,7 @@ impl<'a> Conn<'a> {
                 Reply::Create(CreateReply { attr, fh })
             }
             Request::Flush(r) => {
-                let (bfh, _g) = self.handle_for(r.node, r.fh, Access::Any)?;
+                let (bfh, _g) = self.handle_for(ctx, r.node, r.fh, Access::Any)?;
                 b.flush(r.node.ino, bfh)?;
                 Reply::Flush(EmptyReply {})
             }
@@ -214,12 +220,15 @@ impl<'a> Conn<'a> {
                 Reply::Release(EmptyReply {})
             }
             Request::Fsync(r) => {
-                let (bfh, _g) = self.handle_for(r.node, r.fh, Access::Any)?;
+                let (bfh, _g) = self.handle_for(ctx, r.node, r.fh, Access::Any)?;
                 b.fsync(r.node.ino, bfh, r.datasync)?;
                 Reply::Fsync(EmptyReply {})
             }
             Request::Readdir(r) => {
                 let _g = self.hold([r.dir])?;
+                // Listing needs read permission on the directory (opendir's check; the
+                // protocol has no directory handles, so each batch is checked).
+                b.access(ctx, r.dir.ino, zcfs_backend::R_OK)?;
                 Reply::Readdir(self.readdir(r)?)
             }
             Request::Statfs(_) => Reply::Statfs(StatfsReply {
@@ -253,7 +262,7 @@ impl<'a> Conn<'a> {
                 Reply::Removexattr(EmptyReply {})
             }
             Request::Fallocate(r) => {
-                let (bfh, _g) = self.handle_for(r.node, r.fh, Access::Write)?;
+                let (bfh, _g) = self.handle_for(ctx, r.node, r.fh, Access::Write)?;
                 b.fallocate(ctx, r.node.ino, bfh, r.offset, r.len, r.mode)?;
                 Reply::Fallocate(EmptyReply {})
             }

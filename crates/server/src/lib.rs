@@ -70,6 +70,9 @@ pub const DEFAULT_MAX_HANDSHAKES: usize = 16;
 /// Most connections in the handshake at once from one address by default (a client
 /// dials its connections one after the other).
 pub const DEFAULT_MAX_HANDSHAKES_PER_ADDR: usize = 4;
+/// Most connections open at once from one source (IP address; uid on a Unix socket) by
+/// default: a client uses a few, and no one source may hold every slot.
+pub const DEFAULT_MAX_CONNECTIONS_PER_SOURCE: usize = 16;
 
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -97,6 +100,9 @@ pub struct ServerConfig {
     /// Most connections in the handshake at once from one IP address (one uid, on a
     /// Unix socket).
     pub max_handshakes_per_addr: usize,
+    /// Most connections open at once from one IP address (one uid, on a Unix socket);
+    /// always kept below `max_connections` (see `connection_limit_per_source`).
+    pub max_connections_per_source: usize,
     /// How long a connection may stay idle between messages.
     pub idle_timeout: Duration,
     /// What the message MACs cover (with a secret; `Full` needs one).
@@ -117,6 +123,15 @@ impl ServerConfig {
             .max(1);
         (total, self.max_handshakes_per_addr.clamp(1, total))
     }
+
+    /// The bound on open connections per source as applied: below `max_connections`
+    /// (when it is above 1), so one source (one local user, one host) can never take
+    /// every slot from the others.
+    pub fn connection_limit_per_source(&self) -> usize {
+        self.max_connections_per_source
+            .min(self.max_connections.saturating_sub(1))
+            .max(1)
+    }
 }
 
 impl Default for ServerConfig {
@@ -134,6 +149,7 @@ impl Default for ServerConfig {
             handshake_timeout: HANDSHAKE_TIMEOUT,
             max_handshakes: DEFAULT_MAX_HANDSHAKES,
             max_handshakes_per_addr: DEFAULT_MAX_HANDSHAKES_PER_ADDR,
+            max_connections_per_source: DEFAULT_MAX_CONNECTIONS_PER_SOURCE,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             integrity: Integrity::Headers,
             identity: IdentityMap::default(),
@@ -185,11 +201,13 @@ impl From<&Peer> for Source {
     }
 }
 
-/// Connections in the handshake: in all, and by peer address.
+/// Connections in the handshake: in all, and by peer address; and the connections
+/// open (in the handshake or past it) by source.
 #[derive(Default)]
 struct Handshakes {
     total: usize,
     by_addr: HashMap<Source, usize>,
+    open_by_source: HashMap<Source, usize>,
 }
 
 /// A running server: accepts until `shutdown`.
@@ -236,6 +254,15 @@ impl Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         self.handshake_done();
+        {
+            let mut h = lock(&self.handshakes);
+            if let Some(n) = h.open_by_source.get_mut(&self.ip) {
+                *n -= 1;
+                if *n == 0 {
+                    h.open_by_source.remove(&self.ip);
+                }
+            }
+        }
         let mut conns = lock(&self.conns);
         if let Some(i) = conns.iter().position(|(i, _)| *i == self.id) {
             let (_, s) = conns.swap_remove(i);
@@ -329,7 +356,14 @@ impl Server {
             }
             {
                 let (total, per_addr) = cfg.handshake_limits();
+                let per_source = cfg.connection_limit_per_source();
                 let mut h = lock(&self.handshakes);
+                if h.open_by_source.get(&source).copied().unwrap_or(0) >= per_source {
+                    drop(h);
+                    stats.rejected_limit.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(%peer, per_source, "connection refused: too many connections from this source");
+                    continue;
+                }
                 let from_addr = h.by_addr.get(&source).copied().unwrap_or(0);
                 if h.total >= total || from_addr >= per_addr {
                     drop(h);
@@ -341,6 +375,7 @@ impl Server {
                 }
                 h.total += 1;
                 *h.by_addr.entry(source).or_default() += 1;
+                *h.open_by_source.entry(source).or_default() += 1;
                 stats.handshaking.fetch_add(1, Ordering::SeqCst);
             }
             next_id += 1;

@@ -457,15 +457,22 @@ fn one_unprivileged_unix_user_cannot_take_every_connection_slot() {
         },
     );
     let p = path.clone();
+    // uid 1001 opens connections until the server refuses one: it gets fewer than all.
     let hogs: Vec<Raw> = as_user(1001, 1001, &[], move || {
-        (0..max_connections)
-            .map(|i| {
-                let mut r = Raw::connect_unix(&p, 0x6000 + i as u64);
-                assert_eq!(r.call_as(PingReq {}, cred(1001, 1001), &[], &[]).status, 0);
-                r
-            })
-            .collect()
+        let mut held = Vec::new();
+        for i in 0..max_connections {
+            let Some(mut r) = Raw::try_connect_unix(&p, 0x6000 + i as u64) else {
+                break;
+            };
+            assert_eq!(r.call_as(PingReq {}, cred(1001, 1001), &[], &[]).status, 0);
+            held.push(r);
+        }
+        held
     });
+    assert!(
+        hogs.len() < max_connections,
+        "uid 1001 holds all {max_connections} connection slots"
+    );
     let mut s: zcfs_transport::Stream = std::os::unix::net::UnixStream::connect(&path)
         .unwrap()
         .into();

@@ -105,6 +105,7 @@ impl Volume {
         if !valid_file_type(mode) || mode & S_IFMT == S_IFDIR || mode & S_IFMT == S_IFLNK {
             return Err(FsError::Invalid(format!("create with mode {mode:o}")));
         }
+        perm::check_mknod(cred, mode & S_IFMT)?;
         let node = NewNode {
             op: OpType::Create,
             mode,
@@ -481,7 +482,11 @@ impl Volume {
         let mut after = attr_of(&st.inodes[&e.ino]);
         self.drop_link(st, &mut txn, e.ino, now);
         if dir {
-            st.inodes.get_mut(&parent).expect("checked").rec.link_dropped();
+            st.inodes
+                .get_mut(&parent)
+                .expect("checked")
+                .rec
+                .link_dropped();
         }
         touch_dir(st, parent, now);
         match st.inodes.get(&e.ino) {

@@ -10,7 +10,7 @@
 //! with `default_permissions`): nothing is checked again.
 
 use crate::error::{FsError, Result};
-use crate::layout::{InodeRec, S_IFDIR, S_IFMT, S_IFREG, S_ISGID};
+use crate::layout::{InodeRec, S_IFBLK, S_IFCHR, S_IFDIR, S_IFMT, S_IFREG, S_ISGID};
 use zcfs_types::{Cred, SetAttr, SetTime};
 
 pub const MAY_EXEC: u32 = 1;
@@ -250,6 +250,15 @@ pub(crate) fn new_inode_owner(cred: &Cred, dir: &InodeRec, mut mode: u32) -> (u3
     (cred.uid, gid, mode)
 }
 
+/// May `cred` create a node of type `kind`? Device nodes need privilege (CAP_MKNOD in
+/// `vfs_mknod`): a device node is a door to whatever device it names.
+pub(crate) fn check_mknod(cred: &Cred, kind: u32) -> Result<()> {
+    if (kind == S_IFCHR || kind == S_IFBLK) && !cred.bypasses_checks() {
+        return Err(not_permitted("device nodes are root's to create"));
+    }
+    Ok(())
+}
+
 /// May `cred` read or change extended attribute `name` of `rec` (`xattr_permission`)?
 pub(crate) fn check_xattr(cred: &Cred, rec: &InodeRec, name: &[u8], write: bool) -> Result<()> {
     if cred.checked {
@@ -262,8 +271,18 @@ pub(crate) fn check_xattr(cred: &Cred, rec: &InodeRec, name: &[u8], write: bool)
             Err(not_permitted("trusted.* attributes are root's"))
         };
     }
-    if name.starts_with(b"security.") || name.starts_with(b"system.") {
-        // The kernel guards these itself (LSMs, ACL handlers): owner or root may write.
+    if name.starts_with(b"security.") {
+        // File capabilities and LSM labels: changing them is privileged
+        // (`cap_inode_setxattr`: CAP_SETFCAP / CAP_SYS_ADMIN), or any owner could give
+        // their program capabilities.
+        return if !write || cred.is_root() {
+            Ok(())
+        } else {
+            Err(not_permitted("security.* attributes are root's to change"))
+        };
+    }
+    if name.starts_with(b"system.") {
+        // ACLs: their owner (or root) changes them.
         return if write {
             check_owner(cred, rec)
         } else {
@@ -496,5 +515,11 @@ mod tests {
         assert!(check_xattr(&other, &f, b"trusted.a", false).is_err());
         assert!(check_xattr(&Cred::root(), &f, b"trusted.a", true).is_ok());
         assert!(check_xattr(&other, &f, b"bogus.a", false).is_err());
+        let owner = user(10, 10, &[]);
+        assert!(check_xattr(&owner, &f, b"security.capability", false).is_ok());
+        assert!(check_xattr(&owner, &f, b"security.capability", true).is_err());
+        assert!(check_xattr(&Cred::root(), &f, b"security.capability", true).is_ok());
+        assert!(check_xattr(&owner, &f, b"system.posix_acl_access", true).is_ok());
+        assert!(check_xattr(&other, &f, b"system.posix_acl_access", true).is_err());
     }
 }

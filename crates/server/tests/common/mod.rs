@@ -137,6 +137,15 @@ impl Raw {
         )
     }
 
+    /// `connect_unix`, or None when the server refuses the connection (it closes it
+    /// instead of answering the hello).
+    pub fn try_connect_unix(path: &std::path::Path, session: u64) -> Option<Raw> {
+        let mut s: Stream = std::os::unix::net::UnixStream::connect(path).ok()?.into();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        zcfs_transport::client_handshake(&mut s, None, session, Default::default()).ok()?;
+        Some(Raw { s, next_id: 1 })
+    }
+
     fn handshake(mut s: Stream, session: u64) -> Raw {
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         zcfs_transport::client_handshake(&mut s, None, session, Default::default()).unwrap();

@@ -85,6 +85,10 @@ pub struct ServeArgs {
     /// Most connections still in the handshake at once from one source address.
     #[arg(long, default_value_t = zcfs_server::DEFAULT_MAX_HANDSHAKES_PER_ADDR)]
     max_unauthenticated_per_source: usize,
+    /// Most connections open at once from one source (IP address; uid on the Unix
+    /// socket); kept below --max-connections, so no one source takes every slot.
+    #[arg(long, default_value_t = zcfs_server::DEFAULT_MAX_CONNECTIONS_PER_SOURCE)]
+    max_connections_per_source: usize,
     /// What the per-message MACs cover (needs --secret-file): `headers` (default:
     /// headers and bodies; bulk data moves zero-copy, unMACed) or `full` (bulk data too,
     /// keyed BLAKE3; every client then uses it).
@@ -210,6 +214,7 @@ pub fn run(a: &ServeArgs) -> Result<i32> {
                 integrity: a.integrity,
                 max_handshakes: a.max_unauthenticated,
                 max_handshakes_per_addr: a.max_unauthenticated_per_source,
+                max_connections_per_source: a.max_connections_per_source,
                 ..Default::default()
             },
         )
