@@ -10,6 +10,7 @@
 //!                      server instance }                                         112 B
 //! client -> Proof    { client proof }                                             32 B  (auth only)
 //! server -> Verdict  { status: 0 ok, else errno; resumed }                         8 B  (auth only)
+//!           + tag    (accepted only: the first server-to-client message MAC)        16 B
 //!
 //! server proof = HMAC(secret, "zcfs-server" | Hello | Welcome with a zero proof)
 //! client proof = HMAC(secret, "zcfs-client" | Hello | Welcome)

@@ -124,7 +124,7 @@ impl Proxy {
                     relay(
                         s2,
                         c2,
-                        &[WELCOME_LEN, VERDICT_LEN],
+                        &[WELCOME_LEN, VERDICT_LEN + TAG_LEN],
                         false,
                         full,
                         s2c_hs,

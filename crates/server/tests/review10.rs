@@ -235,7 +235,7 @@ fn a_flipped_verdict_resumed_flag_is_detected() {
         fwd(&mut c, &mut s, HELLO_LEN, None);
         fwd(&mut s, &mut c, WELCOME_LEN, None);
         fwd(&mut c, &mut s, PROOF_LEN, None);
-        fwd(&mut s, &mut c, VERDICT_LEN, Some(4));
+        fwd(&mut s, &mut c, VERDICT_LEN + zcfs_protocol::channel::TAG_LEN, Some(4));
         (c, s)
     });
     let mut c = TcpStream::connect(prx_addr).unwrap();
@@ -245,6 +245,11 @@ fn a_flipped_verdict_resumed_flag_is_detected() {
     drop(streams);
     drop(c);
     assert!(server.join().unwrap(), "the server accepted the client");
+    assert!(
+        r.is_err(),
+        "the client took a Verdict changed on the path ({:?})",
+        r.map(|e| e.welcome.resumed)
+    );
     if let Ok(e) = r {
         assert!(
             !e.welcome.resumed,

@@ -15,7 +15,7 @@ use std::io::{IoSlice, IoSliceMut, Read, Write};
 use std::net::TcpStream;
 use std::os::unix::io::AsRawFd;
 use std::time::{Duration, Instant};
-use zcfs_protocol::channel::{derive_keys, Integrity, Mac};
+use zcfs_protocol::channel::{derive_keys, Integrity, Mac, TAG_LEN};
 use zcfs_protocol::handshake::*;
 use zcfs_protocol::{ProtoError, MAX_DATA, VERSION};
 
@@ -418,22 +418,32 @@ pub fn client_handshake(
         return Err(TransportError::IntegrityRefused);
     }
     s.write_all(&client_proof(secret, &hello, &wb))?;
-    let mut v = [0u8; VERDICT_LEN];
-    s.read_exact(&mut v).map_err(eof_closed)?;
-    let v = Verdict::decode(&v)?;
+    let mut vb = [0u8; VERDICT_LEN];
+    s.read_exact(&mut vb).map_err(eof_closed)?;
+    let v = Verdict::decode(&vb)?;
     if v.status != 0 {
         return Err(TransportError::AuthFailed);
     }
-    w.resumed = v.resumed;
     let mode = if full {
         Integrity::Full
     } else {
         Integrity::Headers
     };
     let keys = derive_keys(secret, &hello, &wb);
+    let (send, mut receive) = Mac::pair(&keys, mode, true);
+    // An accepted Verdict is the server's first authenticated message: what it says
+    // of the session (resumed or not) decides whether the client revalidates, so a
+    // flipped bit on the path must not go unnoticed.
+    let mut tag = [0u8; TAG_LEN];
+    s.read_exact(&mut tag).map_err(eof_closed)?;
+    receive
+        .begin(&vb, &[])
+        .verify(&tag)
+        .map_err(|_| TransportError::AuthFailed)?;
+    w.resumed = v.resumed;
     Ok(Established {
         welcome: w,
-        channel: Some(Mac::pair(&keys, mode, true)),
+        channel: Some((send, receive)),
     })
 }
 
@@ -506,16 +516,23 @@ pub fn server_handshake(
         return Err(TransportError::AuthFailed);
     }
     let resumed = attach(&h);
-    deadline.write_all(s, &Verdict::accepted(resumed).encode())?;
     let mode = if full {
         Integrity::Full
     } else {
         Integrity::Headers
     };
     let keys = derive_keys(k, &hb, &wb);
+    let (mut send, receive) = Mac::pair(&keys, mode, false);
+    // The accepted Verdict goes out with a tag (the first message of this direction).
+    let verdict = Verdict::accepted(resumed).encode();
+    let tag = send.begin(&verdict, &[]).tag();
+    let mut msg = [0u8; VERDICT_LEN + TAG_LEN];
+    msg[..VERDICT_LEN].copy_from_slice(&verdict);
+    msg[VERDICT_LEN..].copy_from_slice(&tag);
+    deadline.write_all(s, &msg)?;
     Ok(Accepted {
         hello: h,
-        channel: Some(Mac::pair(&keys, mode, false)),
+        channel: Some((send, receive)),
     })
 }
 
