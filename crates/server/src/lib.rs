@@ -286,7 +286,9 @@ impl Server {
         let stats = Arc::new(ServerStats::default());
         let shared = Arc::new(Shared {
             backend,
-            sessions: Sessions::new(cfg.grace, cfg.max_session_handles),
+            // As many sessions may wait out their grace as there may be connections.
+            sessions: Sessions::new(cfg.grace, cfg.max_session_handles)
+                .with_max_in_grace(cfg.max_connections),
             cfg,
             stats: stats.clone(),
             instance: rand::random(),

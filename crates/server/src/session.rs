@@ -382,11 +382,17 @@ pub(crate) struct Sessions {
     grace: Duration,
     max_handles: usize,
     limits: ReplyLimits,
+    /// Most sessions waiting out their grace period at once: beyond it the one idle
+    /// longest expires at once, so peers that come and go with fresh session ids cannot
+    /// pile up handles and cached replies.
+    max_in_grace: usize,
 }
 
 #[derive(Default)]
 struct SessionMap {
     sessions: HashMap<u64, Arc<Session>>,
+    /// Sessions expired early (over `max_in_grace`), for the reaper to release.
+    evicted: Vec<Arc<Session>>,
     stopping: bool,
 }
 
@@ -402,6 +408,42 @@ impl Sessions {
             grace,
             max_handles,
             limits,
+            max_in_grace: DEFAULT_MAX_SESSIONS_IN_GRACE,
+        }
+    }
+
+    /// At most `n` (at least 1) sessions wait out their grace period at once.
+    pub fn with_max_in_grace(mut self, n: usize) -> Sessions {
+        self.max_in_grace = n.max(1);
+        self
+    }
+
+    /// Over `max_in_grace` idle sessions: expire those idle longest now (out of the
+    /// table at once, released by the reaper).
+    fn evict_over_limit(&self, m: &mut SessionMap) {
+        loop {
+            let idle: Vec<(Instant, u64)> = m
+                .sessions
+                .values()
+                .filter_map(|s| {
+                    let st = lock(&s.state);
+                    match st.idle_since {
+                        Some(t) if st.connections == 0 => Some((t, s.id)),
+                        _ => None,
+                    }
+                })
+                .collect();
+            if idle.len() <= self.max_in_grace {
+                return;
+            }
+            let (_, oldest) = idle.into_iter().min().expect("over the limit");
+            let s = m.sessions.remove(&oldest).expect("listed");
+            tracing::info!(
+                session = format!("{oldest:016x}"),
+                limit = self.max_in_grace,
+                "session expired early: too many sessions in their grace period"
+            );
+            m.evicted.push(s);
         }
     }
 
@@ -433,7 +475,7 @@ impl Sessions {
 
     /// A connection ended: the last one of its session starts the grace period.
     pub fn detach(&self, a: Attachment) {
-        let m = lock(&self.map);
+        let mut m = lock(&self.map);
         let mut st = lock(&a.session.state);
         st.connections -= 1;
         if st.connections > 0 {
@@ -441,6 +483,7 @@ impl Sessions {
         }
         st.idle_since = Some(Instant::now());
         drop(st);
+        self.evict_over_limit(&mut m);
         drop(m);
         self.wake.notify_all();
     }
@@ -467,6 +510,7 @@ impl Sessions {
         // period: it starts now.
         st.idle_since = Some(a.idle_since.unwrap_or_else(Instant::now));
         drop(st);
+        self.evict_over_limit(&mut m);
         drop(m);
         self.wake.notify_all();
     }
@@ -496,7 +540,7 @@ impl Sessions {
         let mut m = lock(&self.map);
         while !m.stopping {
             let now = Instant::now();
-            let mut expired = Vec::new();
+            let mut expired = std::mem::take(&mut m.evicted);
             let mut next: Option<Instant> = None;
             m.sessions.retain(|_, s| {
                 let st = lock(&s.state);
@@ -541,7 +585,9 @@ impl Sessions {
         let all: Vec<Arc<Session>> = {
             let mut m = lock(&self.map);
             m.stopping = true;
-            m.sessions.drain().map(|(_, s)| s).collect()
+            let mut all: Vec<Arc<Session>> = std::mem::take(&mut m.evicted);
+            all.extend(m.sessions.drain().map(|(_, s)| s));
+            all
         };
         self.wake.notify_all();
         for s in all {
@@ -549,6 +595,10 @@ impl Sessions {
         }
     }
 }
+
+/// Most sessions in their grace period at once, by default (the server sets it to its
+/// connection limit).
+pub const DEFAULT_MAX_SESSIONS_IN_GRACE: usize = 64;
 
 /// Give a session's handles and references back to the backend.
 fn release(s: &Session, backend: &dyn Backend, stats: &ServerStats) {
@@ -807,5 +857,19 @@ mod tests {
         assert!(replayed(&s, 5, Op::Release).is_none(), "another operation");
         drop(replayed(&s, 6, Op::Lookup));
         assert!(replayed(&s, 6, Op::Lookup).is_none(), "an unfinished claim");
+    }
+
+    #[test]
+    fn sessions_over_the_grace_limit_expire_idle_longest_first() {
+        let t = Sessions::new(Duration::from_secs(60), 8).with_max_in_grace(2);
+        for id in 1..=3 {
+            let a = t.attach(id);
+            std::thread::sleep(Duration::from_millis(2));
+            t.detach(a);
+        }
+        assert_eq!(t.counts().in_grace, 2, "the limit holds");
+        assert_eq!(lock(&t.map).evicted.len(), 1, "handed to the reaper");
+        assert!(!t.attach(1).resumed, "the one idle longest is gone");
+        assert!(t.attach(3).resumed, "the newest waits out its grace");
     }
 }

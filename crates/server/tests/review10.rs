@@ -235,7 +235,12 @@ fn a_flipped_verdict_resumed_flag_is_detected() {
         fwd(&mut c, &mut s, HELLO_LEN, None);
         fwd(&mut s, &mut c, WELCOME_LEN, None);
         fwd(&mut c, &mut s, PROOF_LEN, None);
-        fwd(&mut s, &mut c, VERDICT_LEN + zcfs_protocol::channel::TAG_LEN, Some(4));
+        fwd(
+            &mut s,
+            &mut c,
+            VERDICT_LEN + zcfs_protocol::channel::TAG_LEN,
+            Some(4),
+        );
         (c, s)
     });
     let mut c = TcpStream::connect(prx_addr).unwrap();
@@ -423,6 +428,11 @@ fn sessions_of_peers_that_are_gone_hold_bounded_memory() {
             }
         }
         drop(raw);
+        // One connection per source at a time here (the per-source bound is kept
+        // below max_connections = 2): the next peer comes once this one is gone.
+        eventually(Duration::from_secs(10), "the connection ended", || {
+            srv.report().connections_active == 0
+        });
     }
     eventually(Duration::from_secs(10), "every connection ended", || {
         srv.report().connections_active == 0
