@@ -578,6 +578,17 @@ impl Backend for RemoteFs {
         self.client
             .bytes_received
             .fetch_add(r.data.len() as u64, Ordering::Relaxed);
+        if r.data.len() > size as usize {
+            // More than asked for is a broken (or, without MACs, forged) reply: never
+            // hand it on.
+            return Err(Error::new(
+                libc::EIO,
+                format!(
+                    "the server sent {} bytes for a read of {size}",
+                    r.data.len()
+                ),
+            ));
+        }
         reply.send(&[&r.data])
     }
 
