@@ -71,11 +71,17 @@ impl InodeRec {
     /// One more link. Callers check MAX_LINKS first; past u32 is a broken invariant,
     /// not something to wrap or clamp.
     pub fn link_added(&mut self) {
-        self.nlink = self.nlink.checked_add(1).expect("link count checked before");
+        self.nlink = self
+            .nlink
+            .checked_add(1)
+            .expect("link count checked before");
     }
     /// One link less. Callers know the inode has it; below zero is a broken invariant.
     pub fn link_dropped(&mut self) {
-        self.nlink = self.nlink.checked_sub(1).expect("link count checked before");
+        self.nlink = self
+            .nlink
+            .checked_sub(1)
+            .expect("link count checked before");
     }
     pub fn is_dir(&self) -> bool {
         self.mode & S_IFMT == S_IFDIR
