@@ -1,7 +1,7 @@
 //! A remote server facing hostile peers, between two network namespaces joined by a
 //! veth pair (root required, as in CI): garbage, wrong and missing secrets, forged
-//! proofs, unframeable and invalid requests; and the serve defaults (a secret required
-//! off loopback, read-only).
+//! proofs, unframeable and invalid requests, a byte changed on the path after the
+//! handshake; and the serve defaults (a secret required off loopback, read-only).
 
 mod common;
 use common::remote::*;
@@ -247,4 +247,104 @@ fn secrets_loopback_default_and_read_only() {
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     child.wait().unwrap();
     let _ = fs::remove_file(&image);
+}
+
+/// Relay a client's connection to `to`, flipping one byte in the body of the first
+/// mkdir request that passes (once over all connections, counted in `flipped`): a man in
+/// the middle between two hosts. Handshake messages pass as they are.
+fn tampering_relay(c: TcpStream, to: &str, flipped: std::sync::Arc<std::sync::atomic::AtomicBool>) {
+    use std::sync::atomic::Ordering;
+    use zcfs_protocol::channel::TAG_LEN;
+    use zcfs_protocol::handshake::{HELLO_LEN, PROOF_LEN};
+    use zcfs_protocol::{Op, REQ_HDR};
+    let Ok(s) = TcpStream::connect(to) else {
+        return;
+    };
+    let (mut c_in, mut s_out) = (c.try_clone().unwrap(), s.try_clone().unwrap());
+    let (mut s_in, mut c_out) = (s, c);
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut s_in, &mut c_out);
+        let _ = c_out.shutdown(std::net::Shutdown::Both);
+    });
+    let mut pass = |n: usize, flip: Option<usize>| -> Option<Vec<u8>> {
+        let mut b = vec![0u8; n];
+        c_in.read_exact(&mut b).ok()?;
+        if let Some(i) = flip {
+            b[i] ^= 0x01;
+        }
+        s_out.write_all(&b).ok()?;
+        Some(b)
+    };
+    if pass(HELLO_LEN, None).is_none() || pass(PROOF_LEN, None).is_none() {
+        return;
+    }
+    while let Some(h) = pass(REQ_HDR, None) {
+        let body_len = u32::from_le_bytes(h[4..8].try_into().unwrap()) as usize;
+        let data_len = u32::from_le_bytes(h[16..20].try_into().unwrap()) as usize;
+        let flip =
+            (h[3] == Op::Mkdir as u8 && body_len > 0 && !flipped.swap(true, Ordering::SeqCst))
+                .then_some(body_len / 2);
+        if pass(body_len + TAG_LEN, flip).is_none() || pass(data_len, None).is_none() {
+            break;
+        }
+    }
+    let _ = s_out.shutdown(std::net::Shutdown::Both);
+}
+
+/// A man in the middle on the path between two hosts (real server process in its own
+/// namespace, the proxy and the client in the other) changes a byte of an mkdir request
+/// after the handshake: the server refuses the message (`rejected_forged`), acts on
+/// nothing it did not get intact, and the client's mkdir either is executed as sent
+/// (resent on a new connection) or fails — never with a changed name or mode.
+#[test]
+fn a_byte_changed_on_the_path_between_hosts_changes_nothing() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let net = Net::new();
+    let mut srv = Served::new(&net, "mitm", &[]);
+    let to = net.addr();
+    net.in_cli(|| {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let proxy = l.local_addr().unwrap().to_string();
+        let flipped = Arc::new(AtomicBool::new(false));
+        let f = flipped.clone();
+        std::thread::spawn(move || {
+            for c in l.incoming() {
+                let Ok(c) = c else { return };
+                let (to, f) = (to.clone(), f.clone());
+                std::thread::spawn(move || tampering_relay(c, &to, f));
+            }
+        });
+        let mut cfg = ClientConfig::new(&proxy);
+        cfg.secret = Some(SECRET.to_vec());
+        cfg.timeout = Duration::from_secs(10);
+        let fs = RemoteFs::connect(cfg).unwrap();
+        let r = fs.mkdir(&ctx(), ROOT, b"victim", 0o750);
+        assert!(flipped.load(Ordering::SeqCst), "the proxy changed nothing");
+        // What the server holds, asked straight (not through the proxy).
+        let clean = client(&net, Duration::from_secs(10));
+        let mut names = Vec::new();
+        clean
+            .readdir(ROOT, 0, false, &mut |e| {
+                names.push(String::from_utf8_lossy(&e.name).into_owned());
+                true
+            })
+            .unwrap();
+        match &r {
+            Ok(a) => {
+                assert_eq!(names, ["victim"], "{names:?}");
+                assert_eq!(a.mode & 0o7777, 0o750);
+                let b = clean.lookup(&ctx(), ROOT, b"victim").unwrap();
+                assert_eq!((b.ino, b.mode & 0o7777), (a.ino, 0o750));
+            }
+            Err(e) => {
+                assert!(names.is_empty(), "{names:?} after {e}");
+            }
+        }
+        let v: serde_json::Value = serde_json::from_slice(&clean.server_stats().unwrap()).unwrap();
+        assert!(v["rejected_forged"].as_u64().unwrap() >= 1, "{v}");
+    });
+    let err = srv.kill(libc::SIGTERM);
+    assert!(!err.contains("panicked"), "{err}");
+    srv.fsck();
 }
