@@ -68,8 +68,9 @@ pub const DEFAULT_MAX_SESSION_HANDLES: usize = 1 << 20;
 /// `max_connections`: peers that have not authenticated never hold the rest).
 pub const DEFAULT_MAX_HANDSHAKES: usize = 16;
 /// Most connections in the handshake at once from one address by default (a client
-/// dials its connections one after the other).
-pub const DEFAULT_MAX_HANDSHAKES_PER_ADDR: usize = 4;
+/// dials its connections one after the other; a host starting several clients at once
+/// dials several).
+pub const DEFAULT_MAX_HANDSHAKES_PER_ADDR: usize = 8;
 /// Most connections open at once from one source (IP address; uid on a Unix socket) by
 /// default: a client uses a few, and no one source may hold every slot.
 pub const DEFAULT_MAX_CONNECTIONS_PER_SOURCE: usize = 16;

@@ -473,3 +473,49 @@ fn a_second_opener_of_a_mounted_image_is_refused_naming_the_holder() {
     m.stop();
     m.fsck();
 }
+
+/// `-o remount,ro` and back to `rw` change the live mount in place (as mount(8) does for
+/// other file systems), keeping the flags it does not name (nosuid, nodev); the generic
+/// options fstab lines and tools pass (relatime, strictatime, lazytime, noacl, ...) are
+/// accepted.
+#[test]
+fn remount_read_only_and_back_and_generic_options_are_accepted() {
+    let m = Mount::volume_with(
+        "remount",
+        "64M",
+        &[],
+        &[
+            "-o",
+            "relatime,strictatime,lazytime,noacl,nodiratime,iversion",
+        ],
+    );
+    fs::write(m.path("f"), "before").unwrap();
+    let flags = |p: &Path| {
+        let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: statvfs writes into the zeroed struct; `c` is a valid C string.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+        st.f_flag
+    };
+    let before = flags(&m.mp);
+    let image = m.image.clone().unwrap();
+    let remount = |o: &str| {
+        run_ok(zcfs().arg("mount").arg(&image).arg(&m.mp).args(["-o", o]));
+    };
+    remount("remount,ro");
+    let ro = flags(&m.mp);
+    assert!(ro & libc::ST_RDONLY != 0);
+    assert_eq!(
+        ro & (libc::ST_NOSUID | libc::ST_NODEV),
+        before & (libc::ST_NOSUID | libc::ST_NODEV),
+        "flags the remount did not name are kept"
+    );
+    let e = fs::write(m.path("f"), "during").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EROFS));
+    assert_eq!(fs::read_to_string(m.path("f")).unwrap(), "before");
+    remount("remount,rw");
+    assert_eq!(flags(&m.mp) & libc::ST_RDONLY, 0);
+    fs::write(m.path("f"), "after").unwrap();
+    assert_eq!(fs::read_to_string(m.path("f")).unwrap(), "after");
+    m.fsck_after_stop();
+}

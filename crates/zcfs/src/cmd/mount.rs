@@ -56,6 +56,10 @@ pub struct UmountArgs {
 /// `zcfs mount`; `args` is the command line after the program name, which `--daemon`
 /// hands to its child.
 pub fn run(a: &MountArgs, args: &[OsString]) -> Result<i32> {
+    let plan = parse_options(a)?;
+    if plan.remount {
+        return remount(&a.mountpoint, &plan);
+    }
     if a.daemon {
         return run_detached(a, args);
     }
@@ -260,6 +264,76 @@ fn is_mounted(mp: &Path) -> bool {
         // A dead FUSE mount cannot be resolved (ENOTCONN): look its path up as given.
         Err(_) => mounted_paths().iter().any(|p| p == mp),
     }
+}
+
+/// `-o remount,...`: change the flags of the zcfs mount at `mp` in place (mount(2)
+/// with MS_REMOUNT), as mount(8) does for other file systems. The flags the mount has
+/// and the options do not name stay as they are (a remount with `ro` keeps `nosuid`).
+fn remount(mp: &Path, plan: &MountPlan) -> Result<i32> {
+    use zcfs_fuse::MountOption as O;
+    if !is_mounted(mp) {
+        bail!("-o remount: nothing is mounted on {}", mp.display());
+    }
+    let c = std::ffi::CString::new(mp.as_os_str().as_encoded_bytes())
+        .map_err(|_| anyhow!("mount point {} contains a NUL byte", mp.display()))?;
+    // SAFETY: statvfs writes into the zeroed struct we pass; `c` is a valid C string.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        bail!(
+            "-o remount: {}: {}",
+            mp.display(),
+            std::io::Error::last_os_error()
+        );
+    }
+    let has = |f: u64| st.f_flag & f != 0;
+    let keep = |on: bool, bit: u64| if on { bit } else { 0 };
+    let mut flags: u64 = libc::MS_REMOUNT
+        | keep(has(libc::ST_RDONLY), libc::MS_RDONLY)
+        | keep(has(libc::ST_NOSUID), libc::MS_NOSUID)
+        | keep(has(libc::ST_NODEV), libc::MS_NODEV)
+        | keep(has(libc::ST_NOEXEC), libc::MS_NOEXEC)
+        | keep(has(libc::ST_NOATIME), libc::MS_NOATIME)
+        | keep(has(libc::ST_SYNCHRONOUS), libc::MS_SYNCHRONOUS);
+    for o in &plan.mount_options {
+        let (set, clear) = match o {
+            O::RO => (libc::MS_RDONLY, 0),
+            O::RW => (0, libc::MS_RDONLY),
+            O::NoSuid => (libc::MS_NOSUID, 0),
+            O::Suid => (0, libc::MS_NOSUID),
+            O::NoDev => (libc::MS_NODEV, 0),
+            O::Dev => (0, libc::MS_NODEV),
+            O::NoExec => (libc::MS_NOEXEC, 0),
+            O::Exec => (0, libc::MS_NOEXEC),
+            O::NoAtime => (libc::MS_NOATIME, 0),
+            O::Atime => (0, libc::MS_NOATIME),
+            O::Sync => (libc::MS_SYNCHRONOUS, 0),
+            O::Async => (0, libc::MS_SYNCHRONOUS),
+            O::DirSync => (libc::MS_DIRSYNC, 0),
+            _ => (0, 0),
+        };
+        flags = (flags | set) & !clear;
+    }
+    // SAFETY: mount(2) with no source, type or data, on a valid C string path.
+    let r = unsafe {
+        libc::mount(
+            std::ptr::null(),
+            c.as_ptr(),
+            std::ptr::null(),
+            flags,
+            std::ptr::null(),
+        )
+    };
+    if r != 0 {
+        let e = std::io::Error::last_os_error();
+        let hint = if e.raw_os_error() == Some(libc::EPERM) {
+            " (remounting needs root)"
+        } else {
+            ""
+        };
+        bail!("-o remount of {}: {e}{hint}", mp.display());
+    }
+    tracing::info!(mountpoint = %mp.display(), read_only = flags & libc::MS_RDONLY != 0, "remounted");
+    Ok(0)
 }
 
 /// `zcfs umount MOUNTPOINT [--lazy]`.

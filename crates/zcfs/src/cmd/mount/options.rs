@@ -19,7 +19,37 @@ pub struct MountPlan {
     pub timeout: Option<Duration>,
     /// `-o integrity=full`: require the server to MAC bulk data too.
     pub integrity: zcfs_protocol::channel::Integrity,
+    /// `remount`: change the flags of the existing mount at the mount point.
+    pub remount: bool,
 }
+
+/// Generic mount(8) options that ask nothing of zcfs here (atime variants the kernel
+/// applies to every mount, LSM contexts, flags FUSE ignores): accepted, logged, not
+/// acted on, so fstab lines and tools that pass them work.
+const GENERIC_IGNORED: &[&str] = &[
+    "relatime",
+    "norelatime",
+    "strictatime",
+    "nostrictatime",
+    "lazytime",
+    "nolazytime",
+    "diratime",
+    "nodiratime",
+    "iversion",
+    "noiversion",
+    "mand",
+    "nomand",
+    "silent",
+    "loud",
+    "owner",
+    "group",
+    "symfollow",
+    "nosymfollow",
+    "noacl",
+];
+
+/// Generic mount(8) options with a value that zcfs does not act on (SELinux contexts).
+const GENERIC_IGNORED_WITH_VALUE: &[&str] = &["context", "fscontext", "defcontext", "rootcontext"];
 
 pub fn parse_options(a: &MountArgs) -> Result<MountPlan> {
     let mut p = MountPlan {
@@ -35,6 +65,7 @@ pub fn parse_options(a: &MountArgs) -> Result<MountPlan> {
         secret_file: a.secret_file.clone(),
         timeout: None,
         integrity: Default::default(),
+        remount: false,
     };
     let num = |k: &str, v: &str| -> Result<u64> {
         v.parse().map_err(|_| anyhow!("-o {k}={v}: not a number"))
@@ -92,6 +123,16 @@ pub fn parse_options(a: &MountArgs) -> Result<MountPlan> {
             ("secret_file", Some(v)) => p.secret_file = Some(v.into()),
             ("integrity", Some(v)) => p.integrity = v.parse().map_err(|e| anyhow!("-o integrity={v}: {e}"))?,
             ("timeout", Some(v)) => p.timeout = Some(Duration::from_secs_f64(v.parse().map_err(|_| anyhow!("-o timeout={v}: not seconds"))?)),
+            ("remount", None) => p.remount = true,
+            ("acl", None) => {
+                tracing::warn!("-o acl: POSIX ACLs are stored but not enforced by zcfs yet; the mount goes on")
+            }
+            (k, None) if GENERIC_IGNORED.contains(&k) => {
+                tracing::info!("-o {k}: a generic mount option zcfs does not act on; ignored")
+            }
+            (k, Some(_)) if GENERIC_IGNORED_WITH_VALUE.contains(&k) => {
+                tracing::info!("-o {opt}: a generic mount option zcfs does not act on; ignored")
+            }
             // fstab and mount(8) conventions that are not ours to act on.
             ("_netdev" | "nofail" | "noauto" | "auto" | "user" | "users" | "nouser" | "defaults", None) => {}
             ("comment", Some(_)) => {}
@@ -153,5 +194,14 @@ mod tests {
             .contains("unknown mount option"));
         assert!(parse_options(&args("umask=9z")).is_err());
         assert!(parse_options(&args("ro")).unwrap().read_only);
+    }
+
+    #[test]
+    fn generic_mount_options_are_accepted_and_remount_is_recognised() {
+        let all = GENERIC_IGNORED.join(",") + ",acl,context=system_u:object_r:tmp_t:s0";
+        assert!(parse_options(&args(&all)).is_ok(), "{all}");
+        let p = parse_options(&args("remount,ro,nosuid")).unwrap();
+        assert!(p.remount && p.read_only);
+        assert!(!parse_options(&args("rw")).unwrap().remount);
     }
 }
