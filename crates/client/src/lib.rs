@@ -32,7 +32,30 @@ use std::time::Duration;
 use zcfs_backend::Error;
 use zcfs_protocol::channel::{Integrity, TAG_LEN};
 use zcfs_protocol::{Cred, Request, RespHeader, MAX_GROUPS};
-use zcfs_transport::{client_handshake, tune, write_all_vectored, Address, Stream, TransportError};
+use zcfs_transport::{
+    client_handshake, tune, write_all_vectored, Address, Established, Stream, TransportError,
+};
+
+/// The first pause before dialling again after a server refused a connection at one
+/// of its bounds; it doubles up to `DIAL_RETRY_MAX_PAUSE`, within the client's timeout.
+pub const DIAL_RETRY_FIRST_PAUSE: Duration = Duration::from_millis(20);
+pub const DIAL_RETRY_MAX_PAUSE: Duration = Duration::from_millis(500);
+
+/// Whether a handshake failed because the server closed the connection before it said
+/// anything (what it does at its connection bounds), rather than refusing us.
+fn closed_before_welcome(e: &TransportError) -> bool {
+    match e {
+        TransportError::Closed => true,
+        TransportError::Io(io) => matches!(
+            io.kind(),
+            std::io::ErrorKind::ConnectionReset
+                | std::io::ErrorKind::ConnectionAborted
+                | std::io::ErrorKind::BrokenPipe
+                | std::io::ErrorKind::UnexpectedEof
+        ),
+        _ => false,
+    }
+}
 
 /// Lock a mutex whether or not a panicking thread held it: the client's tables are
 /// changed in small consistent steps, and one panicking caller must not take the
@@ -316,33 +339,70 @@ impl Client {
         Ok(a)
     }
 
+    /// Connect and shake hands. A server at one of its connection bounds closes a new
+    /// connection before its Welcome: that is tried again, with growing pauses, until
+    /// the client's timeout (a host starting many clients at once gets in as places
+    /// free up); every other failure is reported at once.
     fn dial(&self) -> Result<Arc<Conn>, Error> {
-        let addr = self.resolve()?;
+        let deadline = std::time::Instant::now() + self.cfg.timeout;
+        let mut pause = DIAL_RETRY_FIRST_PAUSE;
+        let (s, established) = loop {
+            match self.connect_and_handshake() {
+                Ok(x) => break x,
+                Err((e, refused)) if refused && std::time::Instant::now() + pause < deadline => {
+                    tracing::debug!("connection refused ({e}); trying again in {pause:?}");
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(DIAL_RETRY_MAX_PAUSE);
+                }
+                Err((e, _)) => return Err(e),
+            }
+        };
+        self.attach_conn(s, established)
+    }
+
+    /// One attempt: Err carries whether the server closed the connection before its
+    /// Welcome (refused at a bound, worth another try).
+    fn connect_and_handshake(&self) -> Result<(Stream, Established), (Error, bool)> {
+        let addr = self.resolve().map_err(|e| (e, false))?;
         let mut s = Stream::connect(&addr, self.cfg.timeout).map_err(|e| {
-            Error::new(
-                e.raw_os_error().unwrap_or(libc::EIO),
-                format!("connecting to {}: {e}", self.cfg.addr),
+            (
+                Error::new(
+                    e.raw_os_error().unwrap_or(libc::EIO),
+                    format!("connecting to {}: {e}", self.cfg.addr),
+                ),
+                false,
             )
         })?;
         let _ = tune(&s);
-        s.set_read_timeout(Some(self.cfg.timeout))
-            .map_err(|e| Error::new(libc::EIO, e.to_string()))?;
+        let io = |e: std::io::Error| (Error::new(libc::EIO, e.to_string()), false);
+        s.set_read_timeout(Some(self.cfg.timeout)).map_err(io)?;
         // Writes to a dead link must not block forever either.
-        s.set_write_timeout(Some(self.cfg.timeout))
-            .map_err(|e| Error::new(libc::EIO, e.to_string()))?;
+        s.set_write_timeout(Some(self.cfg.timeout)).map_err(io)?;
         if self.cfg.integrity == Integrity::Full && self.cfg.secret.is_none() {
-            return Err(Error::new(
-                libc::EINVAL,
-                "integrity full needs a secret (--secret-file): without one there are no MACs",
+            return Err((
+                Error::new(
+                    libc::EINVAL,
+                    "integrity full needs a secret (--secret-file): without one there are no MACs",
+                ),
+                false,
             ));
         }
-        let established = client_handshake(
+        match client_handshake(
             &mut s,
             self.cfg.secret.as_deref(),
             self.session,
             self.cfg.integrity,
-        )
-        .map_err(|e| terr(&self.cfg.addr, e))?;
+        ) {
+            Ok(est) => Ok((s, est)),
+            Err(e) => {
+                let refused = closed_before_welcome(&e);
+                Err((terr(&self.cfg.addr, e), refused))
+            }
+        }
+    }
+
+    /// A connection that finished its handshake, set up for calls.
+    fn attach_conn(&self, s: Stream, established: Established) -> Result<Arc<Conn>, Error> {
         let welcome = established.welcome;
         let (tx, rx) = match established.channel {
             Some((tx, rx)) => (Some(tx), Some(rx)),

@@ -382,3 +382,35 @@ fn dotdot_never_reaches_an_inode_that_reused_the_parents_number() {
         srv.report().references_held == 0
     });
 }
+
+/// A server at its handshake bound closes a new connection before its Welcome; the
+/// client tries again (within its timeout) and gets in once a place frees up, instead of
+/// failing at once: a host starting many clients together is not turned away.
+#[test]
+fn a_client_refused_at_a_bound_gets_in_once_a_place_frees_up() {
+    let cfg = ServerConfig {
+        max_connections: 8,
+        max_handshakes: 1,
+        max_handshakes_per_addr: 1,
+        ..config()
+    };
+    let srv = Running::start(memory_fs(16 * MIB), cfg);
+    // A peer that says nothing holds the one place in the handshake for a while.
+    let hog = TcpStream::connect(srv.addr()).unwrap();
+    eventually(
+        Duration::from_secs(5),
+        "the silent peer in the handshake",
+        || srv.report().connections_handshaking == 1,
+    );
+    let freer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        drop(hog);
+    });
+    let fs = srv.client_with(|c| c.connections = 1);
+    fs.statfs().unwrap();
+    freer.join().unwrap();
+    assert!(
+        srv.report().rejected_handshake_limit >= 1,
+        "the client was never refused: the test proves nothing"
+    );
+}
