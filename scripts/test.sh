@@ -11,7 +11,7 @@ cargo clippy --workspace --all-targets -- -D warnings
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
-cargo test --workspace --release --lib --bins --tests -- --test-threads 2 2>&1 | tee "$log" || status=$?
+cargo test --workspace --release --no-fail-fast --lib --bins --tests -- --test-threads 2 2>&1 | tee "$log" || status=$?
 # Model check (loom) of the read pins that let readers send PM blocks without a lock.
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
   cargo test -p zcfs-volume --release --lib loom 2>&1 | tee -a "$log" || status=$?
