@@ -16,6 +16,11 @@ pub struct OpenedBackend {
     pub volume: Option<Arc<Volume>>,
 }
 
+/// How long opening a volume waits for another process to let go of it.
+pub const HOLDER_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+/// How often it looks again meanwhile.
+const HOLDER_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+
 impl OpenedBackend {
     pub fn null() -> OpenedBackend {
         OpenedBackend {
@@ -24,9 +29,20 @@ impl OpenedBackend {
         }
     }
 
+    /// Open the volume at `image`. If another process holds it, wait up to
+    /// `HOLDER_WAIT` for it to let go: a mount that was just unmounted closes its volume
+    /// a moment later, and a remount at once (scripts, systemd restarts) must not fail
+    /// for that. Still held after the wait: the error names the holder.
     pub fn volume(image: &Path, cfg: VolumeConfig) -> Result<OpenedBackend> {
-        let vol = Volume::open(image, cfg)
-            .with_context(|| format!("opening the volume {}", image.display()))?;
+        let start = std::time::Instant::now();
+        let vol = loop {
+            match Volume::open(image, cfg.clone()) {
+                Err(zcfs_volume::FsError::Busy(_)) if start.elapsed() < HOLDER_WAIT => {
+                    std::thread::sleep(HOLDER_POLL);
+                }
+                r => break r.with_context(|| format!("opening the volume {}", image.display()))?,
+            }
+        };
         Ok(OpenedBackend {
             backend: Arc::new(zcfs_local::LocalFs::new(vol.clone())),
             volume: Some(vol),

@@ -519,3 +519,48 @@ fn remount_read_only_and_back_and_generic_options_are_accepted() {
     assert_eq!(fs::read_to_string(m.path("f")).unwrap(), "after");
     m.fsck_after_stop();
 }
+
+/// `umount MNT` then a new mount of the same image on MNT at once: the new mount waits
+/// (a bounded time) for the old process to close the volume, and the old process, on its
+/// way out, leaves the new mount alone (it unmounted whatever was on its old mount point).
+#[test]
+fn unmount_then_mount_again_at_once_keeps_the_new_mount() {
+    let mut m = Mount::volume("remount-race", "64M", &[]);
+    fs::write(m.path("f"), "kept").unwrap();
+    let image = m.image.clone().unwrap();
+    let mut old = m.child.take().unwrap();
+    run_ok(Command::new("umount").arg(&m.mp));
+    run_ok(zcfs().arg("mount").arg("--daemon").arg(&image).arg(&m.mp));
+    // The old process has finished by now or finishes soon; the new mount outlives it.
+    let t = Instant::now();
+    while old.try_wait().unwrap().is_none() {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the old mount process hangs"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(mounted(&m.mp), "the new mount is gone");
+    assert_eq!(fs::read_to_string(m.path("f")).unwrap(), "kept");
+    run_ok(zcfs().arg("umount").arg(&m.mp));
+    // The daemon closes the volume cleanly once it sees the unmount.
+    let t = Instant::now();
+    loop {
+        let stat = zcfs()
+            .arg("stat")
+            .arg(&image)
+            .arg("--json")
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&stat.stdout).unwrap_or_default();
+        if v["recovery"]["was_clean"] == true {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the volume was not closed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

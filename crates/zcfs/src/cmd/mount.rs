@@ -95,6 +95,11 @@ fn run_detached(a: &MountArgs, args: &[OsString]) -> Result<i32> {
 fn mount_until_unmounted(a: &MountArgs, ready_pipe: &mut Option<ReadyPipe>) -> Result<i32> {
     let plan = parse_options(a)?;
     preflight(&a.mountpoint)?;
+    // Resolved before mounting: afterwards resolving it would ask the mount itself.
+    let canonical_mp = a
+        .mountpoint
+        .canonicalize()
+        .with_context(|| format!("mount point {}", a.mountpoint.display()))?;
     let source: Source = a.source.parse()?;
     let signals = StopSignals::block();
     let OpenedBackend { backend, volume } = open(&source, &plan)?;
@@ -118,6 +123,8 @@ fn mount_until_unmounted(a: &MountArgs, ready_pipe: &mut Option<ReadyPipe>) -> R
         };
         anyhow!("mounting {source} on {}: {e}{hint}", a.mountpoint.display())
     })?;
+    // Which mount is ours (its id and device in mountinfo), to tell it from a later one.
+    let ours = mount_at(&canonical_mp);
     tracing::info!(%source, mountpoint = %a.mountpoint.display(), threads = plan.threads, "mounted");
     if let Some(pipe) = ready_pipe.take() {
         pipe.ready();
@@ -140,11 +147,19 @@ fn mount_until_unmounted(a: &MountArgs, ready_pipe: &mut Option<ReadyPipe>) -> R
         tracing::warn!("session ended: {e}");
     }
     // Files still open keep a plain unmount from succeeding: detach, as libfuse does,
-    // so no mount outlives its process.
-    if is_mounted(&a.mountpoint) {
-        if let Err(e) = unmount(&a.mountpoint, true) {
-            tracing::warn!("lazy unmount of {}: {e:#}", a.mountpoint.display());
+    // so no mount outlives its process; but only our own mount: once it was unmounted,
+    // the mount point may already hold the next one (`umount; mount` at once).
+    match (&ours, mount_at(&canonical_mp)) {
+        (Some(ours), Some(now)) if *ours == now => {
+            if let Err(e) = unmount(&a.mountpoint, true) {
+                tracing::warn!("lazy unmount of {}: {e:#}", a.mountpoint.display());
+            }
         }
+        (_, Some(_)) => tracing::info!(
+            mountpoint = %a.mountpoint.display(),
+            "the mount point holds another mount now: leaving it"
+        ),
+        _ => {}
     }
     let s = backend.copy_stats();
     let f = &stats;
@@ -248,14 +263,34 @@ fn mounted_paths() -> Vec<PathBuf> {
     };
     s.lines()
         .filter_map(|l| l.split(' ').nth(4))
-        .map(|p| {
-            PathBuf::from(
-                p.replace("\\040", " ")
-                    .replace("\\011", "\t")
-                    .replace("\\134", "\\"),
-            )
-        })
+        .map(mountinfo_path)
         .collect()
+}
+
+/// A path as mountinfo writes it (space, tab and backslash escaped in octal).
+fn mountinfo_path(field: &str) -> PathBuf {
+    PathBuf::from(
+        field
+            .replace("\\040", " ")
+            .replace("\\011", "\t")
+            .replace("\\134", "\\"),
+    )
+}
+
+/// The mount on top at `mp` (as /proc/self/mountinfo names it: mount id and device),
+/// if any.
+fn mount_at(mp: &Path) -> Option<(String, String)> {
+    let s = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    s.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            if f.len() > 4 && mountinfo_path(f[4]) == mp {
+                Some((f[0].to_string(), f[2].to_string()))
+            } else {
+                None
+            }
+        })
+        .next_back()
 }
 
 fn is_mounted(mp: &Path) -> bool {
