@@ -60,7 +60,7 @@ impl ReadPins {
         )
     }
 
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn readers(&self) -> usize {
         let a = self.active.lock().unwrap();
         let mut ids: Vec<u64> = a.runs.iter().map(|r| r.2).collect();
