@@ -4,6 +4,7 @@
 //! the peer timeout (SO_RCVTIMEO), and each send of a reply must make progress within it
 //! (SO_SNDTIMEO): a peer that stalls longer is dropped.
 
+use crate::dispatch::Held;
 use crate::session::{Access, Begin, Claim, Session};
 use crate::{PeerRule, Shared};
 use std::io::{IoSlice, IoSliceMut, Read};
@@ -416,18 +417,27 @@ impl<'a> Conn<'a> {
         Ok((h.backend_fh, node.gen != 0))
     }
 
+    /// `resolve`, with the node's generation check held for the operation when the
+    /// handle did not already answer for it.
+    fn resolve_held(
+        &self,
+        ctx: &Ctx,
+        node: NodeRef,
+        fh: u64,
+        access: Access,
+    ) -> Result<(u64, Option<Held<'a, 1>>), Error> {
+        let (bfh, check) = self.resolve(ctx, node, fh, access)?;
+        let held = if check {
+            Some(self.hold([node])?)
+        } else {
+            None
+        };
+        Ok((bfh, held))
+    }
+
     fn read(&mut self, ctx: &Ctx, h: &ReqHeader, r: ReadReq, t: Instant) -> Result<(), ConnEnd> {
         let backend = &*self.shared.backend;
-        let checked = self
-            .resolve(ctx, r.node, r.fh, Access::Read)
-            .and_then(|(bfh, check)| {
-                let held = if check {
-                    Some(self.hold([r.node])?)
-                } else {
-                    None
-                };
-                Ok((bfh, held))
-            });
+        let checked = self.resolve_held(ctx, r.node, r.fh, Access::Read);
         let (bfh, held) = match checked {
             Ok(x) => x,
             Err(e) => {
@@ -521,15 +531,7 @@ impl<'a> Conn<'a> {
         let checked = if shared.cfg.read_only {
             Err(ro())
         } else {
-            self.resolve(ctx, w.node, w.fh, Access::Write)
-                .and_then(|(bfh, check)| {
-                    let held = if check {
-                        Some(self.hold([w.node])?)
-                    } else {
-                        None
-                    };
-                    Ok((bfh, held))
-                })
+            self.resolve_held(ctx, w.node, w.fh, Access::Write)
         };
         let (bfh, held) = match checked {
             Ok(x) => x,

@@ -311,24 +311,7 @@ fn daemon_mode_and_mount_helper_with_fstab_options() {
     fs::write(mp.join("f"), "daemon").unwrap();
     assert!(zcfs().arg("umount").arg(&mp).status().unwrap().success());
     // The volume is closed cleanly once the daemon sees the unmount.
-    let t = Instant::now();
-    loop {
-        let stat = zcfs()
-            .arg("stat")
-            .arg(&image)
-            .arg("--json")
-            .output()
-            .unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&stat.stdout).unwrap_or_default();
-        if v["recovery"]["was_clean"] == true {
-            break;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "daemon did not close the volume"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until_closed_cleanly(&image);
     // mount -t fuse.zcfs through the helper, with fstab-only options ignored.
     let helper = PathBuf::from("/sbin/mount.fuse.zcfs");
     let had_helper = helper.exists();
@@ -545,22 +528,5 @@ fn unmount_then_mount_again_at_once_keeps_the_new_mount() {
     assert_eq!(fs::read_to_string(m.path("f")).unwrap(), "kept");
     run_ok(zcfs().arg("umount").arg(&m.mp));
     // The daemon closes the volume cleanly once it sees the unmount.
-    let t = Instant::now();
-    loop {
-        let stat = zcfs()
-            .arg("stat")
-            .arg(&image)
-            .arg("--json")
-            .output()
-            .unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&stat.stdout).unwrap_or_default();
-        if v["recovery"]["was_clean"] == true {
-            break;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "the volume was not closed"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until_closed_cleanly(&image);
 }

@@ -6,8 +6,7 @@
 mod common;
 use common::mount::{unique, Mount};
 use common::posix::compare_with_tmpfs;
-use common::{mkfs, mounted, zcfs};
-use std::io::{BufRead, BufReader};
+use common::{mkfs, mounted, spawn_serving, zcfs};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -25,18 +24,13 @@ impl Served {
     fn start(name: &str, args: &[&str]) -> Served {
         let image = PathBuf::from(format!("/dev/shm/{}.img", unique(name)));
         mkfs(&image, "64M", &[]);
-        let mut child = zcfs()
-            .arg("serve")
-            .arg(&image)
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.as_mut().unwrap())
-            .read_line(&mut line)
-            .unwrap();
+        let (child, line) = spawn_serving(
+            zcfs()
+                .arg("serve")
+                .arg(&image)
+                .args(args)
+                .stderr(Stdio::null()),
+        );
         let prefix = format!("serving {} on ", image.display());
         let addr = line
             .trim_end()

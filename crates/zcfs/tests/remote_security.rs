@@ -7,10 +7,9 @@ mod common;
 use common::remote::*;
 use common::*;
 use std::fs;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 use zcfs_backend::{Backend, ROOT};
 use zcfs_client::{ClientConfig, RemoteFs};
@@ -223,18 +222,14 @@ fn secrets_loopback_default_and_read_only() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--secret-file"));
     // --insecure --read-only: reads work, writes get EROFS.
-    let mut child = net
-        .srv_command(zcfs_bin())
-        .arg("serve")
-        .arg(&image)
-        .args(["--listen", &net.addr(), "--insecure", "--read-only"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let (mut child, line) =
+        spawn_serving(net.srv_command(zcfs_bin()).arg("serve").arg(&image).args([
+            "--listen",
+            &net.addr(),
+            "--insecure",
+            "--read-only",
+        ]));
+    assert!(line.starts_with("serving"), "server did not start: {line}");
     net.in_cli(|| {
         let fs = RemoteFs::connect(ClientConfig::new(&net.addr())).unwrap();
         assert!(fs.getattr(ROOT).unwrap().is_dir());

@@ -30,6 +30,42 @@ pub fn run_ok(cmd: &mut Command) -> std::process::Output {
     out
 }
 
+/// Spawn `cmd` (a `zcfs serve`) with its stdout piped and return it with the first line
+/// it printed (`serving IMAGE on ADDRESS` once it serves).
+pub fn spawn_serving(cmd: &mut Command) -> (std::process::Child, String) {
+    use std::io::BufRead;
+    let mut child = cmd.stdout(std::process::Stdio::piped()).spawn().unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    (child, line)
+}
+
+/// Wait (at most 20 s) until the volume at `image` was closed cleanly by whoever held
+/// it (a daemon that saw its unmount).
+pub fn wait_until_closed_cleanly(image: &Path) {
+    let t = std::time::Instant::now();
+    loop {
+        let stat = zcfs()
+            .arg("stat")
+            .arg(image)
+            .arg("--json")
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&stat.stdout).unwrap_or_default();
+        if v["recovery"]["was_clean"] == true {
+            return;
+        }
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(20),
+            "the volume {} was not closed",
+            image.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 pub fn mounted(mp: &Path) -> bool {
     let s = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     s.lines()

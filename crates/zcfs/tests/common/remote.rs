@@ -2,10 +2,10 @@
 //! zcfs-netns), a `zcfs serve` in the server namespace, clients and FUSE mounts in the
 //! client namespace, and small helpers. Root required, as in CI.
 
-use super::{mkfs, mounted, sh, zcfs, zcfs_bin};
+use super::{mkfs, mounted, sh, spawn_serving, zcfs, zcfs_bin};
 use std::ffi::OsStr;
 use std::fs;
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -91,23 +91,17 @@ impl Served {
 
     /// Start (or restart) the server; returns once it is serving.
     pub fn start(&mut self, net: &Net, extra: &[&str]) {
-        let mut child = net
-            .srv_command(zcfs_bin())
-            .arg("serve")
-            .arg(&self.image)
-            .args(["--listen", &net.addr(), "--secret-file"])
-            .arg(&self.secret)
-            // The tests act as root on the client.
-            .arg("--no-root-squash")
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.as_mut().unwrap())
-            .read_line(&mut line)
-            .unwrap();
+        let (child, line) = spawn_serving(
+            net.srv_command(zcfs_bin())
+                .arg("serve")
+                .arg(&self.image)
+                .args(["--listen", &net.addr(), "--secret-file"])
+                .arg(&self.secret)
+                // The tests act as root on the client.
+                .arg("--no-root-squash")
+                .args(extra)
+                .stderr(Stdio::piped()),
+        );
         assert!(line.starts_with("serving"), "server did not start: {line}");
         self.child = Some(child);
     }
