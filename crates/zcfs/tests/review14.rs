@@ -14,8 +14,7 @@ use std::time::{Duration, Instant};
 fn tmpfs_on(mp: &Path) -> bool {
     let s = fs::read_to_string("/proc/self/mountinfo").unwrap();
     s.lines()
-        .filter(|l| l.split(' ').nth(4) == Some(mp.to_str().unwrap()))
-        .next_back()
+        .rfind(|l| l.split(' ').nth(4) == Some(mp.to_str().unwrap()))
         .and_then(|l| l.split(" - ").nth(1))
         .is_some_and(|t| t.starts_with("tmpfs "))
 }
