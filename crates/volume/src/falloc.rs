@@ -187,6 +187,13 @@ impl Volume {
         check_file(st, ino)?;
         let first = off / BLOCK_U64;
         let n = end.div_ceil(BLOCK_U64) - first;
+        // At least `n - blocks` blocks of the range are holes (the file owns `blocks`
+        // blocks in all): a request that cannot fit is refused before its blocks are
+        // listed, so the walk below is bounded by the volume's size.
+        let at_least = n.saturating_sub(st.inode(ino)?.rec.blocks);
+        if at_least > 0 {
+            self.ensure_blocks(st, at_least.saturating_mul(2))?;
+        }
         let i = st.inode(ino)?;
         // Bytes past the end of the file are zero already: ZERO_RANGE replaces only
         // blocks holding bytes of the file.

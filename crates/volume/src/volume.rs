@@ -315,6 +315,9 @@ impl Volume {
             // faulting through it during the first lap.
             vol.region.prefault(geo.ring_off(), geo.ring_len() as usize);
             vol.write_superblock(false, which)?;
+            // Then the copy it was read from: a copy left at an older format version
+            // would let an older build open the volume from it after a crash.
+            vol.rewrite_superblock_copy(which)?;
             let reaped = vol.reap_orphans()?;
             if reaped > 0 {
                 tracing::info!(
@@ -347,6 +350,20 @@ impl Volume {
         // SAFETY: the superblock copies are written only here and read only by
         // `superblock_copies`, both under `self.sb`, whose guard we hold (or before the
         // volume is shared).
+        unsafe { self.region.write(target, &sb.encode()) };
+        self.region
+            .persist(target, SB_SIZE)
+            .map_err(|e| self.persistence_failed(e))
+    }
+
+    /// Write the superblock as it stands (same mount) to copy `copy` (0 or 1), with a
+    /// new generation.
+    fn rewrite_superblock_copy(&self, copy: usize) -> Result<()> {
+        let mut sb = self.sb.lock().unwrap();
+        sb.generation += 1;
+        let target = if copy == 0 { 0 } else { BLOCK };
+        // SAFETY: as in `write_superblock`: the copies are written only under `self.sb`,
+        // whose guard we hold.
         unsafe { self.region.write(target, &sb.encode()) };
         self.region
             .persist(target, SB_SIZE)
