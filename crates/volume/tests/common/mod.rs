@@ -362,10 +362,15 @@ impl Model {
                 let n = self.nodes.get_mut(&ino).unwrap();
                 n.uid = *u;
                 n.gid = *g;
-                // Linux (since 6.2) drops both privilege bits of a non-directory on
-                // chown, whoever asks.
+                // Linux (`chown_common`, `setattr_should_drop_sgid`): a chown of a
+                // non-directory drops set-user-ID whoever asks, and set-group-ID when
+                // the file is group-executable (the model's caller is root, who is
+                // privileged; a non-executable set-group-ID bit stays).
                 if n.mode & S_IFMT != S_IFDIR {
-                    n.mode &= !(S_ISGID | 0o4000);
+                    n.mode &= !0o4000;
+                    if n.mode & 0o010 != 0 {
+                        n.mode &= !S_ISGID;
+                    }
                 }
                 Ok(())
             }
