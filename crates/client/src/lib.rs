@@ -25,15 +25,17 @@ use conn::{read_loop, Conn, Posted, PostedTable, Writer};
 
 use std::collections::HashMap;
 use std::io::IoSlice;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 use zcfs_backend::Error;
 use zcfs_protocol::channel::{Integrity, TAG_LEN};
+use zcfs_protocol::handshake::Lane;
 use zcfs_protocol::{Cred, Request, RespHeader, MAX_GROUPS};
 use zcfs_transport::{
-    client_handshake, tune, write_all_vectored, Address, Established, Stream, TransportError,
+    client_handshake_on_lane, tune, write_all_vectored, Address, Established, Stream,
+    TransportError,
 };
 
 /// The first pause before dialling again after a server refused a connection at one
@@ -154,6 +156,9 @@ pub struct Client {
     /// Random, never 0; sent in every Hello.
     session: u64,
     conns: Vec<Mutex<Option<Arc<Conn>>>>,
+    /// Per connection index (lane), the generation of its last dial: a new connection
+    /// on a lane makes the server fence the one it replaces (`Lane`).
+    lane_generations: Vec<AtomicU32>,
     next: AtomicUsize,
     ids: AtomicU64,
     /// Instance id of the server last connected to.
@@ -268,6 +273,7 @@ impl Client {
             cfg,
             session: rand::random::<u64>().max(1),
             conns: (0..n).map(|_| Mutex::new(None)).collect(),
+            lane_generations: (0..n).map(|_| AtomicU32::new(0)).collect(),
             next: AtomicUsize::new(0),
             ids: AtomicU64::new(1),
             instance: AtomicU64::new(0),
@@ -343,11 +349,17 @@ impl Client {
     /// connection before its Welcome: that is tried again, with growing pauses, until
     /// the client's timeout (a host starting many clients at once gets in as places
     /// free up); every other failure is reported at once.
-    fn dial(&self) -> Result<Arc<Conn>, Error> {
+    fn dial(&self, lane: usize) -> Result<Arc<Conn>, Error> {
         let deadline = std::time::Instant::now() + self.cfg.timeout;
         let mut pause = DIAL_RETRY_FIRST_PAUSE;
         let (s, established) = loop {
-            match self.connect_and_handshake() {
+            // Each attempt a newer generation: an attempt the server took in but we
+            // gave up on must not keep the lane from the next.
+            let lane = Lane {
+                index: u16::try_from(lane).unwrap_or(u16::MAX),
+                generation: self.lane_generations[lane].fetch_add(1, Ordering::SeqCst) + 1,
+            };
+            match self.connect_and_handshake(lane) {
                 Ok(x) => break x,
                 Err((e, refused)) if refused && std::time::Instant::now() + pause < deadline => {
                     tracing::debug!("connection refused ({e}); trying again in {pause:?}");
@@ -362,7 +374,7 @@ impl Client {
 
     /// One attempt: Err carries whether the server closed the connection before its
     /// Welcome (refused at a bound, worth another try).
-    fn connect_and_handshake(&self) -> Result<(Stream, Established), (Error, bool)> {
+    fn connect_and_handshake(&self, lane: Lane) -> Result<(Stream, Established), (Error, bool)> {
         let addr = self.resolve().map_err(|e| (e, false))?;
         let mut s = Stream::connect(&addr, self.cfg.timeout).map_err(|e| {
             (
@@ -387,10 +399,11 @@ impl Client {
                 false,
             ));
         }
-        match client_handshake(
+        match client_handshake_on_lane(
             &mut s,
             self.cfg.secret.as_deref(),
             self.session,
+            lane,
             self.cfg.integrity,
         ) {
             Ok(est) => Ok((s, est)),
@@ -448,7 +461,7 @@ impl Client {
             self.reconnects.fetch_add(1, Ordering::Relaxed);
         }
         let _dialing = self.dialing.enter(self.cfg.timeout, &self.cfg.addr)?;
-        let c = self.dial()?;
+        let c = self.dial(i)?;
         let old = self.instance.swap(c.welcome.instance, Ordering::SeqCst);
         let had_session = self.had_session.swap(true, Ordering::SeqCst);
         let restarted = old != 0 && old != c.welcome.instance;

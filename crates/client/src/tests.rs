@@ -31,7 +31,7 @@ fn fake(restarts: bool, drop_first: Option<Op>) -> Fake {
                 8,
                 instance,
                 Duration::from_secs(5),
-                &mut |_| !restarts && n > 0,
+                &mut |_| Ok(!restarts && n > 0),
             );
             if hs.is_err() {
                 continue;

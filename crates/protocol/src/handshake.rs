@@ -3,7 +3,7 @@
 //! wire; each side proves it knows it over both nonces.
 //!
 //! ```text
-//! client -> Hello    { magic "ZCFSHELO", version, features, client nonce,
+//! client -> Hello    { magic "ZCFSHELO", version, lane, features, client nonce,
 //!                      session id }                                               64 B
 //! server -> Welcome  { magic "ZCFSWELC", version, features, auth, resumed,
 //!                      server nonce, server proof, max in-flight, max data,
@@ -53,6 +53,28 @@ pub struct Hello {
     /// the server (its handles and references), which outlives a lost connection by
     /// the server's grace period.
     pub session: u64,
+    /// Which of the client's connections this is, and its incarnation.
+    pub lane: Lane,
+}
+
+/// One of a client's connections (its index) and how many times the client has dialled
+/// it (its generation, from 1). A connection that takes over a lane fences the
+/// session's older connection on it: the server closes that one and waits for the
+/// request it is executing, before answering the new Hello. So a request the client
+/// gave up on (its reply timed out; the bytes still in a kernel queue on a cut link) is
+/// never executed after a request the client sends on the new connection. Generation 0:
+/// no lane, nothing fenced (a client that keeps one connection, or a test).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Lane {
+    pub index: u16,
+    pub generation: u32,
+}
+
+impl Lane {
+    pub const NONE: Lane = Lane {
+        index: 0,
+        generation: 0,
+    };
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,6 +98,8 @@ impl Hello {
         let mut b = [0u8; HELLO_LEN];
         b[0..8].copy_from_slice(HELLO_MAGIC);
         b[8..10].copy_from_slice(&self.version.to_le_bytes());
+        b[10..12].copy_from_slice(&self.lane.index.to_le_bytes());
+        b[12..16].copy_from_slice(&self.lane.generation.to_le_bytes());
         b[16..24].copy_from_slice(&self.features.to_le_bytes());
         b[24..56].copy_from_slice(&self.nonce);
         b[56..64].copy_from_slice(&self.session.to_le_bytes());
@@ -98,6 +122,10 @@ impl Hello {
             features: u64::from_le_bytes(b[16..24].try_into().unwrap()),
             nonce: b[24..56].try_into().unwrap(),
             session,
+            lane: Lane {
+                index: u16::from_le_bytes([b[10], b[11]]),
+                generation: u32::from_le_bytes(b[12..16].try_into().unwrap()),
+            },
         })
     }
 }
@@ -312,6 +340,10 @@ mod tests {
             features: 5,
             nonce: [9; 32],
             session: u64::MAX - 3,
+            lane: Lane {
+                index: u16::MAX,
+                generation: u32::MAX - 1,
+            },
         };
         assert_eq!(Hello::decode(&h.encode()).unwrap(), h);
         let no_session = Hello { session: 0, ..h };

@@ -473,6 +473,17 @@ fn connection(mut s: Stream, who: Peer, peer: &str, shared: &Shared, slot: &mut 
         return;
     }
     let mut attachment = None;
+    let mut lane_hold = None;
+    let control = match s.try_clone() {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(%peer, "dropping client: {e}");
+            return;
+        }
+    };
+    let fence: session::Fence = Arc::new(move || {
+        let _ = control.shutdown(std::net::Shutdown::Both);
+    });
     let hs = server_handshake(
         &mut s,
         shared.cfg.secret.as_deref(),
@@ -483,8 +494,18 @@ fn connection(mut s: Stream, who: Peer, peer: &str, shared: &Shared, slot: &mut 
         &mut |hello| {
             let a = shared.sessions.attach(hello.session);
             let resumed = a.resumed;
+            // Before the client hears it may send: its older connection on this lane
+            // is closed and done (see `session::Lanes`).
+            let held =
+                a.session
+                    .lanes
+                    .take_over(hello.lane, fence.clone(), shared.cfg.peer_timeout);
             attachment = Some(a);
-            resumed
+            match held {
+                Ok(h) => lane_hold = h,
+                Err(e) => return Err(TransportError::Refused(e.to_string())),
+            }
+            Ok(resumed)
         },
     );
     slot.handshake_done();
@@ -503,6 +524,8 @@ fn connection(mut s: Stream, who: Peer, peer: &str, shared: &Shared, slot: &mut 
                 sessions: &shared.sessions,
                 attachment,
             };
+            // Given up when this thread is done with requests (before `attached`).
+            let _lane = lane_hold;
             let a = attached
                 .attachment
                 .as_ref()
@@ -560,6 +583,9 @@ fn connection(mut s: Stream, who: Peer, peer: &str, shared: &Shared, slot: &mut 
                 }
                 TransportError::Closed => {
                     tracing::info!(%peer, "client hung up during the handshake");
+                }
+                TransportError::Refused(why) => {
+                    tracing::info!(%peer, "connection refused: {why}");
                 }
                 TransportError::Io(e)
                     if matches!(

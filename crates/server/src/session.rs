@@ -27,6 +27,9 @@ use std::time::{Duration, Instant};
 use zcfs_backend::{Backend, Error};
 use zcfs_protocol::Op;
 
+mod lanes;
+pub(crate) use lanes::{Fence, Lanes};
+
 /// Most replies one session's reply cache keeps (oldest evicted first). A client
 /// resends what it had in flight on a lost connection (by default 2 connections of 64
 /// requests), right after reconnecting: this leaves room for eight times that.
@@ -185,6 +188,8 @@ pub(crate) struct Session {
     replied: Condvar,
     max_replies: usize,
     max_reply_bytes: usize,
+    /// The client's current connection on each of its lanes.
+    pub lanes: Arc<Lanes>,
 }
 
 fn ebadf(fh: u64) -> Error {
@@ -204,6 +209,7 @@ impl Session {
             replied: Condvar::new(),
             max_replies: limits.entries,
             max_reply_bytes: limits.bytes,
+            lanes: Arc::default(),
         }
     }
 

@@ -464,6 +464,7 @@ fn the_handshake_deadline_bounds_the_whole_handshake() {
                 features: 0,
                 nonce: [7; 32],
                 session: 42,
+                lane: zcfs_protocol::handshake::Lane::NONE,
             }
             .encode();
             for b in hello {
@@ -542,6 +543,7 @@ fn an_unauthenticated_peer_cannot_keep_a_session_from_expiring() {
             features: 0,
             nonce: [3; 32],
             session,
+            lane: zcfs_protocol::handshake::Lane::NONE,
         };
         s.write_all(&hello.encode()).unwrap();
         let mut w = [0u8; WELCOME_LEN];

@@ -214,7 +214,7 @@ fn a_flipped_verdict_resumed_flag_is_detected() {
             64,
             7,
             Duration::from_secs(5),
-            &mut |_| false,
+            &mut |_| Ok(false),
         );
         let mut b = [0u8; 1];
         let _ = s.read(&mut b);

@@ -35,6 +35,10 @@ pub enum TransportError {
     IntegrityRefused,
     #[error("the peer closed the connection")]
     Closed,
+    /// The server would not take the connection into its session now (closed without a
+    /// word: the client sees `Closed` and dials again).
+    #[error("connection refused: {0}")]
+    Refused(String),
 }
 
 pub type Result<T> = std::result::Result<T, TransportError>;
@@ -379,6 +383,18 @@ pub fn client_handshake(
     session: u64,
     integrity: Integrity,
 ) -> Result<Established> {
+    client_handshake_on_lane(s, secret, session, Lane::NONE, integrity)
+}
+
+/// `client_handshake` for a connection on `lane` of the session (see `Lane`): the server
+/// fences the session's older connection on that lane before it answers.
+pub fn client_handshake_on_lane(
+    s: &mut impl Socket,
+    secret: Option<&[u8]>,
+    session: u64,
+    lane: Lane,
+    integrity: Integrity,
+) -> Result<Established> {
     let cn = nonce();
     let hello = Hello {
         version: VERSION as u16,
@@ -388,6 +404,7 @@ pub fn client_handshake(
         },
         nonce: cn,
         session,
+        lane,
     }
     .encode();
     s.write_all(&hello)?;
@@ -474,7 +491,7 @@ pub fn server_handshake(
     max_inflight: u32,
     instance: u64,
     timeout: Duration,
-    attach: &mut dyn FnMut(&Hello) -> bool,
+    attach: &mut dyn FnMut(&Hello) -> Result<bool>,
 ) -> Result<Accepted> {
     let deadline = Deadline::after(timeout);
     let mut hb = [0u8; HELLO_LEN];
@@ -482,7 +499,7 @@ pub fn server_handshake(
     let h = Hello::decode(&hb)?;
     let sn = nonce();
     let resumed = match secret {
-        None => attach(&h),
+        None => attach(&h)?,
         Some(_) => false,
     };
     let full = secret.is_some() && integrity == Integrity::Full;
@@ -515,7 +532,7 @@ pub fn server_handshake(
         let _ = deadline.write_all(s, &Verdict::refused(libc::EACCES).encode());
         return Err(TransportError::AuthFailed);
     }
-    let resumed = attach(&h);
+    let resumed = attach(&h)?;
     let mode = if full {
         Integrity::Full
     } else {
@@ -567,7 +584,7 @@ mod tests {
                 HANDSHAKE_TIMEOUT,
                 &mut |h| {
                     attached += 1;
-                    h.session == 42
+                    Ok(h.session == 42)
                 },
             )
             .map(|a| a.hello);
@@ -627,7 +644,7 @@ mod tests {
                 HANDSHAKE_TIMEOUT,
                 &mut |_| {
                     attached = true;
-                    true
+                    Ok(true)
                 },
             );
             (r, attached)
@@ -639,6 +656,7 @@ mod tests {
                 features: 0,
                 nonce: [1; 32],
                 session: 42,
+                lane: Lane::NONE,
             }
             .encode(),
         )
@@ -675,7 +693,7 @@ mod tests {
                     32,
                     1,
                     timeout,
-                    &mut |_| false,
+                    &mut |_| Ok(false),
                 );
                 out.push((r.map(|a| a.hello.session), t.elapsed()));
             }
@@ -686,6 +704,7 @@ mod tests {
             features: 0,
             nonce: [1; 32],
             session: 9,
+            lane: Lane::NONE,
         }
         .encode();
         // 64 bytes, one every 50 ms: 3.2 s, far past the deadline.

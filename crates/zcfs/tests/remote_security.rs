@@ -77,6 +77,7 @@ fn hostile_peers_and_wrong_secrets_are_dropped() {
                     features: 0,
                     nonce: [7; 32],
                     session: 80,
+                    lane: zcfs_protocol::handshake::Lane::NONE,
                 }
                 .encode(),
             )

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use zcfs_backend::*;
 use zcfs_client::{ClientConfig, RemoteFs};
+use zcfs_protocol::handshake::Lane;
 use zcfs_protocol::{Cred, ReqHeader, Request, RespHeader, RESP_HDR};
 use zcfs_server::{Server, ServerConfig, StatsReport};
 use zcfs_transport::Stream;
@@ -146,10 +147,28 @@ impl Raw {
         Some(Raw { s, next_id: 1 })
     }
 
-    fn handshake(mut s: Stream, session: u64) -> Raw {
+    fn handshake(s: Stream, session: u64) -> Raw {
+        Raw::handshake_on_lane(s, session, Lane::NONE).unwrap()
+    }
+
+    /// A connection on `lane` of the session (the server fences the lane's older
+    /// connection first); Err when the server refuses it.
+    pub fn connect_on_lane(
+        addr: SocketAddr,
+        session: u64,
+        lane: Lane,
+    ) -> std::result::Result<Raw, zcfs_transport::TransportError> {
+        Raw::handshake_on_lane(TcpStream::connect(addr).unwrap().into(), session, lane)
+    }
+
+    fn handshake_on_lane(
+        mut s: Stream,
+        session: u64,
+        lane: Lane,
+    ) -> std::result::Result<Raw, zcfs_transport::TransportError> {
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        zcfs_transport::client_handshake(&mut s, None, session, Default::default()).unwrap();
-        Raw { s, next_id: 1 }
+        zcfs_transport::client_handshake_on_lane(&mut s, None, session, lane, Default::default())?;
+        Ok(Raw { s, next_id: 1 })
     }
 
     /// A connection whose receive buffer is `rcvbuf` bytes from the start (set before
