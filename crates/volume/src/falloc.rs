@@ -67,18 +67,30 @@ pub enum Seek {
 }
 
 impl State {
-    /// Lower `ino`'s reserve to its data blocks (it never needs more), keeping what
-    /// reservations have drawn; `reserved` follows.
+    /// Lower `ino`'s reserve to its data blocks (it never needs more); `reserved`
+    /// follows. Draws of writes in flight beyond the new reserve are forfeited: those
+    /// writes already hold their blocks, and when they end only what is still counted
+    /// in `drawing` is promised again (`end_draw`), so the reserve the truncate or punch
+    /// commits is the one the file keeps.
     pub(crate) fn clamp_reserve(&mut self, ino: u64) {
         let Some(i) = self.inodes.get(&ino) else {
             return;
         };
-        let drawn = self.drawing.get(&(ino, i.rec.gen)).copied().unwrap_or(0);
-        let target = i.rec.cow_reserve.min(i.map.data_blocks()).max(drawn);
-        let cut = i.rec.cow_reserve - target.min(i.rec.cow_reserve);
-        if cut > 0 {
-            self.inodes.get_mut(&ino).expect("checked").rec.cow_reserve -= cut;
-            self.reserved -= cut;
+        let key = (ino, i.rec.gen);
+        let reserve = i.rec.cow_reserve;
+        let target = reserve.min(i.map.data_blocks());
+        if target == reserve {
+            return;
+        }
+        let drawn = self.drawing.get(&key).copied().unwrap_or(0);
+        let kept_draw = drawn.min(target);
+        // `reserved` holds the undrawn part: from reserve - drawn to target - kept_draw.
+        self.reserved = self.reserved - (reserve - drawn) + (target - kept_draw);
+        self.inodes.get_mut(&ino).expect("checked").rec.cow_reserve = target;
+        if kept_draw == 0 {
+            self.drawing.remove(&key);
+        } else {
+            self.drawing.insert(key, kept_draw);
         }
     }
 
@@ -106,23 +118,29 @@ impl State {
     }
 
     /// A write reservation that drew `drawn` ends; `used` of them were spent
-    /// (committed overwrites), the rest is promised again.
+    /// (committed overwrites), the rest is promised again. Only what `drawing` still
+    /// counts (a truncate or punch may have forfeited some, `clamp_reserve`) goes back.
     pub(crate) fn end_draw(&mut self, ino: u64, gen: u32, drawn: u64, used: u64) {
         if drawn == 0 {
             return;
         }
         let key = (ino, gen);
         let Some(d) = self.drawing.get_mut(&key) else {
-            return; // the inode was freed meanwhile (drop_reserve)
+            return; // freed meanwhile (drop_reserve), or all forfeited (clamp_reserve)
         };
-        *d -= drawn;
+        let live = drawn.min(*d);
+        *d -= live;
         if *d == 0 {
             self.drawing.remove(&key);
         }
         let i = self.inodes.get_mut(&ino).expect("a drawing inode exists");
-        let used = used.min(drawn);
+        let used = used.min(live);
         i.rec.cow_reserve -= used;
-        self.reserved += drawn - used;
+        self.reserved += live - used;
+        debug_assert!(
+            self.drawing.get(&key).copied().unwrap_or(0) <= i.rec.cow_reserve,
+            "a file's draws never exceed its reserve"
+        );
     }
 
     /// A piece of a write that drew from `ino`'s reserve replaced `replaced` mapped
