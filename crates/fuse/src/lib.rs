@@ -742,15 +742,19 @@ impl Filesystem for FuseFs {
     }
 }
 
+mod direct;
 pub mod fusermount;
 
 pub use fuser::{BackgroundSession, Config, MountOption, SessionACL};
 
-/// A mounted file system served by background threads.
+/// A mounted file system served by background threads. Nothing here unmounts by itself
+/// (fuser's own mount would, by path, whatever is mounted there when its session ends):
+/// the owner calls `umount_and_join` while the mount is still its own.
 pub struct Mounted {
     session: BackgroundSession,
+    mountpoint: std::path::PathBuf,
     /// Mounted through fusermount3 (as an ordinary user): unmounted with it too.
-    via_fusermount: Option<std::path::PathBuf>,
+    via_fusermount: bool,
 }
 
 impl Mounted {
@@ -761,19 +765,29 @@ impl Mounted {
 
     /// Whether it was mounted through fusermount3.
     pub fn via_fusermount(&self) -> bool {
-        self.via_fusermount.is_some()
+        self.via_fusermount
     }
 
-    /// Unmount and wait for the session to end.
-    pub fn umount_and_join(self) -> std::io::Result<()> {
-        match &self.via_fusermount {
-            None => self.session.umount_and_join(),
-            Some(mp) => {
-                // The session thread ends when the kernel says the mount is gone.
-                fusermount::unmount(mp, false).or_else(|_| fusermount::unmount(mp, true))?;
-                self.session.join()
-            }
+    /// Unmount; a busy mount (files open) is detached instead, and its connection
+    /// lives on until they close: Ok(true). Only while the mount on the mount point
+    /// is this one: this goes by path. The session ends when the kernel drops the
+    /// connection (`join`).
+    pub fn unmount(&self) -> std::io::Result<bool> {
+        let mp = &self.mountpoint;
+        let plain = if self.via_fusermount {
+            fusermount::unmount(mp, false)
+        } else {
+            direct::unmount(mp, false)
+        };
+        if plain.is_ok() {
+            return Ok(false);
         }
+        if self.via_fusermount {
+            fusermount::unmount(mp, true)?;
+        } else {
+            direct::unmount(mp, true)?;
+        }
+        Ok(true)
     }
 
     /// Wait for the session to end (someone else unmounts).
@@ -799,17 +813,13 @@ fn can_mount_directly() -> bool {
 /// (or root where /dev/fuse cannot be opened) through the setuid fusermount3, as
 /// libfuse does.
 pub fn spawn(fs: FuseFs, mountpoint: &Path, config: &Config) -> std::io::Result<Mounted> {
-    if can_mount_directly() {
-        return Ok(Mounted {
-            session: fuser::spawn_mount(fs, mountpoint, config)?,
-            via_fusermount: None,
-        });
-    }
-    let fd = fusermount::mount(
-        mountpoint,
-        &config.mount_options,
-        config.acl != SessionACL::Owner,
-    )?;
+    let allow_other = config.acl != SessionACL::Owner;
+    let via_fusermount = !can_mount_directly();
+    let fd = if via_fusermount {
+        fusermount::mount(mountpoint, &config.mount_options, allow_other)?
+    } else {
+        direct::mount(mountpoint, &config.mount_options, allow_other)?
+    };
     let session = match fuser::Session::from_fd(fs, fd, config.acl, config.clone()) {
         Ok(s) => s.spawn(),
         Err(e) => Err(e),
@@ -817,11 +827,17 @@ pub fn spawn(fs: FuseFs, mountpoint: &Path, config: &Config) -> std::io::Result<
     match session {
         Ok(session) => Ok(Mounted {
             session,
-            via_fusermount: Some(mountpoint.to_path_buf()),
+            mountpoint: mountpoint.to_path_buf(),
+            via_fusermount,
         }),
         Err(e) => {
-            // Mounted, but not served: take it down again.
-            let _ = fusermount::unmount(mountpoint, true);
+            // Mounted, but not served: take it down again (nothing else can be
+            // mounted on it yet: we are the one who just did).
+            let _ = if via_fusermount {
+                fusermount::unmount(mountpoint, true)
+            } else {
+                direct::unmount(mountpoint, true)
+            };
             Err(e)
         }
     }

@@ -28,7 +28,6 @@ fn tmpfs_on(mp: &Path) -> bool {
 /// service stop, shutdown) to the old zcfs process takes it away.
 /// Fails: the tmpfs is gone after the SIGTERM.
 #[test]
-#[ignore = "known defect, issue 14 open: on a signal fuser unmounts by path while a lazily detached connection lives"]
 fn sigterm_after_a_lazy_detach_leaves_the_next_mount_alone() {
     assert!(Path::new("/dev/fuse").exists(), "needs /dev/fuse");
     let image = std::path::PathBuf::from(format!("/dev/shm/{}.img", unique("r14-lazy")));

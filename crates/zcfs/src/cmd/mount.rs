@@ -2,6 +2,7 @@
 //! `zcfs umount MOUNTPOINT`.
 
 mod options;
+mod stop;
 
 use crate::backend::{client_config, OpenedBackend};
 use crate::process::{sd_notify, spawn_detached, ChildReport, ReadyPipe, StopSignals};
@@ -139,9 +140,24 @@ fn mount_until_unmounted(a: &MountArgs, ready_pipe: &mut Option<ReadyPipe>) -> R
     }
     sd_notify("STOPPING=1");
     if let Some(sig) = signalled {
+        let still_ours = matches!((&ours, mount_at(&canonical_mp)), (Some(o), Some(n)) if *o == n);
         tracing::info!(sig, "signal received: unmounting");
-        if let Err(e) = session.umount_and_join() {
-            tracing::warn!("unmount: {e}");
+        let detached = if still_ours {
+            session.unmount().unwrap_or_else(|e| {
+                tracing::warn!("unmount: {e}");
+                true
+            })
+        } else {
+            // Detached already (files still open keep the connection alive), and the
+            // mount point perhaps someone else's now: that mount is left alone.
+            true
+        };
+        if detached {
+            // Files still open on the detached mount would keep the session alive:
+            // end our connection (they get ENOTCONN, as when the process dies).
+            stop::end_connection(session, ours.as_ref().map(|(_, dev)| dev.as_str()));
+        } else if let Err(e) = session.join() {
+            tracing::warn!("session ended: {e}");
         }
     } else if let Err(e) = session.join() {
         tracing::warn!("session ended: {e}");
