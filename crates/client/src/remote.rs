@@ -359,6 +359,19 @@ impl Backend for RemoteFs {
         Ok(self.entry(r.attr, epoch, Some((parent, name)), false))
     }
 
+    /// The server takes the reference (a lookup of "." names any node itself).
+    fn hold(&self, ino: u64, generation: u64) -> Result<Attr> {
+        let (r, epoch) = self.call_in(
+            &own(),
+            LookupReq {
+                parent: NodeRef::new(ino, generation),
+                name: LookupName::new(b".").map_err(invalid)?,
+            },
+            &[],
+        )?;
+        Ok(self.entry(r.attr, epoch, None, false))
+    }
+
     fn forget(&self, ino: u64, n: u64) {
         let (count, epoch) = {
             let mut m = lock(&self.meta);

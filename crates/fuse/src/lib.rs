@@ -128,7 +128,10 @@ impl Filesystem for FuseFs {
             // writer, which a backend checking permissions refuses).
             | InitFlags::FUSE_HANDLE_KILLPRIV
             | InitFlags::FUSE_HANDLE_KILLPRIV_V2
-            | InitFlags::FUSE_ASYNC_DIO;
+            | InitFlags::FUSE_ASYNC_DIO
+            // File handles (name_to_handle_at, NFS re-export) of inodes the kernel no
+            // longer caches: it looks their node id up with "." (see `lookup`).
+            | InitFlags::FUSE_EXPORT_SUPPORT;
         if self.opts.readdirplus {
             want |= InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO;
         }
@@ -151,10 +154,15 @@ impl Filesystem for FuseFs {
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         self.count();
-        match self
-            .backend
-            .lookup(&self.ctx(req), parent.0, name.as_bytes())
-        {
+        // The kernel looks "." up in any node (a file too) to open a file handle of
+        // an inode it no longer caches (export support): that node, referenced.
+        let found = if name.as_bytes() == b"." {
+            self.backend.hold(parent.0, 0)
+        } else {
+            self.backend
+                .lookup(&self.ctx(req), parent.0, name.as_bytes())
+        };
+        match found {
             Ok(a) => reply.entry(&self.ttl, &self.file_attr(&a), Generation(a.generation)),
             // A negative entry is cached as long as a positive one.
             Err(e) if e.errno == libc::ENOENT && !self.ttl.is_zero() => {

@@ -98,6 +98,11 @@ impl<'a> Conn<'a> {
             return Err(ro());
         }
         Ok(match req {
+            // "." names the node itself, whatever its type (a client opening a file
+            // handle: FUSE's export support looks a node id up this way).
+            Request::Lookup(r) if &*r.name == b"." => {
+                Reply::Lookup(self.entry(b.hold(r.parent.ino, r.parent.gen)?))
+            }
             Request::Lookup(r) => {
                 let _g = self.hold([r.parent])?;
                 Reply::Lookup(self.entry(b.lookup(ctx, r.parent.ino, &r.name)?))

@@ -315,3 +315,115 @@ fn fallocate_and_seek_match_tmpfs() {
     );
     m.fsck_after_stop();
 }
+
+/// A file handle: name_to_handle_at's bytes for `path` (a buffer big enough for any
+/// file system's), or its errno.
+fn handle_of(path: &Path) -> Result<Vec<u8>, String> {
+    const MAX_HANDLE: usize = 128;
+    // file_handle: handle_bytes u32, handle_type i32, then the bytes (u64-aligned).
+    let mut buf = vec![0u64; (8 + MAX_HANDLE) / 8];
+    let c = cpath(path);
+    let mut mount_id = 0;
+    // SAFETY: the buffer is a file_handle header followed by MAX_HANDLE bytes, as
+    // handle_bytes says; name_to_handle_at writes within it.
+    unsafe {
+        let h = buf.as_mut_ptr() as *mut libc::file_handle;
+        (*h).handle_bytes = MAX_HANDLE as u32;
+        if libc::name_to_handle_at(libc::AT_FDCWD, c.as_ptr(), h, &mut mount_id, 0) < 0 {
+            return Err(errname(errno()));
+        }
+        let n = 8 + (*h).handle_bytes as usize;
+        Ok(std::slice::from_raw_parts(buf.as_ptr() as *const u8, n).to_vec())
+    }
+}
+
+/// Open a handle from `handle_of` on the file system of `mount` and say what it finds:
+/// its type, link count and first bytes, or the errno.
+fn open_handle(mount: &Path, handle: &[u8]) -> String {
+    let mut buf = vec![0u64; handle.len().div_ceil(8)];
+    // SAFETY: copying the handle's bytes into an aligned buffer of at least their size.
+    unsafe {
+        std::ptr::copy_nonoverlapping(handle.as_ptr(), buf.as_mut_ptr() as *mut u8, handle.len())
+    };
+    let m = cpath(mount);
+    // SAFETY: plain system calls on descriptors this function owns; the handle buffer
+    // holds a whole file_handle as name_to_handle_at wrote it.
+    unsafe {
+        let mfd = libc::open(m.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY);
+        assert!(mfd >= 0);
+        let fd = libc::open_by_handle_at(
+            mfd,
+            buf.as_mut_ptr() as *mut libc::file_handle,
+            libc::O_RDONLY,
+        );
+        let e = errno();
+        libc::close(mfd);
+        if fd < 0 {
+            return format!("open_by_handle_at {}", errname(e));
+        }
+        let line = fstat_line(fd);
+        let mut data = [0u8; 8];
+        let n = libc::pread(fd, data.as_mut_ptr().cast(), data.len(), 0);
+        libc::close(fd);
+        format!(
+            "{line} reads {:?}",
+            String::from_utf8_lossy(&data[..n.max(0) as usize])
+        )
+    }
+}
+
+/// Forget what the kernel caches of names and inodes, so a handle has to be looked up
+/// in the file system itself (FUSE: a LOOKUP of "." in the node id).
+fn drop_kernel_caches() {
+    std::fs::write("/proc/sys/vm/drop_caches", b"2").unwrap();
+}
+
+/// Handles of a hard-linked file (both names), a directory, and what they open after
+/// the kernel forgot the inodes, after one name went, and after the file is gone.
+fn handles_script(base: &Path, mount: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    std::fs::write(base.join("f"), b"content").unwrap();
+    std::fs::hard_link(base.join("f"), base.join("g")).unwrap();
+    std::fs::create_dir(base.join("d")).unwrap();
+    let hf = handle_of(&base.join("f")).unwrap();
+    let hg = handle_of(&base.join("g")).unwrap();
+    let hd = handle_of(&base.join("d")).unwrap();
+    out.push(format!("f and g share a handle: {}", hf == hg));
+    for (name, h) in [("f", &hf), ("d", &hd)] {
+        out.push(format!("{name} cached: {}", open_handle(mount, h)));
+    }
+    drop_kernel_caches();
+    for (name, h) in [("f", &hf), ("g", &hg), ("d", &hd)] {
+        out.push(format!("{name} uncached: {}", open_handle(mount, h)));
+    }
+    std::fs::remove_file(base.join("f")).unwrap();
+    drop_kernel_caches();
+    out.push(format!("after unlink f: {}", open_handle(mount, &hg)));
+    std::fs::remove_file(base.join("g")).unwrap();
+    std::fs::remove_dir(base.join("d")).unwrap();
+    drop_kernel_caches();
+    out.push(format!("after unlink g: {}", open_handle(mount, &hf)));
+    out.push(format!("after rmdir d: {}", open_handle(mount, &hd)));
+    out
+}
+
+/// File handles keep working for every name of an inode, as on tmpfs, on local and
+/// remote mounts.
+#[test]
+fn file_handles_of_hard_links_open_as_on_tmpfs() {
+    let reference = TmpfsDir::new("handles");
+    let want = handles_script(&reference.0, Path::new("/dev/shm"));
+    let m = Mount::volume_with("handles", "64M", &[], &[]);
+    let got = handles_script(&m.mp, &m.mp);
+    assert_eq!(got, want, "zcfs differs from tmpfs");
+    m.fsck_after_stop();
+    // Through a server: the mount's lookup of "." is a hold on the server.
+    let net = common::remote::Net::new();
+    let mut srv = common::remote::Served::new(&net, "handles", &[]);
+    let rm = common::remote::RemoteMount::new(&net, &srv, "handles-mp", &[]);
+    let got = handles_script(&rm.mp, &rm.mp);
+    assert_eq!(got, want, "a remote zcfs mount differs from tmpfs");
+    drop(rm);
+    srv.kill(libc::SIGTERM);
+    srv.fsck();
+}
