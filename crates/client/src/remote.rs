@@ -32,9 +32,9 @@ use std::time::Instant;
 use zcfs_backend::*;
 use zcfs_protocol::{
     AccessReq, CreateReq, FallocateReq, FlushReq, FsyncReq, GetattrReq, GetxattrReq, LinkReq,
-    ListxattrReq, LookupReq, MkdirReq, MknodReq, OpenReq, ReadReq, ReaddirReq, ReadlinkReq,
-    ReleaseReq, RemovexattrReq, RenameReq, RmdirReq, SetattrReq, SetxattrReq, StatfsReq, StatsReq,
-    SymlinkReq, SyncAllReq, UnlinkReq, WriteReq,
+    ListxattrReq, LookupReq, LseekReq, MkdirReq, MknodReq, OpenReq, ReadReq, ReaddirReq,
+    ReadlinkReq, ReleaseReq, RemovexattrReq, RenameReq, RmdirReq, SetattrReq, SetxattrReq,
+    StatfsReq, StatsReq, SymlinkReq, SyncAllReq, UnlinkReq, WriteReq,
 };
 use zcfs_protocol::{
     Cred, ForgetItem, ForgetReq, List, LookupName, Name, NodeRef, Operation, ProtoError,
@@ -357,6 +357,16 @@ impl Backend for RemoteFs {
             &[],
         )?;
         Ok(self.entry(r.attr, epoch, Some((parent, name)), false))
+    }
+
+    fn lseek(&self, ino: u64, fh: u64, offset: u64, whence: i32) -> Result<u64> {
+        let req = LseekReq {
+            node: self.node(ino),
+            fh: self.server_fh(fh)?,
+            offset,
+            whence,
+        };
+        Ok(self.call(&own(), req)?.offset)
     }
 
     /// The server takes the reference (a lookup of "." names any node itself).

@@ -255,6 +255,17 @@ wire_struct! {
 }
 
 wire_struct! {
+    /// lseek(2)'s SEEK_DATA (3) or SEEK_HOLE (4) from `offset`, on any open handle (or
+    /// 0: authorized as an open for reading would be).
+    pub struct LseekReq {
+        pub node: NodeRef,
+        pub fh: u64,
+        pub offset: u64,
+        pub whence: i32,
+    }
+}
+
+wire_struct! {
     pub struct SyncAllReq {}
 }
 
@@ -343,6 +354,13 @@ wire_struct! {
 wire_struct! {
     pub struct WriteReply {
         pub written: u32,
+    }
+}
+
+wire_struct! {
+    /// Where lseek's answer lands.
+    pub struct LseekReply {
+        pub offset: u64,
     }
 }
 

@@ -62,7 +62,7 @@ macro_rules! operations {
             /// everything but the data paths (read, write: idempotent, and their
             /// payloads too large to keep) and ping and stats (no side effects).
             pub fn cached(self) -> bool {
-                !matches!(self, Op::Read | Op::Write | Op::Ping | Op::Stats)
+                !matches!(self, Op::Read | Op::Write | Op::Lseek | Op::Ping | Op::Stats)
             }
         }
 
@@ -283,4 +283,5 @@ operations! {
     28 Stats       "stats"       : StatsReq       -> StatsReply,     mutates false, idempotent true;
     29 Forget      "forget"      : ForgetReq      -> EmptyReply,     mutates false, idempotent false;
     30 Access      "access"      : AccessReq      -> EmptyReply,     mutates false, idempotent true;
+    31 Lseek       "lseek"       : LseekReq       -> LseekReply,     mutates false, idempotent true;
 }

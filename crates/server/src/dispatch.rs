@@ -271,6 +271,15 @@ impl<'a> Conn<'a> {
                 b.fallocate(ctx, r.node.ino, bfh, r.offset, r.len, r.mode)?;
                 Reply::Fallocate(EmptyReply {})
             }
+            Request::Lseek(r) => {
+                // Any open handle (as lseek(2) on any descriptor); without one, what an
+                // open for reading would need (the layout says what the file holds).
+                let access = if r.fh == 0 { Access::Read } else { Access::Any };
+                let (bfh, _g) = self.handle_for(ctx, r.node, r.fh, access)?;
+                Reply::Lseek(LseekReply {
+                    offset: b.lseek(r.node.ino, bfh, r.offset, r.whence)?,
+                })
+            }
             Request::SyncAll(_) => {
                 b.sync_all()?;
                 Reply::SyncAll(EmptyReply {})

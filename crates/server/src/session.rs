@@ -10,7 +10,7 @@
 //!
 //! A session also keeps the replies it sent (the **reply cache**, as NFSv4.1's session
 //! slots do): every request with session side effects (`Op::cached`: everything but
-//! read, write, ping and stats) is remembered by its request id, which is unique within
+//! read, write, lseek, ping and stats) is remembered by its request id, unique within
 //! a client's session, with its encoded reply. A client that lost a connection resends
 //! such a request with the same id on another connection; the server answers from the
 //! cache without executing it again (or, while the first is still running, waits for it

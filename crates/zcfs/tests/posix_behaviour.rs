@@ -314,6 +314,21 @@ fn fallocate_and_seek_match_tmpfs() {
         diffs.join("\n")
     );
     m.fsck_after_stop();
+    // Through a server (fallocate's modes and lseek are protocol operations).
+    let net = common::remote::Net::new();
+    let mut srv = common::remote::Served::new(&net, "falloc", &[]);
+    let rm = common::remote::RemoteMount::new(&net, &srv, "falloc-mp", &["-o", "cache=none"]);
+    let got = falloc_script(&rm.mp, true);
+    drop(rm);
+    let diffs = compare_obs(&want, &got);
+    assert!(
+        diffs.is_empty(),
+        "remote: {} differ:\n{}",
+        diffs.len(),
+        diffs.join("\n")
+    );
+    srv.kill(libc::SIGTERM);
+    srv.fsck();
 }
 
 /// A file handle: name_to_handle_at's bytes for `path` (a buffer big enough for any

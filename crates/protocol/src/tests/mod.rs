@@ -250,6 +250,17 @@ fn request_for(op: Op) -> BoxedStrategy<Request> {
         Op::Removexattr => (node(), xname())
             .prop_map(|(node, name)| RemovexattrReq { node, name }.into())
             .boxed(),
+        Op::Lseek => (node(), any::<u64>(), 0u64..=MAX_OFFSET, any::<i32>())
+            .prop_map(|(node, fh, offset, whence)| {
+                LseekReq {
+                    node,
+                    fh,
+                    offset,
+                    whence,
+                }
+                .into()
+            })
+            .boxed(),
         Op::Fallocate => (node(), any::<u64>(), 0u64..=MAX_OFFSET, any::<i32>())
             .prop_flat_map(|(node, fh, offset, mode)| {
                 (0..=MAX_OFFSET - offset).prop_map(move |len| {
@@ -355,6 +366,9 @@ fn reply_for(op: Op) -> BoxedStrategy<Reply> {
             .boxed(),
         Op::Removexattr => Just(Reply::Removexattr(EmptyReply {})).boxed(),
         Op::Fallocate => Just(Reply::Fallocate(EmptyReply {})).boxed(),
+        Op::Lseek => any::<u64>()
+            .prop_map(|offset| Reply::Lseek(LseekReply { offset }))
+            .boxed(),
         Op::SyncAll => Just(Reply::SyncAll(EmptyReply {})).boxed(),
         Op::Ping => Just(Reply::Ping(EmptyReply {})).boxed(),
         Op::Access => Just(Reply::Access(EmptyReply {})).boxed(),
