@@ -93,3 +93,121 @@ fn a_late_connection_of_an_older_generation_is_refused_and_changes_nothing() {
     Raw::connect_on_lane(srv.addr(), SESSION + 1, lane(1)).unwrap();
     assert_eq!(current.call_with(write_req(f.ino, 2), b"ok").status, 0);
 }
+
+/// A TCP relay in front of the server whose links can be frozen, as a cut link: what
+/// either side sends on a frozen link is held, and goes on when it thaws (the kernel
+/// retransmitting once the link is back). Links made while others are frozen flow.
+struct Relay {
+    addr: std::net::SocketAddr,
+    links: std::sync::Arc<std::sync::Mutex<Vec<Link>>>,
+}
+
+struct Link {
+    /// true while frozen.
+    gate: std::sync::Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+    pumps: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Relay {
+    fn start(to: std::net::SocketAddr) -> Relay {
+        use std::net::{TcpListener, TcpStream};
+        use std::sync::{Arc, Condvar, Mutex};
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let links: Arc<Mutex<Vec<Link>>> = Arc::default();
+        let links2 = links.clone();
+        std::thread::spawn(move || {
+            for c in l.incoming() {
+                let Ok(c) = c else { return };
+                let Ok(s) = TcpStream::connect(to) else {
+                    return;
+                };
+                let gate = Arc::new((Mutex::new(false), Condvar::new()));
+                let pump = |mut from: TcpStream, mut to: TcpStream| {
+                    let gate = gate.clone();
+                    std::thread::spawn(move || {
+                        use std::io::{Read, Write};
+                        let mut b = vec![0u8; 1 << 16];
+                        loop {
+                            let n = from.read(&mut b).unwrap_or(0);
+                            // Held while frozen.
+                            let (m, cv) = &*gate;
+                            let mut frozen = m.lock().unwrap();
+                            while *frozen {
+                                frozen = cv.wait(frozen).unwrap();
+                            }
+                            drop(frozen);
+                            if n == 0 || to.write_all(&b[..n]).is_err() {
+                                let _ = to.shutdown(std::net::Shutdown::Write);
+                                return;
+                            }
+                        }
+                    })
+                };
+                let pumps = vec![
+                    pump(c.try_clone().unwrap(), s.try_clone().unwrap()),
+                    pump(s, c),
+                ];
+                links2.lock().unwrap().push(Link { gate, pumps });
+            }
+        });
+        Relay { addr, links }
+    }
+
+    /// Freeze every link there is now.
+    fn freeze(&self) {
+        for l in self.links.lock().unwrap().iter() {
+            *l.gate.0.lock().unwrap() = true;
+        }
+    }
+
+    /// Thaw the frozen links and wait until each has delivered what it held and both
+    /// its ends have closed (the server executed what it read, or had fenced it).
+    fn thaw_frozen(&self) {
+        let frozen: Vec<Link> = {
+            let mut links = self.links.lock().unwrap();
+            let (f, rest) = links.drain(..).partition(|l| *l.gate.0.lock().unwrap());
+            *links = rest;
+            f
+        };
+        assert!(!frozen.is_empty(), "nothing was frozen");
+        for l in frozen {
+            *l.gate.0.lock().unwrap() = false;
+            l.gate.1.notify_all();
+            for p in l.pumps {
+                p.join().unwrap();
+            }
+        }
+    }
+}
+
+/// The same cut-link case through the real client with its two connections: the write
+/// whose reply times out on one lane is sent again (same id) on the other lane, times
+/// out there too, and the caller gets the error. The next write redials a lane and is
+/// executed; then the link comes back and the held copies arrive. The copy held on the
+/// *other* lane (never redialled, so never fenced) must not land after the next write.
+#[test]
+fn a_write_given_up_on_another_lane_never_lands_after_the_next_one() {
+    let srv = Running::start(memory_fs(32 << 20), config());
+    let relay = Relay::start(srv.addr());
+    let mut cfg = zcfs_client::ClientConfig::new(&relay.addr.to_string());
+    cfg.connections = 2;
+    cfg.timeout = Duration::from_millis(500);
+    let fs = zcfs_client::RemoteFs::connect(cfg).unwrap();
+    let (f, fh) = fs
+        .create(&ctx(), ROOT, b"f", libc::S_IFREG | 0o644, libc::O_RDWR)
+        .unwrap();
+    // Both lanes connected (requests go round robin).
+    for _ in 0..2 {
+        fs.write(&ctx(), f.ino, fh, 0, b"before").unwrap();
+    }
+    relay.freeze();
+    let e = fs.write(&ctx(), f.ino, fh, 0, b"during").unwrap_err();
+    assert_eq!(e.errno, libc::ETIMEDOUT, "{e}");
+    // The link is back for new connections: the next write goes through.
+    fs.write(&ctx(), f.ino, fh, 0, b"after!").unwrap();
+    // What the old connections held arrives now.
+    relay.thaw_frozen();
+    let fresh = srv.client();
+    assert_eq!(read_all(&fresh, f.ino, 0, 0, 64).unwrap(), b"after!");
+}
