@@ -524,8 +524,21 @@ impl Client {
     }
 
     /// A connection to send on (round robin), connecting if needed.
+    ///
+    /// Every lane whose connection was given up on (a reply timed out, or it broke) is
+    /// dialled again first, whichever lane the request goes out on: dialling a lane
+    /// fences its old connection at the server (`Lane`), so what the caller was told had
+    /// failed there is executed before this request or never. Fencing only the lane the
+    /// request goes out on would leave a request the client gave up on (a retry in
+    /// `exchange` on the other lane, say) free to arrive after it.
     fn pick(&self) -> Result<Arc<Conn>, Error> {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len();
+        for j in (0..self.conns.len()).filter(|&j| j != i) {
+            let given_up = lock(&self.conns[j]).as_ref().is_some_and(|c| !c.is_up());
+            if given_up {
+                self.conn(j)?;
+            }
+        }
         self.conn(i)
     }
 

@@ -496,10 +496,11 @@ fn connection(mut s: Stream, who: Peer, peer: &str, shared: &Shared, slot: &mut 
             let resumed = a.resumed;
             // Before the client hears it may send: its older connection on this lane
             // is closed and done (see `session::Lanes`).
-            let held =
-                a.session
-                    .lanes
-                    .take_over(hello.lane, fence.clone(), shared.cfg.peer_timeout);
+            // Waited for no longer than the handshake may take: a refusal (Busy) then
+            // reaches the client within its timeout as a connection closed before its
+            // Welcome, which it dials again after, and the handshake place is free.
+            let wait = shared.cfg.handshake_timeout.min(shared.cfg.peer_timeout);
+            let held = a.session.lanes.take_over(hello.lane, fence.clone(), wait);
             attachment = Some(a);
             match held {
                 Ok(h) => lane_hold = h,

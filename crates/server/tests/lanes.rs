@@ -93,3 +93,270 @@ fn a_late_connection_of_an_older_generation_is_refused_and_changes_nothing() {
     Raw::connect_on_lane(srv.addr(), SESSION + 1, lane(1)).unwrap();
     assert_eq!(current.call_with(write_req(f.ino, 2), b"ok").status, 0);
 }
+
+/// A TCP relay in front of the server whose links can be frozen, as a cut link: what
+/// either side sends on a frozen link is held, and goes on when it thaws (the kernel
+/// retransmitting once the link is back). Links made while others are frozen flow.
+struct Relay {
+    addr: std::net::SocketAddr,
+    links: std::sync::Arc<std::sync::Mutex<Vec<Link>>>,
+}
+
+struct Link {
+    /// true while frozen.
+    gate: std::sync::Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+    pumps: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Relay {
+    fn start(to: std::net::SocketAddr) -> Relay {
+        use std::net::{TcpListener, TcpStream};
+        use std::sync::{Arc, Condvar, Mutex};
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let links: Arc<Mutex<Vec<Link>>> = Arc::default();
+        let links2 = links.clone();
+        std::thread::spawn(move || {
+            for c in l.incoming() {
+                let Ok(c) = c else { return };
+                let Ok(s) = TcpStream::connect(to) else {
+                    return;
+                };
+                let gate = Arc::new((Mutex::new(false), Condvar::new()));
+                let pump = |mut from: TcpStream, mut to: TcpStream| {
+                    let gate = gate.clone();
+                    std::thread::spawn(move || {
+                        use std::io::{Read, Write};
+                        let mut b = vec![0u8; 1 << 16];
+                        loop {
+                            let n = from.read(&mut b).unwrap_or(0);
+                            // Held while frozen.
+                            let (m, cv) = &*gate;
+                            let mut frozen = m.lock().unwrap();
+                            while *frozen {
+                                frozen = cv.wait(frozen).unwrap();
+                            }
+                            drop(frozen);
+                            if n == 0 || to.write_all(&b[..n]).is_err() {
+                                let _ = to.shutdown(std::net::Shutdown::Write);
+                                return;
+                            }
+                        }
+                    })
+                };
+                let pumps = vec![
+                    pump(c.try_clone().unwrap(), s.try_clone().unwrap()),
+                    pump(s, c),
+                ];
+                links2.lock().unwrap().push(Link { gate, pumps });
+            }
+        });
+        Relay { addr, links }
+    }
+
+    /// Freeze every link there is now.
+    fn freeze(&self) {
+        for l in self.links.lock().unwrap().iter() {
+            *l.gate.0.lock().unwrap() = true;
+        }
+    }
+
+    /// Thaw the frozen links and wait until each has delivered what it held and both
+    /// its ends have closed (the server executed what it read, or had fenced it).
+    fn thaw_frozen(&self) {
+        let frozen: Vec<Link> = {
+            let mut links = self.links.lock().unwrap();
+            let (f, rest) = links.drain(..).partition(|l| *l.gate.0.lock().unwrap());
+            *links = rest;
+            f
+        };
+        assert!(!frozen.is_empty(), "nothing was frozen");
+        for l in frozen {
+            *l.gate.0.lock().unwrap() = false;
+            l.gate.1.notify_all();
+            for p in l.pumps {
+                p.join().unwrap();
+            }
+        }
+    }
+}
+
+/// The same cut-link case through the real client with its two connections: the write
+/// whose reply times out on one lane is sent again (same id) on the other lane, times
+/// out there too, and the caller gets the error. The next write redials a lane and is
+/// executed; then the link comes back and the held copies arrive. The copy held on the
+/// *other* lane (never redialled, so never fenced) must not land after the next write.
+#[test]
+fn a_write_given_up_on_another_lane_never_lands_after_the_next_one() {
+    let srv = Running::start(memory_fs(32 << 20), config());
+    let relay = Relay::start(srv.addr());
+    let mut cfg = zcfs_client::ClientConfig::new(&relay.addr.to_string());
+    cfg.connections = 2;
+    cfg.timeout = Duration::from_millis(500);
+    let fs = zcfs_client::RemoteFs::connect(cfg).unwrap();
+    let (f, fh) = fs
+        .create(&ctx(), ROOT, b"f", libc::S_IFREG | 0o644, libc::O_RDWR)
+        .unwrap();
+    // Both lanes connected (requests go round robin).
+    for _ in 0..2 {
+        fs.write(&ctx(), f.ino, fh, 0, b"before").unwrap();
+    }
+    relay.freeze();
+    let e = fs.write(&ctx(), f.ino, fh, 0, b"during").unwrap_err();
+    assert_eq!(e.errno, libc::ETIMEDOUT, "{e}");
+    // The link is back for new connections: the next write goes through.
+    fs.write(&ctx(), f.ino, fh, 0, b"after!").unwrap();
+    // What the old connections held arrives now.
+    relay.thaw_frozen();
+    let fresh = srv.client();
+    assert_eq!(read_all(&fresh, f.ino, 0, 0, 64).unwrap(), b"after!");
+}
+
+/// A Backend whose statfs waits until the gate opens: a request still executing when
+/// its connection is fenced.
+struct SlowStatfs(
+    std::sync::Arc<dyn Backend>,
+    std::sync::Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+);
+
+mod slow_impl {
+    use super::SlowStatfs;
+    use zcfs_backend::*;
+    impl Backend for SlowStatfs {
+        fn lookup(&self, c: &Ctx, p: u64, n: &[u8]) -> Result<Attr> {
+            self.0.lookup(c, p, n)
+        }
+        fn forget(&self, i: u64, n: u64) {
+            self.0.forget(i, n)
+        }
+        fn hold(&self, i: u64, g: u64) -> Result<Attr> {
+            self.0.hold(i, g)
+        }
+        fn getattr(&self, i: u64) -> Result<Attr> {
+            self.0.getattr(i)
+        }
+        fn setattr(&self, c: &Ctx, i: u64, s: &SetAttr, fh: u64) -> Result<Attr> {
+            self.0.setattr(c, i, s, fh)
+        }
+        fn access(&self, c: &Ctx, i: u64, m: u32) -> Result<()> {
+            self.0.access(c, i, m)
+        }
+        fn opendir(&self, c: &Ctx, i: u64) -> Result<u64> {
+            self.0.opendir(c, i)
+        }
+        fn readlink(&self, i: u64) -> Result<Vec<u8>> {
+            self.0.readlink(i)
+        }
+        fn mknod(&self, c: &Ctx, p: u64, n: &[u8], m: u32, r: u32) -> Result<Attr> {
+            self.0.mknod(c, p, n, m, r)
+        }
+        fn mkdir(&self, c: &Ctx, p: u64, n: &[u8], m: u32) -> Result<Attr> {
+            self.0.mkdir(c, p, n, m)
+        }
+        fn unlink(&self, c: &Ctx, p: u64, n: &[u8]) -> Result<Attr> {
+            self.0.unlink(c, p, n)
+        }
+        fn rmdir(&self, c: &Ctx, p: u64, n: &[u8]) -> Result<Attr> {
+            self.0.rmdir(c, p, n)
+        }
+        fn symlink(&self, c: &Ctx, p: u64, n: &[u8], t: &[u8]) -> Result<Attr> {
+            self.0.symlink(c, p, n, t)
+        }
+        fn rename(&self, c: &Ctx, p: u64, n: &[u8], np: u64, nn: &[u8], f: u32) -> Result<()> {
+            self.0.rename(c, p, n, np, nn, f)
+        }
+        fn link(&self, c: &Ctx, i: u64, np: u64, nn: &[u8]) -> Result<Attr> {
+            self.0.link(c, i, np, nn)
+        }
+        fn open(&self, c: &Ctx, i: u64, f: i32) -> Result<u64> {
+            self.0.open(c, i, f)
+        }
+        fn create(&self, c: &Ctx, p: u64, n: &[u8], m: u32, f: i32) -> Result<(Attr, u64)> {
+            self.0.create(c, p, n, m, f)
+        }
+        fn read(&self, i: u64, fh: u64, o: u64, s: u32, reply: &mut dyn ReadReply) -> Result<()> {
+            self.0.read(i, fh, o, s, reply)
+        }
+        fn write(&self, c: &Ctx, i: u64, fh: u64, o: u64, d: &[u8]) -> Result<u32> {
+            self.0.write(c, i, fh, o, d)
+        }
+        fn write_with(
+            &self,
+            c: &Ctx,
+            i: u64,
+            fh: u64,
+            o: u64,
+            payload: &mut dyn WritePayload,
+        ) -> Result<u32> {
+            self.0.write_with(c, i, fh, o, payload)
+        }
+        fn release(&self, i: u64, fh: u64) -> Result<()> {
+            self.0.release(i, fh)
+        }
+        fn fsync(&self, i: u64, fh: u64, d: bool) -> Result<()> {
+            self.0.fsync(i, fh, d)
+        }
+        fn readdir(
+            &self,
+            i: u64,
+            o: u64,
+            p: bool,
+            f: &mut dyn FnMut(DirEntry) -> bool,
+        ) -> Result<()> {
+            self.0.readdir(i, o, p, f)
+        }
+        fn statfs(&self) -> Result<StatFs> {
+            let (m, cv) = &*self.1;
+            let mut closed = m.lock().unwrap();
+            while *closed {
+                closed = cv.wait(closed).unwrap();
+            }
+            drop(closed);
+            self.0.statfs()
+        }
+        fn setxattr(&self, c: &Ctx, i: u64, n: &[u8], v: &[u8], f: i32) -> Result<()> {
+            self.0.setxattr(c, i, n, v, f)
+        }
+        fn getxattr(&self, c: &Ctx, i: u64, n: &[u8]) -> Result<Vec<u8>> {
+            self.0.getxattr(c, i, n)
+        }
+        fn listxattr(&self, c: &Ctx, i: u64) -> Result<Vec<Vec<u8>>> {
+            self.0.listxattr(c, i)
+        }
+        fn removexattr(&self, c: &Ctx, i: u64, n: &[u8]) -> Result<()> {
+            self.0.removexattr(c, i, n)
+        }
+    }
+}
+
+/// A new connection whose lane's old connection is still executing a request is
+/// refused within the handshake's time (closed before its Welcome, which the client
+/// takes as "dial again"), not held in the handshake for the peer timeout, past the
+/// client's own timeout (the client then saw a timeout and gave up at once) and
+/// holding one of the source's few handshake places all that time.
+#[test]
+fn a_fence_on_a_busy_connection_is_refused_within_the_handshake_time() {
+    use std::sync::{Arc, Condvar, Mutex};
+    let gate = Arc::new((Mutex::new(true), Condvar::new()));
+    let mut cfg = config();
+    cfg.handshake_timeout = Duration::from_secs(1);
+    cfg.peer_timeout = Duration::from_secs(60);
+    let srv = Running::start(Arc::new(SlowStatfs(memory_fs(32 << 20), gate.clone())), cfg);
+    let mut old = Raw::connect_on_lane(srv.addr(), SESSION, lane(1)).unwrap();
+    let (h, body) = Request::from(zcfs_protocol::StatfsReq {}).encode(7, Cred::default());
+    old.send(&h, &body, &[]);
+    std::thread::sleep(Duration::from_millis(100));
+    // Raw waits 10 s for the Welcome.
+    let r = Raw::connect_on_lane(srv.addr(), SESSION, lane(2));
+    *gate.0.lock().unwrap() = false;
+    gate.1.notify_all();
+    assert!(
+        matches!(r, Err(zcfs_transport::TransportError::Closed)),
+        "{:?}",
+        r.err()
+    );
+    // Once the old request is done, the lane is taken.
+    eventually(Duration::from_secs(10), "the lane taken", || {
+        Raw::connect_on_lane(srv.addr(), SESSION, lane(3)).is_ok()
+    });
+}
