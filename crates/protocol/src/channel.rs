@@ -180,11 +180,7 @@ impl MessageMac {
     }
 
     pub fn verify(&self, tag: &[u8; TAG_LEN]) -> Result<(), MacError> {
-        if tags_equal(&self.tag(), tag) {
-            Ok(())
-        } else {
-            Err(MacError::Message)
-        }
+        self.check(tag, MacError::Message)
     }
 
     /// Hash a piece of bulk data (Full mode; a no-op otherwise).
@@ -196,14 +192,19 @@ impl MessageMac {
 
     /// The tag over header, body and the data hashed so far.
     pub fn data_tag(&self) -> [u8; TAG_LEN] {
-        truncate(self.hasher.finalize())
+        self.tag()
     }
 
     pub fn verify_data(&self, tag: &[u8; TAG_LEN]) -> Result<(), MacError> {
-        if tags_equal(&self.data_tag(), tag) {
+        self.check(tag, MacError::Data)
+    }
+
+    /// `tag` is the one computed here, or the error `mismatch`.
+    fn check(&self, tag: &[u8; TAG_LEN], mismatch: MacError) -> Result<(), MacError> {
+        if tags_equal(&self.tag(), tag) {
             Ok(())
         } else {
-            Err(MacError::Data)
+            Err(mismatch)
         }
     }
 }

@@ -93,11 +93,28 @@ pub struct Welcome {
     pub instance: u64,
 }
 
+/// Write a Hello's or Welcome's start: its magic and version.
+fn put_start(b: &mut [u8], magic: &[u8], version: u16) {
+    b[0..8].copy_from_slice(magic);
+    b[8..10].copy_from_slice(&version.to_le_bytes());
+}
+
+/// Check a Hello's or Welcome's magic (`what` names it) and version; the version.
+fn check_start(b: &[u8], magic: &[u8], what: &'static str) -> Result<u16> {
+    if &b[0..8] != magic {
+        return Err(ProtoError::Invalid(what));
+    }
+    let version = u16::from_le_bytes([b[8], b[9]]);
+    if version != VERSION as u16 {
+        return Err(ProtoError::BadVersion(version));
+    }
+    Ok(version)
+}
+
 impl Hello {
     pub fn encode(&self) -> [u8; HELLO_LEN] {
         let mut b = [0u8; HELLO_LEN];
-        b[0..8].copy_from_slice(HELLO_MAGIC);
-        b[8..10].copy_from_slice(&self.version.to_le_bytes());
+        put_start(&mut b, HELLO_MAGIC, self.version);
         b[10..12].copy_from_slice(&self.lane.index.to_le_bytes());
         b[12..16].copy_from_slice(&self.lane.generation.to_le_bytes());
         b[16..24].copy_from_slice(&self.features.to_le_bytes());
@@ -106,13 +123,7 @@ impl Hello {
         b
     }
     pub fn decode(b: &[u8; HELLO_LEN]) -> Result<Hello> {
-        if &b[0..8] != HELLO_MAGIC {
-            return Err(ProtoError::Invalid("hello magic"));
-        }
-        let version = u16::from_le_bytes([b[8], b[9]]);
-        if version != VERSION as u16 {
-            return Err(ProtoError::BadVersion(version));
-        }
+        let version = check_start(b, HELLO_MAGIC, "hello magic")?;
         let session = u64::from_le_bytes(b[56..64].try_into().unwrap());
         if session == 0 {
             return Err(ProtoError::Invalid("session id 0"));
@@ -133,8 +144,7 @@ impl Hello {
 impl Welcome {
     pub fn encode(&self) -> [u8; WELCOME_LEN] {
         let mut b = [0u8; WELCOME_LEN];
-        b[0..8].copy_from_slice(WELCOME_MAGIC);
-        b[8..10].copy_from_slice(&self.version.to_le_bytes());
+        put_start(&mut b, WELCOME_MAGIC, self.version);
         b[10] = self.auth as u8;
         b[11] = self.resumed as u8;
         b[16..24].copy_from_slice(&self.features.to_le_bytes());
@@ -146,13 +156,7 @@ impl Welcome {
         b
     }
     pub fn decode(b: &[u8; WELCOME_LEN]) -> Result<Welcome> {
-        if &b[0..8] != WELCOME_MAGIC {
-            return Err(ProtoError::Invalid("welcome magic"));
-        }
-        let version = u16::from_le_bytes([b[8], b[9]]);
-        if version != VERSION as u16 {
-            return Err(ProtoError::BadVersion(version));
-        }
+        let version = check_start(b, WELCOME_MAGIC, "welcome magic")?;
         if b[10] > 1 || b[11] > 1 {
             return Err(ProtoError::Invalid("auth or resumed flag"));
         }
