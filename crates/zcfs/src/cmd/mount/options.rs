@@ -23,6 +23,29 @@ pub struct MountPlan {
     pub remount: bool,
 }
 
+/// The generic mount flags zcfs passes on: the `-o` name, the fuser option, and the
+/// mount(2) flag it sets (`true`) or clears (`false`) on a remount.
+pub(super) const MOUNT_FLAGS: &[(&str, MountOption, u64, bool)] = &[
+    ("ro", MountOption::RO, libc::MS_RDONLY, true),
+    ("rw", MountOption::RW, libc::MS_RDONLY, false),
+    ("nosuid", MountOption::NoSuid, libc::MS_NOSUID, true),
+    ("suid", MountOption::Suid, libc::MS_NOSUID, false),
+    ("nodev", MountOption::NoDev, libc::MS_NODEV, true),
+    ("dev", MountOption::Dev, libc::MS_NODEV, false),
+    ("noexec", MountOption::NoExec, libc::MS_NOEXEC, true),
+    ("exec", MountOption::Exec, libc::MS_NOEXEC, false),
+    ("noatime", MountOption::NoAtime, libc::MS_NOATIME, true),
+    ("atime", MountOption::Atime, libc::MS_NOATIME, false),
+    ("sync", MountOption::Sync, libc::MS_SYNCHRONOUS, true),
+    ("async", MountOption::Async, libc::MS_SYNCHRONOUS, false),
+    ("dirsync", MountOption::DirSync, libc::MS_DIRSYNC, true),
+];
+
+/// The fuser option of the generic mount flag `name`.
+fn mount_flag(name: &str) -> Option<&'static MountOption> {
+    MOUNT_FLAGS.iter().find(|f| f.0 == name).map(|f| &f.1)
+}
+
 /// Generic mount(8) options that ask nothing of zcfs here (atime variants the kernel
 /// applies to every mount, LSM contexts, flags FUSE ignores): accepted, logged, not
 /// acted on, so fstab lines and tools that pass them work.
@@ -91,18 +114,9 @@ pub fn parse_options(a: &MountArgs) -> Result<MountPlan> {
                 p.read_only = true;
                 p.mount_options.push(MountOption::RO)
             }
-            ("rw", None) => p.mount_options.push(MountOption::RW),
-            ("suid", None) => p.mount_options.push(MountOption::Suid),
-            ("nosuid", None) => p.mount_options.push(MountOption::NoSuid),
-            ("dev", None) => p.mount_options.push(MountOption::Dev),
-            ("nodev", None) => p.mount_options.push(MountOption::NoDev),
-            ("exec", None) => p.mount_options.push(MountOption::Exec),
-            ("noexec", None) => p.mount_options.push(MountOption::NoExec),
-            ("atime", None) => p.mount_options.push(MountOption::Atime),
-            ("noatime", None) => p.mount_options.push(MountOption::NoAtime),
-            ("sync", None) => p.mount_options.push(MountOption::Sync),
-            ("async", None) => p.mount_options.push(MountOption::Async),
-            ("dirsync", None) => p.mount_options.push(MountOption::DirSync),
+            (k, None) if mount_flag(k).is_some() => {
+                p.mount_options.push(mount_flag(k).expect("checked").clone())
+            }
             ("uid", Some(v)) => p.fuse.uid = Some(num(k, v)? as u32),
             ("gid", Some(v)) => p.fuse.gid = Some(num(k, v)? as u32),
             ("umask", Some(v)) => {
