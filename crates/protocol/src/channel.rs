@@ -280,7 +280,7 @@ pub fn seal_request(
 /// authenticated framing. Never panics; a forged message never opens; a sealed one
 /// always does.
 pub fn exercise(data: &[u8]) {
-    use crate::handshake::{verify_client, verify_server, Hello, Verdict, Welcome};
+    use crate::handshake::{Hello, Transcript, Verdict, Welcome};
     let (hello, welcome) = (
         data.get(..HELLO_LEN)
             .map(|b| <[u8; HELLO_LEN]>::try_from(b).unwrap()),
@@ -298,8 +298,9 @@ pub fn exercise(data: &[u8]) {
     }
     let hb = hello.unwrap_or([0; HELLO_LEN]);
     let wb = welcome.unwrap_or([0; WELCOME_LEN]);
-    let _ = verify_server(b"k", &hb, &wb);
-    let _ = verify_client(b"k", &hb, &wb, &[0; 32]);
+    let transcript = Transcript::new(b"k", &hb, &wb);
+    let _ = transcript.verify_server();
+    let _ = transcript.verify_client(&[0; 32]);
     let keys = derive_keys(b"k", &hb, &wb);
     for integrity in [Integrity::Headers, Integrity::Full] {
         // Arbitrary bytes as an authenticated request: never opens (a tag cannot be

@@ -147,12 +147,15 @@ pub fn client_handshake_on_lane(
     }
     // The server proves itself first (over the whole transcript): we never answer a
     // server that does not know the secret, nor one whose Welcome was changed.
-    verify_server(secret, &hello, &wb).map_err(|_| TransportError::AuthFailed)?;
+    let transcript = Transcript::new(secret, &hello, &wb);
+    transcript
+        .verify_server()
+        .map_err(|_| TransportError::AuthFailed)?;
     let full = w.features & FEATURE_INTEGRITY_FULL != 0;
     if integrity == Integrity::Full && !full {
         return Err(TransportError::IntegrityRefused);
     }
-    s.write_all(&client_proof(secret, &hello, &wb))?;
+    s.write_all(&transcript.client_proof())?;
     let mut vb = [0u8; VERDICT_LEN];
     s.read_exact(&mut vb).map_err(eof_closed)?;
     let v = Verdict::decode(&vb)?;
@@ -228,7 +231,8 @@ pub fn server_handshake(
         instance,
     };
     if let Some(k) = secret {
-        w.proof = server_proof(k, &hb, &w.encode());
+        let welcome = w.encode();
+        w.proof = Transcript::new(k, &hb, &welcome).server_proof();
     }
     let wb = w.encode();
     deadline.write_all(s, &wb)?;
@@ -240,7 +244,7 @@ pub fn server_handshake(
     };
     let mut p = [0u8; PROOF_LEN];
     deadline.read_exact(s, &mut p).map_err(eof_closed)?;
-    if verify_client(k, &hb, &wb, &p).is_err() {
+    if Transcript::new(k, &hb, &wb).verify_client(&p).is_err() {
         // Best effort: the peer is dropped either way.
         let _ = deadline.write_all(s, &Verdict::refused(libc::EACCES).encode());
         return Err(TransportError::AuthFailed);
