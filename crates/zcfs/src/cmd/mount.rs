@@ -327,9 +327,9 @@ fn remount(mp: &Path, plan: &MountPlan) -> Result<i32> {
         | keep(has(libc::ST_NOATIME), libc::MS_NOATIME)
         | keep(has(libc::ST_SYNCHRONOUS), libc::MS_SYNCHRONOUS);
     for o in &plan.mount_options {
-        match options::MOUNT_FLAGS.iter().find(|f| f.1 == *o) {
-            Some(&(_, _, bit, true)) => flags |= bit,
-            Some(&(_, _, bit, false)) => flags &= !bit,
+        match options::flag_effect(o) {
+            Some((bit, true)) => flags |= bit,
+            Some((bit, false)) => flags &= !bit,
             None => {}
         }
     }

@@ -23,27 +23,43 @@ pub struct MountPlan {
     pub remount: bool,
 }
 
-/// The generic mount flags zcfs passes on: the `-o` name, the fuser option, and the
-/// mount(2) flag it sets (`true`) or clears (`false`) on a remount.
-pub(super) const MOUNT_FLAGS: &[(&str, MountOption, u64, bool)] = &[
-    ("ro", MountOption::RO, libc::MS_RDONLY, true),
-    ("rw", MountOption::RW, libc::MS_RDONLY, false),
-    ("nosuid", MountOption::NoSuid, libc::MS_NOSUID, true),
-    ("suid", MountOption::Suid, libc::MS_NOSUID, false),
-    ("nodev", MountOption::NoDev, libc::MS_NODEV, true),
-    ("dev", MountOption::Dev, libc::MS_NODEV, false),
-    ("noexec", MountOption::NoExec, libc::MS_NOEXEC, true),
-    ("exec", MountOption::Exec, libc::MS_NOEXEC, false),
-    ("noatime", MountOption::NoAtime, libc::MS_NOATIME, true),
-    ("atime", MountOption::Atime, libc::MS_NOATIME, false),
-    ("sync", MountOption::Sync, libc::MS_SYNCHRONOUS, true),
-    ("async", MountOption::Async, libc::MS_SYNCHRONOUS, false),
-    ("dirsync", MountOption::DirSync, libc::MS_DIRSYNC, true),
+/// A mount option's `-o` name and fuser option.
+type Named = (&'static str, MountOption);
+
+/// The generic mount flags zcfs passes on: the mount(2) flag, the option that sets it
+/// and the one that clears it (dirsync has none).
+#[rustfmt::skip]
+const MOUNT_FLAGS: &[(u64, Named, Option<Named>)] = &[
+    (libc::MS_RDONLY, ("ro", MountOption::RO), Some(("rw", MountOption::RW))),
+    (libc::MS_NOSUID, ("nosuid", MountOption::NoSuid), Some(("suid", MountOption::Suid))),
+    (libc::MS_NODEV, ("nodev", MountOption::NoDev), Some(("dev", MountOption::Dev))),
+    (libc::MS_NOEXEC, ("noexec", MountOption::NoExec), Some(("exec", MountOption::Exec))),
+    (libc::MS_NOATIME, ("noatime", MountOption::NoAtime), Some(("atime", MountOption::Atime))),
+    (libc::MS_SYNCHRONOUS, ("sync", MountOption::Sync), Some(("async", MountOption::Async))),
+    (libc::MS_DIRSYNC, ("dirsync", MountOption::DirSync), None),
 ];
 
 /// The fuser option of the generic mount flag `name`.
 fn mount_flag(name: &str) -> Option<&'static MountOption> {
-    MOUNT_FLAGS.iter().find(|f| f.0 == name).map(|f| &f.1)
+    MOUNT_FLAGS
+        .iter()
+        .flat_map(|(_, set, clear)| std::iter::once(set).chain(clear))
+        .find(|(n, _)| *n == name)
+        .map(|(_, o)| o)
+}
+
+/// What `o` does to the mount(2) flags on a remount: the flag, and whether it is set
+/// (or cleared); None for an option that is not a generic mount flag.
+pub(super) fn flag_effect(o: &MountOption) -> Option<(u64, bool)> {
+    MOUNT_FLAGS.iter().find_map(|(bit, set, clear)| {
+        if set.1 == *o {
+            Some((*bit, true))
+        } else if clear.as_ref().is_some_and(|c| c.1 == *o) {
+            Some((*bit, false))
+        } else {
+            None
+        }
+    })
 }
 
 /// Generic mount(8) options that ask nothing of zcfs here (atime variants the kernel
