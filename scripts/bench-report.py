@@ -81,6 +81,16 @@ def cell(rows, target, test):
     return next((x for x in rows if x["target"] == target and x["test"] == test), None)
 
 
+def grid(rows, targets, tests, label, show):
+    """A markdown table: a line per test (`label(test)` first), a column per target with
+    `show(row)` of its row for the test, or "-" where it has none."""
+    lines = ["| test | " + " | ".join(targets) + " |", "|---|" + "---:|" * len(targets)]
+    for test in tests:
+        cells = [show(r) if (r := cell(rows, t, test)) else "-" for t in targets]
+        lines.append(f"| {label(test)} | " + " | ".join(cells) + " |")
+    return lines
+
+
 out = []
 out.append("# zcfs benchmark results\n")
 cpu = subprocess.run(["sh", "-c", "lscpu | sed -n 's/^Model name: *//p' | head -1"], capture_output=True, text=True).stdout.strip()
@@ -177,14 +187,7 @@ if cpu_rows:
     ctests = distinct(cpu_rows, "test", lambda r: r["target"] != "zcfs-null")
     out.append("## CPU per operation through the file systems (µs: fio + the file system's processes)\n")
     out.append("fio's user+system time per I/O (the kernel's FUSE and page-cache work lands here) plus the zcfs mount (and server, for remote) processes' time.\n")
-    out.append("| test | " + " | ".join(ctargets) + " |")
-    out.append("|---|" + "---:|" * len(ctargets))
-    for test in ctests:
-        cells = []
-        for t in ctargets:
-            r = cell(cpu_rows, t, test)
-            cells.append(f"{float(r['fio_cpu_us_per_op']) + float(r['fs_cpu_us_per_op']):.1f}" if r else "-")
-        out.append(f"| {test} | " + " | ".join(cells) + " |")
+    out += grid(cpu_rows, ctargets, ctests, str, lambda r: f"{float(r['fio_cpu_us_per_op']) + float(r['fs_cpu_us_per_op']):.1f}")
     out.append("")
 
 # ---------------------------------------------------------------- NFS per size
@@ -253,15 +256,8 @@ if small:
     out.append("## Small files and real tools (seconds; lower is better)\n")
     stargets = distinct(small, "target")
     stests = distinct(small, "test")
-    out.append("| test | " + " | ".join(stargets) + " |")
-    out.append("|---|" + "---:|" * len(stargets))
-    for t in stests:
-        cells = []
-        for tg in stargets:
-            r = cell(small, tg, t)
-            cells.append(r["seconds"] if r else "-")
-        cnt = next(x["count"] for x in small if x["test"] == t)
-        out.append(f"| {t} ({cnt}) | " + " | ".join(cells) + " |")
+    count = {x["test"]: x["count"] for x in reversed(small)}  # the first row's count
+    out += grid(small, stargets, stests, lambda t: f"{t} ({count[t]})", lambda r: r["seconds"])
     out.append("")
 
 # ---------------------------------------------------------------- plots
