@@ -395,31 +395,26 @@ mod tests {
         let mut bad = w.encode();
         bad[11] = 2;
         assert!(Welcome::decode(&bad).is_err());
-        let unknown = Welcome {
-            features: 1 << 40,
-            ..w.clone()
-        };
-        assert!(
-            Welcome::decode(&unknown.encode()).is_err(),
-            "unknown feature"
-        );
-        let full_unauth = Welcome {
-            features: FEATURE_INTEGRITY_FULL,
-            ..w.clone()
-        };
-        assert!(
-            Welcome::decode(&full_unauth.encode()).is_err(),
-            "full integrity needs auth"
-        );
-        let told = Welcome {
-            auth: true,
-            resumed: true,
-            ..w
-        };
-        assert!(
-            Welcome::decode(&told.encode()).is_err(),
-            "with auth, resumed waits for the verdict"
-        );
+        // (why, features, auth, resumed): each refused.
+        let refused = [
+            ("unknown feature", 1 << 40, false, true),
+            (
+                "full integrity needs auth",
+                FEATURE_INTEGRITY_FULL,
+                false,
+                true,
+            ),
+            ("with auth, resumed waits for the verdict", 0, true, true),
+        ];
+        for (why, features, auth, resumed) in refused {
+            let bad = Welcome {
+                features,
+                auth,
+                resumed,
+                ..w.clone()
+            };
+            assert!(Welcome::decode(&bad.encode()).is_err(), "{why}");
+        }
     }
 
     #[test]
