@@ -71,6 +71,26 @@ def ratio(a, b):
     return "-" if a is None or b is None or b == 0 else f"{a / b:.2f}x"
 
 
+def distinct(rows, key, keep=lambda r: True):
+    """The values of `key` in the rows `keep` takes, each once, in order of appearance."""
+    return list(dict.fromkeys(r[key] for r in rows if keep(r)))
+
+
+def cell(rows, target, test):
+    """The row of `target` for `test`, or None."""
+    return next((x for x in rows if x["target"] == target and x["test"] == test), None)
+
+
+def grid(rows, targets, tests, label, show):
+    """A markdown table: a line per test (`label(test)` first), a column per target with
+    `show(row)` of its row for the test, or "-" where it has none."""
+    lines = ["| test | " + " | ".join(targets) + " |", "|---|" + "---:|" * len(targets)]
+    for test in tests:
+        cells = [show(r) if (r := cell(rows, t, test)) else "-" for t in targets]
+        lines.append(f"| {label(test)} | " + " | ".join(cells) + " |")
+    return lines
+
+
 out = []
 out.append("# zcfs benchmark results\n")
 cpu = subprocess.run(["sh", "-c", "lscpu | sed -n 's/^Model name: *//p' | head -1"], capture_output=True, text=True).stdout.strip()
@@ -145,10 +165,7 @@ if tbf:
 
 # ---------------------------------------------------------------- fio on file systems
 targets = [t for t in ["tmpfs", "zcfs-local-fuse", "zcfs-remote-fuse", "sshfs", "fuse-hp"] if any(r["target"] == t for r in fio)]
-tests = []
-for r in fio:
-    if r["target"] in targets and r["test"] not in tests:
-        tests.append(r["test"])
+tests = distinct(fio, "test", lambda r: r["target"] in targets)
 out.append("## fio on each file system (p50 µs / MB/s)\n")
 out.append("| test | " + " | ".join(targets) + " | zcfs remote FUSE / sshfs |")
 out.append("|---|" + "---:|" * (len(targets) + 1))
@@ -156,7 +173,7 @@ for test in tests:
     cells = []
     vals = {}
     for t in targets:
-        r = next((x for x in fio if x["target"] == t and x["test"] == test), None)
+        r = cell(fio, t, test)
         vals[t] = r
         cells.append(f"{fmt(num(r['lat_p50_us']))} / {fmt(num(r['mbps']), 0)}" if r else "-")
     zr, sr = vals.get("zcfs-remote-fuse"), vals.get("sshfs")
@@ -167,20 +184,10 @@ out.append("")
 # ---------------------------------------------------------------- CPU per operation on the FUSE paths
 if cpu_rows:
     ctargets = [t for t in ["tmpfs", "zcfs-local-fuse", "zcfs-remote-fuse"] if any(r["target"] == t for r in cpu_rows)]
-    ctests = []
-    for r in cpu_rows:
-        if r["test"] not in ctests and r["target"] != "zcfs-null":
-            ctests.append(r["test"])
+    ctests = distinct(cpu_rows, "test", lambda r: r["target"] != "zcfs-null")
     out.append("## CPU per operation through the file systems (µs: fio + the file system's processes)\n")
     out.append("fio's user+system time per I/O (the kernel's FUSE and page-cache work lands here) plus the zcfs mount (and server, for remote) processes' time.\n")
-    out.append("| test | " + " | ".join(ctargets) + " |")
-    out.append("|---|" + "---:|" * len(ctargets))
-    for test in ctests:
-        cells = []
-        for t in ctargets:
-            r = next((x for x in cpu_rows if x["target"] == t and x["test"] == test), None)
-            cells.append(f"{float(r['fio_cpu_us_per_op']) + float(r['fs_cpu_us_per_op']):.1f}" if r else "-")
-        out.append(f"| {test} | " + " | ".join(cells) + " |")
+    out += grid(cpu_rows, ctargets, ctests, str, lambda r: f"{float(r['fio_cpu_us_per_op']) + float(r['fs_cpu_us_per_op']):.1f}")
     out.append("")
 
 # ---------------------------------------------------------------- NFS per size
@@ -247,23 +254,10 @@ if lrows:
 # ---------------------------------------------------------------- small files
 if small:
     out.append("## Small files and real tools (seconds; lower is better)\n")
-    stargets = []
-    for r in small:
-        if r["target"] not in stargets:
-            stargets.append(r["target"])
-    stests = []
-    for r in small:
-        if r["test"] not in stests:
-            stests.append(r["test"])
-    out.append("| test | " + " | ".join(stargets) + " |")
-    out.append("|---|" + "---:|" * len(stargets))
-    for t in stests:
-        cells = []
-        for tg in stargets:
-            r = next((x for x in small if x["target"] == tg and x["test"] == t), None)
-            cells.append(r["seconds"] if r else "-")
-        cnt = next(x["count"] for x in small if x["test"] == t)
-        out.append(f"| {t} ({cnt}) | " + " | ".join(cells) + " |")
+    stargets = distinct(small, "target")
+    stests = distinct(small, "test")
+    count = {x["test"]: x["count"] for x in reversed(small)}  # the first row's count
+    out += grid(small, stargets, stests, lambda t: f"{t} ({count[t]})", lambda r: r["seconds"])
     out.append("")
 
 # ---------------------------------------------------------------- plots
@@ -371,18 +365,12 @@ if plt:
         save(fig, "null_qd.png", "FUSE null backend vs queue depth (DPFS Fig. 2a)")
 
     if small:
-        stg = []
-        for r in small:
-            if r["target"] not in stg:
-                stg.append(r["target"])
-        sts = []
-        for r in small:
-            if r["test"] not in sts:
-                sts.append(r["test"])
+        stg = distinct(small, "target")
+        sts = distinct(small, "test")
         fig, ax = plt.subplots(figsize=(7, 4))
         w = 0.8 / len(stg)
         for i, tg in enumerate(stg):
-            vals = [float(next((r["seconds"] for r in small if r["target"] == tg and r["test"] == t), 0)) for t in sts]
+            vals = [float((cell(small, tg, t) or {"seconds": 0})["seconds"]) for t in sts]
             ax.bar([j + (i - (len(stg) - 1) / 2) * w for j in range(len(sts))], vals, w, label=tg)
         ax.set_xticks(range(len(sts)), sts)
         ax.set_ylabel("seconds")

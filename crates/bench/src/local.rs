@@ -6,7 +6,7 @@
 //!   every page of the result.
 
 use crate::cpu::{cpu_now, with_cpu};
-use crate::rows::{max_ops, median_of, row, sizes, Row};
+use crate::rows::{max_ops, median_of, op_name, pattern_name, row, sizes, Row};
 use anyhow::Result;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -131,19 +131,9 @@ fn run_ops(
         lat.extend(r?);
     }
     let n = lat.len() as u64;
-    Ok(with_cpu(
-        row(
-            system,
-            if write { "write" } else { "read" },
-            if random { "rand" } else { "seq" },
-            size,
-            qd,
-            &mut lat,
-            el,
-            n,
-        ),
-        cpu0,
-    ))
+    let (op, pattern) = (op_name(write), pattern_name(random));
+    let r = row(system, op, pattern, size, qd, &mut lat, el, n);
+    Ok(with_cpu(r, cpu0))
 }
 
 pub fn run(short: bool, secs: f64, repeat: usize) -> Result<Vec<Row>> {

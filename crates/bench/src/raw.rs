@@ -4,7 +4,7 @@
 //! measures).
 
 use crate::cpu::{cpu_now, with_cpu};
-use crate::rows::{max_ops, row, Row};
+use crate::rows::{max_ops, op_name, row, Row};
 use anyhow::Result;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -161,19 +161,8 @@ pub fn bench(addr: &str, size: usize, write: bool, qd: usize, secs: f64) -> Resu
         }
     }
     let el = t.elapsed();
-    Ok(with_cpu(
-        row(
-            "raw-tcp",
-            if write { "write" } else { "read" },
-            "-",
-            size,
-            qd,
-            &mut lat,
-            el,
-            done,
-        ),
-        cpu0,
-    ))
+    let r = row("raw-tcp", op_name(write), "-", size, qd, &mut lat, el, done);
+    Ok(with_cpu(r, cpu0))
 }
 
 /// One-way TCP streaming bandwidth on the link (what iperf3 measures): the ceiling
@@ -202,7 +191,7 @@ pub fn stream(addr: &str, write: bool, secs: f64) -> Result<Row> {
     let el = t0.map_or(Duration::from_millis(1), |t0| t0.elapsed());
     let mut r = row(
         "raw-tcp-stream",
-        if write { "write" } else { "read" },
+        op_name(write),
         "-",
         1 << 20,
         0,

@@ -5,7 +5,7 @@
 //! and zero-copy against one-copy writes. Every loop is bounded in count and time.
 
 use crate::cpu::{cpu_now, with_cpu, SERVER_PID};
-use crate::rows::{max_ops, median_of, row, sizes, Row};
+use crate::rows::{max_ops, median_of, op_name, pattern_name, row, sizes, Row};
 use crate::{raw, report, RemoteArgs};
 use anyhow::{bail, Context, Result};
 use std::collections::VecDeque;
@@ -204,19 +204,9 @@ fn zcfs_bench(
         done += 1;
     }
     let el = t.elapsed();
-    Ok(with_cpu(
-        row(
-            system,
-            if write { "write" } else { "read" },
-            if random { "rand" } else { "seq" },
-            size,
-            qd,
-            &mut lat,
-            el,
-            done,
-        ),
-        cpu0,
-    ))
+    let (op, pattern) = (op_name(write), pattern_name(random));
+    let r = row(system, op, pattern, size, qd, &mut lat, el, done);
+    Ok(with_cpu(r, cpu0))
 }
 
 /// The secret of the channel benchmark's servers (a file of mode 0600).
@@ -407,62 +397,47 @@ pub fn run(a: &RemoteArgs) -> Result<()> {
                 c.timeout = Duration::from_secs(30);
                 RemoteFs::connect(c).map_err(|e| anyhow::anyhow!("{addr}: {e}"))
             };
-            SERVER_PID.store(zc_pid, std::sync::atomic::Ordering::Relaxed);
-            let fs = connect(&zc_addr)?;
-            let ino = prepare(&fs, short)?;
-            for &size in &sizes {
-                for write in [false, true] {
-                    for random in [false, true] {
-                        for qd in [1, 16] {
-                            let r = median_of(repeat, || {
-                                zcfs_bench(&fs, ino, "zcfs", size, write, random, qd, secs, short)
-                            })?;
-                            eprintln!(
-                                "zcfs {} {} {:>8} B qd{qd:<2}: p50 {:>9.1} us, {:>8.1} MB/s",
-                                r.op, r.pattern, size, r.p50_us, r.mb_s
-                            );
-                            rows.push(r);
+            // One server's rows (each size, direction, pattern and queue depth given),
+            // and its user-space copy counter afterwards.
+            let server_rows = |system: &str,
+                               pid: u32,
+                               addr: &str,
+                               writes: &[bool],
+                               randoms: &[bool],
+                               rows: &mut Vec<Row>|
+             -> Result<serde_json::Value> {
+                SERVER_PID.store(pid, std::sync::atomic::Ordering::Relaxed);
+                let fs = connect(addr)?;
+                let ino = prepare(&fs, short)?;
+                for &size in &sizes {
+                    for &write in writes {
+                        for &random in randoms {
+                            for qd in [1, 16] {
+                                let r = median_of(repeat, || {
+                                    zcfs_bench(&fs, ino, system, size, write, random, qd, secs, short)
+                                })?;
+                                eprintln!(
+                                    "{system} {} {} {:>8} B qd{qd:<2}: p50 {:>9.1} us, {:>8.1} MB/s",
+                                    r.op, r.pattern, size, r.p50_us, r.mb_s
+                                );
+                                rows.push(r);
+                            }
                         }
                     }
                 }
-            }
-            let zstats: serde_json::Value =
-                serde_json::from_slice(&fs.server_stats().map_err(|e| anyhow::anyhow!("{e}"))?)?;
-            eprintln!(
-                "zcfs server: {} user-space copies per payload byte",
-                zstats["user_copies_per_payload_byte"]
-            );
-            SERVER_PID.store(oc_pid, std::sync::atomic::Ordering::Relaxed);
-            let ofs = connect(&oc_addr)?;
-            let oino = prepare(&ofs, short)?;
-            for &size in &sizes {
-                for qd in [1, 16] {
-                    let r = median_of(repeat, || {
-                        zcfs_bench(
-                            &ofs,
-                            oino,
-                            "zcfs-one-copy",
-                            size,
-                            true,
-                            false,
-                            qd,
-                            secs,
-                            short,
-                        )
-                    })?;
-                    eprintln!(
-                        "zcfs-one-copy write {:>8} B qd{qd:<2}: p50 {:>9.1} us, {:>8.1} MB/s",
-                        size, r.p50_us, r.mb_s
-                    );
-                    rows.push(r);
-                }
-            }
-            let ostats: serde_json::Value =
-                serde_json::from_slice(&ofs.server_stats().map_err(|e| anyhow::anyhow!("{e}"))?)?;
-            eprintln!(
-                "one-copy server: {} user-space copies per payload byte",
-                ostats["user_copies_per_payload_byte"]
-            );
+                let stats: serde_json::Value = serde_json::from_slice(
+                    &fs.server_stats().map_err(|e| anyhow::anyhow!("{e}"))?,
+                )?;
+                eprintln!(
+                    "{system} server: {} user-space copies per payload byte",
+                    stats["user_copies_per_payload_byte"]
+                );
+                Ok(stats)
+            };
+            let both = [false, true];
+            let zstats = server_rows("zcfs", zc_pid, &zc_addr, &both, &both, &mut rows)?;
+            // The one-copy server: sequential writes only, as before.
+            let ostats = server_rows("zcfs-one-copy", oc_pid, &oc_addr, &[true], &[false], &mut rows)?;
             let copies = serde_json::json!({
                 "zero_copy_server": zstats["user_copies_per_payload_byte"],
                 "one_copy_server": ostats["user_copies_per_payload_byte"],

@@ -33,6 +33,24 @@ pub fn median_of(n: usize, mut f: impl FnMut() -> Result<Row>) -> Result<Row> {
     Ok(runs.swap_remove(runs.len() / 2))
 }
 
+/// The `op` of a row of reads or writes.
+pub fn op_name(write: bool) -> &'static str {
+    if write {
+        "write"
+    } else {
+        "read"
+    }
+}
+
+/// The `pattern` of a row of random or sequential I/O.
+pub fn pattern_name(random: bool) -> &'static str {
+    if random {
+        "rand"
+    } else {
+        "seq"
+    }
+}
+
 /// A row from the latencies of `ops` operations of `size` bytes that took `elapsed`
 /// (CPU time is filled in by [`crate::cpu::with_cpu`]).
 #[allow(clippy::too_many_arguments)]

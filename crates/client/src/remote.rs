@@ -21,9 +21,11 @@
 //! - Caches: attributes and names for the attribute timeout. An operation that changes
 //!   an inode refreshes (from its reply) or drops every cached copy of it.
 
+mod listing;
 mod meta;
 
 use crate::{lock, Caller, Client, ClientConfig};
+use listing::Listing;
 use meta::Meta;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -37,9 +39,9 @@ use zcfs_protocol::{
     StatfsReq, StatsReq, SymlinkReq, SyncAllReq, UnlinkReq, WriteReq,
 };
 use zcfs_protocol::{
-    Cred, ForgetItem, ForgetReq, List, LookupName, Name, NodeRef, Operation, ProtoError,
-    RenameFlags, Request, SymlinkTarget, Wire, XattrName, XattrValue, MAX_DATA, MAX_ENTRIES,
-    MAX_FORGET_ITEMS,
+    AttrReply, Cred, EntryReply, ForgetItem, ForgetReq, List, LookupName, Name, NodeRef, Operation,
+    ProtoError, RenameFlags, Request, SymlinkTarget, Wire, XattrName, XattrValue, MAX_DATA,
+    MAX_ENTRIES, MAX_FORGET_ITEMS,
 };
 
 /// Entries asked for per readdirplus round trip: each carries a reference, and those a
@@ -60,74 +62,6 @@ struct OpenFile {
     epoch: u64,
     /// Who opened it: re-opened as them after a server restart.
     opener: Opener,
-}
-
-/// The server references of the entries of one readdirplus reply that have not been
-/// passed to the caller yet. Whatever is left when it is dropped (the caller stopped
-/// early, or its callback panicked) goes back to the server.
-struct Listing<'a> {
-    fs: &'a RemoteFs,
-    /// The session epoch they were counted in (None: not counted, the session was
-    /// already gone when the reply was taken in).
-    epoch: Option<u64>,
-    inos: Vec<u64>,
-    next: usize,
-}
-
-impl Listing<'_> {
-    /// Entry `ino` (the next one) goes to the caller: its server reference is the
-    /// caller's now, in the same step as the caller's own.
-    fn hand_out(&mut self, e: &DirEntry) {
-        debug_assert_eq!(self.inos.get(self.next), Some(&e.ino));
-        self.next += 1;
-        let mut m = lock(&self.fs.meta);
-        if self.epoch != Some(m.epoch) {
-            // The session is gone (and its references with it): the caller's only.
-            if let Some(a) = &e.attr {
-                self.fs.remember_locked(&mut m, a);
-            }
-            m.nodes.entry(e.ino).or_default().caller_refs += 1;
-            return;
-        }
-        let node = m.nodes.entry(e.ino).or_default();
-        node.listing = node.listing.saturating_sub(1);
-        node.caller_refs += 1;
-    }
-}
-
-impl Drop for Listing<'_> {
-    fn drop(&mut self) {
-        let mut give: Vec<ForgetItem> = Vec::new();
-        let epoch = {
-            let mut m = lock(&self.fs.meta);
-            if self.epoch != Some(m.epoch) {
-                return;
-            }
-            for &ino in &self.inos[self.next..] {
-                let Some(node) = m.nodes.get_mut(&ino) else {
-                    continue;
-                };
-                node.listing = node.listing.saturating_sub(1);
-                let n = if node.caller_refs == 0 {
-                    m.settle(ino)
-                } else if node.server_refs - node.listing > 1 {
-                    // The caller's references keep one of the server's; this one
-                    // is not needed for them.
-                    node.server_refs -= 1;
-                    1
-                } else {
-                    0
-                };
-                match give.iter_mut().find(|i| i.ino == ino) {
-                    Some(i) => i.count += n,
-                    None if n > 0 => give.push(ForgetItem { ino, count: n }),
-                    None => {}
-                }
-            }
-            m.epoch
-        };
-        self.fs.send_forgets(give, epoch);
-    }
 }
 
 pub struct RemoteFs {
@@ -304,6 +238,36 @@ impl RemoteFs {
         fh
     }
 
+    /// Make name `n` in `parent` (mknod, mkdir, symlink): the entry the server made is
+    /// the caller's, and the parent's cached name and attributes are stale.
+    fn made<O: Operation<Reply = EntryReply>>(
+        &self,
+        ctx: &Ctx,
+        parent: u64,
+        n: &[u8],
+        req: O,
+    ) -> Result<Attr> {
+        self.forget_name(parent, n);
+        let (r, epoch) = self.call_in(ctx, req, &[])?;
+        Ok(self.entry(r.attr, epoch, Some((parent, n)), true))
+    }
+
+    /// Remove name `n` from `parent` (unlink, rmdir): `req` makes the request of the
+    /// parent and the checked name.
+    fn remove<O: Operation<Reply = AttrReply>>(
+        &self,
+        ctx: &Ctx,
+        parent: u64,
+        n: &[u8],
+        req: impl FnOnce(NodeRef, Name) -> O,
+    ) -> Result<Attr> {
+        let req = req(self.node(parent), name(n)?);
+        self.forget_name(parent, n);
+        let r = self.call(ctx, req)?;
+        self.removed(&r.attr);
+        Ok(r.attr)
+    }
+
     /// After unlink/rmdir: the inode's attributes as they are now. Kept while we have
     /// it open (fstat of an open unlinked file shows nlink 0); an inode without names
     /// and not open is gone, so its attributes are dropped.
@@ -458,9 +422,7 @@ impl Backend for RemoteFs {
             mode,
             rdev,
         };
-        self.forget_name(parent, n);
-        let (r, epoch) = self.call_in(ctx, req, &[])?;
-        Ok(self.entry(r.attr, epoch, Some((parent, n)), true))
+        self.made(ctx, parent, n, req)
     }
 
     fn mkdir(&self, ctx: &Ctx, parent: u64, n: &[u8], mode: u32) -> Result<Attr> {
@@ -469,31 +431,15 @@ impl Backend for RemoteFs {
             name: name(n)?,
             mode,
         };
-        self.forget_name(parent, n);
-        let (r, epoch) = self.call_in(ctx, req, &[])?;
-        Ok(self.entry(r.attr, epoch, Some((parent, n)), true))
+        self.made(ctx, parent, n, req)
     }
 
     fn unlink(&self, ctx: &Ctx, parent: u64, n: &[u8]) -> Result<Attr> {
-        let req = UnlinkReq {
-            parent: self.node(parent),
-            name: name(n)?,
-        };
-        self.forget_name(parent, n);
-        let r = self.call(ctx, req)?;
-        self.removed(&r.attr);
-        Ok(r.attr)
+        self.remove(ctx, parent, n, |parent, name| UnlinkReq { parent, name })
     }
 
     fn rmdir(&self, ctx: &Ctx, parent: u64, n: &[u8]) -> Result<Attr> {
-        let req = RmdirReq {
-            parent: self.node(parent),
-            name: name(n)?,
-        };
-        self.forget_name(parent, n);
-        let r = self.call(ctx, req)?;
-        self.removed(&r.attr);
-        Ok(r.attr)
+        self.remove(ctx, parent, n, |parent, name| RmdirReq { parent, name })
     }
 
     fn symlink(&self, ctx: &Ctx, parent: u64, n: &[u8], target: &[u8]) -> Result<Attr> {
@@ -502,9 +448,7 @@ impl Backend for RemoteFs {
             name: name(n)?,
             target: SymlinkTarget::new(target).map_err(invalid)?,
         };
-        self.forget_name(parent, n);
-        let (r, epoch) = self.call_in(ctx, req, &[])?;
-        Ok(self.entry(r.attr, epoch, Some((parent, n)), true))
+        self.made(ctx, parent, n, req)
     }
 
     fn rename(

@@ -1,6 +1,6 @@
-//! Conversions between fuser's types and the backend's, and the small reply helpers.
+//! Conversions between fuser's types and the backend's.
 
-use fuser::{Errno, FileAttr, FileType, INodeNo, ReplyEmpty, ReplyXattr, TimeOrNow};
+use fuser::{Errno, FileAttr, FileType, INodeNo, TimeOrNow};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use zcfs_backend::{SetTime, Time};
 
@@ -51,24 +51,6 @@ pub(crate) fn kind(mode: u32) -> FileType {
 
 pub(crate) fn errno(e: &zcfs_backend::Error) -> Errno {
     Errno::from_i32(e.errno)
-}
-
-pub(crate) fn ok_or_error(reply: ReplyEmpty, r: zcfs_backend::Result<()>) {
-    match r {
-        Ok(()) => reply.ok(),
-        Err(e) => reply.error(errno(&e)),
-    }
-}
-
-/// getxattr/listxattr protocol: size 0 asks for the length; too small is ERANGE.
-pub(crate) fn xattr_reply(reply: ReplyXattr, size: u32, data: &[u8]) {
-    if size == 0 {
-        reply.size(data.len() as u32)
-    } else if (size as usize) < data.len() {
-        reply.error(Errno::ERANGE)
-    } else {
-        reply.data(data)
-    }
 }
 
 /// A negative dentry: inode 0 tells the kernel to cache "does not exist".

@@ -13,6 +13,7 @@ use fuser::{
     ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 pub use options::{CacheMode, FuseOptions, FuseStats};
+use reply::*;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -23,7 +24,14 @@ use zcfs_backend::{Attr, Backend, Ctx, SetAttr};
 
 pub mod caller;
 mod convert;
+mod direct;
+pub mod fusermount;
+mod mount;
 mod options;
+mod reply;
+
+pub use fuser::{BackgroundSession, Config, MountOption, SessionACL};
+pub use mount::{spawn, Mounted};
 
 pub struct FuseFs {
     backend: Arc<dyn Backend>,
@@ -107,10 +115,15 @@ impl FuseFs {
     }
 
     fn entry(&self, reply: ReplyEntry, r: zcfs_backend::Result<Attr>) {
-        match r {
-            Ok(a) => reply.entry(&self.ttl, &self.file_attr(&a), Generation(a.generation)),
-            Err(e) => reply.error(errno(&e)),
-        }
+        answer(reply, r, |reply, a| {
+            reply.entry(&self.ttl, &self.file_attr(&a), Generation(a.generation))
+        })
+    }
+
+    fn attr(&self, reply: ReplyAttr, r: zcfs_backend::Result<Attr>) {
+        answer(reply, r, |reply, a| {
+            reply.attr(&self.ttl, &self.file_attr(&a))
+        })
     }
 }
 
@@ -178,10 +191,7 @@ impl Filesystem for FuseFs {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         self.count();
-        match self.backend.getattr(ino.0) {
-            Ok(a) => reply.attr(&self.ttl, &self.file_attr(&a)),
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.attr(reply, self.backend.getattr(ino.0))
     }
 
     fn setattr(
@@ -212,18 +222,14 @@ impl Filesystem for FuseFs {
             mtime: mtime.map(set_time),
         };
         let fh = fh.map_or(0, |f| f.0);
-        match self.backend.setattr(&self.ctx(req), ino.0, &set, fh) {
-            Ok(a) => reply.attr(&self.ttl, &self.file_attr(&a)),
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.attr(reply, self.backend.setattr(&self.ctx(req), ino.0, &set, fh))
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         self.count();
-        match self.backend.readlink(ino.0) {
-            Ok(t) => reply.data(&t),
-            Err(e) => reply.error(errno(&e)),
-        }
+        answer(reply, self.backend.readlink(ino.0), |reply, t| {
+            reply.data(&t)
+        })
     }
 
     fn mknod(
@@ -263,22 +269,18 @@ impl Filesystem for FuseFs {
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         self.count();
-        ok_or_error(
-            reply,
-            self.backend
-                .unlink(&self.ctx(req), parent.0, name.as_bytes())
-                .map(|_| ()),
-        )
+        let r = self
+            .backend
+            .unlink(&self.ctx(req), parent.0, name.as_bytes());
+        ok_or_error(reply, r)
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         self.count();
-        ok_or_error(
-            reply,
-            self.backend
-                .rmdir(&self.ctx(req), parent.0, name.as_bytes())
-                .map(|_| ()),
-        )
+        let r = self
+            .backend
+            .rmdir(&self.ctx(req), parent.0, name.as_bytes());
+        ok_or_error(reply, r)
     }
 
     fn symlink(
@@ -374,19 +376,18 @@ impl Filesystem for FuseFs {
         reply: ReplyCreate,
     ) {
         self.count();
-        match self
+        let r = self
             .backend
-            .create(&self.ctx(req), parent.0, name.as_bytes(), mode, flags)
-        {
-            Ok((a, fh)) => reply.created(
+            .create(&self.ctx(req), parent.0, name.as_bytes(), mode, flags);
+        answer(reply, r, |reply, (a, fh)| {
+            reply.created(
                 &self.ttl,
                 &self.file_attr(&a),
                 Generation(a.generation),
                 FileHandle(fh),
                 self.open_flags(),
-            ),
-            Err(e) => reply.error(errno(&e)),
-        }
+            )
+        })
     }
 
     fn read(
@@ -452,13 +453,10 @@ impl Filesystem for FuseFs {
         self.stats
             .user_copy_bytes
             .fetch_add(data.len() as u64, Ordering::Relaxed);
-        match self
+        let r = self
             .backend
-            .write(&self.ctx(req), ino.0, fh.0, offset, data)
-        {
-            Ok(n) => reply.written(n),
-            Err(e) => reply.error(errno(&e)),
-        }
+            .write(&self.ctx(req), ino.0, fh.0, offset, data);
+        answer(reply, r, |reply, n| reply.written(n))
     }
 
     fn flush(
@@ -501,10 +499,11 @@ impl Filesystem for FuseFs {
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         self.count();
-        match self.backend.opendir(&self.ctx(req), ino.0) {
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
-            Err(e) => reply.error(errno(&e)),
-        }
+        answer(
+            reply,
+            self.backend.opendir(&self.ctx(req), ino.0),
+            |reply, fh| reply.opened(FileHandle(fh), FopenFlags::empty()),
+        )
     }
 
     fn releasedir(
@@ -558,10 +557,7 @@ impl Filesystem for FuseFs {
                     OsStr::from_bytes(&e.name),
                 )
             });
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        answer(reply, r, |reply, ()| reply.ok())
     }
 
     fn readdirplus(
@@ -634,20 +630,16 @@ impl Filesystem for FuseFs {
                 }
                 !full
             });
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        answer(reply, r, |reply, ()| reply.ok())
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         self.count();
-        match self.backend.statfs() {
-            Ok(s) => reply.statfs(
+        answer(reply, self.backend.statfs(), |reply, s| {
+            reply.statfs(
                 s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
-            ),
-            Err(e) => reply.error(errno(&e)),
-        }
+            )
+        })
     }
 
     fn setxattr(
@@ -670,28 +662,26 @@ impl Filesystem for FuseFs {
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         self.count();
-        match self
+        let r = self
             .backend
-            .getxattr(&self.ctx(req), ino.0, name.as_bytes())
-        {
-            Ok(v) => xattr_reply(reply, size, &v),
-            Err(e) => reply.error(errno(&e)),
-        }
+            .getxattr(&self.ctx(req), ino.0, name.as_bytes());
+        answer(reply, r, |reply, v| xattr_reply(reply, size, &v))
     }
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         self.count();
-        match self.backend.listxattr(&self.ctx(req), ino.0) {
-            Ok(names) => {
+        answer(
+            reply,
+            self.backend.listxattr(&self.ctx(req), ino.0),
+            |reply, names| {
                 let mut buf = Vec::new();
                 for n in names {
                     buf.extend_from_slice(&n);
                     buf.push(0);
                 }
                 xattr_reply(reply, size, &buf)
-            }
-            Err(e) => reply.error(errno(&e)),
-        }
+            },
+        )
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -743,110 +733,10 @@ impl Filesystem for FuseFs {
         let Ok(off) = u64::try_from(offset) else {
             return reply.error(errno(&zcfs_backend::Error::errno(libc::ENXIO)));
         };
-        match self.backend.lseek(ino.0, fh.0, off, whence) {
-            Ok(o) => reply.offset(o as i64),
-            Err(e) => reply.error(errno(&e)),
-        }
-    }
-}
-
-mod direct;
-pub mod fusermount;
-
-pub use fuser::{BackgroundSession, Config, MountOption, SessionACL};
-
-/// A mounted file system served by background threads. Nothing here unmounts by itself
-/// (fuser's own mount would, by path, whatever is mounted there when its session ends):
-/// the owner calls `umount_and_join` while the mount is still its own.
-pub struct Mounted {
-    session: BackgroundSession,
-    mountpoint: std::path::PathBuf,
-    /// Mounted through fusermount3 (as an ordinary user): unmounted with it too.
-    via_fusermount: bool,
-}
-
-impl Mounted {
-    /// The session ended (the file system was unmounted, or it failed).
-    pub fn is_finished(&self) -> bool {
-        self.session.guard.is_finished()
-    }
-
-    /// Whether it was mounted through fusermount3.
-    pub fn via_fusermount(&self) -> bool {
-        self.via_fusermount
-    }
-
-    /// Unmount; a busy mount (files open) is detached instead, and its connection
-    /// lives on until they close: Ok(true). Only while the mount on the mount point
-    /// is this one: this goes by path. The session ends when the kernel drops the
-    /// connection (`join`).
-    pub fn unmount(&self) -> std::io::Result<bool> {
-        let mp = &self.mountpoint;
-        let plain = if self.via_fusermount {
-            fusermount::unmount(mp, false)
-        } else {
-            direct::unmount(mp, false)
-        };
-        if plain.is_ok() {
-            return Ok(false);
-        }
-        if self.via_fusermount {
-            fusermount::unmount(mp, true)?;
-        } else {
-            direct::unmount(mp, true)?;
-        }
-        Ok(true)
-    }
-
-    /// Wait for the session to end (someone else unmounts).
-    pub fn join(self) -> std::io::Result<()> {
-        self.session.join()
-    }
-}
-
-/// Whether this process may open /dev/fuse and call mount(2) itself.
-fn can_mount_directly() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return false;
-    }
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/fuse")
-        .is_ok()
-}
-
-/// Mount `fs` on `mountpoint` in background threads. Root mounts directly; anyone else
-/// (or root where /dev/fuse cannot be opened) through the setuid fusermount3, as
-/// libfuse does.
-pub fn spawn(fs: FuseFs, mountpoint: &Path, config: &Config) -> std::io::Result<Mounted> {
-    let allow_other = config.acl != SessionACL::Owner;
-    let via_fusermount = !can_mount_directly();
-    let fd = if via_fusermount {
-        fusermount::mount(mountpoint, &config.mount_options, allow_other)?
-    } else {
-        direct::mount(mountpoint, &config.mount_options, allow_other)?
-    };
-    let session = match fuser::Session::from_fd(fs, fd, config.acl, config.clone()) {
-        Ok(s) => s.spawn(),
-        Err(e) => Err(e),
-    };
-    match session {
-        Ok(session) => Ok(Mounted {
-            session,
-            mountpoint: mountpoint.to_path_buf(),
-            via_fusermount,
-        }),
-        Err(e) => {
-            // Mounted, but not served: take it down again (nothing else can be
-            // mounted on it yet: we are the one who just did).
-            let _ = if via_fusermount {
-                fusermount::unmount(mountpoint, true)
-            } else {
-                direct::unmount(mountpoint, true)
-            };
-            Err(e)
-        }
+        answer(
+            reply,
+            self.backend.lseek(ino.0, fh.0, off, whence),
+            |reply, o| reply.offset(o as i64),
+        )
     }
 }

@@ -394,14 +394,18 @@ mod tests {
         let base = owned_name(std::process::id(), "selftest");
         let pair = Pair::create(&base, 250).unwrap();
         let addr = std::net::SocketAddr::from((pair.srv_ip, 7999));
+        // The client connects only once the server listens (else: refused, at random).
+        let (listening, ready) = std::sync::mpsc::channel();
         let server = pair
             .srv
             .spawn(move || {
                 let l = std::net::TcpListener::bind(addr).unwrap();
+                listening.send(()).unwrap();
                 let (mut s, _) = l.accept().unwrap();
                 io::Write::write_all(&mut s, b"hi").unwrap();
             })
             .unwrap();
+        ready.recv().unwrap();
         let got = pair
             .cli
             .run(|| {

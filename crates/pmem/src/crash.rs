@@ -93,9 +93,11 @@ pub fn for_each_crash_image(
     let mut order = 0usize;
     let mut marks = Vec::new();
     let mut fences = 0usize;
-    let mut stats = CrashStats::default();
-    let mut rng = Rng::new(cfg.seed);
-    let mut scratch = durable.clone();
+    let mut out = Sampling {
+        rng: Rng::new(cfg.seed),
+        scratch: durable.clone(),
+        stats: CrashStats::default(),
+    };
 
     for ev in &rec.events {
         match ev {
@@ -130,17 +132,8 @@ pub fn for_each_crash_image(
                     in_flight: pending.len(),
                     at_end: false,
                 };
-                if !emit(
-                    &point,
-                    &durable,
-                    &pending,
-                    cfg,
-                    &mut rng,
-                    &mut scratch,
-                    &mut stats,
-                    &mut visit,
-                ) {
-                    return stats;
+                if !emit(&point, &durable, &pending, cfg, &mut out, &mut visit) {
+                    return out.stats;
                 }
                 fences += 1;
                 pending.retain(|&line, p| match p.flushed {
@@ -162,17 +155,8 @@ pub fn for_each_crash_image(
         in_flight: pending.len(),
         at_end: true,
     };
-    emit(
-        &point,
-        &durable,
-        &pending,
-        cfg,
-        &mut rng,
-        &mut scratch,
-        &mut stats,
-        &mut visit,
-    );
-    stats
+    emit(&point, &durable, &pending, cfg, &mut out, &mut visit);
+    out.stats
 }
 
 fn lines(off: usize, len: usize) -> std::ops::RangeInclusive<usize> {
@@ -183,18 +167,23 @@ fn lines(off: usize, len: usize) -> std::ops::RangeInclusive<usize> {
     off / CACHE_LINE..=(off + len - 1) / CACHE_LINE
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What emitting crash images carries from one crash point to the next.
+struct Sampling {
+    rng: Rng,
+    /// The image being assembled (as large as the region).
+    scratch: Vec<u8>,
+    stats: CrashStats,
+}
+
 fn emit(
     point: &CrashPoint,
     durable: &[u8],
     pending: &BTreeMap<usize, Pending>,
     cfg: &CrashConfig,
-    rng: &mut Rng,
-    scratch: &mut [u8],
-    stats: &mut CrashStats,
+    out: &mut Sampling,
     visit: &mut impl FnMut(&CrashPoint, &[u8]) -> bool,
 ) -> bool {
-    stats.points += 1;
+    out.stats.points += 1;
     let mut in_flight: Vec<(usize, &Pending)> = pending.iter().map(|(l, p)| (*l, p)).collect();
     in_flight.sort_by_key(|(_, p)| p.order);
     let n = in_flight.len();
@@ -217,7 +206,7 @@ fn emit(
         }
     } else {
         for _ in 0..cfg.sampled_pairs {
-            let (i, j) = (rng.below(n), rng.below(n));
+            let (i, j) = (out.rng.below(n), out.rng.below(n));
             if i != j {
                 candidates.push(vec![latest(i), latest(j)]);
             }
@@ -227,8 +216,8 @@ fn emit(
         for _ in 0..cfg.random_subsets {
             let mut pick = Vec::new();
             for (i, (_, p)) in in_flight.iter().enumerate() {
-                if rng.next_u64() & 1 == 1 {
-                    pick.push((i, rng.below(p.versions.len())));
+                if out.rng.next_u64() & 1 == 1 {
+                    pick.push((i, out.rng.below(p.versions.len())));
                 }
             }
             candidates.push(pick);
@@ -251,14 +240,14 @@ fn emit(
         if !seen.insert(h.finish()) {
             continue;
         }
-        scratch.copy_from_slice(durable);
+        out.scratch.copy_from_slice(durable);
         for &(i, v) in &cand {
             let (line, p) = in_flight[i];
             let s = line * CACHE_LINE;
-            scratch[s..s + p.versions[v].len()].copy_from_slice(&p.versions[v]);
+            out.scratch[s..s + p.versions[v].len()].copy_from_slice(&p.versions[v]);
         }
-        stats.images += 1;
-        if !visit(point, scratch) {
+        out.stats.images += 1;
+        if !visit(point, &out.scratch) {
             return false;
         }
     }
@@ -281,29 +270,34 @@ mod tests {
         out
     }
 
-    #[test]
-    fn unflushed_store_may_or_may_not_persist() {
+    /// The crash images at the end of what `steps` do to a fresh recorded region.
+    fn images_after(steps: impl FnOnce(&Region)) -> Vec<Vec<u8>> {
         let r = Region::anonymous(8192);
         // SAFETY: single-threaded test.
         unsafe { r.start_recording() };
-        // SAFETY: single-threaded test.
-        unsafe { r.write(0, &[1]) };
-        let rec = r.take_recording().unwrap();
-        let imgs = images_at_end(&rec);
+        steps(&r);
+        images_at_end(&r.take_recording().unwrap())
+    }
+
+    /// A plain store, recorded.
+    fn store(r: &Region, off: usize, bytes: &[u8]) {
+        // SAFETY: single-threaded test: no other access to the region.
+        unsafe { r.write(off, bytes) };
+    }
+
+    #[test]
+    fn unflushed_store_may_or_may_not_persist() {
+        let imgs = images_after(|r| store(r, 0, &[1]));
         assert!(imgs.iter().any(|i| i[0] == 0));
         assert!(imgs.iter().any(|i| i[0] == 1));
     }
 
     #[test]
     fn flushed_and_fenced_store_is_durable() {
-        let r = Region::anonymous(8192);
-        // SAFETY: single-threaded test.
-        unsafe { r.start_recording() };
-        // SAFETY: single-threaded test.
-        unsafe { r.write(0, &[1]) };
-        r.persist(0, 1).unwrap();
-        let rec = r.take_recording().unwrap();
-        let imgs = images_at_end(&rec);
+        let imgs = images_after(|r| {
+            store(r, 0, &[1]);
+            r.persist(0, 1).unwrap();
+        });
         assert!(!imgs.is_empty());
         assert!(imgs.iter().all(|i| i[0] == 1));
     }
@@ -312,47 +306,33 @@ mod tests {
     fn ordering_violation_is_visible() {
         // Data then commit flag, flag flushed but data not: some image has the flag
         // without the data - the bug the crash suite must be able to see.
-        let r = Region::anonymous(8192);
-        // SAFETY: single-threaded test.
-        unsafe { r.start_recording() };
-        // SAFETY: single-threaded test.
-        unsafe { r.write(0, &[7]) };
-        // SAFETY: single-threaded test.
-        unsafe { r.write(128, &[1]) };
-        r.persist(128, 1).unwrap();
-        let rec = r.take_recording().unwrap();
-        let imgs = images_at_end(&rec);
+        let imgs = images_after(|r| {
+            store(r, 0, &[7]);
+            store(r, 128, &[1]);
+            r.persist(128, 1).unwrap();
+        });
         assert!(imgs.iter().any(|i| i[128] == 1 && i[0] == 0));
     }
 
     #[test]
     fn raw_slice_stores_are_seen_at_flush() {
-        let r = Region::anonymous(8192);
-        // SAFETY: single-threaded test.
-        unsafe { r.start_recording() };
-        // SAFETY: single-threaded test, exclusive range.
-        unsafe { r.slice_mut(4096, 3) }.copy_from_slice(&[5, 6, 7]);
-        r.persist(4096, 3).unwrap();
-        let rec = r.take_recording().unwrap();
-        assert!(images_at_end(&rec)
-            .iter()
-            .all(|i| i[4096..4099] == [5, 6, 7]));
+        let imgs = images_after(|r| {
+            // SAFETY: single-threaded test, exclusive range.
+            unsafe { r.slice_mut(4096, 3) }.copy_from_slice(&[5, 6, 7]);
+            r.persist(4096, 3).unwrap();
+        });
+        assert!(imgs.iter().all(|i| i[4096..4099] == [5, 6, 7]));
     }
 
     #[test]
     fn older_versions_of_a_line_are_enumerated() {
-        let r = Region::anonymous(8192);
-        // SAFETY: single-threaded test.
-        unsafe { r.start_recording() };
-        // SAFETY: single-threaded test.
-        unsafe { r.write(0, &[1]) };
-        r.flush(0, 1);
-        // SAFETY: single-threaded test.
-        unsafe { r.write(0, &[2]) };
-        r.fence().unwrap();
+        let imgs = images_after(|r| {
+            store(r, 0, &[1]);
+            r.flush(0, 1);
+            store(r, 0, &[2]);
+            r.fence().unwrap();
+        });
         // The first version was written back and fenced: durable. The second is in flight.
-        let rec = r.take_recording().unwrap();
-        let imgs = images_at_end(&rec);
         assert!(imgs.iter().all(|i| i[0] == 1 || i[0] == 2));
         assert!(imgs.iter().any(|i| i[0] == 1) && imgs.iter().any(|i| i[0] == 2));
     }

@@ -180,11 +180,7 @@ impl MessageMac {
     }
 
     pub fn verify(&self, tag: &[u8; TAG_LEN]) -> Result<(), MacError> {
-        if tags_equal(&self.tag(), tag) {
-            Ok(())
-        } else {
-            Err(MacError::Message)
-        }
+        self.check(tag, MacError::Message)
     }
 
     /// Hash a piece of bulk data (Full mode; a no-op otherwise).
@@ -196,14 +192,19 @@ impl MessageMac {
 
     /// The tag over header, body and the data hashed so far.
     pub fn data_tag(&self) -> [u8; TAG_LEN] {
-        truncate(self.hasher.finalize())
+        self.tag()
     }
 
     pub fn verify_data(&self, tag: &[u8; TAG_LEN]) -> Result<(), MacError> {
-        if tags_equal(&self.data_tag(), tag) {
+        self.check(tag, MacError::Data)
+    }
+
+    /// `tag` is the one computed here, or the error `mismatch`.
+    fn check(&self, tag: &[u8; TAG_LEN], mismatch: MacError) -> Result<(), MacError> {
+        if tags_equal(&self.tag(), tag) {
             Ok(())
         } else {
-            Err(MacError::Data)
+            Err(mismatch)
         }
     }
 }
@@ -279,7 +280,7 @@ pub fn seal_request(
 /// authenticated framing. Never panics; a forged message never opens; a sealed one
 /// always does.
 pub fn exercise(data: &[u8]) {
-    use crate::handshake::{verify_client, verify_server, Hello, Verdict, Welcome};
+    use crate::handshake::{Hello, Transcript, Verdict, Welcome};
     let (hello, welcome) = (
         data.get(..HELLO_LEN)
             .map(|b| <[u8; HELLO_LEN]>::try_from(b).unwrap()),
@@ -297,8 +298,9 @@ pub fn exercise(data: &[u8]) {
     }
     let hb = hello.unwrap_or([0; HELLO_LEN]);
     let wb = welcome.unwrap_or([0; WELCOME_LEN]);
-    let _ = verify_server(b"k", &hb, &wb);
-    let _ = verify_client(b"k", &hb, &wb, &[0; 32]);
+    let transcript = Transcript::new(b"k", &hb, &wb);
+    let _ = transcript.verify_server();
+    let _ = transcript.verify_client(&[0; 32]);
     let keys = derive_keys(b"k", &hb, &wb);
     for integrity in [Integrity::Headers, Integrity::Full] {
         // Arbitrary bytes as an authenticated request: never opens (a tag cannot be

@@ -93,11 +93,28 @@ pub struct Welcome {
     pub instance: u64,
 }
 
+/// Write a Hello's or Welcome's start: its magic and version.
+fn put_start(b: &mut [u8], magic: &[u8], version: u16) {
+    b[0..8].copy_from_slice(magic);
+    b[8..10].copy_from_slice(&version.to_le_bytes());
+}
+
+/// Check a Hello's or Welcome's magic (`what` names it) and version; the version.
+fn check_start(b: &[u8], magic: &[u8], what: &'static str) -> Result<u16> {
+    if &b[0..8] != magic {
+        return Err(ProtoError::Invalid(what));
+    }
+    let version = u16::from_le_bytes([b[8], b[9]]);
+    if version != VERSION as u16 {
+        return Err(ProtoError::BadVersion(version));
+    }
+    Ok(version)
+}
+
 impl Hello {
     pub fn encode(&self) -> [u8; HELLO_LEN] {
         let mut b = [0u8; HELLO_LEN];
-        b[0..8].copy_from_slice(HELLO_MAGIC);
-        b[8..10].copy_from_slice(&self.version.to_le_bytes());
+        put_start(&mut b, HELLO_MAGIC, self.version);
         b[10..12].copy_from_slice(&self.lane.index.to_le_bytes());
         b[12..16].copy_from_slice(&self.lane.generation.to_le_bytes());
         b[16..24].copy_from_slice(&self.features.to_le_bytes());
@@ -106,13 +123,7 @@ impl Hello {
         b
     }
     pub fn decode(b: &[u8; HELLO_LEN]) -> Result<Hello> {
-        if &b[0..8] != HELLO_MAGIC {
-            return Err(ProtoError::Invalid("hello magic"));
-        }
-        let version = u16::from_le_bytes([b[8], b[9]]);
-        if version != VERSION as u16 {
-            return Err(ProtoError::BadVersion(version));
-        }
+        let version = check_start(b, HELLO_MAGIC, "hello magic")?;
         let session = u64::from_le_bytes(b[56..64].try_into().unwrap());
         if session == 0 {
             return Err(ProtoError::Invalid("session id 0"));
@@ -133,8 +144,7 @@ impl Hello {
 impl Welcome {
     pub fn encode(&self) -> [u8; WELCOME_LEN] {
         let mut b = [0u8; WELCOME_LEN];
-        b[0..8].copy_from_slice(WELCOME_MAGIC);
-        b[8..10].copy_from_slice(&self.version.to_le_bytes());
+        put_start(&mut b, WELCOME_MAGIC, self.version);
         b[10] = self.auth as u8;
         b[11] = self.resumed as u8;
         b[16..24].copy_from_slice(&self.features.to_le_bytes());
@@ -146,13 +156,7 @@ impl Welcome {
         b
     }
     pub fn decode(b: &[u8; WELCOME_LEN]) -> Result<Welcome> {
-        if &b[0..8] != WELCOME_MAGIC {
-            return Err(ProtoError::Invalid("welcome magic"));
-        }
-        let version = u16::from_le_bytes([b[8], b[9]]);
-        if version != VERSION as u16 {
-            return Err(ProtoError::BadVersion(version));
-        }
+        let version = check_start(b, WELCOME_MAGIC, "welcome magic")?;
         if b[10] > 1 || b[11] > 1 {
             return Err(ProtoError::Invalid("auth or resumed flag"));
         }
@@ -253,52 +257,64 @@ fn unproved(welcome: &[u8; WELCOME_LEN]) -> [u8; WELCOME_LEN] {
     w
 }
 
-/// The server's proof over the transcript (the Hello and the Welcome, whose proof
-/// field is ignored).
-pub fn server_proof(
-    secret: &[u8],
-    hello: &[u8; HELLO_LEN],
-    welcome: &[u8; WELCOME_LEN],
-) -> [u8; 32] {
-    mac(secret, b"zcfs-server", hello, &unproved(welcome))
-        .finalize()
-        .into_bytes()
-        .into()
+/// What the proofs cover: the shared secret and the transcript, the Hello and the
+/// Welcome (as sent or received; the server's proof ignores the Welcome's proof field).
+#[derive(Debug, Clone, Copy)]
+pub struct Transcript<'a> {
+    pub secret: &'a [u8],
+    pub hello: &'a [u8; HELLO_LEN],
+    pub welcome: &'a [u8; WELCOME_LEN],
 }
 
-/// The client's proof over the transcript (the Hello and the Welcome as received).
-pub fn client_proof(
-    secret: &[u8],
-    hello: &[u8; HELLO_LEN],
-    welcome: &[u8; WELCOME_LEN],
-) -> [u8; 32] {
-    mac(secret, b"zcfs-client", hello, welcome)
-        .finalize()
-        .into_bytes()
-        .into()
-}
+impl<'a> Transcript<'a> {
+    pub fn new(
+        secret: &'a [u8],
+        hello: &'a [u8; HELLO_LEN],
+        welcome: &'a [u8; WELCOME_LEN],
+    ) -> Transcript<'a> {
+        Transcript {
+            secret,
+            hello,
+            welcome,
+        }
+    }
 
-/// Constant-time check of the server's proof (in the Welcome).
-pub fn verify_server(
-    secret: &[u8],
-    hello: &[u8; HELLO_LEN],
-    welcome: &[u8; WELCOME_LEN],
-) -> Result<()> {
-    mac(secret, b"zcfs-server", hello, &unproved(welcome))
-        .verify_slice(&welcome[56..88])
-        .map_err(|_| ProtoError::AuthFailed)
-}
+    fn server_mac(&self) -> HmacSha256 {
+        mac(
+            self.secret,
+            b"zcfs-server",
+            self.hello,
+            &unproved(self.welcome),
+        )
+    }
 
-/// Constant-time check of the client's proof.
-pub fn verify_client(
-    secret: &[u8],
-    hello: &[u8; HELLO_LEN],
-    welcome: &[u8; WELCOME_LEN],
-    proof: &[u8; 32],
-) -> Result<()> {
-    mac(secret, b"zcfs-client", hello, welcome)
-        .verify_slice(proof)
-        .map_err(|_| ProtoError::AuthFailed)
+    fn client_mac(&self) -> HmacSha256 {
+        mac(self.secret, b"zcfs-client", self.hello, self.welcome)
+    }
+
+    /// The server's proof, which the Welcome carries.
+    pub fn server_proof(&self) -> [u8; 32] {
+        self.server_mac().finalize().into_bytes().into()
+    }
+
+    /// The client's proof, sent after the Welcome.
+    pub fn client_proof(&self) -> [u8; 32] {
+        self.client_mac().finalize().into_bytes().into()
+    }
+
+    /// Constant-time check of the server's proof (in the Welcome).
+    pub fn verify_server(&self) -> Result<()> {
+        self.server_mac()
+            .verify_slice(&self.welcome[56..88])
+            .map_err(|_| ProtoError::AuthFailed)
+    }
+
+    /// Constant-time check of the client's proof.
+    pub fn verify_client(&self, proof: &[u8; 32]) -> Result<()> {
+        self.client_mac()
+            .verify_slice(proof)
+            .map_err(|_| ProtoError::AuthFailed)
+    }
 }
 
 #[cfg(test)]
@@ -309,14 +325,17 @@ mod tests {
     fn proofs_verify_only_with_the_same_secret_roles_and_transcript() {
         let hello = [1u8; HELLO_LEN];
         let mut welcome = [2u8; WELCOME_LEN];
-        let sp = server_proof(b"secret", &hello, &welcome);
+        let sp = Transcript::new(b"secret", &hello, &welcome).server_proof();
         welcome[56..88].copy_from_slice(&sp);
-        assert!(verify_server(b"secret", &hello, &welcome).is_ok());
-        assert!(verify_server(b"other", &hello, &welcome).is_err());
+        let t = Transcript::new(b"secret", &hello, &welcome);
+        assert!(t.verify_server().is_ok());
+        assert!(Transcript::new(b"other", &hello, &welcome)
+            .verify_server()
+            .is_err());
         // A server proof replayed as a client proof fails (roles differ).
-        assert!(verify_client(b"secret", &hello, &welcome, &sp).is_err());
-        let cp = client_proof(b"secret", &hello, &welcome);
-        assert!(verify_client(b"secret", &hello, &welcome, &cp).is_ok());
+        assert!(t.verify_client(&sp).is_err());
+        let cp = t.client_proof();
+        assert!(t.verify_client(&cp).is_ok());
         // Any byte of the transcript changed (a nonce, a feature bit, the auth flag):
         // both proofs fail.
         for i in
@@ -328,8 +347,9 @@ mod tests {
             } else {
                 w[i - HELLO_LEN] ^= 1;
             }
-            assert!(verify_server(b"secret", &h, &w).is_err(), "byte {i}");
-            assert!(verify_client(b"secret", &h, &w, &cp).is_err(), "byte {i}");
+            let t = Transcript::new(b"secret", &h, &w);
+            assert!(t.verify_server().is_err(), "byte {i}");
+            assert!(t.verify_client(&cp).is_err(), "byte {i}");
         }
     }
 
@@ -375,31 +395,26 @@ mod tests {
         let mut bad = w.encode();
         bad[11] = 2;
         assert!(Welcome::decode(&bad).is_err());
-        let unknown = Welcome {
-            features: 1 << 40,
-            ..w.clone()
-        };
-        assert!(
-            Welcome::decode(&unknown.encode()).is_err(),
-            "unknown feature"
-        );
-        let full_unauth = Welcome {
-            features: FEATURE_INTEGRITY_FULL,
-            ..w.clone()
-        };
-        assert!(
-            Welcome::decode(&full_unauth.encode()).is_err(),
-            "full integrity needs auth"
-        );
-        let told = Welcome {
-            auth: true,
-            resumed: true,
-            ..w
-        };
-        assert!(
-            Welcome::decode(&told.encode()).is_err(),
-            "with auth, resumed waits for the verdict"
-        );
+        // (why, features, auth, resumed): each refused.
+        let refused = [
+            ("unknown feature", 1 << 40, false, true),
+            (
+                "full integrity needs auth",
+                FEATURE_INTEGRITY_FULL,
+                false,
+                true,
+            ),
+            ("with auth, resumed waits for the verdict", 0, true, true),
+        ];
+        for (why, features, auth, resumed) in refused {
+            let bad = Welcome {
+                features,
+                auth,
+                resumed,
+                ..w.clone()
+            };
+            assert!(Welcome::decode(&bad.encode()).is_err(), "{why}");
+        }
     }
 
     #[test]

@@ -140,5 +140,19 @@ impl ProtoError {
 
 pub type Result<T> = std::result::Result<T, ProtoError>;
 
+/// `len` within the limit `max`, or `TooLong` naming `what` (reported to a caller as
+/// `errno`).
+pub(crate) fn check_limit(what: &'static str, len: usize, max: usize, errno: i32) -> Result<()> {
+    if len > max {
+        return Err(ProtoError::TooLong {
+            what,
+            len,
+            max,
+            errno,
+        });
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests;

@@ -15,15 +15,7 @@ fn check_range(offset: u64, len: u64) -> Result<()> {
 }
 
 fn check_data_size(size: u32) -> Result<()> {
-    if size as usize > MAX_DATA {
-        return Err(ProtoError::TooLong {
-            what: "data size",
-            len: size as usize,
-            max: MAX_DATA,
-            errno: libc::EINVAL,
-        });
-    }
-    Ok(())
+    check_limit("data size", size as usize, MAX_DATA, libc::EINVAL)
 }
 
 // ---- requests ----

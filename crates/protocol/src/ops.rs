@@ -165,27 +165,18 @@ impl Request {
         cred: Cred,
         groups: &[u32],
     ) -> Result<([u8; REQ_HDR], Vec<u8>)> {
-        if groups.len() > MAX_GROUPS {
-            return Err(ProtoError::TooLong {
-                what: "supplementary groups",
-                len: groups.len(),
-                max: MAX_GROUPS,
-                errno: libc::EINVAL,
-            });
-        }
+        check_limit(
+            "supplementary groups",
+            groups.len(),
+            MAX_GROUPS,
+            libc::EINVAL,
+        )?;
         let mut body = Vec::with_capacity(groups.len() * 4);
         for g in groups {
             body.extend_from_slice(&g.to_le_bytes());
         }
         self.put_body(&mut body);
-        if body.len() > MAX_BODY {
-            return Err(ProtoError::TooLong {
-                what: "request body",
-                len: body.len(),
-                max: MAX_BODY,
-                errno: libc::E2BIG,
-            });
-        }
+        check_limit("request body", body.len(), MAX_BODY, libc::E2BIG)?;
         let mut h = ReqHeader::new(self.op(), id, body.len() as u32, self.data_len(), cred);
         h.ngroups = groups.len() as u32;
         Ok((h.encode(), body))
@@ -206,14 +197,12 @@ impl Request {
                 "request body shorter than its header says",
             ));
         }
-        if h.ngroups as usize > MAX_GROUPS {
-            return Err(ProtoError::TooLong {
-                what: "supplementary groups",
-                len: h.ngroups as usize,
-                max: MAX_GROUPS,
-                errno: libc::EINVAL,
-            });
-        }
+        check_limit(
+            "supplementary groups",
+            h.ngroups as usize,
+            MAX_GROUPS,
+            libc::EINVAL,
+        )?;
         let glen = h.ngroups as usize * 4;
         if glen > body.len() {
             return Err(ProtoError::Truncated(

@@ -45,15 +45,7 @@ macro_rules! bytes_type {
                 Ok($name(b))
             }
             fn check_len(len: usize) -> Result<()> {
-                if len > $max {
-                    return Err(ProtoError::TooLong {
-                        what: $what,
-                        len,
-                        max: $max,
-                        errno: $errno,
-                    });
-                }
-                Ok(())
+                check_limit($what, len, $max, $errno)
             }
             pub fn as_bytes(&self) -> &[u8] {
                 &self.0
@@ -188,15 +180,7 @@ impl<T, const MAX: usize> List<T, MAX> {
         Ok(List(items))
     }
     fn check_len(len: usize) -> Result<()> {
-        if len > MAX {
-            return Err(ProtoError::TooLong {
-                what: "list",
-                len,
-                max: MAX,
-                errno: libc::EINVAL,
-            });
-        }
-        Ok(())
+        check_limit("list", len, MAX, libc::EINVAL)
     }
     pub fn into_vec(self) -> Vec<T> {
         self.0

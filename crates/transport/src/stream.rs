@@ -162,7 +162,8 @@ pub fn peer_cred(s: &impl AsRawFd) -> std::io::Result<PeerCred> {
 }
 
 /// SO_PEERGROUPS (asm-generic/socket.h; Linux 4.13): not in the libc crate for Linux.
-#[cfg(any(
+/// Known on the architectures that use the generic socket option numbers.
+const SO_PEERGROUPS: Option<libc::c_int> = if cfg!(any(
     target_arch = "x86_64",
     target_arch = "x86",
     target_arch = "aarch64",
@@ -170,18 +171,11 @@ pub fn peer_cred(s: &impl AsRawFd) -> std::io::Result<PeerCred> {
     target_arch = "riscv64",
     target_arch = "loongarch64",
     target_arch = "s390x"
-))]
-const SO_PEERGROUPS: Option<libc::c_int> = Some(59);
-#[cfg(not(any(
-    target_arch = "x86_64",
-    target_arch = "x86",
-    target_arch = "aarch64",
-    target_arch = "arm",
-    target_arch = "riscv64",
-    target_arch = "loongarch64",
-    target_arch = "s390x"
-)))]
-const SO_PEERGROUPS: Option<libc::c_int> = None;
+)) {
+    Some(59)
+} else {
+    None
+};
 
 /// Most supplementary groups a process can have on Linux (NGROUPS_MAX).
 pub const MAX_PEER_GROUPS: usize = 65_536;
@@ -346,40 +340,28 @@ pub trait Socket: Read + Write + AsRawFd {
     fn tcp(&self) -> Option<&TcpStream>;
 }
 
-impl Socket for TcpStream {
-    fn set_read_timeout(&self, d: Option<Duration>) -> std::io::Result<()> {
-        TcpStream::set_read_timeout(self, d)
-    }
-    fn set_write_timeout(&self, d: Option<Duration>) -> std::io::Result<()> {
-        TcpStream::set_write_timeout(self, d)
-    }
-    fn tcp(&self) -> Option<&TcpStream> {
-        Some(self)
-    }
+/// `Socket` for each stream type: its own timeouts, and the TCP socket under it as given.
+macro_rules! sockets {
+    ($($t:ty => |$s:ident| $tcp:expr;)*) => {
+        $(impl Socket for $t {
+            fn set_read_timeout(&self, d: Option<Duration>) -> std::io::Result<()> {
+                <$t>::set_read_timeout(self, d)
+            }
+            fn set_write_timeout(&self, d: Option<Duration>) -> std::io::Result<()> {
+                <$t>::set_write_timeout(self, d)
+            }
+            fn tcp(&self) -> Option<&TcpStream> {
+                let $s = self;
+                $tcp
+            }
+        })*
+    };
 }
 
-impl Socket for UnixStream {
-    fn set_read_timeout(&self, d: Option<Duration>) -> std::io::Result<()> {
-        UnixStream::set_read_timeout(self, d)
-    }
-    fn set_write_timeout(&self, d: Option<Duration>) -> std::io::Result<()> {
-        UnixStream::set_write_timeout(self, d)
-    }
-    fn tcp(&self) -> Option<&TcpStream> {
-        None
-    }
-}
-
-impl Socket for Stream {
-    fn set_read_timeout(&self, d: Option<Duration>) -> std::io::Result<()> {
-        Stream::set_read_timeout(self, d)
-    }
-    fn set_write_timeout(&self, d: Option<Duration>) -> std::io::Result<()> {
-        Stream::set_write_timeout(self, d)
-    }
-    fn tcp(&self) -> Option<&TcpStream> {
-        self.as_tcp()
-    }
+sockets! {
+    TcpStream => |s| Some(s);
+    UnixStream => |_s| None;
+    Stream => |s| s.as_tcp();
 }
 
 /// Mode of a server's Unix socket: anyone may connect; what a peer may do is decided

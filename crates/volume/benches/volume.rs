@@ -39,6 +39,12 @@ impl Scratch {
     fn vol(&self) -> &Volume {
         self.vol.as_ref().unwrap()
     }
+
+    /// Create the file "f" in the root directory; its inode number.
+    fn file(&self) -> u64 {
+        let f = self.vol().create(&Cred::ROOT, ROOT_INO, b"f", 0o644, 0);
+        f.unwrap().ino
+    }
 }
 
 impl Drop for Scratch {
@@ -77,19 +83,16 @@ fn write_4k(c: &mut Criterion) {
     ];
     for (name, cfg) in cases {
         let s = Scratch::new(name, cfg);
-        let f = s
-            .vol()
-            .create(&Cred::ROOT, ROOT_INO, b"f", 0o644, 0)
-            .unwrap();
+        let ino = s.file();
         let buf = vec![0x5au8; 4096];
         for i in 0..FILE_BLOCKS {
-            s.vol().write(&Cred::ROOT, f.ino, i * 4096, &buf).unwrap();
+            s.vol().write(&Cred::ROOT, ino, i * 4096, &buf).unwrap();
         }
         let mut i = 0u64;
         g.bench_function(BenchmarkId::from_parameter(name), |b| {
             b.iter(|| {
                 i = (i * 7 + 13) % FILE_BLOCKS;
-                s.vol().write(&Cred::ROOT, f.ino, i * 4096, &buf).unwrap();
+                s.vol().write(&Cred::ROOT, ino, i * 4096, &buf).unwrap();
             })
         });
     }
@@ -100,18 +103,15 @@ fn read_4k(c: &mut Criterion) {
     let mut g = c.benchmark_group("read_4k");
     g.throughput(Throughput::Bytes(4096));
     let s = Scratch::new("read", VolumeConfig::default());
-    let f = s
-        .vol()
-        .create(&Cred::ROOT, ROOT_INO, b"f", 0o644, 0)
-        .unwrap();
+    let ino = s.file();
     let data = vec![0x33u8; (FILE_BLOCKS * 4096) as usize];
-    s.vol().write(&Cred::ROOT, f.ino, 0, &data).unwrap();
+    s.vol().write(&Cred::ROOT, ino, 0, &data).unwrap();
     let mut buf = vec![0u8; 4096];
     let mut i = 0u64;
     g.bench_function("copy", |b| {
         b.iter(|| {
             i = (i * 7 + 13) % FILE_BLOCKS;
-            s.vol().read(f.ino, i * 4096, &mut buf).unwrap()
+            s.vol().read(ino, i * 4096, &mut buf).unwrap()
         })
     });
     g.bench_function("zero_copy_borrow", |b| {
@@ -119,7 +119,7 @@ fn read_4k(c: &mut Criterion) {
             i = (i * 7 + 13) % FILE_BLOCKS;
             // Touch the first and last byte so the slice is really used.
             s.vol()
-                .read_with(f.ino, i * 4096, 4096, |sl| {
+                .read_with(ino, i * 4096, 4096, |sl| {
                     sl[0][0] as usize + sl[0][4095] as usize
                 })
                 .unwrap()
@@ -189,16 +189,13 @@ fn consistency_cost_1m(c: &mut Criterion) {
     ];
     for (name, cfg) in cases {
         let s = Scratch::new(name, cfg);
-        let f = s
-            .vol()
-            .create(&Cred::ROOT, ROOT_INO, b"f", 0o644, 0)
-            .unwrap();
+        let ino = s.file();
         let buf = vec![0x77u8; 1 << 20];
         let mut i = 0u64;
         g.bench_function(BenchmarkId::from_parameter(name), |b| {
             b.iter(|| {
                 i = (i + 1) % 64;
-                s.vol().write(&Cred::ROOT, f.ino, i << 20, &buf).unwrap();
+                s.vol().write(&Cred::ROOT, ino, i << 20, &buf).unwrap();
             })
         });
     }

@@ -323,6 +323,15 @@ impl Volume {
         self.region.fence().map_err(|e| self.persistence_failed(e))
     }
 
+    /// Store `value` in the log header's word at `word` (TAIL_WORD, HEAD_WORD), durably:
+    /// write, flush, fence.
+    fn store_log_word(&self, word: usize, value: u64) -> Result<()> {
+        let off = self.geo.log_header_off() + word;
+        self.region.write_u64(off, value);
+        self.region.flush(off, 8);
+        self.fence()
+    }
+
     /// Commit the pending batch: fence, tail store, fence, then apply to home locations.
     pub(crate) fn commit_batch(&self, st: &mut State) -> Result<()> {
         // Re-checked under the lock: a failure may have come while this caller waited,
@@ -336,10 +345,7 @@ impl Volume {
         if self.cfg.fault != Some(CommitFault::SkipFenceBeforeTail) {
             self.fence()?;
         }
-        let tail_off = self.geo.log_header_off() + TAIL_WORD;
-        self.region.write_u64(tail_off, st.log.next);
-        self.region.flush(tail_off, 8);
-        self.fence()?;
+        self.store_log_word(TAIL_WORD, st.log.next)?;
         st.log.tail = st.log.next;
         let batch = std::mem::take(&mut st.batch);
         for r in &batch.apply {
@@ -368,10 +374,7 @@ impl Volume {
         }
         if st.log.head != st.log.tail {
             self.fence()?;
-            let head_off = self.geo.log_header_off() + HEAD_WORD;
-            self.region.write_u64(head_off, st.log.tail);
-            self.region.flush(head_off, 8);
-            self.fence()?;
+            self.store_log_word(HEAD_WORD, st.log.tail)?;
             st.log.head = st.log.tail;
             self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
         }

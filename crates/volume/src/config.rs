@@ -144,45 +144,52 @@ impl Default for RootDir {
     }
 }
 
-/// Counters, readable while the volume runs.
-#[derive(Debug, Default)]
-pub struct Stats {
-    pub ops: AtomicU64,
-    pub commits: AtomicU64,
-    pub checkpoints: AtomicU64,
-    pub log_bytes: AtomicU64,
-    pub data_bytes_written: AtomicU64,
-    pub data_bytes_read: AtomicU64,
-    /// Bytes copied in user space on the data paths (memcpy into or out of PM).
-    pub user_copy_bytes: AtomicU64,
-    /// Bytes handed out as borrowed PM slices or attached pages (no copy).
-    pub zero_copy_bytes: AtomicU64,
-}
+/// The volume's counters, named once: each is an `AtomicU64` field of `Stats` and a
+/// `u64` field of the `StatsSnapshot` that `Stats::snapshot` takes.
+macro_rules! counters {
+    ($($(#[$doc:meta])* $name:ident,)*) => {
+        /// Counters, readable while the volume runs.
+        #[derive(Debug, Default)]
+        pub struct Stats {
+            $($(#[$doc])* pub $name: AtomicU64,)*
+        }
 
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct StatsSnapshot {
-    pub ops: u64,
-    pub commits: u64,
-    pub checkpoints: u64,
-    pub log_bytes: u64,
-    pub data_bytes_written: u64,
-    pub data_bytes_read: u64,
-    pub user_copy_bytes: u64,
-    pub zero_copy_bytes: u64,
+        #[derive(Debug, Clone, serde::Serialize)]
+        pub struct StatsSnapshot {
+            $($(#[$doc])* pub $name: u64,)*
+        }
+
+        impl Stats {
+            pub fn snapshot(&self) -> StatsSnapshot {
+                StatsSnapshot {
+                    $($name: self.$name.load(Ordering::Relaxed),)*
+                }
+            }
+        }
+    };
 }
 
 impl Stats {
-    pub fn snapshot(&self) -> StatsSnapshot {
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        StatsSnapshot {
-            ops: g(&self.ops),
-            commits: g(&self.commits),
-            checkpoints: g(&self.checkpoints),
-            log_bytes: g(&self.log_bytes),
-            data_bytes_written: g(&self.data_bytes_written),
-            data_bytes_read: g(&self.data_bytes_read),
-            user_copy_bytes: g(&self.user_copy_bytes),
-            zero_copy_bytes: g(&self.zero_copy_bytes),
-        }
+    /// Count `n` more on counter `c` (one of this struct's).
+    pub(crate) fn add(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Ordering::Relaxed);
     }
+
+    /// Take `n` back from counter `c`.
+    pub(crate) fn sub(c: &AtomicU64, n: u64) {
+        c.fetch_sub(n, Ordering::Relaxed);
+    }
+}
+
+counters! {
+    ops,
+    commits,
+    checkpoints,
+    log_bytes,
+    data_bytes_written,
+    data_bytes_read,
+    /// Bytes copied in user space on the data paths (memcpy into or out of PM).
+    user_copy_bytes,
+    /// Bytes handed out as borrowed PM slices or attached pages (no copy).
+    zero_copy_bytes,
 }

@@ -3,6 +3,7 @@
 //! them, commit), truncate and fsync. The FLAC/SLS page calls are in `flac.rs`.
 
 use crate::commit::{Sink, Txn, ENTRY_OVERHEAD, INODE_RECORD};
+use crate::config::Stats;
 use crate::error::{FsError, Result};
 use crate::layout::*;
 use crate::map::FileMap;
@@ -10,7 +11,6 @@ use crate::perm;
 use crate::pm::{BlockNo, FreshBlock};
 use crate::trace::Traced;
 use crate::volume::{State, Volume};
-use std::sync::atomic::Ordering;
 use zcfs_types::Cred;
 
 static ZERO_BLOCK: [u8; BLOCK] = [0; BLOCK];
@@ -124,10 +124,7 @@ impl WriteReservation<'_> {
                 .fresh_fill(&self.blocks[i], o, &data[at..at + n], !skip_flush);
             at += n;
         }
-        self.vol
-            .stats
-            .user_copy_bytes
-            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        Stats::add(&self.vol.stats.user_copy_bytes, data.len() as u64);
         self.written_back = true;
     }
 
@@ -201,17 +198,13 @@ impl Volume {
         let slices: Vec<&[u8]> = runs
             .iter()
             .map(|r| match *r {
-                Run::Data(b, at, n) => self.live_run(&pin, b, at, n),
+                Run::Data(b, at, n) => self.live_run(&pin, b.at(at as u64), n),
                 Run::Hole(at, n) => &ZERO_BLOCK[at..at + n],
             })
             .collect();
         let total: usize = slices.iter().map(|s| s.len()).sum();
-        self.stats
-            .data_bytes_read
-            .fetch_add(total as u64, Ordering::Relaxed);
-        self.stats
-            .zero_copy_bytes
-            .fetch_add(total as u64, Ordering::Relaxed);
+        Stats::add(&self.stats.data_bytes_read, total as u64);
+        Stats::add(&self.stats.zero_copy_bytes, total as u64);
         let r = f(&slices);
         drop(slices);
         drop(pin);
@@ -257,12 +250,9 @@ impl Volume {
             }
             at
         })?;
-        self.stats
-            .zero_copy_bytes
-            .fetch_sub(n as u64, Ordering::Relaxed);
-        self.stats
-            .user_copy_bytes
-            .fetch_add(n as u64, Ordering::Relaxed);
+        // Copied after all: counted as a copy, not as handed out.
+        Stats::sub(&self.stats.zero_copy_bytes, n as u64);
+        Stats::add(&self.stats.user_copy_bytes, n as u64);
         Ok(n)
     }
 
@@ -542,9 +532,7 @@ impl Volume {
         // What was drawn and not spent is promised again.
         st.end_draw(r.ino, r.gen, r.drawn, 0);
         r.drawn = 0;
-        self.stats
-            .data_bytes_written
-            .fetch_add(r.len as u64, Ordering::Relaxed);
+        Stats::add(&self.stats.data_bytes_written, r.len as u64);
         Ok(r.len)
     }
 

@@ -328,7 +328,7 @@ impl Volume {
                     }
                 }
                 None => {
-                    let src = self.live_run(&*st, BlockNo(b0), 0, len_run);
+                    let src = self.live_run(&*st, BlockNo(b0).at(0), len_run);
                     // SAFETY: `dst` has `len_run` private bytes we own.
                     unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, len_run) };
                     copied += len_run;

@@ -160,26 +160,24 @@ impl Volume {
     /// Borrow bytes of a live data block, kept alive by `proof`.
     pub(crate) fn live<'a>(
         &'a self,
-        _proof: &'a dyn Live,
+        proof: &'a dyn Live,
         b: BlockNo,
         at: usize,
         len: usize,
     ) -> &'a [u8] {
         assert!(at + len <= BLOCK, "borrow past the end of a block");
-        // SAFETY: live data blocks are never written in place, and the proof keeps the
-        // block from being freed and reused while borrowed.
-        unsafe { self.region.slice(b.at(at as u64).off(), len) }
+        self.live_run(proof, b.at(at as u64), len)
     }
 
-    /// Borrow `len` bytes of physically adjacent live blocks from `first`.
+    /// Borrow `len` bytes of physically adjacent live blocks from `from`.
     pub(crate) fn live_run<'a>(
         &'a self,
         _proof: &'a dyn Live,
-        first: BlockNo,
-        at: usize,
+        from: PmAddr,
         len: usize,
     ) -> &'a [u8] {
-        // SAFETY: as in `live`, for each block of the run.
-        unsafe { self.region.slice(first.at(at as u64).off(), len) }
+        // SAFETY: live data blocks are never written in place, and the proof keeps each
+        // block of the run from being freed and reused while borrowed.
+        unsafe { self.region.slice(from.off(), len) }
     }
 }

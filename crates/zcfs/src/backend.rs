@@ -2,6 +2,7 @@
 //! server, for `mount` and `stat`.
 
 use crate::secret::read_secret;
+use crate::source::Source;
 use anyhow::{anyhow, Context, Result};
 use std::path::Path;
 use std::sync::Arc;
@@ -22,6 +23,20 @@ pub const HOLDER_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 const HOLDER_POLL: std::time::Duration = std::time::Duration::from_millis(50);
 
 impl OpenedBackend {
+    /// Open what `source` names: the null backend as is, a volume image with the
+    /// configuration `volume` gives, a server address as `remote` does.
+    pub fn open(
+        source: &Source,
+        volume: impl FnOnce() -> Result<VolumeConfig>,
+        remote: impl FnOnce(&str) -> Result<OpenedBackend>,
+    ) -> Result<OpenedBackend> {
+        match source {
+            Source::Null => Ok(OpenedBackend::null()),
+            Source::Image(image) => OpenedBackend::volume(image, volume()?),
+            Source::Remote(addr) => remote(addr),
+        }
+    }
+
     pub fn null() -> OpenedBackend {
         OpenedBackend {
             backend: Arc::new(zcfs_backend::null::NullFs::default()),

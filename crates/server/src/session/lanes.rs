@@ -164,15 +164,24 @@ mod tests {
         Lane { index, generation }
     }
 
-    fn counting_fence() -> (Fence, Arc<AtomicUsize>) {
+    /// Take `lane` with a fresh fence: the answer, and how often the fence was called.
+    fn take(
+        lanes: &Arc<Lanes>,
+        lane: Lane,
+        wait: Duration,
+    ) -> (Result<Option<LaneHold>, LaneRefused>, Arc<AtomicUsize>) {
         let n = Arc::new(AtomicUsize::new(0));
         let n2 = n.clone();
-        (
-            Arc::new(move || {
-                n2.fetch_add(1, Ordering::SeqCst);
-            }),
-            n,
-        )
+        let fence: Fence = Arc::new(move || {
+            n2.fetch_add(1, Ordering::SeqCst);
+        });
+        (lanes.take_over(lane, fence, wait), n)
+    }
+
+    /// Take `lane`, which must be granted: the hold, and the fence's count.
+    fn hold(lanes: &Arc<Lanes>, index: u16, generation: u32) -> (LaneHold, Arc<AtomicUsize>) {
+        let (r, fenced) = take(lanes, lane(index, generation), WAIT);
+        (r.unwrap().unwrap(), fenced)
     }
 
     const WAIT: Duration = Duration::from_secs(5);
@@ -180,11 +189,9 @@ mod tests {
     #[test]
     fn a_newer_connection_fences_the_older_and_waits_until_it_is_done() {
         let lanes = Arc::new(Lanes::default());
-        let (f1, fenced1) = counting_fence();
-        let old = lanes.take_over(lane(3, 1), f1, WAIT).unwrap().unwrap();
-        let (f2, fenced2) = counting_fence();
+        let (old, fenced1) = hold(&lanes, 3, 1);
         let l2 = lanes.clone();
-        let t = std::thread::spawn(move || l2.take_over(lane(3, 2), f2, WAIT));
+        let t = std::thread::spawn(move || take(&l2, lane(3, 2), WAIT));
         // The old connection is told to stop, and the new one waits for it.
         while fenced1.load(Ordering::SeqCst) == 0 {
             std::thread::sleep(Duration::from_millis(1));
@@ -195,7 +202,8 @@ mod tests {
             "took over before the old connection was done"
         );
         drop(old);
-        let new = t.join().unwrap().unwrap().unwrap();
+        let (new, fenced2) = t.join().unwrap();
+        let new = new.unwrap().unwrap();
         assert_eq!(lanes.generation(3), Some(2));
         assert_eq!(fenced2.load(Ordering::SeqCst), 0);
         drop(new);
@@ -205,12 +213,10 @@ mod tests {
     #[test]
     fn an_older_or_equal_generation_is_stale_and_fences_nothing() {
         let lanes = Arc::new(Lanes::default());
-        let (f, fenced) = counting_fence();
-        let _cur = lanes.take_over(lane(0, 5), f, WAIT).unwrap().unwrap();
+        let (_cur, fenced) = hold(&lanes, 0, 5);
         for g in [1, 5] {
-            let (f2, _) = counting_fence();
             assert_eq!(
-                lanes.take_over(lane(0, g), f2, WAIT).err(),
+                take(&lanes, lane(0, g), WAIT).0.err(),
                 Some(LaneRefused::Stale {
                     index: 0,
                     generation: g,
@@ -225,32 +231,25 @@ mod tests {
     #[test]
     fn a_connection_still_executing_past_the_wait_refuses_the_new_one_and_stays_fenced() {
         let lanes = Arc::new(Lanes::default());
-        let (f1, fenced1) = counting_fence();
-        let old = lanes.take_over(lane(1, 1), f1, WAIT).unwrap().unwrap();
-        let (f2, _) = counting_fence();
+        let (old, fenced1) = hold(&lanes, 1, 1);
         let wait = Duration::from_millis(30);
         assert!(matches!(
-            lanes.take_over(lane(1, 2), f2, wait),
+            take(&lanes, lane(1, 2), wait).0,
             Err(LaneRefused::Busy { index: 1, .. })
         ));
         // The next attempt waits for the same old connection again.
-        let (f3, _) = counting_fence();
-        assert!(lanes.take_over(lane(1, 3), f3, wait).is_err());
+        assert!(take(&lanes, lane(1, 3), wait).0.is_err());
         assert_eq!(fenced1.load(Ordering::SeqCst), 2);
         drop(old);
-        let (f4, _) = counting_fence();
-        assert!(lanes.take_over(lane(1, 4), f4, wait).unwrap().is_some());
+        assert!(take(&lanes, lane(1, 4), wait).0.unwrap().is_some());
     }
 
     #[test]
     fn lanes_are_independent_and_generation_zero_takes_none() {
         let lanes = Arc::new(Lanes::default());
-        let (f1, fenced1) = counting_fence();
-        let _a = lanes.take_over(lane(0, 1), f1, WAIT).unwrap().unwrap();
-        let (f2, _) = counting_fence();
-        let _b = lanes.take_over(lane(1, 1), f2, WAIT).unwrap().unwrap();
-        let (f3, _) = counting_fence();
-        assert!(lanes.take_over(Lane::NONE, f3, WAIT).unwrap().is_none());
+        let (_a, fenced1) = hold(&lanes, 0, 1);
+        let _b = hold(&lanes, 1, 1);
+        assert!(take(&lanes, Lane::NONE, WAIT).0.unwrap().is_none());
         assert_eq!(fenced1.load(Ordering::SeqCst), 0);
     }
 }

@@ -187,23 +187,7 @@ mod tests {
 
     #[test]
     fn inode_round_trip() {
-        let r = InodeRec {
-            ino: 5,
-            gen: 2,
-            mode: S_IFREG | 0o644,
-            uid: 1000,
-            gid: 100,
-            nlink: 1,
-            size: 12345,
-            blocks: 4,
-            mtime: Time {
-                sec: -5,
-                nsec: 999_999_999,
-            },
-            map_root: 99,
-            map_height: 2,
-            ..Default::default()
-        };
+        let r = InodeRec::sample();
         assert_eq!(InodeRec::decode(&r.encode()).unwrap(), r);
         let mut b = r.encode();
         b[33] ^= 0x10;

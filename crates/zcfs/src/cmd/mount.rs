@@ -201,40 +201,38 @@ fn mount_until_unmounted(a: &MountArgs, ready_pipe: &mut Option<ReadyPipe>) -> R
 /// The backend to mount; `-o ro` and `-o batch=` apply to a volume, `-o secret_file=`
 /// and `-o timeout=` to a server.
 fn open(source: &Source, plan: &MountPlan) -> Result<OpenedBackend> {
-    match source {
-        Source::Null => Ok(OpenedBackend::null()),
-        Source::Image(image) => {
-            let mut cfg = VolumeConfig {
-                read_only: plan.read_only,
-                ..Default::default()
-            };
-            if let Some(b) = plan.batch_ops {
-                cfg.batch_ops = b;
+    let volume = || {
+        let mut cfg = VolumeConfig {
+            read_only: plan.read_only,
+            ..Default::default()
+        };
+        if let Some(b) = plan.batch_ops {
+            cfg.batch_ops = b;
+        }
+        Ok(cfg)
+    };
+    let remote = |addr: &str| {
+        let connect = || {
+            let mut cfg = client_config(addr, plan.secret_file.as_deref())?;
+            if let Some(t) = plan.timeout {
+                cfg.timeout = t;
             }
-            OpenedBackend::volume(image, cfg)
-        }
-        Source::Remote(addr) => {
-            let connect = || {
-                let mut cfg = client_config(addr, plan.secret_file.as_deref())?;
-                if let Some(t) = plan.timeout {
-                    cfg.timeout = t;
-                }
-                cfg.integrity = plan.integrity;
-                // cache=none: no cache of names and attributes in the client either
-                // (a cached name would skip the server's search-permission check, as
-                // a kernel-cached one skips it without default_permissions).
-                if plan.fuse.cache == zcfs_fuse::CacheMode::None {
-                    cfg.attr_ttl = Duration::ZERO;
-                }
-                OpenedBackend::remote(cfg)
-            };
-            connect().with_context(|| {
-                format!(
-                    "{addr} is neither `null`, an existing volume image, nor a reachable server address"
-                )
-            })
-        }
-    }
+            cfg.integrity = plan.integrity;
+            // cache=none: no cache of names and attributes in the client either
+            // (a cached name would skip the server's search-permission check, as
+            // a kernel-cached one skips it without default_permissions).
+            if plan.fuse.cache == zcfs_fuse::CacheMode::None {
+                cfg.attr_ttl = Duration::ZERO;
+            }
+            OpenedBackend::remote(cfg)
+        };
+        connect().with_context(|| {
+            format!(
+                "{addr} is neither `null`, an existing volume image, nor a reachable server address"
+            )
+        })
+    };
+    OpenedBackend::open(source, volume, remote)
 }
 
 /// Refuse, with the fix, what would make the mount fail less clearly later.
@@ -321,7 +319,6 @@ fn is_mounted(mp: &Path) -> bool {
 /// with MS_REMOUNT), as mount(8) does for other file systems. The flags the mount has
 /// and the options do not name stay as they are (a remount with `ro` keeps `nosuid`).
 fn remount(mp: &Path, plan: &MountPlan) -> Result<i32> {
-    use zcfs_fuse::MountOption as O;
     if !is_mounted(mp) {
         bail!("-o remount: nothing is mounted on {}", mp.display());
     }
@@ -346,23 +343,11 @@ fn remount(mp: &Path, plan: &MountPlan) -> Result<i32> {
         | keep(has(libc::ST_NOATIME), libc::MS_NOATIME)
         | keep(has(libc::ST_SYNCHRONOUS), libc::MS_SYNCHRONOUS);
     for o in &plan.mount_options {
-        let (set, clear) = match o {
-            O::RO => (libc::MS_RDONLY, 0),
-            O::RW => (0, libc::MS_RDONLY),
-            O::NoSuid => (libc::MS_NOSUID, 0),
-            O::Suid => (0, libc::MS_NOSUID),
-            O::NoDev => (libc::MS_NODEV, 0),
-            O::Dev => (0, libc::MS_NODEV),
-            O::NoExec => (libc::MS_NOEXEC, 0),
-            O::Exec => (0, libc::MS_NOEXEC),
-            O::NoAtime => (libc::MS_NOATIME, 0),
-            O::Atime => (0, libc::MS_NOATIME),
-            O::Sync => (libc::MS_SYNCHRONOUS, 0),
-            O::Async => (0, libc::MS_SYNCHRONOUS),
-            O::DirSync => (libc::MS_DIRSYNC, 0),
-            _ => (0, 0),
-        };
-        flags = (flags | set) & !clear;
+        match options::flag_effect(o) {
+            Some((bit, true)) => flags |= bit,
+            Some((bit, false)) => flags &= !bit,
+            None => {}
+        }
     }
     // SAFETY: mount(2) with no source, type or data, on a valid C string path.
     let r = unsafe {

@@ -143,23 +143,20 @@ fn parse_persist(p: &str) -> Result<PersistMode> {
 
 /// The backend to export. `--persist` and `--batch` apply to a volume only.
 fn open(source: &Source, a: &ServeArgs) -> Result<OpenedBackend> {
-    match source {
-        Source::Null => Ok(OpenedBackend::null()),
-        Source::Image(image) => {
-            let mut cfg = VolumeConfig {
-                read_only: a.read_only,
-                persist: a.persist.as_deref().map(parse_persist).transpose()?,
-                ..Default::default()
-            };
-            if let Some(b) = a.batch {
-                cfg.batch_ops = b.max(1);
-            }
-            OpenedBackend::volume(image, cfg)
+    let volume = || {
+        let mut cfg = VolumeConfig {
+            read_only: a.read_only,
+            persist: a.persist.as_deref().map(parse_persist).transpose()?,
+            ..Default::default()
+        };
+        if let Some(b) = a.batch {
+            cfg.batch_ops = b.max(1);
         }
-        Source::Remote(addr) => {
-            bail!("{addr} is a server address: `zcfs serve` exports a volume image or `null`")
-        }
-    }
+        Ok(cfg)
+    };
+    OpenedBackend::open(source, volume, |addr| {
+        bail!("{addr} is a server address: `zcfs serve` exports a volume image or `null`")
+    })
 }
 
 pub fn run(a: &ServeArgs) -> Result<i32> {

@@ -23,6 +23,45 @@ pub struct MountPlan {
     pub remount: bool,
 }
 
+/// A mount option's `-o` name and fuser option.
+type Named = (&'static str, MountOption);
+
+/// The generic mount flags zcfs passes on: the mount(2) flag, the option that sets it
+/// and the one that clears it (dirsync has none).
+#[rustfmt::skip]
+const MOUNT_FLAGS: &[(u64, Named, Option<Named>)] = &[
+    (libc::MS_RDONLY, ("ro", MountOption::RO), Some(("rw", MountOption::RW))),
+    (libc::MS_NOSUID, ("nosuid", MountOption::NoSuid), Some(("suid", MountOption::Suid))),
+    (libc::MS_NODEV, ("nodev", MountOption::NoDev), Some(("dev", MountOption::Dev))),
+    (libc::MS_NOEXEC, ("noexec", MountOption::NoExec), Some(("exec", MountOption::Exec))),
+    (libc::MS_NOATIME, ("noatime", MountOption::NoAtime), Some(("atime", MountOption::Atime))),
+    (libc::MS_SYNCHRONOUS, ("sync", MountOption::Sync), Some(("async", MountOption::Async))),
+    (libc::MS_DIRSYNC, ("dirsync", MountOption::DirSync), None),
+];
+
+/// The fuser option of the generic mount flag `name`.
+fn mount_flag(name: &str) -> Option<&'static MountOption> {
+    MOUNT_FLAGS
+        .iter()
+        .flat_map(|(_, set, clear)| std::iter::once(set).chain(clear))
+        .find(|(n, _)| *n == name)
+        .map(|(_, o)| o)
+}
+
+/// What `o` does to the mount(2) flags on a remount: the flag, and whether it is set
+/// (or cleared); None for an option that is not a generic mount flag.
+pub(super) fn flag_effect(o: &MountOption) -> Option<(u64, bool)> {
+    MOUNT_FLAGS.iter().find_map(|(bit, set, clear)| {
+        if set.1 == *o {
+            Some((*bit, true))
+        } else if clear.as_ref().is_some_and(|c| c.1 == *o) {
+            Some((*bit, false))
+        } else {
+            None
+        }
+    })
+}
+
 /// Generic mount(8) options that ask nothing of zcfs here (atime variants the kernel
 /// applies to every mount, LSM contexts, flags FUSE ignores): accepted, logged, not
 /// acted on, so fstab lines and tools that pass them work.
@@ -91,18 +130,9 @@ pub fn parse_options(a: &MountArgs) -> Result<MountPlan> {
                 p.read_only = true;
                 p.mount_options.push(MountOption::RO)
             }
-            ("rw", None) => p.mount_options.push(MountOption::RW),
-            ("suid", None) => p.mount_options.push(MountOption::Suid),
-            ("nosuid", None) => p.mount_options.push(MountOption::NoSuid),
-            ("dev", None) => p.mount_options.push(MountOption::Dev),
-            ("nodev", None) => p.mount_options.push(MountOption::NoDev),
-            ("exec", None) => p.mount_options.push(MountOption::Exec),
-            ("noexec", None) => p.mount_options.push(MountOption::NoExec),
-            ("atime", None) => p.mount_options.push(MountOption::Atime),
-            ("noatime", None) => p.mount_options.push(MountOption::NoAtime),
-            ("sync", None) => p.mount_options.push(MountOption::Sync),
-            ("async", None) => p.mount_options.push(MountOption::Async),
-            ("dirsync", None) => p.mount_options.push(MountOption::DirSync),
+            (k, None) if mount_flag(k).is_some() => {
+                p.mount_options.push(mount_flag(k).expect("checked").clone())
+            }
             ("uid", Some(v)) => p.fuse.uid = Some(num(k, v)? as u32),
             ("gid", Some(v)) => p.fuse.gid = Some(num(k, v)? as u32),
             ("umask", Some(v)) => {
