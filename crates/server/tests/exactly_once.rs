@@ -297,20 +297,7 @@ fn lookups_racing_a_lost_session_leave_no_reference_behind() {
     let grace = Duration::from_millis(100);
     let srv = Running::start(memory_fs(64 * MIB), ServerConfig { grace, ..config() });
     let fs = Arc::new(srv.client_with(|c| c.connections = 4));
-    let c = ctx();
-    for i in 0..4 {
-        let (f, fh) = fs
-            .create(
-                &c,
-                ROOT,
-                format!("f{i}").as_bytes(),
-                libc::S_IFREG | 0o644,
-                0,
-            )
-            .unwrap();
-        fs.release(f.ino, fh).unwrap();
-        fs.forget(f.ino, 1);
-    }
+    empty_files(&*fs, ROOT, "f", 4);
     for round in 0..10 {
         fs.client().disconnect();
         eventually(Duration::from_secs(5), "the session expired", || {

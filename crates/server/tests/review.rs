@@ -142,19 +142,7 @@ fn readdirplus_survives_a_forget_of_an_entry_during_the_listing() {
     let fs = srv.client();
     let c = ctx();
     let d = fs.mkdir(&c, ROOT, b"d", 0o755).unwrap();
-    for i in 0..8 {
-        let (e, h) = fs
-            .create(
-                &c,
-                d.ino,
-                format!("e{i}").as_bytes(),
-                libc::S_IFREG | 0o644,
-                0,
-            )
-            .unwrap();
-        fs.release(e.ino, h).unwrap();
-        fs.forget(e.ino, 1);
-    }
+    empty_files(&fs, d.ino, "e", 8);
     // The last entry of the listing; our caller holds one reference to it.
     let mut order = Vec::new();
     fs.readdir(d.ino, 0, false, &mut |e| {
@@ -609,19 +597,7 @@ fn concurrent_readdirplus_listings_of_one_directory_do_not_panic() {
     let fs = Arc::new(srv.client());
     let c = ctx();
     let d = fs.mkdir(&c, ROOT, b"d", 0o755).unwrap();
-    for i in 0..100 {
-        let (e, h) = fs
-            .create(
-                &c,
-                d.ino,
-                format!("entry-{i}").as_bytes(),
-                libc::S_IFREG | 0o644,
-                0,
-            )
-            .unwrap();
-        fs.release(e.ino, h).unwrap();
-        fs.forget(e.ino, 1);
-    }
+    empty_files(&*fs, d.ino, "entry-", 100);
     let started = Instant::now();
     let threads: Vec<_> = (0..2)
         .map(|t| {

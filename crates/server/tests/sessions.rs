@@ -527,21 +527,7 @@ fn references_are_counted_given_back_and_released_with_the_session() {
     // readdirplus: the caller takes three entries, the server's other references go
     // back at once.
     let d = fs.mkdir(&c, ROOT, b"d", 0o755).unwrap();
-    let mut inos = Vec::new();
-    for i in 0..10 {
-        let (e, h) = fs
-            .create(
-                &c,
-                d.ino,
-                format!("e{i}").as_bytes(),
-                libc::S_IFREG | 0o644,
-                0,
-            )
-            .unwrap();
-        fs.release(e.ino, h).unwrap();
-        fs.forget(e.ino, 1);
-        inos.push(e.ino);
-    }
+    let inos = empty_files(&fs, d.ino, "e", 10);
     eventually(Duration::from_secs(5), "the entries forgotten", || {
         inos.iter().all(|i| acc.ledger().refs[i] == 0)
     });
