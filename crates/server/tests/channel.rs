@@ -575,9 +575,7 @@ fn large_payloads_pass_in_both_modes() {
             c.secret = Some(SECRET.to_vec());
             c.integrity = integrity;
         });
-        let (a, fh) = fs
-            .create(&ctx(), ROOT, b"bench", libc::S_IFREG | 0o644, libc::O_RDWR)
-            .unwrap();
+        let (a, fh) = file(&fs, b"bench");
         let chunk = vec![0x3cu8; 8 << 20];
         for i in 0..4u64 {
             fs.write(&ctx(), a.ino, fh, i * (8 << 20), &chunk)

@@ -19,11 +19,6 @@ use zcfs_server::ServerConfig;
 
 const MIB: usize = 1 << 20;
 
-fn file(fs: &dyn Backend, name: &[u8]) -> (Attr, u64) {
-    fs.create(&ctx(), ROOT, name, libc::S_IFREG | 0o644, libc::O_RDWR)
-        .unwrap()
-}
-
 fn remote(addr: SocketAddr, tweak: impl FnOnce(&mut ClientConfig)) -> RemoteFs {
     let mut cfg = ClientConfig::new(&addr.to_string());
     cfg.timeout = Duration::from_secs(5);

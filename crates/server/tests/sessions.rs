@@ -15,11 +15,6 @@ use zcfs_server::ServerConfig;
 
 const MIB: usize = 1 << 20;
 
-fn file(fs: &dyn Backend, name: &[u8]) -> (zcfs_backend::Attr, u64) {
-    fs.create(&ctx(), ROOT, name, libc::S_IFREG | 0o644, libc::O_RDWR)
-        .unwrap()
-}
-
 fn attr_of(r: &RawReply) -> zcfs_backend::Attr {
     assert_eq!(r.status, 0);
     AttrReply::decode(&r.body).unwrap().attr

@@ -220,6 +220,11 @@ impl Raw {
         self.call_as(req, Cred::default(), &[], data)
     }
 
+    /// Send a request (no data) naming `cred` as its caller, and wait for its reply.
+    pub fn call_by(&mut self, req: impl Into<Request>, cred: Cred) -> RawReply {
+        self.call_as(req, cred, &[], &[])
+    }
+
     /// Send a request naming `cred` and `groups` as its caller, and wait for its reply.
     pub fn call_as(
         &mut self,
@@ -278,6 +283,13 @@ pub fn read_all(fs: &dyn Backend, ino: u64, fh: u64, off: u64, len: u32) -> Resu
         Ok(())
     })?;
     Ok(out)
+}
+
+/// Create and open (read-write) file `name` in the root as `ctx()`: its attributes,
+/// with a reference, and the handle.
+pub fn file(fs: &dyn Backend, name: &[u8]) -> (Attr, u64) {
+    fs.create(&ctx(), ROOT, name, libc::S_IFREG | 0o644, libc::O_RDWR)
+        .unwrap()
 }
 
 /// Create `n` empty files `{prefix}{i}` (i from 0) in `dir` as `ctx()`, close them and
