@@ -329,6 +329,17 @@ fn a_short_chunk_does_not_shift_the_rest_of_a_large_remote_write() {
     fs.release(f.ino, fh).unwrap();
 }
 
+/// A server, a client of it through a `Proxy`, and a file "f" with a MiB of data that
+/// the client created and holds open (the handle).
+fn through_proxy_with_a_big_file() -> (Running, Proxy, RemoteFs, Attr, u64) {
+    let srv = Running::start(memory_fs(64 * MIB), config());
+    let proxy = Proxy::start(srv.addr());
+    let fs = remote(proxy.addr, |_| {});
+    let (f, fh) = file(&fs, b"f");
+    fs.write(&ctx(), f.ino, fh, 0, &vec![0x55; MIB]).unwrap();
+    (srv, proxy, fs, f, fh)
+}
+
 /// Finding 3. Release is not idempotent, so the client does not resend it after a lost
 /// connection; it has already dropped the handle from its table, and the session (still
 /// alive: the client reconnects and resumes it) keeps the server's handle for as long as
@@ -336,11 +347,7 @@ fn a_short_chunk_does_not_shift_the_rest_of_a_large_remote_write() {
 /// stands. (Forget, posted and never resent, loses references the same way.)
 #[test]
 fn a_release_lost_with_its_connection_does_not_leak_the_handle() {
-    let srv = Running::start(memory_fs(64 * MIB), config());
-    let proxy = Proxy::start(srv.addr());
-    let fs = remote(proxy.addr, |_| {});
-    let (f, fh) = file(&fs, b"f");
-    fs.write(&ctx(), f.ino, fh, 0, &vec![0x55; MIB]).unwrap();
+    let (srv, proxy, fs, f, fh) = through_proxy_with_a_big_file();
     fs.unlink(&ctx(), ROOT, b"f").unwrap();
     fs.forget(f.ino, 1);
     let held = fs.statfs().unwrap().bfree;
@@ -365,11 +372,7 @@ fn a_release_lost_with_its_connection_does_not_leak_the_handle() {
 /// keeps the reference, and an unlinked file is not freed while the client lives.
 #[test]
 fn a_forget_lost_with_its_connection_does_not_leak_the_reference() {
-    let srv = Running::start(memory_fs(64 * MIB), config());
-    let proxy = Proxy::start(srv.addr());
-    let fs = remote(proxy.addr, |_| {});
-    let (f, fh) = file(&fs, b"f");
-    fs.write(&ctx(), f.ino, fh, 0, &vec![0x55; MIB]).unwrap();
+    let (srv, proxy, fs, f, fh) = through_proxy_with_a_big_file();
     fs.release(f.ino, fh).unwrap();
     fs.unlink(&ctx(), ROOT, b"f").unwrap();
     proxy.cut(Cut::BeforeRequest(Op::Forget));

@@ -545,21 +545,12 @@ fn references_are_counted_given_back_and_released_with_the_session() {
     // A forget for more than the session holds, or for what it never held, gives back
     // only what it holds.
     let mut raw = srv.raw(fs.client().session());
-    let forget = |items: Vec<(u64, u64)>| ForgetReq {
-        items: List::new(
-            items
-                .into_iter()
-                .map(|(ino, count)| ForgetItem { ino, count })
-                .collect(),
-        )
-        .unwrap(),
+    let items = [(f.ino, 100), (d.ino + 1000, 5)].map(|(ino, count)| ForgetItem { ino, count });
+    let forget = ForgetReq {
+        items: List::new(items.to_vec()).unwrap(),
     };
     let before = acc.ledger().forgotten.clone();
-    assert_eq!(
-        raw.call(forget(vec![(f.ino, 100), (d.ino + 1000, 5)]))
-            .status,
-        0
-    );
+    assert_eq!(raw.call(forget).status, 0);
     let after = acc.ledger().forgotten;
     assert_eq!(
         after.get(&f.ino),
