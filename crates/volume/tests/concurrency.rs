@@ -389,7 +389,7 @@ fn threads_against_a_model_in_commit_order() {
                 assert!(got == *want, "content of inode {ino}");
             }
         }
-        assert_fsck_clean(&v);
+        assert_fsck_clean(v);
     };
     check_final(&vol);
     let img = image_of(&vol);
