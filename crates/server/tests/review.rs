@@ -340,6 +340,14 @@ fn through_proxy_with_a_big_file() -> (Running, Proxy, RemoteFs, Attr, u64) {
     (srv, proxy, fs, f, fh)
 }
 
+/// `eventually` (5 s), with a call through `fs` (a statfs) before each check.
+fn eventually_while_calling(fs: &RemoteFs, what: &str, f: impl Fn() -> bool) {
+    eventually(Duration::from_secs(5), what, || {
+        fs.statfs().unwrap();
+        f()
+    });
+}
+
 /// Finding 3. Release is not idempotent, so the client does not resend it after a lost
 /// connection; it has already dropped the handle from its table, and the session (still
 /// alive: the client reconnects and resumes it) keeps the server's handle for as long as
@@ -357,14 +365,9 @@ fn a_release_lost_with_its_connection_does_not_leak_the_handle() {
     eprintln!("release: {r:?}");
     // The client goes on (reconnects, resumes its session) and holds nothing of f.
     assert_eq!(fs.references(f.ino), (0, 0));
-    eventually(
-        Duration::from_secs(5),
-        "the session released f's handle",
-        || {
-            fs.statfs().unwrap();
-            srv.report().handles_open == 0
-        },
-    );
+    eventually_while_calling(&fs, "the session released f's handle", || {
+        srv.report().handles_open == 0
+    });
     assert!(fs.statfs().unwrap().bfree >= held + (MIB / 4096) as u64);
 }
 
@@ -381,14 +384,9 @@ fn a_forget_lost_with_its_connection_does_not_leak_the_reference() {
         proxy.fired.load(Ordering::SeqCst)
     });
     assert_eq!(fs.references(f.ino), (0, 0));
-    eventually(
-        Duration::from_secs(5),
-        "the session gave f's reference back",
-        || {
-            fs.statfs().unwrap();
-            srv.report().references_held == 0
-        },
-    );
+    eventually_while_calling(&fs, "the session gave f's reference back", || {
+        srv.report().references_held == 0
+    });
 }
 
 /// Finding 4. A create (or mkdir, mknod, symlink, link; or an open/lookup whose retry
