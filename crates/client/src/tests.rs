@@ -67,6 +67,20 @@ fn client(f: &Fake) -> Client {
     Client::new(cfg)
 }
 
+/// A client connected to `fake(restarts, Some(cut))` exchanges `req`, whose first send
+/// is cut: the fake, the client, the result and whether `req` was resent.
+fn exchange_cut(
+    restarts: bool,
+    cut: Op,
+    req: &Request,
+) -> (Fake, Client, Result<Response, Error>, bool) {
+    let f = fake(restarts, Some(cut));
+    let c = client(&f);
+    c.connect().unwrap();
+    let (r, resent) = c.exchange(req, Caller::default(), &[]);
+    (f, c, r, resent)
+}
+
 fn ping() -> Request {
     PingReq {}.into()
 }
@@ -110,10 +124,7 @@ fn mkdir() -> Request {
 /// session was resumed (the server's reply cache makes it count once).
 #[test]
 fn a_lost_request_is_resent_with_its_id_into_the_same_session() {
-    let f = fake(false, Some(Op::Mkdir));
-    let c = client(&f);
-    c.connect().unwrap();
-    let (r, resent) = c.exchange(&mkdir(), Caller::default(), &[]);
+    let (f, c, r, resent) = exchange_cut(false, Op::Mkdir, &mkdir());
     assert!(r.is_ok() && resent);
     let mk: Vec<u64> = lock(&f.seen)
         .iter()
@@ -129,23 +140,17 @@ fn a_lost_request_is_resent_with_its_id_into_the_same_session() {
 /// idempotent one is.
 #[test]
 fn only_idempotent_requests_are_resent_into_a_new_session() {
-    let f = fake(true, Some(Op::Mkdir));
-    let c = client(&f);
-    c.connect().unwrap();
-    let (r, resent) = c.exchange(&mkdir(), Caller::default(), &[]);
+    let (f, _c, r, resent) = exchange_cut(true, Op::Mkdir, &mkdir());
     assert_eq!(r.unwrap_err().errno, libc::ENOTCONN);
     assert!(!resent);
     let count = |op| lock(&f.seen).iter().filter(|(o, _)| *o == op).count();
     assert_eq!(count(Op::Mkdir), 1);
-    let f = fake(true, Some(Op::Lookup));
-    let c = client(&f);
-    c.connect().unwrap();
     let lookup: Request = LookupReq {
         parent: NodeRef::ino(1),
         name: LookupName::new("x").unwrap(),
     }
     .into();
-    let (r, resent) = c.exchange(&lookup, Caller::default(), &[]);
+    let (_f, c, r, resent) = exchange_cut(true, Op::Lookup, &lookup);
     assert!(r.is_ok() && resent);
     assert_eq!((r.unwrap().epoch, c.epoch()), (1, 1));
 }

@@ -215,39 +215,45 @@ fn through_proxy(
     tickets.into_iter().map(|t| t.wait()).collect()
 }
 
-#[test]
-fn a_flipped_header_byte_is_detected_and_not_executed() {
+/// Send mkdir requests for `names` through a proxy that changes what the client sends
+/// with `c2s`: the server must detect it, execute none of them and count a forged
+/// message, and the client must get an error for each. The server and its volume, for
+/// more checks.
+fn forged_requests_are_refused(c2s: Hook, names: &[&str]) -> (Running, Arc<zcfs_local::LocalFs>) {
     let (srv, fs) = server(Integrity::Headers);
     let hooks = Hooks {
-        c2s: Box::new(|_, mut m| {
-            m[20] ^= 1; // the caller's uid
-            vec![m]
-        }),
+        c2s,
         ..Hooks::pass()
     };
-    let r = through_proxy(&srv, hooks, &[mkdir("hdr")]);
-    assert!(r[0].is_err(), "a changed header was answered");
-    assert!(!exists(&fs, "hdr"), "a changed header was executed");
-    assert!(forged_counted(&srv) >= 1);
+    let reqs: Vec<Request> = names.iter().map(|n| mkdir(n)).collect();
+    let r = through_proxy(&srv, hooks, &reqs);
+    for (name, r) in names.iter().zip(&r) {
+        assert!(r.is_err(), "{name}: a changed request was answered");
+        assert!(!exists(&fs, name), "{name}: a changed request was executed");
+    }
+    assert!(forged_counted(&srv) >= 1, "no forged message counted");
+    (srv, fs)
+}
+
+#[test]
+fn a_flipped_header_byte_is_detected_and_not_executed() {
+    let c2s: Hook = Box::new(|_, mut m| {
+        m[20] ^= 1; // the caller's uid
+        vec![m]
+    });
+    forged_requests_are_refused(c2s, &["hdr"]);
 }
 
 #[test]
 fn a_flipped_body_byte_is_detected_and_not_executed() {
-    let (srv, fs) = server(Integrity::Headers);
-    let hooks = Hooks {
-        c2s: Box::new(|_, mut m| {
-            // The last byte of the body: the last letter of the name.
-            let body = u32::from_le_bytes(m[4..8].try_into().unwrap()) as usize;
-            m[REQ_HDR + body - 1 - 4] ^= 0x01;
-            vec![m]
-        }),
-        ..Hooks::pass()
-    };
-    let r = through_proxy(&srv, hooks, &[mkdir("bodyA")]);
-    assert!(r[0].is_err());
-    assert!(!exists(&fs, "bodyA"));
+    let c2s: Hook = Box::new(|_, mut m| {
+        // The last byte of the body: the last letter of the name.
+        let body = u32::from_le_bytes(m[4..8].try_into().unwrap()) as usize;
+        m[REQ_HDR + body - 1 - 4] ^= 0x01;
+        vec![m]
+    });
+    let (_srv, fs) = forged_requests_are_refused(c2s, &["bodyA"]);
     assert!(!exists(&fs, "body@"), "the changed name was created");
-    assert!(forged_counted(&srv) >= 1);
 }
 
 #[test]
@@ -267,36 +273,22 @@ fn a_replayed_message_is_detected() {
 
 #[test]
 fn a_dropped_message_is_detected_and_the_next_not_executed() {
-    let (srv, fs) = server(Integrity::Headers);
-    let hooks = Hooks {
-        c2s: Box::new(|i, m| if i == 0 { vec![] } else { vec![m] }),
-        ..Hooks::pass()
-    };
-    let r = through_proxy(&srv, hooks, &[mkdir("dropped"), mkdir("after")]);
-    assert!(r.iter().all(|x| x.is_err()));
-    assert!(!exists(&fs, "dropped") && !exists(&fs, "after"));
-    assert!(forged_counted(&srv) >= 1);
+    let c2s: Hook = Box::new(|i, m| if i == 0 { vec![] } else { vec![m] });
+    forged_requests_are_refused(c2s, &["dropped", "after"]);
 }
 
 #[test]
 fn reordered_messages_are_detected_and_not_executed() {
-    let (srv, fs) = server(Integrity::Headers);
     let held = Arc::new(Mutex::new(None));
-    let hooks = Hooks {
-        c2s: Box::new(move |i, m| match i {
-            0 => {
-                *held.lock().unwrap() = Some(m);
-                vec![]
-            }
-            1 => vec![m, held.lock().unwrap().take().unwrap()],
-            _ => vec![m],
-        }),
-        ..Hooks::pass()
-    };
-    let r = through_proxy(&srv, hooks, &[mkdir("first"), mkdir("second")]);
-    assert!(r.iter().all(|x| x.is_err()));
-    assert!(!exists(&fs, "first") && !exists(&fs, "second"));
-    assert!(forged_counted(&srv) >= 1);
+    let c2s: Hook = Box::new(move |i, m| match i {
+        0 => {
+            *held.lock().unwrap() = Some(m);
+            vec![]
+        }
+        1 => vec![m, held.lock().unwrap().take().unwrap()],
+        _ => vec![m],
+    });
+    forged_requests_are_refused(c2s, &["first", "second"]);
 }
 
 /// A reply changed on its way back is refused by the client (EIO), not handed out.
@@ -583,9 +575,7 @@ fn large_payloads_pass_in_both_modes() {
             c.secret = Some(SECRET.to_vec());
             c.integrity = integrity;
         });
-        let (a, fh) = fs
-            .create(&ctx(), ROOT, b"bench", libc::S_IFREG | 0o644, libc::O_RDWR)
-            .unwrap();
+        let (a, fh) = file(&fs, b"bench");
         let chunk = vec![0x3cu8; 8 << 20];
         for i in 0..4u64 {
             fs.write(&ctx(), a.ino, fh, i * (8 << 20), &chunk)

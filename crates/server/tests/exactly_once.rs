@@ -213,9 +213,7 @@ fn connections_in_the_handshake_are_bounded_in_all_and_per_address() {
 fn a_handle_does_only_what_it_was_opened_for() {
     let srv = Running::start(memory_fs(64 * MIB), config());
     let fs = srv.client();
-    let (f, fh) = fs
-        .create(&ctx(), ROOT, b"f", libc::S_IFREG | 0o644, libc::O_RDWR)
-        .unwrap();
+    let (f, fh) = file(&fs, b"f");
     fs.write(&ctx(), f.ino, fh, 0, b"contents").unwrap();
     let node = NodeRef::new(f.ino, f.generation);
     let mut raw = srv.raw(0xf1a6);
@@ -264,9 +262,7 @@ fn a_handle_does_only_what_it_was_opened_for() {
 fn a_forget_made_while_disconnected_goes_out_with_the_next_connection() {
     let srv = Running::start(memory_fs(64 * MIB), config());
     let fs = srv.client();
-    let (f, fh) = fs
-        .create(&ctx(), ROOT, b"f", libc::S_IFREG | 0o644, libc::O_RDWR)
-        .unwrap();
+    let (f, fh) = file(&fs, b"f");
     fs.release(f.ino, fh).unwrap();
     assert_eq!(srv.report().references_held, 1);
     fs.client().disconnect();
@@ -297,20 +293,7 @@ fn lookups_racing_a_lost_session_leave_no_reference_behind() {
     let grace = Duration::from_millis(100);
     let srv = Running::start(memory_fs(64 * MIB), ServerConfig { grace, ..config() });
     let fs = Arc::new(srv.client_with(|c| c.connections = 4));
-    let c = ctx();
-    for i in 0..4 {
-        let (f, fh) = fs
-            .create(
-                &c,
-                ROOT,
-                format!("f{i}").as_bytes(),
-                libc::S_IFREG | 0o644,
-                0,
-            )
-            .unwrap();
-        fs.release(f.ino, fh).unwrap();
-        fs.forget(f.ino, 1);
-    }
+    empty_files(&*fs, ROOT, "f", 4);
     for round in 0..10 {
         fs.client().disconnect();
         eventually(Duration::from_secs(5), "the session expired", || {

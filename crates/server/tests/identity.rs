@@ -116,20 +116,14 @@ fn a_unix_peer_that_is_not_root_acts_only_as_itself() {
     assert_eq!(inside, [0, libc::EACCES, libc::EACCES, libc::EACCES]);
     // A root peer on the socket may name anyone (and root is squashed).
     let mut raw = Raw::connect_unix(&path, 13);
+    assert_eq!(raw.call_by(getattr_root(), cred(1002, 1002)).status, 0);
     assert_eq!(
-        raw.call_as(getattr_root(), cred(1002, 1002), &[], &[])
-            .status,
-        0
-    );
-    assert_eq!(
-        raw.call_as(
+        raw.call_by(
             LookupReq {
                 parent: NodeRef::ino(g50),
                 name: LookupName::new("f").unwrap(),
             },
-            cred(0, 0),
-            &[],
-            &[]
+            cred(0, 0)
         )
         .status,
         libc::EACCES,
@@ -262,9 +256,7 @@ fn a_lost_unix_peer_s_handles_are_released_after_the_grace_period() {
     let mut ccfg = ClientConfig::new(&format!("unix:{}", path.display()));
     ccfg.timeout = Duration::from_secs(10);
     let a = zcfs_client::RemoteFs::connect(ccfg).unwrap();
-    let (f, _fh) = a
-        .create(&ctx(), ROOT, b"a", libc::S_IFREG | 0o644, libc::O_RDWR)
-        .unwrap();
+    let (f, _fh) = file(&a, b"a");
     assert!(f.ino > ROOT);
     assert_eq!(srv.report().handles_open, 1);
     drop(a);

@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use std::time::Duration;
-use zcfs_backend::{Backend, ROOT};
+use zcfs_backend::{Attr, Backend};
 use zcfs_protocol::handshake::Lane;
 use zcfs_protocol::{Cred, NodeRef, Request, WriteReq};
 
@@ -29,16 +29,20 @@ fn write_req(ino: u64, len: usize) -> Request {
     .into()
 }
 
+/// A server, a client of it and an empty file "f" the client created (and closed).
+fn server_with_file() -> (Running, zcfs_client::RemoteFs, Attr) {
+    let srv = Running::start(memory_fs(32 << 20), config());
+    let fs = srv.client();
+    let (f, fh) = file(&fs, b"f");
+    fs.release(f.ino, fh).unwrap();
+    (srv, fs, f)
+}
+
 /// The cut-link case made exact: a write's last bytes reach the server only after the
 /// client has reconnected and written again. The stale write must not land.
 #[test]
 fn a_write_left_on_a_replaced_connection_never_lands_after_the_next_one() {
-    let srv = Running::start(memory_fs(32 << 20), config());
-    let fs = srv.client();
-    let (f, fh) = fs
-        .create(&ctx(), ROOT, b"f", libc::S_IFREG | 0o644, libc::O_RDWR)
-        .unwrap();
-    fs.release(f.ino, fh).unwrap();
+    let (srv, fs, f) = server_with_file();
 
     let mut old = Raw::connect_on_lane(srv.addr(), SESSION, lane(1)).unwrap();
     let during = b"during!!";
@@ -64,12 +68,7 @@ fn a_write_left_on_a_replaced_connection_never_lands_after_the_next_one() {
 
 #[test]
 fn a_late_connection_of_an_older_generation_is_refused_and_changes_nothing() {
-    let srv = Running::start(memory_fs(32 << 20), config());
-    let fs = srv.client();
-    let (f, fh) = fs
-        .create(&ctx(), ROOT, b"f", libc::S_IFREG | 0o644, libc::O_RDWR)
-        .unwrap();
-    fs.release(f.ino, fh).unwrap();
+    let (srv, fs, f) = server_with_file();
     let mut current = Raw::connect_on_lane(srv.addr(), SESSION, lane(5)).unwrap();
     for g in [4, 5] {
         assert!(

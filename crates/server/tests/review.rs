@@ -19,11 +19,6 @@ use zcfs_server::ServerConfig;
 
 const MIB: usize = 1 << 20;
 
-fn file(fs: &dyn Backend, name: &[u8]) -> (Attr, u64) {
-    fs.create(&ctx(), ROOT, name, libc::S_IFREG | 0o644, libc::O_RDWR)
-        .unwrap()
-}
-
 fn remote(addr: SocketAddr, tweak: impl FnOnce(&mut ClientConfig)) -> RemoteFs {
     let mut cfg = ClientConfig::new(&addr.to_string());
     cfg.timeout = Duration::from_secs(5);
@@ -142,19 +137,7 @@ fn readdirplus_survives_a_forget_of_an_entry_during_the_listing() {
     let fs = srv.client();
     let c = ctx();
     let d = fs.mkdir(&c, ROOT, b"d", 0o755).unwrap();
-    for i in 0..8 {
-        let (e, h) = fs
-            .create(
-                &c,
-                d.ino,
-                format!("e{i}").as_bytes(),
-                libc::S_IFREG | 0o644,
-                0,
-            )
-            .unwrap();
-        fs.release(e.ino, h).unwrap();
-        fs.forget(e.ino, 1);
-    }
+    empty_files(&fs, d.ino, "e", 8);
     // The last entry of the listing; our caller holds one reference to it.
     let mut order = Vec::new();
     fs.readdir(d.ino, 0, false, &mut |e| {
@@ -346,6 +329,25 @@ fn a_short_chunk_does_not_shift_the_rest_of_a_large_remote_write() {
     fs.release(f.ino, fh).unwrap();
 }
 
+/// A server, a client of it through a `Proxy`, and a file "f" with a MiB of data that
+/// the client created and holds open (the handle).
+fn through_proxy_with_a_big_file() -> (Running, Proxy, RemoteFs, Attr, u64) {
+    let srv = Running::start(memory_fs(64 * MIB), config());
+    let proxy = Proxy::start(srv.addr());
+    let fs = remote(proxy.addr, |_| {});
+    let (f, fh) = file(&fs, b"f");
+    fs.write(&ctx(), f.ino, fh, 0, &vec![0x55; MIB]).unwrap();
+    (srv, proxy, fs, f, fh)
+}
+
+/// `eventually` (5 s), with a call through `fs` (a statfs) before each check.
+fn eventually_while_calling(fs: &RemoteFs, what: &str, f: impl Fn() -> bool) {
+    eventually(Duration::from_secs(5), what, || {
+        fs.statfs().unwrap();
+        f()
+    });
+}
+
 /// Finding 3. Release is not idempotent, so the client does not resend it after a lost
 /// connection; it has already dropped the handle from its table, and the session (still
 /// alive: the client reconnects and resumes it) keeps the server's handle for as long as
@@ -353,11 +355,7 @@ fn a_short_chunk_does_not_shift_the_rest_of_a_large_remote_write() {
 /// stands. (Forget, posted and never resent, loses references the same way.)
 #[test]
 fn a_release_lost_with_its_connection_does_not_leak_the_handle() {
-    let srv = Running::start(memory_fs(64 * MIB), config());
-    let proxy = Proxy::start(srv.addr());
-    let fs = remote(proxy.addr, |_| {});
-    let (f, fh) = file(&fs, b"f");
-    fs.write(&ctx(), f.ino, fh, 0, &vec![0x55; MIB]).unwrap();
+    let (srv, proxy, fs, f, fh) = through_proxy_with_a_big_file();
     fs.unlink(&ctx(), ROOT, b"f").unwrap();
     fs.forget(f.ino, 1);
     let held = fs.statfs().unwrap().bfree;
@@ -367,14 +365,9 @@ fn a_release_lost_with_its_connection_does_not_leak_the_handle() {
     eprintln!("release: {r:?}");
     // The client goes on (reconnects, resumes its session) and holds nothing of f.
     assert_eq!(fs.references(f.ino), (0, 0));
-    eventually(
-        Duration::from_secs(5),
-        "the session released f's handle",
-        || {
-            fs.statfs().unwrap();
-            srv.report().handles_open == 0
-        },
-    );
+    eventually_while_calling(&fs, "the session released f's handle", || {
+        srv.report().handles_open == 0
+    });
     assert!(fs.statfs().unwrap().bfree >= held + (MIB / 4096) as u64);
 }
 
@@ -382,11 +375,7 @@ fn a_release_lost_with_its_connection_does_not_leak_the_handle() {
 /// keeps the reference, and an unlinked file is not freed while the client lives.
 #[test]
 fn a_forget_lost_with_its_connection_does_not_leak_the_reference() {
-    let srv = Running::start(memory_fs(64 * MIB), config());
-    let proxy = Proxy::start(srv.addr());
-    let fs = remote(proxy.addr, |_| {});
-    let (f, fh) = file(&fs, b"f");
-    fs.write(&ctx(), f.ino, fh, 0, &vec![0x55; MIB]).unwrap();
+    let (srv, proxy, fs, f, fh) = through_proxy_with_a_big_file();
     fs.release(f.ino, fh).unwrap();
     fs.unlink(&ctx(), ROOT, b"f").unwrap();
     proxy.cut(Cut::BeforeRequest(Op::Forget));
@@ -395,14 +384,9 @@ fn a_forget_lost_with_its_connection_does_not_leak_the_reference() {
         proxy.fired.load(Ordering::SeqCst)
     });
     assert_eq!(fs.references(f.ino), (0, 0));
-    eventually(
-        Duration::from_secs(5),
-        "the session gave f's reference back",
-        || {
-            fs.statfs().unwrap();
-            srv.report().references_held == 0
-        },
-    );
+    eventually_while_calling(&fs, "the session gave f's reference back", || {
+        srv.report().references_held == 0
+    });
 }
 
 /// Finding 4. A create (or mkdir, mknod, symlink, link; or an open/lookup whose retry
@@ -609,19 +593,7 @@ fn concurrent_readdirplus_listings_of_one_directory_do_not_panic() {
     let fs = Arc::new(srv.client());
     let c = ctx();
     let d = fs.mkdir(&c, ROOT, b"d", 0o755).unwrap();
-    for i in 0..100 {
-        let (e, h) = fs
-            .create(
-                &c,
-                d.ino,
-                format!("entry-{i}").as_bytes(),
-                libc::S_IFREG | 0o644,
-                0,
-            )
-            .unwrap();
-        fs.release(e.ino, h).unwrap();
-        fs.forget(e.ino, 1);
-    }
+    empty_files(&*fs, d.ino, "entry-", 100);
     let started = Instant::now();
     let threads: Vec<_> = (0..2)
         .map(|t| {

@@ -57,17 +57,15 @@ fn read_without_a_handle_is_authorized_like_open() {
     let mut raw = srv.raw(0x1001);
     for who in [cred(1001, 1001), cred(0, 0)] {
         // open(2) is refused: the control.
-        let open = raw.call_as(
+        let open = raw.call_by(
             OpenReq {
                 node: NodeRef::ino(ino),
                 flags: libc::O_RDONLY,
             },
             who,
-            &[],
-            &[],
         );
         assert_eq!(open.status, libc::EACCES, "open as {who:?}");
-        let r = raw.call_as(
+        let r = raw.call_by(
             ReadReq {
                 node: NodeRef::ino(ino),
                 fh: 0,
@@ -75,8 +73,6 @@ fn read_without_a_handle_is_authorized_like_open() {
                 size: 4096,
             },
             who,
-            &[],
-            &[],
         );
         assert!(
             r.status != 0 && r.data.is_empty(),
@@ -124,7 +120,7 @@ fn fallocate_without_a_handle_is_authorized_like_open() {
     let (fs, ino) = volume_with_secret();
     let srv = squashing_server(fs.clone());
     let mut raw = srv.raw(0x1003);
-    let r = raw.call_as(
+    let r = raw.call_by(
         FallocateReq {
             node: NodeRef::ino(ino),
             fh: 0,
@@ -133,8 +129,6 @@ fn fallocate_without_a_handle_is_authorized_like_open() {
             mode: libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
         },
         cred(1001, 1001),
-        &[],
-        &[],
     );
     let now = read_all(&*fs, ino, 0, 0, 4096).unwrap();
     assert!(
@@ -164,7 +158,7 @@ fn a_unix_peer_that_is_not_root_cannot_read_others_files_without_a_handle() {
     );
     let (status, data) = as_user(1001, 1001, &[], move || {
         let mut raw = Raw::connect_unix(&path, 0x1004);
-        let r = raw.call_as(
+        let r = raw.call_by(
             ReadReq {
                 node: NodeRef::ino(ino),
                 fh: 0,
@@ -172,8 +166,6 @@ fn a_unix_peer_that_is_not_root_cannot_read_others_files_without_a_handle() {
                 size: 4096,
             },
             cred(1001, 1001),
-            &[],
-            &[],
         );
         (r.status, r.data)
     });
@@ -296,14 +288,12 @@ fn readdir_of_a_directory_the_caller_may_not_read_is_refused() {
     let (fs, dir, _) = volume_with_private_dir();
     let srv = squashing_server(fs);
     let mut raw = srv.raw(0x3001);
-    let look = raw.call_as(
+    let look = raw.call_by(
         LookupReq {
             parent: NodeRef::ino(dir),
             name: LookupName::new("inner-name").unwrap(),
         },
         cred(1001, 1001),
-        &[],
-        &[],
     );
     assert_eq!(
         look.status,
@@ -311,7 +301,7 @@ fn readdir_of_a_directory_the_caller_may_not_read_is_refused() {
         "the control: no search permission"
     );
     for plus in [false, true] {
-        let r = raw.call_as(
+        let r = raw.call_by(
             ReaddirReq {
                 dir: NodeRef::ino(dir),
                 cookie: 0,
@@ -319,8 +309,6 @@ fn readdir_of_a_directory_the_caller_may_not_read_is_refused() {
                 max_entries: 16,
             },
             cred(1001, 1001),
-            &[],
-            &[],
         );
         let leaked = r.body.windows(10).any(|w| w == b"inner-name");
         assert!(
@@ -342,20 +330,18 @@ fn an_inode_behind_a_directory_without_search_permission_is_not_reachable_by_num
     let (fs, _dir, file) = volume_with_private_dir();
     let srv = squashing_server(fs);
     let mut raw = srv.raw(0x3002);
-    let open = raw.call_as(
+    let open = raw.call_by(
         OpenReq {
             node: NodeRef::ino(file),
             flags: libc::O_RDONLY,
         },
         cred(1001, 1001),
-        &[],
-        &[],
     );
     let mut data = Vec::new();
     if open.status == 0 {
         let fh = OpenReply::decode(&open.body).unwrap().fh;
         data = raw
-            .call_as(
+            .call_by(
                 ReadReq {
                     node: NodeRef::ino(file),
                     fh,
@@ -363,8 +349,6 @@ fn an_inode_behind_a_directory_without_search_permission_is_not_reachable_by_num
                     size: 4096,
                 },
                 cred(1001, 1001),
-                &[],
-                &[],
             )
             .data;
     }
@@ -480,7 +464,7 @@ fn one_unprivileged_unix_user_cannot_take_every_connection_slot() {
             let Some(mut r) = Raw::try_connect_unix(&p, 0x6000 + i as u64) else {
                 break;
             };
-            assert_eq!(r.call_as(PingReq {}, cred(1001, 1001), &[], &[]).status, 0);
+            assert_eq!(r.call_by(PingReq {}, cred(1001, 1001)).status, 0);
             held.push(r);
         }
         held
@@ -519,7 +503,7 @@ fn device_nodes_and_file_capabilities_need_privilege() {
     let srv = squashing_server(memory_fs(64 * MIB));
     let mut raw = srv.raw(0x7001);
     let owner = cred(1000, 1000);
-    let dev = raw.call_as(
+    let dev = raw.call_by(
         MknodReq {
             parent: NodeRef::ino(ROOT),
             name: Name::new("mem").unwrap(),
@@ -527,10 +511,8 @@ fn device_nodes_and_file_capabilities_need_privilege() {
             rdev: ((1 << 8) | 1) as u32,
         },
         owner,
-        &[],
-        &[],
     );
-    let file = raw.call_as(
+    let file = raw.call_by(
         MknodReq {
             parent: NodeRef::ino(ROOT),
             name: Name::new("tool").unwrap(),
@@ -538,8 +520,6 @@ fn device_nodes_and_file_capabilities_need_privilege() {
             rdev: 0,
         },
         owner,
-        &[],
-        &[],
     );
     assert_eq!(file.status, 0);
     let tool = EntryReply::decode(&file.body).unwrap().attr.ino;
@@ -547,7 +527,7 @@ fn device_nodes_and_file_capabilities_need_privilege() {
     let mut cap = vec![0u8; 20];
     cap[..4].copy_from_slice(&(0x0200_0001u32).to_le_bytes());
     cap[4..8].copy_from_slice(&(1u32 << 7).to_le_bytes());
-    let fcap = raw.call_as(
+    let fcap = raw.call_by(
         SetxattrReq {
             node: NodeRef::ino(tool),
             name: XattrName::new("security.capability").unwrap(),
@@ -555,8 +535,6 @@ fn device_nodes_and_file_capabilities_need_privilege() {
             flags: 0,
         },
         owner,
-        &[],
-        &[],
     );
     assert!(
         dev.status == libc::EPERM && fcap.status == libc::EPERM,

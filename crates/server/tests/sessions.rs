@@ -15,11 +15,6 @@ use zcfs_server::ServerConfig;
 
 const MIB: usize = 1 << 20;
 
-fn file(fs: &dyn Backend, name: &[u8]) -> (zcfs_backend::Attr, u64) {
-    fs.create(&ctx(), ROOT, name, libc::S_IFREG | 0o644, libc::O_RDWR)
-        .unwrap()
-}
-
 fn attr_of(r: &RawReply) -> zcfs_backend::Attr {
     assert_eq!(r.status, 0);
     AttrReply::decode(&r.body).unwrap().attr
@@ -527,21 +522,7 @@ fn references_are_counted_given_back_and_released_with_the_session() {
     // readdirplus: the caller takes three entries, the server's other references go
     // back at once.
     let d = fs.mkdir(&c, ROOT, b"d", 0o755).unwrap();
-    let mut inos = Vec::new();
-    for i in 0..10 {
-        let (e, h) = fs
-            .create(
-                &c,
-                d.ino,
-                format!("e{i}").as_bytes(),
-                libc::S_IFREG | 0o644,
-                0,
-            )
-            .unwrap();
-        fs.release(e.ino, h).unwrap();
-        fs.forget(e.ino, 1);
-        inos.push(e.ino);
-    }
+    let inos = empty_files(&fs, d.ino, "e", 10);
     eventually(Duration::from_secs(5), "the entries forgotten", || {
         inos.iter().all(|i| acc.ledger().refs[i] == 0)
     });
@@ -564,21 +545,12 @@ fn references_are_counted_given_back_and_released_with_the_session() {
     // A forget for more than the session holds, or for what it never held, gives back
     // only what it holds.
     let mut raw = srv.raw(fs.client().session());
-    let forget = |items: Vec<(u64, u64)>| ForgetReq {
-        items: List::new(
-            items
-                .into_iter()
-                .map(|(ino, count)| ForgetItem { ino, count })
-                .collect(),
-        )
-        .unwrap(),
+    let items = [(f.ino, 100), (d.ino + 1000, 5)].map(|(ino, count)| ForgetItem { ino, count });
+    let forget = ForgetReq {
+        items: List::new(items.to_vec()).unwrap(),
     };
     let before = acc.ledger().forgotten.clone();
-    assert_eq!(
-        raw.call(forget(vec![(f.ino, 100), (d.ino + 1000, 5)]))
-            .status,
-        0
-    );
+    assert_eq!(raw.call(forget).status, 0);
     let after = acc.ledger().forgotten;
     assert_eq!(
         after.get(&f.ino),

@@ -5,14 +5,6 @@ use common::*;
 use zcfs_volume::mode::*;
 use zcfs_volume::*;
 
-fn remount(vol: std::sync::Arc<Volume>, cfg: VolumeConfig) -> std::sync::Arc<Volume> {
-    vol.sync().unwrap();
-    let img = image_of(&vol);
-    vol.abandon();
-    drop(vol);
-    Volume::open_region(Region::from_image(&img), cfg).unwrap()
-}
-
 #[test]
 fn files_dirs_links_and_remount() {
     let vol = memory_volume(4 << 20, VolumeConfig::synchronous());
@@ -50,7 +42,7 @@ fn files_dirs_links_and_remount() {
         Err(FsError::NameTooLong)
     ));
 
-    let vol = remount(vol, VolumeConfig::synchronous());
+    let vol = remount_with(vol, VolumeConfig::synchronous());
     let f2 = vol.lookup(&Cred::ROOT, ROOT_INO, b"hard").unwrap();
     assert_eq!(f2.ino, f.ino);
     assert_eq!(f2.nlink, 2);
@@ -66,8 +58,7 @@ fn files_dirs_links_and_remount() {
     assert!(matches!(vol.getattr(f.ino), Err(FsError::Stale)));
     vol.rmdir(&Cred::ROOT, ROOT_INO, b"dir").unwrap();
     assert_eq!(vol.getattr(ROOT_INO).unwrap().nlink, 2);
-    let report = zcfs_volume::fsck::check_volume(&vol);
-    assert!(report.is_clean(), "{:?}", report.problems);
+    assert_fsck_clean(&vol);
 }
 
 #[test]
@@ -101,11 +92,10 @@ fn sparse_large_and_truncate() {
     let blocks_before = vol.statfs().bfree;
     vol.truncate(&Cred::ROOT, f.ino, 0).unwrap();
     vol.sync().unwrap();
-    let vol = remount(vol, VolumeConfig::default());
+    let vol = remount_with(vol, VolumeConfig::default());
     assert!(vol.statfs().bfree > blocks_before);
     assert_eq!(vol.getattr(f.ino).unwrap().blocks, 0);
-    let report = zcfs_volume::fsck::check_volume(&vol);
-    assert!(report.is_clean(), "{:?}", report.problems);
+    assert_fsck_clean(&vol);
 }
 
 #[test]
@@ -146,9 +136,8 @@ fn rename_variants() {
         Err(FsError::Invalid(_))
     ));
     assert!(RenameFlags::from_bits(4).is_err());
-    let vol = remount(vol, VolumeConfig::synchronous());
-    let report = zcfs_volume::fsck::check_volume(&vol);
-    assert!(report.is_clean(), "{:?}", report.problems);
+    let vol = remount_with(vol, VolumeConfig::synchronous());
+    assert_fsck_clean(&vol);
 }
 
 #[test]
@@ -198,13 +187,12 @@ fn xattrs_setattr_statfs_and_setgid() {
     assert_eq!((a.mode & 0o7777, a.uid, a.mtime), (0o600, 7, t));
     let s = vol.statfs();
     assert!(s.bfree < s.blocks && s.ffree < s.files && s.namelen == 255);
-    let vol = remount(vol, VolumeConfig::synchronous());
+    let vol = remount_with(vol, VolumeConfig::synchronous());
     assert_eq!(vol.getxattr(&Cred::ROOT, f.ino, b"user.k").unwrap(), b"v2");
     assert_eq!(vol.getattr(f.ino).unwrap().mtime, t);
     vol.removexattr(&Cred::ROOT, f.ino, b"user.k").unwrap();
     assert!(vol.listxattr(&Cred::ROOT, f.ino).unwrap().is_empty());
-    let report = zcfs_volume::fsck::check_volume(&vol);
-    assert!(report.is_clean(), "{:?}", report.problems);
+    assert_fsck_clean(&vol);
 }
 
 #[test]
@@ -253,10 +241,9 @@ fn many_entries_readdir_cookies_and_log_wrap() {
         info.stats.checkpoints > 0,
         "the log must have been checkpointed: {info:?}"
     );
-    let vol = remount(vol, VolumeConfig::default());
+    let vol = remount_with(vol, VolumeConfig::default());
     assert_eq!(vol.dir_len(d.ino).unwrap(), n - n.div_ceil(3));
-    let report = zcfs_volume::fsck::check_volume(&vol);
-    assert!(report.is_clean(), "{:?}", report.problems);
+    assert_fsck_clean(&vol);
 }
 
 #[test]
@@ -330,8 +317,7 @@ fn zero_copy_read_reservation_and_flac_calls() {
     vol.pfree(&Cred::ROOT, f.ino, 3 * 4096, 4096).unwrap();
     vol.read(f.ino, 3 * 4096 + 5, &mut one).unwrap();
     assert_eq!(one[0], 0);
-    let report = zcfs_volume::fsck::check_volume(&vol);
-    assert!(report.is_clean(), "{:?}", report.problems);
+    assert_fsck_clean(&vol);
     drop(vol);
     let report = zcfs_volume::fsck::fsck_path(&path, false).unwrap();
     assert!(report.is_clean(), "{:?}", report.problems);
@@ -369,9 +355,8 @@ fn no_space_is_an_error_not_a_panic() {
         }
     }
     assert!(names > 10);
-    let vol = remount(vol, VolumeConfig::default());
-    let report = zcfs_volume::fsck::check_volume(&vol);
-    assert!(report.is_clean(), "{:?}", report.problems);
+    let vol = remount_with(vol, VolumeConfig::default());
+    assert_fsck_clean(&vol);
 }
 
 #[test]
@@ -427,12 +412,10 @@ fn unlinked_open_file_lives_until_release_and_crash_reaps_it() {
         Volume::open_region(Region::from_image(&img), VolumeConfig::synchronous()).unwrap();
     assert!(matches!(crashed.getattr(f.ino), Err(FsError::Stale)));
     assert_eq!(crashed.statfs().ffree, free_before + 1);
-    let report = zcfs_volume::fsck::check_volume(&crashed);
-    assert!(report.is_clean(), "{:?}", report.problems);
+    assert_fsck_clean(&crashed);
     // Without a crash: the last release frees it.
     vol.release_handle(f.ino).unwrap();
     assert!(matches!(vol.getattr(f.ino), Err(FsError::Stale)));
     assert_eq!(vol.statfs().ffree, free_before + 1);
-    let report = zcfs_volume::fsck::check_volume(&vol);
-    assert!(report.is_clean(), "{:?}", report.problems);
+    assert_fsck_clean(&vol);
 }

@@ -389,8 +389,7 @@ fn threads_against_a_model_in_commit_order() {
                 assert!(got == *want, "content of inode {ino}");
             }
         }
-        let report = zcfs_volume::fsck::check_volume(v);
-        assert!(report.is_clean(), "{:?}", report.problems);
+        assert_fsck_clean(v);
     };
     check_final(&vol);
     let img = image_of(&vol);

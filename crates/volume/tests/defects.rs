@@ -6,18 +6,47 @@ use common::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
-use zcfs_volume::fsck::{check_volume, fsck_path};
+use zcfs_volume::fsck::fsck_path;
 use zcfs_volume::*;
-
-fn clean(vol: &Volume) {
-    let r = check_volume(vol);
-    assert!(r.is_clean(), "fsck: {:?}", r.problems);
-}
 
 fn scratch(name: &str) -> std::path::PathBuf {
     let p = std::env::temp_dir().join(format!("zcfs-defects-{name}-{}", std::process::id()));
     let _ = std::fs::remove_file(&p);
     p
+}
+
+/// A thread reading the first MiB of `ino` that stalls inside the read (as on a socket
+/// nobody reads) until told to go on; it then says whether every byte was `byte`.
+/// Returns once the reader is inside the read.
+fn stalled_reader(
+    vol: &std::sync::Arc<Volume>,
+    ino: u64,
+    byte: u8,
+) -> (std::thread::JoinHandle<bool>, mpsc::Sender<()>) {
+    let (entered_tx, entered_rx) = mpsc::channel();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let v = vol.clone();
+    let reader = std::thread::spawn(move || {
+        v.read_with(ino, 0, 1 << 20, |slices| {
+            entered_tx.send(()).unwrap();
+            go_rx.recv().unwrap();
+            slices.iter().all(|s| s.iter().all(|&x| x == byte))
+        })
+        .unwrap()
+    });
+    entered_rx.recv().unwrap();
+    (reader, go_tx)
+}
+
+/// A fresh 16 MiB volume in file `scratch(name)`, open synchronously, with a file "f"
+/// holding `data`: the path, the volume, f's inode.
+fn file_volume_with(name: &str, data: &[u8]) -> (std::path::PathBuf, std::sync::Arc<Volume>, u64) {
+    let path = scratch(name);
+    Volume::mkfs(&path, 16 << 20, &small_mkfs()).unwrap();
+    let vol = Volume::open(&path, VolumeConfig::synchronous()).unwrap();
+    let f = new_file(&vol, ROOT_INO, b"f");
+    vol.write(&Cred::ROOT, f, 0, data).unwrap();
+    (path, vol, f)
 }
 
 /// Defect 1: a write larger than one log entry can hold used to fail with TooBig after
@@ -42,14 +71,14 @@ fn d1_a_write_larger_than_the_log_succeeds_and_nothing_leaks() {
     assert!(buf.iter().all(|&x| x == 0xAA), "file a changed");
     assert_eq!(vol.read(b, 0, &mut buf).unwrap(), 12 << 20);
     assert!(buf.iter().all(|&x| x == 0xBB));
-    clean(&vol);
+    assert_fsck_clean(&vol);
     // And after a remount from the image (the pieces replay as separate entries).
     let img = image_of(&vol);
     vol.abandon();
     let again = Volume::open_region(Region::from_image(&img), VolumeConfig::synchronous()).unwrap();
     assert_eq!(again.read(a, 0, &mut buf).unwrap(), 12 << 20);
     assert!(buf.iter().all(|&x| x == 0xAA));
-    clean(&again);
+    assert_fsck_clean(&again);
 }
 
 /// Defect 1, the failing half: a write that fails (here: no room for the map nodes a
@@ -108,7 +137,7 @@ fn d1_a_failed_write_changes_nothing_and_leaks_nothing() {
     let mut buf = vec![0u8; 1 << 20];
     vol.read(c, 0, &mut buf).unwrap();
     assert!(buf.iter().all(|&x| x == 0x11));
-    clean(&vol);
+    assert_fsck_clean(&vol);
 }
 
 /// Defect 2: a reservation copied the untouched part of an edge block when it was made
@@ -140,7 +169,7 @@ fn d2_concurrent_partial_writes_to_one_block_keep_every_byte() {
         &buf[300..310]
     );
     assert!(buf[100..200].iter().all(|&x| x == 0x11));
-    clean(&vol);
+    assert_fsck_clean(&vol);
 }
 
 /// Defect 3: the record count of a log entry was clamped to 16 bits, and truncating a
@@ -175,7 +204,7 @@ fn d3_truncate_and_unlink_of_a_large_sparse_file_recover_whole() {
     let mut buf = [0u8; 8];
     again.read(f, 0, &mut buf).unwrap();
     assert_eq!(u64::from_le_bytes(buf), 0);
-    clean(&again);
+    assert_fsck_clean(&again);
     // The blocks of both came back (data + nodes), and only the kept one is used.
     assert!(again.statfs().bfree > again.statfs().blocks - 10);
 }
@@ -185,11 +214,7 @@ fn d3_truncate_and_unlink_of_a_large_sparse_file_recover_whole() {
 /// volume says so, and --repair refuses; mkfs refuses too and leaves the volume alone.
 #[test]
 fn d4_a_second_opener_is_refused_naming_the_holder() {
-    let path = scratch("second-opener");
-    Volume::mkfs(&path, 16 << 20, &small_mkfs()).unwrap();
-    let vol = Volume::open(&path, VolumeConfig::synchronous()).unwrap();
-    let f = new_file(&vol, ROOT_INO, b"f");
-    vol.write(&Cred::ROOT, f, 0, b"mine").unwrap();
+    let (path, vol, f) = file_volume_with("second-opener", b"mine");
     let pid = std::process::id().to_string();
     let busy = |r: Result<std::sync::Arc<Volume>>| match r {
         Err(FsError::Busy(m)) => m,
@@ -241,18 +266,7 @@ fn d5_a_stalled_reader_blocks_nobody_and_its_blocks_stay_intact() {
     let f = new_file(&vol, ROOT_INO, b"f");
     let base = vol.statfs().bfree;
     vol.write(&Cred::ROOT, f, 0, &vec![0x5A; 1 << 20]).unwrap();
-    let (entered_tx, entered_rx) = mpsc::channel();
-    let (go_tx, go_rx) = mpsc::channel::<()>();
-    let v = vol.clone();
-    let reader = std::thread::spawn(move || {
-        v.read_with(f, 0, 1 << 20, |slices| {
-            entered_tx.send(()).unwrap();
-            go_rx.recv().unwrap(); // stalled, as on a socket nobody reads
-            slices.iter().all(|s| s.iter().all(|&x| x == 0x5A))
-        })
-        .unwrap()
-    });
-    entered_rx.recv().unwrap();
+    let (reader, go_tx) = stalled_reader(&vol, f, 0x5A);
     // Meanwhile: the file is cut and rewritten, checkpoints run, other files are
     // written with new data that would reuse the freed blocks.
     let t = Instant::now();
@@ -280,7 +294,7 @@ fn d5_a_stalled_reader_blocks_nobody_and_its_blocks_stay_intact() {
     }
     vol.checkpoint_now().unwrap();
     assert_eq!(vol.statfs().bfree, base, "blocks leaked");
-    clean(&vol);
+    assert_fsck_clean(&vol);
 }
 
 /// Defect 6 (volume side): an inode referenced by a frontend (an open file, a kernel's
@@ -314,7 +328,7 @@ fn d6_a_referenced_inode_replaced_by_rename_lives_until_forgotten() {
         vol.hold(old.ino, old.generation as u32 + 1).is_err(),
         "wrong generation accepted"
     );
-    clean(&vol);
+    assert_fsck_clean(&vol);
     vol.release_handle(old.ino).unwrap();
     vol.getattr(old.ino).unwrap();
     vol.forget(old.ino, 1).unwrap();
@@ -340,22 +354,18 @@ fn d6_a_referenced_inode_replaced_by_rename_lives_until_forgotten() {
         vol.lookup(&Cred::ROOT, ROOT_INO, b"d2").unwrap().ino,
         d1.ino
     );
-    clean(&vol);
+    assert_fsck_clean(&vol);
     vol.forget(d2.ino, 1).unwrap();
     assert!(matches!(vol.getattr(d2.ino), Err(FsError::Stale)));
     assert_eq!(vol.getattr(ROOT_INO).unwrap().nlink, 3);
-    clean(&vol);
+    assert_fsck_clean(&vol);
 }
 
 /// Defect 11: a failed msync was logged and ignored, so fsync reported success. Now the
 /// operation that meets it gets EIO, fsync reports EIO, and the volume turns read-only.
 #[test]
 fn d11_a_persistence_failure_is_eio_and_turns_the_volume_read_only() {
-    let path = scratch("persist-fail");
-    Volume::mkfs(&path, 16 << 20, &small_mkfs()).unwrap();
-    let vol = Volume::open(&path, VolumeConfig::synchronous()).unwrap();
-    let f = new_file(&vol, ROOT_INO, b"f");
-    vol.write(&Cred::ROOT, f, 0, b"durable").unwrap();
+    let (path, vol, f) = file_volume_with("persist-fail", b"durable");
     vol.test_door().inject_fence_failure(1);
     let r = vol.write(&Cred::ROOT, f, 0, b"lost?");
     assert_eq!(r.map_err(|e| e.errno()), Err(libc::EIO));
@@ -374,7 +384,7 @@ fn d11_a_persistence_failure_is_eio_and_turns_the_volume_read_only() {
     let mut buf = [0u8; 7];
     vol.read(f, 0, &mut buf).unwrap();
     assert!(&buf == b"durable" || &buf[..5] == b"lost?");
-    clean(&vol);
+    assert_fsck_clean(&vol);
     drop(vol);
     std::fs::remove_file(&path).unwrap();
 }
@@ -427,7 +437,7 @@ fn links_stop_at_max_links() {
         vol.lookup(&Cred::ROOT, ROOT_INO, b"one-more"),
         Err(FsError::NotFound)
     ));
-    clean(&vol);
+    assert_fsck_clean(&vol);
 }
 
 /// A reservation never exceeds MAX_RESERVATION; a write of exactly that size works.
@@ -444,7 +454,7 @@ fn reservation_limit_is_enforced_at_its_bound() {
         .unwrap();
     r.fill_from(&vec![3u8; MAX_RESERVATION]);
     assert_eq!(r.commit().unwrap(), MAX_RESERVATION);
-    clean(&vol);
+    assert_fsck_clean(&vol);
 }
 
 /// Pieces of a large write are each atomic, and a reader never sees the write half
@@ -472,7 +482,7 @@ fn a_large_write_is_whole_to_concurrent_readers() {
     }
     stop.store(true, Ordering::Relaxed);
     assert_eq!(reader.join().unwrap(), 0, "a reader saw a write half done");
-    clean(&vol);
+    assert_fsck_clean(&vol);
 }
 
 /// Found while testing defect 5's fix: pins that named points in time (epochs) kept
@@ -485,23 +495,12 @@ fn d5_a_stalled_reader_pins_only_its_own_blocks() {
     let a = new_file(&vol, ROOT_INO, b"a");
     vol.write(&Cred::ROOT, a, 0, &vec![0xA1; 1 << 20]).unwrap();
     let b = new_file(&vol, ROOT_INO, b"b");
-    let (entered_tx, entered_rx) = mpsc::channel();
-    let (go_tx, go_rx) = mpsc::channel::<()>();
-    let v = vol.clone();
-    let reader = std::thread::spawn(move || {
-        v.read_with(a, 0, 1 << 20, |slices| {
-            entered_tx.send(()).unwrap();
-            go_rx.recv().unwrap();
-            slices.iter().all(|s| s.iter().all(|&x| x == 0xA1))
-        })
-        .unwrap()
-    });
-    entered_rx.recv().unwrap();
+    let (reader, go_tx) = stalled_reader(&vol, a, 0xA1);
     // Rewrite 4 MiB forty times: 160 MiB through a 16 MiB volume.
     for round in 0..40u8 {
         vol.write(&Cred::ROOT, b, 0, &vec![round; 4 << 20]).unwrap();
     }
     go_tx.send(()).unwrap();
     assert!(reader.join().unwrap());
-    clean(&vol);
+    assert_fsck_clean(&vol);
 }

@@ -4,19 +4,10 @@
 
 mod common;
 use common::*;
-use std::sync::Arc;
 use zcfs_volume::*;
 
 const B: u64 = BLOCK as u64;
 const KEEP: i32 = libc::FALLOC_FL_KEEP_SIZE;
-
-fn remount(vol: Arc<Volume>) -> Arc<Volume> {
-    vol.sync().unwrap();
-    let img = image_of(&vol);
-    vol.abandon();
-    drop(vol);
-    Volume::open_region(Region::from_image(&img), VolumeConfig::synchronous()).unwrap()
-}
 
 fn falloc(vol: &Volume, ino: u64, off: u64, len: u64, mode: i32) -> Result<()> {
     vol.fallocate(&Cred::ROOT, ino, off, len, FallocMode::from_bits(mode)?)
@@ -24,11 +15,6 @@ fn falloc(vol: &Volume, ino: u64, off: u64, len: u64, mode: i32) -> Result<()> {
 
 fn bfree(vol: &Volume) -> u64 {
     vol.statfs().bfree
-}
-
-fn assert_clean(vol: &Volume) {
-    let r = zcfs_volume::fsck::check_volume(vol);
-    assert!(r.problems.is_empty(), "fsck: {:?}", r.problems);
 }
 
 /// The bound: preallocating h blocks in an empty file takes h blocks, one map node
@@ -70,7 +56,7 @@ fn enospc_up_front_at_the_exact_bound() {
         "h data blocks and one map node"
     );
     assert_eq!(bfree(&vol), free - 2 * h - 1, "the reserve counts as used");
-    assert_clean(&vol);
+    assert_fsck_clean(&vol);
 }
 
 /// After fallocate, fill the volume with another file to ENOSPC: every block of the
@@ -110,9 +96,9 @@ fn overwrites_of_preallocated_blocks_never_fail_for_space() {
     let mut back = vec![0u8; (h * B) as usize];
     vol.read(f, 0, &mut back).unwrap();
     assert_eq!(&back[..BLOCK], &pattern(0, BLOCK, 0)[..]);
-    assert_clean(&vol);
+    assert_fsck_clean(&vol);
     let vol = remount(vol);
-    assert_clean(&vol);
+    assert_fsck_clean(&vol);
 }
 
 /// The reserve is in the inode record: it survives a remount; truncate lowers it
@@ -138,13 +124,13 @@ fn the_reserve_persists_and_follows_the_blocks() {
     vol.truncate(&Cred::ROOT, f, 10 * B).unwrap();
     vol.sync().unwrap();
     assert_eq!(bfree(&vol), free0 - (10 + 1 + 10));
-    assert_clean(&vol);
+    assert_fsck_clean(&vol);
     vol.unlink(&Cred::ROOT, ROOT_INO, b"f").unwrap();
     vol.sync().unwrap();
     assert_eq!(bfree(&vol), free0);
     let vol = remount(vol);
     assert_eq!(bfree(&vol), free0);
-    assert_clean(&vol);
+    assert_fsck_clean(&vol);
 }
 
 /// ZERO_RANGE: the range reads zeros and is allocated; the bytes around it stay.
@@ -176,7 +162,7 @@ fn zero_range_keeps_the_bytes_around_it() {
         falloc(&vol, f, max_file_size(), 1, 0),
         Err(FsError::TooBig)
     ));
-    assert_clean(&vol);
+    assert_fsck_clean(&vol);
 }
 
 #[test]

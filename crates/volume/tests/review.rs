@@ -309,18 +309,7 @@ fn a_volume_reopens_right_after_drop() {
     // In a child process of its own: a sibling test that spawns a process shares every
     // open file (and so the lock) with the child between fork and exec, which would
     // make this test see a busy volume for reasons that are not the volume's.
-    const NAME: &str = "a_volume_reopens_right_after_drop";
-    if std::env::var("ZCFS_REOPEN_CHILD").is_err() {
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
-            .env("ZCFS_REOPEN_CHILD", "1")
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stdout)
-        );
+    if !in_own_process("a_volume_reopens_right_after_drop") {
         return;
     }
     let path = std::path::PathBuf::from(format!(
@@ -400,16 +389,7 @@ fn busy_names_no_stale_holder() {
 /// vm.max_map_count (set up in a child process, so no other test is disturbed).
 #[test]
 fn zcopy_to_leaves_no_pin_when_a_mapping_fails() {
-    const NAME: &str = "zcopy_to_leaks_its_pins_when_a_later_mapping_fails";
-    if std::env::var("ZCFS_REVIEW_CHILD").is_err() {
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
-            .env("ZCFS_REVIEW_CHILD", "1")
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).into_owned()
-            + &String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "child failed:\n{text}");
+    if !in_own_process("zcopy_to_leaves_no_pin_when_a_mapping_fails") {
         return;
     }
     let path =

@@ -4,7 +4,6 @@
 mod common;
 use common::*;
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::Arc;
 use zcfs_volume::*;
 
 const B: u64 = BLOCK as u64;
@@ -62,14 +61,6 @@ fn bfree(vol: &Volume) -> u64 {
 
 fn fsck_problems(vol: &Volume) -> Vec<String> {
     zcfs_volume::fsck::check_volume(vol).problems
-}
-
-fn remount(vol: Arc<Volume>) -> Arc<Volume> {
-    vol.sync().unwrap();
-    let img = image_of(&vol);
-    vol.abandon();
-    drop(vol);
-    Volume::open_region(Region::from_image(&img), VolumeConfig::synchronous()).unwrap()
 }
 
 /// FINDING (high): fallocate walks and lists every block of the requested range

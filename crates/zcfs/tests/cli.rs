@@ -40,13 +40,7 @@ fn mkfs_refuses_to_overwrite_and_fsck_stat_report() {
         .unwrap()
         .success());
     assert_eq!(std::fs::metadata(&img).unwrap().len(), 32 << 20);
-    let fsck = zcfs().arg("fsck").arg(&img).output().unwrap();
-    assert_eq!(
-        fsck.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&fsck.stdout)
-    );
+    assert_fsck_clean(&img, "");
     let stat = zcfs().arg("stat").arg(&img).arg("--json").output().unwrap();
     assert!(stat.status.success());
     let v: serde_json::Value = serde_json::from_slice(&stat.stdout).unwrap();
@@ -108,13 +102,7 @@ fn sigkill_of_a_writer_leaves_a_recoverable_volume_with_fsynced_data() {
         unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
         child.wait().unwrap();
         let last = last_synced.expect("writer printed no fsync");
-        let fsck = zcfs().arg("fsck").arg(&img).output().unwrap();
-        assert_eq!(
-            fsck.status.code(),
-            Some(0),
-            "round {round}: {}",
-            String::from_utf8_lossy(&fsck.stdout)
-        );
+        assert_fsck_clean(&img, &format!("round {round}: "));
         // Every file up to the last acknowledged fsync is there with its bytes.
         let vol = zcfs_volume::Volume::open(&img, zcfs_volume::VolumeConfig::default()).unwrap();
         let dir = vol

@@ -6,7 +6,7 @@
 mod common;
 use common::mount::{unique, Mount};
 use common::posix::compare_with_tmpfs;
-use common::{mkfs, mounted, spawn_serving, zcfs};
+use common::{mkfs, mounted, spawn_serving, wait_until_mounted, zcfs};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -148,19 +148,7 @@ fn an_ordinary_user_mounts_the_default_socket_and_acts_only_as_itself() {
         .spawn()
         .unwrap();
     let _detach = Detach(mp.clone());
-    let t = Instant::now();
-    while !mounted(&mp) {
-        if let Some(st) = mount.try_wait().unwrap() {
-            let mut err = String::new();
-            std::io::Read::read_to_string(&mut mount.stderr.take().unwrap(), &mut err).unwrap();
-            panic!("the user's mount exited ({st}): {err}");
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "mount did not come up"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until_mounted(&mut mount, &mp);
     let p = |n: &str| mp.join(n).to_str().unwrap().to_string();
     // Its own files are its own.
     let (ok, err) = sh_as(USER, &format!("echo mine > {}", p("pub/mine")));

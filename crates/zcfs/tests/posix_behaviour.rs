@@ -24,6 +24,11 @@ fn errname(e: i32) -> String {
     }
 }
 
+/// What a system call that returned `r` did: "ok", or its error.
+fn outcome(r: libc::c_int) -> String {
+    errname(if r < 0 { errno() } else { 0 })
+}
+
 /// A fresh directory on tmpfs, removed when dropped.
 struct TmpfsDir(PathBuf);
 
@@ -81,11 +86,7 @@ fn replaced_while_open(base: &Path) -> Vec<String> {
         assert!(d3 >= 0);
         out.push(format!(
             "rename d1 over d2: {}",
-            errname(if libc::rename(p("d1").as_ptr(), p("d2").as_ptr()) < 0 {
-                errno()
-            } else {
-                0
-            })
+            outcome(libc::rename(p("d1").as_ptr(), p("d2").as_ptr()))
         ));
         out.push(format!("old d2: {}", fstat_line(dfd)));
         let listing = std::fs::read_dir(format!("/proc/self/fd/{dfd}"))
@@ -94,17 +95,10 @@ fn replaced_while_open(base: &Path) -> Vec<String> {
         out.push(format!("old d2 entries: {listing}"));
         let name = CString::new("x").unwrap();
         let r = libc::mkdirat(dfd, name.as_ptr(), 0o755);
-        out.push(format!(
-            "mkdir in old d2: {}",
-            errname(if r < 0 { errno() } else { 0 })
-        ));
+        out.push(format!("mkdir in old d2: {}", outcome(r)));
         out.push(format!(
             "rename f1 over f2: {}",
-            errname(if libc::rename(p("f1").as_ptr(), p("f2").as_ptr()) < 0 {
-                errno()
-            } else {
-                0
-            })
+            outcome(libc::rename(p("f1").as_ptr(), p("f2").as_ptr()))
         ));
         out.push(format!("old f2: {}", fstat_line(ffd)));
         let mut buf = [0u8; 8];
@@ -115,11 +109,7 @@ fn replaced_while_open(base: &Path) -> Vec<String> {
         ));
         out.push(format!(
             "rmdir d3: {}",
-            errname(if libc::rmdir(p("d3").as_ptr()) < 0 {
-                errno()
-            } else {
-                0
-            })
+            outcome(libc::rmdir(p("d3").as_ptr()))
         ));
         out.push(format!("old d3: {}", fstat_line(d3)));
         for fd in [dfd, ffd, d3] {

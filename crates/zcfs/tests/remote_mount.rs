@@ -6,43 +6,15 @@ mod common;
 use common::remote::*;
 use common::*;
 use std::fs;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 #[test]
 fn remote_fuse_mount_runs_unmodified_programs() {
     let net = Net::new();
     let mut srv = Served::new(&net, "fuse", &[]);
-    let mp = std::env::temp_dir().join(format!("zcfs-remote-mp-{}", std::process::id()));
-    fs::create_dir_all(&mp).unwrap();
     // It enters only the network namespace, so the mount is visible here.
-    let mut m = net
-        .cli_command(zcfs_bin())
-        .arg("mount")
-        .arg(net.addr())
-        .arg(&mp)
-        .arg("--secret-file")
-        .arg(&srv.secret)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let t = Instant::now();
-    while !mounted(&mp) {
-        assert!(m.try_wait().unwrap().is_none(), "remote mount exited");
-        assert!(t.elapsed() < Duration::from_secs(20));
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let d = mp.to_str().unwrap();
+    let mut m = RemoteMount::new(&net, &srv, "mp", &[]);
+    let d = m.mp.to_str().unwrap().to_owned();
     let src = concat!(env!("CARGO_MANIFEST_DIR"), "/../protocol");
-    let sh = |c: &str| {
-        let o = Command::new("bash").arg("-c").arg(c).output().unwrap();
-        assert!(
-            o.status.success(),
-            "{c}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        String::from_utf8_lossy(&o.stdout).into_owned()
-    };
     sh(&format!("cp -a {src} {d}/copy && diff -r {src} {d}/copy"));
     sh(&format!("tar -C {d} -cf {d}/t.tar copy && mkdir {d}/x && tar -C {d}/x -xf {d}/t.tar && diff -r {src} {d}/x/copy"));
     sh(&format!("rsync -a {src}/ {d}/r/ && diff -r {src} {d}/r"));
@@ -63,11 +35,9 @@ fn remote_fuse_mount_runs_unmodified_programs() {
     fs::remove_dir_all(&repo).unwrap();
     let out = sh(&format!("sqlite3 {d}/db 'create table t(x); insert into t values(1),(2),(3); select sum(x) from t; pragma integrity_check;'"));
     assert_eq!(out.trim(), "6\nok");
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(m.id() as i32, libc::SIGTERM) };
-    m.wait().unwrap();
-    assert!(!mounted(&mp));
-    fs::remove_dir(&mp).unwrap();
+    m.stop(libc::SIGTERM);
+    assert!(!mounted(&m.mp), "SIGTERM left the mount behind");
+    fs::remove_dir(&m.mp).unwrap();
     srv.kill(libc::SIGTERM);
     srv.fsck();
 }
@@ -80,13 +50,7 @@ fn rename_over_a_target_is_atomic_to_a_reader_on_a_remote_mount() {
     let net = Net::new();
     let mut srv = Served::new(&net, "atomic", &[]);
     let m = RemoteMount::new(&net, &srv, "atomic-mp", &[]);
-    let (opens, missing, torn) = atomic_save_loop(&m.mp, 1000);
-    assert!(opens > 50, "the reader hardly ran ({opens} opens)");
-    assert_eq!(
-        (missing, torn),
-        (0, 0),
-        "{missing} ENOENT and {torn} torn reads in {opens} opens"
-    );
+    assert_atomic_saves(&m.mp, 1000, 50);
     drop(m);
     srv.kill(libc::SIGTERM);
     srv.fsck();

@@ -41,15 +41,7 @@ fn sigterm_after_a_lazy_detach_leaves_the_next_mount_alone() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let t = Instant::now();
-    while !mounted(&mp) {
-        assert!(old.try_wait().unwrap().is_none(), "zcfs mount exited");
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "mount did not come up"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until_mounted(&mut old, &mp);
     let open = fs::File::create(mp.join("f")).unwrap();
     run_ok(Command::new("umount").arg("-l").arg(&mp));
     assert!(!mounted(&mp), "the lazy unmount detached the mount");

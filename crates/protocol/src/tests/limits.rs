@@ -64,43 +64,59 @@ fn header_limits_at_the_bound_are_framing_errors() {
     }
 }
 
+/// `new` takes `max` bytes of `fill` and refuses one more with `errno`.
+fn at_the_bound<T>(
+    what: &str,
+    new: impl Fn(Vec<u8>) -> Result<T>,
+    max: usize,
+    fill: u8,
+    errno: i32,
+) {
+    assert!(new(vec![fill; max]).is_ok(), "{what}: {max} bytes refused");
+    match new(vec![fill; max + 1]) {
+        Err(e) => assert_eq!(e.errno(), errno, "{what}: {} bytes", max + 1),
+        Ok(_) => panic!("{what}: {} bytes taken", max + 1),
+    }
+}
+
 #[test]
 fn names_at_the_bound() {
-    assert!(Name::new(vec![b'a'; MAX_NAME]).is_ok());
-    let e = Name::new(vec![b'a'; MAX_NAME + 1]).unwrap_err();
-    assert_eq!(e.errno(), libc::ENAMETOOLONG);
-    assert!(!e.is_framing());
+    at_the_bound("name", Name::new, MAX_NAME, b'a', libc::ENAMETOOLONG);
+    assert!(!Name::new(vec![b'a'; MAX_NAME + 1])
+        .unwrap_err()
+        .is_framing());
     for bad in [&b""[..], b"a/b", b"a\0b", b".", b".."] {
         assert_eq!(Name::new(bad).unwrap_err().errno(), libc::EINVAL, "{bad:?}");
     }
     assert!(LookupName::new(".").is_ok() && LookupName::new("..").is_ok());
-    assert_eq!(
-        LookupName::new(vec![b'a'; MAX_NAME + 1])
-            .unwrap_err()
-            .errno(),
-        libc::ENAMETOOLONG
+    at_the_bound(
+        "lookup",
+        LookupName::new,
+        MAX_NAME,
+        b'a',
+        libc::ENAMETOOLONG,
     );
-    assert!(SymlinkTarget::new(vec![b'/'; MAX_SYMLINK]).is_ok());
-    assert_eq!(
-        SymlinkTarget::new(vec![b'/'; MAX_SYMLINK + 1])
-            .unwrap_err()
-            .errno(),
-        libc::ENAMETOOLONG
+    at_the_bound(
+        "target",
+        SymlinkTarget::new,
+        MAX_SYMLINK,
+        b'/',
+        libc::ENAMETOOLONG,
     );
     assert_eq!(SymlinkTarget::new("").unwrap_err().errno(), libc::EINVAL);
-    assert!(XattrName::new(vec![b'u'; MAX_XATTR_NAME]).is_ok());
-    assert_eq!(
-        XattrName::new(vec![b'u'; MAX_XATTR_NAME + 1])
-            .unwrap_err()
-            .errno(),
-        libc::ERANGE
+    at_the_bound(
+        "xattr name",
+        XattrName::new,
+        MAX_XATTR_NAME,
+        b'u',
+        libc::ERANGE,
     );
-    assert!(XattrValue::new(vec![0; MAX_XATTR_VALUE]).is_ok());
-    assert_eq!(
-        XattrValue::new(vec![0; MAX_XATTR_VALUE + 1])
-            .unwrap_err()
-            .errno(),
-        libc::E2BIG
+    at_the_bound(
+        "xattr value",
+        XattrValue::new,
+        MAX_XATTR_VALUE,
+        0,
+        libc::E2BIG,
     );
 }
 

@@ -220,6 +220,11 @@ impl Raw {
         self.call_as(req, Cred::default(), &[], data)
     }
 
+    /// Send a request (no data) naming `cred` as its caller, and wait for its reply.
+    pub fn call_by(&mut self, req: impl Into<Request>, cred: Cred) -> RawReply {
+        self.call_as(req, cred, &[], &[])
+    }
+
     /// Send a request naming `cred` and `groups` as its caller, and wait for its reply.
     pub fn call_as(
         &mut self,
@@ -278,6 +283,29 @@ pub fn read_all(fs: &dyn Backend, ino: u64, fh: u64, off: u64, len: u32) -> Resu
         Ok(())
     })?;
     Ok(out)
+}
+
+/// Create and open (read-write) file `name` in the root as `ctx()`: its attributes,
+/// with a reference, and the handle.
+pub fn file(fs: &dyn Backend, name: &[u8]) -> (Attr, u64) {
+    fs.create(&ctx(), ROOT, name, libc::S_IFREG | 0o644, libc::O_RDWR)
+        .unwrap()
+}
+
+/// Create `n` empty files `{prefix}{i}` (i from 0) in `dir` as `ctx()`, close them and
+/// give their references back; their inode numbers, in order.
+pub fn empty_files(fs: &dyn Backend, dir: u64, prefix: &str, n: usize) -> Vec<u64> {
+    (0..n)
+        .map(|i| {
+            let name = format!("{prefix}{i}");
+            let (e, h) = fs
+                .create(&ctx(), dir, name.as_bytes(), libc::S_IFREG | 0o644, 0)
+                .unwrap();
+            fs.release(e.ino, h).unwrap();
+            fs.forget(e.ino, 1);
+            e.ino
+        })
+        .collect()
 }
 
 /// Poll `f` until it holds, for at most `limit`.
@@ -341,23 +369,80 @@ impl Accounting {
         self.ledger.lock().unwrap().clone()
     }
 
+    /// A call that gives a reference to the inode it returns.
     fn gave(&self, r: &Result<Attr>) {
         if let Ok(a) = r {
             *self.ledger.lock().unwrap().refs.entry(a.ino).or_default() += 1;
         }
     }
 
-    fn opened(&self, ino: u64) {
-        *self.ledger.lock().unwrap().opens.entry(ino).or_default() += 1;
+    fn looked_up(&self, r: &Result<Attr>) {
+        self.ledger.lock().unwrap().lookups += 1;
+        self.gave(r);
+    }
+
+    fn held(&self, r: &Result<Attr>) {
+        if r.is_ok() {
+            self.ledger.lock().unwrap().holds += 1;
+        }
+        self.gave(r);
+    }
+
+    /// `create` gives a reference and a handle.
+    fn created(&self, r: &Result<(Attr, u64)>) {
+        if let Ok((a, _)) = r {
+            let mut l = self.ledger.lock().unwrap();
+            *l.refs.entry(a.ino).or_default() += 1;
+            *l.opens.entry(a.ino).or_default() += 1;
+        }
     }
 }
 
+/// What `readdir` passes each entry to.
+type EachEntry<'a> = dyn FnMut(DirEntry) -> bool + 'a;
+
+/// Backend methods that pass the call on to `self.inner`; those with `=> hook` then
+/// show the result to `self.hook` before returning it.
+macro_rules! pass_on {
+    ($($name:ident($($arg:ident: $ty:ty),*) -> $ret:ty $(=> $hook:ident)?;)*) => {$(
+        fn $name(&self, $($arg: $ty),*) -> $ret {
+            let r = self.inner.$name($($arg),*);
+            $(self.$hook(&r);)?
+            r
+        }
+    )*};
+}
+
 impl Backend for Accounting {
-    fn lookup(&self, ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr> {
-        self.ledger.lock().unwrap().lookups += 1;
-        let r = self.inner.lookup(ctx, parent, name);
-        self.gave(&r);
-        r
+    pass_on! {
+        lookup(ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr> => looked_up;
+        hold(ino: u64, generation: u64) -> Result<Attr> => held;
+        mknod(ctx: &Ctx, parent: u64, name: &[u8], mode: u32, rdev: u32) -> Result<Attr> => gave;
+        mkdir(ctx: &Ctx, parent: u64, name: &[u8], mode: u32) -> Result<Attr> => gave;
+        symlink(ctx: &Ctx, parent: u64, name: &[u8], target: &[u8]) -> Result<Attr> => gave;
+        link(ctx: &Ctx, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr> => gave;
+        create(ctx: &Ctx, parent: u64, name: &[u8], mode: u32, flags: i32) -> Result<(Attr, u64)> => created;
+        getattr(ino: u64) -> Result<Attr>;
+        setattr(ctx: &Ctx, ino: u64, set: &SetAttr, fh: u64) -> Result<Attr>;
+        access(ctx: &Ctx, ino: u64, mask: u32) -> Result<()>;
+        opendir(ctx: &Ctx, ino: u64) -> Result<u64>;
+        readlink(ino: u64) -> Result<Vec<u8>>;
+        unlink(ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr>;
+        rmdir(ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr>;
+        rename(ctx: &Ctx, parent: u64, name: &[u8], newparent: u64, newname: &[u8], flags: u32) -> Result<()>;
+        read(ino: u64, fh: u64, offset: u64, size: u32, reply: &mut dyn ReadReply) -> Result<()>;
+        write(ctx: &Ctx, ino: u64, fh: u64, offset: u64, data: &[u8]) -> Result<u32>;
+        write_with(ctx: &Ctx, ino: u64, fh: u64, offset: u64, payload: &mut dyn WritePayload) -> Result<u32>;
+        flush(ino: u64, fh: u64) -> Result<()>;
+        fsync(ino: u64, fh: u64, datasync: bool) -> Result<()>;
+        statfs() -> Result<StatFs>;
+        setxattr(ctx: &Ctx, ino: u64, name: &[u8], value: &[u8], flags: i32) -> Result<()>;
+        getxattr(ctx: &Ctx, ino: u64, name: &[u8]) -> Result<Vec<u8>>;
+        listxattr(ctx: &Ctx, ino: u64) -> Result<Vec<Vec<u8>>>;
+        removexattr(ctx: &Ctx, ino: u64, name: &[u8]) -> Result<()>;
+        fallocate(ctx: &Ctx, ino: u64, fh: u64, offset: u64, len: u64, mode: i32) -> Result<()>;
+        copy_stats() -> CopyStats;
+        sync_all() -> Result<()>;
     }
     fn forget(&self, ino: u64, n: u64) {
         {
@@ -368,114 +453,12 @@ impl Backend for Accounting {
         }
         self.inner.forget(ino, n)
     }
-    fn hold(&self, ino: u64, generation: u64) -> Result<Attr> {
-        let r = self.inner.hold(ino, generation);
-        if r.is_ok() {
-            self.ledger.lock().unwrap().holds += 1;
-        }
-        self.gave(&r);
-        r
-    }
-    fn getattr(&self, ino: u64) -> Result<Attr> {
-        self.inner.getattr(ino)
-    }
-    fn setattr(&self, ctx: &Ctx, ino: u64, set: &SetAttr, fh: u64) -> Result<Attr> {
-        self.inner.setattr(ctx, ino, set, fh)
-    }
-    fn access(&self, ctx: &Ctx, ino: u64, mask: u32) -> Result<()> {
-        self.inner.access(ctx, ino, mask)
-    }
-    fn opendir(&self, ctx: &Ctx, ino: u64) -> Result<u64> {
-        self.inner.opendir(ctx, ino)
-    }
-    fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
-        self.inner.readlink(ino)
-    }
-    fn mknod(&self, ctx: &Ctx, parent: u64, name: &[u8], mode: u32, rdev: u32) -> Result<Attr> {
-        let r = self.inner.mknod(ctx, parent, name, mode, rdev);
-        self.gave(&r);
-        r
-    }
-    fn mkdir(&self, ctx: &Ctx, parent: u64, name: &[u8], mode: u32) -> Result<Attr> {
-        let r = self.inner.mkdir(ctx, parent, name, mode);
-        self.gave(&r);
-        r
-    }
-    fn unlink(&self, ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr> {
-        self.inner.unlink(ctx, parent, name)
-    }
-    fn rmdir(&self, ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr> {
-        self.inner.rmdir(ctx, parent, name)
-    }
-    fn symlink(&self, ctx: &Ctx, parent: u64, name: &[u8], target: &[u8]) -> Result<Attr> {
-        let r = self.inner.symlink(ctx, parent, name, target);
-        self.gave(&r);
-        r
-    }
-    fn rename(
-        &self,
-        ctx: &Ctx,
-        parent: u64,
-        name: &[u8],
-        newparent: u64,
-        newname: &[u8],
-        flags: u32,
-    ) -> Result<()> {
-        self.inner
-            .rename(ctx, parent, name, newparent, newname, flags)
-    }
-    fn link(&self, ctx: &Ctx, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr> {
-        let r = self.inner.link(ctx, ino, newparent, newname);
-        self.gave(&r);
-        r
-    }
     fn open(&self, ctx: &Ctx, ino: u64, flags: i32) -> Result<u64> {
         let r = self.inner.open(ctx, ino, flags);
         if r.is_ok() {
-            self.opened(ino);
+            *self.ledger.lock().unwrap().opens.entry(ino).or_default() += 1;
         }
         r
-    }
-    fn create(
-        &self,
-        ctx: &Ctx,
-        parent: u64,
-        name: &[u8],
-        mode: u32,
-        flags: i32,
-    ) -> Result<(Attr, u64)> {
-        let r = self.inner.create(ctx, parent, name, mode, flags);
-        if let Ok((a, _)) = &r {
-            self.gave(&Ok(a.clone()));
-            self.opened(a.ino);
-        }
-        r
-    }
-    fn read(
-        &self,
-        ino: u64,
-        fh: u64,
-        offset: u64,
-        size: u32,
-        reply: &mut dyn ReadReply,
-    ) -> Result<()> {
-        self.inner.read(ino, fh, offset, size, reply)
-    }
-    fn write(&self, ctx: &Ctx, ino: u64, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
-        self.inner.write(ctx, ino, fh, offset, data)
-    }
-    fn write_with(
-        &self,
-        ctx: &Ctx,
-        ino: u64,
-        fh: u64,
-        offset: u64,
-        payload: &mut dyn WritePayload,
-    ) -> Result<u32> {
-        self.inner.write_with(ctx, ino, fh, offset, payload)
-    }
-    fn flush(&self, ino: u64, fh: u64) -> Result<()> {
-        self.inner.flush(ino, fh)
     }
     fn release(&self, ino: u64, fh: u64) -> Result<()> {
         {
@@ -485,54 +468,13 @@ impl Backend for Accounting {
         }
         self.inner.release(ino, fh)
     }
-    fn fsync(&self, ino: u64, fh: u64, datasync: bool) -> Result<()> {
-        self.inner.fsync(ino, fh, datasync)
-    }
-    fn readdir(
-        &self,
-        ino: u64,
-        offset: u64,
-        plus: bool,
-        f: &mut dyn FnMut(DirEntry) -> bool,
-    ) -> Result<()> {
+    fn readdir(&self, ino: u64, offset: u64, plus: bool, f: &mut EachEntry) -> Result<()> {
         self.inner.readdir(ino, offset, plus, &mut |e| {
             if plus {
                 *self.ledger.lock().unwrap().refs.entry(e.ino).or_default() += 1;
             }
             f(e)
         })
-    }
-    fn statfs(&self) -> Result<StatFs> {
-        self.inner.statfs()
-    }
-    fn setxattr(&self, ctx: &Ctx, ino: u64, name: &[u8], value: &[u8], flags: i32) -> Result<()> {
-        self.inner.setxattr(ctx, ino, name, value, flags)
-    }
-    fn getxattr(&self, ctx: &Ctx, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
-        self.inner.getxattr(ctx, ino, name)
-    }
-    fn listxattr(&self, ctx: &Ctx, ino: u64) -> Result<Vec<Vec<u8>>> {
-        self.inner.listxattr(ctx, ino)
-    }
-    fn removexattr(&self, ctx: &Ctx, ino: u64, name: &[u8]) -> Result<()> {
-        self.inner.removexattr(ctx, ino, name)
-    }
-    fn fallocate(
-        &self,
-        ctx: &Ctx,
-        ino: u64,
-        fh: u64,
-        offset: u64,
-        len: u64,
-        mode: i32,
-    ) -> Result<()> {
-        self.inner.fallocate(ctx, ino, fh, offset, len, mode)
-    }
-    fn copy_stats(&self) -> CopyStats {
-        self.inner.copy_stats()
-    }
-    fn sync_all(&self) -> Result<()> {
-        self.inner.sync_all()
     }
 }
 

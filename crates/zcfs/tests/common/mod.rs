@@ -5,8 +5,10 @@ pub mod mount;
 pub mod posix;
 pub mod remote;
 
+use std::io::Read;
 use std::path::Path;
-use std::process::Command;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
 
 /// The zcfs binary under test.
 pub fn zcfs() -> Command {
@@ -84,6 +86,38 @@ pub fn sh(cmd: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Wait (at most 20 s) until `mp` is mounted by `child`; should the child exit first,
+/// fail the test with its stderr (when piped).
+pub fn wait_until_mounted(child: &mut Child, mp: &Path) {
+    let t = Instant::now();
+    while !mounted(mp) {
+        if let Some(st) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                let _ = e.read_to_string(&mut err);
+            }
+            panic!("the mount at {} exited ({st}): {err}", mp.display());
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "mount did not come up"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `zcfs fsck` must find the volume at `image` clean; `what` starts the failure message.
+pub fn assert_fsck_clean(image: &Path, what: &str) {
+    let out = zcfs().arg("fsck").arg(image).output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{what}fsck {}: {}",
+        image.display(),
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
 /// Make a fresh volume at `image` (replacing any file there); fails the test with
 /// mkfs's error otherwise.
 pub fn mkfs(image: &Path, size: &str, extra: &[&str]) {
@@ -105,8 +139,9 @@ pub fn mkfs(image: &Path, size: &str, extra: &[&str]) {
 
 /// Issue 8, defect 6: a process opening a name in a loop while another replaces it
 /// with write-temp-then-rename (the atomic-save idiom) always finds a file, whole.
-/// Bounded in count and time.
-pub fn atomic_save_loop(dir: &Path, rounds: usize) -> (usize, usize, usize) {
+/// Bounded in count and time. The reader must open the file at least `min_opens` times
+/// and never miss it nor read it torn.
+pub fn assert_atomic_saves(dir: &Path, rounds: usize, min_opens: usize) {
     use std::fs;
     use std::time::{Duration, Instant};
     let target = dir.join("target");
@@ -138,5 +173,11 @@ pub fn atomic_save_loop(dir: &Path, rounds: usize) -> (usize, usize, usize) {
         fs::rename(&tmp, &target).unwrap();
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    reader.join().unwrap()
+    let (opens, missing, torn) = reader.join().unwrap();
+    assert!(opens > min_opens, "the reader hardly ran ({opens} opens)");
+    assert_eq!(
+        (missing, torn),
+        (0, 0),
+        "{missing} ENOENT and {torn} torn reads in {opens} opens"
+    );
 }

@@ -1,9 +1,8 @@
 //! A volume image in /dev/shm mounted by a foreground `zcfs mount`, for the tests
 //! that need a real FUSE mount.
 
-use super::{mkfs, mounted, zcfs};
+use super::{assert_fsck_clean, mkfs, mounted, wait_until_mounted, zcfs};
 use std::fs;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -52,27 +51,7 @@ impl Mount {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        self.child = Some(child);
-        let t = Instant::now();
-        while !mounted(&self.mp) {
-            if let Some(st) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                let mut err = String::new();
-                self.child
-                    .as_mut()
-                    .unwrap()
-                    .stderr
-                    .take()
-                    .unwrap()
-                    .read_to_string(&mut err)
-                    .unwrap();
-                panic!("zcfs mount exited ({st}): {err}");
-            }
-            assert!(
-                t.elapsed() < Duration::from_secs(20),
-                "mount did not come up"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_until_mounted(self.child.insert(child), &self.mp);
     }
 
     pub fn path(&self, p: &str) -> PathBuf {
@@ -108,17 +87,7 @@ impl Mount {
     }
 
     pub fn fsck(&self) {
-        let out = zcfs()
-            .arg("fsck")
-            .arg(self.image.as_ref().unwrap())
-            .output()
-            .unwrap();
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "fsck: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
+        assert_fsck_clean(self.image.as_ref().unwrap(), "");
     }
 }
 

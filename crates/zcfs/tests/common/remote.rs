@@ -2,14 +2,16 @@
 //! zcfs-netns), a `zcfs serve` in the server namespace, clients and FUSE mounts in the
 //! client namespace, and small helpers. Root required, as in CI.
 
-use super::{mkfs, mounted, sh, spawn_serving, zcfs, zcfs_bin};
+use super::{
+    assert_fsck_clean, mkfs, mounted, sh, spawn_serving, wait_until_mounted, zcfs, zcfs_bin,
+};
 use std::ffi::OsStr;
 use std::fs;
 use std::io::Read;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use zcfs_backend::{Backend, Ctx};
 use zcfs_client::{ClientConfig, RemoteFs};
 use zcfs_netns::{owned_name, Pair};
@@ -124,17 +126,7 @@ impl Served {
 
     /// fsck of the image must find it clean (stop the server first).
     pub fn fsck(&self) {
-        let out = Command::new(zcfs_bin())
-            .arg("fsck")
-            .arg(&self.image)
-            .output()
-            .unwrap();
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "{}",
-            String::from_utf8_lossy(&out.stdout)
-        );
+        assert_fsck_clean(&self.image, "");
     }
 }
 
@@ -197,12 +189,7 @@ impl RemoteMount {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let t = Instant::now();
-        while !mounted(&mp) {
-            assert!(child.try_wait().unwrap().is_none(), "remote mount exited");
-            assert!(t.elapsed() < Duration::from_secs(20));
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_until_mounted(&mut child, &mp);
         RemoteMount {
             mp,
             child: Some(child),
@@ -214,13 +201,18 @@ impl RemoteMount {
         format!("{}/{p}", self.mp.display())
     }
 
-    /// Kill the mount process with `sig` and detach the mount.
-    pub fn kill(&mut self, sig: i32) {
+    /// Send the mount process `sig` and wait until it exited (the mount may stay).
+    pub fn stop(&mut self, sig: i32) {
         if let Some(mut c) = self.child.take() {
             // SAFETY: signalling our own child.
             unsafe { libc::kill(c.id() as i32, sig) };
             c.wait().unwrap();
         }
+    }
+
+    /// Kill the mount process with `sig` and detach the mount.
+    pub fn kill(&mut self, sig: i32) {
+        self.stop(sig);
         if mounted(&self.mp) {
             let _ = zcfs().arg("umount").arg("--lazy").arg(&self.mp).output();
         }
