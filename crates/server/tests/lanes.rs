@@ -2,11 +2,13 @@
 //! `session::Lanes`): a request the client gave up on is never executed after what the
 //! client sends on the new connection.
 
+#[macro_use]
 mod common;
 
 use common::*;
+use std::sync::Arc;
 use std::time::Duration;
-use zcfs_backend::{Attr, Backend};
+use zcfs_backend::{Attr, Backend, ROOT};
 use zcfs_protocol::handshake::Lane;
 use zcfs_protocol::{Cred, NodeRef, Request, WriteReq};
 
@@ -213,117 +215,28 @@ fn a_write_given_up_on_another_lane_never_lands_after_the_next_one() {
 
 /// A Backend whose statfs waits until the gate opens: a request still executing when
 /// its connection is fenced.
-struct SlowStatfs(
-    std::sync::Arc<dyn Backend>,
-    std::sync::Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
-);
+struct SlowStatfs {
+    inner: Arc<dyn Backend>,
+    gate: Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+}
 
 mod slow_impl {
     use super::SlowStatfs;
     use zcfs_backend::*;
     impl Backend for SlowStatfs {
-        fn lookup(&self, c: &Ctx, p: u64, n: &[u8]) -> Result<Attr> {
-            self.0.lookup(c, p, n)
-        }
-        fn forget(&self, i: u64, n: u64) {
-            self.0.forget(i, n)
-        }
-        fn hold(&self, i: u64, g: u64) -> Result<Attr> {
-            self.0.hold(i, g)
-        }
-        fn getattr(&self, i: u64) -> Result<Attr> {
-            self.0.getattr(i)
-        }
-        fn setattr(&self, c: &Ctx, i: u64, s: &SetAttr, fh: u64) -> Result<Attr> {
-            self.0.setattr(c, i, s, fh)
-        }
-        fn access(&self, c: &Ctx, i: u64, m: u32) -> Result<()> {
-            self.0.access(c, i, m)
-        }
-        fn opendir(&self, c: &Ctx, i: u64) -> Result<u64> {
-            self.0.opendir(c, i)
-        }
-        fn readlink(&self, i: u64) -> Result<Vec<u8>> {
-            self.0.readlink(i)
-        }
-        fn mknod(&self, c: &Ctx, p: u64, n: &[u8], m: u32, r: u32) -> Result<Attr> {
-            self.0.mknod(c, p, n, m, r)
-        }
-        fn mkdir(&self, c: &Ctx, p: u64, n: &[u8], m: u32) -> Result<Attr> {
-            self.0.mkdir(c, p, n, m)
-        }
-        fn unlink(&self, c: &Ctx, p: u64, n: &[u8]) -> Result<Attr> {
-            self.0.unlink(c, p, n)
-        }
-        fn rmdir(&self, c: &Ctx, p: u64, n: &[u8]) -> Result<Attr> {
-            self.0.rmdir(c, p, n)
-        }
-        fn symlink(&self, c: &Ctx, p: u64, n: &[u8], t: &[u8]) -> Result<Attr> {
-            self.0.symlink(c, p, n, t)
-        }
-        fn rename(&self, c: &Ctx, p: u64, n: &[u8], np: u64, nn: &[u8], f: u32) -> Result<()> {
-            self.0.rename(c, p, n, np, nn, f)
-        }
-        fn link(&self, c: &Ctx, i: u64, np: u64, nn: &[u8]) -> Result<Attr> {
-            self.0.link(c, i, np, nn)
-        }
-        fn open(&self, c: &Ctx, i: u64, f: i32) -> Result<u64> {
-            self.0.open(c, i, f)
-        }
-        fn create(&self, c: &Ctx, p: u64, n: &[u8], m: u32, f: i32) -> Result<(Attr, u64)> {
-            self.0.create(c, p, n, m, f)
-        }
-        fn read(&self, i: u64, fh: u64, o: u64, s: u32, reply: &mut dyn ReadReply) -> Result<()> {
-            self.0.read(i, fh, o, s, reply)
-        }
-        fn write(&self, c: &Ctx, i: u64, fh: u64, o: u64, d: &[u8]) -> Result<u32> {
-            self.0.write(c, i, fh, o, d)
-        }
-        fn write_with(
-            &self,
-            c: &Ctx,
-            i: u64,
-            fh: u64,
-            o: u64,
-            payload: &mut dyn WritePayload,
-        ) -> Result<u32> {
-            self.0.write_with(c, i, fh, o, payload)
-        }
-        fn release(&self, i: u64, fh: u64) -> Result<()> {
-            self.0.release(i, fh)
-        }
-        fn fsync(&self, i: u64, fh: u64, d: bool) -> Result<()> {
-            self.0.fsync(i, fh, d)
-        }
-        fn readdir(
-            &self,
-            i: u64,
-            o: u64,
-            p: bool,
-            f: &mut dyn FnMut(DirEntry) -> bool,
-        ) -> Result<()> {
-            self.0.readdir(i, o, p, f)
+        pass_on_the_rest!();
+        pass_on! {
+            lookup(ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr>;
+            write_with(ctx: &Ctx, ino: u64, fh: u64, offset: u64, payload: &mut dyn WritePayload) -> Result<u32>;
         }
         fn statfs(&self) -> Result<StatFs> {
-            let (m, cv) = &*self.1;
+            let (m, cv) = &*self.gate;
             let mut closed = m.lock().unwrap();
             while *closed {
                 closed = cv.wait(closed).unwrap();
             }
             drop(closed);
-            self.0.statfs()
-        }
-        fn setxattr(&self, c: &Ctx, i: u64, n: &[u8], v: &[u8], f: i32) -> Result<()> {
-            self.0.setxattr(c, i, n, v, f)
-        }
-        fn getxattr(&self, c: &Ctx, i: u64, n: &[u8]) -> Result<Vec<u8>> {
-            self.0.getxattr(c, i, n)
-        }
-        fn listxattr(&self, c: &Ctx, i: u64) -> Result<Vec<Vec<u8>>> {
-            self.0.listxattr(c, i)
-        }
-        fn removexattr(&self, c: &Ctx, i: u64, n: &[u8]) -> Result<()> {
-            self.0.removexattr(c, i, n)
+            self.inner.statfs()
         }
     }
 }
@@ -340,7 +253,13 @@ fn a_fence_on_a_busy_connection_is_refused_within_the_handshake_time() {
     let mut cfg = config();
     cfg.handshake_timeout = Duration::from_secs(1);
     cfg.peer_timeout = Duration::from_secs(60);
-    let srv = Running::start(Arc::new(SlowStatfs(memory_fs(32 << 20), gate.clone())), cfg);
+    let srv = Running::start(
+        Arc::new(SlowStatfs {
+            inner: memory_fs(32 << 20),
+            gate: gate.clone(),
+        }),
+        cfg,
+    );
     let mut old = Raw::connect_on_lane(srv.addr(), SESSION, lane(1)).unwrap();
     let (h, body) = Request::from(zcfs_protocol::StatfsReq {}).encode(7, Cred::default());
     old.send(&h, &body, &[]);

@@ -2,6 +2,7 @@
 //! shows one defect: it asserts the behaviour the protocol and design promise and fails
 //! on the reviewed code.
 
+#[macro_use]
 mod common;
 use common::*;
 use std::io::{Read, Write};
@@ -181,68 +182,21 @@ fn readdirplus_survives_a_forget_of_an_entry_during_the_listing() {
 /// short (half written): the Backend contract and the protocol allow it (`written`),
 /// and the volume does it when a later piece of an in-memory overwrite finds no room.
 /// With `.1`, a lookup of that name panics (a backend bug).
-struct ShortFirstWrite(Arc<dyn Backend>, Option<&'static [u8]>);
+struct ShortFirstWrite {
+    inner: Arc<dyn Backend>,
+    panic_on: Option<&'static [u8]>,
+}
 
 impl Backend for ShortFirstWrite {
+    pass_on_the_rest!();
+    pass_on! {
+        statfs() -> Result<StatFs>;
+    }
     fn lookup(&self, c: &Ctx, p: u64, n: &[u8]) -> Result<Attr> {
-        if self.1 == Some(n) {
+        if self.panic_on == Some(n) {
             panic!("backend bug on lookup of {:?}", String::from_utf8_lossy(n));
         }
-        self.0.lookup(c, p, n)
-    }
-    fn forget(&self, i: u64, n: u64) {
-        self.0.forget(i, n)
-    }
-    fn hold(&self, i: u64, g: u64) -> Result<Attr> {
-        self.0.hold(i, g)
-    }
-    fn getattr(&self, i: u64) -> Result<Attr> {
-        self.0.getattr(i)
-    }
-    fn setattr(&self, c: &Ctx, i: u64, s: &SetAttr, fh: u64) -> Result<Attr> {
-        self.0.setattr(c, i, s, fh)
-    }
-    fn access(&self, c: &Ctx, i: u64, m: u32) -> Result<()> {
-        self.0.access(c, i, m)
-    }
-    fn opendir(&self, c: &Ctx, i: u64) -> Result<u64> {
-        self.0.opendir(c, i)
-    }
-    fn readlink(&self, i: u64) -> Result<Vec<u8>> {
-        self.0.readlink(i)
-    }
-    fn mknod(&self, c: &Ctx, p: u64, n: &[u8], m: u32, r: u32) -> Result<Attr> {
-        self.0.mknod(c, p, n, m, r)
-    }
-    fn mkdir(&self, c: &Ctx, p: u64, n: &[u8], m: u32) -> Result<Attr> {
-        self.0.mkdir(c, p, n, m)
-    }
-    fn unlink(&self, c: &Ctx, p: u64, n: &[u8]) -> Result<Attr> {
-        self.0.unlink(c, p, n)
-    }
-    fn rmdir(&self, c: &Ctx, p: u64, n: &[u8]) -> Result<Attr> {
-        self.0.rmdir(c, p, n)
-    }
-    fn symlink(&self, c: &Ctx, p: u64, n: &[u8], t: &[u8]) -> Result<Attr> {
-        self.0.symlink(c, p, n, t)
-    }
-    fn rename(&self, c: &Ctx, p: u64, n: &[u8], np: u64, nn: &[u8], f: u32) -> Result<()> {
-        self.0.rename(c, p, n, np, nn, f)
-    }
-    fn link(&self, c: &Ctx, i: u64, np: u64, nn: &[u8]) -> Result<Attr> {
-        self.0.link(c, i, np, nn)
-    }
-    fn open(&self, c: &Ctx, i: u64, f: i32) -> Result<u64> {
-        self.0.open(c, i, f)
-    }
-    fn create(&self, c: &Ctx, p: u64, n: &[u8], m: u32, f: i32) -> Result<(Attr, u64)> {
-        self.0.create(c, p, n, m, f)
-    }
-    fn read(&self, i: u64, fh: u64, o: u64, s: u32, reply: &mut dyn ReadReply) -> Result<()> {
-        self.0.read(i, fh, o, s, reply)
-    }
-    fn write(&self, c: &Ctx, i: u64, fh: u64, o: u64, d: &[u8]) -> Result<u32> {
-        self.0.write(c, i, fh, o, d)
+        self.inner.lookup(c, p, n)
     }
     fn write_with(
         &self,
@@ -258,7 +212,7 @@ impl Backend for ShortFirstWrite {
         } else {
             len
         };
-        self.0.write_with(
+        self.inner.write_with(
             c,
             i,
             fh,
@@ -269,30 +223,6 @@ impl Backend for ShortFirstWrite {
             },
         )
     }
-    fn release(&self, i: u64, fh: u64) -> Result<()> {
-        self.0.release(i, fh)
-    }
-    fn fsync(&self, i: u64, fh: u64, d: bool) -> Result<()> {
-        self.0.fsync(i, fh, d)
-    }
-    fn readdir(&self, i: u64, o: u64, p: bool, f: &mut dyn FnMut(DirEntry) -> bool) -> Result<()> {
-        self.0.readdir(i, o, p, f)
-    }
-    fn statfs(&self) -> Result<StatFs> {
-        self.0.statfs()
-    }
-    fn setxattr(&self, c: &Ctx, i: u64, n: &[u8], v: &[u8], f: i32) -> Result<()> {
-        self.0.setxattr(c, i, n, v, f)
-    }
-    fn getxattr(&self, c: &Ctx, i: u64, n: &[u8]) -> Result<Vec<u8>> {
-        self.0.getxattr(c, i, n)
-    }
-    fn listxattr(&self, c: &Ctx, i: u64) -> Result<Vec<Vec<u8>>> {
-        self.0.listxattr(c, i)
-    }
-    fn removexattr(&self, c: &Ctx, i: u64, n: &[u8]) -> Result<()> {
-        self.0.removexattr(c, i, n)
-    }
 }
 
 /// Finding 2. RemoteFs::write splits a buffer into 16 MiB requests and, after a short
@@ -302,7 +232,10 @@ impl Backend for ShortFirstWrite {
 #[test]
 fn a_short_chunk_does_not_shift_the_rest_of_a_large_remote_write() {
     let srv = Running::start(
-        Arc::new(ShortFirstWrite(memory_fs(96 * MIB), None)),
+        Arc::new(ShortFirstWrite {
+            inner: memory_fs(96 * MIB),
+            panic_on: None,
+        }),
         config(),
     );
     let fs = srv.client();
@@ -630,7 +563,10 @@ fn concurrent_readdirplus_listings_of_one_directory_do_not_panic() {
 #[test]
 fn a_panicking_request_gives_back_its_connection_slot_and_session() {
     let srv = Running::start(
-        Arc::new(ShortFirstWrite(memory_fs(64 * MIB), Some(b"boom"))),
+        Arc::new(ShortFirstWrite {
+            inner: memory_fs(64 * MIB),
+            panic_on: Some(b"boom"),
+        }),
         ServerConfig {
             grace: Duration::from_millis(200),
             ..config()

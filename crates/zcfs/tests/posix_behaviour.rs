@@ -295,30 +295,34 @@ fn fallocate_and_seek_match_tmpfs() {
     // descriptors for a moment and would make a plain umount fail with EBUSY.
     common::sh(&format!("umount -l {}", reference.0.display()));
     let m = Mount::volume_with("falloc", "64M", &[], &["-o", "cache=none"]);
-    let got = falloc_script(&m.mp, true);
-    let diffs = compare_obs(&want, &got);
-    assert!(
-        diffs.is_empty(),
-        "{} differ:\n{}",
-        diffs.len(),
-        diffs.join("\n")
-    );
+    let local = falloc_script(&m.mp, true);
     m.fsck_after_stop();
     // Through a server (fallocate's modes and lseek are protocol operations).
+    let remote = through_a_server("falloc", &["-o", "cache=none"], |mp| {
+        falloc_script(mp, true)
+    });
+    for (how, got) in [("local", local), ("remote", remote)] {
+        let diffs = compare_obs(&want, &got);
+        assert!(
+            diffs.is_empty(),
+            "{how}: {} differ:\n{}",
+            diffs.len(),
+            diffs.join("\n")
+        );
+    }
+}
+
+/// Run `script` on a remote zcfs mount (server and mount in their own network
+/// namespaces), then stop the server and check its volume.
+fn through_a_server<T>(tag: &str, opts: &[&str], script: impl FnOnce(&Path) -> T) -> T {
     let net = common::remote::Net::new();
-    let mut srv = common::remote::Served::new(&net, "falloc", &[]);
-    let rm = common::remote::RemoteMount::new(&net, &srv, "falloc-mp", &["-o", "cache=none"]);
-    let got = falloc_script(&rm.mp, true);
+    let mut srv = common::remote::Served::new(&net, tag, &[]);
+    let rm = common::remote::RemoteMount::new(&net, &srv, &format!("{tag}-mp"), opts);
+    let out = script(&rm.mp);
     drop(rm);
-    let diffs = compare_obs(&want, &got);
-    assert!(
-        diffs.is_empty(),
-        "remote: {} differ:\n{}",
-        diffs.len(),
-        diffs.join("\n")
-    );
     srv.kill(libc::SIGTERM);
     srv.fsck();
+    out
 }
 
 /// A file handle: name_to_handle_at's bytes for `path` (a buffer big enough for any
@@ -423,12 +427,6 @@ fn file_handles_of_hard_links_open_as_on_tmpfs() {
     assert_eq!(got, want, "zcfs differs from tmpfs");
     m.fsck_after_stop();
     // Through a server: the mount's lookup of "." is a hold on the server.
-    let net = common::remote::Net::new();
-    let mut srv = common::remote::Served::new(&net, "handles", &[]);
-    let rm = common::remote::RemoteMount::new(&net, &srv, "handles-mp", &[]);
-    let got = handles_script(&rm.mp, &rm.mp);
+    let got = through_a_server("handles", &[], |mp| handles_script(mp, mp));
     assert_eq!(got, want, "a remote zcfs mount differs from tmpfs");
-    drop(rm);
-    srv.kill(libc::SIGTERM);
-    srv.fsck();
 }
