@@ -354,7 +354,15 @@ impl Filesystem for FuseFs {
                         size: Some(0),
                         ..Default::default()
                     };
-                    if let Err(e) = self.backend.setattr(&c, ino.0, &set, fh) {
+                    // A read-only handle gives no right to change the size (a server
+                    // refuses it): O_RDONLY|O_TRUNC truncates as its caller, whose
+                    // write permission the open already needed.
+                    let size_fh = if flags.0 & libc::O_ACCMODE == libc::O_RDONLY {
+                        0
+                    } else {
+                        fh
+                    };
+                    if let Err(e) = self.backend.setattr(&c, ino.0, &set, size_fh) {
                         let _ = self.backend.release(ino.0, fh);
                         return reply.error(errno(&e));
                     }

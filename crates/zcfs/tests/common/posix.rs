@@ -568,6 +568,28 @@ pub fn script() -> Vec<Step> {
         step(n, Open("d/f", RO, 0), "nobody may not read 0600"),
         step(n, Chmod("d/f", 0o4755), "nobody may not plant setuid"),
         step(n, Open("p1/n", CR, 0o644), "nobody may create in 0777"),
+        // O_RDONLY|O_TRUNC truncates for a writer (Linux; POSIX leaves it open), and
+        // chown(-1, -1) changes nothing, whoever asks.
+        step(r, Mkdir("q", 0o755), "setup"),
+        step(r, Chown("q", 1001, 1001), "setup"),
+        step(a, Open("q/t", CR, 0o644), "setup"),
+        step(a, Write("q/t"), "setup: 3 bytes"),
+        step(
+            a,
+            Open("q/t", RO | libc::O_TRUNC, 0),
+            "the owner's O_RDONLY|O_TRUNC truncates",
+        ),
+        step(a, Write("q/t"), "setup: 3 bytes again"),
+        step(
+            b,
+            Chown("q/t", u32::MAX, u32::MAX),
+            "chown(-1, -1) by another user",
+        ),
+        step(
+            n,
+            Chown("q/t", u32::MAX, u32::MAX),
+            "chown(-1, -1) by nobody",
+        ),
     ]
 }
 
