@@ -52,18 +52,9 @@ pub fn mount(
     options: &[MountOption],
     allow_other: bool,
 ) -> std::io::Result<OwnedFd> {
+    // Everything checked before /dev/fuse is opened: a refused option costs nothing.
     let rootmode = std::fs::metadata(mountpoint)?.mode();
-    let dev: OwnedFd = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/fuse")?
-        .into();
-    // SAFETY: getuid/getgid have no preconditions.
-    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-    let mut data = format!(
-        "fd={},rootmode={rootmode:o},user_id={uid},group_id={gid}",
-        dev.as_raw_fd()
-    );
+    let mut fuse_options = String::new();
     let mut flags = 0;
     if !options.contains(&MountOption::Suid) {
         flags |= libc::MS_NOSUID;
@@ -76,18 +67,34 @@ pub fn mount(
         match (o, flag(o)) {
             (MountOption::FSName(n), _) => source = n.clone(),
             (MountOption::Subtype(_) | MountOption::AutoUnmount, _) => {}
-            (MountOption::DefaultPermissions, _) => data.push_str(",default_permissions"),
+            (MountOption::DefaultPermissions, _) => fuse_options.push_str(",default_permissions"),
             (MountOption::CUSTOM(c), _) => {
-                data.push(',');
-                data.push_str(c);
+                fuse_options.push(',');
+                fuse_options.push_str(c);
             }
             (_, Some(f)) => flags |= f,
-            (_, None) => unreachable!("every other option is a flag"),
+            (o, None) => {
+                return Err(Error::new(
+                    ErrorKind::InvalidInput,
+                    format!("mount option {o:?} is not supported by a direct mount"),
+                ))
+            }
         }
     }
     if allow_other {
-        data.push_str(",allow_other");
+        fuse_options.push_str(",allow_other");
     }
+    let dev: OwnedFd = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")?
+        .into();
+    // SAFETY: getuid/getgid have no preconditions.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let data = format!(
+        "fd={},rootmode={rootmode:o},user_id={uid},group_id={gid}{fuse_options}",
+        dev.as_raw_fd()
+    );
     let (src, target, fstype, data_c) = (
         c_string("the file system name", source.as_bytes())?,
         c_string("the mount point", mountpoint.as_os_str().as_bytes())?,

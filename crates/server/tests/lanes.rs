@@ -221,6 +221,7 @@ fn write_until_done(fs: &zcfs_client::RemoteFs, ino: u64, fh: u64, data: &[u8]) 
     let t = std::time::Instant::now();
     while let Err(e) = fs.write(&ctx(), ino, fh, 0, data) {
         assert!(t.elapsed() < Duration::from_secs(20), "no recovery: {e}");
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
