@@ -20,11 +20,6 @@ impl Mounted {
         self.session.guard.is_finished()
     }
 
-    /// Whether it was mounted through fusermount3.
-    pub fn via_fusermount(&self) -> bool {
-        self.via_fusermount
-    }
-
     /// Unmount; a busy mount (files open) is detached instead, and its connection
     /// lives on until they close: Ok(true). Only while the mount on the mount point
     /// is this one: this goes by path. The session ends when the kernel drops the
