@@ -229,3 +229,35 @@ fn lseek_without_a_handle_needs_read_permission() {
     );
     assert_eq!(r.status, 0, "the owner may");
 }
+
+/// The test wrappers pass every Backend call on: lseek through `Accounting` (which the
+/// reference-counting tests put under a server) reaches the volume, not the trait's
+/// ENOSYS default, and the "." hold is in its ledger.
+#[test]
+fn the_accounting_wrapper_passes_lseek_and_holds_on() {
+    let local = memory_fs(64 * MIB);
+    let (f, fh) = file(&*local, b"f");
+    local.write(&ctx(), f.ino, fh, 8192, b"tail").unwrap();
+    local.release(f.ino, fh).unwrap();
+    local.forget(f.ino, 1);
+    let acc = Accounting::new(local);
+    let srv = Running::start(acc.clone(), config());
+    let fs = srv.client();
+    let g = fs.lookup(&ctx(), ROOT, b"f").unwrap();
+    let h = fs.open(&ctx(), g.ino, libc::O_RDONLY).unwrap();
+    assert_eq!(fs.lseek(g.ino, h, 0, libc::SEEK_HOLE).unwrap(), 0);
+    assert_eq!(fs.lseek(g.ino, h, 0, libc::SEEK_DATA).unwrap(), 8192);
+    fs.release(g.ino, h).unwrap();
+    let holds = acc.ledger().holds;
+    fs.hold(g.ino, g.generation).unwrap();
+    assert_eq!(
+        acc.ledger().holds,
+        holds + 1,
+        "the \".\" lookup is one hold"
+    );
+    fs.forget(g.ino, 2);
+    eventually(Duration::from_secs(5), "references given back", || {
+        srv.report().references_held == 0
+    });
+    assert_eq!(acc.ledger().outstanding(), vec![]);
+}
