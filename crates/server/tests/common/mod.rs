@@ -444,6 +444,8 @@ macro_rules! pass_on_the_rest {
             removexattr(ctx: &Ctx, ino: u64, name: &[u8]) -> Result<()>;
             forget(ino: u64, n: u64) -> ();
             hold(ino: u64, generation: u64) -> Result<Attr>;
+            releasedir(ino: u64, fh: u64) -> Result<()>;
+            lseek(ino: u64, fh: u64, offset: u64, whence: i32) -> Result<u64>;
         }
     };
 }
@@ -476,6 +478,8 @@ impl Backend for Accounting {
         listxattr(ctx: &Ctx, ino: u64) -> Result<Vec<Vec<u8>>>;
         removexattr(ctx: &Ctx, ino: u64, name: &[u8]) -> Result<()>;
         fallocate(ctx: &Ctx, ino: u64, fh: u64, offset: u64, len: u64, mode: i32) -> Result<()>;
+        releasedir(ino: u64, fh: u64) -> Result<()>;
+        lseek(ino: u64, fh: u64, offset: u64, whence: i32) -> Result<u64>;
         copy_stats() -> CopyStats;
         sync_all() -> Result<()>;
     }
