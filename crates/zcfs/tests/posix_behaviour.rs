@@ -4,51 +4,9 @@
 
 mod common;
 use common::mount::Mount;
+use common::reference::{cpath, errname, errno, outcome, through_a_server, TmpfsDir};
 use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
-
-fn cpath(p: &Path) -> CString {
-    CString::new(p.as_os_str().as_bytes()).unwrap()
-}
-
-fn errno() -> i32 {
-    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
-}
-
-fn errname(e: i32) -> String {
-    if e == 0 {
-        "ok".into()
-    } else {
-        std::io::Error::from_raw_os_error(e).to_string()
-    }
-}
-
-/// What a system call that returned `r` did: "ok", or its error.
-fn outcome(r: libc::c_int) -> String {
-    errname(if r < 0 { errno() } else { 0 })
-}
-
-/// A fresh directory on tmpfs, removed when dropped.
-struct TmpfsDir(PathBuf);
-
-impl TmpfsDir {
-    fn new(name: &str) -> TmpfsDir {
-        let d = PathBuf::from(format!(
-            "/dev/shm/zcfs-posix-ref-{name}-{}-{}",
-            std::process::id(),
-            rand::random::<u32>()
-        ));
-        std::fs::create_dir(&d).unwrap();
-        TmpfsDir(d)
-    }
-}
-
-impl Drop for TmpfsDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use std::path::Path;
 
 /// What a descriptor shows: fstat's errno, link count and type.
 fn fstat_line(fd: i32) -> String {
@@ -310,19 +268,6 @@ fn fallocate_and_seek_match_tmpfs() {
             diffs.join("\n")
         );
     }
-}
-
-/// Run `script` on a remote zcfs mount (server and mount in their own network
-/// namespaces), then stop the server and check its volume.
-fn through_a_server<T>(tag: &str, opts: &[&str], script: impl FnOnce(&Path) -> T) -> T {
-    let net = common::remote::Net::new();
-    let mut srv = common::remote::Served::new(&net, tag, &[]);
-    let rm = common::remote::RemoteMount::new(&net, &srv, &format!("{tag}-mp"), opts);
-    let out = script(&rm.mp);
-    drop(rm);
-    srv.kill(libc::SIGTERM);
-    srv.fsck();
-    out
 }
 
 /// A file handle: name_to_handle_at's bytes for `path` (a buffer big enough for any

@@ -3,6 +3,7 @@
 
 pub mod mount;
 pub mod posix;
+pub mod reference;
 pub mod remote;
 
 use std::io::Read;
