@@ -421,6 +421,7 @@ impl Backend for RemoteFs {
             name: name(n)?,
             mode,
             rdev,
+            umask: ctx.cred.umask,
         };
         self.made(ctx, parent, n, req)
     }
@@ -430,6 +431,7 @@ impl Backend for RemoteFs {
             parent: self.node(parent),
             name: name(n)?,
             mode,
+            umask: ctx.cred.umask,
         };
         self.made(ctx, parent, n, req)
     }
@@ -509,6 +511,7 @@ impl Backend for RemoteFs {
             name: name(n)?,
             mode,
             flags,
+            umask: ctx.cred.umask,
         };
         self.forget_name(parent, n);
         let (r, epoch) = self.call_in(ctx, req, &[])?;

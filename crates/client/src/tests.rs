@@ -113,6 +113,7 @@ fn a_lost_session_is_revalidated_before_its_connection_is_handed_out() {
 
 fn mkdir() -> Request {
     MkdirReq {
+        umask: 0,
         parent: NodeRef::ino(1),
         name: Name::new("d").unwrap(),
         mode: 0o755,

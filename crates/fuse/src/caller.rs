@@ -46,6 +46,7 @@ impl Callers {
                 gid,
                 groups,
                 checked: self.kernel_checked,
+                umask: 0,
             },
             pid,
         }

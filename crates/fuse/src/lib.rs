@@ -38,6 +38,9 @@ pub struct FuseFs {
     opts: FuseOptions,
     ttl: Duration,
     callers: caller::Callers,
+    /// The kernel sends modes unmasked (FUSE_DONT_MASK was granted): the umask goes to
+    /// the backend with the caller.
+    dont_mask: bool,
     pub stats: Arc<FuseStats>,
 }
 
@@ -53,6 +56,7 @@ impl FuseFs {
             callers: caller::Callers::new(opts.default_permissions),
             opts,
             ttl,
+            dont_mask: false,
             stats: Arc::new(FuseStats::default()),
         }
     }
@@ -94,6 +98,15 @@ impl FuseFs {
     /// The caller of `req`, with its supplementary groups.
     fn ctx(&self, req: &Request) -> Ctx {
         self.callers.ctx(req.uid(), req.gid(), req.pid())
+    }
+
+    /// The caller of a request that creates an inode with `umask`.
+    fn creator(&self, req: &Request, umask: u32) -> Ctx {
+        let mut c = self.ctx(req);
+        if self.dont_mask {
+            c.cred.umask = umask & 0o777;
+        }
+        c
     }
 
     fn count(&self) {
@@ -154,6 +167,20 @@ impl Filesystem for FuseFs {
         for f in want.iter() {
             if config.add_capabilities(f).is_err() {
                 tracing::info!(?f, "kernel lacks FUSE capability");
+            }
+        }
+        // The backend applies the umask itself, because a directory's default ACL
+        // replaces it (`posix_acl_create`): that needs the mode before the umask.
+        self.dont_mask = config.add_capabilities(InitFlags::FUSE_DONT_MASK).is_ok();
+        // POSIX ACLs: the kernel enforces and caches them (and so turns
+        // default_permissions on); the backend keeps them, inherits default ACLs and
+        // keeps mode and ACL in step, and checks them itself where it checks at all.
+        if self.opts.acl {
+            match config.add_capabilities(InitFlags::FUSE_POSIX_ACL) {
+                Ok(()) => self.callers = caller::Callers::new(true),
+                Err(_) => tracing::warn!(
+                    "kernel lacks FUSE POSIX ACL support: only the backend enforces ACLs"
+                ),
             }
         }
         Ok(())
@@ -238,15 +265,16 @@ impl Filesystem for FuseFs {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         rdev: u32,
         reply: ReplyEntry,
     ) {
         self.count();
+        let c = self.creator(req, umask);
         self.entry(
             reply,
             self.backend
-                .mknod(&self.ctx(req), parent.0, name.as_bytes(), mode, rdev),
+                .mknod(&c, parent.0, name.as_bytes(), mode, rdev),
         )
     }
 
@@ -256,14 +284,14 @@ impl Filesystem for FuseFs {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         reply: ReplyEntry,
     ) {
         self.count();
+        let c = self.creator(req, umask);
         self.entry(
             reply,
-            self.backend
-                .mkdir(&self.ctx(req), parent.0, name.as_bytes(), mode),
+            self.backend.mkdir(&c, parent.0, name.as_bytes(), mode),
         )
     }
 
@@ -379,14 +407,15 @@ impl Filesystem for FuseFs {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         flags: i32,
         reply: ReplyCreate,
     ) {
         self.count();
+        let c = self.creator(req, umask);
         let r = self
             .backend
-            .create(&self.ctx(req), parent.0, name.as_bytes(), mode, flags);
+            .create(&c, parent.0, name.as_bytes(), mode, flags);
         answer(reply, r, |reply, (a, fh)| {
             reply.created(
                 &self.ttl,

@@ -50,6 +50,11 @@ pub struct FuseOptions {
     /// The kernel checks permissions (mounted with default_permissions), so the
     /// backend is told the caller was checked.
     pub default_permissions: bool,
+    /// Ask the kernel to enforce and cache POSIX ACLs (FUSE_POSIX_ACL, which turns
+    /// default_permissions on) and to leave the umask to the backend (FUSE_DONT_MASK),
+    /// which applies a directory's default ACL instead when it has one. Off with `noacl`:
+    /// the kernel then checks the mode bits alone.
+    pub acl: bool,
 }
 
 impl Default for FuseOptions {
@@ -65,6 +70,7 @@ impl Default for FuseOptions {
             gid: None,
             umask: None,
             default_permissions: false,
+            acl: true,
         }
     }
 }

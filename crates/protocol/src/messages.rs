@@ -14,6 +14,14 @@ fn check_range(offset: u64, len: u64) -> Result<()> {
     }
 }
 
+/// A umask has permission bits only.
+fn check_umask(umask: u32) -> Result<()> {
+    if umask & !0o777 != 0 {
+        return Err(ProtoError::Invalid("umask beyond the permission bits"));
+    }
+    Ok(())
+}
+
 fn check_data_size(size: u32) -> Result<()> {
     check_limit("data size", size as usize, MAX_DATA, libc::EINVAL)
 }
@@ -56,6 +64,12 @@ wire_struct! {
         /// File type and permission bits.
         pub mode: u32,
         pub rdev: u32,
+        /// The caller's umask, which the server applies unless the directory has a
+        /// default ACL (0: `mode` is already masked).
+        pub umask: u32,
+    }
+    check(r) {
+        check_umask(r.umask)
     }
 }
 
@@ -64,6 +78,12 @@ wire_struct! {
         pub parent: NodeRef,
         pub name: Name,
         pub mode: u32,
+        /// The caller's umask, which the server applies unless the directory has a
+        /// default ACL (0: `mode` is already masked).
+        pub umask: u32,
+    }
+    check(r) {
+        check_umask(r.umask)
     }
 }
 
@@ -122,6 +142,12 @@ wire_struct! {
         pub name: Name,
         pub mode: u32,
         pub flags: i32,
+        /// The caller's umask, which the server applies unless the directory has a
+        /// default ACL (0: `mode` is already masked).
+        pub umask: u32,
+    }
+    check(r) {
+        check_umask(r.umask)
     }
 }
 

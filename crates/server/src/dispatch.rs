@@ -32,6 +32,13 @@ impl<const N: usize> Drop for Held<'_, N> {
     }
 }
 
+/// The caller of a request that creates an inode, with the umask it sent.
+fn creator(ctx: &Ctx, umask: u32) -> Ctx {
+    let mut c = ctx.clone();
+    c.cred.umask = umask;
+    c
+}
+
 fn backend_err(what: &'static str) -> impl Fn(ProtoError) -> Error {
     move |e| {
         Error::new(
@@ -140,12 +147,19 @@ impl<'a> Conn<'a> {
             }
             Request::Mknod(r) => {
                 let _g = self.hold([r.parent])?;
-                let a = b.mknod(ctx, r.parent.ino, &r.name, r.mode, r.rdev)?;
+                let a = b.mknod(
+                    &creator(ctx, r.umask),
+                    r.parent.ino,
+                    &r.name,
+                    r.mode,
+                    r.rdev,
+                )?;
                 Reply::Mknod(self.entry(a))
             }
             Request::Mkdir(r) => {
                 let _g = self.hold([r.parent])?;
-                Reply::Mkdir(self.entry(b.mkdir(ctx, r.parent.ino, &r.name, r.mode)?))
+                let c = creator(ctx, r.umask);
+                Reply::Mkdir(self.entry(b.mkdir(&c, r.parent.ino, &r.name, r.mode)?))
             }
             Request::Unlink(r) => {
                 let _g = self.hold([r.parent])?;
@@ -201,7 +215,8 @@ impl<'a> Conn<'a> {
             Request::Create(r) => {
                 let _g = self.hold([r.parent])?;
                 self.session.has_room()?;
-                let (attr, backend_fh) = b.create(ctx, r.parent.ino, &r.name, r.mode, r.flags)?;
+                let c = creator(ctx, r.umask);
+                let (attr, backend_fh) = b.create(&c, r.parent.ino, &r.name, r.mode, r.flags)?;
                 let fh = self
                     .add_handle(Handle {
                         ino: attr.ino,

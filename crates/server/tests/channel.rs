@@ -175,6 +175,7 @@ fn caller() -> zcfs_client::Caller<'static> {
 
 fn mkdir(name: &str) -> Request {
     MkdirReq {
+        umask: 0,
         parent: NodeRef::ino(ROOT),
         name: Name::new(name).unwrap(),
         mode: 0o755,

@@ -28,6 +28,7 @@ fn call_id(raw: &mut Raw, id: u64, req: impl Into<Request>) -> RawReply {
 
 fn mkdir(name: &str) -> MkdirReq {
     MkdirReq {
+        umask: 0,
         parent: NodeRef::ino(ROOT),
         name: Name::new(name).unwrap(),
         mode: 0o755,

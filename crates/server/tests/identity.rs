@@ -154,6 +154,7 @@ fn owner_of_mkdir(map: IdentityMap, c: Cred, groups: &[u32]) -> (u32, u32) {
     let mut raw = srv.raw(21);
     let r = raw.call_as(
         MkdirReq {
+            umask: 0,
             parent: NodeRef::ino(ROOT),
             name: Name::new("d").unwrap(),
             mode: 0o755,

@@ -505,6 +505,7 @@ fn device_nodes_and_file_capabilities_need_privilege() {
     let owner = cred(1000, 1000);
     let dev = raw.call_by(
         MknodReq {
+            umask: 0,
             parent: NodeRef::ino(ROOT),
             name: Name::new("mem").unwrap(),
             mode: libc::S_IFCHR | 0o666,
@@ -514,6 +515,7 @@ fn device_nodes_and_file_capabilities_need_privilege() {
     );
     let file = raw.call_by(
         MknodReq {
+            umask: 0,
             parent: NodeRef::ino(ROOT),
             name: Name::new("tool").unwrap(),
             mode: libc::S_IFREG | 0o755,

@@ -216,6 +216,10 @@ pub struct Cred {
     /// with `default_permissions`, an administrative tool): only the identity matters,
     /// as owner of new files.
     pub checked: bool,
+    /// The caller's file-creation mask, cleared from a new inode's mode unless its
+    /// directory has a default ACL (which then stands in for it). 0 when the mode
+    /// arrives already masked.
+    pub umask: u32,
 }
 
 impl Cred {
@@ -225,6 +229,7 @@ impl Cred {
         gid: 0,
         groups: Vec::new(),
         checked: false,
+        umask: 0,
     };
 
     pub fn root() -> Cred {
@@ -236,6 +241,7 @@ impl Cred {
             gid,
             groups,
             checked: false,
+            umask: 0,
         }
     }
     /// An identity whose permissions a trusted party has checked already.
@@ -245,6 +251,7 @@ impl Cred {
             gid,
             groups: Vec::new(),
             checked: true,
+            umask: 0,
         }
     }
     pub fn is_root(&self) -> bool {

@@ -7,6 +7,7 @@
 //! tail store. DRAM holds the index (inodes, block maps, a per-directory hash), rebuilt
 //! at mount. See docs/format.md for the byte layout and the commit protocol.
 
+pub mod acl;
 mod alloc;
 mod commit;
 mod config;

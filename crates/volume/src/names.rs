@@ -3,6 +3,7 @@
 //! operations (rename, link, unlink of the last link) are all-or-nothing, and each
 //! checks everything and reserves what it needs before it changes anything.
 
+use crate::acl;
 use crate::commit::{Sink, Txn, DIRENT_RECORD, ENTRY_OVERHEAD, INODE_RECORD};
 use crate::dir::{Dir, Entry};
 use crate::error::{FsError, Result};
@@ -48,7 +49,7 @@ impl Volume {
         check_name(name)?;
         let st = self.read_state();
         let d = st.dir(parent)?;
-        perm::check(cred, &st.inode(parent)?.rec, MAY_EXEC)?;
+        perm::check(cred, st.inode(parent)?, MAY_EXEC)?;
         let e = d.get(name).ok_or(FsError::NotFound)?;
         let a = attr_of(st.inode(e.ino)?);
         if hold {
@@ -61,9 +62,9 @@ impl Volume {
     pub fn parent_of(&self, cred: &Cred, dir: u64) -> Result<u64> {
         let st = self.read_state();
         st.dir(dir)?;
-        let rec = &st.inode(dir)?.rec;
-        perm::check(cred, rec, MAY_EXEC)?;
-        Ok(rec.parent)
+        let inode = st.inode(dir)?;
+        perm::check(cred, inode, MAY_EXEC)?;
+        Ok(inode.rec.parent)
     }
 
     /// Create a non-directory node (regular file, fifo, socket, device), owned by the
@@ -210,14 +211,32 @@ impl Volume {
         // Check, in Linux's order: search the parent, the name must be new, then
         // write permission on the parent.
         Self::live_dir(st, parent)?;
-        let prec = &st.inode(parent)?.rec;
-        perm::check(n.cred, prec, MAY_EXEC)?;
+        let pnode = st.inode(parent)?;
+        let prec = &pnode.rec;
+        perm::check(n.cred, pnode, MAY_EXEC)?;
         if st.dir(parent)?.get(name).is_some() {
             return Err(FsError::Exists);
         }
-        perm::check_dir_change(n.cred, prec, None)?;
+        perm::check_dir_change(n.cred, pnode, None)?;
         let (uid, gid, mode) = perm::new_inode_owner(n.cred, prec, n.mode);
         let is_dir = n.mode & S_IFMT == S_IFDIR;
+        // The directory's default ACL, or else the caller's umask, shapes the mode
+        // (`posix_acl_create`); a symbolic link takes neither.
+        let (mode, xattrs) = if n.symlink.is_some() {
+            (mode, BTreeMap::new())
+        } else {
+            let dir_default = pnode.xattrs.get(acl::DEFAULT_XATTR).map(|v| &v[..]);
+            let inh = acl::inherit(dir_default, mode, n.cred.umask, is_dir)?;
+            let mut x = BTreeMap::new();
+            if let Some(a) = inh.access {
+                x.insert(acl::ACCESS_XATTR.to_vec(), a);
+            }
+            if let Some(d) = inh.default {
+                x.insert(acl::DEFAULT_XATTR.to_vec(), d);
+            }
+            (inh.mode, x)
+        };
+        let xattr_blocks = crate::ops::xattr_blocks(&xattrs)?;
         if is_dir && st.inode(parent)?.rec.nlink >= MAX_LINKS {
             return Err(FsError::TooManyLinks);
         }
@@ -228,7 +247,11 @@ impl Volume {
             &mut txn,
             ENTRY_OVERHEAD + 2 * INODE_RECORD + DIRENT_RECORD + room_bytes,
         )?;
-        self.reserve_blocks(st, &mut txn, room_blocks + n.symlink.is_some() as u64)?;
+        self.reserve_blocks(
+            st,
+            &mut txn,
+            room_blocks + n.symlink.is_some() as u64 + xattr_blocks,
+        )?;
         // Apply.
         let ino = st
             .ialloc
@@ -271,6 +294,9 @@ impl Volume {
             inode.rec.size = target.len() as u64;
         }
         st.inodes.insert(ino, inode);
+        if !xattrs.is_empty() {
+            self.put_xattrs(st, &mut txn, ino, xattrs);
+        }
         if is_dir {
             st.dirs.insert(ino, Dir::default());
         }
@@ -458,10 +484,10 @@ impl Volume {
         let mut g = self.write_state()?;
         let st = &mut *g;
         let d = st.dir(parent)?;
-        let prec = &st.inode(parent)?.rec;
-        perm::check(cred, prec, MAY_EXEC)?;
+        let pnode = st.inode(parent)?;
+        perm::check(cred, pnode, MAY_EXEC)?;
         let e = d.get(name).ok_or(FsError::NotFound)?;
-        perm::check_dir_change(cred, prec, Some(&st.inode(e.ino)?.rec))?;
+        perm::check_dir_change(cred, pnode, Some(&st.inode(e.ino)?.rec))?;
         if dir {
             if !st.dir(e.ino)?.is_empty() {
                 return Err(FsError::NotEmpty);
@@ -528,15 +554,15 @@ impl Volume {
         let i = st.inode(ino)?;
         let (is_dir, nlink, dtype) = (i.rec.is_dir(), i.rec.nlink, dtype_of(i.rec.mode));
         let d = st.dir(newparent)?;
-        let prec = &st.inode(newparent)?.rec;
-        perm::check(cred, prec, MAY_EXEC)?;
+        let pnode = st.inode(newparent)?;
+        perm::check(cred, pnode, MAY_EXEC)?;
         // Linux order (do_linkat): the new name's existence, the source (protected
         // hardlinks), then permission on the directory and the source's type.
         if d.get(newname).is_some() {
             return Err(FsError::Exists);
         }
-        perm::check_link_source(cred, &st.inode(ino)?.rec)?;
-        perm::check_dir_change(cred, prec, None)?;
+        perm::check_link_source(cred, st.inode(ino)?)?;
+        perm::check_dir_change(cred, pnode, None)?;
         if is_dir {
             return Err(FsError::NotPermitted("hard link to a directory".into()));
         }

@@ -2,6 +2,7 @@
 //! xattrs, statfs). Namespace operations are in `names.rs`, inode references in
 //! `refs.rs`. Each change is one transaction (one log entry): all or nothing.
 
+use crate::acl::{Acl, ACCESS_XATTR, DEFAULT_XATTR};
 use crate::commit::{Txn, ENTRY_OVERHEAD, INODE_RECORD};
 use crate::dir::Dir;
 use crate::error::{FsError, Result};
@@ -82,6 +83,75 @@ pub(crate) fn attr_of(i: &Inode) -> Attr {
     }
 }
 
+/// An inode's extended attributes, by name.
+pub(crate) type Xattrs = BTreeMap<Vec<u8>, Vec<u8>>;
+
+/// Blocks an xattr set takes on PM (checked before anything changes).
+pub(crate) fn xattr_blocks(x: &BTreeMap<Vec<u8>, Vec<u8>>) -> Result<u64> {
+    if x.is_empty() {
+        Ok(0)
+    } else if xattrs_size(x) <= BLOCK {
+        Ok(1)
+    } else {
+        Err(FsError::NoSpaceXattr)
+    }
+}
+
+/// Setting (`value`) or removing an ACL xattr of `inode`, as `set_posix_acl` and a
+/// file system's `set_acl` do it: the inode's new xattr set, and its new mode when
+/// the access ACL changes. An access ACL the mode bits can say entirely is not kept;
+/// the mode takes the ACL's owner, group-class and other bits, and loses set-group-ID
+/// when the setter is neither in the file's group nor privileged. A default ACL only
+/// on a directory; one of only its header means none.
+fn acl_change(
+    cred: &Cred,
+    inode: &Inode,
+    name: &[u8],
+    value: Option<&[u8]>,
+) -> Result<(Xattrs, Option<u32>)> {
+    let rec = &inode.rec;
+    let acl = match value {
+        Some(v) if v.len() > 4 => Some(Acl::decode(v)?),
+        Some(v) => {
+            Acl::decode_header(v)?;
+            None
+        }
+        None => None,
+    };
+    let mut x = inode.xattrs.clone();
+    if name == DEFAULT_XATTR {
+        if !rec.is_dir() {
+            return if acl.is_some() {
+                Err(FsError::AccessDenied(
+                    "only a directory has a default ACL".into(),
+                ))
+            } else {
+                Ok((x, None))
+            };
+        }
+        match acl {
+            Some(a) => x.insert(name.to_vec(), a.encode()),
+            None => x.remove(name),
+        };
+        return Ok((x, None));
+    }
+    let Some(a) = acl else {
+        x.remove(name);
+        return Ok((x, None));
+    };
+    let (rwx, equiv) = a.equiv_mode();
+    let mut mode = (rec.mode & !0o777) | rwx;
+    if !(cred.is_root() || cred.in_group(rec.gid)) {
+        mode &= !S_ISGID;
+    }
+    if equiv {
+        x.remove(name);
+    } else {
+        x.insert(name.to_vec(), a.encode());
+    }
+    Ok((x, Some(mode)))
+}
+
 fn resolve(ts: SetTime, now: Time) -> Time {
     match ts {
         SetTime::Now => now,
@@ -119,7 +189,7 @@ impl Volume {
     /// exists)? access(2), and the check an open makes.
     pub fn access(&self, cred: &Cred, ino: u64, mask: u32) -> Result<()> {
         let st = self.read_state();
-        perm::check(cred, &st.inode(ino)?.rec, mask)
+        perm::check(cred, st.inode(ino)?, mask)
     }
 
     /// Change attributes, as `cred` may (chmod and chown rules, times, truncate); a size
@@ -134,8 +204,9 @@ impl Volume {
     ) -> Result<Attr> {
         let mut g = self.write_state()?;
         let st = &mut *g;
-        let rec = &st.inode(ino)?.rec;
-        perm::check_setattr(cred, rec, set, size_right == SizeRight::WritableHandle)?;
+        let inode = st.inode(ino)?;
+        let rec = &inode.rec;
+        perm::check_setattr(cred, inode, set, size_right == SizeRight::WritableHandle)?;
         if set.is_empty() {
             return Ok(attr_of(st.inode(ino)?));
         }
@@ -153,17 +224,35 @@ impl Volume {
             };
             mode = perm::mode_after_write(cred, &rec);
         }
+        // A chmod rewrites the access ACL's owner, mask and other entries too
+        // (`posix_acl_chmod`), in the same transaction.
+        let acl_xattrs = match (set.mode, inode.xattrs.get(ACCESS_XATTR)) {
+            (Some(_), Some(bytes)) => {
+                let mut acl = Acl::decode(bytes)?;
+                acl.chmod(mode);
+                let mut x = inode.xattrs.clone();
+                x.insert(ACCESS_XATTR.to_vec(), acl.encode());
+                Some(x)
+            }
+            _ => None,
+        };
         let mut txn = Txn::new(OpType::SetAttr, ino);
         self.reserve_log(
             &mut txn,
             ENTRY_OVERHEAD + INODE_RECORD + crate::data::TRUNCATE_RECORDS,
         )?;
+        if let Some(x) = &acl_xattrs {
+            self.reserve_blocks(st, &mut txn, xattr_blocks(x)?)?;
+        }
         if let Some(size) = set.size {
             txn.op = OpType::Truncate;
             self.plan_truncate(st, &mut txn, ino, size)?;
         }
         if let Some(size) = set.size {
             self.apply_truncate(st, &mut txn, ino, size);
+        }
+        if let Some(x) = acl_xattrs {
+            self.put_xattrs(st, &mut txn, ino, x);
         }
         let now = Time::now();
         let i = st.inode_mut(ino).expect("checked");
@@ -211,7 +300,7 @@ impl Volume {
     pub fn getxattr(&self, cred: &Cred, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
         let st = self.read_state();
         let i = st.inode(ino)?;
-        perm::check_xattr(cred, &i.rec, name, false)?;
+        perm::check_xattr(cred, i, name, false)?;
         i.xattrs.get(name).cloned().ok_or(FsError::NoXattr)
     }
 
@@ -245,7 +334,11 @@ impl Volume {
         }
         let mut st = self.write_state()?;
         let i = st.inode(ino)?;
-        perm::check_xattr(cred, &i.rec, name, true)?;
+        perm::check_xattr(cred, i, name, true)?;
+        if name == ACCESS_XATTR || name == DEFAULT_XATTR {
+            let (x, mode) = acl_change(cred, i, name, Some(value))?;
+            return self.store_xattrs(&mut st, ino, x, mode, OpType::SetXattr);
+        }
         let exists = i.xattrs.contains_key(name);
         match mode {
             XattrMode::Create if exists => return Err(FsError::Exists),
@@ -257,36 +350,65 @@ impl Volume {
         if xattrs_size(&x) > BLOCK {
             return Err(FsError::NoSpaceXattr);
         }
-        self.store_xattrs(&mut st, ino, x, OpType::SetXattr)
+        self.store_xattrs(&mut st, ino, x, None, OpType::SetXattr)
     }
 
     pub fn removexattr(&self, cred: &Cred, ino: u64, name: &[u8]) -> Result<()> {
         let mut st = self.write_state()?;
         let i = st.inode(ino)?;
-        perm::check_xattr(cred, &i.rec, name, true)?;
+        perm::check_xattr(cred, i, name, true)?;
+        if name == ACCESS_XATTR || name == DEFAULT_XATTR {
+            if !i.xattrs.contains_key(name) {
+                // As on Linux's own file systems: removing an ACL there is none of
+                // succeeds (it sets "no ACL").
+                return Ok(());
+            }
+            let (x, mode) = acl_change(cred, i, name, None)?;
+            return self.store_xattrs(&mut st, ino, x, mode, OpType::RemoveXattr);
+        }
         let mut x = i.xattrs.clone();
         if x.remove(name).is_none() {
             return Err(FsError::NoXattr);
         }
-        self.store_xattrs(&mut st, ino, x, OpType::RemoveXattr)
+        self.store_xattrs(&mut st, ino, x, None, OpType::RemoveXattr)
     }
 
     /// Copy-on-write the xattr block: a new block with the new set, then one record
-    /// switches the inode to it.
+    /// switches the inode to it (with its new mode, when an ACL change moves it).
     fn store_xattrs(
         &self,
         st: &mut State,
         ino: u64,
         x: BTreeMap<Vec<u8>, Vec<u8>>,
+        mode: Option<u32>,
         op: OpType,
     ) -> Result<()> {
-        let bytes = encode_xattrs(&x)?;
         let mut txn = Txn::new(op, ino);
         self.reserve_log(&mut txn, ENTRY_OVERHEAD + INODE_RECORD)?;
-        self.reserve_blocks(st, &mut txn, !x.is_empty() as u64)?;
+        self.reserve_blocks(st, &mut txn, xattr_blocks(&x)?)?;
+        self.put_xattrs(st, &mut txn, ino, x);
+        let i = st.inode_mut(ino).expect("checked");
+        if let Some(m) = mode {
+            i.rec.mode = m;
+        }
+        i.rec.ctime = Time::now();
+        self.trace(|| Traced::Attr { ino });
+        self.finish(st, txn)
+    }
+
+    /// Write `x` as `ino`'s xattr set into fresh blocks (reserved in `txn`: see
+    /// `xattr_blocks`) and switch the inode to them, releasing the old ones.
+    pub(crate) fn put_xattrs(
+        &self,
+        st: &mut State,
+        txn: &mut Txn,
+        ino: u64,
+        x: BTreeMap<Vec<u8>, Vec<u8>>,
+    ) {
         let new_block = if x.is_empty() {
             0
         } else {
+            let bytes = encode_xattrs(&x).expect("sized by xattr_blocks");
             let b = txn.take_block();
             self.fresh_write(&b, 0, &bytes);
             self.fresh_flush(&b, 0, bytes.len());
@@ -298,9 +420,6 @@ impl Volume {
         }
         i.rec.xattr_block = new_block;
         i.xattrs = x;
-        i.rec.ctime = Time::now();
         txn.dirty.insert(ino);
-        self.trace(|| Traced::Attr { ino });
-        self.finish(st, txn)
     }
 }

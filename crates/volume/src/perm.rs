@@ -9,8 +9,10 @@
 //! A credential marked `checked` has been vetted by a trusted party (a kernel mounted
 //! with `default_permissions`): nothing is checked again.
 
+use crate::acl::{Acl, ACCESS_XATTR, DEFAULT_XATTR};
 use crate::error::{FsError, Result};
 use crate::layout::{InodeRec, S_IFBLK, S_IFCHR, S_IFDIR, S_IFMT, S_IFREG, S_ISGID};
+use crate::volume::Inode;
 use zcfs_types::{Cred, SetAttr, SetTime};
 
 pub const MAY_EXEC: u32 = 1;
@@ -29,8 +31,11 @@ fn not_permitted(what: &str) -> FsError {
     FsError::NotPermitted(what.to_string())
 }
 
-/// `generic_permission`: may `cred` access `rec` for `mask` (MAY_* bits)?
-pub(crate) fn check(cred: &Cred, rec: &InodeRec, mask: u32) -> Result<()> {
+/// `generic_permission`: may `cred` access `inode` for `mask` (MAY_* bits)? The owner
+/// class is decided on the mode bits; anyone else goes through the access ACL when
+/// there is one and its group class (the mask) grants anything (`acl_permission_check`).
+pub(crate) fn check(cred: &Cred, inode: &Inode, mask: u32) -> Result<()> {
+    let rec = &inode.rec;
     if cred.checked {
         return Ok(());
     }
@@ -40,6 +45,17 @@ pub(crate) fn check(cred: &Cred, rec: &InodeRec, mask: u32) -> Result<()> {
             return Err(denied("no execute bit is set"));
         }
         return Ok(());
+    }
+    if cred.uid != rec.uid && rec.mode & 0o070 != 0 {
+        if let Some(bytes) = inode.xattrs.get(ACCESS_XATTR) {
+            let acl = Acl::decode(bytes)
+                .map_err(|e| denied(&format!("the stored access ACL is unreadable: {e}")))?;
+            return if acl.permits(cred, rec.gid, mask) {
+                Ok(())
+            } else {
+                Err(denied("the access ACL does not allow it"))
+            };
+        }
     }
     let class = if cred.uid == rec.uid {
         rec.mode >> 6
@@ -68,10 +84,11 @@ pub(crate) fn check_owner(cred: &Cred, rec: &InodeRec) -> Result<()> {
 /// removal from a sticky directory, owning the entry or the directory.
 pub(crate) fn check_dir_change(
     cred: &Cred,
-    dir: &InodeRec,
+    dir_inode: &Inode,
     victim: Option<&InodeRec>,
 ) -> Result<()> {
-    check(cred, dir, MAY_WRITE | MAY_EXEC)?;
+    check(cred, dir_inode, MAY_WRITE | MAY_EXEC)?;
+    let dir = &dir_inode.rec;
     if let Some(v) = victim {
         if dir.mode & S_ISVTX != 0
             && !cred.bypasses_checks()
@@ -90,12 +107,15 @@ pub(crate) fn check_dir_change(
 /// a new name only to a file it owns, or to a regular file it may read and write that
 /// is not set-user-ID or executable set-group-ID. The server enforces it itself, since
 /// the kernel asks a FUSE file system without default_permissions for no permission.
-pub(crate) fn check_link_source(cred: &Cred, rec: &InodeRec) -> Result<()> {
+pub(crate) fn check_link_source(cred: &Cred, inode: &Inode) -> Result<()> {
+    let rec = &inode.rec;
     if cred.bypasses_checks() || cred.uid == rec.uid {
         return Ok(());
     }
     let privileged = rec.mode & S_ISUID != 0 || rec.mode & (S_ISGID | S_IXGRP) == S_ISGID | S_IXGRP;
-    if rec.mode & S_IFMT == S_IFREG && !privileged && check(cred, rec, MAY_READ | MAY_WRITE).is_ok()
+    if rec.mode & S_IFMT == S_IFREG
+        && !privileged
+        && check(cred, inode, MAY_READ | MAY_WRITE).is_ok()
     {
         return Ok(());
     }
@@ -122,10 +142,11 @@ pub fn open_mask(flags: i32) -> u32 {
 /// through a handle opened for writing (ftruncate), which already carries the right.
 pub(crate) fn check_setattr(
     cred: &Cred,
-    rec: &InodeRec,
+    inode: &Inode,
     set: &SetAttr,
     writable_handle: bool,
 ) -> Result<()> {
+    let rec = &inode.rec;
     if cred.bypasses_checks() {
         return Ok(());
     }
@@ -153,12 +174,12 @@ pub(crate) fn check_setattr(
                     "only the owner may set times to a given value",
                 ))
             }
-            SetTime::Now if !owner => check(cred, rec, MAY_WRITE)?,
+            SetTime::Now if !owner => check(cred, inode, MAY_WRITE)?,
             _ => {}
         }
     }
     if set.size.is_some() && !writable_handle {
-        check(cred, rec, MAY_WRITE)?;
+        check(cred, inode, MAY_WRITE)?;
     }
     Ok(())
 }
@@ -260,7 +281,15 @@ pub(crate) fn check_mknod(cred: &Cred, kind: u32) -> Result<()> {
 }
 
 /// May `cred` read or change extended attribute `name` of `rec` (`xattr_permission`)?
-pub(crate) fn check_xattr(cred: &Cred, rec: &InodeRec, name: &[u8], write: bool) -> Result<()> {
+pub(crate) fn check_xattr(cred: &Cred, inode: &Inode, name: &[u8], write: bool) -> Result<()> {
+    let rec = &inode.rec;
+    if name.starts_with(b"system.") && name != ACCESS_XATTR && name != DEFAULT_XATTR {
+        // The system namespace holds only the ACLs (as on ext4 and tmpfs).
+        return Err(FsError::Unsupported(format!(
+            "attribute {:?}",
+            String::from_utf8_lossy(name)
+        )));
+    }
     if cred.checked {
         return Ok(());
     }
@@ -303,7 +332,7 @@ pub(crate) fn check_xattr(cred: &Cred, rec: &InodeRec, name: &[u8], write: bool)
         if write && kind == S_IFDIR && rec.mode & S_ISVTX != 0 {
             check_owner(cred, rec)?;
         }
-        return check(cred, rec, if write { MAY_WRITE } else { MAY_READ });
+        return check(cred, inode, if write { MAY_WRITE } else { MAY_READ });
     }
     Err(FsError::Unsupported(format!(
         "attribute namespace of {:?}",
@@ -326,6 +355,15 @@ mod tests {
         }
     }
 
+    /// An inode of record `r`, without xattrs.
+    fn n(r: &InodeRec) -> Inode {
+        Inode {
+            rec: r.clone(),
+            map: Default::default(),
+            xattrs: Default::default(),
+        }
+    }
+
     fn user(uid: u32, gid: u32, groups: &[u32]) -> Cred {
         Cred::new(uid, gid, groups.to_vec())
     }
@@ -333,23 +371,23 @@ mod tests {
     #[test]
     fn mode_classes_owner_group_other_and_root() {
         let f = rec(S_IFREG | 0o640, 10, 20);
-        assert!(check(&user(10, 99, &[]), &f, MAY_READ | MAY_WRITE).is_ok());
-        assert!(check(&user(11, 20, &[]), &f, MAY_READ).is_ok());
-        assert!(check(&user(11, 20, &[]), &f, MAY_WRITE).is_err());
+        assert!(check(&user(10, 99, &[]), &n(&f), MAY_READ | MAY_WRITE).is_ok());
+        assert!(check(&user(11, 20, &[]), &n(&f), MAY_READ).is_ok());
+        assert!(check(&user(11, 20, &[]), &n(&f), MAY_WRITE).is_err());
         assert!(
-            check(&user(11, 5, &[20]), &f, MAY_READ).is_ok(),
+            check(&user(11, 5, &[20]), &n(&f), MAY_READ).is_ok(),
             "supplementary"
         );
-        assert!(check(&user(11, 5, &[]), &f, MAY_READ).is_err());
+        assert!(check(&user(11, 5, &[]), &n(&f), MAY_READ).is_err());
         // The owner class wins even when it grants less than the group's.
         let g = rec(S_IFREG | 0o070, 10, 20);
-        assert!(check(&user(10, 20, &[]), &g, MAY_READ).is_err());
+        assert!(check(&user(10, 20, &[]), &n(&g), MAY_READ).is_err());
         // Root: everything but executing a file with no execute bit.
-        assert!(check(&Cred::root(), &f, MAY_READ | MAY_WRITE).is_ok());
-        assert!(check(&Cred::root(), &f, MAY_EXEC).is_err());
-        assert!(check(&Cred::root(), &rec(S_IFREG | 0o001, 1, 1), MAY_EXEC).is_ok());
-        assert!(check(&Cred::root(), &rec(S_IFDIR, 1, 1), MAY_EXEC).is_ok());
-        assert!(check(&Cred::checked(5, 5), &rec(S_IFREG, 1, 1), MAY_WRITE).is_ok());
+        assert!(check(&Cred::root(), &n(&f), MAY_READ | MAY_WRITE).is_ok());
+        assert!(check(&Cred::root(), &n(&f), MAY_EXEC).is_err());
+        assert!(check(&Cred::root(), &n(&rec(S_IFREG | 0o001, 1, 1)), MAY_EXEC).is_ok());
+        assert!(check(&Cred::root(), &n(&rec(S_IFDIR, 1, 1)), MAY_EXEC).is_ok());
+        assert!(check(&Cred::checked(5, 5), &n(&rec(S_IFREG, 1, 1)), MAY_WRITE).is_ok());
     }
 
     #[test]
@@ -358,20 +396,20 @@ mod tests {
         let theirs = rec(S_IFREG | 0o644, 20, 20);
         let mine = rec(S_IFREG | 0o644, 10, 10);
         let me = user(10, 10, &[]);
-        assert!(check_dir_change(&me, &tmp, Some(&mine)).is_ok());
+        assert!(check_dir_change(&me, &n(&tmp), Some(&mine)).is_ok());
         assert!(matches!(
-            check_dir_change(&me, &tmp, Some(&theirs)),
+            check_dir_change(&me, &n(&tmp), Some(&theirs)),
             Err(FsError::NotPermitted(_))
         ));
-        assert!(check_dir_change(&Cred::root(), &tmp, Some(&theirs)).is_ok());
+        assert!(check_dir_change(&Cred::root(), &n(&tmp), Some(&theirs)).is_ok());
         let my_tmp = rec(S_IFDIR | 0o1777, 10, 10);
         assert!(
-            check_dir_change(&me, &my_tmp, Some(&theirs)).is_ok(),
+            check_dir_change(&me, &n(&my_tmp), Some(&theirs)).is_ok(),
             "dir owner"
         );
         let closed = rec(S_IFDIR | 0o755, 0, 0);
         assert!(matches!(
-            check_dir_change(&me, &closed, None),
+            check_dir_change(&me, &n(&closed), None),
             Err(FsError::AccessDenied(_))
         ));
     }
@@ -386,25 +424,25 @@ mod tests {
             f(&mut s);
             s
         };
-        assert!(check_setattr(&me, &f, &set(|s| s.uid = Some(11)), false).is_err());
-        assert!(check_setattr(&me, &f, &set(|s| s.uid = Some(10)), false).is_ok());
-        assert!(check_setattr(&me, &f, &set(|s| s.gid = Some(30)), false).is_ok());
-        assert!(check_setattr(&me, &f, &set(|s| s.gid = Some(31)), false).is_err());
-        assert!(check_setattr(&other, &f, &set(|s| s.mode = Some(0o777)), false).is_err());
-        assert!(check_setattr(&Cred::root(), &f, &set(|s| s.uid = Some(0)), false).is_ok());
+        assert!(check_setattr(&me, &n(&f), &set(|s| s.uid = Some(11)), false).is_err());
+        assert!(check_setattr(&me, &n(&f), &set(|s| s.uid = Some(10)), false).is_ok());
+        assert!(check_setattr(&me, &n(&f), &set(|s| s.gid = Some(30)), false).is_ok());
+        assert!(check_setattr(&me, &n(&f), &set(|s| s.gid = Some(31)), false).is_err());
+        assert!(check_setattr(&other, &n(&f), &set(|s| s.mode = Some(0o777)), false).is_err());
+        assert!(check_setattr(&Cred::root(), &n(&f), &set(|s| s.uid = Some(0)), false).is_ok());
         let at = set(|s| s.mtime = Some(SetTime::At(Time { sec: 1, nsec: 0 })));
-        assert!(check_setattr(&other, &f, &at, false).is_err());
+        assert!(check_setattr(&other, &n(&f), &at, false).is_err());
         let now = set(|s| s.mtime = Some(SetTime::Now));
         assert!(
-            check_setattr(&other, &f, &now, false).is_err(),
+            check_setattr(&other, &n(&f), &now, false).is_err(),
             "no write bit"
         );
         let shared = rec(S_IFREG | 0o666, 10, 10);
-        assert!(check_setattr(&other, &shared, &now, false).is_ok());
+        assert!(check_setattr(&other, &n(&shared), &now, false).is_ok());
         let trunc = set(|s| s.size = Some(0));
-        assert!(check_setattr(&other, &f, &trunc, false).is_err());
+        assert!(check_setattr(&other, &n(&f), &trunc, false).is_err());
         assert!(
-            check_setattr(&other, &f, &trunc, true).is_ok(),
+            check_setattr(&other, &n(&f), &trunc, true).is_ok(),
             "through a handle"
         );
         // chmod by someone not in the file's group loses the setgid bit.
@@ -486,40 +524,40 @@ mod tests {
     fn hard_links_to_others_files_need_read_and_write() {
         let me = user(10, 10, &[]);
         assert!(
-            check_link_source(&me, &rec(S_IFREG | 0o600, 10, 10)).is_ok(),
+            check_link_source(&me, &n(&rec(S_IFREG | 0o600, 10, 10))).is_ok(),
             "mine"
         );
-        assert!(check_link_source(&me, &rec(S_IFREG | 0o644, 20, 20)).is_err());
-        assert!(check_link_source(&me, &rec(S_IFREG | 0o666, 20, 20)).is_ok());
+        assert!(check_link_source(&me, &n(&rec(S_IFREG | 0o644, 20, 20))).is_err());
+        assert!(check_link_source(&me, &n(&rec(S_IFREG | 0o666, 20, 20))).is_ok());
         assert!(
-            check_link_source(&me, &rec(S_IFREG | 0o4666, 20, 20)).is_err(),
+            check_link_source(&me, &n(&rec(S_IFREG | 0o4666, 20, 20))).is_err(),
             "setuid"
         );
         assert!(
-            check_link_source(&me, &rec(S_IFREG | 0o2676, 20, 20)).is_err(),
+            check_link_source(&me, &n(&rec(S_IFREG | 0o2676, 20, 20))).is_err(),
             "setgid x"
         );
         assert!(
-            check_link_source(&me, &rec(S_IFIFO | 0o666, 20, 20)).is_err(),
+            check_link_source(&me, &n(&rec(S_IFIFO | 0o666, 20, 20))).is_err(),
             "not regular"
         );
-        assert!(check_link_source(&Cred::root(), &rec(S_IFREG | 0o4600, 20, 20)).is_ok());
+        assert!(check_link_source(&Cred::root(), &n(&rec(S_IFREG | 0o4600, 20, 20))).is_ok());
     }
 
     #[test]
     fn xattr_namespaces() {
         let f = rec(S_IFREG | 0o644, 10, 10);
         let other = user(11, 11, &[]);
-        assert!(check_xattr(&other, &f, b"user.a", false).is_ok());
-        assert!(check_xattr(&other, &f, b"user.a", true).is_err());
-        assert!(check_xattr(&other, &f, b"trusted.a", false).is_err());
-        assert!(check_xattr(&Cred::root(), &f, b"trusted.a", true).is_ok());
-        assert!(check_xattr(&other, &f, b"bogus.a", false).is_err());
+        assert!(check_xattr(&other, &n(&f), b"user.a", false).is_ok());
+        assert!(check_xattr(&other, &n(&f), b"user.a", true).is_err());
+        assert!(check_xattr(&other, &n(&f), b"trusted.a", false).is_err());
+        assert!(check_xattr(&Cred::root(), &n(&f), b"trusted.a", true).is_ok());
+        assert!(check_xattr(&other, &n(&f), b"bogus.a", false).is_err());
         let owner = user(10, 10, &[]);
-        assert!(check_xattr(&owner, &f, b"security.capability", false).is_ok());
-        assert!(check_xattr(&owner, &f, b"security.capability", true).is_err());
-        assert!(check_xattr(&Cred::root(), &f, b"security.capability", true).is_ok());
-        assert!(check_xattr(&owner, &f, b"system.posix_acl_access", true).is_ok());
-        assert!(check_xattr(&other, &f, b"system.posix_acl_access", true).is_err());
+        assert!(check_xattr(&owner, &n(&f), b"security.capability", false).is_ok());
+        assert!(check_xattr(&owner, &n(&f), b"security.capability", true).is_err());
+        assert!(check_xattr(&Cred::root(), &n(&f), b"security.capability", true).is_ok());
+        assert!(check_xattr(&owner, &n(&f), b"system.posix_acl_access", true).is_ok());
+        assert!(check_xattr(&other, &n(&f), b"system.posix_acl_access", true).is_err());
     }
 }

@@ -45,8 +45,8 @@ impl Volume {
         let st = &mut *g;
         st.dir(p1)?;
         st.dir(p2)?;
-        perm::check(cred, &st.inode(p1)?.rec, MAY_EXEC)?;
-        perm::check(cred, &st.inode(p2)?.rec, MAY_EXEC)?;
+        perm::check(cred, st.inode(p1)?, MAY_EXEC)?;
+        perm::check(cred, st.inode(p2)?, MAY_EXEC)?;
         let src = st.dir(p1)?.get(n1).ok_or(FsError::NotFound)?;
         let dst = st.dir(p2)?.get(n2);
         let src_dir = st.inode(src.ino)?.rec.is_dir();
@@ -186,19 +186,20 @@ impl Volume {
         (p2, dst): (u64, Option<u64>),
         flags: RenameFlags,
     ) -> Result<()> {
+        let node = |ino: u64| st.inode(ino);
         let rec = |ino: u64| st.inode(ino).map(|i| &i.rec);
-        perm::check_dir_change(cred, rec(p1)?, Some(rec(src)?))?;
+        perm::check_dir_change(cred, node(p1)?, Some(rec(src)?))?;
         match dst {
-            Some(d) => perm::check_dir_change(cred, rec(p2)?, Some(rec(d)?))?,
-            None => perm::check_dir_change(cred, rec(p2)?, None)?,
+            Some(d) => perm::check_dir_change(cred, node(p2)?, Some(rec(d)?))?,
+            None => perm::check_dir_change(cred, node(p2)?, None)?,
         }
         if p1 != p2 {
             if rec(src)?.is_dir() {
-                perm::check(cred, rec(src)?, MAY_WRITE)?;
+                perm::check(cred, node(src)?, MAY_WRITE)?;
             }
             if let Some(d) = dst.filter(|_| flags.exchange) {
                 if rec(d)?.is_dir() {
-                    perm::check(cred, rec(d)?, MAY_WRITE)?;
+                    perm::check(cred, node(d)?, MAY_WRITE)?;
                 }
             }
         }

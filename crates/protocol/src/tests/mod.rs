@@ -126,6 +126,7 @@ fn request_for(op: Op) -> BoxedStrategy<Request> {
         Op::Mknod => (node(), name(), any::<u32>(), any::<u32>())
             .prop_map(|(parent, name, mode, rdev)| {
                 MknodReq {
+                    umask: 0,
                     parent,
                     name,
                     mode,
@@ -135,7 +136,15 @@ fn request_for(op: Op) -> BoxedStrategy<Request> {
             })
             .boxed(),
         Op::Mkdir => (node(), name(), any::<u32>())
-            .prop_map(|(parent, name, mode)| MkdirReq { parent, name, mode }.into())
+            .prop_map(|(parent, name, mode)| {
+                MkdirReq {
+                    umask: 0,
+                    parent,
+                    name,
+                    mode,
+                }
+                .into()
+            })
             .boxed(),
         Op::Unlink => (node(), name())
             .prop_map(|(parent, name)| UnlinkReq { parent, name }.into())
@@ -181,6 +190,7 @@ fn request_for(op: Op) -> BoxedStrategy<Request> {
         Op::Create => (node(), name(), any::<u32>(), any::<i32>())
             .prop_map(|(parent, name, mode, flags)| {
                 CreateReq {
+                    umask: 0,
                     parent,
                     name,
                     mode,

@@ -75,6 +75,32 @@ pub enum Call {
     Access(&'static str, i32),
     SetXattr(&'static str, &'static str),
     GetXattr(&'static str, &'static str),
+    RemoveXattr(&'static str, &'static str),
+    /// Set an ACL xattr (`system.posix_acl_access` or `_default`): (tag, perm, id)
+    /// entries, encoded as setfacl does.
+    SetAcl(&'static str, &'static str, &'static [(u16, u16, u32)]),
+}
+
+/// ACL entry tags (acl/libacl.h).
+pub const UO: u16 = 0x01;
+pub const U: u16 = 0x02;
+pub const GO: u16 = 0x04;
+pub const G: u16 = 0x08;
+pub const M: u16 = 0x10;
+pub const O: u16 = 0x20;
+pub const ACCESS: &str = "system.posix_acl_access";
+pub const DEFAULT: &str = "system.posix_acl_default";
+
+/// The xattr value of an ACL (version 2, then tag/perm/id per entry).
+fn acl_value(entries: &[(u16, u16, u32)]) -> Vec<u8> {
+    let mut v = 2u32.to_le_bytes().to_vec();
+    for &(tag, perm, id) in entries {
+        let id = if tag == U || tag == G { id } else { u32::MAX };
+        v.extend_from_slice(&tag.to_le_bytes());
+        v.extend_from_slice(&perm.to_le_bytes());
+        v.extend_from_slice(&id.to_le_bytes());
+    }
+    v
 }
 
 impl Call {
@@ -98,7 +124,9 @@ impl Call {
             | Stat(p)
             | Access(p, _)
             | SetXattr(p, _)
-            | GetXattr(p, _) => p,
+            | GetXattr(p, _)
+            | RemoveXattr(p, _)
+            | SetAcl(p, ..) => p,
             Rename(_, p) | Exchange(_, p) | Link(_, p) | Symlink(_, p) => p,
         }
     }
@@ -118,7 +146,13 @@ pub fn run_as(base: &Path, who: Who, call: &Call) -> i32 {
         other => (c(base, other.subject()), CString::default()),
     };
     let names: Vec<CString> = match call {
-        SetXattr(_, n) | GetXattr(_, n) => vec![CString::new(*n).unwrap()],
+        SetXattr(_, n) | GetXattr(_, n) | RemoveXattr(_, n) | SetAcl(_, n, _) => {
+            vec![CString::new(*n).unwrap()]
+        }
+        _ => vec![],
+    };
+    let acl = match call {
+        SetAcl(_, _, e) => acl_value(e),
         _ => vec![],
     };
     let groups: Vec<libc::gid_t> = who.groups.to_vec();
@@ -210,6 +244,14 @@ pub fn run_as(base: &Path, who: Who, call: &Call) -> i32 {
                     1,
                     0,
                 )),
+                RemoveXattr(..) => ok(libc::lremovexattr(a.as_ptr(), names[0].as_ptr())),
+                SetAcl(..) => ok(libc::lsetxattr(
+                    a.as_ptr(),
+                    names[0].as_ptr(),
+                    acl.as_ptr().cast(),
+                    acl.len(),
+                    0,
+                )),
                 GetXattr(..) => {
                     let mut buf = [0u8; 16];
                     let n = libc::lgetxattr(
@@ -238,20 +280,50 @@ pub fn run_as(base: &Path, who: Who, call: &Call) -> i32 {
     code
 }
 
-/// The attributes a step left on `p`, as root sees them.
+/// The attributes a step left on `p`, as root sees them: mode, owner, size, links and
+/// the ACLs (hex of their xattr values) when there are any.
 fn attrs(base: &Path, p: &str) -> String {
     use std::os::unix::fs::MetadataExt;
     match std::fs::symlink_metadata(base.join(p)) {
-        Ok(m) => format!(
-            "mode={:o} uid={} gid={} size={} nlink={}",
-            m.mode(),
-            m.uid(),
-            m.gid(),
-            if m.is_dir() { 0 } else { m.size() },
-            m.nlink()
-        ),
+        Ok(m) => {
+            let mut s = format!(
+                "mode={:o} uid={} gid={} size={} nlink={}",
+                m.mode(),
+                m.uid(),
+                m.gid(),
+                if m.is_dir() { 0 } else { m.size() },
+                m.nlink()
+            );
+            if !m.file_type().is_symlink() {
+                for (tag, name) in [("acl", ACCESS), ("default_acl", DEFAULT)] {
+                    if let Some(v) = lgetxattr(&base.join(p), name) {
+                        s += &format!(" {tag}={v}");
+                    }
+                }
+            }
+            s
+        }
         Err(e) => format!("{:?}", e.kind()),
     }
+}
+
+/// An xattr's value as hex, or its errno unless it is just absent.
+fn lgetxattr(path: &Path, name: &str) -> Option<String> {
+    let p = CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    let n = CString::new(name).unwrap();
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: the buffer is ours and its length is passed.
+    let r = unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if r < 0 {
+        let e = std::io::Error::last_os_error();
+        return (e.raw_os_error() != Some(libc::ENODATA)).then(|| format!("{e}"));
+    }
+    Some(
+        buf[..r as usize]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect(),
+    )
 }
 
 /// A step: who, what, and (for the report) why.
@@ -621,14 +693,18 @@ fn zcfs_backend_errno(e: i32) -> String {
 
 /// Run the script on tmpfs and under `base`; every mismatch, with the step's reason.
 pub fn compare_with_tmpfs(base: &Path) -> Vec<String> {
-    let steps = script();
+    compare_steps_with_tmpfs(base, &script())
+}
+
+/// Run `steps` on tmpfs and under `base`; every mismatch, with the step's reason.
+pub fn compare_steps_with_tmpfs(base: &Path, steps: &[Step]) -> Vec<String> {
     let reference = tmpfs_dir();
-    let want = run_script(&reference, &steps);
+    let want = run_script(&reference, steps);
     let _ = std::fs::remove_dir_all(&reference);
-    let got = run_script(base, &steps);
+    let got = run_script(base, steps);
     want.iter()
         .zip(&got)
-        .zip(&steps)
+        .zip(steps)
         .filter(|((w, g), _)| w != g)
         .map(|((w, g), s)| format!("{}:\n  tmpfs: {w}\n  zcfs:  {g}", s.why))
         .collect()

@@ -49,8 +49,18 @@ impl Drop for TmpfsDir {
 /// Run `script` on a remote zcfs mount (server and mount in their own network
 /// namespaces), then stop the server and check its volume.
 pub fn through_a_server<T>(tag: &str, opts: &[&str], script: impl FnOnce(&Path) -> T) -> T {
+    through_a_server_with(tag, &[], opts, script)
+}
+
+/// `through_a_server`, the server started with `serve_args` too.
+pub fn through_a_server_with<T>(
+    tag: &str,
+    serve_args: &[&str],
+    opts: &[&str],
+    script: impl FnOnce(&Path) -> T,
+) -> T {
     let net = super::remote::Net::new();
-    let mut srv = super::remote::Served::new(&net, tag, &[]);
+    let mut srv = super::remote::Served::new(&net, tag, serve_args);
     let rm = super::remote::RemoteMount::new(&net, &srv, &format!("{tag}-mp"), opts);
     let out = script(&rm.mp);
     drop(rm);

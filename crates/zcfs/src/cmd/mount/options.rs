@@ -84,7 +84,6 @@ const GENERIC_IGNORED: &[&str] = &[
     "group",
     "symfollow",
     "nosymfollow",
-    "noacl",
 ];
 
 /// Generic mount(8) options with a value that zcfs does not act on (SELinux contexts).
@@ -154,9 +153,9 @@ pub fn parse_options(a: &MountArgs) -> Result<MountPlan> {
             ("integrity", Some(v)) => p.integrity = v.parse().map_err(|e| anyhow!("-o integrity={v}: {e}"))?,
             ("timeout", Some(v)) => p.timeout = Some(Duration::from_secs_f64(v.parse().map_err(|_| anyhow!("-o timeout={v}: not seconds"))?)),
             ("remount", None) => p.remount = true,
-            ("acl", None) => {
-                tracing::warn!("-o acl: POSIX ACLs are stored but not enforced by zcfs yet; the mount goes on")
-            }
+            // POSIX ACLs are on by default, as on ext4.
+            ("acl", None) => p.fuse.acl = true,
+            ("noacl", None) => p.fuse.acl = false,
             (k, None) if GENERIC_IGNORED.contains(&k) => {
                 tracing::info!("-o {k}: a generic mount option zcfs does not act on; ignored")
             }
