@@ -39,6 +39,39 @@ pub fn template_image() -> Vec<u8> {
         crate::XattrMode::Any,
     )
     .unwrap();
+    // ACLs, so image fuzzing reaches their decoding (access checks, inheritance).
+    let acl = |entries: &[(u16, u16)]| {
+        let mut v = 2u32.to_le_bytes().to_vec();
+        for &(tag, perm) in entries {
+            let id: u32 = if tag == crate::acl::USER {
+                1000
+            } else {
+                u32::MAX
+            };
+            v.extend_from_slice(&tag.to_le_bytes());
+            v.extend_from_slice(&perm.to_le_bytes());
+            v.extend_from_slice(&id.to_le_bytes());
+        }
+        v
+    };
+    use crate::acl::{ACCESS_XATTR, DEFAULT_XATTR, GROUP_OBJ, MASK, OTHER, USER, USER_OBJ};
+    let entries = [
+        (USER_OBJ, 6),
+        (USER, 4),
+        (GROUP_OBJ, 4),
+        (MASK, 4),
+        (OTHER, 0),
+    ];
+    for (ino, name) in [(f.ino, ACCESS_XATTR), (d.ino, DEFAULT_XATTR)] {
+        vol.setxattr(
+            &Cred::ROOT,
+            ino,
+            name,
+            &acl(&entries),
+            crate::XattrMode::Any,
+        )
+        .unwrap();
+    }
     let g = vol
         .create(&Cred::ROOT, ROOT_INO, b"sparse", 0o600, 0)
         .unwrap();
@@ -87,6 +120,7 @@ pub fn exercise_image(img: &[u8]) {
                 }
             }
             let _ = vol.listxattr(&Cred::ROOT, e.ino);
+            let _ = vol.access(&Cred::new(1000, 1000, vec![]), e.ino, 4);
             let _ = vol.rename(
                 &Cred::ROOT,
                 d,
@@ -111,4 +145,44 @@ pub fn exercise_patched(template: &[u8], patches: &[(u32, u8)]) {
         img[i] ^= x;
     }
     exercise_image(&img);
+}
+
+/// An ACL xattr value from a peer or a user: decode it and, when valid, put it through
+/// everything the volume does with ACLs. Nothing may panic, and a valid ACL must come
+/// back unchanged from its own encoding.
+pub fn exercise_acl(value: &[u8]) {
+    use crate::acl::{inherit, Acl};
+    let Ok(acl) = Acl::decode(value) else {
+        let _ = Acl::decode_header(value);
+        return;
+    };
+    let canonical = acl.encode();
+    assert_eq!(
+        Acl::decode(&canonical).map(|a| a.encode()).ok().as_ref(),
+        Some(&canonical),
+        "a valid ACL re-encodes to itself"
+    );
+    for cred in [
+        Cred::new(1000, 1000, vec![]),
+        Cred::new(1001, 100, vec![1000, 5]),
+    ] {
+        for want in [1, 2, 4, 7] {
+            let _ = acl.permits(&cred, 1000, want);
+        }
+    }
+    let (mode, _) = acl.equiv_mode();
+    assert_eq!(mode & !0o777, 0, "an ACL implies permission bits only");
+    let mut c = acl.clone();
+    c.chmod(0o751);
+    let mut m = acl.clone();
+    let (rwx, _) = m.create_masq(0o666);
+    assert_eq!(
+        rwx & !0o666,
+        0,
+        "inheritance never adds to the creation mode"
+    );
+    for is_dir in [false, true] {
+        let i = inherit(Some(value), 0o40777, 0o022, is_dir).expect("valid default ACL");
+        assert_eq!(i.default.is_some(), is_dir);
+    }
 }

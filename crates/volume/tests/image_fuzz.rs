@@ -4,7 +4,7 @@
 
 use proptest::prelude::*;
 use std::sync::OnceLock;
-use zcfs_volume::fuzzing::{exercise_image, exercise_patched, template_image};
+use zcfs_volume::fuzzing::{exercise_acl, exercise_image, exercise_patched, template_image};
 use zcfs_volume::layout::LogEntry;
 
 fn template() -> &'static [u8] {
@@ -31,6 +31,22 @@ proptest! {
     #[test]
     fn random_images_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..20_000)) {
         exercise_image(&bytes);
+    }
+
+    #[test]
+    fn acl_values_never_panic(
+        bytes in prop::collection::vec(any::<u8>(), 0..80),
+        entries in prop::collection::vec((prop::sample::select(vec![1u16, 2, 4, 8, 0x10, 0x20, 3]), 0u16..9, prop_oneof![Just(u32::MAX), 0u32..4]), 0..10),
+    ) {
+        // Raw bytes, and a version header before random entries (to get past it).
+        exercise_acl(&bytes);
+        let mut v = 2u32.to_le_bytes().to_vec();
+        for (tag, perm, id) in entries {
+            v.extend_from_slice(&tag.to_le_bytes());
+            v.extend_from_slice(&perm.to_le_bytes());
+            v.extend_from_slice(&id.to_le_bytes());
+        }
+        exercise_acl(&v);
     }
 
     #[test]
