@@ -207,7 +207,31 @@ pub fn prepared_tree() -> Vec<Step> {
         Step::Mkdir("d1/sub".into()),
         Step::Symlink("s".into(), "d1/f".into()),
         Step::SetXattr("d1/f".into(), "user.a".into(), vec![1, 2, 3]),
+        Step::SetXattr("d1/f".into(), ACCESS.into(), acl_value(0o6, 0o4)),
+        Step::SetXattr("d1/sub".into(), DEFAULT.into(), acl_value(0o7, 0o5)),
     ]
+}
+
+pub const ACCESS: &str = "system.posix_acl_access";
+pub const DEFAULT: &str = "system.posix_acl_default";
+
+/// An ACL with a named user (1000) and a mask: owner `owner`, everyone else `rest`.
+pub fn acl_value(owner: u16, rest: u16) -> Vec<u8> {
+    use zcfs_volume::acl::{GROUP_OBJ, MASK, OTHER, USER, USER_OBJ};
+    let mut v = 2u32.to_le_bytes().to_vec();
+    for (tag, perm) in [
+        (USER_OBJ, owner),
+        (USER, rest),
+        (GROUP_OBJ, rest),
+        (MASK, rest),
+        (OTHER, rest),
+    ] {
+        let id: u32 = if tag == USER { 1000 } else { u32::MAX };
+        v.extend_from_slice(&tag.to_le_bytes());
+        v.extend_from_slice(&perm.to_le_bytes());
+        v.extend_from_slice(&id.to_le_bytes());
+    }
+    v
 }
 
 /// Each kind of operation once, on the prepared tree, with a name.
@@ -252,6 +276,15 @@ pub fn single_ops() -> Vec<(&'static str, Step)> {
             Step::RemoveXattr("d1/f".into(), "user.a".into()),
         ),
         ("punch", Step::PunchHole("d2/g".into(), 0, 4096)),
+        // ACLs: a create that inherits a default ACL writes its xattr block in the
+        // same transaction; setting an access ACL moves the mode (setattr above
+        // rewrites d1/f's ACL).
+        ("create-inherit", Step::Create("d1/sub/a".into())),
+        ("mkdir-inherit", Step::Mkdir("d1/sub/ad".into())),
+        (
+            "acl-set",
+            Step::SetXattr("d2/g".into(), ACCESS.into(), acl_value(0o7, 0o1)),
+        ),
         (
             "fallocate-grow",
             Step::Fallocate("d1/f".into(), 1000, 20000, 0),

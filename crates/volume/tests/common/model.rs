@@ -3,6 +3,7 @@
 
 use super::*;
 use std::collections::{BTreeMap, HashMap};
+use zcfs_volume::acl::{self, Acl, ACCESS_XATTR, DEFAULT_XATTR};
 
 #[derive(Debug, Clone)]
 enum Kind {
@@ -173,7 +174,26 @@ impl Model {
                 let (pmode, pgid) = (self.nodes[&d].mode, self.nodes[&d].gid);
                 let sgid = pmode & S_ISGID != 0;
                 let mode = if sgid && is_dir { mode | S_ISGID } else { mode };
+                // A default ACL of the directory is inherited (the ACL arithmetic is the
+                // volume's own, checked against tmpfs elsewhere; here what matters is
+                // that it lands with the create, atomically).
+                let mut xattrs = BTreeMap::new();
+                let mut mode = mode;
+                if let (Some(dacl), false) = (
+                    self.nodes[&d].xattrs.get(DEFAULT_XATTR),
+                    matches!(op, Step::Symlink(..)),
+                ) {
+                    let inh = acl::inherit(Some(dacl), mode, 0, is_dir).unwrap();
+                    mode = inh.mode;
+                    if let Some(a) = inh.access {
+                        xattrs.insert(ACCESS_XATTR.to_vec(), a);
+                    }
+                    if let Some(a) = inh.default {
+                        xattrs.insert(DEFAULT_XATTR.to_vec(), a);
+                    }
+                }
                 let ino = self.new_node(kind, mode, d);
+                self.nodes.get_mut(&ino).unwrap().xattrs = xattrs;
                 if sgid {
                     self.nodes.get_mut(&ino).unwrap().gid = pgid;
                 }
@@ -317,6 +337,12 @@ impl Model {
                 let ino = self.resolve(p)?;
                 let n = self.nodes.get_mut(&ino).unwrap();
                 n.mode = (n.mode & S_IFMT) | (m & 0o7777);
+                // The access ACL follows the mode (`posix_acl_chmod`).
+                if let Some(bytes) = n.xattrs.get_mut(ACCESS_XATTR) {
+                    let mut a = Acl::decode(bytes).unwrap();
+                    a.chmod(n.mode);
+                    *bytes = a.encode();
+                }
                 Ok(())
             }
             Step::Chown(p, u, g) => {
@@ -336,9 +362,43 @@ impl Model {
                 }
                 Ok(())
             }
+            Step::SetXattr(p, k, v) if k.as_bytes() == ACCESS_XATTR => {
+                // The mode takes the ACL's bits; an ACL the mode says entirely goes.
+                let a = Acl::decode(v).map_err(|_| libc::EINVAL)?;
+                let ino = self.resolve(p)?;
+                let n = self.nodes.get_mut(&ino).unwrap();
+                let (rwx, equiv) = a.equiv_mode();
+                n.mode = (n.mode & !0o777) | rwx;
+                if equiv {
+                    n.xattrs.remove(ACCESS_XATTR);
+                } else {
+                    n.xattrs.insert(ACCESS_XATTR.to_vec(), a.encode());
+                }
+                Ok(())
+            }
+            Step::SetXattr(p, k, v) if k.as_bytes() == DEFAULT_XATTR => {
+                let a = Acl::decode(v).map_err(|_| libc::EINVAL)?;
+                let ino = self.resolve(p)?;
+                if !self.is_dir(ino) {
+                    return Err(libc::EACCES);
+                }
+                let n = self.nodes.get_mut(&ino).unwrap();
+                n.xattrs.insert(DEFAULT_XATTR.to_vec(), a.encode());
+                Ok(())
+            }
             Step::SetXattr(p, k, v) => {
                 self.xattrs_mut(p, k)?
                     .insert(k.as_bytes().to_vec(), v.clone());
+                Ok(())
+            }
+            // Removing an ACL there is none of succeeds, as on Linux.
+            Step::RemoveXattr(p, k) if k.starts_with("system.posix_acl_") => {
+                let ino = self.resolve(p)?;
+                self.nodes
+                    .get_mut(&ino)
+                    .unwrap()
+                    .xattrs
+                    .remove(k.as_bytes());
                 Ok(())
             }
             Step::RemoveXattr(p, k) => self
