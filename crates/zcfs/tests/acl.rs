@@ -206,6 +206,50 @@ fn acl_script() -> Vec<Step> {
             OpenUmask("dd/f4", CREAT_W, 0o666, 0o077),
             "the umask applies again",
         ),
+        // Set-group-ID directories with a default ACL: group and bit as without one,
+        // the ACL on top; chmod by an owner outside the group drops the bit and
+        // rewrites the mask.
+        s(ROOT, Mkdir("sgd", 0o777), "root makes sgd"),
+        s(
+            ROOT,
+            Chown("sgd", 1001, 1002),
+            "sgd is alice's, group bob's",
+        ),
+        s(ROOT, Chmod("sgd", 0o2777), "sgd is set-group-ID"),
+        s(
+            ALICE,
+            SetAcl(
+                "sgd",
+                DEFAULT,
+                &[(UO, 7, 0), (GO, 7, 0), (G, 5, 1001), (M, 7, 0), (O, 5, 0)],
+            ),
+            "alice gives sgd a default ACL",
+        ),
+        s(
+            ALICE,
+            OpenUmask("sgd/x", CREAT_W, 0o2755, 0o022),
+            "group 1002 from the directory; alice is not in it: no set-group-ID",
+        ),
+        s(
+            BOB,
+            MkdirUmask("sgd/sub", 0o755, 0o077),
+            "a subdirectory: group, bit and ACLs",
+        ),
+        s(
+            BOB,
+            OpenUmask("sgd/sub/y", CREAT_W, 0o2770, 0o077),
+            "bob is in 1002: keeps the bit",
+        ),
+        s(
+            ALICE,
+            Chmod("sgd/x", 0o2750),
+            "alice's chmod cannot set the bit; the mask is r-x",
+        ),
+        s(
+            BOB,
+            Write("sgd/sub/y"),
+            "a write by a group member keeps a non-executable setgid",
+        ),
         // Directory ACLs govern search and create.
         s(ROOT, Mkdir("p", 0o700), "root makes p 0700"),
         s(ROOT, OpenUmask("p/z", CREAT_W, 0o644, 0), "and p/z 0644"),
