@@ -1005,6 +1005,31 @@ pub trait Filesystem: Send + Sync + 'static {
         reply.error(Errno::ENOSYS);
     }
 
+    /// Create an anonymous file, for `open()` with `O_TMPFILE` (zcfs patch, from fuser
+    /// master's `Filesystem::tmpfile`, #366).
+    ///
+    /// The file has no name and belongs to no directory. `parent` is the directory it was
+    /// created in, which is where it will live if it is later given a name with `linkat()`.
+    /// Reply as for [`Filesystem::create`], with an inode and an open file handle.
+    ///
+    /// Answering `ENOSYS`, which is the default, is permanent: the kernel stops offering
+    /// `O_TMPFILE` on this connection and reports `EOPNOTSUPP` to the caller.
+    fn tmpfile(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        warn!(
+            "[Not Implemented] tmpfile(parent: {parent:#x?}, mode: {mode}, umask: {umask:#x?}, \
+            flags: {flags:#x?})"
+        );
+        reply.error(Errno::ENOSYS);
+    }
+
     /// macOS only: Rename the volume. Set `fuse_init_out.flags` during init to
     /// `FUSE_VOL_RENAME` to enable
     #[cfg(target_os = "macos")]

@@ -1564,6 +1564,34 @@ mod op {
         }
     }
 
+    /// Create an anonymous file, for `open()` with `O_TMPFILE` (zcfs patch, from fuser
+    /// master's `TmpFile`, #366).
+    ///
+    /// On the wire this is a create request; its name is the placeholder `/` the VFS
+    /// gives every anonymous dentry, so it says nothing and is not passed on.
+    /// Answering with `ENOSYS` is permanent: the kernel stops offering `O_TMPFILE` on
+    /// this connection and reports `EOPNOTSUPP`.
+    #[derive(Debug)]
+    pub(crate) struct TmpFile<'a> {
+        #[expect(dead_code)]
+        header: &'a fuse_in_header,
+        arg: &'a fuse_create_in,
+        #[expect(dead_code)]
+        name: &'a Path,
+    }
+    impl TmpFile<'_> {
+        pub(crate) fn mode(&self) -> u32 {
+            self.arg.mode
+        }
+        /// Flags as passed to the `open()` call
+        pub(crate) fn flags(&self) -> i32 {
+            self.arg.flags
+        }
+        pub(crate) fn umask(&self) -> u32 {
+            self.arg.umask
+        }
+    }
+
     /// `MacOS` only: Rename the volume. Set `fuse_init_out.flags` during init to
     /// `FUSE_VOL_RENAME` to enable
     #[cfg(target_os = "macos")]
@@ -1852,6 +1880,11 @@ mod op {
                 header,
                 arg: data.fetch()?,
             }),
+            fuse_opcode::FUSE_TMPFILE => Operation::TmpFile(TmpFile {
+                header,
+                arg: data.fetch()?,
+                name: data.fetch_str()?.as_ref(),
+            }),
 
             #[cfg(target_os = "macos")]
             fuse_opcode::FUSE_SETVOLNAME => Operation::SetVolName(SetVolName {
@@ -1926,6 +1959,7 @@ pub(crate) enum Operation<'a> {
     Rename2(Rename2<'a>),
     Lseek(Lseek<'a>),
     CopyFileRange(CopyFileRange<'a>),
+    TmpFile(TmpFile<'a>),
 
     #[cfg(target_os = "macos")]
     SetVolName(SetVolName<'a>),
@@ -2101,6 +2135,13 @@ impl fmt::Display for Operation<'_> {
                 x.src(),
                 x.dest(),
                 x.len()
+            ),
+            Operation::TmpFile(x) => write!(
+                f,
+                "TMPFILE mode {:#05o}, umask {:#05o}, flags {:#x}",
+                x.mode(),
+                x.umask(),
+                x.flags()
             ),
 
             #[cfg(target_os = "macos")]
@@ -2329,6 +2370,37 @@ mod tests {
                 assert_eq!(x.mode(), 0o644);
                 assert_eq!(x.umask(), 0o755);
                 assert_eq!(x.name(), OsStr::new("foo.txt"));
+            }
+            _ => panic!("Unexpected request operation"),
+        }
+    }
+
+    // zcfs patch (PATCHES.md): 40 byte header + 16 byte fuse_create_in + the
+    // placeholder name "/", as fuser master's test has it.
+    #[cfg(all(target_os = "linux", target_endian = "little"))]
+    const TMPFILE_REQUEST: AlignedData<[u8; 58]> = AlignedData([
+        0x3a, 0x00, 0x00, 0x00, 0x33, 0x00, 0x00, 0x00, // len, opcode
+        0x0d, 0xf0, 0xad, 0xba, 0xef, 0xbe, 0xad, 0xde, // unique
+        0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11, // nodeid
+        0x0d, 0xd0, 0x01, 0xc0, 0xfe, 0xca, 0x01, 0xc0, // uid, gid
+        0x5e, 0xba, 0xde, 0xc0, 0x00, 0x00, 0x00, 0x00, // pid, padding
+        0x02, 0x00, 0x41, 0x00, 0xa0, 0x81, 0x00, 0x00, // flags (O_RDWR|O_TMPFILE), mode
+        0x12, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, // umask, open_flags
+        0x2f, 0x00, // name ("/")
+    ]);
+
+    /// A tmpfile request is a create request on the wire, minus a name that means anything
+    #[test]
+    #[cfg(all(target_os = "linux", target_endian = "little"))]
+    fn tmpfile() {
+        let req = AnyRequest::try_from(&TMPFILE_REQUEST[..]).unwrap();
+        assert_eq!(req.header.opcode, 51);
+        assert_eq!(req.nodeid(), INodeNo(0x1122_3344_5566_7788));
+        match req.operation().unwrap() {
+            Operation::TmpFile(x) => {
+                assert_eq!(x.mode(), 0o100_640);
+                assert_eq!(x.umask(), 0o22);
+                assert_eq!(x.flags(), libc::O_RDWR | libc::O_TMPFILE);
             }
             _ => panic!("Unexpected request operation"),
         }
