@@ -429,6 +429,7 @@ impl Volume {
     pub(crate) fn free_inode(&self, st: &mut State, txn: &mut Txn, ino: u64) {
         txn.dirty.insert(ino);
         st.drop_reserve(ino);
+        st.linkable.remove(&ino);
         let Some(mut inode) = st.inodes.remove(&ino) else {
             return;
         };
@@ -540,8 +541,9 @@ impl Volume {
         if is_dir {
             return Err(FsError::NotPermitted("hard link to a directory".into()));
         }
-        if nlink == 0 {
-            return Err(FsError::NotFound); // unlinked while open: no new names
+        // Unlinked while open: no new names; an O_TMPFILE file gets its first one.
+        if nlink == 0 && !st.linkable.contains(&ino) {
+            return Err(FsError::NotFound);
         }
         Self::live_dir(st, newparent)?;
         if nlink >= MAX_LINKS {
@@ -556,6 +558,7 @@ impl Volume {
         self.reserve_blocks(st, &mut txn, room_blocks)?;
         let now = Time::now();
         self.add_dirent(st, &mut txn, newparent, newname, ino, dtype, room);
+        st.linkable.remove(&ino);
         let i = st.inodes.get_mut(&ino).expect("checked");
         i.rec.link_added();
         i.rec.ctime = now;
