@@ -389,7 +389,7 @@ fn an_unlinked_tmpfile_is_freed_on_close_local_and_remote() {
     let m = Mount::volume("tmpfile-close", "64M", &[]);
     reclaimed_on_close(&m.mp);
     m.fsck_after_stop();
-    through_a_server("tmpfile-close", &[], |mp| reclaimed_on_close(mp));
+    through_a_server("tmpfile-close", &[], reclaimed_on_close);
 }
 
 /// kill -9 of the mount process with an unlinked tmpfile open and a linked one: the
