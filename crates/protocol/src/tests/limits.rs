@@ -331,6 +331,8 @@ fn the_table_is_consistent() {
     }
     assert!(!Op::Read.cached() && !Op::Write.cached());
     assert!(Op::Forget.cached() && Op::Release.cached() && Op::Create.cached());
+    // A resent tmpfile is answered from the cache: it must not make a second orphan.
+    assert!(Op::TmpFile.cached() && !Op::TmpFile.idempotent());
 }
 
 /// A request carries up to `MAX_GROUPS` supplementary groups: at the bound they go out
