@@ -151,7 +151,7 @@ pub fn payload_to_vec(p: &mut dyn WritePayload) -> Result<Vec<u8>> {
 /// backend no longer knows gets ESTALE (the kernel then looks the name up again).
 ///
 /// **Inode references** (the FUSE lookup count): every successful `lookup`, `mknod`,
-/// `mkdir`, `symlink`, `link` and `create`, every entry that `readdir` with `plus`
+/// `mkdir`, `symlink`, `link`, `create` and `tmpfile`, every entry that `readdir` with `plus`
 /// passes to its callback, and every successful `hold` gives the caller one reference
 /// to the inode it names. The caller owns it and gives it back with `forget`. While a
 /// reference is held the inode is not freed and its number not reused, even when its
@@ -160,7 +160,7 @@ pub fn payload_to_vec(p: &mut dyn WritePayload) -> Result<Vec<u8>> {
 /// makes such a call for its own purposes (e.g. looking up ".." to list a directory)
 /// forgets the reference at once. Stateless backends may ignore references.
 ///
-/// **Handles** (`fh`): `open` and `create` return one; it stays valid until the matching
+/// **Handles** (`fh`): `open`, `create` and `tmpfile` return one; it stays valid until the matching
 /// `release`, which each handle gets exactly once. An open handle also keeps its inode
 /// (an unlinked file stays readable until its last handle is released). Data calls
 /// (`read`, `write`, `flush`, `fsync`, `fallocate`) pass the handle they act through;
@@ -249,6 +249,21 @@ pub trait Backend: Send + Sync {
         mode: u32,
         flags: i32,
     ) -> Result<(Attr, u64)>;
+    /// open(2) with O_TMPFILE: create and open a regular file in directory `parent` that
+    /// no directory names (link count 0): a reference and a handle, as `create`.
+    /// Permission (write and search on `parent`), owner and group as for `create`;
+    /// `mode`'s permission bits are masked by the caller's umask (or the directory's
+    /// default ACL). `flags` must ask for write access
+    /// (EINVAL otherwise). Unless `flags` has O_EXCL, `link` may give the file its first
+    /// name (Linux's I_LINKABLE); unlinked, it goes with its last reference, and a crash
+    /// before then leaves it for the backend to reclaim. The default, for backends that
+    /// cannot, is EOPNOTSUPP (never ENOSYS, which a kernel takes as "never again").
+    fn tmpfile(&self, _ctx: &Ctx, _parent: u64, _mode: u32, _flags: i32) -> Result<(Attr, u64)> {
+        Err(Error::new(
+            libc::EOPNOTSUPP,
+            "this backend cannot make unnamed files (O_TMPFILE)",
+        ))
+    }
     /// Read up to `size` bytes at `offset` into `reply` (see [`ReadReply`]: fewer bytes
     /// at end of file, none past it).
     fn read(

@@ -36,7 +36,7 @@ use zcfs_protocol::{
     AccessReq, CreateReq, FallocateReq, FlushReq, FsyncReq, GetattrReq, GetxattrReq, LinkReq,
     ListxattrReq, LookupReq, LseekReq, MkdirReq, MknodReq, OpenReq, ReadReq, ReaddirReq,
     ReadlinkReq, ReleaseReq, RemovexattrReq, RenameReq, RmdirReq, SetattrReq, SetxattrReq,
-    StatfsReq, StatsReq, SymlinkReq, SyncAllReq, UnlinkReq, WriteReq,
+    StatfsReq, StatsReq, SymlinkReq, SyncAllReq, TmpFileReq, UnlinkReq, WriteReq,
 };
 use zcfs_protocol::{
     AttrReply, Cred, EntryReply, ForgetItem, ForgetReq, List, LookupName, Name, NodeRef, Operation,
@@ -521,6 +521,29 @@ impl Backend for RemoteFs {
             a.ino,
             a.generation,
             flags & !libc::O_CREAT & !libc::O_EXCL,
+            r.fh,
+            epoch,
+        );
+        Ok((a, fh))
+    }
+
+    fn tmpfile(&self, ctx: &Ctx, parent: u64, mode: u32, flags: i32) -> Result<(Attr, u64)> {
+        let req = TmpFileReq {
+            parent: self.node(parent),
+            mode,
+            umask: ctx.cred.umask,
+            flags,
+        };
+        // No name is made and the parent does not change: nothing cached goes stale.
+        let (r, epoch) = self.call_in(ctx, req, &[])?;
+        let a = self.entry(r.attr, epoch, None, false);
+        // Re-opened (after a lost session) as a plain open; the orphan will be gone
+        // then, like any unlinked open file, and the handle stale.
+        let fh = self.track(
+            ctx,
+            a.ino,
+            a.generation,
+            flags & !libc::O_TMPFILE & !libc::O_EXCL,
             r.fh,
             epoch,
         );

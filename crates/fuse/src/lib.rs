@@ -427,6 +427,39 @@ impl Filesystem for FuseFs {
         })
     }
 
+    /// open(2) with O_TMPFILE (FUSE_TMPFILE; fuser is patched for it, see
+    /// vendor/fuser/PATCHES.md). Answered as a create: an entry (a reference) and a handle.
+    /// ENOSYS would turn O_TMPFILE off for the mount's life, so a backend's ENOSYS is
+    /// passed on as EOPNOTSUPP.
+    fn tmpfile(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        self.count();
+        let c = self.creator(req, umask);
+        let r = self
+            .backend
+            .tmpfile(&c, parent.0, mode, flags)
+            .map_err(|e| match e.errno {
+                libc::ENOSYS => zcfs_backend::Error::errno(libc::EOPNOTSUPP),
+                _ => e,
+            });
+        answer(reply, r, |reply, (a, fh)| {
+            reply.created(
+                &self.ttl,
+                &self.file_attr(&a),
+                Generation(a.generation),
+                FileHandle(fh),
+                self.open_flags(),
+            )
+        })
+    }
+
     fn read(
         &self,
         _req: &Request,

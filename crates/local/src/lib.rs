@@ -60,6 +60,18 @@ impl Handle {
     }
 }
 
+/// open(2) refuses O_TMPFILE without write access (`build_open_flags`): a file nobody
+/// may write and nobody can name is useless.
+fn check_tmpfile_flags(flags: i32) -> Result<()> {
+    match flags & libc::O_ACCMODE {
+        libc::O_WRONLY | libc::O_RDWR => Ok(()),
+        _ => Err(Error::new(
+            libc::EINVAL,
+            "O_TMPFILE needs O_WRONLY or O_RDWR",
+        )),
+    }
+}
+
 /// Attempts at ".." while the directory keeps moving between parents.
 const PARENT_TRIES: usize = 16;
 
@@ -205,6 +217,20 @@ impl Backend for LocalFs {
         let a = self
             .vol
             .create_held(&ctx.cred, parent, name, mode, 0)
+            .map_err(err)?;
+        if let Err(e) = self.vol.open_handle(a.ino) {
+            self.forget(a.ino, 1);
+            return Err(err(e));
+        }
+        Ok((a, Handle::for_flags(flags).0))
+    }
+    fn tmpfile(&self, ctx: &Ctx, parent: u64, mode: u32, flags: i32) -> Result<(Attr, u64)> {
+        check_tmpfile_flags(flags)?;
+        // As `create`: the entry holds one reference, the handle another.
+        let linkable = flags & libc::O_EXCL == 0;
+        let a = self
+            .vol
+            .tmpfile_held(&ctx.cred, parent, mode, linkable)
             .map_err(err)?;
         if let Err(e) = self.vol.open_handle(a.ino) {
             self.forget(a.ino, 1);

@@ -152,6 +152,19 @@ wire_struct! {
 }
 
 wire_struct! {
+    /// open(2) with O_TMPFILE: a regular file in `parent` that no directory names (link
+    /// count 0), answered as a create (an entry with a reference, and a handle).
+    pub struct TmpFileReq {
+        pub parent: NodeRef,
+        /// Type (0 or S_IFREG) and permission bits, masked by `umask` on the server.
+        pub mode: u32,
+        pub umask: u32,
+        /// open(2) flags: O_WRONLY or O_RDWR; O_EXCL makes the file unlinkable.
+        pub flags: i32,
+    }
+}
+
+wire_struct! {
     /// The reply's data (up to `size` bytes, short at end of file) follows its header.
     pub struct ReadReq {
         pub node: NodeRef,

@@ -273,4 +273,5 @@ operations! {
     29 Forget      "forget"      : ForgetReq      -> EmptyReply,     mutates false, idempotent false;
     30 Access      "access"      : AccessReq      -> EmptyReply,     mutates false, idempotent true;
     31 Lseek       "lseek"       : LseekReq       -> LseekReply,     mutates false, idempotent true;
+    32 TmpFile     "tmpfile"     : TmpFileReq     -> CreateReply,    mutates true,  idempotent false;
 }

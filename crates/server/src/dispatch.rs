@@ -228,6 +228,24 @@ impl<'a> Conn<'a> {
                 let EntryReply { attr } = self.entry(attr);
                 Reply::Create(CreateReply { attr, fh })
             }
+            Request::TmpFile(r) => {
+                // As create: the session keeps the handle and the entry's reference,
+                // so a session that ends without releasing them frees the orphan.
+                let _g = self.hold([r.parent])?;
+                self.session.has_room()?;
+                let c = creator(ctx, r.umask);
+                let (attr, backend_fh) = b.tmpfile(&c, r.parent.ino, r.mode, r.flags)?;
+                let fh = self
+                    .add_handle(Handle {
+                        ino: attr.ino,
+                        gen: attr.generation,
+                        backend_fh,
+                        flags: r.flags,
+                    })
+                    .inspect_err(|_| b.forget(attr.ino, 1))?;
+                let EntryReply { attr } = self.entry(attr);
+                Reply::TmpFile(CreateReply { attr, fh })
+            }
             Request::Flush(r) => {
                 let (bfh, _g) = self.handle_for(ctx, r.node, r.fh, Access::Any)?;
                 b.flush(r.node.ino, bfh)?;

@@ -31,6 +31,7 @@ mod recovery;
 mod refs;
 mod rename;
 mod sync;
+mod tmpfile;
 #[doc(hidden)]
 pub mod trace;
 mod volume;

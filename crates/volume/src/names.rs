@@ -225,16 +225,7 @@ impl Volume {
         let (mode, xattrs) = if n.symlink.is_some() {
             (mode, BTreeMap::new())
         } else {
-            let dir_default = pnode.xattrs.get(acl::DEFAULT_XATTR).map(|v| &v[..]);
-            let inh = acl::inherit(dir_default, mode, n.cred.umask, is_dir)?;
-            let mut x = BTreeMap::new();
-            if let Some(a) = inh.access {
-                x.insert(acl::ACCESS_XATTR.to_vec(), a);
-            }
-            if let Some(d) = inh.default {
-                x.insert(acl::DEFAULT_XATTR.to_vec(), d);
-            }
-            (inh.mode, x)
+            inherited(pnode, mode, n.cred.umask, is_dir)?
         };
         let xattr_blocks = crate::ops::xattr_blocks(&xattrs)?;
         if is_dir && st.inode(parent)?.rec.nlink >= MAX_LINKS {
@@ -455,6 +446,7 @@ impl Volume {
     pub(crate) fn free_inode(&self, st: &mut State, txn: &mut Txn, ino: u64) {
         txn.dirty.insert(ino);
         st.drop_reserve(ino);
+        st.linkable.remove(&ino);
         let Some(mut inode) = st.inodes.remove(&ino) else {
             return;
         };
@@ -566,8 +558,9 @@ impl Volume {
         if is_dir {
             return Err(FsError::NotPermitted("hard link to a directory".into()));
         }
-        if nlink == 0 {
-            return Err(FsError::NotFound); // unlinked while open: no new names
+        // Unlinked while open: no new names; an O_TMPFILE file gets its first one.
+        if nlink == 0 && !st.linkable.contains(&ino) {
+            return Err(FsError::NotFound);
         }
         Self::live_dir(st, newparent)?;
         if nlink >= MAX_LINKS {
@@ -582,6 +575,7 @@ impl Volume {
         self.reserve_blocks(st, &mut txn, room_blocks)?;
         let now = Time::now();
         self.add_dirent(st, &mut txn, newparent, newname, ino, dtype, room);
+        st.linkable.remove(&ino);
         let i = st.inodes.get_mut(&ino).expect("checked");
         i.rec.link_added();
         i.rec.ctime = now;
@@ -650,4 +644,24 @@ pub(crate) fn touch_dir(st: &mut State, dir: u64, now: Time) {
         d.rec.mtime = now;
         d.rec.ctime = now;
     }
+}
+
+/// The mode and ACL xattrs of a new inode in directory `dir` (`posix_acl_create`): the
+/// directory's default ACL, or else `umask`, shapes `mode`.
+pub(crate) fn inherited(
+    dir: &Inode,
+    mode: u32,
+    umask: u32,
+    is_dir: bool,
+) -> Result<(u32, BTreeMap<Vec<u8>, Vec<u8>>)> {
+    let dir_default = dir.xattrs.get(acl::DEFAULT_XATTR).map(|v| &v[..]);
+    let inh = acl::inherit(dir_default, mode, umask, is_dir)?;
+    let mut x = BTreeMap::new();
+    if let Some(a) = inh.access {
+        x.insert(acl::ACCESS_XATTR.to_vec(), a);
+    }
+    if let Some(d) = inh.default {
+        x.insert(acl::DEFAULT_XATTR.to_vec(), d);
+    }
+    Ok((inh.mode, x))
 }

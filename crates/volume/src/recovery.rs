@@ -286,6 +286,7 @@ pub(crate) fn load_state(
         deferred_pinned: 0,
         pins: HashMap::new(),
         tainted,
+        linkable: HashSet::new(),
     })
 }
 

@@ -14,6 +14,11 @@ pub enum Traced {
         ino: u64,
         mode: u32,
     },
+    /// A new regular file that no directory names (O_TMPFILE), link count 0.
+    TmpFile {
+        ino: u64,
+        mode: u32,
+    },
     Link {
         ino: u64,
         parent: u64,

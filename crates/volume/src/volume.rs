@@ -73,6 +73,9 @@ pub(crate) struct State {
     /// Inodes sharing a block with another (damaged image, seen only by fsck): never
     /// freed by reaping or repair, which would free the block twice.
     pub tainted: HashSet<u64>,
+    /// O_TMPFILE files (link count 0) that may still get their first name (tmpfile.rs);
+    /// DRAM only: after a crash they are reaped.
+    pub linkable: HashSet<u64>,
     /// Blocks promised to files for copy-on-write overwrites of their preallocated
     /// blocks and not drawn yet: Σ (`cow_reserve` − `drawing`) over the inodes. Other
     /// allocations leave this many free blocks alone (see falloc.rs).

@@ -93,6 +93,10 @@ impl ModelFs {
                 }
                 self.nlink.insert(*ino, 1);
             }
+            Traced::TmpFile { ino, .. } => {
+                self.files.insert(*ino, Vec::new());
+                self.nlink.insert(*ino, 0);
+            }
             Traced::Link { ino, parent, name } => {
                 self.dirs
                     .get_mut(parent)

@@ -309,7 +309,7 @@ fn body_errors_are_answerable() {
 
 #[test]
 fn the_table_is_consistent() {
-    assert_eq!(ALL_OPS.len(), 31);
+    assert_eq!(ALL_OPS.len(), 32);
     for (i, &op) in ALL_OPS.iter().enumerate() {
         assert_eq!(Op::from_u8(op as u8), Ok(op));
         assert!((op as usize) < OP_SLOTS);
@@ -331,6 +331,8 @@ fn the_table_is_consistent() {
     }
     assert!(!Op::Read.cached() && !Op::Write.cached());
     assert!(Op::Forget.cached() && Op::Release.cached() && Op::Create.cached());
+    // A resent tmpfile is answered from the cache: it must not make a second orphan.
+    assert!(Op::TmpFile.cached() && !Op::TmpFile.idempotent());
 }
 
 /// A request carries up to `MAX_GROUPS` supplementary groups: at the bound they go out

@@ -199,6 +199,17 @@ fn request_for(op: Op) -> BoxedStrategy<Request> {
                 .into()
             })
             .boxed(),
+        Op::TmpFile => (node(), any::<u32>(), any::<u32>(), any::<i32>())
+            .prop_map(|(parent, mode, umask, flags)| {
+                TmpFileReq {
+                    parent,
+                    mode,
+                    umask,
+                    flags,
+                }
+                .into()
+            })
+            .boxed(),
         Op::Read => (node(), any::<u64>(), span())
             .prop_map(|(node, fh, (offset, size))| {
                 ReadReq {
@@ -331,6 +342,9 @@ fn reply_for(op: Op) -> BoxedStrategy<Reply> {
             .boxed(),
         Op::Create => (attr(), 1u64..)
             .prop_map(|(attr, fh)| Reply::Create(CreateReply { attr, fh }))
+            .boxed(),
+        Op::TmpFile => (attr(), 1u64..)
+            .prop_map(|(attr, fh)| Reply::TmpFile(CreateReply { attr, fh }))
             .boxed(),
         Op::Read => Just(Reply::Read(EmptyReply {})).boxed(),
         Op::Write => any::<u32>()

@@ -433,6 +433,7 @@ macro_rules! pass_on_the_rest {
             link(ctx: &Ctx, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr>;
             open(ctx: &Ctx, ino: u64, flags: i32) -> Result<u64>;
             create(ctx: &Ctx, parent: u64, name: &[u8], mode: u32, flags: i32) -> Result<(Attr, u64)>;
+            tmpfile(ctx: &Ctx, parent: u64, mode: u32, flags: i32) -> Result<(Attr, u64)>;
             read(ino: u64, fh: u64, offset: u64, size: u32, reply: &mut dyn ReadReply) -> Result<()>;
             write(ctx: &Ctx, ino: u64, fh: u64, offset: u64, data: &[u8]) -> Result<u32>;
             release(ino: u64, fh: u64) -> Result<()>;
@@ -459,6 +460,7 @@ impl Backend for Accounting {
         symlink(ctx: &Ctx, parent: u64, name: &[u8], target: &[u8]) -> Result<Attr> => gave;
         link(ctx: &Ctx, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr> => gave;
         create(ctx: &Ctx, parent: u64, name: &[u8], mode: u32, flags: i32) -> Result<(Attr, u64)> => created;
+        tmpfile(ctx: &Ctx, parent: u64, mode: u32, flags: i32) -> Result<(Attr, u64)> => created;
         getattr(ino: u64) -> Result<Attr>;
         setattr(ctx: &Ctx, ino: u64, set: &SetAttr, fh: u64) -> Result<Attr>;
         access(ctx: &Ctx, ino: u64, mask: u32) -> Result<()>;
