@@ -64,7 +64,7 @@ pub const MAX_SYMLINK: usize = BLOCK - 1;
 
 pub(crate) fn attr_of(i: &Inode) -> Attr {
     let r = &i.rec;
-    let blocks = i.map.owned_blocks() + (r.xattr_block != 0) as u64;
+    let blocks = i.owned_blocks();
     Attr {
         ino: r.ino,
         generation: r.gen as u64,
@@ -215,18 +215,28 @@ impl Volume {
         i.xattrs.get(name).cloned().ok_or(FsError::NoXattr)
     }
 
-    /// The names of `ino`'s extended attributes; trusted.* ones only for root.
+    /// The names of `ino`'s extended attributes; trusted.* ones only for root. A list
+    /// longer than `XATTR_LIST_MAX` (names and their NULs) is E2BIG, as the kernel
+    /// answers it, rather than a list no caller could receive.
     pub fn listxattr(&self, cred: &Cred, ino: u64) -> Result<Vec<Vec<u8>>> {
-        Ok(self
+        let names: Vec<Vec<u8>> = self
             .read_state()
             .inode(ino)?
             .xattrs
             .keys()
             .filter(|n| cred.bypasses_checks() || !n.starts_with(b"trusted."))
             .cloned()
-            .collect())
+            .collect();
+        let len = names.iter().map(|n| n.len() + 1).sum::<usize>();
+        if len > XATTR_LIST_MAX {
+            return Err(FsError::XattrListTooBig(len));
+        }
+        Ok(names)
     }
 
+    /// Set an extended attribute. Names are 1..=`XATTR_NAME_MAX` bytes without NUL
+    /// (else ERANGE, as the kernel); values up to `XATTR_SIZE_MAX` (else E2BIG); the
+    /// inode's whole set costs at most `XATTR_SET_MAX` (else ENOSPC, the set unchanged).
     pub fn setxattr(
         &self,
         cred: &Cred,
@@ -235,13 +245,11 @@ impl Volume {
         value: &[u8],
         mode: XattrMode,
     ) -> Result<()> {
-        if name.is_empty() || name.len() > 255 || name.contains(&0) {
-            return Err(FsError::Invalid(
-                "xattr name must be 1..255 bytes without NUL".into(),
-            ));
+        if name.is_empty() || name.len() > XATTR_NAME_MAX || name.contains(&0) {
+            return Err(FsError::XattrNameRange);
         }
-        if value.len() > BLOCK {
-            return Err(FsError::NoSpaceXattr);
+        if value.len() > XATTR_SIZE_MAX {
+            return Err(FsError::XattrValueTooBig(value.len()));
         }
         let mut st = self.write_state()?;
         let i = st.inode(ino)?;
@@ -252,11 +260,17 @@ impl Volume {
             XattrMode::Replace if !exists => return Err(FsError::NoXattr),
             _ => {}
         }
-        let mut x = i.xattrs.clone();
-        x.insert(name.to_vec(), value.to_vec());
-        if xattrs_size(&x) > BLOCK {
+        let old = i
+            .xattrs
+            .get(name)
+            .map_or(0, |v| XATTR_ENTRY_COST + name.len() + v.len());
+        if xattr_set_cost(&i.xattrs) - old + XATTR_ENTRY_COST + name.len() + value.len()
+            > XATTR_SET_MAX
+        {
             return Err(FsError::NoSpaceXattr);
         }
+        let mut x = i.xattrs.clone();
+        x.insert(name.to_vec(), value.to_vec());
         self.store_xattrs(&mut st, ino, x, OpType::SetXattr)
     }
 
@@ -271,8 +285,9 @@ impl Volume {
         self.store_xattrs(&mut st, ino, x, OpType::RemoveXattr)
     }
 
-    /// Copy-on-write the xattr block: a new block with the new set, then one record
-    /// switches the inode to it.
+    /// Copy-on-write the xattr set: new blocks with the new set (the data blocks, then
+    /// the index listing them, or one block for a small set), then one record switches
+    /// the inode to them; the old blocks are released with the entry.
     fn store_xattrs(
         &self,
         st: &mut State,
@@ -280,27 +295,43 @@ impl Volume {
         x: BTreeMap<Vec<u8>, Vec<u8>>,
         op: OpType,
     ) -> Result<()> {
-        let bytes = encode_xattrs(&x)?;
+        let enc = if x.is_empty() {
+            None
+        } else {
+            Some(encode_xattr_set(&x)?)
+        };
         let mut txn = Txn::new(op, ino);
         self.reserve_log(&mut txn, ENTRY_OVERHEAD + INODE_RECORD)?;
-        self.reserve_blocks(st, &mut txn, !x.is_empty() as u64)?;
-        let new_block = if x.is_empty() {
-            0
-        } else {
-            let b = txn.take_block();
-            self.fresh_write(&b, 0, &bytes);
-            self.fresh_flush(&b, 0, bytes.len());
-            b.publish()
+        self.reserve_blocks(st, &mut txn, enc.as_ref().map_or(0, |e| e.blocks()))?;
+        let blocks = match &enc {
+            None => Vec::new(),
+            Some(EncodedXattrs::Single(bytes)) => vec![self.fresh_block_with(&mut txn, bytes)],
+            Some(e @ EncodedXattrs::Stream { padded, .. }) => {
+                let data: Vec<u64> = padded
+                    .chunks(BLOCK)
+                    .map(|c| self.fresh_block_with(&mut txn, c))
+                    .collect();
+                let index = e.index_block(&data);
+                let mut all = vec![self.fresh_block_with(&mut txn, &index)];
+                all.extend(data);
+                all
+            }
         };
         let i = st.inode_mut(ino).expect("checked");
-        if i.rec.xattr_block != 0 {
-            txn.releases.push(i.rec.xattr_block);
-        }
-        i.rec.xattr_block = new_block;
+        txn.releases.extend_from_slice(&i.xattr_blocks);
+        i.set_xattr_blocks(blocks);
         i.xattrs = x;
         i.rec.ctime = Time::now();
         txn.dirty.insert(ino);
         self.trace(|| Traced::Attr { ino });
         self.finish(st, txn)
+    }
+
+    /// A reserved block of `txn` holding `bytes` (at most a block), written back.
+    fn fresh_block_with(&self, txn: &mut Txn, bytes: &[u8]) -> u64 {
+        let b = txn.take_block();
+        self.fresh_write(&b, 0, bytes);
+        self.fresh_flush(&b, 0, bytes.len());
+        b.publish()
     }
 }
