@@ -284,6 +284,8 @@ pub(crate) fn load_state(
     })
 }
 
+type Xattrs = BTreeMap<Vec<u8>, Vec<u8>>;
+
 /// An inode's xattr set and the blocks holding it, each block marked owned. A head
 /// block out of range or owned twice is dropped from the record (it is not the
 /// inode's to free); a damaged index or stream is a problem, the set then empty while
@@ -296,7 +298,7 @@ fn load_xattrs(
     is_data: &dyn Fn(u64) -> bool,
     balloc: &mut BlockAlloc,
     problem: &mut dyn FnMut(String) -> Result<()>,
-) -> Result<(BTreeMap<Vec<u8>, Vec<u8>>, Vec<u64>)> {
+) -> Result<(Xattrs, Vec<u64>)> {
     let xb = rec.xattr_block;
     if xb == 0 {
         return Ok((BTreeMap::new(), Vec::new()));

@@ -239,23 +239,15 @@ fn image_with_an_index() -> (Vec<u8>, u64, usize) {
 fn a_damaged_chain_is_a_typed_error_that_fsck_reports() {
     let (img, f, idx) = image_with_an_index();
     let first = u64::from_le_bytes(img[idx * BLOCK + 32..idx * BLOCK + 40].try_into().unwrap());
-    let cases: Vec<(&str, Box<dyn Fn(&mut Vec<u8>)>)> = vec![
-        (
-            "xattr index: checksum",
-            Box::new(move |i: &mut Vec<u8>| i[idx * BLOCK + 33] ^= 1),
-        ),
-        (
-            "xattr stream: checksum",
-            Box::new(move |i: &mut Vec<u8>| i[first as usize * BLOCK + 100] ^= 1),
-        ),
-        (
-            "xattr block: bad magic",
-            Box::new(move |i: &mut Vec<u8>| i[idx * BLOCK] ^= 1),
-        ),
+    // What to damage (a byte flipped) and what fsck must then say.
+    let cases = [
+        ("xattr index: checksum", idx * BLOCK + 33),
+        ("xattr stream: checksum", first as usize * BLOCK + 100),
+        ("xattr block: bad magic", idx * BLOCK),
     ];
-    for (what, damage) in cases {
+    for (what, at) in cases {
         let mut bad = img.clone();
-        damage(&mut bad);
+        bad[at] ^= 1;
         let e = Volume::open_region(Region::from_image(&bad), VolumeConfig::synchronous())
             .err()
             .unwrap_or_else(|| panic!("{what}: a damaged set mounted"));
