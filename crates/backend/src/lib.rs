@@ -79,6 +79,9 @@ impl fmt::Display for CopyStats {
 
 pub const XATTR_CREATE: i32 = 1;
 pub const XATTR_REPLACE: i32 = 2;
+/// Most bytes a listxattr answers (names, each with its NUL): Linux XATTR_LIST_MAX. A
+/// backend answers a longer list with E2BIG.
+pub const XATTR_LIST_MAX: usize = 64 << 10;
 
 /// Where a read's data goes: the frontend's reply (a FUSE reply, a socket).
 ///

@@ -740,18 +740,19 @@ impl Filesystem for FuseFs {
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         self.count();
-        answer(
-            reply,
-            self.backend.listxattr(&self.ctx(req), ino.0),
-            |reply, names| {
+        let list = self
+            .backend
+            .listxattr(&self.ctx(req), ino.0)
+            .map(|names| {
                 let mut buf = Vec::new();
                 for n in names {
                     buf.extend_from_slice(&n);
                     buf.push(0);
                 }
-                xattr_reply(reply, size, &buf)
-            },
-        )
+                buf
+            })
+            .map_err(|e| e.errno);
+        listxattr_reply(reply, size, list)
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {

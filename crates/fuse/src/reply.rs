@@ -6,6 +6,7 @@ use fuser::{
     Errno, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
     ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
 };
+use zcfs_backend::XATTR_LIST_MAX;
 
 /// A fuser reply that can be answered with an errno (each has its own `error`).
 pub(crate) trait ErrorReply {
@@ -63,5 +64,66 @@ pub(crate) fn xattr_reply(reply: ReplyXattr, size: u32, data: &[u8]) {
         reply.error(Errno::ERANGE)
     } else {
         reply.data(data)
+    }
+}
+
+/// Answer a listxattr: as `xattr_reply`, and a list longer than XATTR_LIST_MAX (the
+/// backend's E2BIG, or a longer list) as the kernel sees a full list of a local file
+/// system: a size-0 probe learns XATTR_LIST_MAX (the kernel clamps any larger size to
+/// it, fs/fuse/xattr.c), and a buffer of any size is too small: ERANGE, which the
+/// kernel turns into E2BIG for a buffer of XATTR_LIST_MAX bytes (fs/xattr.c).
+pub(crate) fn listxattr_reply(reply: ReplyXattr, size: u32, list: Result<Vec<u8>, i32>) {
+    match xattr_answer(size, list.as_deref().map_err(|&e| e)) {
+        XattrAnswer::Size(n) => reply.size(n),
+        XattrAnswer::Data(d) => reply.data(d),
+        XattrAnswer::Error(e) => reply.error(Errno::from_i32(e)),
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum XattrAnswer<'a> {
+    Size(u32),
+    Data(&'a [u8]),
+    Error(i32),
+}
+
+/// What a listxattr with a buffer of `size` bytes answers (see above).
+pub(crate) fn xattr_answer(size: u32, r: Result<&[u8], i32>) -> XattrAnswer<'_> {
+    let too_long = match r {
+        Ok(d) => d.len() > XATTR_LIST_MAX,
+        Err(e) => e == libc::E2BIG,
+    };
+    match r {
+        _ if too_long && size == 0 => XattrAnswer::Size(XATTR_LIST_MAX as u32),
+        _ if too_long => XattrAnswer::Error(libc::ERANGE),
+        Err(e) => XattrAnswer::Error(e),
+        Ok(d) if size == 0 => XattrAnswer::Size(d.len() as u32),
+        Ok(d) if (size as usize) < d.len() => XattrAnswer::Error(libc::ERANGE),
+        Ok(d) => XattrAnswer::Data(d),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn xattr_answers_at_the_bounds() {
+        let full = vec![b'a'; XATTR_LIST_MAX];
+        let over = vec![b'a'; XATTR_LIST_MAX + 1];
+        use XattrAnswer::*;
+        assert_eq!(xattr_answer(0, Ok(b"ab")), Size(2));
+        assert_eq!(xattr_answer(1, Ok(b"ab")), Error(libc::ERANGE));
+        assert_eq!(xattr_answer(2, Ok(b"ab")), Data(b"ab"));
+        assert_eq!(xattr_answer(0, Ok(&full)), Size(XATTR_LIST_MAX as u32));
+        assert_eq!(xattr_answer(65536, Ok(&full)), Data(&full[..]));
+        assert_eq!(xattr_answer(0, Ok(&over)), Size(XATTR_LIST_MAX as u32));
+        assert_eq!(xattr_answer(65536, Ok(&over)), Error(libc::ERANGE));
+        assert_eq!(
+            xattr_answer(0, Err(libc::E2BIG)),
+            Size(XATTR_LIST_MAX as u32)
+        );
+        assert_eq!(xattr_answer(100, Err(libc::E2BIG)), Error(libc::ERANGE));
+        assert_eq!(xattr_answer(0, Err(libc::ENODATA)), Error(libc::ENODATA));
     }
 }

@@ -59,6 +59,14 @@ pub const MAX_SYMLINK: usize = 4095;
 pub const MAX_XATTR_NAME: usize = 255;
 /// Largest extended attribute value (bytes).
 pub const MAX_XATTR_VALUE: usize = 64 << 10;
+/// Most bytes of names (each with its NUL, as Linux counts them: XATTR_LIST_MAX) in one
+/// listxattr reply; a longer list is answered E2BIG, as the kernel does.
+pub const MAX_XATTR_LIST: usize = 64 << 10;
+/// The largest xattr reply or request fits a body: a 64 KiB value with its name, and a
+/// list of `MAX_XATTR_LIST` bytes of one-byte names (3 bytes each on the wire, against 2
+/// counted).
+const _: () = assert!(MAX_XATTR_VALUE + MAX_XATTR_NAME + 64 <= MAX_BODY);
+const _: () = assert!(8 + MAX_XATTR_LIST / 2 * 3 <= MAX_BODY);
 /// Most names in one listxattr reply (each at least 3 bytes on the wire, so this many
 /// fit in a body).
 pub const MAX_XATTR_NAMES: usize = 65_536;

@@ -285,8 +285,15 @@ impl<'a> Conn<'a> {
             }
             Request::Listxattr(r) => {
                 let _g = self.hold([r.node])?;
-                let names = b
-                    .listxattr(ctx, r.node.ino)?
+                let names = b.listxattr(ctx, r.node.ino)?;
+                let len = names.iter().map(|n| n.len() + 1).sum::<usize>();
+                if len > MAX_XATTR_LIST {
+                    return Err(Error::new(
+                        libc::E2BIG,
+                        format!("xattr names take {len} bytes, more than {MAX_XATTR_LIST}"),
+                    ));
+                }
+                let names = names
                     .into_iter()
                     .map(XattrName::new)
                     .collect::<zcfs_protocol::Result<Vec<_>>>()

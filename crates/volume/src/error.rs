@@ -16,8 +16,14 @@ pub enum FsError {
     NoSpace,
     #[error("no free inodes left on the volume")]
     NoInodes,
-    #[error("extended attributes of this inode would exceed one 4 KiB block")]
+    #[error("extended attributes of this inode would exceed their space (1 MiB encoded)")]
     NoSpaceXattr,
+    #[error("extended attribute value of {0} bytes is larger than 65536")]
+    XattrValueTooBig(usize),
+    #[error("extended attribute name must be 1 to 255 bytes without NUL")]
+    XattrNameRange,
+    #[error("extended attribute names need {0} bytes, more than a listxattr can return (65536)")]
+    XattrListTooBig(usize),
     #[error("file name longer than 255 bytes")]
     NameTooLong,
     #[error("no such extended attribute")]
@@ -68,6 +74,8 @@ impl FsError {
             NotEmpty => libc::ENOTEMPTY,
             NoSpace | NoInodes | NoSpaceXattr => libc::ENOSPC,
             NameTooLong => libc::ENAMETOOLONG,
+            XattrValueTooBig(_) | XattrListTooBig(_) => libc::E2BIG,
+            XattrNameRange => libc::ERANGE,
             NoXattr => libc::ENODATA,
             Invalid(_) => libc::EINVAL,
             Stale => libc::ESTALE,

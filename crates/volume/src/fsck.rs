@@ -188,7 +188,7 @@ fn check_state(vol: &Volume, st: &State, report: &mut FsckReport) -> Vec<Fix> {
     for (&ino, i) in &st.inodes {
         let r = &i.rec;
         report.inodes += 1;
-        let derived_blocks = i.map.owned_blocks() + (r.xattr_block != 0) as u64;
+        let derived_blocks = i.owned_blocks();
         owned += derived_blocks;
         let home = PmAddr(geo.inode_off(ino) as u64);
         let pm = InodeRec::decode(vol.meta_read(st, home, INODE_SIZE));

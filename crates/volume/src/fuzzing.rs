@@ -72,6 +72,15 @@ pub fn template_image() -> Vec<u8> {
         )
         .unwrap();
     }
+    // A set too large for one block: the index form and its data blocks.
+    vol.setxattr(
+        &Cred::ROOT,
+        d.ino,
+        b"user.big",
+        &[0x5a; 6000],
+        crate::XattrMode::Any,
+    )
+    .unwrap();
     let g = vol
         .create(&Cred::ROOT, ROOT_INO, b"sparse", 0o600, 0)
         .unwrap();
@@ -119,7 +128,16 @@ pub fn exercise_image(img: &[u8]) {
                     let _ = vol.truncate(&Cred::ROOT, e.ino, a.size / 2);
                 }
             }
-            let _ = vol.listxattr(&Cred::ROOT, e.ino);
+            for n in vol.listxattr(&Cred::ROOT, e.ino).unwrap_or_default() {
+                let _ = vol.getxattr(&Cred::ROOT, e.ino, &n);
+            }
+            let _ = vol.setxattr(
+                &Cred::ROOT,
+                e.ino,
+                b"user.fuzz",
+                &[1; 5000],
+                crate::XattrMode::Any,
+            );
             let _ = vol.access(&Cred::new(1000, 1000, vec![]), e.ino, 4);
             let _ = vol.rename(
                 &Cred::ROOT,

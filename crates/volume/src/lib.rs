@@ -44,7 +44,10 @@ pub use error::{FsError, Result};
 pub use falloc::{FallocMode, Seek};
 pub use flac::{AttachedPages, PageBuf, PflushTxn};
 pub use holder::{read_holder, Holder};
-pub use layout::{Geometry, OpType, Time, BLOCK, NAME_MAX, ROOT_INO};
+pub use layout::{
+    Geometry, OpType, Time, BLOCK, NAME_MAX, ROOT_INO, XATTR_ENTRY_COST, XATTR_LIST_MAX,
+    XATTR_NAME_MAX, XATTR_SET_MAX, XATTR_SIZE_MAX,
+};
 pub use ops::{
     Attr, DirEntry, RenameFlags, SetAttr, SetTime, SizeRight, StatFs, XattrMode, MAX_LINKS,
     MAX_SYMLINK,

@@ -269,6 +269,7 @@ impl Volume {
             },
             map: FileMap::default(),
             xattrs: BTreeMap::new(),
+            xattr_blocks: Vec::new(),
         };
         if let Some(target) = n.symlink {
             let b = txn.take_block();
@@ -453,9 +454,7 @@ impl Volume {
         st.dirs.remove(&ino);
         let mut sink = Sink { vol: self, txn };
         inode.map.clear(&mut sink);
-        if inode.rec.xattr_block != 0 {
-            txn.releases.push(inode.rec.xattr_block);
-        }
+        txn.releases.extend_from_slice(&inode.xattr_blocks);
         st.ialloc.insert(ino);
     }
 

@@ -65,7 +65,7 @@ pub const MAX_SYMLINK: usize = BLOCK - 1;
 
 pub(crate) fn attr_of(i: &Inode) -> Attr {
     let r = &i.rec;
-    let blocks = i.map.owned_blocks() + (r.xattr_block != 0) as u64;
+    let blocks = i.owned_blocks();
     Attr {
         ino: r.ino,
         generation: r.gen as u64,
@@ -88,12 +88,15 @@ pub(crate) type Xattrs = BTreeMap<Vec<u8>, Vec<u8>>;
 
 /// Blocks an xattr set takes on PM (checked before anything changes).
 pub(crate) fn xattr_blocks(x: &BTreeMap<Vec<u8>, Vec<u8>>) -> Result<u64> {
+    Ok(encode_set(x)?.map_or(0, |e| e.blocks()))
+}
+
+/// The on-PM form of an xattr set; none for an empty set.
+fn encode_set(x: &BTreeMap<Vec<u8>, Vec<u8>>) -> Result<Option<EncodedXattrs>> {
     if x.is_empty() {
-        Ok(0)
-    } else if xattrs_size(x) <= BLOCK {
-        Ok(1)
+        Ok(None)
     } else {
-        Err(FsError::NoSpaceXattr)
+        encode_xattr_set(x).map(Some)
     }
 }
 
@@ -304,18 +307,28 @@ impl Volume {
         i.xattrs.get(name).cloned().ok_or(FsError::NoXattr)
     }
 
-    /// The names of `ino`'s extended attributes; trusted.* ones only for root.
+    /// The names of `ino`'s extended attributes; trusted.* ones only for root. A list
+    /// longer than `XATTR_LIST_MAX` (names and their NULs) is E2BIG, as the kernel
+    /// answers it, rather than a list no caller could receive.
     pub fn listxattr(&self, cred: &Cred, ino: u64) -> Result<Vec<Vec<u8>>> {
-        Ok(self
+        let names: Vec<Vec<u8>> = self
             .read_state()
             .inode(ino)?
             .xattrs
             .keys()
             .filter(|n| cred.bypasses_checks() || !n.starts_with(b"trusted."))
             .cloned()
-            .collect())
+            .collect();
+        let len = names.iter().map(|n| n.len() + 1).sum::<usize>();
+        if len > XATTR_LIST_MAX {
+            return Err(FsError::XattrListTooBig(len));
+        }
+        Ok(names)
     }
 
+    /// Set an extended attribute. Names are 1..=`XATTR_NAME_MAX` bytes without NUL
+    /// (else ERANGE, as the kernel); values up to `XATTR_SIZE_MAX` (else E2BIG); the
+    /// inode's whole set costs at most `XATTR_SET_MAX` (else ENOSPC, the set unchanged).
     pub fn setxattr(
         &self,
         cred: &Cred,
@@ -324,13 +337,11 @@ impl Volume {
         value: &[u8],
         mode: XattrMode,
     ) -> Result<()> {
-        if name.is_empty() || name.len() > 255 || name.contains(&0) {
-            return Err(FsError::Invalid(
-                "xattr name must be 1..255 bytes without NUL".into(),
-            ));
+        if name.is_empty() || name.len() > XATTR_NAME_MAX || name.contains(&0) {
+            return Err(FsError::XattrNameRange);
         }
-        if value.len() > BLOCK {
-            return Err(FsError::NoSpaceXattr);
+        if value.len() > XATTR_SIZE_MAX {
+            return Err(FsError::XattrValueTooBig(value.len()));
         }
         let mut st = self.write_state()?;
         let i = st.inode(ino)?;
@@ -345,11 +356,17 @@ impl Volume {
             XattrMode::Replace if !exists => return Err(FsError::NoXattr),
             _ => {}
         }
-        let mut x = i.xattrs.clone();
-        x.insert(name.to_vec(), value.to_vec());
-        if xattrs_size(&x) > BLOCK {
+        let old = i
+            .xattrs
+            .get(name)
+            .map_or(0, |v| XATTR_ENTRY_COST + name.len() + v.len());
+        if xattr_set_cost(&i.xattrs) - old + XATTR_ENTRY_COST + name.len() + value.len()
+            > XATTR_SET_MAX
+        {
             return Err(FsError::NoSpaceXattr);
         }
+        let mut x = i.xattrs.clone();
+        x.insert(name.to_vec(), value.to_vec());
         self.store_xattrs(&mut st, ino, x, None, OpType::SetXattr)
     }
 
@@ -373,8 +390,10 @@ impl Volume {
         self.store_xattrs(&mut st, ino, x, None, OpType::RemoveXattr)
     }
 
-    /// Copy-on-write the xattr block: a new block with the new set, then one record
-    /// switches the inode to it (with its new mode, when an ACL change moves it).
+    /// Copy-on-write the xattr set: new blocks with the new set (the data blocks, then
+    /// the index listing them, or one block for a small set), then one record switches
+    /// the inode to them (with its new mode, when an ACL change moves it); the old
+    /// blocks are released with the entry.
     fn store_xattrs(
         &self,
         st: &mut State,
@@ -383,10 +402,11 @@ impl Volume {
         mode: Option<u32>,
         op: OpType,
     ) -> Result<()> {
+        let enc = encode_set(&x)?;
         let mut txn = Txn::new(op, ino);
         self.reserve_log(&mut txn, ENTRY_OVERHEAD + INODE_RECORD)?;
-        self.reserve_blocks(st, &mut txn, xattr_blocks(&x)?)?;
-        self.put_xattrs(st, &mut txn, ino, x);
+        self.reserve_blocks(st, &mut txn, enc.as_ref().map_or(0, |e| e.blocks()))?;
+        self.write_xattrs(st, &mut txn, ino, x, enc);
         let i = st.inode_mut(ino).expect("checked");
         if let Some(m) = mode {
             i.rec.mode = m;
@@ -405,21 +425,44 @@ impl Volume {
         ino: u64,
         x: BTreeMap<Vec<u8>, Vec<u8>>,
     ) {
-        let new_block = if x.is_empty() {
-            0
-        } else {
-            let bytes = encode_xattrs(&x).expect("sized by xattr_blocks");
-            let b = txn.take_block();
-            self.fresh_write(&b, 0, &bytes);
-            self.fresh_flush(&b, 0, bytes.len());
-            b.publish()
+        let enc = encode_set(&x).expect("sized by xattr_blocks");
+        self.write_xattrs(st, txn, ino, x, enc);
+    }
+
+    fn write_xattrs(
+        &self,
+        st: &mut State,
+        txn: &mut Txn,
+        ino: u64,
+        x: BTreeMap<Vec<u8>, Vec<u8>>,
+        enc: Option<EncodedXattrs>,
+    ) {
+        let blocks = match &enc {
+            None => Vec::new(),
+            Some(EncodedXattrs::Single(bytes)) => vec![self.fresh_block_with(txn, bytes)],
+            Some(e @ EncodedXattrs::Stream { padded, .. }) => {
+                let data: Vec<u64> = padded
+                    .chunks(BLOCK)
+                    .map(|c| self.fresh_block_with(txn, c))
+                    .collect();
+                let index = e.index_block(&data);
+                let mut all = vec![self.fresh_block_with(txn, &index)];
+                all.extend(data);
+                all
+            }
         };
         let i = st.inode_mut(ino).expect("checked");
-        if i.rec.xattr_block != 0 {
-            txn.releases.push(i.rec.xattr_block);
-        }
-        i.rec.xattr_block = new_block;
+        txn.releases.extend_from_slice(&i.xattr_blocks);
+        i.set_xattr_blocks(blocks);
         i.xattrs = x;
         txn.dirty.insert(ino);
+    }
+
+    /// A reserved block of `txn` holding `bytes` (at most a block), written back.
+    fn fresh_block_with(&self, txn: &mut Txn, bytes: &[u8]) -> u64 {
+        let b = txn.take_block();
+        self.fresh_write(&b, 0, bytes);
+        self.fresh_flush(&b, 0, bytes.len());
+        b.publish()
     }
 }

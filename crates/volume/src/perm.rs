@@ -361,6 +361,7 @@ mod tests {
             rec: r.clone(),
             map: Default::default(),
             xattrs: Default::default(),
+            xattr_blocks: Default::default(),
         }
     }
 

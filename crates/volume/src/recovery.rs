@@ -158,23 +158,18 @@ pub(crate) fn load_state(
                 shared.insert(b);
             }
         }
-        let mut xattrs = BTreeMap::new();
         let mut rec = rec;
-        if rec.xattr_block != 0 {
-            let xb = rec.xattr_block;
-            if !is_data(xb) || !balloc.mark_used(xb) {
-                problem(format!(
-                    "inode {ino}: xattr block {xb} is out of range or owned twice"
-                ))?;
-                rec.xattr_block = 0;
-            } else {
-                match decode_xattrs(block(img, xb)) {
-                    Ok(x) => xattrs = x,
-                    Err(e) => problem(format!("inode {ino}: {e}"))?,
-                }
-            }
-        }
-        inodes.insert(ino, Inode { rec, map, xattrs });
+        let (xattrs, xattr_blocks) =
+            load_xattrs(img, ino, &mut rec, &is_data, &mut balloc, problem)?;
+        inodes.insert(
+            ino,
+            Inode {
+                rec,
+                map,
+                xattrs,
+                xattr_blocks,
+            },
+        );
     }
     match inodes.get(&ROOT_INO) {
         Some(r) if r.rec.is_dir() => {}
@@ -288,6 +283,73 @@ pub(crate) fn load_state(
         tainted,
         linkable: HashSet::new(),
     })
+}
+
+type Xattrs = BTreeMap<Vec<u8>, Vec<u8>>;
+
+/// An inode's xattr set and the blocks holding it, each block marked owned. A head
+/// block out of range or owned twice is dropped from the record (it is not the
+/// inode's to free); a damaged index or stream is a problem, the set then empty while
+/// the blocks that could be claimed stay the inode's (freed with it, or on the next
+/// change of its xattrs).
+fn load_xattrs(
+    img: &[u8],
+    ino: u64,
+    rec: &mut InodeRec,
+    is_data: &dyn Fn(u64) -> bool,
+    balloc: &mut BlockAlloc,
+    problem: &mut dyn FnMut(String) -> Result<()>,
+) -> Result<(Xattrs, Vec<u64>)> {
+    let xb = rec.xattr_block;
+    if xb == 0 {
+        return Ok((BTreeMap::new(), Vec::new()));
+    }
+    if !is_data(xb) || !balloc.mark_used(xb) {
+        problem(format!(
+            "inode {ino}: xattr block {xb} is out of range or owned twice"
+        ))?;
+        rec.xattr_block = 0;
+        return Ok((BTreeMap::new(), Vec::new()));
+    }
+    let mut owned = vec![xb];
+    let set = match decode_xattr_head(block(img, xb)) {
+        Ok(XattrHead::Single(x)) => Ok(x),
+        Ok(XattrHead::Index {
+            count,
+            used,
+            crc,
+            blocks,
+        }) => {
+            let mut bad = None;
+            for &b in &blocks {
+                if is_data(b) && balloc.mark_used(b) {
+                    owned.push(b);
+                } else if bad.is_none() {
+                    bad = Some(b);
+                }
+            }
+            match bad {
+                Some(b) => Err(FsError::Corrupt(format!(
+                    "xattr index {xb} lists block {b}, out of range or owned twice"
+                ))),
+                None => {
+                    let mut stream = Vec::with_capacity(blocks.len() * BLOCK);
+                    for &b in &blocks {
+                        stream.extend_from_slice(block(img, b));
+                    }
+                    decode_xattr_stream(&stream, count, used, crc)
+                }
+            }
+        }
+        Err(e) => Err(e),
+    };
+    match set {
+        Ok(x) => Ok((x, owned)),
+        Err(e) => {
+            problem(format!("inode {ino}: {e}"))?;
+            Ok((BTreeMap::new(), owned))
+        }
+    }
 }
 
 fn load_map(img: &[u8], rec: &InodeRec, is_data: &dyn Fn(u64) -> bool) -> Result<FileMap> {

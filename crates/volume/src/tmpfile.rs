@@ -76,6 +76,7 @@ impl Volume {
             },
             map: FileMap::default(),
             xattrs: BTreeMap::new(),
+            xattr_blocks: Vec::new(),
         };
         st.inodes.insert(ino, inode);
         if !xattrs.is_empty() {

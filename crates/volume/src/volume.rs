@@ -22,6 +22,9 @@ pub(crate) struct Inode {
     pub rec: InodeRec,
     pub map: FileMap,
     pub xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
+    /// The blocks holding the xattr set: none, the head block (`rec.xattr_block`)
+    /// alone, or the head (an index) then the data blocks it lists.
+    pub xattr_blocks: Vec<u64>,
 }
 
 impl Inode {
@@ -30,8 +33,19 @@ impl Inode {
         let mut r = self.rec.clone();
         r.map_root = self.map.root;
         r.map_height = self.map.height;
-        r.blocks = self.map.owned_blocks() + (r.xattr_block != 0) as u64;
+        r.blocks = self.owned_blocks();
         r.encode()
+    }
+
+    /// Point the inode at the blocks of its xattr set (head first; none for no set).
+    pub fn set_xattr_blocks(&mut self, blocks: Vec<u64>) {
+        self.rec.xattr_block = blocks.first().copied().unwrap_or(0);
+        self.xattr_blocks = blocks;
+    }
+
+    /// Data-area blocks the inode owns: its map's and its xattr set's.
+    pub fn owned_blocks(&self) -> u64 {
+        self.map.owned_blocks() + self.xattr_blocks.len() as u64
     }
 }
 

@@ -164,8 +164,8 @@ fn xattrs_setattr_statfs_and_setgid() {
     vol.setxattr(&Cred::ROOT, f.ino, b"user.k", b"v2", XattrMode::Replace)
         .unwrap();
     assert!(matches!(
-        vol.setxattr(&Cred::ROOT, f.ino, b"user.big", &[0; 5000], XattrMode::Any),
-        Err(FsError::NoSpaceXattr)
+        vol.setxattr(&Cred::ROOT, f.ino, b"user.big", &[0; 65537], XattrMode::Any),
+        Err(FsError::XattrValueTooBig(65537))
     ));
     let t = Time {
         sec: 1_000_000_000,

@@ -57,6 +57,10 @@ fn cases() -> Vec<(&'static str, Step)> {
             "fallocate-new-levels",
             Step::Fallocate("d1/f".into(), 40 << 20, 3 << 20, 0),
         ),
+        (
+            "xattr-set-index-form",
+            Step::SetXattr("d1/f".into(), "user.big".into(), vec![7; 65536]),
+        ),
     ]);
     c
 }

@@ -371,3 +371,59 @@ fn groups_travel_up_to_the_bound() {
     let e = Request::decode_with_groups(&hd, &body).unwrap_err();
     assert!(!e.is_framing() && e.errno() == libc::EINVAL, "{e}");
 }
+
+/// The largest xattr messages fit a body: a 64 KiB value each way, and a listxattr
+/// reply of `MAX_XATTR_LIST` bytes of names in the shape that costs the most on the
+/// wire (one-byte names) and in the longest names.
+#[test]
+fn the_largest_xattr_messages_fit_a_body() {
+    let node = NodeRef { ino: 2, gen: 1 };
+    let name = XattrName::new(vec![b'u'; MAX_XATTR_NAME]).unwrap();
+    let value = XattrValue::new(vec![7; MAX_XATTR_VALUE]).unwrap();
+    let req = Request::Setxattr(SetxattrReq {
+        node,
+        name,
+        value: value.clone(),
+        flags: 0,
+    });
+    let (h, body) = req.encode(1, Cred { uid: 0, gid: 0 });
+    let h = ReqHeader::decode(&h).unwrap();
+    assert!(body.len() <= MAX_BODY);
+    assert_eq!(Request::decode(&h, &body).unwrap(), req);
+    let lists = [
+        (0..MAX_XATTR_LIST / 2)
+            .map(|i| vec![b'a' + (i % 26) as u8])
+            .collect::<Vec<_>>(),
+        (0..MAX_XATTR_LIST / (MAX_XATTR_NAME + 1))
+            .map(|i| {
+                let mut n = format!("user.{i:03}").into_bytes();
+                n.resize(MAX_XATTR_NAME, b'x');
+                n
+            })
+            .collect(),
+    ];
+    for names in lists {
+        assert_eq!(
+            names.iter().map(|n| n.len() + 1).sum::<usize>(),
+            MAX_XATTR_LIST
+        );
+        let names = List::new(
+            names
+                .into_iter()
+                .map(|n| XattrName::new(n).unwrap())
+                .collect(),
+        )
+        .unwrap();
+        for reply in [
+            Reply::Listxattr(ListxattrReply { names }),
+            Reply::Getxattr(GetxattrReply {
+                value: value.clone(),
+            }),
+        ] {
+            let body = reply.encode();
+            let h = RespHeader::ok(reply.op(), 1, body.len() as u32, 0);
+            let h = RespHeader::decode(&h.encode()).expect("within the reply limits");
+            assert_eq!(Reply::decode(h.op, &body).unwrap(), reply);
+        }
+    }
+}

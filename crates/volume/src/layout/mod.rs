@@ -17,7 +17,11 @@ pub use geometry::Geometry;
 pub use inode::InodeRec;
 pub use log::{LogEntry, OpType, RecData, Record};
 pub use superblock::Superblock;
-pub use xattr::{decode_xattrs, encode_xattrs, xattrs_size};
+pub use xattr::{
+    decode_xattr_head, decode_xattr_stream, decode_xattrs, encode_xattr_set, encode_xattrs,
+    xattr_set_cost, xattrs_size, EncodedXattrs, XattrHead, XATTR_ENTRY_COST, XATTR_LIST_MAX,
+    XATTR_MAX_DATA_BLOCKS, XATTR_NAME_MAX, XATTR_SET_MAX, XATTR_SIZE_MAX,
+};
 
 use crate::error::FsError;
 
@@ -26,11 +30,13 @@ pub const BLOCK_U64: u64 = BLOCK as u64;
 pub const MAGIC: &[u8; 8] = b"ZCFSVOL1";
 /// On-PM format version. 2: log entries count records in 32 bits (version 1 clamped the
 /// count to 16 bits). 3: the inode record's copy-on-write reserve (fallocate) and the
-/// fallocate log entry.
-pub const VERSION: u32 = 3;
+/// fallocate log entry. 4: an inode's xattrs may span blocks (the xattr index block,
+/// `ZXAI`, listing the blocks of the encoded set; values up to 64 KiB).
+pub const VERSION: u32 = 4;
 /// Oldest version this build opens. A version 2 image reads as version 3 with no
-/// reserves (the field was zero); its superblock is rewritten as version 3 at the first
-/// read-write open, after which older builds refuse it by version.
+/// reserves (the field was zero), a version 3 image as version 4 whose xattr sets all
+/// have the single-block form; its superblock is rewritten as the current version at
+/// the first read-write open, after which older builds refuse it by version.
 pub const OLDEST_VERSION: u32 = 2;
 pub const SB_SIZE: usize = 512;
 pub const INODE_SIZE: usize = 128;
@@ -50,6 +56,8 @@ pub const TAIL_WORD: usize = 0;
 pub const HEAD_WORD: usize = 64;
 pub const XATTR_MAGIC: u32 = 0x5441_585a; // "ZXAT"
 pub const XATTR_HDR: usize = 16;
+/// Magic of an xattr index block (format version 4).
+pub const XATTR_INDEX_MAGIC: u32 = 0x4941_585a; // "ZXAI"
 
 const _: () = assert!(INODE_SIZE * INODES_PER_BLOCK == BLOCK);
 const _: () = assert!(PTRS_PER_NODE == 1 << NODE_SHIFT);
@@ -165,6 +173,42 @@ mod tests {
         let v2 = unhex(golden["SB_V2"]);
         assert_eq!(u32_at(&v2, 8..12), 2);
         assert_eq!(Superblock::decode(&v2).unwrap(), sb);
+        // Version 4 added the xattr index block; a version 3 superblock still opens and
+        // its single-block xattr sets decode as before (the XATTR bytes above).
+        let v3 = unhex(golden["SB_V3"]);
+        assert_eq!(u32_at(&v3, 8..12), 3);
+        assert_eq!(Superblock::decode(&v3).unwrap(), sb);
+        let mut block = unhex(golden["XATTR"]);
+        block.resize(BLOCK, 0xee);
+        assert_eq!(
+            decode_xattr_head(&block).unwrap(),
+            XattrHead::Single(x.clone())
+        );
+        // The index form (version 4): a set too large for one block, its stream in
+        // blocks 300..=302 listed by the index.
+        let big: std::collections::BTreeMap<Vec<u8>, Vec<u8>> = (0..3u8)
+            .map(|i| (vec![b'u', b'.', b'a' + i], vec![i; 4000]))
+            .collect();
+        let enc = encode_xattr_set(&big).unwrap();
+        let EncodedXattrs::Stream { ref padded, .. } = enc else {
+            panic!("three 4000-byte values take the index form");
+        };
+        assert_eq!(hex(&padded[..16]), golden["XATTR_STREAM_HEAD"]);
+        let index = enc.index_block(&[300, 301, 302]);
+        assert_eq!(hex(&index), golden["XATTR_INDEX"]);
+        let mut block = index.clone();
+        block.resize(BLOCK, 0xee);
+        let XattrHead::Index {
+            count,
+            used,
+            crc,
+            blocks,
+        } = decode_xattr_head(&block).unwrap()
+        else {
+            panic!("an index block");
+        };
+        assert_eq!(blocks, [300, 301, 302]);
+        assert_eq!(decode_xattr_stream(padded, count, used, crc).unwrap(), big);
         let with_reserve = InodeRec {
             cow_reserve: 0x0102_0304_0506_0708,
             ..ino
