@@ -66,7 +66,11 @@ fn refused<T: std::fmt::Debug>(vol: &Volume, want: i32, f: impl FnOnce() -> Resu
         before,
         "a refused operation changed the volume"
     );
-    assert_eq!(vol.statfs().bfree, free, "a refused operation leaked blocks");
+    assert_eq!(
+        vol.statfs().bfree,
+        free,
+        "a refused operation leaked blocks"
+    );
     vol.mkdir(R, ROOT_INO, b"still-works", 0o755).unwrap();
     vol.rmdir(R, ROOT_INO, b"still-works").unwrap();
 }
@@ -80,7 +84,10 @@ fn refused<T: std::fmt::Debug>(vol: &Volume, want: i32, f: impl FnOnce() -> Resu
 #[test]
 fn chmod_with_a_refused_truncate_of_an_acl_inode_changes_nothing() {
     let vol = memory_volume(8 << 20, VolumeConfig::synchronous());
-    let f = vol.create(R, ROOT_INO, b"f", S_IFREG | 0o640, 0).unwrap().ino;
+    let f = vol
+        .create(R, ROOT_INO, b"f", S_IFREG | 0o640, 0)
+        .unwrap()
+        .ino;
     vol.setxattr(R, f, ACCESS_XATTR, &named_acl(), XattrMode::Any)
         .unwrap();
     let d = vol.mkdir(R, ROOT_INO, b"d", 0o750).unwrap().ino;
@@ -117,6 +124,12 @@ fn an_acl_on_a_symlink_is_refused() {
     });
     refused(&vol, libc::EOPNOTSUPP, || {
         vol.setxattr(R, l, ACCESS_XATTR, &restrictive, XattrMode::Any)
+    });
+    refused(&vol, libc::EOPNOTSUPP, || {
+        vol.removexattr(R, l, ACCESS_XATTR)
+    });
+    refused(&vol, libc::EOPNOTSUPP, || {
+        vol.setxattr(&alice(), l, DEFAULT_XATTR, &named_acl(), XattrMode::Any)
     });
     assert_eq!(vol.getattr(l).unwrap().mode & 0o7777, 0o777);
 }
