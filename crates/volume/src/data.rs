@@ -564,13 +564,7 @@ impl Volume {
         ino: u64,
         size: u64,
     ) -> Result<()> {
-        if size > max_file_size() {
-            return Err(FsError::TooBig);
-        }
-        check_file(st, ino)?;
-        let i = st.inode(ino)?;
-        let partial = !size.is_multiple_of(BLOCK_U64);
-        let need = (size < i.rec.size && partial && i.map.get(size / BLOCK_U64).is_some()) as u64;
+        let need = truncate_blocks(st, ino, size)?;
         self.reserve_blocks(st, txn, need)
     }
 
@@ -631,6 +625,19 @@ const WRITE_MARGIN_BLOCKS: u64 = 16;
 /// Redo bytes of a truncate besides the inode: the punch, and the new last block.
 pub(crate) const TRUNCATE_RECORDS: u64 =
     FileMap::PUNCH_MAX_RECORDS * REC_HDR as u64 + REC_HDR as u64 + 8;
+
+/// Check a truncate of `ino` to `size` and count the fresh blocks it takes (a new
+/// partial last block), without reserving them: a caller that needs blocks for more
+/// than the truncate reserves them all at once, after every check.
+pub(crate) fn truncate_blocks(st: &State, ino: u64, size: u64) -> Result<u64> {
+    if size > max_file_size() {
+        return Err(FsError::TooBig);
+    }
+    check_file(st, ino)?;
+    let i = st.inode(ino)?;
+    let partial = !size.is_multiple_of(BLOCK_U64);
+    Ok((size < i.rec.size && partial && i.map.get(size / BLOCK_U64).is_some()) as u64)
+}
 
 /// Largest file size: the map reaches 512^6 blocks, but offsets stay within i64.
 pub fn max_file_size() -> u64 {

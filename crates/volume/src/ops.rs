@@ -244,12 +244,18 @@ impl Volume {
             &mut txn,
             ENTRY_OVERHEAD + INODE_RECORD + crate::data::TRUNCATE_RECORDS,
         )?;
+        // Every check before the one reservation: a transaction dropped holding
+        // blocks would leak them (and panics with the lock held).
+        let mut blocks = 0;
         if let Some(x) = &acl_xattrs {
-            self.reserve_blocks(st, &mut txn, xattr_blocks(x)?)?;
+            blocks += xattr_blocks(x)?;
         }
         if let Some(size) = set.size {
             txn.op = OpType::Truncate;
-            self.plan_truncate(st, &mut txn, ino, size)?;
+            blocks += crate::data::truncate_blocks(st, ino, size)?;
+        }
+        if acl_xattrs.is_some() || set.size.is_some() {
+            self.reserve_blocks(st, &mut txn, blocks)?;
         }
         if let Some(size) = set.size {
             self.apply_truncate(st, &mut txn, ino, size);

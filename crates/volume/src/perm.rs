@@ -11,7 +11,7 @@
 
 use crate::acl::{Acl, ACCESS_XATTR, DEFAULT_XATTR};
 use crate::error::{FsError, Result};
-use crate::layout::{InodeRec, S_IFBLK, S_IFCHR, S_IFDIR, S_IFMT, S_IFREG, S_ISGID};
+use crate::layout::{InodeRec, S_IFBLK, S_IFCHR, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, S_ISGID};
 use crate::volume::Inode;
 use zcfs_types::{Cred, SetAttr, SetTime};
 
@@ -289,6 +289,10 @@ pub(crate) fn check_xattr(cred: &Cred, inode: &Inode, name: &[u8], write: bool) 
             "attribute {:?}",
             String::from_utf8_lossy(name)
         )));
+    }
+    if write && rec.mode & S_IFMT == S_IFLNK && (name == ACCESS_XATTR || name == DEFAULT_XATTR) {
+        // A symbolic link has no ACL (Linux's link inodes have no set_acl).
+        return Err(FsError::Unsupported("POSIX ACL on a symbolic link".into()));
     }
     if cred.checked {
         return Ok(());
