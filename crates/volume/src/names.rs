@@ -652,7 +652,7 @@ pub(crate) fn inherited(
     mode: u32,
     umask: u32,
     is_dir: bool,
-) -> Result<(u32, BTreeMap<Vec<u8>, Vec<u8>>)> {
+) -> Result<(u32, crate::ops::Xattrs)> {
     let dir_default = dir.xattrs.get(acl::DEFAULT_XATTR).map(|v| &v[..]);
     let inh = acl::inherit(dir_default, mode, umask, is_dir)?;
     let mut x = BTreeMap::new();

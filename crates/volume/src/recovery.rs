@@ -285,7 +285,7 @@ pub(crate) fn load_state(
     })
 }
 
-type Xattrs = BTreeMap<Vec<u8>, Vec<u8>>;
+use crate::ops::Xattrs;
 
 /// An inode's xattr set and the blocks holding it, each block marked owned. A head
 /// block out of range or owned twice is dropped from the record (it is not the
