@@ -147,11 +147,39 @@ impl MapSink for Sink<'_> {
     }
 }
 
+/// Most blocks kept back from ordinary allocations for metadata rewrites that give
+/// back what they take: copy-on-write needs the new block before the old one is
+/// freed, so without a reserve a chmod that rewrites an access ACL, or an xattr change
+/// that does not grow the set, would fail with ENOSPC on a full volume (btrfs keeps a
+/// global reserve for the same reason). statfs counts the reserve as used.
+pub const METADATA_RESERVE_MAX: u64 = 8;
+
+/// Blocks of a volume with `data_blocks` kept back: [`METADATA_RESERVE_MAX`], and at
+/// most 1/64 of a small volume's data area.
+pub fn metadata_reserve(data_blocks: u64) -> u64 {
+    METADATA_RESERVE_MAX.min(data_blocks / 64)
+}
+
 impl Volume {
+    /// Blocks ordinary allocations leave alone (see [`METADATA_RESERVE_MAX`]).
+    pub(crate) fn metadata_reserve(&self) -> u64 {
+        metadata_reserve(self.geo.data_blocks)
+    }
+
     /// Make sure `n` blocks can be allocated without touching the blocks promised to
-    /// files (`State::reserved`), checkpointing to release deferred frees.
+    /// files (`State::reserved`) or, unless `rewrite`, the metadata reserve,
+    /// checkpointing to release deferred frees.
     pub(crate) fn ensure_blocks(&self, st: &mut State, n: u64) -> Result<()> {
-        let unpromised = |st: &State| st.balloc.free_count().saturating_sub(st.reserved);
+        self.ensure_blocks_of(st, n, false)
+    }
+
+    fn ensure_blocks_of(&self, st: &mut State, n: u64, rewrite: bool) -> Result<()> {
+        let held_back = if rewrite { 0 } else { self.metadata_reserve() };
+        let unpromised = |st: &State| {
+            st.balloc
+                .free_count()
+                .saturating_sub(st.reserved + held_back)
+        };
         if unpromised(st) >= n {
             return Ok(());
         }
@@ -167,11 +195,33 @@ impl Volume {
     /// Reserve `n` blocks into `txn`'s pool: the only way an operation gets blocks, so
     /// running out is found before anything changes.
     pub(crate) fn reserve_blocks(&self, st: &mut State, txn: &mut Txn, n: u64) -> Result<()> {
+        self.reserve_blocks_of(st, txn, n, 0)
+    }
+
+    /// `reserve_blocks` for a rewrite that releases `releasing` blocks when it commits:
+    /// when it takes no more than it gives back, it may use the metadata reserve.
+    pub(crate) fn reserve_rewrite_blocks(
+        &self,
+        st: &mut State,
+        txn: &mut Txn,
+        n: u64,
+        releasing: u64,
+    ) -> Result<()> {
+        self.reserve_blocks_of(st, txn, n, releasing)
+    }
+
+    fn reserve_blocks_of(
+        &self,
+        st: &mut State,
+        txn: &mut Txn,
+        n: u64,
+        releasing: u64,
+    ) -> Result<()> {
         self.fault_point(|| FsError::NoSpace)?;
         if n == 0 {
             return Ok(());
         }
-        self.ensure_blocks(st, n)?;
+        self.ensure_blocks_of(st, n, n <= releasing)?;
         let got = st.balloc.alloc(n as usize)?;
         txn.pool
             .extend(got.into_iter().map(FreshBlock::from_allocator));

@@ -36,6 +36,7 @@ mod tmpfile;
 pub mod trace;
 mod volume;
 
+pub use commit::{metadata_reserve, METADATA_RESERVE_MAX};
 pub use config::{
     CommitFault, FaultPlan, MkfsOptions, RootDir, Stats, StatsSnapshot, TraceHook, VolumeConfig,
 };

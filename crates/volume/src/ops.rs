@@ -255,7 +255,14 @@ impl Volume {
             blocks += crate::data::truncate_blocks(st, ino, size)?;
         }
         if acl_xattrs.is_some() || set.size.is_some() {
-            self.reserve_blocks(st, &mut txn, blocks)?;
+            // The ACL rewrite gives its old blocks back: alone, it may use the
+            // metadata reserve (a chmod must work on a full volume).
+            let releasing = if set.size.is_none() {
+                st.inode(ino)?.xattr_blocks.len() as u64
+            } else {
+                0
+            };
+            self.reserve_rewrite_blocks(st, &mut txn, blocks, releasing)?;
         }
         if let Some(size) = set.size {
             self.apply_truncate(st, &mut txn, ino, size);
@@ -292,8 +299,9 @@ impl Volume {
     pub fn statfs(&self) -> StatFs {
         let st = self.read_state();
         // Blocks promised to preallocated files count as used, as on ext4.
-        let bfree =
-            (st.balloc.free_count() + st.deferred_frees.len() as u64).saturating_sub(st.reserved);
+        // So does the metadata reserve (it is there for rewrites, not for data).
+        let bfree = (st.balloc.free_count() + st.deferred_frees.len() as u64)
+            .saturating_sub(st.reserved + self.metadata_reserve());
         StatFs {
             blocks: self.geo.data_blocks,
             bfree,
@@ -411,7 +419,11 @@ impl Volume {
         let enc = encode_set(&x)?;
         let mut txn = Txn::new(op, ino);
         self.reserve_log(&mut txn, ENTRY_OVERHEAD + INODE_RECORD)?;
-        self.reserve_blocks(st, &mut txn, enc.as_ref().map_or(0, |e| e.blocks()))?;
+        // A set that takes no more blocks than the one it replaces may use the
+        // metadata reserve (removing or shrinking attributes works on a full volume).
+        let releasing = st.inode(ino)?.xattr_blocks.len() as u64;
+        let need = enc.as_ref().map_or(0, |e| e.blocks());
+        self.reserve_rewrite_blocks(st, &mut txn, need, releasing)?;
         self.write_xattrs(st, &mut txn, ino, x, enc);
         let i = st.inode_mut(ino).expect("checked");
         if let Some(m) = mode {

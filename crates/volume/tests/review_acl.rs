@@ -165,12 +165,12 @@ fn mkdir_under_a_large_default_acl_inherits_it() {
     assert!(r.is_clean(), "{:?}", r.problems);
 }
 
-/// chmod of a file with an access ACL rewrites the ACL into a fresh xattr block, so on
-/// a full volume it fails with ENOSPC -- also a chmod go-rwx meant to close a file,
-/// which then stays open to the ACL's named users. tmpfs (and ext4, which rewrites
-/// the xattr in place) take the chmod. All-or-nothing holds: nothing changes.
+/// chmod of a file with an access ACL rewrites the ACL into a fresh xattr block; on a
+/// full volume that used to fail with ENOSPC -- also a chmod go-rwx meant to close a
+/// file, which then stayed open to the ACL's named users. tmpfs (and ext4, which
+/// rewrites the xattr in place) take the chmod; so does zcfs now, from the metadata
+/// reserve (`METADATA_RESERVE_MAX`), and the reserve comes back with the old block.
 #[test]
-#[ignore = "open: chmod of an inode with an access ACL needs a free block (copy-on-write xattr block); on a full volume it is refused with ENOSPC and the file stays readable through the ACL"]
 fn chmod_of_an_acl_file_succeeds_on_a_full_volume() {
     let vol = memory_volume(2 << 20, VolumeConfig::synchronous());
     let f = vol
@@ -208,4 +208,49 @@ fn chmod_of_an_acl_file_succeeds_on_a_full_volume() {
         .expect("chmod on a full volume");
     let bob = Cred::new(1001, 1001, vec![]);
     assert_eq!(errno(vol.access(&bob, f, 4)), libc::EACCES);
+    // Again and again: each rewrite gives back what it took.
+    for m in [0o640, 0o600, 0o660, 0o600] {
+        let chmod = SetAttr {
+            mode: Some(m),
+            ..Default::default()
+        };
+        vol.setattr(R, f, &chmod, SizeRight::Permission)
+            .expect("chmod on a full volume, repeated");
+    }
+    // Removing the ACL works too and frees its block, which data may then take; the
+    // reserve it may not.
+    vol.removexattr(R, f, ACCESS_XATTR).unwrap();
+    assert_eq!(vol.statfs().bfree, 1);
+    assert_eq!(vol.write(R, fill, off, &chunk[..BLOCK]).unwrap(), BLOCK);
+    off += BLOCK as u64;
+    assert_eq!(
+        errno(vol.write(R, fill, off, &chunk[..BLOCK])),
+        libc::ENOSPC
+    );
+    assert_eq!(vol.statfs().bfree, 0);
+    let r = zcfs_volume::fsck::check_volume(&vol);
+    assert!(r.is_clean(), "{:?}", r.problems);
+}
+
+#[test]
+fn the_metadata_reserve_is_bounded_and_hidden_from_statfs() {
+    use zcfs_volume::{metadata_reserve, METADATA_RESERVE_MAX};
+    assert_eq!(
+        metadata_reserve(64 * METADATA_RESERVE_MAX),
+        METADATA_RESERVE_MAX
+    );
+    assert_eq!(
+        metadata_reserve(64 * METADATA_RESERVE_MAX - 1),
+        METADATA_RESERVE_MAX - 1
+    );
+    assert_eq!(metadata_reserve(1 << 30), METADATA_RESERVE_MAX);
+    assert_eq!(metadata_reserve(63), 0);
+    let vol = memory_volume(2 << 20, VolumeConfig::synchronous());
+    let s = vol.statfs();
+    let used_by_root = s.blocks - s.bfree;
+    // A fresh volume: the root directory's blocks plus the reserve (1/64 of this
+    // small volume's data area).
+    let reserve = metadata_reserve(s.blocks);
+    assert!(reserve > 0 && reserve <= METADATA_RESERVE_MAX);
+    assert!(used_by_root >= reserve, "{used_by_root}");
 }
