@@ -371,7 +371,7 @@ fn apply_repairs(vol: &Arc<Volume>, fixes: &[Fix], report: &mut FsckReport) -> R
             }
             Fix::DropXattrs(ino) => {
                 if let Some(i) = st.inodes.get_mut(&ino) {
-                    txn.releases.extend(i.xattr_blocks.drain(..));
+                    txn.releases.append(&mut i.xattr_blocks);
                     i.set_xattr_blocks(Vec::new());
                     i.xattrs.clear();
                     txn.dirty.insert(ino);

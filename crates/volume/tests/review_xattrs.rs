@@ -307,7 +307,9 @@ fn removing_an_xattr_from_a_large_set_works_on_a_full_volume() {
 }
 
 /// The names in the root directory and `f`'s xattrs: what a crash may keep or lose.
-fn snapshot(vol: &Volume, f: u64) -> (Vec<Vec<u8>>, BTreeMap<Vec<u8>, Vec<u8>>) {
+type Xattrs = BTreeMap<Vec<u8>, Vec<u8>>;
+
+fn snapshot(vol: &Volume, f: u64) -> (Vec<Vec<u8>>, Xattrs) {
     let mut names = Vec::new();
     vol.readdir(ROOT_INO, 0, |e| {
         names.push(e.name);
