@@ -149,6 +149,8 @@ enum Fix {
     BlocksField(u64),
     Orphan(u64),
     Reserve(u64),
+    /// Drop an xattr set that could not be read, releasing the blocks it owns.
+    DropXattrs(u64),
 }
 
 fn check_state(vol: &Volume, st: &State, report: &mut FsckReport) -> Vec<Fix> {
@@ -184,6 +186,8 @@ fn check_state(vol: &Volume, st: &State, report: &mut FsckReport) -> Vec<Fix> {
             }
         }
     }
+    // The load reported why each of these sets is unreadable.
+    fixes.extend(st.damaged_xattrs.iter().map(|&ino| Fix::DropXattrs(ino)));
     let mut owned = 0u64;
     for (&ino, i) in &st.inodes {
         let r = &i.rec;
@@ -364,6 +368,18 @@ fn apply_repairs(vol: &Arc<Volume>, fixes: &[Fix], report: &mut FsckReport) -> R
                         "inode {ino}: copy-on-write reserve lowered to {max}"
                     ));
                 }
+            }
+            Fix::DropXattrs(ino) => {
+                if let Some(i) = st.inodes.get_mut(&ino) {
+                    txn.releases.append(&mut i.xattr_blocks);
+                    i.set_xattr_blocks(Vec::new());
+                    i.xattrs.clear();
+                    txn.dirty.insert(ino);
+                    report.repaired.push(format!(
+                        "inode {ino}: unreadable extended attributes dropped"
+                    ));
+                }
+                st.damaged_xattrs.remove(&ino);
             }
             Fix::Orphan(ino) => {
                 let Some(inode) = st.inodes.get(&ino) else {

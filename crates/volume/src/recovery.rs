@@ -124,6 +124,7 @@ pub(crate) fn load_state(
     let mut gens = vec![0u32; geo.inode_count as usize];
     let mut inodes: HashMap<u64, Inode> = HashMap::new();
     let mut shared: HashSet<u64> = HashSet::new();
+    let mut damaged_xattrs: HashSet<u64> = HashSet::new();
     let is_data = |b: u64| geo.is_data_block(b);
     for ino in 1..=geo.inode_count {
         let bytes = &img[geo.inode_off(ino)..geo.inode_off(ino) + INODE_SIZE];
@@ -159,8 +160,14 @@ pub(crate) fn load_state(
             }
         }
         let mut rec = rec;
-        let (xattrs, xattr_blocks) =
-            load_xattrs(img, ino, &mut rec, &is_data, &mut balloc, problem)?;
+        let (xattrs, xattr_blocks) = match load_xattrs(img, &mut rec, &is_data, &mut balloc) {
+            Ok(loaded) => loaded,
+            Err((e, owned)) => {
+                problem(format!("inode {ino}: {e}"))?;
+                damaged_xattrs.insert(ino);
+                (BTreeMap::new(), owned)
+            }
+        };
         inodes.insert(
             ino,
             Inode {
@@ -281,6 +288,7 @@ pub(crate) fn load_state(
         deferred_pinned: 0,
         pins: HashMap::new(),
         tainted,
+        damaged_xattrs,
         linkable: HashSet::new(),
     })
 }
@@ -289,27 +297,25 @@ use crate::ops::Xattrs;
 
 /// An inode's xattr set and the blocks holding it, each block marked owned. A head
 /// block out of range or owned twice is dropped from the record (it is not the
-/// inode's to free); a damaged index or stream is a problem, the set then empty while
-/// the blocks that could be claimed stay the inode's (freed with it, or on the next
-/// change of its xattrs).
+/// inode's to free); for it, a damaged index or a damaged stream the error comes with
+/// the blocks that could be claimed, which stay the inode's (a repair releases them
+/// with the set: `State::damaged_xattrs`).
 fn load_xattrs(
     img: &[u8],
-    ino: u64,
     rec: &mut InodeRec,
     is_data: &dyn Fn(u64) -> bool,
     balloc: &mut BlockAlloc,
-    problem: &mut dyn FnMut(String) -> Result<()>,
-) -> Result<(Xattrs, Vec<u64>)> {
+) -> std::result::Result<(Xattrs, Vec<u64>), (FsError, Vec<u64>)> {
     let xb = rec.xattr_block;
     if xb == 0 {
         return Ok((BTreeMap::new(), Vec::new()));
     }
     if !is_data(xb) || !balloc.mark_used(xb) {
-        problem(format!(
-            "inode {ino}: xattr block {xb} is out of range or owned twice"
-        ))?;
         rec.xattr_block = 0;
-        return Ok((BTreeMap::new(), Vec::new()));
+        return Err((
+            FsError::Corrupt(format!("xattr block {xb} is out of range or owned twice")),
+            Vec::new(),
+        ));
     }
     let mut owned = vec![xb];
     let set = match decode_xattr_head(block(img, xb)) {
@@ -345,10 +351,7 @@ fn load_xattrs(
     };
     match set {
         Ok(x) => Ok((x, owned)),
-        Err(e) => {
-            problem(format!("inode {ino}: {e}"))?;
-            Ok((BTreeMap::new(), owned))
-        }
+        Err(e) => Err((e, owned)),
     }
 }
 

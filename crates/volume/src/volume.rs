@@ -87,6 +87,9 @@ pub(crate) struct State {
     /// Inodes sharing a block with another (damaged image, seen only by fsck): never
     /// freed by reaping or repair, which would free the block twice.
     pub tainted: HashSet<u64>,
+    /// Inodes whose xattr set could not be read (a damaged head, index or stream;
+    /// fsck only): a repair drops the set and releases the blocks it owns.
+    pub damaged_xattrs: HashSet<u64>,
     /// O_TMPFILE files (link count 0) that may still get their first name (tmpfile.rs);
     /// DRAM only: after a crash they are reaped.
     pub linkable: HashSet<u64>,
