@@ -148,16 +148,18 @@ impl MapSink for Sink<'_> {
 }
 
 /// Most blocks kept back from ordinary allocations for metadata rewrites that give
-/// back what they take: copy-on-write needs the new block before the old one is
-/// freed, so without a reserve a chmod that rewrites an access ACL, or an xattr change
-/// that does not grow the set, would fail with ENOSPC on a full volume (btrfs keeps a
-/// global reserve for the same reason). statfs counts the reserve as used.
-pub const METADATA_RESERVE_MAX: u64 = 8;
+/// back what they take: copy-on-write needs the new blocks before the old ones are
+/// freed, so without a reserve a chmod that rewrites an access ACL, or removing an
+/// xattr from a set, would fail with ENOSPC on a full volume, where Linux file systems
+/// let a user remove attributes to free space (btrfs keeps a global reserve for the
+/// same reason). Enough for the largest xattr set (its data blocks and index: 1 MiB);
+/// statfs counts the reserve as used.
+pub const METADATA_RESERVE_MAX: u64 = crate::layout::XATTR_MAX_DATA_BLOCKS as u64 + 1;
 
 /// Blocks of a volume with `data_blocks` kept back: [`METADATA_RESERVE_MAX`], and at
-/// most 1/64 of a small volume's data area.
+/// most 1/16 of a small volume's data area (ext4 keeps 5 % for root).
 pub fn metadata_reserve(data_blocks: u64) -> u64 {
-    METADATA_RESERVE_MAX.min(data_blocks / 64)
+    METADATA_RESERVE_MAX.min(data_blocks / 16)
 }
 
 impl Volume {

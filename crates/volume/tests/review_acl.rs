@@ -236,19 +236,20 @@ fn chmod_of_an_acl_file_succeeds_on_a_full_volume() {
 fn the_metadata_reserve_is_bounded_and_hidden_from_statfs() {
     use zcfs_volume::{metadata_reserve, METADATA_RESERVE_MAX};
     assert_eq!(
-        metadata_reserve(64 * METADATA_RESERVE_MAX),
+        metadata_reserve(16 * METADATA_RESERVE_MAX),
         METADATA_RESERVE_MAX
     );
     assert_eq!(
-        metadata_reserve(64 * METADATA_RESERVE_MAX - 1),
+        metadata_reserve(16 * METADATA_RESERVE_MAX - 1),
         METADATA_RESERVE_MAX - 1
     );
+    assert_eq!(metadata_reserve(16), 1);
     assert_eq!(metadata_reserve(1 << 30), METADATA_RESERVE_MAX);
-    assert_eq!(metadata_reserve(63), 0);
+    assert_eq!(metadata_reserve(15), 0);
     let vol = memory_volume(2 << 20, VolumeConfig::synchronous());
     let s = vol.statfs();
     let used_by_root = s.blocks - s.bfree;
-    // A fresh volume: the root directory's blocks plus the reserve (1/64 of this
+    // A fresh volume: the root directory's blocks plus the reserve (1/16 of this
     // small volume's data area).
     let reserve = metadata_reserve(s.blocks);
     assert!(reserve > 0 && reserve <= METADATA_RESERVE_MAX);

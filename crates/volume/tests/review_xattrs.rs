@@ -279,9 +279,8 @@ fn a_damaged_index_pointing_outside_its_set_is_refused() {
 /// Removing an attribute from a large set on a full volume: Linux file systems
 /// (ext4, tmpfs) always let a caller remove an xattr, which is how one frees the
 /// space; here the copy-on-write rewrite needs as many fresh blocks as the remaining
-/// set takes (up to 256 for one removal).
+/// set takes (up to 256 for one removal), which come from the metadata reserve.
 #[test]
-#[ignore = "open: removexattr on a full volume needs fresh blocks for the whole rewritten set (ENOSPC); needs an in-place or reserved-space path"]
 fn removing_an_xattr_from_a_large_set_works_on_a_full_volume() {
     let vol = memory_volume(4 << 20, VolumeConfig::synchronous());
     let f = new_file(&vol, ROOT_INO, b"f");
