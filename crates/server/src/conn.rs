@@ -395,6 +395,10 @@ impl<'a> Conn<'a> {
         access: Access,
     ) -> Result<(u64, bool), Error> {
         if fh == 0 {
+            if node.gen == 0 {
+                // (With a generation, `hold` checks this.)
+                self.reachable(node.ino, None)?;
+            }
             // No handle: nothing was authorized at an open, so the caller is checked
             // now, as open would check it (the backend trusts its handle 0).
             let mask = match access {
