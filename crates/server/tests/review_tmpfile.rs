@@ -215,3 +215,42 @@ fn another_client_cannot_keep_an_unlinked_open_file_alive() {
         "mallory's lookup of \".\" is refused, and the orphan is freed when alice is done"
     );
 }
+
+/// Send `req` as `cred` with request id `id` on `raw` and wait for its reply.
+fn call_id(raw: &mut Raw, id: u64, req: impl Into<Request>, cred: Cred) -> RawReply {
+    let (h, body) = req.into().encode(id, cred);
+    raw.send(&h, &body, &[]);
+    raw.receive(id)
+}
+
+/// A TmpFile whose reply was lost is sent again with its id on a new connection of the
+/// session: it is answered from the reply cache, so there is one orphan, not a second
+/// one nobody knows of; when the session ends (the server stops) the orphan is freed.
+#[test]
+fn a_resent_tmpfile_makes_one_orphan_and_the_session_frees_it() {
+    let fs = memory_fs(64 * MIB);
+    let srv = Running::start(fs.clone(), squashing());
+    let mut a = srv.raw(0x7321);
+    let shared = shared_dir(&mut a);
+    let free0 = fs.statfs().unwrap().ffree;
+    let first = call_id(&mut a, 77, tmpfile_req(shared, 0o600, libc::O_RDWR), ALICE);
+    assert_eq!(first.status, 0);
+    drop(a);
+    let mut b = srv.raw(0x7321);
+    let again = call_id(&mut b, 77, tmpfile_req(shared, 0o600, libc::O_RDWR), ALICE);
+    assert_eq!(
+        (again.status, &again.body),
+        (0, &first.body),
+        "the same reply"
+    );
+    assert_eq!(fs.statfs().unwrap().ffree, free0 - 1, "one orphan");
+    let r = srv.report();
+    assert_eq!(r.ops["tmpfile"].count, 1, "executed once");
+    drop(b);
+    srv.stop();
+    assert_eq!(
+        fs.statfs().unwrap().ffree,
+        free0,
+        "the session's orphan is freed"
+    );
+}
