@@ -59,8 +59,11 @@ fn backend_err(what: &'static str) -> impl Fn(ProtoError) -> Error {
 }
 
 impl<'a> Conn<'a> {
-    /// Check the generation of every node that names one (hold it for the operation),
-    /// and that each node is reachable by this session (`reachable`).
+    /// Check the generation of every node that names one, and that each node is
+    /// reachable by this session (`reachable`), holding it for the operation. A node
+    /// without a generation is held too unless the session holds it already (or it is
+    /// the root): the inode checked is then the one the operation sees (its number
+    /// cannot be freed and reused for another client's tmpfile in between).
     pub(crate) fn hold<const N: usize>(&self, nodes: [NodeRef; N]) -> Result<Held<'a, N>> {
         let backend: &'a dyn Backend = &*self.shared.backend;
         let mut held = Held {
@@ -68,14 +71,13 @@ impl<'a> Conn<'a> {
             inos: [None; N],
         };
         for (i, n) in nodes.iter().enumerate() {
-            if n.gen == 0 {
-                self.reachable(n.ino, None)?;
+            if n.gen == 0 && (n.ino == zcfs_backend::ROOT || self.session.holds(n.ino)) {
                 continue;
             }
             match backend.hold(n.ino, n.gen) {
                 Ok(a) => {
                     held.inos[i] = Some(n.ino);
-                    self.reachable(n.ino, Some(a.nlink))?;
+                    self.reachable(n.ino, a.nlink)?;
                 }
                 Err(e) if e.errno == libc::ENOENT || e.errno == libc::ESTALE => {
                     return Err(stale(*n))
@@ -89,18 +91,8 @@ impl<'a> Conn<'a> {
     /// A peer names inodes by number, so it can name one that no directory names (an
     /// O_TMPFILE file, a file unlinked while open, a removed directory): only a session
     /// that holds it (an entry it was given, or an open handle) may reach it, as on
-    /// Linux only its openers can. `nlink` is the link count if the caller knows it;
-    /// an inode the backend cannot find is left to the operation to report.
-    pub(crate) fn reachable(&self, ino: u64, nlink: Option<u32>) -> Result<()> {
-        let nlink = match nlink {
-            Some(n) => n,
-            // The root always has names ("." and ".." at least).
-            None if ino == zcfs_backend::ROOT || self.session.holds(ino) => return Ok(()),
-            None => match self.shared.backend.getattr(ino) {
-                Ok(a) => a.nlink,
-                Err(_) => return Ok(()),
-            },
-        };
+    /// Linux only its openers can. `nlink` is its link count, read while it is held.
+    pub(crate) fn reachable(&self, ino: u64, nlink: u32) -> Result<()> {
         if nlink == 0 && !self.session.holds(ino) {
             return Err(unreachable(ino));
         }
@@ -145,7 +137,7 @@ impl<'a> Conn<'a> {
             // handle: FUSE's export support looks a node id up this way).
             Request::Lookup(r) if &*r.name == b"." => {
                 let a = b.hold(r.parent.ino, r.parent.gen)?;
-                self.reachable(a.ino, Some(a.nlink))
+                self.reachable(a.ino, a.nlink)
                     .inspect_err(|_| b.forget(a.ino, 1))?;
                 Reply::Lookup(self.entry(a))
             }
