@@ -162,6 +162,9 @@ wire_struct! {
         /// open(2) flags: O_WRONLY or O_RDWR; O_EXCL makes the file unlinkable.
         pub flags: i32,
     }
+    check(r) {
+        check_umask(r.umask)
+    }
 }
 
 wire_struct! {

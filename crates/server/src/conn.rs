@@ -385,8 +385,8 @@ impl<'a> Conn<'a> {
     /// The backend handle a request names, checked against the session: fh 0 is "no
     /// handle"; any other must be this session's handle for that inode, opened for
     /// `access` (EBADF otherwise, as for a file descriptor). Also says whether the
-    /// node's generation still needs a check (the handle vouches for it when it was
-    /// opened at a known generation).
+    /// node still needs `hold` (always without a handle; with one, the handle vouches
+    /// for it when it was opened at a known generation).
     pub(crate) fn resolve(
         &self,
         ctx: &Ctx,
@@ -405,7 +405,9 @@ impl<'a> Conn<'a> {
             if mask != 0 {
                 self.shared.backend.access(ctx, node.ino, mask)?;
             }
-            return Ok((0, node.gen != 0));
+            // Held for the operation (`hold`), with or without a generation: the
+            // node must be reachable by this session.
+            return Ok((0, true));
         }
         let h = self.session.handle(fh, node.ino, access)?;
         if node.gen != 0 && h.gen != 0 {

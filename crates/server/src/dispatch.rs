@@ -17,6 +17,16 @@ pub(crate) fn stale(n: NodeRef) -> Error {
     )
 }
 
+/// ESTALE for an inode no directory names (an O_TMPFILE file, a file unlinked while
+/// open) that the session does not hold: on Linux only the processes that have it open
+/// reach it, so another client must not link, open, read, write or hold it.
+fn unreachable(ino: u64) -> Error {
+    Error::new(
+        libc::ESTALE,
+        format!("inode {ino} has no name and this client holds no reference to it"),
+    )
+}
+
 /// References taken to check generations, given back when the operation is done, so
 /// the check and the operation see the same inode.
 pub(crate) struct Held<'a, const N: usize> {
@@ -49,7 +59,11 @@ fn backend_err(what: &'static str) -> impl Fn(ProtoError) -> Error {
 }
 
 impl<'a> Conn<'a> {
-    /// Check the generation of every node that names one (hold it for the operation).
+    /// Check the generation of every node that names one, and that each node is
+    /// reachable by this session (`reachable`), holding it for the operation. A node
+    /// without a generation is held too unless the session holds it already (or it is
+    /// the root): the inode checked is then the one the operation sees (its number
+    /// cannot be freed and reused for another client's tmpfile in between).
     pub(crate) fn hold<const N: usize>(&self, nodes: [NodeRef; N]) -> Result<Held<'a, N>> {
         let backend: &'a dyn Backend = &*self.shared.backend;
         let mut held = Held {
@@ -57,11 +71,14 @@ impl<'a> Conn<'a> {
             inos: [None; N],
         };
         for (i, n) in nodes.iter().enumerate() {
-            if n.gen == 0 {
+            if n.gen == 0 && (n.ino == zcfs_backend::ROOT || self.session.holds(n.ino)) {
                 continue;
             }
             match backend.hold(n.ino, n.gen) {
-                Ok(_) => held.inos[i] = Some(n.ino),
+                Ok(a) => {
+                    held.inos[i] = Some(n.ino);
+                    self.reachable(n.ino, a.nlink)?;
+                }
                 Err(e) if e.errno == libc::ENOENT || e.errno == libc::ESTALE => {
                     return Err(stale(*n))
                 }
@@ -69,6 +86,17 @@ impl<'a> Conn<'a> {
             }
         }
         Ok(held)
+    }
+
+    /// A peer names inodes by number, so it can name one that no directory names (an
+    /// O_TMPFILE file, a file unlinked while open, a removed directory): only a session
+    /// that holds it (an entry it was given, or an open handle) may reach it, as on
+    /// Linux only its openers can. `nlink` is its link count, read while it is held.
+    pub(crate) fn reachable(&self, ino: u64, nlink: u32) -> Result<()> {
+        if nlink == 0 && !self.session.holds(ino) {
+            return Err(unreachable(ino));
+        }
+        Ok(())
     }
 
     /// A handle named by (node, fh) for flush/fsync/fallocate, open for `access`, with
@@ -108,7 +136,10 @@ impl<'a> Conn<'a> {
             // "." names the node itself, whatever its type (a client opening a file
             // handle: FUSE's export support looks a node id up this way).
             Request::Lookup(r) if &*r.name == b"." => {
-                Reply::Lookup(self.entry(b.hold(r.parent.ino, r.parent.gen)?))
+                let a = b.hold(r.parent.ino, r.parent.gen)?;
+                self.reachable(a.ino, a.nlink)
+                    .inspect_err(|_| b.forget(a.ino, 1))?;
+                Reply::Lookup(self.entry(a))
             }
             Request::Lookup(r) => {
                 let _g = self.hold([r.parent])?;

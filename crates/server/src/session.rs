@@ -269,6 +269,13 @@ impl Session {
         taken
     }
 
+    /// Whether this session holds `ino`: a reference (an entry it was given) or an
+    /// open handle. Only such a session may name an inode that no directory names.
+    pub fn holds(&self, ino: u64) -> bool {
+        let st = lock(&self.state);
+        st.refs.contains_key(&ino) || st.handles.values().any(|h| h.ino == ino)
+    }
+
     /// References held for `ino` (tests and stats).
     #[cfg(test)]
     pub fn refs_of(&self, ino: u64) -> u64 {

@@ -445,7 +445,8 @@ fn a_stalled_reader_of_a_volume_delays_no_one_and_is_dropped() {
 
 #[test]
 fn link_and_unlink_change_the_cached_attributes_at_once() {
-    let srv = Running::start(memory_fs(64 * MIB), config());
+    let fs = memory_fs(64 * MIB);
+    let srv = Running::start(fs.clone(), config());
     let a = srv.client();
     let b = srv.client();
     let uncached = srv.client_with(|c| c.attr_ttl = Duration::ZERO);
@@ -471,7 +472,9 @@ fn link_and_unlink_change_the_cached_attributes_at_once() {
     let gone = b.unlink(&c, ROOT, b"f").unwrap();
     assert_eq!((gone.ino, gone.nlink), (f.ino, 0));
     assert_eq!(b.getattr(f.ino).unwrap().nlink, 0);
-    assert_eq!(uncached.getattr(f.ino).unwrap().nlink, 0);
+    // At the server (a client that holds no reference to it cannot reach it any more).
+    assert_eq!(fs.getattr(f.ino).unwrap().nlink, 0);
+    assert_eq!(uncached.getattr(f.ino).unwrap_err().errno, libc::ESTALE);
     assert_eq!(read_all(&b, f.ino, fh, 0, 100).unwrap(), b"still here");
     b.release(f.ino, fh).unwrap();
     // Every reference given back: the inode is freed.

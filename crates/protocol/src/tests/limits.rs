@@ -427,3 +427,64 @@ fn the_largest_xattr_messages_fit_a_body() {
         }
     }
 }
+
+/// Every request that makes an inode carries the caller's umask, which has permission
+/// bits only: 0o777 decodes, any other bit is a body error (EINVAL) -- TmpFile as well
+/// as Mknod, Mkdir and Create.
+#[test]
+fn a_umask_beyond_the_permission_bits_is_refused_by_every_creating_request() {
+    let parent = NodeRef::ino(1);
+    let name = || Name::new("f").unwrap();
+    let reqs = |umask: u32| -> Vec<Request> {
+        vec![
+            MknodReq {
+                parent,
+                name: name(),
+                mode: 0o100644,
+                rdev: 0,
+                umask,
+            }
+            .into(),
+            MkdirReq {
+                parent,
+                name: name(),
+                mode: 0o755,
+                umask,
+            }
+            .into(),
+            CreateReq {
+                parent,
+                name: name(),
+                mode: 0o644,
+                flags: libc::O_RDWR,
+                umask,
+            }
+            .into(),
+            TmpFileReq {
+                parent,
+                mode: 0o644,
+                umask,
+                flags: libc::O_RDWR,
+            }
+            .into(),
+        ]
+    };
+    let decode = |r: &Request| {
+        let (h, body) = r.encode(1, Cred::default());
+        Request::decode(&ReqHeader::decode(&h).unwrap(), &body)
+    };
+    for r in reqs(0o777) {
+        assert_eq!(decode(&r).unwrap(), r);
+    }
+    for umask in [0o1000, 0o7777, u32::MAX] {
+        let got: Vec<(Op, i32)> = reqs(umask)
+            .iter()
+            .map(|r| (r.op(), decode(r).map_or_else(|e| e.errno(), |_| 0)))
+            .collect();
+        let want: Vec<(Op, i32)> = [Op::Mknod, Op::Mkdir, Op::Create, Op::TmpFile]
+            .into_iter()
+            .map(|op| (op, libc::EINVAL))
+            .collect();
+        assert_eq!(got, want, "umask {umask:o}");
+    }
+}

@@ -199,7 +199,7 @@ fn request_for(op: Op) -> BoxedStrategy<Request> {
                 .into()
             })
             .boxed(),
-        Op::TmpFile => (node(), any::<u32>(), any::<u32>(), any::<i32>())
+        Op::TmpFile => (node(), any::<u32>(), 0u32..=0o777, any::<i32>())
             .prop_map(|(parent, mode, umask, flags)| {
                 TmpFileReq {
                     parent,
