@@ -53,7 +53,7 @@ impl FuseFs {
         };
         FuseFs {
             backend,
-            callers: caller::Callers::new(opts.default_permissions),
+            callers: caller::Callers::new(kernel_checks_suffice(&opts, opts.default_permissions)),
             opts,
             ttl,
             dont_mask: false,
@@ -112,6 +112,14 @@ impl FuseFs {
     fn count(&self) {
         self.stats.requests.fetch_add(1, Ordering::Relaxed);
     }
+}
+
+/// Whether the kernel's permission checks (`kernel_checks`: default_permissions, or
+/// POSIX ACLs, which imply it) can stand in for the backend's. Not when the mount shows
+/// other owners or modes than the real ones (`uid=`, `gid=`, `umask=`): the kernel
+/// would judge by what is shown, and `uid=1000` would make every file its caller's.
+fn kernel_checks_suffice(opts: &FuseOptions, kernel_checks: bool) -> bool {
+    kernel_checks && opts.uid.is_none() && opts.gid.is_none() && opts.umask.is_none()
 }
 
 impl FuseFs {
@@ -177,7 +185,9 @@ impl Filesystem for FuseFs {
         // keeps mode and ACL in step, and checks them itself where it checks at all.
         if self.opts.acl {
             match config.add_capabilities(InitFlags::FUSE_POSIX_ACL) {
-                Ok(()) => self.callers = caller::Callers::new(true),
+                Ok(()) => {
+                    self.callers = caller::Callers::new(kernel_checks_suffice(&self.opts, true))
+                }
                 Err(_) => tracing::warn!(
                     "kernel lacks FUSE POSIX ACL support: only the backend enforces ACLs"
                 ),

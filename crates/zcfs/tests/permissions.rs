@@ -43,3 +43,36 @@ fn local_mount_with_default_permissions_matches_tmpfs() {
     );
     assert_same_as_tmpfs(&base_in(&m));
 }
+
+/// `uid=`, `gid=`, `umask=` change only what is shown: with POSIX ACLs (the default,
+/// which makes the kernel check permissions) the kernel judges by the shown owner, so
+/// the volume must still check by the real one. A root-owned 0600 file shown as
+/// alice's stays closed to alice.
+#[test]
+fn shown_owners_grant_nothing() {
+    use common::posix::{run_as, Call, ALICE};
+    let m = Mount::volume_with(
+        "perm-shown",
+        "64M",
+        &[],
+        &["-o", "allow_other,uid=1001,gid=1001"],
+    );
+    let base = base_in(&m);
+    let f = base.join("secret");
+    std::fs::write(&f, b"root's").unwrap();
+    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(std::fs::metadata(&f).unwrap().uid(), 1001, "shown as alice's");
+    for call in [
+        Call::Open("secret", libc::O_RDONLY, 0),
+        Call::Write("secret"),
+        Call::Chmod("secret", 0o666),
+    ] {
+        let e = run_as(&base, ALICE, &call);
+        assert!(
+            e == libc::EACCES || e == libc::EPERM,
+            "{call:?} as alice: errno {e}"
+        );
+    }
+    assert_eq!(std::fs::read(&f).unwrap(), b"root's");
+}
