@@ -62,7 +62,11 @@ fn shown_owners_grant_nothing() {
     std::fs::write(&f, b"root's").unwrap();
     std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
     use std::os::unix::fs::MetadataExt;
-    assert_eq!(std::fs::metadata(&f).unwrap().uid(), 1001, "shown as alice's");
+    assert_eq!(
+        std::fs::metadata(&f).unwrap().uid(),
+        1001,
+        "shown as alice's"
+    );
     for call in [
         Call::Open("secret", libc::O_RDONLY, 0),
         Call::Write("secret"),
