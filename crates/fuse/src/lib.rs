@@ -141,6 +141,19 @@ impl FuseFs {
         })
     }
 
+    /// A new inode made and opened (create, tmpfile): its entry and handle.
+    fn created(&self, reply: ReplyCreate, r: zcfs_backend::Result<(Attr, u64)>) {
+        answer(reply, r, |reply, (a, fh)| {
+            reply.created(
+                &self.ttl,
+                &self.file_attr(&a),
+                Generation(a.generation),
+                FileHandle(fh),
+                self.open_flags(),
+            )
+        })
+    }
+
     fn attr(&self, reply: ReplyAttr, r: zcfs_backend::Result<Attr>) {
         answer(reply, r, |reply, a| {
             reply.attr(&self.ttl, &self.file_attr(&a))
@@ -426,15 +439,7 @@ impl Filesystem for FuseFs {
         let r = self
             .backend
             .create(&c, parent.0, name.as_bytes(), mode, flags);
-        answer(reply, r, |reply, (a, fh)| {
-            reply.created(
-                &self.ttl,
-                &self.file_attr(&a),
-                Generation(a.generation),
-                FileHandle(fh),
-                self.open_flags(),
-            )
-        })
+        self.created(reply, r)
     }
 
     /// open(2) with O_TMPFILE (FUSE_TMPFILE; fuser is patched for it, see
@@ -459,15 +464,7 @@ impl Filesystem for FuseFs {
                 libc::ENOSYS => zcfs_backend::Error::errno(libc::EOPNOTSUPP),
                 _ => e,
             });
-        answer(reply, r, |reply, (a, fh)| {
-            reply.created(
-                &self.ttl,
-                &self.file_attr(&a),
-                Generation(a.generation),
-                FileHandle(fh),
-                self.open_flags(),
-            )
-        })
+        self.created(reply, r)
     }
 
     fn read(

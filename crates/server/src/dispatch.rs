@@ -119,6 +119,25 @@ impl<'a> Conn<'a> {
         EntryReply { attr }
     }
 
+    /// A new inode the backend made and opened (create, tmpfile): the session keeps
+    /// its handle and the entry's reference; a refused handle gives the reference back.
+    fn created(
+        &self,
+        (attr, backend_fh): (zcfs_backend::Attr, u64),
+        flags: i32,
+    ) -> Result<CreateReply> {
+        let fh = self
+            .add_handle(Handle {
+                ino: attr.ino,
+                gen: attr.generation,
+                backend_fh,
+                flags,
+            })
+            .inspect_err(|_| self.shared.backend.forget(attr.ino, 1))?;
+        let EntryReply { attr } = self.entry(attr);
+        Ok(CreateReply { attr, fh })
+    }
+
     /// Register a handle the backend opened; on refusal (too many) close it again.
     fn add_handle(&self, h: Handle) -> Result<u64> {
         self.session.add_handle(h).inspect_err(|_| {
@@ -247,17 +266,8 @@ impl<'a> Conn<'a> {
                 let _g = self.hold([r.parent])?;
                 self.session.has_room()?;
                 let c = creator(ctx, r.umask);
-                let (attr, backend_fh) = b.create(&c, r.parent.ino, &r.name, r.mode, r.flags)?;
-                let fh = self
-                    .add_handle(Handle {
-                        ino: attr.ino,
-                        gen: attr.generation,
-                        backend_fh,
-                        flags: r.flags,
-                    })
-                    .inspect_err(|_| b.forget(attr.ino, 1))?;
-                let EntryReply { attr } = self.entry(attr);
-                Reply::Create(CreateReply { attr, fh })
+                let made = b.create(&c, r.parent.ino, &r.name, r.mode, r.flags)?;
+                Reply::Create(self.created(made, r.flags)?)
             }
             Request::TmpFile(r) => {
                 // As create: the session keeps the handle and the entry's reference,
@@ -265,17 +275,8 @@ impl<'a> Conn<'a> {
                 let _g = self.hold([r.parent])?;
                 self.session.has_room()?;
                 let c = creator(ctx, r.umask);
-                let (attr, backend_fh) = b.tmpfile(&c, r.parent.ino, r.mode, r.flags)?;
-                let fh = self
-                    .add_handle(Handle {
-                        ino: attr.ino,
-                        gen: attr.generation,
-                        backend_fh,
-                        flags: r.flags,
-                    })
-                    .inspect_err(|_| b.forget(attr.ino, 1))?;
-                let EntryReply { attr } = self.entry(attr);
-                Reply::TmpFile(CreateReply { attr, fh })
+                let made = b.tmpfile(&c, r.parent.ino, r.mode, r.flags)?;
+                Reply::TmpFile(self.created(made, r.flags)?)
             }
             Request::Flush(r) => {
                 let (bfh, _g) = self.handle_for(ctx, r.node, r.fh, Access::Any)?;

@@ -197,22 +197,12 @@ impl Volume {
     /// Reserve `n` blocks into `txn`'s pool: the only way an operation gets blocks, so
     /// running out is found before anything changes.
     pub(crate) fn reserve_blocks(&self, st: &mut State, txn: &mut Txn, n: u64) -> Result<()> {
-        self.reserve_blocks_of(st, txn, n, 0)
+        self.reserve_rewrite_blocks(st, txn, n, 0)
     }
 
     /// `reserve_blocks` for a rewrite that releases `releasing` blocks when it commits:
     /// when it takes no more than it gives back, it may use the metadata reserve.
     pub(crate) fn reserve_rewrite_blocks(
-        &self,
-        st: &mut State,
-        txn: &mut Txn,
-        n: u64,
-        releasing: u64,
-    ) -> Result<()> {
-        self.reserve_blocks_of(st, txn, n, releasing)
-    }
-
-    fn reserve_blocks_of(
         &self,
         st: &mut State,
         txn: &mut Txn,

@@ -244,33 +244,20 @@ impl Volume {
             room_blocks + n.symlink.is_some() as u64 + xattr_blocks,
         )?;
         // Apply.
-        let ino = st
-            .ialloc
-            .alloc()
-            .expect("an inode slot was checked to be free");
-        txn.ino = ino;
-        let now = Time::now();
-        let gen = st.gens[(ino - 1) as usize].wrapping_add(1).max(1);
-        st.gens[(ino - 1) as usize] = gen;
-        let mut inode = Inode {
-            rec: InodeRec {
-                ino,
-                gen,
+        let mut inode = fresh_inode(
+            st,
+            &mut txn,
+            InodeRec {
                 mode,
                 uid,
                 gid,
                 nlink: if is_dir { 2 } else { 1 },
-                atime: now,
-                mtime: now,
-                ctime: now,
                 rdev: n.rdev,
                 parent: if is_dir { parent } else { 0 },
                 ..Default::default()
             },
-            map: FileMap::default(),
-            xattrs: BTreeMap::new(),
-            xattr_blocks: Vec::new(),
-        };
+        );
+        let (ino, now) = (inode.rec.ino, inode.rec.ctime);
         if let Some(target) = n.symlink {
             let b = txn.take_block();
             self.fresh_write(&b, 0, target);
@@ -663,4 +650,30 @@ pub(crate) fn inherited(
         x.insert(acl::DEFAULT_XATTR.to_vec(), d);
     }
     Ok((inh.mode, x))
+}
+
+/// A new inode in a slot checked to be free (`reserve_inode`): `fields` with its
+/// number, the slot's next generation and the times set to now; `txn` is its entry.
+pub(crate) fn fresh_inode(st: &mut State, txn: &mut Txn, fields: InodeRec) -> Inode {
+    let ino = st
+        .ialloc
+        .alloc()
+        .expect("an inode slot was checked to be free");
+    txn.ino = ino;
+    let now = Time::now();
+    let gen = st.gens[(ino - 1) as usize].wrapping_add(1).max(1);
+    st.gens[(ino - 1) as usize] = gen;
+    Inode {
+        rec: InodeRec {
+            ino,
+            gen,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            ..fields
+        },
+        map: FileMap::default(),
+        xattrs: BTreeMap::new(),
+        xattr_blocks: Vec::new(),
+    }
 }

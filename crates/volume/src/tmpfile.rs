@@ -11,13 +11,11 @@
 use crate::commit::{Txn, ENTRY_OVERHEAD, INODE_RECORD};
 use crate::error::{FsError, Result};
 use crate::layout::*;
-use crate::map::FileMap;
-use crate::names::inherited;
+use crate::names::{fresh_inode, inherited};
 use crate::ops::{attr_of, Attr};
 use crate::perm;
 use crate::trace::Traced;
-use crate::volume::{Inode, Volume};
-use std::collections::BTreeMap;
+use crate::volume::Volume;
 use zcfs_types::Cred;
 
 impl Volume {
@@ -53,31 +51,18 @@ impl Volume {
         self.reserve_log(&mut txn, ENTRY_OVERHEAD + INODE_RECORD)?;
         self.reserve_blocks(st, &mut txn, xattr_blocks)?;
         // Apply.
-        let ino = st
-            .ialloc
-            .alloc()
-            .expect("an inode slot was checked to be free");
-        txn.ino = ino;
-        let now = Time::now();
-        let gen = st.gens[(ino - 1) as usize].wrapping_add(1).max(1);
-        st.gens[(ino - 1) as usize] = gen;
-        let inode = Inode {
-            rec: InodeRec {
-                ino,
-                gen,
+        let inode = fresh_inode(
+            st,
+            &mut txn,
+            InodeRec {
                 mode,
                 uid,
                 gid,
                 nlink: 0,
-                atime: now,
-                mtime: now,
-                ctime: now,
                 ..Default::default()
             },
-            map: FileMap::default(),
-            xattrs: BTreeMap::new(),
-            xattr_blocks: Vec::new(),
-        };
+        );
+        let ino = inode.rec.ino;
         st.inodes.insert(ino, inode);
         if !xattrs.is_empty() {
             self.put_xattrs(st, &mut txn, ino, xattrs);

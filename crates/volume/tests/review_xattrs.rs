@@ -3,30 +3,12 @@
 //! outside the data area, and behaviour on a full volume.
 
 mod common;
+use common::xattr::{all_of, blocks_of, set};
 use common::*;
 use std::collections::BTreeMap;
 use zcfs_volume::*;
 
 const R: &Cred = &Cred::ROOT;
-
-fn set(vol: &Volume, ino: u64, name: &[u8], value: &[u8]) -> Result<()> {
-    vol.setxattr(R, ino, name, value, XattrMode::Any)
-}
-
-fn all_of(vol: &Volume, ino: u64) -> BTreeMap<Vec<u8>, Vec<u8>> {
-    vol.listxattr(R, ino)
-        .unwrap()
-        .into_iter()
-        .map(|n| {
-            let v = vol.getxattr(R, ino, &n).unwrap();
-            (n, v)
-        })
-        .collect()
-}
-
-fn blocks_of(vol: &Volume, ino: u64) -> u64 {
-    vol.getattr(ino).unwrap().blocks / (BLOCK as u64 / 512)
-}
 
 /// Free blocks once every deferred free is reusable.
 fn settled_free(vol: &Volume) -> u64 {

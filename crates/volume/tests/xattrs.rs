@@ -4,6 +4,7 @@
 //! errors that fsck reports, and crash consistency of large sets.
 
 mod common;
+use common::xattr::{all_of, blocks_of, set};
 use common::*;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -11,25 +12,6 @@ use zcfs_pmem::crash::{for_each_crash_image, CrashConfig};
 use zcfs_volume::*;
 
 const R: &Cred = &Cred::ROOT;
-
-fn set(vol: &Volume, ino: u64, name: &[u8], value: &[u8]) -> Result<()> {
-    vol.setxattr(R, ino, name, value, XattrMode::Any)
-}
-
-fn all_of(vol: &Volume, ino: u64) -> BTreeMap<Vec<u8>, Vec<u8>> {
-    vol.listxattr(R, ino)
-        .unwrap()
-        .into_iter()
-        .map(|n| {
-            let v = vol.getxattr(R, ino, &n).unwrap();
-            (n, v)
-        })
-        .collect()
-}
-
-fn blocks_of(vol: &Volume, ino: u64) -> u64 {
-    vol.getattr(ino).unwrap().blocks / (BLOCK as u64 / 512)
-}
 
 /// Five hundred small attributes (a few hundred filled the one block before), kept
 /// across a remount; half removed; the block count follows the set's size.

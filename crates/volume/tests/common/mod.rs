@@ -5,6 +5,7 @@
 
 mod model;
 mod volume;
+pub mod xattr;
 
 // Not every suite uses both.
 #[allow(unused_imports)]
