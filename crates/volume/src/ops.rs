@@ -370,15 +370,7 @@ impl Volume {
             XattrMode::Replace if !exists => return Err(FsError::NoXattr),
             _ => {}
         }
-        let old = i
-            .xattrs
-            .get(name)
-            .map_or(0, |v| XATTR_ENTRY_COST + name.len() + v.len());
-        if xattr_set_cost(&i.xattrs) - old + XATTR_ENTRY_COST + name.len() + value.len()
-            > XATTR_SET_MAX
-        {
-            return Err(FsError::NoSpaceXattr);
-        }
+        // A set over `XATTR_SET_MAX` is refused by its encoding, before any change.
         let mut x = i.xattrs.clone();
         x.insert(name.to_vec(), value.to_vec());
         self.store_xattrs(&mut st, ino, x, None, OpType::SetXattr)

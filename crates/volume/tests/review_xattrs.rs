@@ -3,7 +3,7 @@
 //! outside the data area, and behaviour on a full volume.
 
 mod common;
-use common::xattr::{all_of, blocks_of, set};
+use common::xattr::{all_of, blocks_of, every_crash_image_recovers_to_a_state, set};
 use common::*;
 use std::collections::BTreeMap;
 use zcfs_volume::*;
@@ -307,8 +307,7 @@ fn snapshot(vol: &Volume, f: u64) -> (Vec<Vec<u8>>, Xattrs) {
 /// the operations with fsck clean (no block owned twice, none leaked).
 #[test]
 fn batched_large_set_changes_are_crash_consistent() {
-    use std::sync::Arc;
-    use zcfs_pmem::crash::{for_each_crash_image, CrashConfig};
+    use zcfs_pmem::crash::CrashConfig;
     let cfg = VolumeConfig {
         batch_ops: 3,
         batch_delay: std::time::Duration::from_secs(3600),
@@ -357,34 +356,15 @@ fn batched_large_set_changes_are_crash_consistent() {
         random_subsets: 6,
         seed: 0x7a78,
     };
-    let mut n = 0;
-    let mut bad = Vec::new();
-    for_each_crash_image(&rec, &crash, |pt, img| {
-        n += 1;
-        let started = pt.marks.len();
-        let v: Arc<Volume> =
-            Volume::open_region(Region::from_image(img), VolumeConfig::synchronous()).unwrap();
-        let r = fsck::check_volume(&v);
-        let now = snapshot(&v, f);
-        if !r.is_clean() || !(0..=started).any(|j| states[j] == now) {
-            bad.push(format!(
-                "fence {} ({started} changes): {:?} names {:?}",
-                pt.fence,
-                r.problems,
-                now.0
-                    .iter()
-                    .map(|n| String::from_utf8_lossy(n).into_owned())
-                    .collect::<Vec<_>>()
-            ));
-        }
-        v.abandon();
-        bad.len() < 5
-    });
-    println!(
-        "crash suite batched large xattr sets: {n} states, {} violations",
-        bad.len()
+    // Batched: any prefix of the changes begun.
+    every_crash_image_recovers_to_a_state(
+        "batched large xattr sets",
+        &rec,
+        &crash,
+        &states,
+        |started| 0..=started,
+        |v| snapshot(v, f),
     );
-    assert!(n > 0 && bad.is_empty(), "{bad:#?}");
 }
 
 /// One flipped bit in a data block of a large set: the mount refuses the whole volume
