@@ -80,3 +80,50 @@ fn shown_owners_grant_nothing() {
     }
     assert_eq!(std::fs::read(&f).unwrap(), b"root's");
 }
+
+/// `noacl` with default_permissions: the kernel checks the mode bits alone (no
+/// FUSE_POSIX_ACL), and with an access ACL the group bits are its mask, so a deny
+/// entry the volume keeps is invisible to it. The volume must still check: bob, named
+/// with no permissions but in the file's group (whose mask allows rw), stays out, as
+/// he does on the same mount without default_permissions.
+#[test]
+fn the_kernel_checks_without_acls_grant_nothing() {
+    use common::posix::{run_as, Call, BOB_IN_1001, G, GO, M, O, ROOT, U, UO};
+    let m = Mount::volume_with(
+        "perm-noacl",
+        "64M",
+        &[],
+        &["-o", "allow_other,default_permissions,noacl"],
+    );
+    let base = base_in(&m);
+    let f = base.join("f");
+    std::fs::write(&f, b"not bob's").unwrap();
+    std::os::unix::fs::chown(&f, Some(0), Some(1001)).unwrap();
+    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o660)).unwrap();
+    let e = run_as(
+        &base,
+        ROOT,
+        &Call::SetAcl(
+            "f",
+            "system.posix_acl_access",
+            &[
+                (UO, 6, 0),
+                (U, 0, 1002),
+                (GO, 6, 0),
+                (G, 6, 1001),
+                (M, 6, 0),
+                (O, 0, 0),
+            ],
+        ),
+    );
+    assert_eq!(e, 0, "setting the ACL");
+    for call in [Call::Open("f", libc::O_RDONLY, 0), Call::Write("f")] {
+        let e = run_as(&base, BOB_IN_1001, &call);
+        assert_eq!(
+            e,
+            libc::EACCES,
+            "{call:?} as bob, whom the ACL names with ---"
+        );
+    }
+    assert_eq!(std::fs::read(&f).unwrap(), b"not bob's");
+}
