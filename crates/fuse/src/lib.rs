@@ -53,7 +53,8 @@ impl FuseFs {
         };
         FuseFs {
             backend,
-            callers: caller::Callers::new(kernel_checks_suffice(&opts, opts.default_permissions)),
+            // Until `init` knows whether the kernel enforces ACLs, the backend checks.
+            callers: caller::Callers::new(false),
             opts,
             ttl,
             dont_mask: false,
@@ -114,8 +115,11 @@ impl FuseFs {
     }
 }
 
-/// Whether the kernel's permission checks (`kernel_checks`: default_permissions, or
-/// POSIX ACLs, which imply it) can stand in for the backend's. Not when the mount shows
+/// Whether the kernel's permission checks can stand in for the backend's
+/// (`kernel_checks`: the kernel enforces POSIX ACLs, FUSE_POSIX_ACL, which implies
+/// default_permissions). Not default_permissions alone (`noacl`, or a kernel without
+/// ACL support): the kernel then checks the mode bits only, whose group class is an
+/// ACL's mask, and would let in users the ACL denies. Not when the mount shows
 /// other owners or modes than the real ones (`uid=`, `gid=`, `umask=`): the kernel
 /// would judge by what is shown, and `uid=1000` would make every file its caller's.
 fn kernel_checks_suffice(opts: &FuseOptions, kernel_checks: bool) -> bool {

@@ -47,8 +47,9 @@ pub struct FuseOptions {
     pub gid: Option<u32>,
     /// Clear these permission bits in what is shown (`umask=`).
     pub umask: Option<u32>,
-    /// The kernel checks permissions (mounted with default_permissions), so the
-    /// backend is told the caller was checked.
+    /// The kernel checks permissions (mounted with default_permissions). The backend
+    /// keeps checking unless the kernel also enforces ACLs (`kernel_checks_suffice`):
+    /// mode bits alone would ignore a stored ACL's entries.
     pub default_permissions: bool,
     /// Ask the kernel to enforce and cache POSIX ACLs (FUSE_POSIX_ACL, which turns
     /// default_permissions on) and to leave the umask to the backend (FUSE_DONT_MASK),
