@@ -255,3 +255,68 @@ fn the_metadata_reserve_is_bounded_and_hidden_from_statfs() {
     assert!(reserve > 0 && reserve <= METADATA_RESERVE_MAX);
     assert!(used_by_root >= reserve, "{used_by_root}");
 }
+
+/// Rewrites that dip into the metadata reserve in one batch (their old blocks are
+/// deferred frees until a checkpoint) break neither fallocate's promise nor the
+/// reserve: the preallocated overwrites all succeed afterwards, and ordinary writes
+/// still get nothing.
+#[test]
+fn rewrites_from_the_reserve_in_a_batch_keep_fallocate_promise() {
+    let vol = memory_volume(2 << 20, VolumeConfig::default());
+    let f = vol
+        .create(R, ROOT_INO, b"f", S_IFREG | 0o660, 0)
+        .unwrap()
+        .ino;
+    vol.setxattr(R, f, ACCESS_XATTR, &named_acl(), XattrMode::Any)
+        .unwrap();
+    let p = vol
+        .create(R, ROOT_INO, b"p", S_IFREG | 0o600, 0)
+        .unwrap()
+        .ino;
+    const PRE: u64 = 8;
+    vol.fallocate(
+        R,
+        p,
+        0,
+        PRE * BLOCK as u64,
+        FallocMode::Allocate { keep_size: false },
+    )
+    .unwrap();
+    let fill = vol
+        .create(R, ROOT_INO, b"fill", S_IFREG | 0o600, 0)
+        .unwrap()
+        .ino;
+    let mut off = 0u64;
+    for _ in 0..2048 {
+        match vol.write(R, fill, off, &[7u8; BLOCK]) {
+            Ok(n) if n > 0 => off += n as u64,
+            _ => break,
+        }
+    }
+    assert_eq!(vol.statfs().bfree, 0, "the volume is full");
+    for m in (0..40).map(|i| if i % 2 == 0 { 0o640 } else { 0o660 }) {
+        let chmod = SetAttr {
+            mode: Some(m),
+            ..Default::default()
+        };
+        vol.setattr(R, f, &chmod, SizeRight::Permission)
+            .expect("chmod on a full volume, batched");
+    }
+    for b in 0..PRE {
+        assert_eq!(
+            vol.write(R, p, b * BLOCK as u64, &[9u8; BLOCK]).unwrap(),
+            BLOCK,
+            "preallocated block {b}"
+        );
+    }
+    // The promise is spent: the replaced blocks are ordinary free space now, and no more.
+    for _ in 0..PRE {
+        assert_eq!(vol.write(R, fill, off, &[7u8; BLOCK]).unwrap(), BLOCK);
+        off += BLOCK as u64;
+    }
+    assert_eq!(errno(vol.write(R, fill, off, &[7u8; BLOCK])), libc::ENOSPC);
+    vol.checkpoint_now().unwrap();
+    assert_eq!(vol.statfs().bfree, 0);
+    let r = zcfs_volume::fsck::check_volume(&vol);
+    assert!(r.is_clean(), "{:?}", r.problems);
+}
