@@ -11,6 +11,7 @@
 
 mod cpu;
 mod files;
+mod library;
 mod local;
 mod netns;
 mod raw;
@@ -65,6 +66,15 @@ enum Cmd {
     },
     /// Create COUNT files of 4 KiB in DIR, each created, written and closed.
     CreateFiles { dir: PathBuf, count: usize },
+    /// The client library against a running server at ADDR (no secret): the figures
+    /// scripts/bench-mount.sh sets beside the mount's, as CSV lines.
+    Library {
+        addr: String,
+        #[arg(long, default_value_t = 3)]
+        repeat: usize,
+        #[arg(long, default_value_t = 0.5)]
+        seconds: f64,
+    },
 }
 
 #[derive(clap::Args, Clone)]
@@ -131,5 +141,10 @@ fn main() -> Result<()> {
             Ok(())
         }
         Cmd::CreateFiles { dir, count } => files::create_files(&dir, count),
+        Cmd::Library {
+            addr,
+            repeat,
+            seconds,
+        } => library::run(&addr, repeat, seconds),
     }
 }

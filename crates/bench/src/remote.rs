@@ -101,7 +101,7 @@ fn file_size(short: bool) -> u64 {
 }
 
 /// Create the test file and fill it (so reads hit data, not holes).
-fn prepare(fs: &RemoteFs, short: bool) -> Result<u64> {
+pub(crate) fn prepare(fs: &RemoteFs, short: bool) -> Result<u64> {
     let (a, fh) = fs
         .create(
             &Ctx::default(),
@@ -140,7 +140,7 @@ fn offsets(size: usize, random: bool, short: bool) -> impl FnMut() -> u64 {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn zcfs_bench(
+pub(crate) fn zcfs_bench(
     fs: &RemoteFs,
     ino: u64,
     system: &str,
