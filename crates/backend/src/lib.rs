@@ -281,6 +281,14 @@ pub trait Backend: Send + Sync {
     /// volume runs out of room part way, as POSIX allows). A write by an unprivileged
     /// `ctx` drops the file's set-user-ID bit (and set-group-ID, as Linux does).
     fn write(&self, ctx: &Ctx, ino: u64, fh: u64, offset: u64, data: &[u8]) -> Result<u32>;
+    /// A write the caller does not wait for: answered as written once sent; its
+    /// outcome is waited for by whatever must see it (an overlapping read or write,
+    /// getattr, setattr, fallocate, lseek, flush, fsync, release, sync_all), and an
+    /// error is reported by the inode's next flush or fsync. For buffered writes
+    /// (never O_DIRECT, O_SYNC or O_DSYNC ones). The default writes and waits.
+    fn write_behind(&self, ctx: &Ctx, ino: u64, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
+        self.write(ctx, ino, fh, offset, data)
+    }
     /// Write the whole `payload` at `offset`, moving it straight to where it will be kept
     /// (e.g. from a socket into the PM blocks that will hold it); see [`WritePayload`]
     /// for what happens to a payload the backend refuses. The default goes through a

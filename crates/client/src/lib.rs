@@ -19,7 +19,7 @@ mod conn;
 mod remote;
 
 pub use conn::Ticket;
-pub use remote::RemoteFs;
+pub use remote::{RemoteFs, WRITE_BEHIND_MAX};
 
 use conn::{read_loop, Conn, Posted, PostedTable, Writer};
 
@@ -298,6 +298,15 @@ impl Client {
             self.conn(i)?;
         }
         Ok(())
+    }
+
+    /// The fewest in-flight requests a connection up now takes (0 with none up).
+    pub fn max_inflight(&self) -> u32 {
+        self.conns
+            .iter()
+            .filter_map(|slot| lock(slot).as_ref().map(|c| c.welcome.max_inflight))
+            .min()
+            .unwrap_or(0)
     }
 
     pub fn config(&self) -> &ClientConfig {
@@ -742,7 +751,7 @@ impl Client {
 }
 
 /// Errors of the link rather than of the file system.
-fn is_transport(e: &Error) -> bool {
+pub(crate) fn is_transport(e: &Error) -> bool {
     matches!(
         e.errno,
         libc::ENOTCONN | libc::ECONNRESET | libc::EPIPE | libc::ETIMEDOUT | libc::ECONNREFUSED

@@ -21,10 +21,13 @@
 //! - Caches: attributes and names for the attribute timeout. An operation that changes
 //!   an inode refreshes (from its reply) or drops every cached copy of it.
 
+mod behind;
 mod listing;
 mod meta;
 
 use crate::{lock, Caller, Client, ClientConfig};
+use behind::WriteBehind;
+pub use behind::WRITE_BEHIND_MAX;
 use listing::Listing;
 use meta::Meta;
 use std::collections::HashMap;
@@ -71,6 +74,7 @@ pub struct RemoteFs {
     next_fh: AtomicU64,
     read_bytes: AtomicU64,
     written_bytes: AtomicU64,
+    behind: WriteBehind,
 }
 
 /// Who the caller is, as the request carries it: uid, gid and supplementary groups.
@@ -112,6 +116,7 @@ impl RemoteFs {
             next_fh: AtomicU64::new(1),
             read_bytes: AtomicU64::new(0),
             written_bytes: AtomicU64::new(0),
+            behind: WriteBehind::default(),
         };
         let (open, meta) = (fs.open.clone(), fs.meta.clone());
         // Runs before the new connection is handed out: no reply of the new session is
@@ -286,10 +291,16 @@ impl RemoteFs {
         if lock(&self.open).values().any(|f| f.ino == ino) {
             return;
         }
+        self.behind.retire(ino);
         let mut m = lock(&self.meta);
         if m.attrs.get(&ino).is_some_and(|(a, _)| a.nlink == 0) {
             m.attrs.remove(&ino);
         }
+    }
+
+    /// Write replies held by write-behind now (at most [`WRITE_BEHIND_MAX`]).
+    pub fn write_behind_held(&self) -> usize {
+        self.behind.held()
     }
 
     /// Server-side counters as JSON (`zcfs stat ADDR:PORT`).
@@ -324,6 +335,7 @@ impl Backend for RemoteFs {
     }
 
     fn lseek(&self, ino: u64, fh: u64, offset: u64, whence: i32) -> Result<u64> {
+        self.behind.settle(ino, false)?;
         let req = LseekReq {
             node: self.node(ino),
             fh: self.server_fh(fh)?,
@@ -361,6 +373,7 @@ impl Backend for RemoteFs {
     }
 
     fn getattr(&self, ino: u64) -> Result<Attr> {
+        self.behind.settle(ino, false)?;
         if let Some((a, t)) = lock(&self.meta).attrs.get(&ino) {
             if self.ttl_ok(t) {
                 return Ok(a.clone());
@@ -377,6 +390,7 @@ impl Backend for RemoteFs {
     }
 
     fn setattr(&self, ctx: &Ctx, ino: u64, set: &SetAttr, fh: u64) -> Result<Attr> {
+        self.behind.settle(ino, false)?;
         self.forget_attr(ino);
         let fh = if fh == 0 { 0 } else { self.server_fh(fh)? };
         let r = self.call(
@@ -558,6 +572,8 @@ impl Backend for RemoteFs {
         size: u32,
         reply: &mut dyn ReadReply,
     ) -> Result<()> {
+        self.behind
+            .settle_range(ino, offset, offset.saturating_add(u64::from(size)));
         let req: Request = ReadReq {
             node: self.node(ino),
             fh: self.server_fh(fh)?,
@@ -626,7 +642,39 @@ impl Backend for RemoteFs {
         Ok(done as u32)
     }
 
+    /// Sent and answered as written; see `behind` for who waits for it. A write
+    /// larger than one request, or one that finds every slot for held replies taken
+    /// by other inodes, is written and waited for.
+    fn write_behind(&self, ctx: &Ctx, ino: u64, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
+        let limit = behind::limit(self.client.max_inflight());
+        if data.len() > MAX_DATA || limit == 0 || data.is_empty() {
+            return self.write(ctx, ino, fh, offset, data);
+        }
+        let (node, sfh) = (self.node(ino), self.server_fh(fh)?);
+        let end = offset
+            .checked_add(data.len() as u64)
+            .ok_or_else(|| Error::new(libc::EFBIG, "write past the largest offset"))?;
+        let sent = self.behind.send(limit, ino, offset, end, || {
+            self.forget_attr(ino);
+            let req: Request = WriteReq {
+                node,
+                fh: sfh,
+                offset,
+                size: data.len() as u32,
+            }
+            .into();
+            self.client.submit(&req, cred(ctx), &[data])
+        })?;
+        if !sent {
+            return self.write(ctx, ino, fh, offset, data);
+        }
+        self.written_bytes
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        Ok(data.len() as u32)
+    }
+
     fn flush(&self, ino: u64, fh: u64) -> Result<()> {
+        self.behind.settle(ino, true)?;
         let fh = self.server_fh(fh).unwrap_or(0);
         let node = self.node(ino);
         self.call(&own(), FlushReq { node, fh }).map(|_| ())
@@ -637,6 +685,10 @@ impl Backend for RemoteFs {
     /// One that cannot be sent now is posted: it goes out with the next connection of
     /// the session, or is moot if the session is gone (its handles released with it).
     fn release(&self, ino: u64, fh: u64) -> Result<()> {
+        // Writes in flight through this handle reach the server before it closes the
+        // handle (they may have gone out on another connection). Their error stays for
+        // the inode's next flush (or is logged by `closed` when none is left).
+        let _ = self.behind.settle(ino, false);
         let f = lock(&self.open).remove(&fh);
         if f.is_some() {
             self.closed(ino);
@@ -662,6 +714,7 @@ impl Backend for RemoteFs {
     }
 
     fn fsync(&self, ino: u64, fh: u64, datasync: bool) -> Result<()> {
+        self.behind.settle(ino, true)?;
         let fh = self.server_fh(fh).unwrap_or(0);
         let node = self.node(ino);
         self.call(&own(), FsyncReq { node, fh, datasync })
@@ -806,6 +859,7 @@ impl Backend for RemoteFs {
         len: u64,
         mode: i32,
     ) -> Result<()> {
+        self.behind.settle(ino, false)?;
         self.forget_attr(ino);
         let req = FallocateReq {
             node: self.node(ino),
@@ -828,6 +882,8 @@ impl Backend for RemoteFs {
     }
 
     fn sync_all(&self) -> Result<()> {
-        self.call(&own(), SyncAllReq {}).map(|_| ())
+        let behind = self.behind.settle_all();
+        self.call(&own(), SyncAllReq {}).map(|_| ())?;
+        behind
     }
 }

@@ -523,7 +523,7 @@ impl Filesystem for FuseFs {
         offset: u64,
         data: &[u8],
         _write_flags: WriteFlags,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
@@ -534,9 +534,14 @@ impl Filesystem for FuseFs {
         self.stats
             .user_copy_bytes
             .fetch_add(data.len() as u64, Ordering::Relaxed);
-        let r = self
-            .backend
-            .write(&self.ctx(req), ino.0, fh.0, offset, data);
+        // A caller who asked for O_DIRECT or synchronous writes waits for each.
+        let waits = flags.0 & (libc::O_DIRECT | libc::O_SYNC | libc::O_DSYNC) != 0;
+        let ctx = self.ctx(req);
+        let r = if self.opts.write_behind && !waits {
+            self.backend.write_behind(&ctx, ino.0, fh.0, offset, data)
+        } else {
+            self.backend.write(&ctx, ino.0, fh.0, offset, data)
+        };
         answer(reply, r, |reply, n| reply.written(n))
     }
 

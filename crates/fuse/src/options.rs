@@ -39,6 +39,10 @@ pub struct FuseOptions {
     /// Attribute and entry timeout (for metadata/auto).
     pub timeout: Duration,
     pub writeback: bool,
+    /// Buffered writes (not O_DIRECT, O_SYNC, O_DSYNC) are answered once sent to the
+    /// backend, which reports their errors at flush (close) or fsync
+    /// (`Backend::write_behind`). Off: every write waits for its outcome.
+    pub write_behind: bool,
     pub direct_io: bool,
     pub readdirplus: bool,
     pub max_write: u32,
@@ -64,6 +68,7 @@ impl Default for FuseOptions {
             cache: CacheMode::Auto,
             timeout: Duration::from_secs(1),
             writeback: false,
+            write_behind: true,
             direct_io: false,
             readdirplus: true,
             max_write: 1 << 20,

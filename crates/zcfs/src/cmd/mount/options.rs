@@ -21,7 +21,18 @@ pub struct MountPlan {
     pub integrity: zcfs_protocol::channel::Integrity,
     /// `remount`: change the flags of the existing mount at the mount point.
     pub remount: bool,
+    /// The kernel's read-ahead window for the mount (`read_ahead_kb=`).
+    pub read_ahead_kb: u32,
 }
+
+/// The read-ahead window a mount asks for by default. The kernel gives a FUSE mount
+/// 128 KiB, which leaves a sequential reader waiting for one round trip per 128 KiB;
+/// measured on a remote mount (loopback, 512 MiB file, cold cache): 128 KiB read
+/// 315-386 MB/s, 1 MiB 664-682, 16 MiB 826-892. The window only grows for sequential
+/// readers, so random readers do not pay for it.
+pub const READ_AHEAD_KB_DEFAULT: u32 = 16 << 10;
+/// The largest `read_ahead_kb=` accepted.
+pub const READ_AHEAD_KB_MAX: u32 = 256 << 10;
 
 /// A mount option's `-o` name and fuser option.
 type Named = (&'static str, MountOption);
@@ -104,6 +115,7 @@ pub fn parse_options(a: &MountArgs) -> Result<MountPlan> {
         timeout: None,
         integrity: Default::default(),
         remount: false,
+        read_ahead_kb: READ_AHEAD_KB_DEFAULT,
     };
     let num = |k: &str, v: &str| -> Result<u64> {
         v.parse().map_err(|_| anyhow!("-o {k}={v}: not a number"))
@@ -142,10 +154,20 @@ pub fn parse_options(a: &MountArgs) -> Result<MountPlan> {
             ("cache", Some(v)) => p.fuse.cache = v.parse().map_err(|e: String| anyhow!(e))?,
             ("writeback" | "writeback_cache", None) => p.fuse.writeback = true,
             ("direct_io", None) => p.fuse.direct_io = true,
+            // Buffered writes are sent without waiting (errors at close/fsync), as NFS
+            // does; `sync_writes` waits for each.
+            ("sync_writes", None) => p.fuse.write_behind = false,
             ("no_readdirplus", None) => p.fuse.readdirplus = false,
             ("threads", Some(v)) => p.threads = num(k, v)?.clamp(1, 64) as usize,
             ("attr_timeout" | "entry_timeout", Some(v)) => {
                 p.fuse.timeout = Duration::from_secs_f64(v.parse().map_err(|_| anyhow!("-o {k}={v}: not seconds"))?)
+            }
+            ("read_ahead_kb", Some(v)) => {
+                let kb = num(k, v)?;
+                if kb > u64::from(READ_AHEAD_KB_MAX) {
+                    bail!("-o read_ahead_kb={v}: at most {READ_AHEAD_KB_MAX}");
+                }
+                p.read_ahead_kb = kb as u32;
             }
             ("max_write", Some(v)) => p.fuse.max_write = num(k, v)?.clamp(4096, 16 << 20) as u32,
             ("batch", Some(v)) => p.batch_ops = Some(num(k, v)?.max(1) as usize),
@@ -170,7 +192,7 @@ pub fn parse_options(a: &MountArgs) -> Result<MountPlan> {
                 "unknown mount option {opt:?}. Known: allow_other, allow_root, default_permissions, ro, rw, \
                  [no]suid, [no]dev, [no]exec, [no]atime, sync, async, dirsync, uid=, gid=, umask=, fsname=, \
                  subtype=, cache=none|metadata|auto|always, writeback, direct_io, no_readdirplus, threads=, \
-                 attr_timeout=, max_write=, batch=, secret_file=, timeout=, integrity=headers|full"
+                 attr_timeout=, max_write=, read_ahead_kb=, batch=, secret_file=, timeout=, integrity=headers|full"
             ),
         }
     }

@@ -1,0 +1,216 @@
+//! Write-behind: writes the caller does not wait for (the FUSE mount's buffered writes).
+//!
+//! A write is sent at once (its bytes leave the caller's buffer before `submit`
+//! returns, so nothing is copied or kept here) and answered as written; its reply is
+//! collected later. What must see its effect waits for it first:
+//! - a later write or read overlapping its range (the server executes one connection's
+//!   requests in order, but a client spreads requests over several connections, so two
+//!   overlapping writes in flight could land in either order; disjoint ones commute);
+//! - flush (close(2)), fsync, release, getattr, setattr, fallocate and lseek of the
+//!   inode, and sync_all: every write of the inode.
+//!
+//! An error (ENOSPC, a short write, a lost connection) is kept with the inode and
+//! reported by its next flush or fsync, as NFS does; the data of a write lost with its
+//! connection is not sent again (it is no longer here), so that error is EIO.
+//!
+//! Bounds: replies held here occupy in-flight slots of the connections (a slot is free
+//! once its ticket is gone), so at most `limit` tickets are held over all inodes, half of
+//! one connection's slots and at most [`WRITE_BEHIND_MAX`]: the other half stays free
+//! for calls, which then can never wait on a ticket nobody collects. A write that finds
+//! the bound reached collects its own inode's oldest, or is sent and waited for.
+
+use crate::{lock, Ticket};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use zcfs_backend::{Error, Result};
+use zcfs_protocol::{Operation, Wire, WriteReq};
+
+/// The most write replies held at once over all inodes of a mount.
+pub const WRITE_BEHIND_MAX: usize = 32;
+
+/// One write in flight: its byte range and the ticket of its reply.
+struct Pending {
+    start: u64,
+    end: u64,
+    ticket: Ticket,
+}
+
+#[derive(Default)]
+struct Queue {
+    inflight: VecDeque<Pending>,
+    /// The first error of a write collected since the last flush or fsync.
+    error: Option<Error>,
+}
+
+#[derive(Default)]
+pub(super) struct WriteBehind {
+    inodes: Mutex<HashMap<u64, Arc<Mutex<Queue>>>>,
+    held: AtomicUsize,
+}
+
+/// How many replies may be held when a connection has `max_inflight` slots.
+pub(super) fn limit(max_inflight: u32) -> usize {
+    (max_inflight as usize / 2).min(WRITE_BEHIND_MAX)
+}
+
+impl WriteBehind {
+    fn queue_of(&self, ino: u64) -> Option<Arc<Mutex<Queue>>> {
+        lock(&self.inodes).get(&ino).cloned()
+    }
+
+    /// Send a write of `start..end` of `ino` with `send` and keep its ticket: first the
+    /// writes in flight that overlap it are waited for, and a slot is taken (collecting
+    /// this inode's oldest write when every slot is held). Ok(false): no slot, nothing
+    /// sent (the caller sends and waits itself).
+    pub fn send(
+        &self,
+        limit: usize,
+        ino: u64,
+        start: u64,
+        end: u64,
+        send: impl FnOnce() -> Result<Ticket>,
+    ) -> Result<bool> {
+        let q = lock(&self.inodes).entry(ino).or_default().clone();
+        let mut g = lock(&q);
+        wait_overlapping(self, &mut g, start, end);
+        loop {
+            let held = self.held.load(Ordering::Acquire);
+            if held < limit {
+                if self
+                    .held
+                    .compare_exchange(held, held + 1, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
+                    break;
+                }
+                continue;
+            }
+            if !collect_front(self, &mut g) {
+                return Ok(false);
+            }
+        }
+        match send() {
+            Ok(ticket) => {
+                g.inflight.push_back(Pending { start, end, ticket });
+                Ok(true)
+            }
+            Err(e) => {
+                self.held.fetch_sub(1, Ordering::AcqRel);
+                Err(e)
+            }
+        }
+    }
+
+    /// Wait for `ino`'s writes that overlap `start..end` (a read of that range).
+    pub fn settle_range(&self, ino: u64, start: u64, end: u64) {
+        if let Some(q) = self.queue_of(ino) {
+            let mut g = lock(&q);
+            wait_overlapping(self, &mut g, start, end);
+        }
+    }
+
+    /// Wait for every write of `ino`; `report`: give back (and forget) the error kept
+    /// for it (flush, fsync), otherwise keep it for them.
+    pub fn settle(&self, ino: u64, report: bool) -> Result<()> {
+        let Some(q) = self.queue_of(ino) else {
+            return Ok(());
+        };
+        let mut g = lock(&q);
+        while collect_front(self, &mut g) {}
+        match g.error.take() {
+            Some(e) if report => Err(e),
+            e => {
+                g.error = e;
+                Ok(())
+            }
+        }
+    }
+
+    /// `settle` for every inode (sync_all): the first error.
+    pub fn settle_all(&self) -> Result<()> {
+        let inos: Vec<u64> = lock(&self.inodes).keys().copied().collect();
+        let mut first = Ok(());
+        for ino in inos {
+            let r = self.settle(ino, true);
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    }
+
+    /// The inode has no open handle left here: wait for its writes and drop its queue
+    /// (an error not reported by now has no one left to report it to; it is logged).
+    pub fn retire(&self, ino: u64) {
+        if let Err(e) = self.settle(ino, true) {
+            tracing::warn!(ino, "a write-behind error no flush reported: {}", e.msg());
+        }
+        let mut m = lock(&self.inodes);
+        if let Some(q) = m.get(&ino) {
+            // Only when no one else holds it (a writer through a handle opened since).
+            if Arc::strong_count(q) == 1 && lock(q).inflight.is_empty() {
+                m.remove(&ino);
+            }
+        }
+    }
+
+    /// Replies held now (tests).
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::Acquire)
+    }
+}
+
+/// Collect the oldest write of the queue: false if it has none.
+fn collect_front(wb: &WriteBehind, q: &mut Queue) -> bool {
+    let Some(p) = q.inflight.pop_front() else {
+        return false;
+    };
+    let want = p.end - p.start;
+    let r = p.ticket.wait().and_then(|resp| {
+        let reply = <WriteReq as Operation>::Reply::decode(&resp.body)
+            .map_err(|e| Error::new(libc::EIO, format!("malformed write reply: {e}")))?;
+        if u64::from(reply.written) != want {
+            return Err(Error::new(
+                libc::ENOSPC,
+                format!(
+                    "the server wrote {} of {want} bytes at offset {} (write-behind)",
+                    reply.written, p.start
+                ),
+            ));
+        }
+        Ok(())
+    });
+    wb.held.fetch_sub(1, Ordering::AcqRel);
+    if let Err(e) = r {
+        let e = if crate::is_transport(&e) {
+            Error::new(
+                libc::EIO,
+                format!(
+                    "a write of {want} bytes at offset {} was lost with its connection: {}",
+                    p.start,
+                    e.msg()
+                ),
+            )
+        } else {
+            e
+        };
+        if q.error.is_none() {
+            q.error = Some(e);
+        }
+    }
+    true
+}
+
+/// Collect writes in order up to the last one overlapping `start..end`.
+fn wait_overlapping(wb: &WriteBehind, q: &mut Queue, start: u64, end: u64) {
+    if let Some(last) = q
+        .inflight
+        .iter()
+        .rposition(|p| p.start < end && start < p.end)
+    {
+        for _ in 0..=last {
+            collect_front(wb, q);
+        }
+    }
+}
