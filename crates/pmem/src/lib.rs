@@ -138,6 +138,9 @@ pub struct Region {
     recorder: Mutex<Option<Recorder>>,
     /// Test-only fault: fences left before one reports a persistence failure.
     fence_fault: std::sync::atomic::AtomicI64,
+    /// True while mapped; set false (under its lock) before the mapping goes, so a
+    /// `Prefaulter` never touches an unmapped range.
+    live: std::sync::Arc<Mutex<bool>>,
 }
 
 // SAFETY: the region is plain memory; all mutation goes through raw pointers under the
@@ -247,6 +250,7 @@ impl Region {
             recording: false.into(),
             recorder: Mutex::new(None),
             fence_fault: (-1).into(),
+            live: std::sync::Arc::new(Mutex::new(true)),
         })
     }
 
@@ -272,6 +276,7 @@ impl Region {
             recording: false.into(),
             recorder: Mutex::new(None),
             fence_fault: (-1).into(),
+            live: std::sync::Arc::new(Mutex::new(true)),
         }
     }
 
@@ -572,6 +577,17 @@ impl Region {
         }
     }
 
+    /// A handle that populates pages of this region from another thread for as long
+    /// as the region is mapped (`Prefaulter::populate`).
+    pub fn prefaulter(&self) -> Prefaulter {
+        Prefaulter {
+            base: self.base as usize,
+            len: self.len,
+            memory: self.mode == PersistMode::Memory,
+            live: self.live.clone(),
+        }
+    }
+
     /// `flush` then `fence`.
     pub fn persist(&self, off: usize, len: usize) -> Result<()> {
         self.flush(off, len);
@@ -581,6 +597,8 @@ impl Region {
 
 impl Drop for Region {
     fn drop(&mut self) {
+        // Waits for a prefaulter's step in progress; none starts after this.
+        *self.live.lock().unwrap_or_else(|e| e.into_inner()) = false;
         let map_len = match self._backing {
             Backing::Anon => self.len.max(1).div_ceil(PAGE) * PAGE,
             Backing::Mapped { .. } => self.len,
@@ -588,6 +606,46 @@ impl Drop for Region {
         // SAFETY: `base`/`map_len` describe the mapping created at open; nothing borrows
         // from it any more (borrows are tied to `&self`).
         unsafe { libc::munmap(self.base as *mut libc::c_void, map_len) };
+    }
+}
+
+/// Populates pages of a region from another thread (see [`Region::prefaulter`]).
+pub struct Prefaulter {
+    base: usize,
+    len: usize,
+    memory: bool,
+    live: std::sync::Arc<Mutex<bool>>,
+}
+
+impl Prefaulter {
+    /// Whether the region is still mapped.
+    pub fn live(&self) -> bool {
+        *self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Back `[off, off+len)` (clamped to the region) with writable pages, as
+    /// [`Region::prefault`] does. False once the region is gone (nothing done).
+    pub fn populate(&self, off: usize, len: usize) -> bool {
+        let live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        if !*live {
+            return false;
+        }
+        if self.memory || off >= self.len || len == 0 {
+            return true;
+        }
+        let start = off / PAGE * PAGE;
+        let end = (off + len.min(self.len - off)).div_ceil(PAGE) * PAGE;
+        // SAFETY: the region is mapped while `live` is true, and its Drop sets it false
+        // under this lock before unmapping; the range is page-aligned and inside the
+        // mapping; populating does not change its contents.
+        unsafe {
+            libc::madvise(
+                (self.base + start) as *mut libc::c_void,
+                end.min(self.len.div_ceil(PAGE) * PAGE) - start,
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
+        true
     }
 }
 

@@ -5,6 +5,8 @@
 //! leave a block marked free that is in use.
 
 use crate::error::{FsError, Result};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// Bitmap allocator over the data area: recently freed blocks first (LIFO), then
 /// next-fit. Reusing warm blocks keeps the working set small: on a sparse /dev/shm
@@ -19,6 +21,9 @@ pub struct BlockAlloc {
     cursor: u64,
     /// Recently freed blocks; entries may be stale (taken since by the scan).
     recent: Vec<u64>,
+    /// Where the next-fit scan goes on (an absolute block number), for a thread that
+    /// backs the blocks ahead of it with pages (`Volume::prefault_in_background`).
+    frontier: Arc<AtomicU64>,
 }
 
 const RECENT_MAX: usize = 1 << 16;
@@ -38,6 +43,7 @@ impl BlockAlloc {
             free: count,
             cursor: 0,
             recent: Vec::new(),
+            frontier: Arc::new(AtomicU64::new(start)),
         }
     }
 
@@ -58,6 +64,11 @@ impl BlockAlloc {
         *w |= m;
         self.free -= 1;
         true
+    }
+
+    /// Where new blocks are taken from next (shared: it follows the allocations).
+    pub fn frontier(&self) -> Arc<AtomicU64> {
+        self.frontier.clone()
     }
 
     /// Allocate `n` blocks, preferring one contiguous run from the cursor on.
@@ -97,6 +108,8 @@ impl BlockAlloc {
         self.free -= n as u64;
         if out.len() > from_recent {
             self.cursor = w * 64;
+            self.frontier
+                .store(self.start + self.cursor, Ordering::Relaxed);
         }
         Ok(out)
     }

@@ -58,6 +58,7 @@ impl OpenedBackend {
                 r => break r.with_context(|| format!("opening the volume {}", image.display()))?,
             }
         };
+        vol.prefault_in_background();
         Ok(OpenedBackend {
             backend: Arc::new(zcfs_local::LocalFs::new(vol.clone())),
             volume: Some(vol),

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 #[test]
 fn posix_semantics() {
-    let mut m = Mount::volume("posix", "8G", &["--inodes", "200000"]);
+    let mut m = Mount::volume("posix", "8G", &["--inodes", "200000", "--sparse"]);
     // O_APPEND, read back.
     for i in 0..3 {
         let mut f = OpenOptions::new()

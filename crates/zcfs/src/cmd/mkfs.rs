@@ -3,7 +3,7 @@
 use crate::persistence::persistence_of;
 use anyhow::{bail, Context, Result};
 use std::os::unix::fs::FileTypeExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use zcfs_volume::{MkfsOptions, RootDir, Volume, VolumeConfig};
 
 #[derive(Debug, clap::Args)]
@@ -28,6 +28,11 @@ pub struct MkfsArgs {
     /// Permission bits of the root directory, in octal (default 755).
     #[arg(long, value_parser = parse_mode)]
     root_mode: Option<u32>,
+    /// Leave a file image sparse: its memory is taken as it is written (by default it
+    /// is allocated now, so a full /dev/shm is found here rather than by the server
+    /// getting SIGBUS on a write, and no write pays for clearing fresh pages).
+    #[arg(long)]
+    sparse: bool,
 }
 
 fn parse_owner(s: &str) -> std::result::Result<(u32, u32), String> {
@@ -74,6 +79,65 @@ fn parse_size(s: &str) -> std::result::Result<u64, String> {
         .ok_or_else(|| format!("size {s:?} is too large"))
 }
 
+/// Refuse, before anything is written, an image the file system holding it has no room
+/// to allocate (what the file already has allocated counts as room).
+fn room_for(image: &Path, size: u64) -> Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::MetadataExt;
+    let dir = match image.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())?;
+    // SAFETY: statvfs is plain integers, for which all zero bytes are a valid value.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a statvfs the call fills in.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Ok(()); // Cannot tell: fallocate will.
+    }
+    let free = st.f_bavail as u64 * st.f_frsize as u64;
+    let have = std::fs::metadata(image).map_or(0, |m| m.blocks() * 512);
+    if size > free.saturating_add(have) {
+        bail!(
+            "{}: the file system holding it has {} bytes free, the volume needs {size} (add \
+             --sparse to take memory only as the volume fills, at the risk of running out later)",
+            image.display(),
+            free.saturating_add(have)
+        );
+    }
+    Ok(())
+}
+
+/// Allocate every byte of the image file now (fallocate; contents unchanged). A file
+/// system without fallocate leaves it sparse, with a note.
+fn preallocate(image: &Path) -> Result<()> {
+    use std::os::unix::io::AsRawFd;
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(image)
+        .with_context(|| format!("opening {} to allocate it", image.display()))?;
+    let len = f.metadata()?.len();
+    // SAFETY: fallocate on a descriptor we own, mode 0 (allocate, keep contents and
+    // size); no memory is passed.
+    let rc = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len as libc::off_t) };
+    if rc != 0 {
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EOPNOTSUPP) => eprintln!(
+                "note: {} cannot be allocated ahead (no fallocate there); it stays sparse",
+                image.display()
+            ),
+            Some(libc::ENOSPC) => bail!(
+                "{}: the file system holding it has no room for {len} bytes (add --sparse to \
+                 take memory only as the volume fills, at the risk of running out later)",
+                image.display()
+            ),
+            _ => return Err(e).with_context(|| format!("allocating {}", image.display())),
+        }
+    }
+    Ok(())
+}
+
 pub fn run(a: &MkfsArgs) -> Result<i32> {
     let image = a.image.as_path();
     let meta = std::fs::metadata(image).ok();
@@ -102,6 +166,9 @@ pub fn run(a: &MkfsArgs) -> Result<i32> {
             image.display()
         );
     }
+    if is_file && !a.sparse {
+        room_for(image, a.size)?;
+    }
     Volume::mkfs(
         image,
         a.size,
@@ -116,6 +183,9 @@ pub fn run(a: &MkfsArgs) -> Result<i32> {
         },
     )
     .with_context(|| format!("making a volume on {}", image.display()))?;
+    if is_file && !a.sparse {
+        preallocate(image)?;
+    }
     let vol = Volume::open(
         image,
         VolumeConfig {
