@@ -126,6 +126,7 @@ fn mount_until_unmounted(a: &MountArgs, ready_pipe: &mut Option<ReadyPipe>) -> R
     })?;
     // Which mount is ours (its id and device in mountinfo), to tell it from a later one.
     let ours = mount_at(&canonical_mp);
+    set_read_ahead(&canonical_mp, plan.read_ahead_kb);
     tracing::info!(%source, mountpoint = %a.mountpoint.display(), threads = plan.threads, "mounted");
     if let Some(pipe) = ready_pipe.take() {
         pipe.ready();
@@ -293,6 +294,26 @@ fn mountinfo_path(field: &str) -> PathBuf {
 
 /// The mount on top at `mp` (as /proc/self/mountinfo names it: mount id and device),
 /// if any.
+/// Set the mount's read-ahead window (its backing device's `read_ahead_kb`). The kernel
+/// sets the window when the mount's INIT is answered, so first wait for that: a stat
+/// of the root waits for it. Best effort: without the right to write sysfs (not root)
+/// the kernel's 128 KiB stays.
+fn set_read_ahead(mp: &Path, kb: u32) {
+    use std::os::unix::fs::MetadataExt;
+    let dev = match std::fs::metadata(mp) {
+        Ok(m) => m.dev(),
+        Err(e) => return tracing::info!("read-ahead left as it is: {}: {e}", mp.display()),
+    };
+    let knob = format!(
+        "/sys/class/bdi/{}:{}/read_ahead_kb",
+        libc::major(dev),
+        libc::minor(dev)
+    );
+    if let Err(e) = std::fs::write(&knob, kb.to_string()) {
+        tracing::info!("read-ahead left as it is: {knob}: {e}");
+    }
+}
+
 fn mount_at(mp: &Path) -> Option<(String, String)> {
     let s = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     s.lines()
