@@ -55,6 +55,7 @@ impl NullFs {
             gid: 0,
             rdev: 0,
             blksize: 4096,
+            no_xattrs: true,
         }
     }
 }

@@ -228,7 +228,12 @@ impl Wire for Time {
     }
 }
 
-/// The fields, then zero padding to `ATTR_LEN` (room for later fields).
+/// Attr flag: the inode has no extended attributes.
+pub const ATTR_NO_XATTRS: u32 = 1;
+/// Every attr flag this version knows (others are refused).
+pub const ATTR_FLAGS_KNOWN: u32 = ATTR_NO_XATTRS;
+
+/// The fields, the flags, then zero padding to `ATTR_LEN` (room for later fields).
 impl Wire for Attr {
     fn put(&self, out: &mut Vec<u8>) {
         let start = out.len();
@@ -248,6 +253,8 @@ impl Wire for Attr {
         ] {
             v.put(out);
         }
+        let flags = if self.no_xattrs { ATTR_NO_XATTRS } else { 0 };
+        flags.put(out);
         out.resize(start + ATTR_LEN, 0);
     }
     fn get(r: &mut Reader<'_>) -> Result<Self> {
@@ -266,6 +273,15 @@ impl Wire for Attr {
             gid: u32::get(r)?,
             rdev: u32::get(r)?,
             blksize: u32::get(r)?,
+            no_xattrs: false,
+        };
+        let flags = u32::get(r)?;
+        if flags & !ATTR_FLAGS_KNOWN != 0 {
+            return Err(ProtoError::Invalid("unknown attr flags"));
+        }
+        let a = Attr {
+            no_xattrs: flags & ATTR_NO_XATTRS != 0,
+            ..a
         };
         let pad = r.take(ATTR_LEN - (r.position() - start), "attr padding")?;
         if pad.iter().any(|&b| b != 0) {

@@ -58,6 +58,9 @@ pub struct Attr {
     pub gid: u32,
     pub rdev: u32,
     pub blksize: u32,
+    /// Known to have no extended attributes (hence no ACL): a client may answer a
+    /// lookup of one without asking. False when unknown.
+    pub no_xattrs: bool,
 }
 
 impl Attr {

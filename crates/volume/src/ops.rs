@@ -80,6 +80,7 @@ pub(crate) fn attr_of(i: &Inode) -> Attr {
         gid: r.gid,
         rdev: r.rdev,
         blksize: BLOCK as u32,
+        no_xattrs: i.xattr_blocks.is_empty(),
     }
 }
 

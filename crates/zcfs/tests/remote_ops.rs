@@ -288,3 +288,77 @@ fn clients_racing_on_one_file_and_one_directory_agree_afterwards() {
     srv.kill(libc::SIGTERM);
     srv.fsck();
 }
+
+/// Requests of `op` the server has answered so far.
+fn served(fs: &RemoteFs, op: &str) -> u64 {
+    let v: serde_json::Value = serde_json::from_slice(&fs.server_stats().unwrap()).unwrap();
+    v["ops"][op]["count"].as_u64().unwrap_or(0)
+}
+
+/// `ls -l` asks two xattrs per file (`security.selinux`, `system.posix_acl_access`): a
+/// file the server said has none is answered without a round trip, for any caller;
+/// one with xattrs, a `user.` name, or attributes past the timeout still ask.
+#[test]
+fn xattr_lookups_of_files_without_xattrs_need_no_round_trip() {
+    let net = Net::new();
+    let srv = Served::new(&net, "noxattr", &[]);
+    net.in_cli(|| {
+        let fs = srv.client(&net, Duration::from_secs(5));
+        let c = ctx();
+        let (plain, fh) = fs
+            .create(&c, ROOT, b"plain", libc::S_IFREG | 0o600, libc::O_RDWR)
+            .unwrap();
+        fs.release(plain.ino, fh).unwrap();
+        let (tagged, fh) = fs
+            .create(&c, ROOT, b"tagged", libc::S_IFREG | 0o644, libc::O_RDWR)
+            .unwrap();
+        fs.release(tagged.ino, fh).unwrap();
+        fs.setxattr(&c, tagged.ino, b"user.k", b"v", 0).unwrap();
+        let plain = fs.lookup(&c, ROOT, b"plain").unwrap();
+        let tagged = fs.lookup(&c, ROOT, b"tagged").unwrap();
+        assert!(plain.no_xattrs && !tagged.no_xattrs);
+        let before = served(&fs, "getxattr");
+        let other = zcfs_backend::Ctx::user(2000, 2000);
+        for who in [&c, &other] {
+            for name in [&b"system.posix_acl_access"[..], b"security.selinux"] {
+                assert_eq!(
+                    fs.getxattr(who, plain.ino, name).unwrap_err().errno,
+                    libc::ENODATA
+                );
+            }
+        }
+        assert!(fs.listxattr(&c, plain.ino).unwrap().is_empty());
+        assert_eq!(
+            served(&fs, "getxattr"),
+            before,
+            "answered without the server"
+        );
+        // A user. name keeps the server's permission check (0600, not the owner).
+        assert_eq!(
+            fs.getxattr(&other, plain.ino, b"user.k").unwrap_err().errno,
+            libc::EACCES
+        );
+        // A file with xattrs is asked about.
+        assert_eq!(
+            fs.getxattr(&c, tagged.ino, b"security.selinux")
+                .unwrap_err()
+                .errno,
+            libc::ENODATA
+        );
+        assert_eq!(fs.getxattr(&c, tagged.ino, b"user.k").unwrap(), b"v");
+        assert_eq!(served(&fs, "getxattr"), before + 3);
+        // Setting one makes the next lookups ask.
+        fs.setxattr(&c, plain.ino, b"user.y", b"1", 0).unwrap();
+        assert_eq!(
+            fs.getxattr(&c, plain.ino, b"security.selinux")
+                .unwrap_err()
+                .errno,
+            libc::ENODATA
+        );
+        assert_eq!(served(&fs, "getxattr"), before + 4);
+        assert_eq!(
+            fs.listxattr(&c, plain.ino).unwrap(),
+            vec![b"user.y".to_vec()]
+        );
+    });
+}

@@ -46,8 +46,15 @@ fn time() -> impl Strategy<Value = Time> {
 }
 
 fn attr() -> impl Strategy<Value = Attr> {
-    (any::<[u64; 4]>(), time(), time(), time(), any::<[u32; 6]>()).prop_map(|(a, at, mt, ct, b)| {
-        Attr {
+    (
+        any::<[u64; 4]>(),
+        time(),
+        time(),
+        time(),
+        any::<[u32; 6]>(),
+        any::<bool>(),
+    )
+        .prop_map(|(a, at, mt, ct, b, nx)| Attr {
             ino: a[0],
             generation: a[1],
             size: a[2],
@@ -61,8 +68,8 @@ fn attr() -> impl Strategy<Value = Attr> {
             gid: b[3],
             rdev: b[4],
             blksize: b[5],
-        }
-    })
+            no_xattrs: nx,
+        })
 }
 
 fn settime() -> impl Strategy<Value = Option<SetTime>> {
@@ -491,3 +498,23 @@ proptest! {
 }
 
 mod limits;
+
+#[test]
+fn attr_flags_round_trip_and_unknown_flags_are_refused() {
+    let a = Attr {
+        ino: 7,
+        no_xattrs: true,
+        ..Default::default()
+    };
+    let mut b = Vec::new();
+    a.put(&mut b);
+    assert_eq!(b.len(), ATTR_LEN);
+    // The flags follow the 92 bytes of fields.
+    assert_eq!(b[92..96], ATTR_NO_XATTRS.to_le_bytes());
+    assert_eq!(Attr::get(&mut Reader::new(&b)).unwrap(), a);
+    b[92] |= 2;
+    assert!(
+        Attr::get(&mut Reader::new(&b)).is_err(),
+        "unknown flag accepted"
+    );
+}
