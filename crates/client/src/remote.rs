@@ -495,6 +495,8 @@ impl Backend for RemoteFs {
         }
         let node = self.node(ino);
         let (r, epoch) = self.call_in(ctx, OpenReq { node, flags }, &[])?;
+        // Close-to-open: what the file is now replaces whatever we had cached.
+        self.remember(&r.attr);
         Ok(self.track(ctx, ino, node.gen, flags, r.fh, epoch))
     }
 
@@ -829,5 +831,9 @@ impl Backend for RemoteFs {
 
     fn sync_all(&self) -> Result<()> {
         self.call(&own(), SyncAllReq {}).map(|_| ())
+    }
+
+    fn cache_age(&self, ino: u64) -> std::time::Duration {
+        lock(&self.meta).age(ino, self.client.config().attr_ttl)
     }
 }

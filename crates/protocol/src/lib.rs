@@ -40,7 +40,7 @@ pub use wire::{Reader, Wire};
 /// execute twice). Version 5 authenticates every message after a handshake with a
 /// secret (`channel`: a MAC trailer after each body, optionally a payload MAC) and
 /// binds the handshake proofs to its whole transcript.
-pub const VERSION: u8 = 6;
+pub const VERSION: u8 = 7;
 pub const REQ_MAGIC: u16 = 0x515a; // "ZQ"
 pub const RESP_MAGIC: u16 = 0x525a; // "ZR"
 /// Size of the fixed request header.

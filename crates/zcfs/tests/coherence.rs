@@ -188,7 +188,12 @@ fn close_to_open_with_default_options() {
     close_to_open("c2o", &[]);
 }
 
+/// Exempt (README "Caching and coherence"): under its writeback cache the kernel keeps
+/// its own size, mtime and ctime of a regular file and never takes the server's
+/// (`fuse_get_cache_mask`), so B keeps reading the old length, and the pages the mtime
+/// would have dropped. Kept to show it: `cargo test -- --ignored`.
 #[test]
+#[ignore = "the kernel's writeback cache trusts its own size and mtime: exempt"]
 fn close_to_open_with_writeback_cache() {
     close_to_open("c2o-wb", &["-o", "writeback"]);
 }
@@ -246,10 +251,11 @@ fn forced_mode(f: &File) -> u32 {
     st.stx_mode as u32 & 0o7777
 }
 
-fn changes_are_seen(tag: &str, opts: &[&str]) {
+/// `own_size`: the kernel keeps its own size and mtime of regular files (writeback
+/// cache), so only what it still takes from the server is checked: mode, names.
+fn changes_are_seen(tag: &str, opts: &[&str], own_size: bool) {
     let t = two(tag, opts);
     let (a, b) = (&t.a, &t.b);
-    let dir_b = b.mp.to_str().unwrap().to_owned();
     let mut errors = Vec::new();
     let mut worst = Duration::ZERO;
     let mut check = |r: Result<Duration, String>| match r {
@@ -268,14 +274,20 @@ fn changes_are_seen(tag: &str, opts: &[&str]) {
         .unwrap()
         .set_len(4321)
         .unwrap();
-    check(within("size after truncate", || {
-        fs::metadata(&pb).unwrap().len() == 4321
-    }));
+    if !own_size {
+        check(within("size after truncate", || {
+            fs::metadata(&pb).unwrap().len() == 4321
+        }));
+    }
     fs::set_permissions(a.path("attrs"), fs::Permissions::from_mode(0o640)).unwrap();
     check(within("mode after chmod", || {
         fs::metadata(&pb).unwrap().mode() & 0o7777 == 0o640
     }));
     let when = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+    if own_size {
+        // What follows is exempt under the writeback cache.
+        return names_are_seen(a, b, errors, worst, tag);
+    }
     File::options()
         .write(true)
         .open(a.path("attrs"))
@@ -327,8 +339,23 @@ fn changes_are_seen(tag: &str, opts: &[&str]) {
         fb.metadata().unwrap().len() == grown.len() as u64 && got == grown
     }));
     drop(fb);
+    names_are_seen(a, b, errors, worst, tag)
+}
 
-    // Names: B has looked them up (positive and negative entries) and listed the dir.
+/// Names: B has looked them up (positive and negative entries) and listed the dir;
+/// A creates, unlinks and renames.
+fn names_are_seen(
+    a: &RemoteMount,
+    b: &RemoteMount,
+    mut errors: Vec<String>,
+    mut worst: Duration,
+    tag: &str,
+) {
+    let dir_b = b.mp.to_str().unwrap().to_owned();
+    let mut check = |r: Result<Duration, String>| match r {
+        Ok(d) => worst = worst.max(d),
+        Err(e) => errors.push(e),
+    };
     fs::write(a.path("gone"), b"x").unwrap();
     fs::write(a.path("old"), b"y").unwrap();
     assert!(exists(&b.path("gone")) && exists(&b.path("old")));
@@ -338,7 +365,9 @@ fn changes_are_seen(tag: &str, opts: &[&str]) {
     fs::remove_file(a.path("gone")).unwrap();
     fs::rename(a.path("old"), a.path("moved")).unwrap();
     check(within("a created name", || exists(&b.path("new"))));
-    check(within("a created name in a listing", || listed(&dir_b, "new")));
+    check(within("a created name in a listing", || {
+        listed(&dir_b, "new")
+    }));
     check(within("an unlinked name", || !exists(&b.path("gone"))));
     check(within("an unlinked name in a listing", || {
         !listed(&dir_b, "gone")
@@ -354,12 +383,12 @@ fn changes_are_seen(tag: &str, opts: &[&str]) {
 
 #[test]
 fn changes_are_seen_within_the_attribute_timeout() {
-    changes_are_seen("inval", &[]);
+    changes_are_seen("inval", &[], false);
 }
 
 #[test]
 fn changes_are_seen_within_the_attribute_timeout_with_writeback_cache() {
-    changes_are_seen("inval-wb", &["-o", "writeback"]);
+    changes_are_seen("inval-wb", &["-o", "writeback"], true);
 }
 
 /// The client library's cache must not add its age to the kernel's: an attribute the
@@ -439,7 +468,11 @@ fn durable(tag: &str, opts: &[&str]) {
             fs.release(e.ino, fh).unwrap();
             out
         });
-        assert!(lib == data, "round {round}: the library read {}", describe(&lib, &data));
+        assert!(
+            lib == data,
+            "round {round}: the library read {}",
+            describe(&lib, &data)
+        );
         drop(kept);
         a.kill(libc::SIGKILL);
     }
@@ -453,4 +486,27 @@ fn close_and_fsync_are_durable_when_the_mount_dies() {
 #[test]
 fn close_and_fsync_are_durable_when_the_mount_dies_with_writeback_cache() {
     durable("durable-wb", &["-o", "writeback"]);
+}
+
+/// Under the writeback cache the kernel fills a page a write covers only in part by
+/// reading it, through whatever handle writes, a write-only one too: the mount opens
+/// those for reading as well. Before, such a write failed with EBADF (the server's
+/// handle was write-only).
+#[test]
+fn a_write_only_open_serves_the_writeback_caches_reads() {
+    let net = Net::new();
+    let srv = Served::new(&net, "wronly-wb", &[]);
+    let a = RemoteMount::new(&net, &srv, "wronly-wb-a", &["-o", "writeback"]);
+    let mut model = pattern(3 * 4096 + 5, 20);
+    fs::write(a.path("f"), &model).unwrap();
+    // A fresh mount: nothing of the file is in its page cache.
+    let b = RemoteMount::new(&net, &srv, "wronly-wb-b", &["-o", "writeback"]);
+    let f = OpenOptions::new().write(true).open(b.path("f")).unwrap();
+    f.write_all_at(b"abc", 4096 + 100).unwrap();
+    drop(f);
+    model[4096 + 100..4096 + 103].copy_from_slice(b"abc");
+    let got = fs::read(a.path("f")).unwrap();
+    assert!(got == model, "A read {}", describe(&got, &model));
+    drop(b);
+    drop(a);
 }
