@@ -371,6 +371,13 @@ pub trait Backend: Send + Sync {
     fn sync_all(&self) -> Result<()> {
         Ok(())
     }
+    /// How old the oldest cached copy is that an answer about `ino` (its attributes,
+    /// a name of it) may have come from. A frontend that caches the answer again
+    /// shortens its own timeout by that much, so the two caches do not add up. Zero
+    /// for a backend that answers from the source (the default).
+    fn cache_age(&self, _ino: u64) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
 }
 
 #[cfg(test)]

@@ -517,6 +517,8 @@ impl Backend for RemoteFs {
         }
         let node = self.node(ino);
         let (r, epoch) = self.call_in(ctx, OpenReq { node, flags }, &[])?;
+        // Close-to-open: what the file is now replaces whatever we had cached.
+        self.remember(&r.attr);
         Ok(self.track(ctx, ino, node.gen, flags, r.fh, epoch))
     }
 
@@ -903,5 +905,9 @@ impl Backend for RemoteFs {
         let behind = self.behind.settle_all();
         self.call(&own(), SyncAllReq {}).map(|_| ())?;
         behind
+    }
+
+    fn cache_age(&self, ino: u64) -> std::time::Duration {
+        lock(&self.meta).age(ino, self.client.config().attr_ttl)
     }
 }

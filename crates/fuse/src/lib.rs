@@ -23,6 +23,7 @@ use std::time::{Duration, SystemTime};
 use zcfs_backend::{Attr, Backend, Ctx, SetAttr};
 
 pub mod caller;
+mod coherence;
 mod convert;
 mod direct;
 pub mod fusermount;
@@ -42,6 +43,12 @@ pub struct FuseFs {
     /// the backend with the caller.
     dont_mask: bool,
     pub stats: Arc<FuseStats>,
+    /// What the kernel was last told of each inode (close-to-open, `coherence`).
+    shown: coherence::Shown,
+    notifier: coherence::NotifierCell,
+    /// The kernel granted its writeback cache: it reads pages through any handle,
+    /// a write-only one too (to fill a page a write covers only in part).
+    writeback: bool,
 }
 
 impl FuseFs {
@@ -59,7 +66,51 @@ impl FuseFs {
             ttl,
             dont_mask: false,
             stats: Arc::new(FuseStats::default()),
+            shown: coherence::Shown::default(),
+            notifier: Default::default(),
+            writeback: false,
         }
+    }
+
+    /// How long the kernel may keep what the backend just said of `ino`: the timeout,
+    /// less the age of the backend's own cached copy it may have come from (else a
+    /// client library's cache and the kernel's would add up to twice the timeout).
+    fn ttl_of(&self, ino: u64) -> Duration {
+        if self.ttl.is_zero() {
+            return self.ttl;
+        }
+        self.ttl.saturating_sub(self.backend.cache_age(ino))
+    }
+
+    /// `a` as the kernel is given it, remembered as what it was told.
+    fn shown_attr(&self, a: &Attr) -> FileAttr {
+        self.shown.told(a);
+        self.file_attr(a)
+    }
+
+    /// Close-to-open: after an open of `ino`, when what the backend found differs from
+    /// what the kernel was told, invalidate the kernel's attributes (not its pages:
+    /// see `coherence`) before the open is answered.
+    fn revalidate(&self, ino: u64) {
+        let Some(n) = self.notifier.get() else {
+            return;
+        };
+        let Ok(a) = self.backend.getattr(ino) else {
+            return;
+        };
+        if self.shown.is_current(&a) {
+            return;
+        }
+        self.shown.forget(ino);
+        // ENOENT: the kernel does not have the inode cached (nothing is stale).
+        if let Err(e) = n.inval_inode(INodeNo(ino), -1, 0) {
+            tracing::debug!(ino, "attribute invalidation on open: {e}");
+        }
+    }
+
+    /// The notifier's place, filled by `mount::spawn` once the session exists.
+    pub(crate) fn notifier_cell(&self) -> coherence::NotifierCell {
+        self.notifier.clone()
     }
 
     fn file_attr(&self, a: &Attr) -> FileAttr {
@@ -141,7 +192,11 @@ impl FuseFs {
 
     fn entry(&self, reply: ReplyEntry, r: zcfs_backend::Result<Attr>) {
         answer(reply, r, |reply, a| {
-            reply.entry(&self.ttl, &self.file_attr(&a), Generation(a.generation))
+            reply.entry(
+                &self.ttl_of(a.ino),
+                &self.shown_attr(&a),
+                Generation(a.generation),
+            )
         })
     }
 
@@ -149,8 +204,8 @@ impl FuseFs {
     fn created(&self, reply: ReplyCreate, r: zcfs_backend::Result<(Attr, u64)>) {
         answer(reply, r, |reply, (a, fh)| {
             reply.created(
-                &self.ttl,
-                &self.file_attr(&a),
+                &self.ttl_of(a.ino),
+                &self.shown_attr(&a),
                 Generation(a.generation),
                 FileHandle(fh),
                 self.open_flags(),
@@ -160,7 +215,7 @@ impl FuseFs {
 
     fn attr(&self, reply: ReplyAttr, r: zcfs_backend::Result<Attr>) {
         answer(reply, r, |reply, a| {
-            reply.attr(&self.ttl, &self.file_attr(&a))
+            reply.attr(&self.ttl_of(a.ino), &self.shown_attr(&a))
         })
     }
 }
@@ -182,12 +237,18 @@ impl Filesystem for FuseFs {
             | InitFlags::FUSE_ASYNC_DIO
             // File handles (name_to_handle_at, NFS re-export) of inodes the kernel no
             // longer caches: it looks their node id up with "." (see `lookup`).
-            | InitFlags::FUSE_EXPORT_SUPPORT;
+            | InitFlags::FUSE_EXPORT_SUPPORT
+            // When a refreshed mtime or size differs, the kernel drops the file's
+            // cached pages (another client wrote it): with `revalidate` on open, this
+            // makes close-to-open hold for the page cache too.
+            | InitFlags::FUSE_AUTO_INVAL_DATA;
         if self.opts.readdirplus {
             want |= InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO;
         }
         if self.opts.writeback {
-            want |= InitFlags::FUSE_WRITEBACK_CACHE;
+            self.writeback = config
+                .add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE)
+                .is_ok();
         }
         for f in want.iter() {
             if config.add_capabilities(f).is_err() {
@@ -230,7 +291,11 @@ impl Filesystem for FuseFs {
                 .lookup(&self.ctx(req), parent.0, name.as_bytes())
         };
         match found {
-            Ok(a) => reply.entry(&self.ttl, &self.file_attr(&a), Generation(a.generation)),
+            Ok(a) => reply.entry(
+                &self.ttl_of(a.ino),
+                &self.shown_attr(&a),
+                Generation(a.generation),
+            ),
             // A negative entry is cached as long as a positive one.
             Err(e) if e.errno == libc::ENOENT && !self.ttl.is_zero() => {
                 reply.entry(&self.ttl, &negative_attr(), Generation(0))
@@ -240,6 +305,7 @@ impl Filesystem for FuseFs {
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.shown.forget(ino.0);
         self.backend.forget(ino.0, nlookup);
     }
 
@@ -401,7 +467,21 @@ impl Filesystem for FuseFs {
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         self.count();
         let c = self.ctx(req);
-        match self.backend.open(&c, ino.0, flags.0) {
+        // Under the writeback cache the kernel reads through write-only handles too:
+        // open for reading and writing where the caller may read (as libfuse's
+        // passthrough does), write-only where it may not.
+        let opened = if self.writeback && flags.0 & libc::O_ACCMODE == libc::O_WRONLY {
+            let rw = (flags.0 & !libc::O_ACCMODE) | libc::O_RDWR;
+            match self.backend.open(&c, ino.0, rw) {
+                Err(e) if e.errno == libc::EACCES || e.errno == libc::EPERM => {
+                    self.backend.open(&c, ino.0, flags.0)
+                }
+                r => r,
+            }
+        } else {
+            self.backend.open(&c, ino.0, flags.0)
+        };
+        match opened {
             Ok(fh) => {
                 // FUSE_ATOMIC_O_TRUNC: the truncation is ours to do.
                 if flags.0 & libc::O_TRUNC != 0 {
@@ -422,6 +502,7 @@ impl Filesystem for FuseFs {
                         return reply.error(errno(&e));
                     }
                 }
+                self.revalidate(ino.0);
                 reply.opened(FileHandle(fh), self.open_flags())
             }
             Err(e) => reply.error(errno(&e)),
@@ -440,6 +521,12 @@ impl Filesystem for FuseFs {
     ) {
         self.count();
         let c = self.creator(req, umask);
+        // The creator may read what it creates: see `open` for the writeback cache.
+        let flags = if self.writeback && flags & libc::O_ACCMODE == libc::O_WRONLY {
+            (flags & !libc::O_ACCMODE) | libc::O_RDWR
+        } else {
+            flags
+        };
         let r = self
             .backend
             .create(&c, parent.0, name.as_bytes(), mode, flags);
@@ -662,12 +749,13 @@ impl Filesystem for FuseFs {
                     ino,
                     1,
                     ".",
-                    &self.ttl,
+                    &self.ttl_of(a.ino),
                     &self.file_attr(&a),
                     Generation(a.generation),
                 ) {
                     return reply.ok();
                 }
+                self.shown.told(&a);
             }
         }
         if offset <= 1 {
@@ -678,12 +766,13 @@ impl Filesystem for FuseFs {
                     INodeNo(a.ino),
                     2,
                     "..",
-                    &self.ttl,
+                    &self.ttl_of(a.ino),
                     &self.file_attr(&a),
                     Generation(a.generation),
                 ) {
                     return reply.ok();
                 }
+                self.shown.told(&a);
             }
         }
         // Each entry added counts as a lookup in the kernel; the backend took one
@@ -707,12 +796,14 @@ impl Filesystem for FuseFs {
                     INodeNo(e.ino),
                     e.next + 2,
                     OsStr::from_bytes(&e.name),
-                    &self.ttl,
+                    &self.ttl_of(a.ino),
                     &self.file_attr(&a),
                     Generation(a.generation),
                 );
                 if full {
                     self.backend.forget(e.ino, 1);
+                } else {
+                    self.shown.told(&a);
                 }
                 !full
             });

@@ -72,8 +72,13 @@ pub fn spawn(fs: FuseFs, mountpoint: &Path, config: &Config) -> std::io::Result<
     } else {
         direct::mount(mountpoint, &config.mount_options, allow_other)?
     };
+    let notifier = fs.notifier_cell();
     let session = match fuser::Session::from_fd(fs, fd, config.acl, config.clone()) {
-        Ok(s) => s.spawn(),
+        Ok(s) => {
+            // Before the session serves its first request.
+            let _ = notifier.set(s.notifier());
+            s.spawn()
+        }
         Err(e) => Err(e),
     };
     match session {

@@ -374,6 +374,9 @@ wire_struct! {
     pub struct OpenReply {
         /// A handle of this session (never 0).
         pub fh: u64,
+        /// The file's attributes as the open found them (close-to-open: the client
+        /// refreshes what it and its kernel cache of the file).
+        pub attr: Attr,
     }
 }
 

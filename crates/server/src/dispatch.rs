@@ -254,13 +254,18 @@ impl<'a> Conn<'a> {
                 let _g = self.hold([r.node])?;
                 self.session.has_room()?;
                 let backend_fh = b.open(ctx, r.node.ino, r.flags)?;
+                // Close-to-open: the client refreshes its caches from these (after
+                // the open, which may have truncated).
+                let attr = b.getattr(r.node.ino).inspect_err(|_| {
+                    let _ = b.release(r.node.ino, backend_fh);
+                })?;
                 let fh = self.add_handle(Handle {
                     ino: r.node.ino,
                     gen: r.node.gen,
                     backend_fh,
                     flags: r.flags,
                 })?;
-                Reply::Open(OpenReply { fh })
+                Reply::Open(OpenReply { fh, attr })
             }
             Request::Create(r) => {
                 let _g = self.hold([r.parent])?;

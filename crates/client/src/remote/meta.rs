@@ -5,7 +5,7 @@
 use super::RemoteFs;
 use crate::lock;
 use std::collections::HashMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use zcfs_backend::*;
 
 /// What we know of an inode.
@@ -40,6 +40,25 @@ impl Meta {
         self.attrs.clear();
         self.names.clear();
         self.no_xattr.clear();
+    }
+
+    /// How old the oldest copy of `ino`'s attributes or names is that is still
+    /// answered from (younger than `ttl`; zero when there is none): a lookup or
+    /// getattr answered now may be that old.
+    pub(super) fn age(&self, ino: u64, ttl: Duration) -> Duration {
+        let attr = self.attrs.get(&ino).map(|(_, t)| t.elapsed());
+        let names = self.nodes.get(&ino).into_iter().flat_map(|n| {
+            n.names
+                .iter()
+                .filter_map(|k| self.names.get(k))
+                .filter(|(i, _)| *i == ino)
+                .map(|(_, t)| t.elapsed())
+        });
+        attr.into_iter()
+            .chain(names)
+            .filter(|age| *age < ttl)
+            .max()
+            .unwrap_or(Duration::ZERO)
     }
 
     /// Drop what we know of `ino` (its names and attributes too).

@@ -344,8 +344,8 @@ fn reply_for(op: Op) -> BoxedStrategy<Reply> {
         Op::Symlink => entry_reply().prop_map(Reply::Symlink).boxed(),
         Op::Rename => Just(Reply::Rename(EmptyReply {})).boxed(),
         Op::Link => entry_reply().prop_map(Reply::Link).boxed(),
-        Op::Open => (1u64..)
-            .prop_map(|fh| Reply::Open(OpenReply { fh }))
+        Op::Open => (1u64.., attr())
+            .prop_map(|(fh, attr)| Reply::Open(OpenReply { fh, attr }))
             .boxed(),
         Op::Create => (attr(), 1u64..)
             .prop_map(|(attr, fh)| Reply::Create(CreateReply { attr, fh }))
