@@ -274,6 +274,11 @@ impl Backend for LocalFs {
         payload.fill(&mut r.slices_mut())?;
         r.commit().map(|n| n as u32).map_err(err)
     }
+    /// close(2): what was written is durable before close returns, whatever the
+    /// group commit's batch (as NFS commits at close); a mount promises close-to-open.
+    fn flush(&self, ino: u64, _fh: u64) -> Result<()> {
+        self.vol.fsync(ino).map_err(err)
+    }
     fn release(&self, ino: u64, _fh: u64) -> Result<()> {
         self.vol.release_handle(ino).map_err(err)
     }
