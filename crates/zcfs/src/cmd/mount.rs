@@ -35,7 +35,7 @@ pub struct MountArgs {
     /// Bypass the page cache for file data.
     #[arg(long)]
     pub direct_io: bool,
-    /// FUSE worker threads (default 4).
+    /// FUSE worker threads (default 16: each waits for one server round trip).
     #[arg(long)]
     pub threads: Option<usize>,
     /// Return once the mount is live, leaving it running in the background.

@@ -31,6 +31,10 @@ pub struct MountPlan {
 /// 315-386 MB/s, 1 MiB 664-682, 16 MiB 826-892. The window only grows for sequential
 /// readers, so random readers do not pay for it.
 pub const READ_AHEAD_KB_DEFAULT: u32 = 16 << 10;
+/// FUSE worker threads by default. Each request holds its thread for a round trip to
+/// the server, so the threads bound the requests in flight: 4 KiB O_DIRECT random reads
+/// at QD16 on a loopback remote mount ran 18.6k IOPS with 4 threads, 26.1k with 16.
+pub const DEFAULT_THREADS: usize = 16;
 /// The largest `read_ahead_kb=` accepted.
 pub const READ_AHEAD_KB_MAX: u32 = 256 << 10;
 
@@ -108,7 +112,7 @@ pub fn parse_options(a: &MountArgs) -> Result<MountPlan> {
             MountOption::Subtype("zcfs".into()),
         ],
         acl: SessionACL::Owner,
-        threads: a.threads.unwrap_or(4),
+        threads: a.threads.unwrap_or(DEFAULT_THREADS),
         read_only: false,
         batch_ops: None,
         secret_file: a.secret_file.clone(),
