@@ -3,7 +3,7 @@
 # library and through FUSE, beside the baselines a user would pick instead (tmpfs, NFS-Ganesha
 # with a libnfs client, sshfs) and the machine's limits (raw TCP on the same link, memcpy).
 #
-#   bash scripts/bench.sh            short mode, about 4 minutes
+#   bash scripts/bench.sh            short mode, about 8 minutes (ends with the mount table)
 #   bash scripts/bench.sh --full     full mode (adds the shared baselines: limits, tmpfs, NFS, sshfs)
 #   bash scripts/bench.sh --tbf      also shape the veth to 1 Gbit/s (the RZCFS link) for a second remote run
 #   bash scripts/bench.sh --publish  also write docs/benchmarks.md and its plots from this run
@@ -37,7 +37,7 @@ export FIO_RUNTIME=${FIO_RUNTIME:-$([ $MODE = full ] && echo 4 || echo 1)}
 export FIO_SIZE=${FIO_SIZE:-$([ $MODE = full ] && echo 256M || echo 64M)}
 mkdir -p "$RESULTS_DIR" "$WORK"
 export PATH="$HOME/.cargo/bin:$PATH"
-bash scripts/setup.sh build-essential pkg-config fuse3 fio git iproute2 util-linux python3-matplotlib
+bash scripts/setup.sh build-essential pkg-config fuse3 fio git iproute2 util-linux python3-matplotlib sshfs openssh-server openssh-client
 cargo build --release --quiet -p zcfs -p zcfs-bench
 Z=$REPO/target/release/zcfs
 ZB=$REPO/target/release/zcfs-bench
@@ -204,9 +204,17 @@ for pair in "${SMALL_TARGETS[@]}"; do
 done
 cat "$SMALL"
 
-# ------------------------------------------------------------------ 6. report
+# ------------------------------------------------------------------ 6. the mount table (issue 11)
+# What users do through a remote mount, zcfs beside sshfs on the same veth link and the
+# client library on that link (scripts/bench-mount.sh: its own namespaces and servers).
+step "the mount table: zcfs remote mount vs sshfs vs the client library"
+NO_BUILD=1 bash scripts/bench-mount.sh --reps "$([ $MODE = full ] && echo 5 || echo 3)" --out "$OUT/mount" \
+  || log "bench-mount.sh failed; see $OUT/mount"
+
+# ------------------------------------------------------------------ 7. report
 step "report"
 # Debian's python3 is the one python3-matplotlib installs into.
 PY=/usr/bin/python3; [ -x "$PY" ] || PY=python3
 "$PY" "$REPO/scripts/bench-report.py" "$OUT" $([ $PUBLISH = 1 ] && echo --publish "$REPO/docs")
-log "results in $OUT (results.md, plots/*.png, csv/, *.json)"
+[ -f "$OUT/mount/mount-table.md" ] && { echo; echo "The mount table (issue 11):"; cat "$OUT/mount/mount-table.md"; }
+log "results in $OUT (results.md, mount/mount-table.md, plots/*.png, csv/, *.json)"
