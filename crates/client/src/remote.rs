@@ -606,6 +606,10 @@ impl Backend for RemoteFs {
     /// chunk), and so does an error after something was written: the count says how
     /// far the caller's bytes got, as write(2) does.
     fn write(&self, ctx: &Ctx, ino: u64, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
+        // A buffered write of this range still in flight (it may be on another
+        // connection) lands first: this one came later.
+        let end = offset.saturating_add(data.len() as u64);
+        self.behind.settle_range(ino, offset, end);
         self.forget_attr(ino);
         let (node, sfh) = (self.node(ino), self.server_fh(fh)?);
         // The count is a u32: a longer buffer is a short write.
