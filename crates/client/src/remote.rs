@@ -298,6 +298,19 @@ impl RemoteFs {
         }
     }
 
+    /// Attributes a reply carried (lookup, readdirplus) of an inode written through
+    /// write-behind here: a write answered before the request went out may still have
+    /// been in flight on another connection when the server answered, so the size may
+    /// predate it (the kernel would take it as the file's). Wait for the inode's writes
+    /// and ask again; on error keep what the reply said.
+    fn after_writes(&self, a: Attr) -> Attr {
+        if !self.behind.tracks(a.ino) {
+            return a;
+        }
+        self.forget_attr(a.ino);
+        self.getattr(a.ino).unwrap_or(a)
+    }
+
     /// Write replies held by write-behind now (at most [`WRITE_BEHIND_MAX`]).
     pub fn write_behind_held(&self) -> usize {
         self.behind.held()
@@ -331,7 +344,8 @@ impl Backend for RemoteFs {
             },
             &[],
         )?;
-        Ok(self.entry(r.attr, epoch, Some((parent, name)), false))
+        let a = self.entry(r.attr, epoch, Some((parent, name)), false);
+        Ok(self.after_writes(a))
     }
 
     fn lseek(&self, ino: u64, fh: u64, offset: u64, whence: i32) -> Result<u64> {
@@ -747,7 +761,12 @@ impl Backend for RemoteFs {
                 max_entries,
             };
             let (r, epoch) = self.call_in(&own(), req, &[])?;
-            let es = r.entries.into_vec();
+            let mut es = r.entries.into_vec();
+            for e in es.iter_mut() {
+                if let Some(a) = e.attr.take() {
+                    e.attr = Some(self.after_writes(a));
+                }
+            }
             if es.is_empty() {
                 return Ok(());
             }

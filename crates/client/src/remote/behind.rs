@@ -102,6 +102,12 @@ impl WriteBehind {
         }
     }
 
+    /// Whether `ino` was written here since its last handle here was closed (its
+    /// writes may be in flight, or landed after a reply another request carried).
+    pub fn tracks(&self, ino: u64) -> bool {
+        lock(&self.inodes).contains_key(&ino)
+    }
+
     /// Wait for `ino`'s writes that overlap `start..end` (a read of that range).
     pub fn settle_range(&self, ino: u64, start: u64, end: u64) {
         if let Some(q) = self.queue_of(ino) {
