@@ -26,8 +26,8 @@ mod listing;
 mod meta;
 
 use crate::{lock, Caller, Client, ClientConfig};
-use behind::WriteBehind;
 pub use behind::WRITE_BEHIND_MAX;
+use behind::{Report, WriteBehind};
 use listing::Listing;
 use meta::Meta;
 use std::collections::HashMap;
@@ -349,7 +349,7 @@ impl Backend for RemoteFs {
     }
 
     fn lseek(&self, ino: u64, fh: u64, offset: u64, whence: i32) -> Result<u64> {
-        self.behind.settle(ino, false)?;
+        self.behind.settle(ino, Report::Keep)?;
         let req = LseekReq {
             node: self.node(ino),
             fh: self.server_fh(fh)?,
@@ -387,7 +387,7 @@ impl Backend for RemoteFs {
     }
 
     fn getattr(&self, ino: u64) -> Result<Attr> {
-        self.behind.settle(ino, false)?;
+        self.behind.settle(ino, Report::Keep)?;
         if let Some((a, t)) = lock(&self.meta).attrs.get(&ino) {
             if self.ttl_ok(t) {
                 return Ok(a.clone());
@@ -404,7 +404,7 @@ impl Backend for RemoteFs {
     }
 
     fn setattr(&self, ctx: &Ctx, ino: u64, set: &SetAttr, fh: u64) -> Result<Attr> {
-        self.behind.settle(ino, false)?;
+        self.behind.settle(ino, Report::Keep)?;
         self.forget_attr(ino);
         let fh = if fh == 0 { 0 } else { self.server_fh(fh)? };
         let r = self.call(
@@ -672,7 +672,7 @@ impl Backend for RemoteFs {
         let end = offset
             .checked_add(data.len() as u64)
             .ok_or_else(|| Error::new(libc::EFBIG, "write past the largest offset"))?;
-        let sent = self.behind.send(limit, ino, offset, end, || {
+        let sent = self.behind.send(limit, ino, fh, offset, end, || {
             self.forget_attr(ino);
             let req: Request = WriteReq {
                 node,
@@ -692,7 +692,7 @@ impl Backend for RemoteFs {
     }
 
     fn flush(&self, ino: u64, fh: u64) -> Result<()> {
-        self.behind.settle(ino, true)?;
+        self.behind.settle(ino, Report::Handle(fh))?;
         let fh = self.server_fh(fh).unwrap_or(0);
         let node = self.node(ino);
         self.call(&own(), FlushReq { node, fh }).map(|_| ())
@@ -704,9 +704,10 @@ impl Backend for RemoteFs {
     /// the session, or is moot if the session is gone (its handles released with it).
     fn release(&self, ino: u64, fh: u64) -> Result<()> {
         // Writes in flight through this handle reach the server before it closes the
-        // handle (they may have gone out on another connection). Their error stays for
-        // the inode's next flush (or is logged by `closed` when none is left).
-        let _ = self.behind.settle(ino, false);
+        // handle (they may have gone out on another connection). An error of this
+        // handle its flush did not report has no one left to report it to: logged.
+        let _ = self.behind.settle(ino, Report::Keep);
+        self.behind.closed_handle(ino, fh);
         let f = lock(&self.open).remove(&fh);
         if f.is_some() {
             self.closed(ino);
@@ -732,7 +733,7 @@ impl Backend for RemoteFs {
     }
 
     fn fsync(&self, ino: u64, fh: u64, datasync: bool) -> Result<()> {
-        self.behind.settle(ino, true)?;
+        self.behind.settle(ino, Report::Fsync(fh))?;
         let fh = self.server_fh(fh).unwrap_or(0);
         let node = self.node(ino);
         self.call(&own(), FsyncReq { node, fh, datasync })
@@ -882,7 +883,7 @@ impl Backend for RemoteFs {
         len: u64,
         mode: i32,
     ) -> Result<()> {
-        self.behind.settle(ino, false)?;
+        self.behind.settle(ino, Report::Keep)?;
         self.forget_attr(ino);
         let req = FallocateReq {
             node: self.node(ino),
