@@ -324,3 +324,137 @@ fn overlapping_buffered_writes_through_two_descriptors_match_a_model() {
         fs.release(f.ino, fh).unwrap();
     });
 }
+
+/// Guard: with a server taking 4 requests in flight per connection (so write-behind
+/// holds at most 2 replies), 8 threads writing 10 files each through write-behind,
+/// reading back and asking attributes in between, all finish (within a bound: a
+/// deadlock on in-flight slots would stop them), every file is whole, and no reply is
+/// held afterwards.
+#[test]
+fn many_writers_with_a_small_max_inflight_finish_and_hold_nothing() {
+    const THREADS: u64 = 8;
+    const FILES: u64 = 10;
+    const WRITES: u64 = 8;
+    const CHUNK: usize = 64 << 10;
+    let net = Net::new();
+    let srv = Served::new(&net, "wb-inflight", &["--max-inflight", "4"]);
+    net.in_cli(|| {
+        let fs = srv.client(&net, Duration::from_secs(10));
+        assert_eq!(fs.client().max_inflight(), 4);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::scope(|s| {
+            for t in 0..THREADS {
+                let (fs, tx) = (&fs, tx.clone());
+                s.spawn(move || {
+                    let c = ctx();
+                    for i in 0..FILES {
+                        let name = format!("t{t}f{i}");
+                        let (f, fh) = fs
+                            .create(
+                                &c,
+                                ROOT,
+                                name.as_bytes(),
+                                libc::S_IFREG | 0o644,
+                                libc::O_RDWR,
+                            )
+                            .unwrap();
+                        for w in 0..WRITES {
+                            let buf = fill((t * 31 + i * 7 + w) as u8, CHUNK);
+                            let off = w * CHUNK as u64;
+                            assert_eq!(
+                                fs.write_behind(&c, f.ino, fh, off, &buf).unwrap(),
+                                CHUNK as u32
+                            );
+                            if w % 3 == 2 {
+                                assert!(read_all(fs, f.ino, fh, off, CHUNK as u32) == buf);
+                                assert_eq!(fs.getattr(f.ino).unwrap().size, off + CHUNK as u64);
+                            }
+                        }
+                        fs.flush(f.ino, fh).unwrap();
+                        for w in 0..WRITES {
+                            let off = w * CHUNK as u64;
+                            let want = fill((t * 31 + i * 7 + w) as u8, CHUNK);
+                            assert!(
+                                read_all(fs, f.ino, fh, off, CHUNK as u32) == want,
+                                "{name} chunk {w}"
+                            );
+                        }
+                        fs.release(f.ino, fh).unwrap();
+                    }
+                    tx.send(t).unwrap();
+                });
+            }
+            drop(tx);
+            for _ in 0..THREADS {
+                rx.recv_timeout(Duration::from_secs(120))
+                    .expect("writers stuck: in-flight slots never freed?");
+            }
+        });
+        assert_eq!(
+            fs.write_behind_held(),
+            0,
+            "replies held after every file closed"
+        );
+    });
+}
+
+/// Buffered writes in flight when the server is killed and restarted (on the same
+/// volume): the writer's fsync reports an error, or every byte is there afterwards.
+/// Never success with bytes missing. (Not flush: a reply says committed, durable only
+/// within the group commit's delay; a kill may take that much, as docs/protocol.md
+/// says, and close is not fsync.)
+#[test]
+#[ignore = "finding: fsync after a server restart says 0 though writes the old instance \
+            answered within its group-commit delay were lost with it (the client knows \
+            the instance changed; no write verifier as NFS's COMMIT has); fails about \
+            every other run"]
+fn writes_in_flight_across_a_server_restart_are_reported_or_whole() {
+    let net = Net::new();
+    let mut srv = Served::new(&net, "wb-restart", &[]);
+    for round in 0..3u8 {
+        let name = format!("f{round}");
+        let chunks: Vec<Vec<u8>> = (0..16u8).map(|i| fill(round * 16 + i + 1, MIB)).collect();
+        let flushed = net.in_cli(|| {
+            let fs = srv.client(&net, Duration::from_secs(3));
+            let c = ctx();
+            let (f, fh) = fs
+                .create(
+                    &c,
+                    ROOT,
+                    name.as_bytes(),
+                    libc::S_IFREG | 0o644,
+                    libc::O_RDWR,
+                )
+                .unwrap();
+            fs.fsync(f.ino, fh, false).unwrap();
+            for (i, b) in chunks.iter().enumerate() {
+                // A write that finds the connection gone fails at once: also reported.
+                if fs.write_behind(&c, f.ino, fh, (i * MIB) as u64, b).is_err() {
+                    return Err(());
+                }
+                if i == 8 - round as usize * 4 {
+                    srv.kill(libc::SIGKILL);
+                    srv.start(&net, &[]);
+                }
+            }
+            let r = fs.fsync(f.ino, fh, false).map_err(|_| ());
+            let _ = fs.release(f.ino, fh);
+            r
+        });
+        if flushed.is_ok() {
+            net.in_cli(|| {
+                let fs = srv.client(&net, Duration::from_secs(5));
+                let a = fs.lookup(&ctx(), ROOT, name.as_bytes()).unwrap();
+                assert_eq!(a.size, (16 * MIB) as u64, "round {round}: fsync said 0");
+                for (i, b) in chunks.iter().enumerate() {
+                    assert!(
+                        &read_all(&fs, a.ino, 0, (i * MIB) as u64, MIB as u32) == b,
+                        "round {round}: chunk {i} after an fsync that said 0"
+                    );
+                }
+            });
+        }
+    }
+    srv.kill(libc::SIGTERM);
+    srv.fsck();
+}
