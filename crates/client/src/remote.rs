@@ -26,8 +26,8 @@ mod listing;
 mod meta;
 
 use crate::{lock, Caller, Client, ClientConfig};
-use behind::WriteBehind;
 pub use behind::WRITE_BEHIND_MAX;
+use behind::{Report, WriteBehind};
 use listing::Listing;
 use meta::Meta;
 use std::collections::HashMap;
@@ -306,6 +306,19 @@ impl RemoteFs {
             .is_some_and(|(a, t)| a.no_xattrs && self.ttl_ok(t))
     }
 
+    /// Attributes a reply carried (lookup, readdirplus) of an inode written through
+    /// write-behind here: a write answered before the request went out may still have
+    /// been in flight on another connection when the server answered, so the size may
+    /// predate it (the kernel would take it as the file's). Wait for the inode's writes
+    /// and ask again; on error keep what the reply said.
+    fn after_writes(&self, a: Attr) -> Attr {
+        if !self.behind.tracks(a.ino) {
+            return a;
+        }
+        self.forget_attr(a.ino);
+        self.getattr(a.ino).unwrap_or(a)
+    }
+
     /// Write replies held by write-behind now (at most [`WRITE_BEHIND_MAX`]).
     pub fn write_behind_held(&self) -> usize {
         self.behind.held()
@@ -339,11 +352,12 @@ impl Backend for RemoteFs {
             },
             &[],
         )?;
-        Ok(self.entry(r.attr, epoch, Some((parent, name)), false))
+        let a = self.entry(r.attr, epoch, Some((parent, name)), false);
+        Ok(self.after_writes(a))
     }
 
     fn lseek(&self, ino: u64, fh: u64, offset: u64, whence: i32) -> Result<u64> {
-        self.behind.settle(ino, false)?;
+        self.behind.settle(ino, Report::Keep)?;
         let req = LseekReq {
             node: self.node(ino),
             fh: self.server_fh(fh)?,
@@ -381,7 +395,7 @@ impl Backend for RemoteFs {
     }
 
     fn getattr(&self, ino: u64) -> Result<Attr> {
-        self.behind.settle(ino, false)?;
+        self.behind.settle(ino, Report::Keep)?;
         if let Some((a, t)) = lock(&self.meta).attrs.get(&ino) {
             if self.ttl_ok(t) {
                 return Ok(a.clone());
@@ -398,7 +412,7 @@ impl Backend for RemoteFs {
     }
 
     fn setattr(&self, ctx: &Ctx, ino: u64, set: &SetAttr, fh: u64) -> Result<Attr> {
-        self.behind.settle(ino, false)?;
+        self.behind.settle(ino, Report::Keep)?;
         self.forget_attr(ino);
         let fh = if fh == 0 { 0 } else { self.server_fh(fh)? };
         let r = self.call(
@@ -616,6 +630,10 @@ impl Backend for RemoteFs {
     /// chunk), and so does an error after something was written: the count says how
     /// far the caller's bytes got, as write(2) does.
     fn write(&self, ctx: &Ctx, ino: u64, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
+        // A buffered write of this range still in flight (it may be on another
+        // connection) lands first: this one came later.
+        let end = offset.saturating_add(data.len() as u64);
+        self.behind.settle_range(ino, offset, end);
         self.forget_attr(ino);
         let (node, sfh) = (self.node(ino), self.server_fh(fh)?);
         // The count is a u32: a longer buffer is a short write.
@@ -664,7 +682,7 @@ impl Backend for RemoteFs {
         let end = offset
             .checked_add(data.len() as u64)
             .ok_or_else(|| Error::new(libc::EFBIG, "write past the largest offset"))?;
-        let sent = self.behind.send(limit, ino, offset, end, || {
+        let sent = self.behind.send(limit, ino, fh, offset, end, || {
             self.forget_attr(ino);
             let req: Request = WriteReq {
                 node,
@@ -684,7 +702,7 @@ impl Backend for RemoteFs {
     }
 
     fn flush(&self, ino: u64, fh: u64) -> Result<()> {
-        self.behind.settle(ino, true)?;
+        self.behind.settle(ino, Report::Handle(fh))?;
         let fh = self.server_fh(fh).unwrap_or(0);
         let node = self.node(ino);
         self.call(&own(), FlushReq { node, fh }).map(|_| ())
@@ -696,9 +714,10 @@ impl Backend for RemoteFs {
     /// the session, or is moot if the session is gone (its handles released with it).
     fn release(&self, ino: u64, fh: u64) -> Result<()> {
         // Writes in flight through this handle reach the server before it closes the
-        // handle (they may have gone out on another connection). Their error stays for
-        // the inode's next flush (or is logged by `closed` when none is left).
-        let _ = self.behind.settle(ino, false);
+        // handle (they may have gone out on another connection). An error of this
+        // handle its flush did not report has no one left to report it to: logged.
+        let _ = self.behind.settle(ino, Report::Keep);
+        self.behind.closed_handle(ino, fh);
         let f = lock(&self.open).remove(&fh);
         if f.is_some() {
             self.closed(ino);
@@ -724,7 +743,7 @@ impl Backend for RemoteFs {
     }
 
     fn fsync(&self, ino: u64, fh: u64, datasync: bool) -> Result<()> {
-        self.behind.settle(ino, true)?;
+        self.behind.settle(ino, Report::Fsync(fh))?;
         let fh = self.server_fh(fh).unwrap_or(0);
         let node = self.node(ino);
         self.call(&own(), FsyncReq { node, fh, datasync })
@@ -753,7 +772,12 @@ impl Backend for RemoteFs {
                 max_entries,
             };
             let (r, epoch) = self.call_in(&own(), req, &[])?;
-            let es = r.entries.into_vec();
+            let mut es = r.entries.into_vec();
+            for e in es.iter_mut() {
+                if let Some(a) = e.attr.take() {
+                    e.attr = Some(self.after_writes(a));
+                }
+            }
             if es.is_empty() {
                 return Ok(());
             }
@@ -879,7 +903,7 @@ impl Backend for RemoteFs {
         len: u64,
         mode: i32,
     ) -> Result<()> {
-        self.behind.settle(ino, false)?;
+        self.behind.settle(ino, Report::Keep)?;
         self.forget_attr(ino);
         let req = FallocateReq {
             node: self.node(ino),

@@ -9,8 +9,9 @@
 //! - flush (close(2)), fsync, release, getattr, setattr, fallocate and lseek of the
 //!   inode, and sync_all: every write of the inode.
 //!
-//! An error (ENOSPC, a short write, a lost connection) is kept with the inode and
-//! reported by its next flush or fsync, as NFS does; the data of a write lost with its
+//! An error (ENOSPC, a short write, a lost connection) is kept with the handle that
+//! wrote and reported by that handle's next flush or fsync, as NFS does (another
+//! descriptor's close must not take it from the writer); the data of a write lost with its
 //! connection is not sent again (it is no longer here), so that error is EIO.
 //!
 //! Bounds: replies held here occupy in-flight slots of the connections (a slot is free
@@ -29,18 +30,35 @@ use zcfs_protocol::{Operation, Wire, WriteReq};
 /// The most write replies held at once over all inodes of a mount.
 pub const WRITE_BEHIND_MAX: usize = 32;
 
-/// One write in flight: its byte range and the ticket of its reply.
+/// One write in flight: its byte range, the handle it went through and the ticket of
+/// its reply.
 struct Pending {
     start: u64,
     end: u64,
+    fh: u64,
     ticket: Ticket,
 }
 
 #[derive(Default)]
 struct Queue {
     inflight: VecDeque<Pending>,
-    /// The first error of a write collected since the last flush or fsync.
-    error: Option<Error>,
+    /// Per handle, the first error of a write through it collected since its last
+    /// flush or fsync.
+    errors: HashMap<u64, Error>,
+}
+
+/// Whose kept errors a settle gives back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Report {
+    /// None: they stay for their handles' flush or fsync.
+    Keep,
+    /// The handle's (its flush).
+    Handle(u64),
+    /// The handle's, else (without taking it) another handle's: fsync promises the
+    /// inode's data, whichever handle wrote it.
+    Fsync(u64),
+    /// Every handle's (sync_all, or an inode no handle is left of).
+    All,
 }
 
 #[derive(Default)]
@@ -63,10 +81,12 @@ impl WriteBehind {
     /// writes in flight that overlap it are waited for, and a slot is taken (collecting
     /// this inode's oldest write when every slot is held). Ok(false): no slot, nothing
     /// sent (the caller sends and waits itself).
+    #[allow(clippy::too_many_arguments)]
     pub fn send(
         &self,
         limit: usize,
         ino: u64,
+        fh: u64,
         start: u64,
         end: u64,
         send: impl FnOnce() -> Result<Ticket>,
@@ -92,7 +112,12 @@ impl WriteBehind {
         }
         match send() {
             Ok(ticket) => {
-                g.inflight.push_back(Pending { start, end, ticket });
+                g.inflight.push_back(Pending {
+                    start,
+                    end,
+                    fh,
+                    ticket,
+                });
                 Ok(true)
             }
             Err(e) => {
@@ -100,6 +125,12 @@ impl WriteBehind {
                 Err(e)
             }
         }
+    }
+
+    /// Whether `ino` was written here since its last handle here was closed (its
+    /// writes may be in flight, or landed after a reply another request carried).
+    pub fn tracks(&self, ino: u64) -> bool {
+        lock(&self.inodes).contains_key(&ino)
     }
 
     /// Wait for `ino`'s writes that overlap `start..end` (a read of that range).
@@ -110,19 +141,41 @@ impl WriteBehind {
         }
     }
 
-    /// Wait for every write of `ino`; `report`: give back (and forget) the error kept
-    /// for it (flush, fsync), otherwise keep it for them.
-    pub fn settle(&self, ino: u64, report: bool) -> Result<()> {
+    /// Wait for every write of `ino`, and give back (and forget) the first error kept
+    /// for the handles `report` names.
+    pub fn settle(&self, ino: u64, report: Report) -> Result<()> {
         let Some(q) = self.queue_of(ino) else {
             return Ok(());
         };
         let mut g = lock(&q);
         while collect_front(self, &mut g) {}
-        match g.error.take() {
-            Some(e) if report => Err(e),
-            e => {
-                g.error = e;
-                Ok(())
+        let e = match report {
+            Report::Keep => None,
+            Report::Handle(fh) => g.errors.remove(&fh),
+            Report::Fsync(fh) => g
+                .errors
+                .remove(&fh)
+                .or_else(|| g.errors.values().next().cloned()),
+            Report::All => {
+                let mut all: Vec<(u64, Error)> = g.errors.drain().collect();
+                all.sort_by_key(|(fh, _)| *fh);
+                all.into_iter().next().map(|(_, e)| e)
+            }
+        };
+        e.map_or(Ok(()), Err)
+    }
+
+    /// Handle `fh` of `ino` is closed: an error kept for it has no one left to report
+    /// it to (its flush did not): logged.
+    pub fn closed_handle(&self, ino: u64, fh: u64) {
+        if let Some(q) = self.queue_of(ino) {
+            if let Some(e) = lock(&q).errors.remove(&fh) {
+                tracing::warn!(
+                    ino,
+                    fh,
+                    "a write-behind error no flush reported: {}",
+                    e.msg()
+                );
             }
         }
     }
@@ -132,7 +185,7 @@ impl WriteBehind {
         let inos: Vec<u64> = lock(&self.inodes).keys().copied().collect();
         let mut first = Ok(());
         for ino in inos {
-            let r = self.settle(ino, true);
+            let r = self.settle(ino, Report::All);
             if first.is_ok() {
                 first = r;
             }
@@ -143,7 +196,7 @@ impl WriteBehind {
     /// The inode has no open handle left here: wait for its writes and drop its queue
     /// (an error not reported by now has no one left to report it to; it is logged).
     pub fn retire(&self, ino: u64) {
-        if let Err(e) = self.settle(ino, true) {
+        if let Err(e) = self.settle(ino, Report::All) {
             tracing::warn!(ino, "a write-behind error no flush reported: {}", e.msg());
         }
         let mut m = lock(&self.inodes);
@@ -195,9 +248,7 @@ fn collect_front(wb: &WriteBehind, q: &mut Queue) -> bool {
         } else {
             e
         };
-        if q.error.is_none() {
-            q.error = Some(e);
-        }
+        q.errors.entry(p.fh).or_insert(e);
     }
     true
 }

@@ -73,11 +73,16 @@ pub struct Served {
 
 impl Served {
     pub fn new(net: &Net, name: &str, extra: &[&str]) -> Served {
+        Served::sized(net, name, "1G", extra)
+    }
+
+    /// `new` with a volume of `size` (mkfs's --size).
+    pub fn sized(net: &Net, name: &str, size: &str, extra: &[&str]) -> Served {
         let image = PathBuf::from(format!(
             "/dev/shm/zcfs-remote-{name}-{}.img",
             std::process::id()
         ));
-        mkfs(&image, "1G", &["--root-owner", "1000:1000"]);
+        mkfs(&image, size, &["--root-owner", "1000:1000"]);
         let secret = image.with_extension("secret");
         fs::write(&secret, [SECRET, b"\n"].concat()).unwrap();
         use std::os::unix::fs::PermissionsExt;

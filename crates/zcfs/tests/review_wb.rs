@@ -1,0 +1,460 @@
+//! Review of write-behind (buffered writes on a remote mount answered once sent) and
+//! of prefault: findings as tests, and guards for the properties found holding.
+//! Root required (network namespaces, FUSE), as in CI.
+
+mod common;
+use common::remote::*;
+use std::ffi::CString;
+use std::time::Duration;
+use zcfs_backend::{Backend, ROOT};
+
+const MIB: usize = 1 << 20;
+
+/// How many rounds a race-seeking test runs at most (each a few milliseconds): enough
+/// for an unordered pair of requests on two connections to land out of order many times
+/// over, bounded in count.
+const ROUNDS: usize = 60;
+
+fn fill(byte: u8, n: usize) -> Vec<u8> {
+    vec![byte; n]
+}
+
+/// A write the caller waits for (O_DIRECT, O_SYNC, `-o sync_writes`, or one larger than
+/// a request) after a buffered write of the same range still in flight: the later one
+/// must land last, as the kernel's i_rwsem ordered them. The waited-for write went out
+/// on the other connection without waiting for the buffered one, and landed first.
+#[test]
+fn a_waited_for_write_after_a_buffered_one_lands_last() {
+    let net = Net::new();
+    let srv = Served::new(&net, "wb-order", &[]);
+    net.in_cli(|| {
+        let fs = srv.client(&net, Duration::from_secs(10));
+        let c = ctx();
+        let (big, small) = (fill(b'a', MIB), fill(b'b', 4096));
+        for round in 0..ROUNDS {
+            let name = format!("f{round}");
+            let (f, fh) = fs
+                .create(
+                    &c,
+                    ROOT,
+                    name.as_bytes(),
+                    libc::S_IFREG | 0o644,
+                    libc::O_RDWR,
+                )
+                .unwrap();
+            assert_eq!(fs.write_behind(&c, f.ino, fh, 0, &big).unwrap(), MIB as u32);
+            assert_eq!(fs.write(&c, f.ino, fh, 0, &small).unwrap(), 4096);
+            fs.flush(f.ino, fh).unwrap();
+            let got = read_all(&fs, f.ino, fh, 0, 4096);
+            fs.release(f.ino, fh).unwrap();
+            assert!(
+                got == small,
+                "round {round}: the buffered write landed after the later waited-for one \
+                 (read {:?}...)",
+                &got[..8]
+            );
+        }
+    });
+}
+
+/// An entry looked up while a write of it is in flight (the kernel revalidating a name,
+/// `ls -l`) must show the size the write made: the kernel takes a lookup's size as the
+/// file's (an O_APPEND writer then writes at the stale end, over its own data), and the
+/// client caches it for getattr. The client has two connections used in turn: the
+/// small write goes out on the connection whose server thread is still busy with an
+/// 8 MiB write of another file, the lookup (and the listing) on the other one.
+#[test]
+fn a_lookup_after_a_buffered_write_shows_its_size() {
+    let net = Net::new();
+    let srv = Served::new(&net, "wb-lookup", &[]);
+    net.in_cli(|| {
+        let fs = srv.client(&net, Duration::from_secs(10));
+        let c = ctx();
+        let (big, small) = (fill(b'a', 8 * MIB), fill(b'b', 4096));
+        let (x, xfh) = fs
+            .create(&c, ROOT, b"x", libc::S_IFREG | 0o644, libc::O_RDWR)
+            .unwrap();
+        for round in 0..ROUNDS {
+            let name = format!("f{round}");
+            let (f, fh) = fs
+                .create(
+                    &c,
+                    ROOT,
+                    name.as_bytes(),
+                    libc::S_IFREG | 0o644,
+                    libc::O_RDWR,
+                )
+                .unwrap();
+            // Connection k: the big write; k+1: statfs; k: the small write; k+1: lookup.
+            assert_eq!(
+                fs.write_behind(&c, x.ino, xfh, 0, &big).unwrap(),
+                big.len() as u32
+            );
+            fs.statfs().unwrap();
+            assert_eq!(fs.write_behind(&c, f.ino, fh, 0, &small).unwrap(), 4096);
+            let looked = fs.lookup(&c, ROOT, name.as_bytes()).unwrap();
+            let got = fs.getattr(f.ino).unwrap();
+            // The same for readdirplus.
+            assert_eq!(
+                fs.write_behind(&c, x.ino, xfh, 0, &big).unwrap(),
+                big.len() as u32
+            );
+            fs.statfs().unwrap();
+            assert_eq!(fs.write_behind(&c, f.ino, fh, 4096, &small).unwrap(), 4096);
+            let mut listed = None;
+            fs.readdir(ROOT, 0, true, &mut |e| {
+                if e.ino == f.ino {
+                    listed = e.attr.map(|a| a.size);
+                }
+                true
+            })
+            .unwrap();
+            fs.flush(f.ino, fh).unwrap();
+            fs.release(f.ino, fh).unwrap();
+            assert_eq!(
+                (looked.size, got.size, listed),
+                (4096, 4096, Some(8192)),
+                "round {round}: lookup and then getattr after a write to 4 KiB, readdirplus \
+                 after one to 8 KiB, all answered as written"
+            );
+        }
+        fs.flush(x.ino, xfh).unwrap();
+        fs.release(x.ino, xfh).unwrap();
+    });
+}
+
+/// close(2) of `fd`, its result: 0 or the errno.
+fn close_fd(fd: i32) -> i32 {
+    // SAFETY: closing a descriptor this test opened and owns.
+    if unsafe { libc::close(fd) } == 0 {
+        0
+    } else {
+        std::io::Error::last_os_error().raw_os_error().unwrap()
+    }
+}
+
+fn open_fd(path: &str, flags: i32) -> i32 {
+    let c = CString::new(path).unwrap();
+    // SAFETY: a NUL-terminated path; plain flags.
+    let fd = unsafe { libc::open(c.as_ptr(), flags, 0o644) };
+    assert!(fd >= 0, "open {path}: {}", std::io::Error::last_os_error());
+    fd
+}
+
+/// Buffered writes of `n` MiB through `fd`: the first errno a write gave (0: none).
+fn write_mib(fd: i32, n: usize, byte: u8) -> i32 {
+    let buf = fill(byte, MIB);
+    for _ in 0..n {
+        // SAFETY: a buffer of MIB bytes we own.
+        let r = unsafe { libc::write(fd, buf.as_ptr().cast(), MIB) };
+        if r < 0 {
+            return std::io::Error::last_os_error().raw_os_error().unwrap();
+        }
+    }
+    0
+}
+
+/// A writer filling a volume must learn of ENOSPC (at a write, or when it closes the
+/// file), even when another descriptor of the file (a reader: a backup, `cat`) is
+/// closed first: that close took the writer's error, and the writer's close said 0.
+#[test]
+fn enospc_is_reported_to_the_writer_not_to_another_descriptor() {
+    let net = Net::new();
+    let srv = Served::sized(&net, "wb-enospc2", "64M", &[]);
+    let m = RemoteMount::new(&net, &srv, "wb-enospc2", &[]);
+    let p = m.path("big");
+    let w = open_fd(&p, libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC);
+    let r = open_fd(&p, libc::O_RDONLY);
+    let at_write = write_mib(w, 100, b'x');
+    let reader_close = close_fd(r);
+    let writer_close = close_fd(w);
+    assert!(
+        at_write == libc::ENOSPC || writer_close == libc::ENOSPC,
+        "100 MiB into a 64 MiB volume: the writer saw write {at_write}, close {writer_close} \
+         (the reader's close saw {reader_close})"
+    );
+}
+
+/// Guard: a single writer filling a volume learns of ENOSPC at a write, at fsync or at
+/// close; and after the error was reported once the file system keeps working (the
+/// space is given back by unlink, and a new file is written whole).
+#[test]
+fn enospc_surfaces_at_write_fsync_or_close() {
+    let net = Net::new();
+    let srv = Served::sized(&net, "wb-enospc", "64M", &[]);
+    let m = RemoteMount::new(&net, &srv, "wb-enospc", &[]);
+    for (i, sync) in [(0, false), (1, true)] {
+        let p = m.path(&format!("big{i}"));
+        let w = open_fd(&p, libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC);
+        let at_write = write_mib(w, 100, b'x');
+        let at_fsync = if sync {
+            // SAFETY: our descriptor.
+            if unsafe { libc::fsync(w) } == 0 {
+                0
+            } else {
+                std::io::Error::last_os_error().raw_os_error().unwrap()
+            }
+        } else {
+            0
+        };
+        let at_close = close_fd(w);
+        assert!(
+            [at_write, at_fsync, at_close].contains(&libc::ENOSPC),
+            "100 MiB into a 64 MiB volume: write {at_write}, fsync {at_fsync}, close {at_close}"
+        );
+        std::fs::remove_file(&p).unwrap();
+    }
+    let p = m.path("after");
+    let data: Vec<u8> = (0..8 * MIB).map(|i| (i * 31 + 7) as u8).collect();
+    std::fs::write(&p, &data).unwrap();
+    assert!(
+        std::fs::read(&p).unwrap() == data,
+        "a file written after ENOSPC"
+    );
+}
+
+/// A tiny deterministic generator (xorshift), so a failure names its seed.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Guard: several threads, each with two descriptors of one shared file, write
+/// overlapping random ranges of their own part of it (and extend, and truncate their
+/// own scratch file) through a remote mount; after close, what a second client reads
+/// is exactly the model.
+#[test]
+fn overlapping_buffered_writes_through_two_descriptors_match_a_model() {
+    use std::os::unix::fs::FileExt;
+    const THREADS: u64 = 4;
+    const PART: u64 = 2 * MIB as u64;
+    const WRITES: usize = 300;
+    let net = Net::new();
+    let srv = Served::new(&net, "wb-model", &[]);
+    let m = RemoteMount::new(&net, &srv, "wb-model", &[]);
+    let shared = m.path("shared");
+    std::fs::File::create(&shared).unwrap();
+    let models: Vec<(Vec<u8>, Vec<u8>)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (shared, own) = (shared.clone(), m.path(&format!("own{t}")));
+                s.spawn(move || {
+                    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (t + 1));
+                    let open = |p: &str| {
+                        std::fs::OpenOptions::new()
+                            .read(true)
+                            .write(true)
+                            .create(true)
+                            .truncate(false)
+                            .open(p)
+                            .unwrap()
+                    };
+                    let fds = [open(&shared), open(&shared)];
+                    let mine = open(&own);
+                    let mut model = vec![0u8; PART as usize];
+                    let mut own_model: Vec<u8> = Vec::new();
+                    for i in 0..WRITES {
+                        let len = 1 + rng.below(64 << 10) as usize;
+                        let off = rng.below(PART - len as u64);
+                        let byte = (rng.next() as u8) | 1;
+                        let buf = fill(byte, len);
+                        let fd = &fds[i % 2];
+                        fd.write_all_at(&buf, t * PART + off).unwrap();
+                        model[off as usize..off as usize + len].copy_from_slice(&buf);
+                        // The scratch file: writes, then now and then a truncation
+                        // (shorter or longer) and a read-back, all of one descriptor.
+                        let o = rng.below(1 << 20);
+                        mine.write_all_at(&buf, o).unwrap();
+                        let end = (o as usize + len).max(own_model.len());
+                        own_model.resize(end, 0);
+                        own_model[o as usize..o as usize + len].copy_from_slice(&buf);
+                        if i % 37 == 0 {
+                            let to = rng.below(1 << 20);
+                            mine.set_len(to).unwrap();
+                            own_model.resize(to as usize, 0);
+                        }
+                        if i % 53 == 0 {
+                            let mut back = vec![0u8; own_model.len()];
+                            mine.read_exact_at(&mut back, 0).unwrap();
+                            assert!(back == own_model, "thread {t} write {i}: read-back");
+                        }
+                    }
+                    (model, own_model)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    // What another client of the server sees, after every descriptor was closed.
+    net.in_cli(|| {
+        let fs = srv.client(&net, Duration::from_secs(10));
+        let c = ctx();
+        let f = fs.lookup(&c, ROOT, b"shared").unwrap();
+        let fh = fs.open(&c, f.ino, libc::O_RDONLY).unwrap();
+        for (t, (model, own_model)) in models.iter().enumerate() {
+            let mut got = Vec::new();
+            let base = t as u64 * PART;
+            let mut off = 0u64;
+            while off < PART {
+                got.extend(read_all(&fs, f.ino, fh, base + off, MIB as u32));
+                off += MIB as u64;
+            }
+            got.resize(PART as usize, 0);
+            assert!(&got == model, "thread {t}: its part of the shared file");
+            let o = fs.lookup(&c, ROOT, format!("own{t}").as_bytes()).unwrap();
+            assert_eq!(o.size, own_model.len() as u64, "thread {t}: scratch size");
+            let ofh = fs.open(&c, o.ino, libc::O_RDONLY).unwrap();
+            let mut got = Vec::new();
+            while got.len() < own_model.len() {
+                let n = read_all(&fs, o.ino, ofh, got.len() as u64, MIB as u32);
+                assert!(!n.is_empty());
+                got.extend(n);
+            }
+            assert!(&got == own_model, "thread {t}: its scratch file");
+            fs.release(o.ino, ofh).unwrap();
+        }
+        fs.release(f.ino, fh).unwrap();
+    });
+}
+
+/// Guard: with a server taking 4 requests in flight per connection (so write-behind
+/// holds at most 2 replies), 8 threads writing 10 files each through write-behind,
+/// reading back and asking attributes in between, all finish (within a bound: a
+/// deadlock on in-flight slots would stop them), every file is whole, and no reply is
+/// held afterwards.
+#[test]
+fn many_writers_with_a_small_max_inflight_finish_and_hold_nothing() {
+    const THREADS: u64 = 8;
+    const FILES: u64 = 10;
+    const WRITES: u64 = 8;
+    const CHUNK: usize = 64 << 10;
+    let net = Net::new();
+    let srv = Served::new(&net, "wb-inflight", &["--max-inflight", "4"]);
+    net.in_cli(|| {
+        let fs = srv.client(&net, Duration::from_secs(10));
+        assert_eq!(fs.client().max_inflight(), 4);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::scope(|s| {
+            for t in 0..THREADS {
+                let (fs, tx) = (&fs, tx.clone());
+                s.spawn(move || {
+                    let c = ctx();
+                    for i in 0..FILES {
+                        let name = format!("t{t}f{i}");
+                        let (f, fh) = fs
+                            .create(
+                                &c,
+                                ROOT,
+                                name.as_bytes(),
+                                libc::S_IFREG | 0o644,
+                                libc::O_RDWR,
+                            )
+                            .unwrap();
+                        for w in 0..WRITES {
+                            let buf = fill((t * 31 + i * 7 + w) as u8, CHUNK);
+                            let off = w * CHUNK as u64;
+                            assert_eq!(
+                                fs.write_behind(&c, f.ino, fh, off, &buf).unwrap(),
+                                CHUNK as u32
+                            );
+                            if w % 3 == 2 {
+                                assert!(read_all(fs, f.ino, fh, off, CHUNK as u32) == buf);
+                                assert_eq!(fs.getattr(f.ino).unwrap().size, off + CHUNK as u64);
+                            }
+                        }
+                        fs.flush(f.ino, fh).unwrap();
+                        for w in 0..WRITES {
+                            let off = w * CHUNK as u64;
+                            let want = fill((t * 31 + i * 7 + w) as u8, CHUNK);
+                            assert!(
+                                read_all(fs, f.ino, fh, off, CHUNK as u32) == want,
+                                "{name} chunk {w}"
+                            );
+                        }
+                        fs.release(f.ino, fh).unwrap();
+                    }
+                    tx.send(t).unwrap();
+                });
+            }
+            drop(tx);
+            for _ in 0..THREADS {
+                rx.recv_timeout(Duration::from_secs(120))
+                    .expect("writers stuck: in-flight slots never freed?");
+            }
+        });
+        assert_eq!(
+            fs.write_behind_held(),
+            0,
+            "replies held after every file closed"
+        );
+    });
+}
+
+/// Buffered writes in flight when the server is killed and restarted (on the same
+/// volume): the writer's fsync reports an error, or every byte is there afterwards.
+/// Never success with bytes missing. (Not flush: a reply says committed, durable only
+/// within the group commit's delay; a kill may take that much, as docs/protocol.md
+/// says, and close is not fsync.)
+#[test]
+#[ignore = "finding: fsync after a server restart says 0 though writes the old instance \
+            answered within its group-commit delay were lost with it (the client knows \
+            the instance changed; no write verifier as NFS's COMMIT has); fails about \
+            every other run"]
+fn writes_in_flight_across_a_server_restart_are_reported_or_whole() {
+    let net = Net::new();
+    let mut srv = Served::new(&net, "wb-restart", &[]);
+    for round in 0..3u8 {
+        let name = format!("f{round}");
+        let chunks: Vec<Vec<u8>> = (0..16u8).map(|i| fill(round * 16 + i + 1, MIB)).collect();
+        let flushed = net.in_cli(|| {
+            let fs = srv.client(&net, Duration::from_secs(3));
+            let c = ctx();
+            let (f, fh) = fs
+                .create(
+                    &c,
+                    ROOT,
+                    name.as_bytes(),
+                    libc::S_IFREG | 0o644,
+                    libc::O_RDWR,
+                )
+                .unwrap();
+            fs.fsync(f.ino, fh, false).unwrap();
+            for (i, b) in chunks.iter().enumerate() {
+                // A write that finds the connection gone fails at once: also reported.
+                if fs.write_behind(&c, f.ino, fh, (i * MIB) as u64, b).is_err() {
+                    return Err(());
+                }
+                if i == 8 - round as usize * 4 {
+                    srv.kill(libc::SIGKILL);
+                    srv.start(&net, &[]);
+                }
+            }
+            let r = fs.fsync(f.ino, fh, false).map_err(|_| ());
+            let _ = fs.release(f.ino, fh);
+            r
+        });
+        if flushed.is_ok() {
+            net.in_cli(|| {
+                let fs = srv.client(&net, Duration::from_secs(5));
+                let a = fs.lookup(&ctx(), ROOT, name.as_bytes()).unwrap();
+                assert_eq!(a.size, (16 * MIB) as u64, "round {round}: fsync said 0");
+                for (i, b) in chunks.iter().enumerate() {
+                    assert!(
+                        &read_all(&fs, a.ino, 0, (i * MIB) as u64, MIB as u32) == b,
+                        "round {round}: chunk {i} after an fsync that said 0"
+                    );
+                }
+            });
+        }
+    }
+    srv.kill(libc::SIGTERM);
+    srv.fsck();
+}
