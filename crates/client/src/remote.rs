@@ -23,6 +23,9 @@
 
 mod listing;
 mod meta;
+mod pipelined;
+
+pub use pipelined::{ReadTicket, WriteTicket};
 
 use crate::{lock, Caller, Client, ClientConfig};
 use listing::Listing;
