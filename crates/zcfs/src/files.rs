@@ -343,7 +343,7 @@ impl<'a> Node<'a> {
     /// Open this file for reading.
     pub fn open_read(&self) -> Result<Reader<'a>> {
         match self {
-            Node::Local(p) => Ok(Reader::Local(File::open(p)?)),
+            Node::Local(p) => Ok(Reader::Local(File::open(p)?, Vec::new())),
             Node::Remote(h) => {
                 let fh = h.r.fs.open(&h.r.ctx, h.ino, libc::O_RDONLY)?;
                 Ok(Reader::Remote(RemoteFile {
@@ -457,7 +457,8 @@ impl Drop for RemoteFile<'_> {
 }
 
 pub enum Reader<'a> {
-    Local(File),
+    /// A local file, and buffers to read into again (at most a window's worth).
+    Local(File, Vec<Vec<u8>>),
     Remote(RemoteFile<'a>),
 }
 
@@ -470,8 +471,9 @@ impl<'a> Source for Reader<'a> {
     type Pending = Pending<'a>;
     fn submit(&mut self, offset: u64, len: usize) -> Result<Pending<'a>> {
         match self {
-            Reader::Local(f) => {
-                let mut buf = vec![0u8; len];
+            Reader::Local(f, spare) => {
+                let mut buf = spare.pop().unwrap_or_default();
+                buf.resize(len, 0);
                 let mut n = 0;
                 while n < len {
                     match f.read_at(&mut buf[n..], offset + n as u64) {
@@ -496,6 +498,13 @@ impl<'a> Source for Reader<'a> {
         match p {
             Pending::Read(b) => Ok(b),
             Pending::Ticket(t) => t.wait(),
+        }
+    }
+    fn recycle(&mut self, buf: Vec<u8>) {
+        if let Reader::Local(_, spare) = self {
+            if spare.len() < crate::pipeline::WINDOW {
+                spare.push(buf);
+            }
         }
     }
 }

@@ -30,6 +30,9 @@ pub trait Source {
     fn submit(&mut self, offset: u64, len: usize) -> Result<Self::Pending>;
     /// The bytes read: fewer than asked at the end of the file, none past it.
     fn wait(&mut self, p: Self::Pending) -> Result<Vec<u8>>;
+    /// A buffer `wait` returned, written and no longer needed: a source that reads into
+    /// buffers of its own may use it again (no allocation, no page faults per chunk).
+    fn recycle(&mut self, _buf: Vec<u8>) {}
 }
 
 /// Where they go: writes sent now (the data leaves or is copied before `submit`
@@ -131,6 +134,7 @@ pub fn copy_data<S: Source, D: Sink>(
             }
             copied = copied.max(offset + done as u64);
             progress(done as u64);
+            src.recycle(data);
         }
         if eof && reads.is_empty() && writes.is_empty() {
             return Ok(copied);
