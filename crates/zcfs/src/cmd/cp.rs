@@ -14,7 +14,9 @@ use std::path::PathBuf;
 use zcfs_backend::{Attr, Error};
 
 #[derive(Debug, clap::Args)]
-#[command(after_help = "\
+#[command(
+    override_usage = "zcfs cp [-r] [-p] [--secret-file FILE] SRC... DST",
+    after_help = "\
 An operand is a local path or a file on a server as HOST:PORT:/path ([::1]:PORT:/path \
 for IPv6); an operand with a colon before its first slash names a server (write ./a:b for \
 a local file named a:b). Any side may be a server: local to server, server to local, \
@@ -33,7 +35,8 @@ are not kept sparse: holes are written out as zeros. A progress bar is shown whe
 is a terminal.
 
 Exit status: 0 everything copied, 1 something failed (each failure is reported, the rest \
-is copied), 8 cp could not start (a bad operand, a server it cannot reach).")]
+is copied), 8 cp could not start (a bad operand, a server it cannot reach)."
+)]
 pub struct CpArgs {
     /// Copy directories recursively (symlinks as symlinks).
     #[arg(short = 'r', short_alias = 'R', long = "recursive")]
@@ -44,8 +47,8 @@ pub struct CpArgs {
     /// Shared secret for servers that require one.
     #[arg(long)]
     secret_file: Option<PathBuf>,
-    /// SRC... DST
-    #[arg(required = true, num_args = 2.., value_name = "SRC... DST")]
+    /// The sources, then the destination.
+    #[arg(required = true, num_args = 2.., value_name = "PATH")]
     operands: Vec<String>,
 }
 
