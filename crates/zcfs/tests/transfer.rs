@@ -122,12 +122,27 @@ fn fails(o: Output, code: i32, want: &[&str]) -> String {
     err
 }
 
-/// A fresh local directory for a test.
-fn scratch(tag: &str) -> PathBuf {
+/// A fresh local directory for a test, removed on drop (a failing test's too).
+struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn scratch(tag: &str) -> Scratch {
     let d = std::env::temp_dir().join(format!("zcfs-transfer-{tag}-{}", std::process::id()));
     let _ = fs::remove_dir_all(&d);
     fs::create_dir_all(&d).unwrap();
-    d
+    Scratch(d)
 }
 
 fn pattern(len: usize, seed: u32) -> Vec<u8> {
@@ -268,7 +283,6 @@ fn files_round_trip_byte_for_byte_and_cat_and_ls_show_them() {
         "{line}"
     );
     assert!(line.trim_end().ends_with(&srv.at(&net, "/big")), "{line}");
-    fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
@@ -358,7 +372,6 @@ fn trees_copy_recursively_both_ways_and_between_servers() {
             .any(|l| l.starts_with('d') && l.ends_with(" sub")),
         "{ls}"
     );
-    fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
@@ -444,7 +457,6 @@ fn preserve_keeps_mode_and_times_and_without_it_the_umask_applies() {
         ls.starts_with("-rwsr-x--x ") && ls.contains(" 2001 "),
         "{ls}"
     );
-    fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
@@ -568,7 +580,6 @@ fn failures_are_reported_per_file_with_a_non_zero_status() {
     assert!(!err.contains("/file"), "{err}");
     let o = zcfs_in(&net, &srv, "ls", &[&missing]);
     fails(o, 1, &[&missing, "No such file"]);
-    fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
@@ -603,7 +614,6 @@ fn permission_denied_and_root_squash_are_reported() {
     );
     fails(o, 1, &["Permission denied"]);
     assert!(!d.join("p").exists() || fs::read(d.join("p")).unwrap().is_empty());
-    fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
@@ -619,5 +629,4 @@ fn a_full_server_is_enospc_not_a_panic() {
         &[s(&d.join("huge")), &srv.at(&net, "/huge")],
     );
     fails(o, 1, &["huge", "No space left"]);
-    fs::remove_dir_all(&d).unwrap();
 }
