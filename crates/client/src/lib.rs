@@ -19,7 +19,7 @@ mod conn;
 mod remote;
 
 pub use conn::Ticket;
-pub use remote::{RemoteFs, WRITE_BEHIND_MAX};
+pub use remote::{ReadTicket, RemoteFs, WriteTicket, WRITE_BEHIND_MAX};
 
 use conn::{read_loop, Conn, Posted, PostedTable, Writer};
 
@@ -311,6 +311,17 @@ impl Client {
 
     pub fn config(&self) -> &ClientConfig {
         &self.cfg
+    }
+
+    /// The most data one read or write may carry to this server: the least of what
+    /// every connection's Welcome allowed and the protocol's `MAX_DATA` (connecting the
+    /// connections that are not up).
+    pub fn max_data(&self) -> Result<usize, Error> {
+        let mut max = zcfs_protocol::MAX_DATA;
+        for i in 0..self.conns.len() {
+            max = max.min(self.conn(i)?.welcome.max_data as usize);
+        }
+        Ok(max)
     }
 
     /// The session id this client's connections carry.

@@ -24,6 +24,9 @@
 mod behind;
 mod listing;
 mod meta;
+mod pipelined;
+
+pub use pipelined::{ReadTicket, WriteTicket};
 
 use crate::{lock, Caller, Client, ClientConfig};
 pub use behind::WRITE_BEHIND_MAX;

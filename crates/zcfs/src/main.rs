@@ -4,7 +4,10 @@
 
 mod backend;
 mod cmd;
+mod files;
+mod location;
 mod persistence;
+mod pipeline;
 mod process;
 mod secret;
 mod server_report;
@@ -44,6 +47,12 @@ enum Cmd {
     Umount(cmd::mount::UmountArgs),
     /// Install /sbin/mount.fuse.zcfs so `mount -t fuse.zcfs` and fstab lines work.
     InstallHelper(cmd::helper::InstallHelperArgs),
+    /// Copy files between local paths and servers (HOST:PORT:/path), as cp and scp.
+    Cp(cmd::cp::CpArgs),
+    /// Write files on a server (HOST:PORT:/path) to standard output.
+    Cat(cmd::cat::CatArgs),
+    /// List a directory on a server (HOST:PORT:/path); -l for details.
+    Ls(cmd::ls::LsArgs),
     /// Test helper: write files into a volume, printing each fsync it completes.
     #[command(hide = true)]
     SelftestWriter(cmd::selftest::SelftestWriterArgs),
@@ -77,6 +86,9 @@ fn run() -> Result<i32> {
         Cmd::Umount(a) => cmd::mount::run_umount(&a),
         Cmd::InstallHelper(a) => cmd::helper::install(&a),
         Cmd::SelftestWriter(a) => cmd::selftest::run(&a),
+        Cmd::Cp(a) => cmd::cp::run(&a),
+        Cmd::Cat(a) => cmd::cat::run(&a),
+        Cmd::Ls(a) => cmd::ls::run(&a),
     }
 }
 
