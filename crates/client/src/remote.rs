@@ -68,6 +68,13 @@ struct OpenFile {
     epoch: u64,
     /// Who opened it: re-opened as them after a server restart.
     opener: Opener,
+    /// Written through since its last fsync or flush: a reply said written, which
+    /// is durable only once a commit is (group commit).
+    unstable: bool,
+    /// The server restarted (or lost our session) while `unstable`: what its previous
+    /// instance answered may be gone, so the next fsync or flush reports EIO (as an
+    /// NFS client learns from the write verifier).
+    lost: bool,
 }
 
 pub struct RemoteFs {
@@ -164,6 +171,7 @@ impl RemoteFs {
                 if let Some(f) = lock(&open).get_mut(&fh) {
                     f.server_fh = server_fh;
                     f.epoch = epoch;
+                    f.lost |= f.unstable;
                 }
             }
         }));
@@ -229,6 +237,33 @@ impl RemoteFs {
         }
     }
 
+    /// A write through `fh` was sent: not durable until its next fsync or flush.
+    pub(super) fn written_through(&self, fh: u64) {
+        if let Some(f) = lock(&self.open).get_mut(&fh) {
+            f.unstable = true;
+        }
+    }
+
+    /// An fsync or flush of `fh` returned `r`: success makes what was written through
+    /// it durable, unless the server restarted meanwhile (then EIO, reported once).
+    fn made_durable(&self, fh: u64, r: Result<()>) -> Result<()> {
+        r?;
+        let mut open = lock(&self.open);
+        let Some(f) = open.get_mut(&fh) else {
+            return Ok(());
+        };
+        let lost = std::mem::take(&mut f.lost);
+        f.unstable = false;
+        if lost {
+            return Err(Error::new(
+                libc::EIO,
+                "the server restarted: writes through this file its previous instance \
+                 answered may not have been committed",
+            ));
+        }
+        Ok(())
+    }
+
     fn track(&self, ctx: &Ctx, ino: u64, gen: u64, flags: i32, server_fh: u64, epoch: u64) -> u64 {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         let c = cred(ctx);
@@ -241,6 +276,8 @@ impl RemoteFs {
                 server_fh: Some(server_fh),
                 epoch,
                 opener: (c.cred, c.groups.to_vec()),
+                unstable: false,
+                lost: false,
             },
         );
         fh
@@ -641,6 +678,8 @@ impl Backend for RemoteFs {
         let (node, sfh) = (self.node(ino), self.server_fh(fh)?);
         // The count is a u32: a longer buffer is a short write.
         let data = &data[..data.len().min(u32::MAX as usize)];
+        // Marked before anything is sent: a restart after the send must find it.
+        self.written_through(fh);
         let mut done = 0usize;
         while done < data.len() {
             let chunk = &data[done..data.len().min(done + MAX_DATA)];
@@ -685,6 +724,7 @@ impl Backend for RemoteFs {
         let end = offset
             .checked_add(data.len() as u64)
             .ok_or_else(|| Error::new(libc::EFBIG, "write past the largest offset"))?;
+        self.written_through(fh);
         let sent = self.behind.send(limit, ino, fh, offset, end, || {
             self.forget_attr(ino);
             let req: Request = WriteReq {
@@ -706,9 +746,10 @@ impl Backend for RemoteFs {
 
     fn flush(&self, ino: u64, fh: u64) -> Result<()> {
         self.behind.settle(ino, Report::Handle(fh))?;
-        let fh = self.server_fh(fh).unwrap_or(0);
+        let sfh = self.server_fh(fh).unwrap_or(0);
         let node = self.node(ino);
-        self.call(&own(), FlushReq { node, fh }).map(|_| ())
+        let r = self.call(&own(), FlushReq { node, fh: sfh }).map(|_| ());
+        self.made_durable(fh, r)
     }
 
     /// A release lost with its connection is sent again with the same id (the server's
@@ -747,10 +788,19 @@ impl Backend for RemoteFs {
 
     fn fsync(&self, ino: u64, fh: u64, datasync: bool) -> Result<()> {
         self.behind.settle(ino, Report::Fsync(fh))?;
-        let fh = self.server_fh(fh).unwrap_or(0);
+        let sfh = self.server_fh(fh).unwrap_or(0);
         let node = self.node(ino);
-        self.call(&own(), FsyncReq { node, fh, datasync })
-            .map(|_| ())
+        let r = self
+            .call(
+                &own(),
+                FsyncReq {
+                    node,
+                    fh: sfh,
+                    datasync,
+                },
+            )
+            .map(|_| ());
+        self.made_durable(fh, r)
     }
 
     fn readdir(

@@ -400,14 +400,9 @@ fn many_writers_with_a_small_max_inflight_finish_and_hold_nothing() {
 
 /// Buffered writes in flight when the server is killed and restarted (on the same
 /// volume): the writer's fsync reports an error, or every byte is there afterwards.
-/// Never success with bytes missing. (Not flush: a reply says committed, durable only
-/// within the group commit's delay; a kill may take that much, as docs/protocol.md
-/// says, and close is not fsync.)
+/// Never success with bytes missing: the client marks a handle written through since
+/// its last fsync or flush, and a restart makes that handle's next fsync or flush EIO.
 #[test]
-#[ignore = "finding: fsync after a server restart says 0 though writes the old instance \
-            answered within its group-commit delay were lost with it (the client knows \
-            the instance changed; no write verifier as NFS's COMMIT has); fails about \
-            every other run"]
 fn writes_in_flight_across_a_server_restart_are_reported_or_whole() {
     let net = Net::new();
     let mut srv = Served::new(&net, "wb-restart", &[]);
