@@ -58,7 +58,9 @@ impl OpenedBackend {
                 r => break r.with_context(|| format!("opening the volume {}", image.display()))?,
             }
         };
-        vol.prefault_in_background();
+        if worth_prefaulting(image) {
+            vol.prefault_in_background();
+        }
         Ok(OpenedBackend {
             backend: Arc::new(zcfs_local::LocalFs::new(vol.clone())),
             volume: Some(vol),
@@ -82,4 +84,30 @@ pub fn client_config(addr: &str, secret_file: Option<&Path>) -> Result<ClientCon
 
 pub fn connect(cfg: ClientConfig) -> Result<RemoteFs> {
     RemoteFs::connect(cfg).map_err(|e| anyhow!("{e}"))
+}
+
+/// Whether to keep pages ahead of the allocator (`Volume::prefault_in_background`): for a
+/// DAX device, and for an image in tmpfs (/dev/shm) that mkfs allocated whole, where
+/// populating only maps pages the file already has. Not for a `--sparse` image (its
+/// owner asked for memory only as it fills) nor one on a disk file system (populating
+/// would dirty pages for writeback).
+fn worth_prefaulting(image: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let Ok(m) = std::fs::metadata(image) else {
+        return false;
+    };
+    if m.file_type().is_char_device() {
+        return true;
+    }
+    let Ok(c) = std::ffi::CString::new(image.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: statfs is plain integers, for which all zero bytes are a valid value.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a statfs the call fills in.
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return false;
+    }
+    st.f_type == libc::TMPFS_MAGIC && m.blocks() * 512 >= m.len()
 }
