@@ -362,3 +362,33 @@ fn xattr_lookups_of_files_without_xattrs_need_no_round_trip() {
         );
     });
 }
+
+/// A close (flush) makes what was written through the file durable with one round trip
+/// (the server commits); a reader's close has nothing to make durable and sends none.
+#[test]
+fn a_readers_close_needs_no_round_trip_and_a_writers_commits() {
+    let net = Net::new();
+    let srv = Served::new(&net, "flushes", &[]);
+    net.in_cli(|| {
+        let fs = srv.client(&net, Duration::from_secs(5));
+        let c = ctx();
+        let (a, wfh) = fs
+            .create(&c, ROOT, b"f", libc::S_IFREG | 0o644, libc::O_RDWR)
+            .unwrap();
+        let rfh = fs.open(&c, a.ino, libc::O_RDONLY).unwrap();
+        let before = served(&fs, "flush");
+        fs.flush(a.ino, rfh).unwrap();
+        assert_eq!(served(&fs, "flush"), before, "a clean close asked the server");
+        fs.write_behind(&c, a.ino, wfh, 0, b"data").unwrap();
+        // Any handle's close now commits: the inode has unstable writes.
+        fs.flush(a.ino, rfh).unwrap();
+        fs.flush(a.ino, wfh).unwrap();
+        assert_eq!(served(&fs, "flush"), before + 2);
+        // Durable since: nothing more to do.
+        fs.flush(a.ino, wfh).unwrap();
+        fs.flush(a.ino, rfh).unwrap();
+        assert_eq!(served(&fs, "flush"), before + 2);
+        fs.release(a.ino, rfh).unwrap();
+        fs.release(a.ino, wfh).unwrap();
+    });
+}
