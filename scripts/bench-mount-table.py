@@ -54,8 +54,10 @@ def better_ratio(z, s, unit):
     return s / z if unit in ("s", "p50_us") else z / s
 
 
-print("| what a user does | zcfs mount | sshfs | zcfs vs sshfs | client library | goal | met |")
-print("|---|---:|---:|---:|---:|---|:-:|")
+before = any(t == "zcfs-before" for t, _ in rows)
+print("| what a user does | zcfs mount | sshfs | zcfs vs sshfs | client library | goal | met |"
+      + (" zcfs before (baseline build) | now vs before |" if before else ""))
+print("|---|---:|---:|---:|---:|---|:-:|" + ("---:|---:|" if before else ""))
 met_all = True
 for test, what, lib, goals in TABLE:
     z, unit = rows.get(("zcfs", test), (None, ""))
@@ -84,7 +86,13 @@ for test, what, lib, goals in TABLE:
     lib_txt = fmt(lv, unit) if lib else ""
     if lib and lv and z:
         lib_txt += f" ({100 * z / lv:.0f} %)" if unit in ("MB/s", "IOPS") else f" (+{z - lv:.1f} µs)"
+    extra = ""
+    if before:
+        b = v("zcfs-before", test)
+        gain = better_ratio(z, b, unit)
+        extra = f" {fmt(b, unit)} | {'–' if gain is None else f'{gain:.2f}x'} |"
     print(f"| {what} | {fmt(z, unit)} | {fmt(s, unit)} | "
-          f"{'–' if ratio is None else f'{ratio:.2f}x'} | {lib_txt} | {', '.join(texts)} | {met} |")
+          f"{'–' if ratio is None else f'{ratio:.2f}x'} | {lib_txt} | {', '.join(texts)} | {met} |"
+          + extra)
 print()
 print("All goals met." if met_all else "Not every goal is met (see the last column).")

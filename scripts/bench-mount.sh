@@ -6,19 +6,24 @@
 # median of REPS runs; the table gives ratios and whether each goal of issue 11 holds.
 #
 #   bash scripts/bench-mount.sh [--reps N] [--opts MOUNT_OPTIONS] [--no-sshfs] [--out DIR]
+#                               [--baseline OLD_ZCFS_BINARY]   (an older build as one more
+#                               target, "zcfs-before": its own server and mount, same link)
 #
 # scripts/bench.sh runs it (short mode: 3 runs). Everything started here is stopped by PID
 # and removed on exit. Output: DIR/mount.csv (target,test,value,unit) and DIR/mount-table.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
-REPS=3 OPTS="" SSHFS=1 OUT=""
+REPS=3 OPTS="" SSHFS=1 OUT="" ZBIN="" LIBRARY=1 BASELINE=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --reps) REPS=$2; shift ;;
     --opts) OPTS=$2; shift ;;
     --no-sshfs) SSHFS=0 ;;
     --out) OUT=$2; shift ;;
+    --zcfs) ZBIN=$2; shift ;;
+    --no-library) LIBRARY=0 ;;
+    --baseline) BASELINE=$2; shift ;;
     -h|--help) sed -n '2,/^set -euo/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;;
     *) echo "usage: $0 [--reps N] [--opts O] [--no-sshfs] [--out DIR]" >&2; exit 2 ;;
   esac
@@ -34,7 +39,7 @@ if [ -z "${NO_BUILD:-}" ]; then
   bash scripts/setup.sh build-essential pkg-config fuse3 fio git iproute2 util-linux sshfs openssh-server openssh-client
   cargo build --release --quiet -p zcfs -p zcfs-bench
 fi
-Z=$REPO/target/release/zcfs
+Z=${ZBIN:-$REPO/target/release/zcfs}
 ZB=$REPO/target/release/zcfs-bench
 W=$(mktemp -d /tmp/zcfs-mount-table.XXXXXX)
 log() { echo "[$(date +%H:%M:%S)] $*" >&2; }
@@ -67,6 +72,16 @@ ZMP=$W/zcfs; mkdir -p "$ZMP"
 "$ZB" netns exec "$CLI" -- "$Z" mount "$SRV_IP:7070" "$ZMP" ${OPTS:+-o "$OPTS"} 2>"$OUT/mount.log" & PIDS+=($!); MOUNTS+=("$ZMP")
 wait_mount "$ZMP"
 TARGETS=("zcfs:$ZMP")
+if [ -n "$BASELINE" ]; then
+  BIMG=/dev/shm/zcfs-mount-table-before-$$.img; FILES+=("$BIMG")
+  "$BASELINE" mkfs "$BIMG" --size 6G --inodes 200000 >/dev/null
+  "$ZB" netns exec "$SRV" -- "$BASELINE" serve "$BIMG" --listen "$SRV_IP:7071" --insecure --no-root-squash >"$W/serve-before.out" 2>"$OUT/serve-before.log" & PIDS+=($!)
+  for _ in $(seq 100); do grep -q serving "$W/serve-before.out" 2>/dev/null && break; sleep 0.05; done
+  BMP=$W/zcfs-before; mkdir -p "$BMP"
+  "$ZB" netns exec "$CLI" -- "$BASELINE" mount "$SRV_IP:7071" "$BMP" 2>"$OUT/mount-before.log" & PIDS+=($!); MOUNTS+=("$BMP")
+  wait_mount "$BMP"
+  TARGETS+=("zcfs-before:$BMP")
+fi
 
 if [ $SSHFS = 1 ]; then
   SD=$W/sshd SEXP=$W/sshfs-export SMP=$W/sshfs
@@ -86,8 +101,10 @@ if [ $SSHFS = 1 ]; then
 fi
 
 # ------------------------------------------------------------------ the client library
-log "client library on the same link"
-"$ZB" netns exec "$CLI" -- "$ZB" library "$SRV_IP:7070" --repeat "$REPS" | tee -a "$CSV" >&2
+if [ $LIBRARY = 1 ]; then
+  log "client library on the same link"
+  "$ZB" netns exec "$CLI" -- "$ZB" library "$SRV_IP:7070" --repeat "$REPS" | tee -a "$CSV" >&2
+fi
 
 # ------------------------------------------------------------------ what users do
 BIG=/dev/shm/zcfs-mount-table-src-$$; FILES+=("$BIG")
@@ -111,48 +128,43 @@ else:
     print(f'{list(d["lat_ns"]["percentile"].values())[0] / 1000:.1f}')
 PY
 }
+# Rounds: every target runs each test once per round, in turn, so drift on the shared
+# machine hits them alike; each figure is the median of its rounds.
+declare -A V=()
+add() { V[$1]+="$2 "; }
 for pair in "${TARGETS[@]}"; do
-  t=${pair%%:*} d=${pair#*:}
-  log "== $t"
-  declare -A R=()
-  for r in $(seq "$REPS"); do
+  dd if=/dev/urandom of="${pair#*:}/fio.dat" bs=1M count=64 conv=fsync status=none
+done
+for r in $(seq "$REPS"); do
+  for pair in "${TARGETS[@]}"; do
+    t=${pair%%:*} d=${pair#*:}
+    log "== round $r: $t"
     rm -f "$d/big"
-    R[cp]+="$(mbps "$(secs cp "$BIG" "$d/big")") "
-    R[ddw128]+="$(mbps "$(secs dd if="$BIG" of="$d/dd128" bs=128k conv=fsync)") "
-    R[ddw1m]+="$(mbps "$(secs dd if="$BIG" of="$d/dd1m" bs=1M conv=fsync)") "
+    add "$t,cp-512m,MB/s" "$(mbps "$(secs cp "$BIG" "$d/big")")"
+    add "$t,dd-write-128k,MB/s" "$(mbps "$(secs dd if="$BIG" of="$d/dd128" bs=128k conv=fsync)")"
+    add "$t,dd-write-1m,MB/s" "$(mbps "$(secs dd if="$BIG" of="$d/dd1m" bs=1M conv=fsync)")"
     drop_caches
-    R[ddr1m]+="$(mbps "$(secs dd if="$d/dd1m" of=/dev/null bs=1M)") "
+    add "$t,dd-read-1m-cold,MB/s" "$(mbps "$(secs dd if="$d/dd1m" of=/dev/null bs=1M)")"
     rm -f "$d/big" "$d/dd128" "$d/dd1m"
-  done
-  for k in cp ddw128 ddw1m ddr1m; do
-    v=$(tr ' ' '\n' <<<"${R[$k]}" | grep . | median)
-    case $k in cp) n=cp-512m ;; ddw128) n=dd-write-128k ;; ddw1m) n=dd-write-1m ;; ddr1m) n=dd-read-1m-cold ;; esac
-    rec "$t" "$n" "$v" MB/s
-  done
-  dd if=/dev/urandom of="$d/fio.dat" bs=1M count=64 conv=fsync status=none
-  for spec in "buffered-randwrite-4k-qd1 randwrite 0 psync 1 p50_us" "randread-4k-qd1 randread 1 psync 1 p50_us" \
-              "randwrite-4k-qd1 randwrite 1 psync 1 p50_us" "randread-4k-qd16 randread 1 io_uring 16 IOPS"; do
-    set -- $spec
-    vals=""; for r in $(seq "$REPS"); do vals+="$(fio_p50 "$d" "$2" "$3" "$4" "$5") "; done
-    rec "$t" "$1" "$(tr ' ' '\n' <<<"$vals" | grep -v NA | grep . | median)" "$6"
-  done
-  rm -f "$d/fio.dat"
-  declare -A S=()
-  for r in $(seq "$REPS"); do
+    for spec in "buffered-randwrite-4k-qd1 randwrite 0 psync 1 p50_us" "randread-4k-qd1 randread 1 psync 1 p50_us" \
+                "randwrite-4k-qd1 randwrite 1 psync 1 p50_us" "randread-4k-qd16 randread 1 io_uring 16 IOPS"; do
+      set -- $spec
+      add "$t,$1,$6" "$(fio_p50 "$d" "$2" "$3" "$4" "$5")"
+    done
     mkdir -p "$d/s/files"
-    S[create]+="$(secs "$ZB" create-files "$d/s/files" 2000) "
+    add "$t,create-2000-files,s" "$(secs "$ZB" create-files "$d/s/files" 2000)"
     drop_caches
-    S[ls]+="$(secs ls -l "$d/s/files") "
-    S[clone]+="$(secs git clone -q "$W/repo.git" "$d/s/clone") "
-    S[tar]+="$(secs tar -C "$d/s" -xf "$W/src.tar") "
+    add "$t,ls-l-2000,s" "$(secs ls -l "$d/s/files")"
+    add "$t,git-clone,s" "$(secs git clone -q "$W/repo.git" "$d/s/clone")"
+    add "$t,tar-x,s" "$(secs tar -C "$d/s" -xf "$W/src.tar")"
     rm -rf "$d/s"
   done
-  for k in create ls clone tar; do
-    case $k in create) n=create-2000-files ;; ls) n=ls-l-2000 ;; clone) n=git-clone ;; tar) n=tar-x ;; esac
-    rec "$t" "$n" "$(tr ' ' '\n' <<<"${S[$k]}" | grep . | median)" s
-  done
-  unset R S
 done
+for key in "${!V[@]}"; do
+  IFS=, read -r t n u <<<"$key"
+  rec "$t" "$n" "$(tr ' ' '\n' <<<"${V[$key]}" | grep -v NA | grep . | median)" "$u"
+done
+for pair in "${TARGETS[@]}"; do rm -f "${pair#*:}/fio.dat"; done
 
 python3 "$REPO/scripts/bench-mount-table.py" "$CSV" | tee "$OUT/mount-table.md"
 log "results in $OUT"
