@@ -7,7 +7,8 @@ import sys
 
 WHO = [("app", re.compile(r"^dd$")),
        ("mount", re.compile(r"^(fuser-|zcfs-client|zcfs-mount|zcfs$)")),
-       ("server", re.compile(r"^(zcfs-conn|zcfs-flusher|zcfs-prefault|zcfs-serve|zcfs-accept)"))]
+       ("server", re.compile(r"^(zcfs-conn|zcfs-flusher|zcfs-serve|zcfs-accept)")),
+       ("server prefault (background)", re.compile(r"^zcfs-prefault"))]
 WHAT = [("copy", r"memcpy|memmove|rep_movs|copy_user|copy_to_iter|copy_from_iter|copy_page"),
         ("page faults", r"page_fault|clear_page|shmem_get_folio|handle_mm_fault|do_fault|filemap_map|folio_"),
         ("persist (msync, flush)", r"msync|clwb|clflush|sfence|wb_|writeback|sync_file|persist"),
