@@ -378,7 +378,11 @@ fn a_readers_close_needs_no_round_trip_and_a_writers_commits() {
         let rfh = fs.open(&c, a.ino, libc::O_RDONLY).unwrap();
         let before = served(&fs, "flush");
         fs.flush(a.ino, rfh).unwrap();
-        assert_eq!(served(&fs, "flush"), before, "a clean close asked the server");
+        assert_eq!(
+            served(&fs, "flush"),
+            before,
+            "a clean close asked the server"
+        );
         fs.write_behind(&c, a.ino, wfh, 0, b"data").unwrap();
         // Any handle's close now commits: the inode has unstable writes.
         fs.flush(a.ino, rfh).unwrap();
