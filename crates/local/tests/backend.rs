@@ -205,7 +205,8 @@ fn flush_makes_the_writes_durable_under_group_commit() {
     let (a, fh) = fs
         .create(&ctx(), ROOT, b"kept", libc::S_IFREG | 0o644, libc::O_RDWR)
         .unwrap();
-    fs.write(&ctx(), a.ino, fh, 0, b"closed, so durable").unwrap();
+    fs.write(&ctx(), a.ino, fh, 0, b"closed, so durable")
+        .unwrap();
     fs.flush(a.ino, fh).unwrap();
     // SAFETY: no operation runs while the image is taken.
     let image = unsafe { vol.test_door().image() };
