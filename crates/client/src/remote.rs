@@ -571,8 +571,13 @@ impl Backend for RemoteFs {
         }
         let node = self.node(ino);
         let (r, epoch) = self.call_in(ctx, OpenReq { node, flags }, &[])?;
-        // Close-to-open: what the file is now replaces whatever we had cached.
+        // Close-to-open: what the file is now replaces whatever we had cached, unless
+        // a write of ours may have been in flight when the server answered (see
+        // `after_writes`): then the next getattr waits for the writes and asks.
         self.remember(&r.attr);
+        if self.behind.tracks(ino) {
+            self.forget_attr(ino);
+        }
         Ok(self.track(ctx, ino, node.gen, flags, r.fh, epoch))
     }
 
