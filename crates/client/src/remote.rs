@@ -68,13 +68,23 @@ struct OpenFile {
     epoch: u64,
     /// Who opened it: re-opened as them after a server restart.
     opener: Opener,
-    /// Written through since its last fsync or flush: a reply said written, which
-    /// is durable only once a commit is (group commit).
-    unstable: bool,
-    /// The server restarted (or lost our session) while `unstable`: what its previous
-    /// instance answered may be gone, so the next fsync or flush reports EIO (as an
-    /// NFS client learns from the write verifier).
+    /// Writes through it begun (counted): a reply said written, which is durable
+    /// only once a commit is (group commit).
+    written: u64,
+    /// Of those, how many had left the client (every request of the write sent, or
+    /// it failed): an fsync or flush sent after them covers them.
+    sent: u64,
+    /// `sent` when its last successful fsync or flush was sent: a write begun after
+    /// that, or still being sent then, is not made durable by it (`written > durable`).
+    durable: u64,
+    /// The server restarted (or lost our session) while `written > durable`: what its
+    /// previous instance answered may be gone, so the next fsync or flush reports EIO
+    /// (as an NFS client learns from the write verifier).
     lost: bool,
+    /// The server restarted while another handle of the file had writes not durable:
+    /// the next fsync through this one reports EIO (fsync is of the file; under the
+    /// writeback cache the kernel writes through any handle). Once.
+    peer_lost: bool,
 }
 
 pub struct RemoteFs {
@@ -101,6 +111,21 @@ fn cred(ctx: &Ctx) -> Caller<'_> {
 /// This process as the caller, for requests made for no caller in particular
 /// (statfs, flush, fsync, sync, stats): a server that knows this process (a Unix socket)
 /// lets it act as itself, whoever it is.
+/// A write through a handle being sent (`RemoteFs::written_through`): dropped once it
+/// left the client, or failed.
+pub(super) struct Sending<'a> {
+    fs: &'a RemoteFs,
+    fh: u64,
+}
+
+impl Drop for Sending<'_> {
+    fn drop(&mut self) {
+        if let Some(f) = lock(&self.fs.open).get_mut(&self.fh) {
+            f.sent += 1;
+        }
+    }
+}
+
 fn own() -> Ctx {
     let c = Caller::process().cred;
     Ctx::user(c.uid, c.gid)
@@ -171,8 +196,14 @@ impl RemoteFs {
                 if let Some(f) = lock(&open).get_mut(&fh) {
                     f.server_fh = server_fh;
                     f.epoch = epoch;
-                    f.lost |= f.unstable;
+                    f.lost |= f.written > f.durable;
                 }
+            }
+            let mut open = lock(&open);
+            let lost: std::collections::HashSet<u64> =
+                open.values().filter(|f| f.lost).map(|f| f.ino).collect();
+            for f in open.values_mut().filter(|f| lost.contains(&f.ino)) {
+                f.peer_lost = true;
             }
         }));
         client.connect()?;
@@ -237,23 +268,37 @@ impl RemoteFs {
         }
     }
 
-    /// A write through `fh` was sent: not durable until its next fsync or flush.
-    pub(super) fn written_through(&self, fh: u64) {
+    /// A write through `fh` begins (marked before anything is sent: a restart after
+    /// the send must find it); it counts as sent when the guard is dropped. Not
+    /// durable until an fsync or flush sent after that.
+    pub(super) fn written_through(&self, fh: u64) -> Sending<'_> {
         if let Some(f) = lock(&self.open).get_mut(&fh) {
-            f.unstable = true;
+            f.written += 1;
         }
+        Sending { fs: self, fh }
     }
 
-    /// An fsync or flush of `fh` returned `r`: success makes what was written through
-    /// it durable, unless the server restarted meanwhile (then EIO, reported once).
-    fn made_durable(&self, fh: u64, r: Result<()>) -> Result<()> {
+    /// How many writes through `fh` had left the client: taken as an fsync or flush of
+    /// it is sent, what its success makes durable.
+    fn written_mark(&self, fh: u64) -> u64 {
+        lock(&self.open).get(&fh).map_or(0, |f| f.sent)
+    }
+
+    /// An fsync (`fsync`) or flush of `fh`, sent when `mark` writes had been sent
+    /// through it, returned `r`: success makes those durable, unless the server
+    /// restarted meanwhile (then EIO, reported once; an fsync also reports a restart
+    /// that lost another handle's writes to the file).
+    fn made_durable(&self, fh: u64, mark: u64, fsync: bool, r: Result<()>) -> Result<()> {
         r?;
         let mut open = lock(&self.open);
         let Some(f) = open.get_mut(&fh) else {
             return Ok(());
         };
-        let lost = std::mem::take(&mut f.lost);
-        f.unstable = false;
+        let mut lost = std::mem::take(&mut f.lost);
+        if fsync {
+            lost |= std::mem::take(&mut f.peer_lost);
+        }
+        f.durable = f.durable.max(mark);
         if lost {
             return Err(Error::new(
                 libc::EIO,
@@ -276,8 +321,11 @@ impl RemoteFs {
                 server_fh: Some(server_fh),
                 epoch,
                 opener: (c.cred, c.groups.to_vec()),
-                unstable: false,
+                written: 0,
+                sent: 0,
+                durable: 0,
                 lost: false,
+                peer_lost: false,
             },
         );
         fh
@@ -571,8 +619,13 @@ impl Backend for RemoteFs {
         }
         let node = self.node(ino);
         let (r, epoch) = self.call_in(ctx, OpenReq { node, flags }, &[])?;
-        // Close-to-open: what the file is now replaces whatever we had cached.
+        // Close-to-open: what the file is now replaces whatever we had cached, unless
+        // a write of ours may have been in flight when the server answered (see
+        // `after_writes`): then the next getattr waits for the writes and asks.
         self.remember(&r.attr);
+        if self.behind.tracks(ino) {
+            self.forget_attr(ino);
+        }
         Ok(self.track(ctx, ino, node.gen, flags, r.fh, epoch))
     }
 
@@ -679,7 +732,7 @@ impl Backend for RemoteFs {
         // The count is a u32: a longer buffer is a short write.
         let data = &data[..data.len().min(u32::MAX as usize)];
         // Marked before anything is sent: a restart after the send must find it.
-        self.written_through(fh);
+        let _sending = self.written_through(fh);
         let mut done = 0usize;
         while done < data.len() {
             let chunk = &data[done..data.len().min(done + MAX_DATA)];
@@ -724,7 +777,7 @@ impl Backend for RemoteFs {
         let end = offset
             .checked_add(data.len() as u64)
             .ok_or_else(|| Error::new(libc::EFBIG, "write past the largest offset"))?;
-        self.written_through(fh);
+        let sending = self.written_through(fh);
         let sent = self.behind.send(limit, ino, fh, offset, end, || {
             self.forget_attr(ino);
             let req: Request = WriteReq {
@@ -736,6 +789,7 @@ impl Backend for RemoteFs {
             .into();
             self.client.submit(&req, cred(ctx), &[data])
         })?;
+        drop(sending);
         if !sent {
             return self.write(ctx, ino, fh, offset, data);
         }
@@ -754,15 +808,16 @@ impl Backend for RemoteFs {
             open.contains_key(&fh)
                 && !open
                     .values()
-                    .any(|f| f.ino == ino && (f.unstable || f.lost))
+                    .any(|f| f.ino == ino && (f.written > f.durable || f.lost))
         };
         if clean {
             return Ok(());
         }
+        let mark = self.written_mark(fh);
         let sfh = self.server_fh(fh).unwrap_or(0);
         let node = self.node(ino);
         let r = self.call(&own(), FlushReq { node, fh: sfh }).map(|_| ());
-        self.made_durable(fh, r)
+        self.made_durable(fh, mark, false, r)
     }
 
     /// A release lost with its connection is sent again with the same id (the server's
@@ -801,6 +856,7 @@ impl Backend for RemoteFs {
 
     fn fsync(&self, ino: u64, fh: u64, datasync: bool) -> Result<()> {
         self.behind.settle(ino, Report::Fsync(fh))?;
+        let mark = self.written_mark(fh);
         let sfh = self.server_fh(fh).unwrap_or(0);
         let node = self.node(ino);
         let r = self
@@ -813,7 +869,7 @@ impl Backend for RemoteFs {
                 },
             )
             .map(|_| ());
-        self.made_durable(fh, r)
+        self.made_durable(fh, mark, true, r)
     }
 
     fn readdir(

@@ -64,7 +64,7 @@ impl RemoteFs {
     ) -> Result<WriteTicket<'_>> {
         self.check_io(data.len())?;
         self.forget_attr(ino);
-        self.written_through(fh);
+        let _sending = self.written_through(fh);
         let req: Request = WriteReq {
             node: self.node(ino),
             fh: self.server_fh(fh)?,
