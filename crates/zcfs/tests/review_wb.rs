@@ -204,6 +204,12 @@ fn enospc_surfaces_at_write_fsync_or_close() {
         );
         std::fs::remove_file(&p).unwrap();
     }
+    // The kernel sends a file's release after close returns, and an unlinked file's
+    // blocks are freed at its release: wait (bounded) until the space is back.
+    let t = std::time::Instant::now();
+    while free_bytes(&m.path("")) < 16 * MIB as u64 && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let p = m.path("after");
     let data: Vec<u8> = (0..8 * MIB).map(|i| (i * 31 + 7) as u8).collect();
     std::fs::write(&p, &data).unwrap();
@@ -452,4 +458,14 @@ fn writes_in_flight_across_a_server_restart_are_reported_or_whole() {
     }
     srv.kill(libc::SIGTERM);
     srv.fsck();
+}
+
+/// Bytes free for an unprivileged user on the file system of `p` (statvfs).
+fn free_bytes(p: &str) -> u64 {
+    let c = std::ffi::CString::new(p).unwrap();
+    // SAFETY: statvfs is plain integers, for which all zero bytes are a valid value.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a statvfs the call fills in.
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+    st.f_bavail as u64 * st.f_frsize as u64
 }
