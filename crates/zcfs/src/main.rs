@@ -4,6 +4,7 @@
 
 mod backend;
 mod cmd;
+mod mount_stats;
 mod persistence;
 mod process;
 mod secret;

@@ -21,6 +21,8 @@ pub struct MountPlan {
     pub integrity: zcfs_protocol::channel::Integrity,
     /// `remount`: change the flags of the existing mount at the mount point.
     pub remount: bool,
+    /// `--metrics` / `-o metrics=ADDR:PORT`: answer Prometheus scrapes there.
+    pub metrics: Option<String>,
 }
 
 /// A mount option's `-o` name and fuser option.
@@ -104,6 +106,7 @@ pub fn parse_options(a: &MountArgs) -> Result<MountPlan> {
         timeout: None,
         integrity: Default::default(),
         remount: false,
+        metrics: a.metrics.clone(),
     };
     let num = |k: &str, v: &str| -> Result<u64> {
         v.parse().map_err(|_| anyhow!("-o {k}={v}: not a number"))
@@ -150,6 +153,7 @@ pub fn parse_options(a: &MountArgs) -> Result<MountPlan> {
             ("max_write", Some(v)) => p.fuse.max_write = num(k, v)?.clamp(4096, 16 << 20) as u32,
             ("batch", Some(v)) => p.batch_ops = Some(num(k, v)?.max(1) as usize),
             ("secret_file", Some(v)) => p.secret_file = Some(v.into()),
+            ("metrics", Some(v)) => p.metrics = Some(v.into()),
             ("integrity", Some(v)) => p.integrity = v.parse().map_err(|e| anyhow!("-o integrity={v}: {e}"))?,
             ("timeout", Some(v)) => p.timeout = Some(Duration::from_secs_f64(v.parse().map_err(|_| anyhow!("-o timeout={v}: not seconds"))?)),
             ("remount", None) => p.remount = true,
@@ -170,7 +174,7 @@ pub fn parse_options(a: &MountArgs) -> Result<MountPlan> {
                 "unknown mount option {opt:?}. Known: allow_other, allow_root, default_permissions, ro, rw, \
                  [no]suid, [no]dev, [no]exec, [no]atime, sync, async, dirsync, uid=, gid=, umask=, fsname=, \
                  subtype=, cache=none|metadata|auto|always, writeback, direct_io, no_readdirplus, threads=, \
-                 attr_timeout=, max_write=, batch=, secret_file=, timeout=, integrity=headers|full"
+                 attr_timeout=, max_write=, batch=, secret_file=, timeout=, integrity=headers|full, metrics="
             ),
         }
     }
@@ -203,6 +207,7 @@ mod tests {
             threads: None,
             daemon: false,
             secret_file: None,
+            metrics: None,
         }
     }
 
