@@ -373,3 +373,54 @@ pub fn format_mount_report(r: &MountReport) -> String {
         crate::server_report::format_ops(&r.ops, false)
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Ask over a connected pair (our own uid, so the peer check passes).
+    fn exchange(request: &[u8]) -> (Result<()>, String) {
+        let (mut client, server) = UnixStream::pair().unwrap();
+        client.write_all(request).unwrap();
+        let r = serve_one(server, &|prometheus| {
+            if prometheus { "text\n" } else { "{}" }.to_string()
+        });
+        client
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let mut out = String::new();
+        let _ = client.read_to_string(&mut out);
+        (r, out)
+    }
+
+    #[test]
+    fn a_request_at_the_size_bound_is_answered_one_byte_more_is_refused() {
+        let (r, out) = exchange(b"json\n");
+        assert!(r.is_ok());
+        assert_eq!(out, "{}");
+        assert_eq!(exchange(b"prometheus\n").1, "text\n");
+        // A line of exactly STAT_REQUEST_MAX bytes (newline included) is read and
+        // answered (an unknown request); one byte more is refused unanswered.
+        let mut at = vec![b'x'; STAT_REQUEST_MAX - 1];
+        at.push(b'\n');
+        let (r, out) = exchange(&at);
+        assert!(r.is_ok());
+        assert!(out.starts_with("error: unknown request"), "{out}");
+        let mut over = vec![b'x'; STAT_REQUEST_MAX];
+        over.push(b'\n');
+        let (r, out) = exchange(&over);
+        assert!(
+            r.unwrap_err().to_string().contains("longer than"),
+            "refused"
+        );
+        assert_eq!(out, "");
+    }
+
+    #[test]
+    fn a_peer_that_closes_before_asking_is_an_error_not_a_hang() {
+        let (client, server) = UnixStream::pair().unwrap();
+        drop(client);
+        let r = serve_one(server, &|_| String::new());
+        assert!(r.unwrap_err().to_string().contains("closed before asking"));
+    }
+}
