@@ -20,6 +20,9 @@ pub const HTTP_MAX_REQUEST: usize = 8 * 1024;
 /// How long a scraper may take to send its request, and to take the answer.
 pub const HTTP_REQUEST_DEADLINE: Duration = Duration::from_secs(5);
 
+/// How long the listener waits after a failed accept.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
 /// The listener's bounds (the defaults are the constants above; tests shorten them).
 #[derive(Debug, Clone, Copy)]
 pub struct HttpConfig {
@@ -66,10 +69,14 @@ impl MetricsHttp {
                     if stopping.load(Ordering::SeqCst) {
                         break;
                     }
-                    // A failed accept (the peer gave up, no descriptors left) or
-                    // exchange concerns that scraper alone.
-                    if let Ok(c) = conn {
-                        let _ = answer(c, cfg, &*render);
+                    // A failed exchange concerns that scraper alone. A failed accept
+                    // (no descriptors left, say) is waited out a little rather than
+                    // retried at once.
+                    match conn {
+                        Ok(c) => {
+                            let _ = answer(c, cfg, &*render);
+                        }
+                        Err(_) => std::thread::sleep(ACCEPT_BACKOFF),
                     }
                 }
             })?;

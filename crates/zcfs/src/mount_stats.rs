@@ -159,10 +159,14 @@ impl StatSocket {
                     if stopping.load(Relaxed) {
                         break;
                     }
-                    if let Ok(c) = conn {
-                        if let Err(e) = serve_one(c, &answer) {
-                            tracing::debug!("stat socket: {e:#}");
+                    match conn {
+                        Ok(c) => {
+                            if let Err(e) = serve_one(c, &answer) {
+                                tracing::debug!("stat socket: {e:#}");
+                            }
                         }
+                        // No descriptors left, say: wait a little rather than spin.
+                        Err(_) => std::thread::sleep(Duration::from_millis(100)),
                     }
                 }
             })?;
@@ -309,7 +313,7 @@ pub fn ask(dir: &Path, prometheus: bool) -> Result<String> {
         .find(|p| p.exists())
     else {
         bail!(
-            "{} is a FUSE mount ({fstype}, device {dev}) without a zcfs stat socket ({SOCKET_DIR}/{name}): not a zcfs mount, or its mount process is not one of this version",
+            "{} is a FUSE mount ({fstype}, device {dev}) without a zcfs stat socket ({SOCKET_DIR}/{name}): not a zcfs mount, one still starting, or one whose mount process predates `zcfs stat MOUNTPOINT`",
             dir.display()
         );
     };

@@ -118,7 +118,10 @@ fn mount_until_unmounted(a: &MountArgs, ready_pipe: &mut Option<ReadyPipe>) -> R
                 crate::mount_stats::prometheus(&scraped)
             })
             .map_err(|e| anyhow!("--metrics {m}: {e}"))?;
-            tracing::info!(addr = %http.local_addr(), "metrics on http://{}/metrics", http.local_addr());
+            eprintln!(
+                "zcfs mount: metrics on http://{}/metrics",
+                http.local_addr()
+            );
             Some(http)
         }
         None => None,

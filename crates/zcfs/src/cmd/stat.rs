@@ -12,6 +12,8 @@ use zcfs_volume::{Volume, VolumeConfig};
 
 #[derive(Debug, clap::Args)]
 pub struct StatArgs {
+    /// A volume image, a server's address (HOST:PORT, unix:PATH), or a zcfs mount
+    /// point (any directory in the mount): its live per-operation figures.
     target: String,
     #[arg(long)]
     json: bool,

@@ -212,6 +212,13 @@ mod tests {
     }
 
     #[test]
+    fn metrics_option_gives_the_scrape_address() {
+        let p = parse_options(&args("metrics=127.0.0.1:9471,ro")).unwrap();
+        assert_eq!(p.metrics.as_deref(), Some("127.0.0.1:9471"));
+        assert_eq!(parse_options(&args("ro")).unwrap().metrics, None);
+    }
+
+    #[test]
     fn options_parse_like_sshfs() {
         let p = parse_options(&args("allow_other,default_permissions,uid=1000,gid=100,umask=022,cache=metadata,_netdev,nofail,x-systemd.automount,threads=8")).unwrap();
         assert_eq!(p.acl, SessionACL::All);
