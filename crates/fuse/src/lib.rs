@@ -12,6 +12,7 @@ use fuser::{
     ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
     ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
+pub use metrics::{FuseOp, FUSE_OPS};
 pub use options::{CacheMode, FuseOptions, FuseStats};
 use reply::*;
 use std::ffi::OsStr;
@@ -27,6 +28,7 @@ mod coherence;
 mod convert;
 mod direct;
 pub mod fusermount;
+pub mod metrics;
 mod mount;
 mod options;
 mod reply;
@@ -161,8 +163,9 @@ impl FuseFs {
         c
     }
 
-    fn count(&self) {
-        self.stats.requests.fetch_add(1, Ordering::Relaxed);
+    /// Time this callback as `op` until the guard drops (after its reply).
+    fn timed(&self, op: FuseOp) -> metrics::Timed<'_> {
+        metrics::Timed::start(self.stats.ops.op(op as usize))
     }
 }
 
@@ -281,7 +284,7 @@ impl Filesystem for FuseFs {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        self.count();
+        let _t = self.timed(FuseOp::Lookup);
         // The kernel looks "." up in any node (a file too) to open a file handle of
         // an inode it no longer caches (export support): that node, referenced.
         let found = if name.as_bytes() == b"." {
@@ -298,19 +301,21 @@ impl Filesystem for FuseFs {
             ),
             // A negative entry is cached as long as a positive one.
             Err(e) if e.errno == libc::ENOENT && !self.ttl.is_zero() => {
+                metrics::note_error();
                 reply.entry(&self.ttl, &negative_attr(), Generation(0))
             }
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.fail(errno(&e)),
         }
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        let _t = self.timed(FuseOp::Forget);
         self.shown.forget(ino.0);
         self.backend.forget(ino.0, nlookup);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        self.count();
+        let _t = self.timed(FuseOp::Getattr);
         self.attr(reply, self.backend.getattr(ino.0))
     }
 
@@ -332,7 +337,7 @@ impl Filesystem for FuseFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        self.count();
+        let _t = self.timed(FuseOp::Setattr);
         let set = SetAttr {
             mode,
             uid,
@@ -346,7 +351,7 @@ impl Filesystem for FuseFs {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        self.count();
+        let _t = self.timed(FuseOp::Readlink);
         answer(reply, self.backend.readlink(ino.0), |reply, t| {
             reply.data(&t)
         })
@@ -362,7 +367,7 @@ impl Filesystem for FuseFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        self.count();
+        let _t = self.timed(FuseOp::Mknod);
         let c = self.creator(req, umask);
         self.entry(
             reply,
@@ -380,7 +385,7 @@ impl Filesystem for FuseFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        self.count();
+        let _t = self.timed(FuseOp::Mkdir);
         let c = self.creator(req, umask);
         self.entry(
             reply,
@@ -389,7 +394,7 @@ impl Filesystem for FuseFs {
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        self.count();
+        let _t = self.timed(FuseOp::Unlink);
         let r = self
             .backend
             .unlink(&self.ctx(req), parent.0, name.as_bytes());
@@ -397,7 +402,7 @@ impl Filesystem for FuseFs {
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        self.count();
+        let _t = self.timed(FuseOp::Rmdir);
         let r = self
             .backend
             .rmdir(&self.ctx(req), parent.0, name.as_bytes());
@@ -412,7 +417,7 @@ impl Filesystem for FuseFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        self.count();
+        let _t = self.timed(FuseOp::Symlink);
         self.entry(
             reply,
             self.backend.symlink(
@@ -434,7 +439,7 @@ impl Filesystem for FuseFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        self.count();
+        let _t = self.timed(FuseOp::Rename);
         ok_or_error(
             reply,
             self.backend.rename(
@@ -456,7 +461,7 @@ impl Filesystem for FuseFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        self.count();
+        let _t = self.timed(FuseOp::Link);
         self.entry(
             reply,
             self.backend
@@ -465,7 +470,7 @@ impl Filesystem for FuseFs {
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        self.count();
+        let _t = self.timed(FuseOp::Open);
         let c = self.ctx(req);
         // Under the writeback cache the kernel reads through write-only handles too:
         // open for reading and writing where the caller may read (as libfuse's
@@ -499,13 +504,13 @@ impl Filesystem for FuseFs {
                     };
                     if let Err(e) = self.backend.setattr(&c, ino.0, &set, size_fh) {
                         let _ = self.backend.release(ino.0, fh);
-                        return reply.error(errno(&e));
+                        return reply.fail(errno(&e));
                     }
                 }
                 self.revalidate(ino.0);
                 reply.opened(FileHandle(fh), self.open_flags())
             }
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.fail(errno(&e)),
         }
     }
 
@@ -519,7 +524,7 @@ impl Filesystem for FuseFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        self.count();
+        let _t = self.timed(FuseOp::Create);
         let c = self.creator(req, umask);
         // The creator may read what it creates: see `open` for the writeback cache.
         let flags = if self.writeback && flags & libc::O_ACCMODE == libc::O_WRONLY {
@@ -546,7 +551,7 @@ impl Filesystem for FuseFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        self.count();
+        let _t = self.timed(FuseOp::Tmpfile);
         let c = self.creator(req, umask);
         let r = self
             .backend
@@ -569,7 +574,7 @@ impl Filesystem for FuseFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        self.count();
+        let _t = self.timed(FuseOp::Read);
         let mut reply = Some(reply);
         let stats = &self.stats;
         let r = self
@@ -597,7 +602,7 @@ impl Filesystem for FuseFs {
             });
         if let Err(e) = r {
             if let Some(reply) = reply.take() {
-                reply.error(errno(&e));
+                reply.fail(errno(&e));
             }
         }
     }
@@ -614,7 +619,7 @@ impl Filesystem for FuseFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        self.count();
+        let _t = self.timed(FuseOp::Write);
         self.stats
             .write_bytes
             .fetch_add(data.len() as u64, Ordering::Relaxed);
@@ -640,7 +645,7 @@ impl Filesystem for FuseFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        self.count();
+        let _t = self.timed(FuseOp::Flush);
         ok_or_error(reply, self.backend.flush(ino.0, fh.0))
     }
 
@@ -654,7 +659,7 @@ impl Filesystem for FuseFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.count();
+        let _t = self.timed(FuseOp::Release);
         ok_or_error(reply, self.backend.release(ino.0, fh.0))
     }
 
@@ -666,12 +671,12 @@ impl Filesystem for FuseFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.count();
+        let _t = self.timed(FuseOp::Fsync);
         ok_or_error(reply, self.backend.fsync(ino.0, fh.0, datasync))
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        self.count();
+        let _t = self.timed(FuseOp::Opendir);
         answer(
             reply,
             self.backend.opendir(&self.ctx(req), ino.0),
@@ -687,6 +692,7 @@ impl Filesystem for FuseFs {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
+        let _t = self.timed(FuseOp::Releasedir);
         ok_or_error(reply, self.backend.releasedir(ino.0, fh.0))
     }
 
@@ -698,6 +704,7 @@ impl Filesystem for FuseFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
+        let _t = self.timed(FuseOp::Fsyncdir);
         ok_or_error(reply, self.backend.fsync(ino.0, fh.0, datasync))
     }
 
@@ -709,7 +716,7 @@ impl Filesystem for FuseFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        self.count();
+        let _t = self.timed(FuseOp::Readdir);
         // Offsets: 1 after ".", 2 after "..", backend cookie + 2 after an entry.
         if offset == 0 && reply.add(ino, 1, FileType::Directory, ".") {
             return reply.ok();
@@ -741,7 +748,7 @@ impl Filesystem for FuseFs {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        self.count();
+        let _t = self.timed(FuseOp::Readdirplus);
         let c = self.ctx(req);
         if offset == 0 {
             if let Ok(a) = self.backend.getattr(ino.0) {
@@ -811,7 +818,7 @@ impl Filesystem for FuseFs {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        self.count();
+        let _t = self.timed(FuseOp::Statfs);
         answer(reply, self.backend.statfs(), |reply, s| {
             reply.statfs(
                 s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
@@ -829,7 +836,7 @@ impl Filesystem for FuseFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        self.count();
+        let _t = self.timed(FuseOp::Setxattr);
         ok_or_error(
             reply,
             self.backend
@@ -838,7 +845,7 @@ impl Filesystem for FuseFs {
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        self.count();
+        let _t = self.timed(FuseOp::Getxattr);
         let r = self
             .backend
             .getxattr(&self.ctx(req), ino.0, name.as_bytes());
@@ -846,7 +853,7 @@ impl Filesystem for FuseFs {
     }
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        self.count();
+        let _t = self.timed(FuseOp::Listxattr);
         let list = self
             .backend
             .listxattr(&self.ctx(req), ino.0)
@@ -863,7 +870,7 @@ impl Filesystem for FuseFs {
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        self.count();
+        let _t = self.timed(FuseOp::Removexattr);
         let r = self
             .backend
             .removexattr(&self.ctx(req), ino.0, name.as_bytes());
@@ -872,7 +879,7 @@ impl Filesystem for FuseFs {
 
     /// access(2) and chdir: without default_permissions the kernel asks us.
     fn access(&self, req: &Request, ino: INodeNo, mask: fuser::AccessFlags, reply: ReplyEmpty) {
-        self.count();
+        let _t = self.timed(FuseOp::Access);
         let r = self
             .backend
             .access(&self.ctx(req), ino.0, mask.bits() as u32 & 7);
@@ -889,7 +896,7 @@ impl Filesystem for FuseFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        self.count();
+        let _t = self.timed(FuseOp::Fallocate);
         ok_or_error(
             reply,
             self.backend
@@ -907,9 +914,9 @@ impl Filesystem for FuseFs {
         whence: i32,
         reply: ReplyLseek,
     ) {
-        self.count();
+        let _t = self.timed(FuseOp::Lseek);
         let Ok(off) = u64::try_from(offset) else {
-            return reply.error(errno(&zcfs_backend::Error::errno(libc::ENXIO)));
+            return reply.fail(errno(&zcfs_backend::Error::errno(libc::ENXIO)));
         };
         answer(
             reply,

@@ -81,13 +81,35 @@ impl Default for FuseOptions {
     }
 }
 
-/// Frontend counters (what crossed /dev/fuse and what it cost).
-#[derive(Debug, Default)]
+/// Frontend counters (what crossed /dev/fuse and what it cost), and per FUSE operation
+/// its count, errors and latency histogram (indexed by `FuseOp`).
+#[derive(Debug)]
 pub struct FuseStats {
-    pub requests: AtomicU64,
+    pub ops: zcfs_metrics::OpTable,
     pub read_bytes: AtomicU64,
     pub write_bytes: AtomicU64,
     pub user_copy_bytes: AtomicU64,
+}
+
+impl Default for FuseStats {
+    fn default() -> Self {
+        FuseStats {
+            ops: crate::metrics::fuse_op_table(),
+            read_bytes: AtomicU64::new(0),
+            write_bytes: AtomicU64::new(0),
+            user_copy_bytes: AtomicU64::new(0),
+        }
+    }
+}
+
+impl FuseStats {
+    /// Requests answered so far (every operation's count).
+    pub fn requests(&self) -> u64 {
+        crate::metrics::ran(&self.ops)
+            .iter()
+            .map(|(_, s)| s.count)
+            .sum()
+    }
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ macro_rules! error_replies {
     ($($t:ty),* $(,)?) => {
         $(impl ErrorReply for $t {
             fn fail(self, e: Errno) {
+                crate::metrics::note_error();
                 self.error(e)
             }
         })*
@@ -61,7 +62,7 @@ pub(crate) fn xattr_reply(reply: ReplyXattr, size: u32, data: &[u8]) {
     if size == 0 {
         reply.size(data.len() as u32)
     } else if (size as usize) < data.len() {
-        reply.error(Errno::ERANGE)
+        reply.fail(Errno::ERANGE)
     } else {
         reply.data(data)
     }
@@ -76,7 +77,7 @@ pub(crate) fn listxattr_reply(reply: ReplyXattr, size: u32, list: Result<Vec<u8>
     match xattr_answer(size, list.as_deref().map_err(|&e| e)) {
         XattrAnswer::Size(n) => reply.size(n),
         XattrAnswer::Data(d) => reply.data(d),
-        XattrAnswer::Error(e) => reply.error(Errno::from_i32(e)),
+        XattrAnswer::Error(e) => reply.fail(Errno::from_i32(e)),
     }
 }
 

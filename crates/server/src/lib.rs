@@ -39,7 +39,7 @@ mod stats;
 
 pub use identity::{IdentityMap, PeerRule, Squash, DEFAULT_ANON_ID};
 pub use session::{REPLY_CACHE_BYTES, REPLY_CACHE_ENTRIES};
-pub use stats::{OpReport, ServerStats, StatsReport};
+pub use stats::{BucketCount, OpReport, ServerStats, StatsReport};
 pub use zcfs_transport::{Address, HANDSHAKE_TIMEOUT};
 
 use conn::{Conn, ConnEnd};
@@ -182,6 +182,10 @@ pub(crate) struct Shared {
 impl Shared {
     fn report(&self) -> StatsReport {
         self.stats.report(&*self.backend, &self.sessions)
+    }
+
+    fn prometheus(&self) -> String {
+        self.stats.prometheus(&*self.backend, &self.sessions)
     }
 }
 
@@ -439,6 +443,12 @@ impl Server {
 
     pub fn report(&self) -> StatsReport {
         self.shared.report()
+    }
+
+    /// The counters and per-operation latency histograms in the Prometheus text
+    /// format (`zcfs serve --metrics`).
+    pub fn prometheus(&self) -> String {
+        self.shared.prometheus()
     }
 }
 

@@ -1,25 +1,20 @@
 //! Counters of a running server (atomics: never a lock on the request path) and the
-//! report `zcfs stat HOST:PORT` and `zcfs serve` print.
+//! report `zcfs stat HOST:PORT` and `zcfs serve` print; each operation's latencies in a
+//! histogram (zcfs-metrics), also shown in the Prometheus text format.
 
 use crate::session::{SessionCounts, Sessions};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 use zcfs_backend::Backend;
+pub use zcfs_metrics::{BucketCount, OpReport};
+use zcfs_metrics::{Exposition, OpSnapshot, OpTable};
 use zcfs_protocol::{Op, ALL_OPS, OP_SLOTS};
-
-#[derive(Debug, Default)]
-struct OpStats {
-    count: AtomicU64,
-    errors: AtomicU64,
-    bytes: AtomicU64,
-    nanos: AtomicU64,
-    max_nanos: AtomicU64,
-}
 
 /// Counters of a running server.
 #[derive(Debug)]
 pub struct ServerStats {
-    ops: [OpStats; OP_SLOTS],
+    /// Per operation: latency histogram (its count is the operation's), errors, bytes.
+    ops: OpTable,
     pub connections: AtomicU64,
     pub active: AtomicUsize,
     /// Connections dropped because a header broke framing.
@@ -61,7 +56,7 @@ pub struct ServerStats {
 impl Default for ServerStats {
     fn default() -> Self {
         ServerStats {
-            ops: std::array::from_fn(|_| OpStats::default()),
+            ops: OpTable::new(OP_SLOTS),
             connections: AtomicU64::new(0),
             active: AtomicUsize::new(0),
             rejected_malformed: AtomicU64::new(0),
@@ -83,15 +78,6 @@ impl Default for ServerStats {
             user_copy_bytes: AtomicU64::new(0),
         }
     }
-}
-
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct OpReport {
-    pub count: u64,
-    pub errors: u64,
-    pub bytes: u64,
-    pub mean_us: f64,
-    pub max_us: f64,
 }
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -154,37 +140,23 @@ pub struct StatsReport {
 
 impl ServerStats {
     pub(crate) fn record(&self, op: Op, ok: bool, bytes: u64, t: Instant) {
-        let s = &self.ops[op as usize];
-        let ns = t.elapsed().as_nanos() as u64;
-        s.count.fetch_add(1, Ordering::Relaxed);
-        if !ok {
-            s.errors.fetch_add(1, Ordering::Relaxed);
-        }
-        s.bytes.fetch_add(bytes, Ordering::Relaxed);
-        s.nanos.fetch_add(ns, Ordering::Relaxed);
-        s.max_nanos.fetch_max(ns, Ordering::Relaxed);
+        let ns = t.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+        self.ops.op(op as usize).record(ns, ok, bytes);
+    }
+
+    /// The operations that ran, by name.
+    fn ran(&self) -> Vec<(&'static str, OpSnapshot)> {
+        self.ops
+            .ran(ALL_OPS.iter().map(|&op| (op as usize, op.name())))
     }
 
     pub(crate) fn report(&self, backend: &dyn Backend, sessions: &Sessions) -> StatsReport {
-        let mut ops = std::collections::BTreeMap::new();
-        for &op in ALL_OPS {
-            let s = &self.ops[op as usize];
-            let count = s.count.load(Ordering::Relaxed);
-            if count == 0 {
-                continue;
-            }
-            ops.insert(
-                op.name().to_string(),
-                OpReport {
-                    count,
-                    errors: s.errors.load(Ordering::Relaxed),
-                    bytes: s.bytes.load(Ordering::Relaxed),
-                    mean_us: s.nanos.load(Ordering::Relaxed) as f64 / count as f64 / 1e3,
-                    max_us: s.max_nanos.load(Ordering::Relaxed) as f64 / 1e3,
-                },
-            );
-        }
-        let bytes = |op: Op| self.ops[op as usize].bytes.load(Ordering::Relaxed);
+        let ran = self.ran();
+        let ops = ran
+            .iter()
+            .map(|(name, s)| (name.to_string(), OpReport::from(s)))
+            .collect();
+        let bytes = |op: Op| self.ops.op(op as usize).snapshot().bytes;
         let (r, w) = (bytes(Op::Read), bytes(Op::Write));
         let cs = backend.copy_stats();
         let server_copies = self.user_copy_bytes.load(Ordering::Relaxed);
@@ -235,5 +207,146 @@ impl ServerStats {
             backend_user_copy_bytes: cs.user_copy_bytes,
             server_user_copy_bytes: server_copies,
         }
+    }
+}
+
+impl ServerStats {
+    /// The counters and per-operation histograms in the Prometheus text format
+    /// (`zcfs_server_*`).
+    pub(crate) fn prometheus(&self, backend: &dyn Backend, sessions: &Sessions) -> String {
+        let r = self.report(backend, sessions);
+        let mut e = Exposition::new();
+        let counters: [(&str, &str, u64); 17] = [
+            (
+                "connections_total",
+                "Connections accepted.",
+                r.connections_total,
+            ),
+            (
+                "rejected_malformed_total",
+                "Connections dropped because a header broke framing.",
+                r.rejected_malformed,
+            ),
+            (
+                "rejected_invalid_total",
+                "Well-framed requests with an invalid body (answered with an errno).",
+                r.rejected_invalid,
+            ),
+            (
+                "rejected_identity_total",
+                "Requests naming an identity their peer may not act as (EPERM).",
+                r.rejected_identity,
+            ),
+            (
+                "rejected_auth_total",
+                "Connections that failed authentication.",
+                r.rejected_auth,
+            ),
+            (
+                "rejected_limit_total",
+                "Connections refused over the connection limits.",
+                r.rejected_limit,
+            ),
+            (
+                "rejected_handshake_limit_total",
+                "Connections refused over the handshake limits.",
+                r.rejected_handshake_limit,
+            ),
+            (
+                "rejected_forged_total",
+                "Connections dropped because a message's MAC did not check out.",
+                r.rejected_forged,
+            ),
+            (
+                "dropped_stalled_total",
+                "Connections dropped because the peer stalled.",
+                r.dropped_stalled,
+            ),
+            (
+                "dropped_idle_total",
+                "Connections closed after the idle timeout.",
+                r.dropped_idle,
+            ),
+            (
+                "replies_replayed_total",
+                "Resent requests answered from a reply cache.",
+                r.replies_replayed,
+            ),
+            (
+                "requests_panicked_total",
+                "Requests that panicked (answered EIO).",
+                r.requests_panicked,
+            ),
+            (
+                "sessions_resumed_total",
+                "Connections that joined a session the server still had.",
+                r.sessions_resumed,
+            ),
+            (
+                "sessions_expired_total",
+                "Sessions released after their grace period.",
+                r.sessions_expired,
+            ),
+            (
+                "payload_read_bytes_total",
+                "Payload bytes read by clients.",
+                r.payload_bytes_read,
+            ),
+            (
+                "payload_written_bytes_total",
+                "Payload bytes written by clients.",
+                r.payload_bytes_written,
+            ),
+            (
+                "user_copy_bytes_total",
+                "Bytes copied in user space by the backend and the server.",
+                r.backend_user_copy_bytes.max(r.server_user_copy_bytes),
+            ),
+        ];
+        for (name, help, v) in counters {
+            e.counter(&format!("zcfs_server_{name}"), help, v);
+        }
+        let gauges: [(&str, &str, u64); 7] = [
+            (
+                "connections_active",
+                "Connections open now (handshaking ones included).",
+                r.connections_active as u64,
+            ),
+            (
+                "connections_handshaking",
+                "Connections in the handshake now.",
+                r.connections_handshaking as u64,
+            ),
+            (
+                "sessions_active",
+                "Sessions with a connection now.",
+                r.sessions_active as u64,
+            ),
+            (
+                "sessions_in_grace",
+                "Sessions without a connection, kept for their grace period.",
+                r.sessions_in_grace as u64,
+            ),
+            (
+                "handles_open",
+                "Handles open in all sessions now.",
+                r.handles_open,
+            ),
+            (
+                "references_held",
+                "Inode references held for all sessions now.",
+                r.references_held,
+            ),
+            (
+                "reply_cache_bytes",
+                "Bytes of the replies kept in the reply caches now.",
+                r.reply_cache_bytes,
+            ),
+        ];
+        for (name, help, v) in gauges {
+            e.gauge(&format!("zcfs_server_{name}"), help, v);
+        }
+        e.ops("zcfs_server", &self.ran(), true);
+        e.finish()
     }
 }

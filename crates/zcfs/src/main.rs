@@ -6,6 +6,7 @@ mod backend;
 mod cmd;
 mod files;
 mod location;
+mod mount_stats;
 mod persistence;
 mod pipeline;
 mod process;

@@ -1,6 +1,7 @@
 //! A server's counters as text: `zcfs stat HOST:PORT` and `zcfs serve` at shutdown.
 
-use zcfs_server::StatsReport;
+use std::collections::BTreeMap;
+use zcfs_server::{OpReport, StatsReport};
 
 pub fn format_report(r: &StatsReport) -> String {
     let mut out = format!(
@@ -15,14 +16,31 @@ pub fn format_report(r: &StatsReport) -> String {
         r.payload_bytes_written,
         r.user_copies_per_payload_byte
     );
-    out += &format!(
-        "{:<12} {:>10} {:>8} {:>14} {:>10} {:>10}\n",
-        "op", "count", "errors", "bytes", "mean us", "max us"
+    out += &format_ops(&r.ops, true);
+    out
+}
+
+/// Per operation that ran: count, errors, (payload bytes), and latency in microseconds
+/// (mean, p50 and p99 estimated from the histogram, max).
+pub fn format_ops(ops: &BTreeMap<String, OpReport>, with_bytes: bool) -> String {
+    let bytes_head = if with_bytes {
+        format!(" {:>14}", "bytes")
+    } else {
+        String::new()
+    };
+    let mut out = format!(
+        "{:<12} {:>10} {:>8}{bytes_head} {:>10} {:>10} {:>10} {:>10}\n",
+        "op", "count", "errors", "mean us", "p50 us", "p99 us", "max us"
     );
-    for (name, o) in &r.ops {
+    for (name, o) in ops {
+        let bytes = if with_bytes {
+            format!(" {:>14}", o.bytes)
+        } else {
+            String::new()
+        };
         out += &format!(
-            "{name:<12} {:>10} {:>8} {:>14} {:>10.1} {:>10.1}\n",
-            o.count, o.errors, o.bytes, o.mean_us, o.max_us
+            "{name:<12} {:>10} {:>8}{bytes} {:>10.1} {:>10.1} {:>10.1} {:>10.1}\n",
+            o.count, o.errors, o.mean_us, o.p50_us, o.p99_us, o.max_us
         );
     }
     out

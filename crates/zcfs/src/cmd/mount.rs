@@ -44,6 +44,10 @@ pub struct MountArgs {
     /// Shared secret for a remote SOURCE that requires one.
     #[arg(long)]
     pub secret_file: Option<PathBuf>,
+    /// Answer Prometheus scrapes (`GET /metrics`, plain HTTP) on HOST:PORT: per FUSE
+    /// operation counts, errors and latency histograms (also `-o metrics=`).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -106,6 +110,22 @@ fn mount_until_unmounted(a: &MountArgs, ready_pipe: &mut Option<ReadyPipe>) -> R
     let OpenedBackend { backend, volume } = open(&source, &plan)?;
     let fs = FuseFs::new(backend.clone(), plan.fuse.clone());
     let stats = fs.stats.clone();
+    // Bound before mounting, so a taken port fails the mount, not a live one.
+    let metrics_http = match &plan.metrics {
+        Some(m) => {
+            let scraped = stats.clone();
+            let http = zcfs_metrics::MetricsHttp::bind(m, Default::default(), move || {
+                crate::mount_stats::prometheus(&scraped)
+            })
+            .map_err(|e| anyhow!("--metrics {m}: {e}"))?;
+            eprintln!(
+                "zcfs mount: metrics on http://{}/metrics",
+                http.local_addr()
+            );
+            Some(http)
+        }
+        None => None,
+    };
     let mut config = Config::default();
     config.mount_options = plan.mount_options.clone();
     config.acl = plan.acl;
@@ -127,6 +147,21 @@ fn mount_until_unmounted(a: &MountArgs, ready_pipe: &mut Option<ReadyPipe>) -> R
     // Which mount is ours (its id and device in mountinfo), to tell it from a later one.
     let ours = mount_at(&canonical_mp);
     set_read_ahead(&canonical_mp, plan.read_ahead_kb);
+    // `zcfs stat MOUNTPOINT` asks this socket, named by the mount's device number.
+    let stat_socket = ours.as_ref().and_then(|(_, dev)| {
+        let (st, source, mp) = (stats.clone(), a.source.clone(), canonical_mp.clone());
+        let answer = move |prometheus: bool| {
+            if prometheus {
+                crate::mount_stats::prometheus(&st)
+            } else {
+                let r = crate::mount_stats::report(&st, &source, &mp);
+                serde_json::to_string(&r).unwrap_or_else(|e| format!("error: {e}\n"))
+            }
+        };
+        crate::mount_stats::StatSocket::listen(dev, answer)
+            .map_err(|e| tracing::warn!("no stat socket, `zcfs stat` cannot ask this mount: {e:#}"))
+            .ok()
+    });
     tracing::info!(%source, mountpoint = %a.mountpoint.display(), threads = plan.threads, "mounted");
     if let Some(pipe) = ready_pipe.take() {
         pipe.ready();
@@ -178,11 +213,13 @@ fn mount_until_unmounted(a: &MountArgs, ready_pipe: &mut Option<ReadyPipe>) -> R
         ),
         _ => {}
     }
+    drop(stat_socket);
+    drop(metrics_http);
     let s = backend.copy_stats();
     let f = &stats;
     use std::sync::atomic::Ordering::Relaxed;
     tracing::info!(
-        requests = f.requests.load(Relaxed),
+        requests = f.requests(),
         read = f.read_bytes.load(Relaxed),
         written = f.write_bytes.load(Relaxed),
         fuse_copies = f.user_copy_bytes.load(Relaxed),

@@ -94,6 +94,11 @@ pub struct ServeArgs {
     /// keyed BLAKE3; every client then uses it).
     #[arg(long, default_value = "headers")]
     integrity: zcfs_protocol::channel::Integrity,
+    /// Answer Prometheus scrapes (`GET /metrics`, plain HTTP) on HOST:PORT: per
+    /// operation counts, errors, bytes and latency histograms, and the server's
+    /// counters. Port 0 picks one (printed on stdout).
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics: Option<String>,
 }
 
 /// `--listen`, or the default Unix socket for the source (its directory made if need
@@ -218,6 +223,17 @@ pub fn run(a: &ServeArgs) -> Result<i32> {
         .map_err(|e| anyhow!("{e} (is another server using it?)"))?,
     );
     let addr = server.local_addr();
+    let metrics = match &a.metrics {
+        Some(m) => {
+            let scraped = server.clone();
+            let http = zcfs_metrics::MetricsHttp::bind(m, Default::default(), move || {
+                scraped.prometheus()
+            })
+            .map_err(|e| anyhow!("--metrics {m}: {e}"))?;
+            Some(http)
+        }
+        None => None,
+    };
     let accepting = server.clone();
     // Runs until shutdown, then waits for the connections and releases every session.
     let acceptor = std::thread::Builder::new()
@@ -235,11 +251,15 @@ pub fn run(a: &ServeArgs) -> Result<i32> {
         },
         if a.read_only { " read-only" } else { "" }
     );
+    if let Some(m) = &metrics {
+        println!("metrics on http://{}/metrics", m.local_addr());
+    }
     // Scripts wait for this line; stdout may be a pipe.
     std::io::stdout().flush()?;
     sd_notify("READY=1");
     while signals.wait(Duration::from_secs(1)).is_none() {}
     sd_notify("STOPPING=1");
+    drop(metrics);
     server.shutdown();
     acceptor
         .join()

@@ -1,5 +1,6 @@
 //! `zcfs stat TARGET`: a volume image's geometry, usage, log state and persistence mode,
-//! or the counters of the server at TARGET = HOST:PORT.
+//! the counters and latencies of the server at TARGET = HOST:PORT, or those of the
+//! mount TARGET is a directory of.
 
 use crate::backend::{client_config, connect};
 use crate::persistence::persistence_of;
@@ -11,6 +12,8 @@ use zcfs_volume::{Volume, VolumeConfig};
 
 #[derive(Debug, clap::Args)]
 pub struct StatArgs {
+    /// A volume image, a server's address (HOST:PORT, unix:PATH), or a zcfs mount
+    /// point (any directory in the mount): its live per-operation figures.
     target: String,
     #[arg(long)]
     json: bool,
@@ -20,11 +23,19 @@ pub struct StatArgs {
 }
 
 pub fn run(a: &StatArgs) -> Result<i32> {
+    if Path::new(&a.target).is_dir() || is_dead_mount(&a.target) {
+        return crate::mount_stats::mount_stat(Path::new(&a.target), a.json);
+    }
     match a.target.parse::<Source>()? {
         Source::Image(image) => image_stat(&image, a.json),
         Source::Remote(addr) => server_stat(&addr, a.secret_file.as_deref(), a.json),
         Source::Null => bail!("`null` has nothing to show: give a volume image or HOST:PORT"),
     }
+}
+
+/// A FUSE mount whose process is gone (stat(2) fails with ENOTCONN): a mount point.
+fn is_dead_mount(target: &str) -> bool {
+    std::fs::metadata(target).is_err_and(|e| e.raw_os_error() == Some(libc::ENOTCONN))
 }
 
 fn image_stat(image: &Path, json: bool) -> Result<i32> {

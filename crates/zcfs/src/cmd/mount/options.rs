@@ -23,6 +23,8 @@ pub struct MountPlan {
     pub remount: bool,
     /// The kernel's read-ahead window for the mount (`read_ahead_kb=`).
     pub read_ahead_kb: u32,
+    /// `--metrics` / `-o metrics=ADDR:PORT`: answer Prometheus scrapes there.
+    pub metrics: Option<String>,
 }
 
 /// The read-ahead window a mount asks for by default. The kernel gives a FUSE mount
@@ -120,6 +122,7 @@ pub fn parse_options(a: &MountArgs) -> Result<MountPlan> {
         integrity: Default::default(),
         remount: false,
         read_ahead_kb: READ_AHEAD_KB_DEFAULT,
+        metrics: a.metrics.clone(),
     };
     let num = |k: &str, v: &str| -> Result<u64> {
         v.parse().map_err(|_| anyhow!("-o {k}={v}: not a number"))
@@ -176,6 +179,7 @@ pub fn parse_options(a: &MountArgs) -> Result<MountPlan> {
             ("max_write", Some(v)) => p.fuse.max_write = num(k, v)?.clamp(4096, 16 << 20) as u32,
             ("batch", Some(v)) => p.batch_ops = Some(num(k, v)?.max(1) as usize),
             ("secret_file", Some(v)) => p.secret_file = Some(v.into()),
+            ("metrics", Some(v)) => p.metrics = Some(v.into()),
             ("integrity", Some(v)) => p.integrity = v.parse().map_err(|e| anyhow!("-o integrity={v}: {e}"))?,
             ("timeout", Some(v)) => p.timeout = Some(Duration::from_secs_f64(v.parse().map_err(|_| anyhow!("-o timeout={v}: not seconds"))?)),
             ("remount", None) => p.remount = true,
@@ -196,7 +200,7 @@ pub fn parse_options(a: &MountArgs) -> Result<MountPlan> {
                 "unknown mount option {opt:?}. Known: allow_other, allow_root, default_permissions, ro, rw, \
                  [no]suid, [no]dev, [no]exec, [no]atime, sync, async, dirsync, uid=, gid=, umask=, fsname=, \
                  subtype=, cache=none|metadata|auto|always, writeback, direct_io, no_readdirplus, threads=, \
-                 attr_timeout=, max_write=, read_ahead_kb=, batch=, secret_file=, timeout=, integrity=headers|full"
+                 attr_timeout=, max_write=, read_ahead_kb=, batch=, secret_file=, timeout=, integrity=headers|full, metrics="
             ),
         }
     }
@@ -229,7 +233,15 @@ mod tests {
             threads: None,
             daemon: false,
             secret_file: None,
+            metrics: None,
         }
+    }
+
+    #[test]
+    fn metrics_option_gives_the_scrape_address() {
+        let p = parse_options(&args("metrics=127.0.0.1:9471,ro")).unwrap();
+        assert_eq!(p.metrics.as_deref(), Some("127.0.0.1:9471"));
+        assert_eq!(parse_options(&args("ro")).unwrap().metrics, None);
     }
 
     #[test]

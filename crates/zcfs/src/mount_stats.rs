@@ -1,0 +1,430 @@
+//! A mount's live figures: per FUSE operation counts, errors and latency histograms,
+//! as a report (`zcfs stat MOUNTPOINT`, asked over a Unix socket the mount process
+//! listens on) and in the Prometheus text format (`zcfs mount --metrics`).
+//!
+//! The socket is `SOCKET_DIR/mount-MAJOR:MINOR.sock` (root's mounts; another user's in
+//! `$XDG_RUNTIME_DIR/zcfs/`), named by the mount's device number, which stat(2) of any
+//! directory in the mount gives. Mode 0600 and a peer credential check: only root and
+//! the mount's owner ask. It goes when the mount process ends; a killed process leaves
+//! it behind, which the next mount with that device number replaces and `zcfs stat`
+//! reports as stale.
+
+use crate::cmd::serve::SOCKET_DIR;
+use anyhow::{anyhow, bail, Context, Result};
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use zcfs_fuse::FuseStats;
+use zcfs_metrics::{Exposition, OpReport};
+
+/// The most bytes of a request on the stat socket (`json\n` or `prometheus\n`).
+pub const STAT_REQUEST_MAX: usize = 64;
+/// How long a peer of the stat socket may take to ask and to take the answer.
+pub const STAT_DEADLINE: Duration = Duration::from_secs(5);
+/// The most bytes `zcfs stat` reads of an answer.
+pub const STAT_ANSWER_MAX: u64 = 16 << 20;
+
+/// What `zcfs stat MOUNTPOINT` shows.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct MountReport {
+    pub source: String,
+    pub mountpoint: String,
+    pub pid: u32,
+    /// Requests answered (every operation's count).
+    pub requests: u64,
+    pub payload_bytes_read: u64,
+    pub payload_bytes_written: u64,
+    /// Bytes copied in user space by the FUSE frontend.
+    pub fuse_user_copy_bytes: u64,
+    /// The operations that ran, by name.
+    pub ops: BTreeMap<String, OpReport>,
+}
+
+pub fn report(stats: &FuseStats, source: &str, mountpoint: &Path) -> MountReport {
+    let ops: BTreeMap<String, OpReport> = zcfs_fuse::metrics::ran(&stats.ops)
+        .iter()
+        .map(|(name, s)| (name.to_string(), OpReport::from(s)))
+        .collect();
+    MountReport {
+        source: source.into(),
+        mountpoint: mountpoint.display().to_string(),
+        pid: std::process::id(),
+        requests: ops.values().map(|o| o.count).sum(),
+        payload_bytes_read: stats.read_bytes.load(Relaxed),
+        payload_bytes_written: stats.write_bytes.load(Relaxed),
+        fuse_user_copy_bytes: stats.user_copy_bytes.load(Relaxed),
+        ops,
+    }
+}
+
+/// The mount's figures in the Prometheus text format (`zcfs_mount_*`).
+pub fn prometheus(stats: &FuseStats) -> String {
+    let mut e = Exposition::new();
+    e.counter(
+        "zcfs_mount_payload_read_bytes_total",
+        "Payload bytes read through the mount.",
+        stats.read_bytes.load(Relaxed),
+    );
+    e.counter(
+        "zcfs_mount_payload_written_bytes_total",
+        "Payload bytes written through the mount.",
+        stats.write_bytes.load(Relaxed),
+    );
+    e.counter(
+        "zcfs_mount_user_copy_bytes_total",
+        "Bytes copied in user space by the FUSE frontend.",
+        stats.user_copy_bytes.load(Relaxed),
+    );
+    e.ops("zcfs_mount", &zcfs_fuse::metrics::ran(&stats.ops), false);
+    e.finish()
+}
+
+/// Where this process puts its mounts' sockets: SOCKET_DIR as root, else
+/// `$XDG_RUNTIME_DIR/zcfs` (None without it).
+fn own_socket_dir() -> Option<PathBuf> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return Some(PathBuf::from(SOCKET_DIR));
+    }
+    std::env::var_os("XDG_RUNTIME_DIR").map(|d| PathBuf::from(d).join("zcfs"))
+}
+
+/// Where `zcfs stat` looks: SOCKET_DIR, then `$XDG_RUNTIME_DIR/zcfs`.
+fn socket_dirs() -> Vec<PathBuf> {
+    let mut v = vec![PathBuf::from(SOCKET_DIR)];
+    if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR") {
+        v.push(PathBuf::from(d).join("zcfs"));
+    }
+    v
+}
+
+fn socket_name(dev: &str) -> String {
+    format!("mount-{dev}.sock")
+}
+
+/// A mount's stat socket, answered on a thread of its own; removed when dropped.
+pub struct StatSocket {
+    path: PathBuf,
+    /// The socket file's identity (inode, change time): once the mount is gone its
+    /// device number is free, and the next mount's socket may have the same name (and,
+    /// on tmpfs, even the inode number); that one is left alone.
+    id: FileId,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl StatSocket {
+    /// Listen for the mount with device `dev` (MAJOR:MINOR); `answer(prometheus)`
+    /// renders the answer.
+    pub fn listen(
+        dev: &str,
+        answer: impl Fn(bool) -> String + Send + 'static,
+    ) -> Result<StatSocket> {
+        let dir = own_socket_dir()
+            .ok_or_else(|| anyhow!("no directory for the stat socket: XDG_RUNTIME_DIR is unset"))?;
+        if !dir.exists() {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(&dir)
+                .with_context(|| format!("creating {}", dir.display()))?;
+        }
+        let path = dir.join(socket_name(dev));
+        // The device number is ours while we are mounted: a socket of that name is a
+        // killed mount's (nobody answers), or one of a mount that just ended whose
+        // process has not removed it yet. Either way it is replaced.
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(anyhow!(e).context(format!("removing the old {}", path.display())))
+            }
+            _ => {}
+        }
+        let listener =
+            UnixListener::bind(&path).with_context(|| format!("binding {}", path.display()))?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+            .with_context(|| format!("chmod 0600 {}", path.display()))?;
+        let id = file_id(&path).with_context(|| format!("stat {}", path.display()))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("zcfs-stat".into())
+            .spawn(move || {
+                for conn in listener.incoming() {
+                    if stopping.load(Relaxed) {
+                        break;
+                    }
+                    match conn {
+                        Ok(c) => {
+                            if let Err(e) = serve_one(c, &answer) {
+                                tracing::debug!("stat socket: {e:#}");
+                            }
+                        }
+                        // No descriptors left, say: wait a little rather than spin.
+                        Err(_) => std::thread::sleep(Duration::from_millis(100)),
+                    }
+                }
+            })?;
+        Ok(StatSocket {
+            path,
+            id,
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for StatSocket {
+    fn drop(&mut self) {
+        self.stop.store(true, Relaxed);
+        let _ = UnixStream::connect(&self.path);
+        if file_id(&self.path).ok() == Some(self.id) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+type FileId = (u64, i64, i64);
+
+fn file_id(path: &Path) -> std::io::Result<FileId> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(path)?;
+    Ok((m.ino(), m.ctime(), m.ctime_nsec()))
+}
+
+/// The uid of the peer of `c` (SO_PEERCRED).
+fn peer_uid(c: &UnixStream) -> std::io::Result<u32> {
+    use std::os::fd::AsRawFd;
+    let mut cred: libc::ucred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `cred`, a ucred on our stack.
+    let r = unsafe {
+        libc::getsockopt(
+            c.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(cred.uid)
+}
+
+/// Answer one peer: root or our own user, one request line, within the bounds.
+fn serve_one(mut c: UnixStream, answer: &impl Fn(bool) -> String) -> Result<()> {
+    let uid = peer_uid(&c)?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if uid != 0 && uid != me {
+        let _ = c.write_all(b"error: only root and the mount's owner may ask\n");
+        bail!("peer uid {uid} refused");
+    }
+    let deadline = Instant::now() + STAT_DEADLINE;
+    let mut buf = [0u8; STAT_REQUEST_MAX];
+    let mut len = 0;
+    let line = loop {
+        if let Some(end) = buf[..len].iter().position(|&b| b == b'\n') {
+            break &buf[..end];
+        }
+        if len == buf.len() {
+            bail!("request longer than {STAT_REQUEST_MAX} bytes");
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            bail!("peer stalled");
+        }
+        c.set_read_timeout(Some(left))?;
+        match c.read(&mut buf[len..])? {
+            0 => bail!("peer closed before asking"),
+            n => len += n,
+        }
+    };
+    let body = match line {
+        b"json" => answer(false),
+        b"prometheus" => answer(true),
+        other => format!(
+            "error: unknown request {:?}: ask `json` or `prometheus`\n",
+            String::from_utf8_lossy(other)
+        ),
+    };
+    let left = deadline.saturating_duration_since(Instant::now());
+    c.set_write_timeout(Some(left.max(Duration::from_millis(1))))?;
+    c.write_all(body.as_bytes())?;
+    Ok(())
+}
+
+/// The device number of `dir` (MAJOR:MINOR).
+fn device_of(dir: &Path) -> Result<String> {
+    use std::os::unix::fs::MetadataExt;
+    match std::fs::metadata(dir) {
+        Ok(m) => {
+            let dev = m.dev();
+            Ok(format!("{}:{}", libc::major(dev), libc::minor(dev)))
+        }
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => bail!(
+            "{}: a FUSE mount whose process is gone (transport endpoint not connected): \
+             nothing to ask; unmount it with `zcfs umount {}`",
+            dir.display(),
+            dir.display()
+        ),
+        Err(e) => bail!("{}: {e}", dir.display()),
+    }
+}
+
+/// The file system type of the mount with device `dev` (from /proc/self/mountinfo).
+fn fstype_of(dev: &str) -> Option<String> {
+    let s = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    s.lines()
+        .filter(|l| l.split(' ').nth(2) == Some(dev))
+        .filter_map(|l| l.split(" - ").nth(1)?.split(' ').next().map(String::from))
+        .next_back()
+}
+
+/// Ask the mount that holds directory `dir` for its figures (`prometheus`: as text in
+/// that format; else as a JSON MountReport).
+pub fn ask(dir: &Path, prometheus: bool) -> Result<String> {
+    let dev = device_of(dir)?;
+    let fstype = fstype_of(&dev).unwrap_or_else(|| "unknown".into());
+    if !fstype.starts_with("fuse") {
+        bail!(
+            "{} is a directory on a {fstype} file system, not in a zcfs mount: `zcfs stat` takes a zcfs mount point, a volume image or a server's address",
+            dir.display()
+        );
+    }
+    let name = socket_name(&dev);
+    let Some(path) = socket_dirs()
+        .into_iter()
+        .map(|d| d.join(&name))
+        .find(|p| p.exists())
+    else {
+        bail!(
+            "{} is a FUSE mount ({fstype}, device {dev}) without a zcfs stat socket ({SOCKET_DIR}/{name}): not a zcfs mount, one still starting, or one whose mount process predates `zcfs stat MOUNTPOINT`",
+            dir.display()
+        );
+    };
+    let mut c = match UnixStream::connect(&path) {
+        Ok(c) => c,
+        Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => bail!(
+            "{}: its stat socket {} is stale, nobody answers it: the mount process is gone (killed?). \
+             If it is still mounted, `zcfs umount --lazy {}`; the next mount with device {dev} replaces the socket",
+            dir.display(),
+            path.display(),
+            dir.display()
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => bail!(
+            "{}: permission denied: only root and the user who mounted {} may ask",
+            path.display(),
+            dir.display()
+        ),
+        Err(e) => bail!("{}: {e}", path.display()),
+    };
+    c.set_read_timeout(Some(STAT_DEADLINE))?;
+    c.set_write_timeout(Some(STAT_DEADLINE))?;
+    c.write_all(if prometheus {
+        b"prometheus\n"
+    } else {
+        b"json\n"
+    })?;
+    let mut out = String::new();
+    c.take(STAT_ANSWER_MAX)
+        .read_to_string(&mut out)
+        .with_context(|| format!("reading the answer of {}", path.display()))?;
+    if let Some(e) = out.strip_prefix("error: ") {
+        bail!("{}: {}", path.display(), e.trim_end());
+    }
+    Ok(out)
+}
+
+/// `zcfs stat MOUNTPOINT`.
+pub fn mount_stat(dir: &Path, json: bool) -> Result<i32> {
+    let raw = ask(dir, false)?;
+    let r: MountReport = serde_json::from_str(&raw)
+        .with_context(|| format!("the answer of the mount at {}", dir.display()))?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        print!("{}", format_mount_report(&r));
+    }
+    Ok(0)
+}
+
+pub fn format_mount_report(r: &MountReport) -> String {
+    format!(
+        "mount       {} on {} (pid {})\n\
+         requests    {}; payload {} bytes read, {} written; {} bytes copied in user space\n{}",
+        r.source,
+        r.mountpoint,
+        r.pid,
+        r.requests,
+        r.payload_bytes_read,
+        r.payload_bytes_written,
+        r.fuse_user_copy_bytes,
+        crate::server_report::format_ops(&r.ops, false)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Ask over a connected pair (our own uid, so the peer check passes).
+    fn exchange(request: &[u8]) -> (Result<()>, String) {
+        let (mut client, server) = UnixStream::pair().unwrap();
+        client.write_all(request).unwrap();
+        let r = serve_one(server, &|prometheus| {
+            if prometheus { "text\n" } else { "{}" }.to_string()
+        });
+        client
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let mut out = String::new();
+        let _ = client.read_to_string(&mut out);
+        (r, out)
+    }
+
+    #[test]
+    fn a_request_at_the_size_bound_is_answered_one_byte_more_is_refused() {
+        let (r, out) = exchange(b"json\n");
+        assert!(r.is_ok());
+        assert_eq!(out, "{}");
+        assert_eq!(exchange(b"prometheus\n").1, "text\n");
+        // A line of exactly STAT_REQUEST_MAX bytes (newline included) is read and
+        // answered (an unknown request); one byte more is refused unanswered.
+        let mut at = vec![b'x'; STAT_REQUEST_MAX - 1];
+        at.push(b'\n');
+        let (r, out) = exchange(&at);
+        assert!(r.is_ok());
+        assert!(out.starts_with("error: unknown request"), "{out}");
+        let mut over = vec![b'x'; STAT_REQUEST_MAX];
+        over.push(b'\n');
+        let (r, out) = exchange(&over);
+        assert!(
+            r.unwrap_err().to_string().contains("longer than"),
+            "refused"
+        );
+        assert_eq!(out, "");
+    }
+
+    #[test]
+    fn a_peer_that_closes_before_asking_is_an_error_not_a_hang() {
+        let (client, server) = UnixStream::pair().unwrap();
+        drop(client);
+        let r = serve_one(server, &|_| String::new());
+        assert!(r.unwrap_err().to_string().contains("closed before asking"));
+    }
+}
