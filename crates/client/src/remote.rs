@@ -756,6 +756,14 @@ impl Backend for RemoteFs {
                     ),
                 ));
             }
+            if written == 0 && done == 0 {
+                // Nothing of a non-empty write taken: write(2) says why rather than 0,
+                // which a caller would take as progress and write again.
+                return Err(Error::new(
+                    libc::ENOSPC,
+                    format!("the server took none of a {}-byte write", chunk.len()),
+                ));
+            }
             done += written;
             if written < chunk.len() {
                 break;
