@@ -8,6 +8,11 @@ use zcfs_local::LocalFs;
 use zcfs_volume::{MkfsOptions, Region, RootDir, Volume, VolumeConfig};
 
 fn fs() -> LocalFs {
+    LocalFs::new(volume(VolumeConfig::synchronous()))
+}
+
+/// A fresh 16 MiB volume in memory, its root owned by the tests' caller (`ctx()`).
+fn volume(cfg: VolumeConfig) -> Arc<Volume> {
     let mut region = Region::anonymous(16 << 20);
     Volume::mkfs_region(
         &mut region,
@@ -23,7 +28,7 @@ fn fs() -> LocalFs {
         },
     )
     .unwrap();
-    LocalFs::new(Volume::open_region(region, VolumeConfig::synchronous()).unwrap())
+    Volume::open_region(region, cfg).unwrap()
 }
 
 fn ctx() -> Ctx {
@@ -179,20 +184,6 @@ impl WritePayload for Counted<'_> {
 /// commit's batch: an image taken right after it (a power cut) still has the data.
 #[test]
 fn flush_makes_the_writes_durable_under_group_commit() {
-    let mut region = Region::anonymous(16 << 20);
-    Volume::mkfs_region(
-        &mut region,
-        &MkfsOptions {
-            inodes: Some(256),
-            log_bytes: Some(256 << 10),
-            root: RootDir {
-                uid: 1000,
-                gid: 100,
-                mode: 0o755,
-            },
-        },
-    )
-    .unwrap();
     // A batch that neither fills nor times out during the test.
     let cfg = VolumeConfig {
         batch_ops: 1 << 20,
@@ -200,7 +191,7 @@ fn flush_makes_the_writes_durable_under_group_commit() {
         batch_delay: std::time::Duration::from_secs(3600),
         ..Default::default()
     };
-    let vol = Volume::open_region(region, cfg).unwrap();
+    let vol = volume(cfg);
     let fs = LocalFs::new(vol.clone());
     let (a, fh) = fs
         .create(&ctx(), ROOT, b"kept", libc::S_IFREG | 0o644, libc::O_RDWR)
