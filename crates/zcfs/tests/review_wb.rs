@@ -175,6 +175,37 @@ fn enospc_is_reported_to_the_writer_not_to_another_descriptor() {
     );
 }
 
+/// The same through a mount with write-behind (`-o write_behind`): a writer filling a
+/// volume must learn of ENOSPC at a write or at close.
+#[test]
+#[ignore = "finding: with -o write_behind and another test running beside it (cargo test \
+            --test-threads 2), the writer's write and close both said 0 about 1 run in 8: \
+            the server counted 38 ENOSPC writes and one flush, the client logged no \
+            unreported error; not understood, so write-behind is off by default"]
+fn enospc_is_reported_to_a_write_behind_writer() {
+    let net = Net::new();
+    let srv = Served::sized(&net, "wb-enospc3", "64M", &[]);
+    let m = RemoteMount::new(&net, &srv, "wb-enospc3", &["-o", "write_behind"]);
+    for round in 0..4 {
+        let p = m.path(&format!("big{round}"));
+        let w = open_fd(&p, libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC);
+        let r = open_fd(&p, libc::O_RDONLY);
+        let at_write = write_mib(w, 100, b'x');
+        let reader_close = close_fd(r);
+        let writer_close = close_fd(w);
+        assert!(
+            at_write == libc::ENOSPC || writer_close == libc::ENOSPC,
+            "round {round}: the writer saw write {at_write}, close {writer_close} \
+             (the reader's close saw {reader_close})"
+        );
+        std::fs::remove_file(&p).unwrap();
+        let t = std::time::Instant::now();
+        while free_bytes(&m.path("")) < 32 * MIB as u64 && t.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
 /// Guard: a single writer filling a volume learns of ENOSPC at a write, at fsync or at
 /// close; and after the error was reported once the file system keeps working (the
 /// space is given back by unlink, and a new file is written whole).

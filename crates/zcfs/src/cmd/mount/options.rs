@@ -161,9 +161,10 @@ pub fn parse_options(a: &MountArgs) -> Result<MountPlan> {
             ("cache", Some(v)) => p.fuse.cache = v.parse().map_err(|e: String| anyhow!(e))?,
             ("writeback" | "writeback_cache", None) => p.fuse.writeback = true,
             ("direct_io", None) => p.fuse.direct_io = true,
-            // Buffered writes are sent without waiting (errors at close/fsync), as NFS
-            // does; `sync_writes` waits for each.
+            // `write_behind`: buffered writes are sent without waiting (errors at
+            // close/fsync, as NFS does); off by default for now. `sync_writes` waits.
             ("sync_writes", None) => p.fuse.write_behind = false,
+            ("write_behind", None) => p.fuse.write_behind = true,
             ("no_readdirplus", None) => p.fuse.readdirplus = false,
             ("threads", Some(v)) => p.threads = num(k, v)?.clamp(1, 64) as usize,
             ("attr_timeout" | "entry_timeout", Some(v)) => {
