@@ -68,9 +68,7 @@ impl Default for FuseOptions {
             cache: CacheMode::Auto,
             timeout: Duration::from_secs(1),
             writeback: false,
-            // Off by default until a lost ENOSPC under load is understood (see the
-            // README): a write error must never go unreported.
-            write_behind: false,
+            write_behind: true,
             direct_io: false,
             readdirplus: true,
             max_write: 1 << 20,

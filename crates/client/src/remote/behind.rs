@@ -43,8 +43,8 @@ struct Pending {
 struct Queue {
     inflight: VecDeque<Pending>,
     /// Per handle, the first error of a write through it collected since its last
-    /// flush or fsync.
-    errors: HashMap<u64, Error>,
+    /// fsync, and whether a flush has reported it.
+    errors: HashMap<u64, (Error, bool)>,
 }
 
 /// Whose kept errors a settle gives back.
@@ -52,7 +52,10 @@ struct Queue {
 pub(super) enum Report {
     /// None: they stay for their handles' flush or fsync.
     Keep,
-    /// The handle's (its flush).
+    /// The handle's (its flush), kept until the handle's fsync or release: every
+    /// close of the handle reports it. A handle is shared by every descriptor of one
+    /// open (dup, fork, and a child's close-on-exec), and the first of those closes is
+    /// not necessarily the writer's own.
     Handle(u64),
     /// The handle's, else (without taking it) another handle's: fsync promises the
     /// inode's data, whichever handle wrote it.
@@ -151,15 +154,19 @@ impl WriteBehind {
         while collect_front(self, &mut g) {}
         let e = match report {
             Report::Keep => None,
-            Report::Handle(fh) => g.errors.remove(&fh),
+            Report::Handle(fh) => g.errors.get_mut(&fh).map(|(e, reported)| {
+                *reported = true;
+                e.clone()
+            }),
             Report::Fsync(fh) => g
                 .errors
                 .remove(&fh)
-                .or_else(|| g.errors.values().next().cloned()),
+                .map(|(e, _)| e)
+                .or_else(|| g.errors.values().next().map(|(e, _)| e.clone())),
             Report::All => {
-                let mut all: Vec<(u64, Error)> = g.errors.drain().collect();
+                let mut all: Vec<(u64, (Error, bool))> = g.errors.drain().collect();
                 all.sort_by_key(|(fh, _)| *fh);
-                all.into_iter().next().map(|(_, e)| e)
+                all.into_iter().next().map(|(_, (e, _))| e)
             }
         };
         e.map_or(Ok(()), Err)
@@ -169,7 +176,7 @@ impl WriteBehind {
     /// it to (its flush did not): logged.
     pub fn closed_handle(&self, ino: u64, fh: u64) {
         if let Some(q) = self.queue_of(ino) {
-            if let Some(e) = lock(&q).errors.remove(&fh) {
+            if let Some((e, false)) = lock(&q).errors.remove(&fh) {
                 tracing::warn!(
                     ino,
                     fh,
@@ -248,7 +255,7 @@ fn collect_front(wb: &WriteBehind, q: &mut Queue) -> bool {
         } else {
             e
         };
-        q.errors.entry(p.fh).or_insert(e);
+        q.errors.entry(p.fh).or_insert((e, false));
     }
     true
 }

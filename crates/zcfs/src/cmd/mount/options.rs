@@ -161,8 +161,8 @@ pub fn parse_options(a: &MountArgs) -> Result<MountPlan> {
             ("cache", Some(v)) => p.fuse.cache = v.parse().map_err(|e: String| anyhow!(e))?,
             ("writeback" | "writeback_cache", None) => p.fuse.writeback = true,
             ("direct_io", None) => p.fuse.direct_io = true,
-            // `write_behind`: buffered writes are sent without waiting (errors at
-            // close/fsync, as NFS does); off by default for now. `sync_writes` waits.
+            // Buffered writes are sent without waiting (errors at close/fsync, as NFS
+            // does); `sync_writes` waits for each.
             ("sync_writes", None) => p.fuse.write_behind = false,
             ("write_behind", None) => p.fuse.write_behind = true,
             ("no_readdirplus", None) => p.fuse.readdirplus = false,
