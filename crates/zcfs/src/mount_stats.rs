@@ -200,34 +200,9 @@ fn file_id(path: &Path) -> std::io::Result<FileId> {
     Ok((m.ino(), m.ctime(), m.ctime_nsec()))
 }
 
-/// The uid of the peer of `c` (SO_PEERCRED).
-fn peer_uid(c: &UnixStream) -> std::io::Result<u32> {
-    use std::os::fd::AsRawFd;
-    let mut cred: libc::ucred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: getsockopt writes at most `len` bytes into `cred`, a ucred on our stack.
-    let r = unsafe {
-        libc::getsockopt(
-            c.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    if r != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(cred.uid)
-}
-
 /// Answer one peer: root or our own user, one request line, within the bounds.
 fn serve_one(mut c: UnixStream, answer: &impl Fn(bool) -> String) -> Result<()> {
-    let uid = peer_uid(&c)?;
+    let uid = zcfs_transport::peer_cred(&c)?.uid;
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
     if uid != 0 && uid != me {

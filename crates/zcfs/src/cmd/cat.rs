@@ -1,9 +1,8 @@
 //! `zcfs cat OPERAND...`: files on servers (`HOST:PORT:/path`; local paths too) to
 //! standard output, in order, through the client library with several reads in flight.
 
-use crate::cmd::cp::{connect_all, resolve};
-use crate::files::{process_umask, StreamSink};
-use crate::location::Location;
+use crate::cmd::cp::{parse_and_connect, resolve};
+use crate::files::StreamSink;
 use crate::pipeline::{copy_data, CHUNK_MAX, WINDOW};
 use anyhow::Result;
 use std::path::PathBuf;
@@ -23,16 +22,7 @@ pub struct CatArgs {
 }
 
 pub fn run(a: &CatArgs) -> Result<i32> {
-    let locs = a
-        .operands
-        .iter()
-        .map(|s| Location::parse(s))
-        .collect::<Result<Vec<_>>>()?;
-    let remotes = connect_all(
-        &locs.iter().collect::<Vec<_>>(),
-        a.secret_file.as_deref(),
-        process_umask(),
-    )?;
+    let (locs, remotes) = parse_and_connect(&a.operands, a.secret_file.as_deref())?;
     let mut out = StreamSink(std::io::stdout().lock());
     let mut failed = 0;
     for l in &locs {

@@ -52,6 +52,23 @@ pub struct CpArgs {
     operands: Vec<String>,
 }
 
+/// Operands parsed, and the servers they name connected once each (`cat`, `ls`).
+pub fn parse_and_connect(
+    operands: &[String],
+    secret_file: Option<&std::path::Path>,
+) -> Result<(Vec<Location>, HashMap<String, Remote>)> {
+    let locs = operands
+        .iter()
+        .map(|s| Location::parse(s))
+        .collect::<Result<Vec<_>>>()?;
+    let remotes = connect_all(
+        &locs.iter().collect::<Vec<_>>(),
+        secret_file,
+        process_umask(),
+    )?;
+    Ok((locs, remotes))
+}
+
 /// The servers the operands name, connected once each.
 pub fn connect_all(
     locs: &[&Location],

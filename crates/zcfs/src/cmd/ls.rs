@@ -2,9 +2,8 @@
 //! local paths too), or with -l mode, links, owner, group, size, mtime and name as
 //! `ls -ln` shows them; a file operand lists itself.
 
-use crate::cmd::cp::{connect_all, resolve};
-use crate::files::{process_umask, Node};
-use crate::location::Location;
+use crate::cmd::cp::{parse_and_connect, resolve};
+use crate::files::Node;
 use anyhow::Result;
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -38,16 +37,7 @@ struct Row {
 }
 
 pub fn run(a: &LsArgs) -> Result<i32> {
-    let locs = a
-        .operands
-        .iter()
-        .map(|s| Location::parse(s))
-        .collect::<Result<Vec<_>>>()?;
-    let remotes = connect_all(
-        &locs.iter().collect::<Vec<_>>(),
-        a.secret_file.as_deref(),
-        process_umask(),
-    )?;
+    let (locs, remotes) = parse_and_connect(&a.operands, a.secret_file.as_deref())?;
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64);
