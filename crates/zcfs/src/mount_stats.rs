@@ -467,4 +467,25 @@ mod tests {
         std::fs::remove_file(&s.path).unwrap();
         assert!(drop_ends(s), "dropping the stat socket hangs forever");
     }
+
+    #[test]
+    #[ignore = "finding: listen removes whatever has the socket's name without asking whether someone answers it: `zcfs serve mount-MAJ:MIN.img` listens on SOCKET_DIR/mount-MAJ:MIN.sock by default, and a mount with that device number unlinks the live server's socket"]
+    fn listen_leaves_a_live_socket_of_another_process_alone() {
+        let dev = fake_dev(3);
+        let dir = own_socket_dir().unwrap();
+        std::fs::create_dir_all(&dir).unwrap();
+        // Another listener (a server's default socket for an image of that stem).
+        let path = dir.join(socket_name(&dev));
+        let live = UnixListener::bind(&path).unwrap();
+        let live_id = file_id(&path).unwrap();
+        let r = StatSocket::listen(&dev, |_| String::new());
+        let still_there = file_id(&path).ok() == Some(live_id);
+        drop(r);
+        drop(live);
+        let _ = std::fs::remove_file(&path);
+        assert!(
+            still_there,
+            "the live socket of another process was unlinked"
+        );
+    }
 }
