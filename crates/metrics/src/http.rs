@@ -1,15 +1,17 @@
 //! A minimal HTTP/1.1 listener for Prometheus scrapers: one request per connection,
-//! answered on one thread of its own. `GET /metrics` gets the exposition, any other
-//! path 404, any other method 405. A request is bounded in size
-//! (`HTTP_MAX_REQUEST`) and in time (`HTTP_REQUEST_DEADLINE`, for the whole request
-//! and for the answer), so a stalled scraper only delays the next scrape, never the
-//! file system.
+//! each connection answered on a thread of its own. `GET /metrics` gets the exposition,
+//! any other path 404, any other method 405. A request is bounded in size
+//! (`HTTP_MAX_REQUEST`) and in time (`HTTP_REQUEST_DEADLINE`, for the whole request and
+//! for the answer), and at most `HTTP_MAX_CONNECTIONS` are open at once: a new one
+//! ends the oldest when they are all taken. So silent or stalled clients never hold a
+//! scrape back (a fresh scrape always gets a thread), nor touch the file system.
 
 use crate::prometheus::CONTENT_TYPE;
+use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -20,6 +22,9 @@ pub const HTTP_MAX_REQUEST: usize = 8 * 1024;
 /// How long a scraper may take to send its request, and to take the answer.
 pub const HTTP_REQUEST_DEADLINE: Duration = Duration::from_secs(5);
 
+/// The most connections answered at once; the oldest is ended for a new one.
+pub const HTTP_MAX_CONNECTIONS: usize = 8;
+
 /// How long the listener waits after a failed accept.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
@@ -28,6 +33,7 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 pub struct HttpConfig {
     pub max_request: usize,
     pub deadline: Duration,
+    pub max_connections: usize,
 }
 
 impl Default for HttpConfig {
@@ -35,8 +41,17 @@ impl Default for HttpConfig {
         HttpConfig {
             max_request: HTTP_MAX_REQUEST,
             deadline: HTTP_REQUEST_DEADLINE,
+            max_connections: HTTP_MAX_CONNECTIONS,
         }
     }
+}
+
+/// The connections being answered, oldest first: (number, a handle to end it).
+type Open = Arc<Mutex<VecDeque<(u64, TcpStream)>>>;
+
+fn lock_open(open: &Open) -> std::sync::MutexGuard<'_, VecDeque<(u64, TcpStream)>> {
+    // A panic while holding it leaves a plain list: still usable.
+    open.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 type Render = Arc<dyn Fn() -> String + Send + Sync>;
@@ -65,6 +80,8 @@ impl MetricsHttp {
         let thread = std::thread::Builder::new()
             .name("zcfs-metrics".into())
             .spawn(move || {
+                let open: Open = Arc::new(Mutex::new(VecDeque::new()));
+                let mut next = 0u64;
                 for conn in listener.incoming() {
                     if stopping.load(Ordering::SeqCst) {
                         break;
@@ -72,11 +89,36 @@ impl MetricsHttp {
                     // A failed exchange concerns that scraper alone. A failed accept
                     // (no descriptors left, say) is waited out a little rather than
                     // retried at once.
-                    match conn {
-                        Ok(c) => {
-                            let _ = answer(c, cfg, &*render);
+                    let c = match conn {
+                        Ok(c) => c,
+                        Err(_) => {
+                            std::thread::sleep(ACCEPT_BACKOFF);
+                            continue;
                         }
-                        Err(_) => std::thread::sleep(ACCEPT_BACKOFF),
+                    };
+                    let Ok(handle) = c.try_clone() else { continue };
+                    let id = next;
+                    next += 1;
+                    {
+                        let mut o = lock_open(&open);
+                        // Make room: end the oldest (its thread then fails its read or
+                        // write at once and goes).
+                        while o.len() >= cfg.max_connections.max(1) {
+                            if let Some((_, old)) = o.pop_front() {
+                                let _ = old.shutdown(std::net::Shutdown::Both);
+                            }
+                        }
+                        o.push_back((id, handle));
+                    }
+                    let (render, held) = (render.clone(), open.clone());
+                    let spawned = std::thread::Builder::new()
+                        .name("zcfs-metrics-conn".into())
+                        .spawn(move || {
+                            let _ = answer(c, cfg, &*render);
+                            lock_open(&held).retain(|(i, _)| *i != id);
+                        });
+                    if spawned.is_err() {
+                        lock_open(&open).retain(|(i, _)| *i != id);
                     }
                 }
             })?;
@@ -314,7 +356,6 @@ mod tests {
     }
 
     #[test]
-    #[ignore = "finding: scrapes are answered one at a time, so k silent connections hold a scrape back k deadlines; a client that keeps a few opening shuts the listener out for good"]
     fn silent_connections_do_not_hold_back_a_scrape_beyond_one_deadline() {
         let deadline = Duration::from_millis(500);
         let m = listener(HttpConfig {
@@ -327,12 +368,59 @@ mod tests {
             .collect();
         let mut c = TcpStream::connect(m.local_addr()).unwrap();
         c.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
-        // A fair listener answers within a deadline or two; this one after eight.
+        // A fair listener answers within a deadline or two, not after eight.
         c.set_read_timeout(Some(3 * deadline)).unwrap();
         let mut out = String::new();
         let r = c.read_to_string(&mut out);
         drop(silent);
         assert!(r.is_ok(), "no answer within 3 deadlines: {r:?}");
         assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
+    }
+}
+
+#[cfg(test)]
+mod bound_tests {
+    use super::*;
+
+    /// Connections beyond the bound end the oldest; a scrape among many silent
+    /// connections (far more than the bound) is still answered, and the number of
+    /// connections held never exceeds the bound.
+    #[test]
+    fn a_scrape_is_answered_with_many_more_silent_connections_than_the_bound() {
+        let deadline = Duration::from_secs(30);
+        let m = MetricsHttp::bind(
+            "127.0.0.1:0",
+            HttpConfig {
+                deadline,
+                max_connections: 4,
+                ..Default::default()
+            },
+            || "x_total 1\n".to_string(),
+        )
+        .unwrap();
+        let mut silent: Vec<TcpStream> = (0..40)
+            .map(|_| TcpStream::connect(m.local_addr()).unwrap())
+            .collect();
+        let mut c = TcpStream::connect(m.local_addr()).unwrap();
+        c.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
+        // Far below the 30 s deadline a silent connection would otherwise hold.
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut out = String::new();
+        let r = c.read_to_string(&mut out);
+        assert!(r.is_ok(), "no answer: {r:?}");
+        assert!(out.ends_with("x_total 1\n"), "{out}");
+        // The oldest silent connections were ended: at most 4 of the 40 are still held
+        // (an ended one reads end of file at once).
+        let mut held = 0;
+        for s in &mut silent {
+            s.set_read_timeout(Some(Duration::from_millis(300)))
+                .unwrap();
+            let mut b = [0u8; 1];
+            if matches!(s.read(&mut b), Err(ref e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::TimedOut)
+            {
+                held += 1;
+            }
+        }
+        assert!(held <= 4, "{held} silent connections still held, bound 4");
     }
 }
