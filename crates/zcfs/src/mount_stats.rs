@@ -2,8 +2,10 @@
 //! as a report (`zcfs stat MOUNTPOINT`, asked over a Unix socket the mount process
 //! listens on) and in the Prometheus text format (`zcfs mount --metrics`).
 //!
-//! The socket is `SOCKET_DIR/mount-MAJOR:MINOR.sock` (root's mounts; another user's in
-//! `$XDG_RUNTIME_DIR/zcfs/`), named by the mount's device number, which stat(2) of any
+//! The socket is `SOCKET_DIR/mounts/MAJOR:MINOR.sock` (root's mounts; another user's in
+//! `$XDG_RUNTIME_DIR/zcfs/mounts/`): a directory of their own, so no server's default
+//! socket (`SOCKET_DIR/NAME.sock`, NAME an image's stem) can have a mount's name. It is
+//! named by the mount's device number, which stat(2) of any
 //! directory in the mount gives. Mode 0600 and a peer credential check: only root and
 //! the mount's owner ask. It goes when the mount process ends; a killed process leaves
 //! it behind, which the next mount with that device number replaces and `zcfs stat`
@@ -83,27 +85,31 @@ pub fn prometheus(stats: &FuseStats) -> String {
     e.finish()
 }
 
-/// Where this process puts its mounts' sockets: SOCKET_DIR as root, else
-/// `$XDG_RUNTIME_DIR/zcfs` (None without it).
+/// The subdirectory of SOCKET_DIR (and of `$XDG_RUNTIME_DIR/zcfs`) for mounts' sockets.
+pub const MOUNT_SOCKET_SUBDIR: &str = "mounts";
+
+/// Where this process puts its mounts' sockets: `SOCKET_DIR/mounts` as root, else
+/// `$XDG_RUNTIME_DIR/zcfs/mounts` (None without it).
 fn own_socket_dir() -> Option<PathBuf> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 {
-        return Some(PathBuf::from(SOCKET_DIR));
+        return Some(PathBuf::from(SOCKET_DIR).join(MOUNT_SOCKET_SUBDIR));
     }
-    std::env::var_os("XDG_RUNTIME_DIR").map(|d| PathBuf::from(d).join("zcfs"))
+    std::env::var_os("XDG_RUNTIME_DIR")
+        .map(|d| PathBuf::from(d).join("zcfs").join(MOUNT_SOCKET_SUBDIR))
 }
 
-/// Where `zcfs stat` looks: SOCKET_DIR, then `$XDG_RUNTIME_DIR/zcfs`.
+/// Where `zcfs stat` looks, in order: root's directory, then the caller's own.
 fn socket_dirs() -> Vec<PathBuf> {
-    let mut v = vec![PathBuf::from(SOCKET_DIR)];
+    let mut v = vec![PathBuf::from(SOCKET_DIR).join(MOUNT_SOCKET_SUBDIR)];
     if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR") {
-        v.push(PathBuf::from(d).join("zcfs"));
+        v.push(PathBuf::from(d).join("zcfs").join(MOUNT_SOCKET_SUBDIR));
     }
     v
 }
 
 fn socket_name(dev: &str) -> String {
-    format!("mount-{dev}.sock")
+    format!("{dev}.sock")
 }
 
 /// A mount's stat socket, answered on a thread of its own; removed when dropped.
@@ -279,6 +285,38 @@ fn fstype_of(dev: &str) -> Option<String> {
         .next_back()
 }
 
+/// Why no candidate socket answered.
+#[derive(Debug)]
+enum Unanswered {
+    /// Nobody listens on it (the first such).
+    Stale(PathBuf),
+    Denied(PathBuf),
+    Other(PathBuf, std::io::Error),
+}
+
+/// Connect to the first of `candidates` that answers. A stale socket (root's killed
+/// mount, say) must not hide the live socket of a user's mount with that device number,
+/// so stale ones are passed over; a refusal for permission or another error ends the
+/// search (that socket is live but not ours to ask).
+fn first_answering(candidates: &[PathBuf]) -> Result<(UnixStream, PathBuf), Unanswered> {
+    let mut stale = None;
+    for path in candidates {
+        match UnixStream::connect(path) {
+            Ok(s) => return Ok((s, path.clone())),
+            Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => {
+                stale.get_or_insert_with(|| path.clone());
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                return Err(Unanswered::Denied(path.clone()))
+            }
+            Err(e) => return Err(Unanswered::Other(path.clone(), e)),
+        }
+    }
+    Err(Unanswered::Stale(stale.unwrap_or_else(|| {
+        candidates.first().cloned().unwrap_or_default()
+    })))
+}
+
 /// Ask the mount that holds directory `dir` for its figures (`prometheus`: as text in
 /// that format; else as a JSON MountReport).
 pub fn ask(dir: &Path, prometheus: bool) -> Result<String> {
@@ -291,32 +329,32 @@ pub fn ask(dir: &Path, prometheus: bool) -> Result<String> {
         );
     }
     let name = socket_name(&dev);
-    let Some(path) = socket_dirs()
+    let candidates: Vec<PathBuf> = socket_dirs()
         .into_iter()
         .map(|d| d.join(&name))
-        .find(|p| p.exists())
-    else {
+        .filter(|p| p.exists())
+        .collect();
+    if candidates.is_empty() {
         bail!(
-            "{} is a FUSE mount ({fstype}, device {dev}) without a zcfs stat socket ({SOCKET_DIR}/{name}): not a zcfs mount, one still starting, or one whose mount process predates `zcfs stat MOUNTPOINT`",
+            "{} is a FUSE mount ({fstype}, device {dev}) without a zcfs stat socket ({SOCKET_DIR}/{MOUNT_SOCKET_SUBDIR}/{name}): not a zcfs mount, one still starting, or one whose mount process predates `zcfs stat MOUNTPOINT`",
             dir.display()
         );
-    };
-    let mut c = match UnixStream::connect(&path) {
-        Ok(c) => c,
-        Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => bail!(
+    }
+    let (mut c, path) = first_answering(&candidates).map_err(|e| match e {
+        Unanswered::Stale(path) => anyhow!(
             "{}: its stat socket {} is stale, nobody answers it: the mount process is gone (killed?). \
              If it is still mounted, `zcfs umount --lazy {}`; the next mount with device {dev} replaces the socket",
             dir.display(),
             path.display(),
             dir.display()
         ),
-        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => bail!(
+        Unanswered::Denied(path) => anyhow!(
             "{}: permission denied: only root and the user who mounted {} may ask",
             path.display(),
             dir.display()
         ),
-        Err(e) => bail!("{}: {e}", path.display()),
-    };
+        Unanswered::Other(path, e) => anyhow!("{}: {e}", path.display()),
+    })?;
     c.set_read_timeout(Some(STAT_DEADLINE))?;
     c.set_write_timeout(Some(STAT_DEADLINE))?;
     c.write_all(if prometheus {
@@ -451,23 +489,60 @@ mod tests {
     }
 
     #[test]
-    #[ignore = "finding: listen removes whatever has the socket's name without asking whether someone answers it: `zcfs serve mount-MAJ:MIN.img` listens on SOCKET_DIR/mount-MAJ:MIN.sock by default, and a mount with that device number unlinks the live server's socket"]
-    fn listen_leaves_a_live_socket_of_another_process_alone() {
-        let dev = fake_dev(3);
-        let dir = own_socket_dir().unwrap();
+    fn a_stale_socket_does_not_hide_a_live_one_after_it() {
+        let dir = std::env::temp_dir().join(format!("zcfs-stat-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        // Another listener (a server's default socket for an image of that stem).
-        let path = dir.join(socket_name(&dev));
-        let live = UnixListener::bind(&path).unwrap();
-        let live_id = file_id(&path).unwrap();
+        let (stale, live) = (dir.join("stale.sock"), dir.join("live.sock"));
+        drop(UnixListener::bind(&stale).unwrap()); // the file stays, nobody listens
+        let l = UnixListener::bind(&live).unwrap();
+        let got = first_answering(&[stale.clone(), live.clone()]).map(|(_, p)| p);
+        let only_stale = first_answering(std::slice::from_ref(&stale));
+        drop(l);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(got.unwrap(), live);
+        assert!(matches!(only_stale, Err(Unanswered::Stale(p)) if p == stale));
+    }
+
+    #[test]
+    fn listen_leaves_a_servers_default_socket_alone() {
+        // `zcfs serve IMAGE` listens on SOCKET_DIR/STEM.sock by default, and a stem can
+        // be anything a file name can: the names a mount's socket has had, say. Those
+        // live sockets are never a mount's to replace.
+        let dev = fake_dev(3);
+        // SAFETY: geteuid has no preconditions.
+        let server_dir = if unsafe { libc::geteuid() } == 0 {
+            PathBuf::from(SOCKET_DIR)
+        } else {
+            own_socket_dir().unwrap().parent().unwrap().to_path_buf()
+        };
+        std::fs::create_dir_all(&server_dir).unwrap();
+        let stems = [format!("mount-{dev}"), dev.clone(), format!("{dev}.sock")];
+        let live: Vec<(PathBuf, UnixListener, FileId)> = stems
+            .iter()
+            .map(|stem| {
+                let p = server_dir.join(format!("{stem}.sock"));
+                let _ = std::fs::remove_file(&p);
+                let l = UnixListener::bind(&p).unwrap();
+                let id = file_id(&p).unwrap();
+                (p, l, id)
+            })
+            .collect();
         let r = StatSocket::listen(&dev, |_| String::new());
-        let still_there = file_id(&path).ok() == Some(live_id);
+        let kept: Vec<bool> = live
+            .iter()
+            .map(|(p, _, id)| file_id(p).ok() == Some(*id))
+            .collect();
+        let ours = r.as_ref().map(|s| s.path.clone()).ok();
         drop(r);
-        drop(live);
-        let _ = std::fs::remove_file(&path);
-        assert!(
-            still_there,
-            "the live socket of another process was unlinked"
+        for (p, l, _) in live {
+            drop(l);
+            let _ = std::fs::remove_file(&p);
+        }
+        assert!(ours.is_some(), "the mount's own socket could not be made");
+        assert_eq!(
+            kept,
+            vec![true; stems.len()],
+            "a live server socket was unlinked (stems {stems:?})"
         );
     }
 }

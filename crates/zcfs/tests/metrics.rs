@@ -188,7 +188,7 @@ fn file_id(p: &Path) -> Option<(u64, i64, i64)> {
 fn stat_socket_of(mp: &Path) -> PathBuf {
     let dev = std::fs::metadata(mp).unwrap().dev();
     let socket = PathBuf::from(format!(
-        "/run/zcfs/mount-{}:{}.sock",
+        "/run/zcfs/mounts/{}:{}.sock",
         libc::major(dev),
         libc::minor(dev)
     ));
