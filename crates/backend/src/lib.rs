@@ -289,6 +289,23 @@ pub trait Backend: Send + Sync {
     fn write_behind(&self, ctx: &Ctx, ino: u64, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
         self.write(ctx, ino, fh, offset, data)
     }
+    /// [`Backend::write_behind`], answering the caller through `answer` as soon as the
+    /// write is committed to being sent (before it is): the caller goes on while the
+    /// bytes leave, which stay borrowed until this returns. An error after the answer
+    /// is kept for the inode's next flush or fsync; the `Result` is the answer when
+    /// `answer` was not called. The default answers with the outcome of `write_behind`.
+    fn write_behind_answering(
+        &self,
+        ctx: &Ctx,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        data: &[u8],
+        answer: &mut dyn FnMut(u32),
+    ) -> Result<u32> {
+        let _ = answer;
+        self.write_behind(ctx, ino, fh, offset, data)
+    }
     /// Write the whole `payload` at `offset`, moving it straight to where it will be kept
     /// (e.g. from a socket into the PM blocks that will hold it); see [`WritePayload`]
     /// for what happens to a payload the backend refuses. The default goes through a

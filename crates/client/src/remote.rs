@@ -24,6 +24,7 @@
 mod behind;
 mod listing;
 mod meta;
+mod open;
 mod pipelined;
 
 pub use pipelined::{ReadTicket, WriteTicket};
@@ -33,7 +34,7 @@ pub use behind::WRITE_BEHIND_MAX;
 use behind::{Report, WriteBehind};
 use listing::Listing;
 use meta::Meta;
-use std::collections::HashMap;
+use open::OpenFiles;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -87,10 +88,29 @@ struct OpenFile {
     peer_lost: bool,
 }
 
+#[cfg(test)]
+impl OpenFile {
+    fn for_test(ino: u64) -> OpenFile {
+        OpenFile {
+            ino,
+            gen: 1,
+            flags: 0,
+            server_fh: Some(1),
+            epoch: 0,
+            opener: (Caller::process().cred, Vec::new()),
+            written: 0,
+            sent: 0,
+            durable: 0,
+            lost: false,
+            peer_lost: false,
+        }
+    }
+}
+
 pub struct RemoteFs {
     client: Arc<Client>,
     meta: Arc<Mutex<Meta>>,
-    open: Arc<Mutex<HashMap<u64, OpenFile>>>,
+    open: Arc<Mutex<OpenFiles>>,
     next_fh: AtomicU64,
     read_bytes: AtomicU64,
     written_bytes: AtomicU64,
@@ -120,7 +140,7 @@ pub(super) struct Sending<'a> {
 
 impl Drop for Sending<'_> {
     fn drop(&mut self) {
-        if let Some(f) = lock(&self.fs.open).get_mut(&self.fh) {
+        if let Some(f) = lock(&self.fs.open).get_mut(self.fh) {
             f.sent += 1;
         }
     }
@@ -147,7 +167,7 @@ impl RemoteFs {
         let fs = RemoteFs {
             client: client.clone(),
             meta: Arc::new(Mutex::new(Meta::default())),
-            open: Arc::new(Mutex::new(HashMap::new())),
+            open: Arc::new(Mutex::new(OpenFiles::default())),
             next_fh: AtomicU64::new(1),
             read_bytes: AtomicU64::new(0),
             written_bytes: AtomicU64::new(0),
@@ -193,15 +213,19 @@ impl RemoteFs {
                     .ok()
                     .and_then(|r| <OpenReq as Operation>::Reply::decode(&r.body).ok())
                     .map(|r| r.fh);
-                if let Some(f) = lock(&open).get_mut(&fh) {
+                if let Some(f) = lock(&open).get_mut(fh) {
                     f.server_fh = server_fh;
                     f.epoch = epoch;
                     f.lost |= f.written > f.durable;
                 }
             }
             let mut open = lock(&open);
-            let lost: std::collections::HashSet<u64> =
-                open.values().filter(|f| f.lost).map(|f| f.ino).collect();
+            let lost: std::collections::HashSet<u64> = open
+                .iter()
+                .map(|(_, f)| f)
+                .filter(|f| f.lost)
+                .map(|f| f.ino)
+                .collect();
             for f in open.values_mut().filter(|f| lost.contains(&f.ino)) {
                 f.peer_lost = true;
             }
@@ -259,7 +283,7 @@ impl RemoteFs {
     }
 
     fn server_fh(&self, fh: u64) -> Result<u64> {
-        match lock(&self.open).get(&fh) {
+        match lock(&self.open).get(fh) {
             Some(f) => f.server_fh.ok_or_else(|| {
                 Error::new(libc::ESTALE, "the server restarted and this file is gone")
             }),
@@ -272,16 +296,66 @@ impl RemoteFs {
     /// the send must find it); it counts as sent when the guard is dropped. Not
     /// durable until an fsync or flush sent after that.
     pub(super) fn written_through(&self, fh: u64) -> Sending<'_> {
-        if let Some(f) = lock(&self.open).get_mut(&fh) {
+        if let Some(f) = lock(&self.open).get_mut(fh) {
             f.written += 1;
         }
         Sending { fs: self, fh }
     }
 
+    /// `write_behind`, answering through `answer` (when given) once a slot is taken and
+    /// before the bytes are sent.
+    fn write_behind_with(
+        &self,
+        ctx: &Ctx,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        data: &[u8],
+        answer: Option<&mut dyn FnMut(u32)>,
+    ) -> Result<u32> {
+        let limit = behind::limit(self.client.max_inflight());
+        if data.len() > MAX_DATA || limit == 0 || data.is_empty() {
+            return self.write(ctx, ino, fh, offset, data);
+        }
+        let (node, sfh) = (self.node(ino), self.server_fh(fh)?);
+        let end = offset
+            .checked_add(data.len() as u64)
+            .ok_or_else(|| Error::new(libc::EFBIG, "write past the largest offset"))?;
+        let n = data.len() as u32;
+        let early = answer.map(|a| {
+            move || {
+                // The attributes the caller may ask for next are the server's after
+                // this write: forgotten before the caller goes on.
+                self.forget_attr(ino);
+                a(n)
+            }
+        });
+        let sent = self.behind.send(limit, ino, fh, offset, end, early, || {
+            self.forget_attr(ino);
+            let req: Request = WriteReq {
+                node,
+                fh: sfh,
+                offset,
+                size: n,
+            }
+            .into();
+            // Counted as sent before the ticket is kept, so a flush that collects it
+            // (after taking the inode's queue) finds it counted.
+            let _sending = self.written_through(fh);
+            self.client.submit(&req, cred(ctx), &[data])
+        })?;
+        if !sent {
+            return self.write(ctx, ino, fh, offset, data);
+        }
+        self.written_bytes
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+
     /// How many writes through `fh` had left the client: taken as an fsync or flush of
     /// it is sent, what its success makes durable.
     fn written_mark(&self, fh: u64) -> u64 {
-        lock(&self.open).get(&fh).map_or(0, |f| f.sent)
+        lock(&self.open).get(fh).map_or(0, |f| f.sent)
     }
 
     /// An fsync (`fsync`) or flush of `fh`, sent when `mark` writes had been sent
@@ -291,7 +365,7 @@ impl RemoteFs {
     fn made_durable(&self, fh: u64, mark: u64, fsync: bool, r: Result<()>) -> Result<()> {
         r?;
         let mut open = lock(&self.open);
-        let Some(f) = open.get_mut(&fh) else {
+        let Some(f) = open.get_mut(fh) else {
             return Ok(());
         };
         let mut lost = std::mem::take(&mut f.lost);
@@ -365,7 +439,7 @@ impl RemoteFs {
     /// it open (fstat of an open unlinked file shows nlink 0); an inode without names
     /// and not open is gone, so its attributes are dropped.
     fn removed(&self, a: &Attr) {
-        let open_here = lock(&self.open).values().any(|f| f.ino == a.ino);
+        let open_here = lock(&self.open).has_ino(a.ino);
         if a.nlink > 0 || open_here {
             self.remember(a);
         } else {
@@ -376,7 +450,7 @@ impl RemoteFs {
     /// A handle of `ino` was closed: an unlinked inode no longer open here may be gone,
     /// so its attributes (nlink 0) are not kept.
     fn closed(&self, ino: u64) {
-        if lock(&self.open).values().any(|f| f.ino == ino) {
+        if lock(&self.open).has_ino(ino) {
             return;
         }
         self.behind.retire(ino);
@@ -777,33 +851,19 @@ impl Backend for RemoteFs {
     /// larger than one request, or one that finds every slot for held replies taken
     /// by other inodes, is written and waited for.
     fn write_behind(&self, ctx: &Ctx, ino: u64, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
-        let limit = behind::limit(self.client.max_inflight());
-        if data.len() > MAX_DATA || limit == 0 || data.is_empty() {
-            return self.write(ctx, ino, fh, offset, data);
-        }
-        let (node, sfh) = (self.node(ino), self.server_fh(fh)?);
-        let end = offset
-            .checked_add(data.len() as u64)
-            .ok_or_else(|| Error::new(libc::EFBIG, "write past the largest offset"))?;
-        let sending = self.written_through(fh);
-        let sent = self.behind.send(limit, ino, fh, offset, end, || {
-            self.forget_attr(ino);
-            let req: Request = WriteReq {
-                node,
-                fh: sfh,
-                offset,
-                size: data.len() as u32,
-            }
-            .into();
-            self.client.submit(&req, cred(ctx), &[data])
-        })?;
-        drop(sending);
-        if !sent {
-            return self.write(ctx, ino, fh, offset, data);
-        }
-        self.written_bytes
-            .fetch_add(data.len() as u64, Ordering::Relaxed);
-        Ok(data.len() as u32)
+        self.write_behind_with(ctx, ino, fh, offset, data, None)
+    }
+
+    fn write_behind_answering(
+        &self,
+        ctx: &Ctx,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        data: &[u8],
+        answer: &mut dyn FnMut(u32),
+    ) -> Result<u32> {
+        self.write_behind_with(ctx, ino, fh, offset, data, Some(answer))
     }
 
     /// close(2): the writes through the handle are waited for and made durable (the
@@ -813,10 +873,7 @@ impl Backend for RemoteFs {
         self.behind.settle(ino, Report::Handle(fh))?;
         let clean = {
             let open = lock(&self.open);
-            open.contains_key(&fh)
-                && !open
-                    .values()
-                    .any(|f| f.ino == ino && (f.written > f.durable || f.lost))
+            open.contains(fh) && !open.of_ino(ino).any(|f| f.written > f.durable || f.lost)
         };
         if clean {
             return Ok(());
@@ -838,7 +895,7 @@ impl Backend for RemoteFs {
         // handle its flush did not report has no one left to report it to: logged.
         let _ = self.behind.settle(ino, Report::Keep);
         self.behind.closed_handle(ino, fh);
-        let f = lock(&self.open).remove(&fh);
+        let f = lock(&self.open).remove(fh);
         if f.is_some() {
             self.closed(ino);
         }

@@ -629,12 +629,24 @@ impl Filesystem for FuseFs {
         // A caller who asked for O_DIRECT or synchronous writes waits for each.
         let waits = flags.0 & (libc::O_DIRECT | libc::O_SYNC | libc::O_DSYNC) != 0;
         let ctx = self.ctx(req);
-        let r = if self.opts.write_behind && !waits {
-            self.backend.write_behind(&ctx, ino.0, fh.0, offset, data)
+        if self.opts.write_behind && !waits {
+            // Answered as soon as the write is sure to be sent: the writer's next write
+            // overlaps with this one's trip to the server.
+            let mut reply = Some(reply);
+            let r =
+                self.backend
+                    .write_behind_answering(&ctx, ino.0, fh.0, offset, data, &mut |n| {
+                        if let Some(reply) = reply.take() {
+                            reply.written(n)
+                        }
+                    });
+            if let Some(reply) = reply {
+                answer(reply, r, |reply, n| reply.written(n))
+            }
         } else {
-            self.backend.write(&ctx, ino.0, fh.0, offset, data)
-        };
-        answer(reply, r, |reply, n| reply.written(n))
+            let r = self.backend.write(&ctx, ino.0, fh.0, offset, data);
+            answer(reply, r, |reply, n| reply.written(n))
+        }
     }
 
     fn flush(

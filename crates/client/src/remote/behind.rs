@@ -1,8 +1,9 @@
 //! Write-behind: writes the caller does not wait for (the FUSE mount's buffered writes).
 //!
 //! A write is sent at once (its bytes leave the caller's buffer before `submit`
-//! returns, so nothing is copied or kept here) and answered as written; its reply is
-//! collected later. What must see its effect waits for it first:
+//! returns, so nothing is copied or kept here) and answered as written, the FUSE writer
+//! even before the bytes leave (they stay borrowed until the send returns); its reply
+//! is collected later. What must see its effect waits for it first:
 //! - a later write or read overlapping its range (the server executes one connection's
 //!   requests in order, but a client spreads requests over several connections, so two
 //!   overlapping writes in flight could land in either order; disjoint ones commute);
@@ -84,6 +85,13 @@ impl WriteBehind {
     /// writes in flight that overlap it are waited for, and a slot is taken (collecting
     /// this inode's oldest write when every slot is held). Ok(false): no slot, nothing
     /// sent (the caller sends and waits itself).
+    ///
+    /// `answer`, when given, is called once the slot is taken and before `send`: the
+    /// writer is told "written" while the bytes leave. A failed `send` is then kept
+    /// for the handle's flush or fsync like a failed reply (Ok(true)); without
+    /// `answer` it is returned. The inode's queue stays locked until the ticket is
+    /// kept, so whatever must see this write (a flush, an overlapping read) waits for
+    /// it even though the writer has been answered.
     #[allow(clippy::too_many_arguments)]
     pub fn send(
         &self,
@@ -92,6 +100,7 @@ impl WriteBehind {
         fh: u64,
         start: u64,
         end: u64,
+        answer: Option<impl FnOnce()>,
         send: impl FnOnce() -> Result<Ticket>,
     ) -> Result<bool> {
         let q = lock(&self.inodes).entry(ino).or_default().clone();
@@ -113,6 +122,10 @@ impl WriteBehind {
                 return Ok(false);
             }
         }
+        let answered = answer.is_some();
+        if let Some(answer) = answer {
+            answer();
+        }
         match send() {
             Ok(ticket) => {
                 g.inflight.push_back(Pending {
@@ -125,7 +138,23 @@ impl WriteBehind {
             }
             Err(e) => {
                 self.held.fetch_sub(1, Ordering::AcqRel);
-                Err(e)
+                if !answered {
+                    return Err(e);
+                }
+                let e = if crate::is_transport(&e) {
+                    Error::new(
+                        libc::EIO,
+                        format!(
+                            "a write of {} bytes at offset {start} could not be sent: {}",
+                            end - start,
+                            e.msg()
+                        ),
+                    )
+                } else {
+                    e
+                };
+                g.errors.entry(fh).or_insert((e, false));
+                Ok(true)
             }
         }
     }
