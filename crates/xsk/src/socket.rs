@@ -35,6 +35,10 @@ pub const TX_RING_SIZE: u32 = 2048;
 /// (`XSK_UNALIGNED_BUF_OFFSET_SHIFT`): the low 48 bits are the fill address, the high 16
 /// the offset from it to the frame's first byte.
 pub const UNALIGNED_OFFSET_SHIFT: u32 = 48;
+/// TX frames must start at a multiple of this: in copy mode kernel 6.18 keeps a sent
+/// frame's address in the skb's destructor argument with bit 0 as a tag and returns it in
+/// the completion ring with that bit cleared (measured: 300333 came back as 300332).
+pub const TX_ADDR_ALIGN: u64 = 2;
 /// SO_BUSY_POLL's microseconds for a socket configured with busy polling.
 pub const BUSY_POLL_USECS: i32 = 20;
 /// SO_BUSY_POLL_BUDGET for a socket configured with busy polling.
@@ -253,6 +257,10 @@ pub struct XskSocket {
 // only other party and the rings' atomics order access with it. Moving the socket to
 // another thread moves all of that along.
 unsafe impl Send for XskSocket {}
+// SAFETY: through `&XskSocket` the rings are only read (fill_free: atomic loads and our
+// own cached index); every ring mutation takes `&mut self`. The rest is the descriptor
+// and plain values.
+unsafe impl Sync for XskSocket {}
 
 fn setsockopt<T>(fd: RawFd, level: i32, name: i32, val: &T) -> io::Result<()> {
     // SAFETY: `val` is a valid T for the length given.
@@ -684,7 +692,13 @@ impl FrameIo for XskSocket {
         n
     }
 
+    /// Frames must start at a multiple of [`TX_ADDR_ALIGN`] (else their completion comes
+    /// back with another address).
     fn transmit(&mut self, frames: &[Desc]) -> usize {
+        debug_assert!(
+            frames.iter().all(|f| f.addr % TX_ADDR_ALIGN == 0),
+            "AF_XDP TX addresses must be multiples of {TX_ADDR_ALIGN}: {frames:?}"
+        );
         let n = self.tx.produce(frames.iter().map(|f| libc::xdp_desc {
             addr: f.addr,
             len: f.len,
