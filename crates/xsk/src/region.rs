@@ -36,7 +36,7 @@ pub enum RegionError {
         len: u64,
         granule: usize,
     },
-    #[error("region size {len} overflows or exceeds the UMEM limit of {max} bytes")]
+    #[error("region size {len} is empty or exceeds the UMEM limit of {max} bytes")]
     TooLarge { len: u128, max: u64 },
 }
 
