@@ -90,11 +90,13 @@ fn reverse_order_blocks_land_contiguous_in_a_file_region() {
     let mut comps = Vec::new();
     let t = Instant::now();
     while done < BLOCKS {
-        assert!(t.elapsed() < LIMIT, "{done} of {BLOCKS} blocks after {LIMIT:?}");
+        assert!(
+            t.elapsed() < LIMIT,
+            "{done} of {BLOCKS} blocks after {LIMIT:?}"
+        );
         let mut progress = false;
         // Send within the window, each block's segments last first.
-        while unsent.is_empty() && sent < BLOCKS && sent < done + WINDOW && free_bufs.len() >= 3
-        {
+        while unsent.is_empty() && sent < BLOCKS && sent < done + WINDOW && free_bufs.len() >= 3 {
             pattern(sent, &mut block);
             for seg in (0..3).rev() {
                 let addr = free_bufs.pop().unwrap();

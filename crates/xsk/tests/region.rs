@@ -26,9 +26,15 @@ fn a_region_over_a_page_cache_file_is_refused() {
     let RegionError::UnsupportedBacking { ref fs, .. } = err else {
         panic!("not refused as unsupported: {err}");
     };
-    assert_ne!(fs, "tmpfs", "the target directory is on tmpfs: this test needs a disk");
+    assert_ne!(
+        fs, "tmpfs",
+        "the target directory is on tmpfs: this test needs a disk"
+    );
     let msg = err.to_string();
-    assert!(msg.contains(fs.as_str()) && msg.contains("long-term write pins"), "{msg}");
+    assert!(
+        msg.contains(fs.as_str()) && msg.contains("long-term write pins"),
+        "{msg}"
+    );
 }
 
 /// A /dev/shm file's region is the file (what is written lands in the file) followed by
@@ -52,7 +58,11 @@ fn a_file_region_is_the_file_followed_by_its_staging_area() {
     assert!(staging.iter().all(|&x| x == 0));
     r.write(4 * 4096 - 1, b"s").unwrap();
     assert!(r.write(4 * 4096, b"s").is_err());
-    assert_eq!(f.metadata().unwrap().len(), 3 * 4096, "the file did not grow");
+    assert_eq!(
+        f.metadata().unwrap().len(),
+        3 * 4096,
+        "the file did not grow"
+    );
     // No staging at all: the file alone.
     assert_eq!(Region::map_file(&f, 0).unwrap().len(), 3 * 4096);
 }
