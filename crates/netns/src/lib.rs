@@ -36,6 +36,8 @@ pub const RUN_DIR: &str = "/var/run/netns";
 pub const SRV_IF: &str = "veth-srv";
 /// The client end of a [`Pair`]'s veth, inside the client namespace.
 pub const CLI_IF: &str = "veth-cli";
+/// The most queues [`Pair::create_with_queues`] gives a veth end.
+pub const MAX_VETH_QUEUES: u32 = 16;
 /// The prefix of names that carry their owner's pid.
 const OWNED_PREFIX: &str = "zcfs-";
 
@@ -307,22 +309,32 @@ impl Pair {
     /// leaves nothing behind for long), addresses 198.18.SUBNET.1 and .2. Each pair is
     /// isolated from every other, so pairs may share a subnet.
     pub fn create(base: &str, subnet: u8) -> io::Result<Pair> {
+        Pair::create_with_queues(base, subnet, 1)
+    }
+
+    /// As [`Pair::create`], with `queues` RX and TX queues on each veth end (veth hands a
+    /// frame sent on TX queue q to the peer's RX queue q: the layer-2 transport keeps
+    /// commands and data apart that way). At most [`MAX_VETH_QUEUES`].
+    pub fn create_with_queues(base: &str, subnet: u8, queues: u32) -> io::Result<Pair> {
+        if queues == 0 || queues > MAX_VETH_QUEUES {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("a veth pair takes 1 to {MAX_VETH_QUEUES} queues, not {queues}"),
+            ));
+        }
         let srv = Netns::create(&format!("{base}-srv"))?;
         let cli = Netns::create(&format!("{base}-cli"))?;
-        ip(&[
-            "link",
-            "add",
-            SRV_IF,
-            "netns",
-            srv.name(),
-            "type",
-            "veth",
-            "peer",
-            "name",
-            CLI_IF,
-            "netns",
-            cli.name(),
-        ])?;
+        let q = queues.to_string();
+        let mut args = vec!["link", "add", SRV_IF, "netns", srv.name()];
+        let multi = ["numtxqueues", &q, "numrxqueues", &q];
+        if queues > 1 {
+            args.extend_from_slice(&multi);
+        }
+        args.extend_from_slice(&["type", "veth", "peer", "name", CLI_IF, "netns", cli.name()]);
+        if queues > 1 {
+            args.extend_from_slice(&multi);
+        }
+        ip(&args)?;
         let pair = Pair {
             srv,
             cli,

@@ -9,9 +9,19 @@
 //!   server the PM volume's mapping, on a client its receive buffers;
 //! - [`Desc`], a frame descriptor as the rings carry it.
 
+mod error;
 mod region;
+mod socket;
+mod xdp;
 
-pub use region::{Region, RegionError};
+pub use error::XskError;
+pub use region::{Region, RegionError, MAX_REGION_LEN};
+pub use socket::{
+    ifindex, mac_address, BindMode, XskConfig, XskSocket, XskStats, BUSY_POLL_BUDGET,
+    BUSY_POLL_USECS, COMPLETION_RING_SIZE, FILL_RING_SIZE, RX_RING_SIZE, TX_ADDR_ALIGN,
+    TX_RING_SIZE, UMEM_CHUNK_SIZE, UNALIGNED_OFFSET_SHIFT,
+};
+pub use xdp::{xdp_object_available, AttachMode, XdpProgram, XSKMAP_ENTRIES};
 
 use std::io;
 use std::time::Duration;
