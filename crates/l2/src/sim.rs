@@ -228,6 +228,14 @@ impl SimEnd {
         self.link().held.len()
     }
 
+    /// Deliver `frame` to the other end as a neighbour on the segment would send it
+    /// (not through this end's rings; the injector does not apply).
+    pub fn inject(&self, frame: &[u8]) {
+        let mut l = self.link();
+        let to = 1 - self.me;
+        l.arrive(to, frame);
+    }
+
     /// Change the injector's rates (e.g. a clean link for the end of a test).
     pub fn set_rates(&self, loss_ppm: u32, dup_ppm: u32, reorder_ppm: u32) {
         let mut l = self.link();
