@@ -85,6 +85,8 @@ pub enum L2Error {
     DuplicateTransfer(u32),
     #[error("extent at {0} overlaps memory that is in use (another extent, a live transfer or the scratch area)")]
     InUse(u64),
+    #[error("an extent of {frames} frames can never fit the credit window of {credit}")]
+    ExceedsCredit { frames: usize, credit: usize },
     #[error(transparent)]
     Layout(#[from] LayoutError),
     #[error("configuration: {0}")]
@@ -469,6 +471,13 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
         let scratch = (soff, soff + sn as u64 * CMD_CHUNK);
         for (i, e) in extents.iter().enumerate() {
             e.check_receivable(size)?;
+            let frames = layout::frames(e.blocks);
+            if frames > self.cfg.credit_frames {
+                return Err(L2Error::ExceedsCredit {
+                    frames,
+                    credit: self.cfg.credit_frames,
+                });
+            }
             let (lo, hi) = e.touched();
             if lo < scratch.1 && scratch.0 < hi
                 || extents[..i].iter().any(|o| layout::overlaps(o, e))

@@ -50,11 +50,9 @@ struct Net {
     now: u64,
 }
 
-/// Fresh ends sharing the link with `e` (for inspection; never used for I/O).
+/// A second handle on `e`'s socket for the endpoint, taken before any I/O (reopen
+/// clears rings, which are empty then); the test keeps `e` to look and inject.
 fn peek(e: &SimEnd) -> SimEnd {
-    // A reopen would clear the rings; a test handle must not. Build one by injecting
-    // nothing: SimEnd has no clone, so tests keep the originals and give the endpoint
-    // a reopened end before any I/O happened (rings are empty then anyway).
     e.reopen()
 }
 
@@ -269,8 +267,15 @@ fn the_sender_never_has_more_frames_in_flight_than_the_credit_window() {
     }
     assert!(done);
     assert_eq!(n.b_data.counters().no_fill, 0);
-    // An extent larger than the window can never be posted: refused at set-up time
-    // would be better; for now the bound is checked by config (see below).
+    // An extent larger than the window could never be posted: refused up front.
+    let two = Extent {
+        offset: 1 << 20,
+        blocks: 2,
+    };
+    assert!(matches!(
+        n.b.expect(&[two]),
+        Err(L2Error::ExceedsCredit { .. })
+    ));
     let too_big = Config {
         credit_frames: MAX_CREDIT_FRAMES + 1,
         ..config(MAC_A, MAC_B, 1)
