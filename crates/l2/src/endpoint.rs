@@ -1,0 +1,1253 @@
+//! The protocol's state machines: one [`Endpoint`] per peer, over a data queue and a
+//! command queue (two [`FrameIo`]s). IO-agnostic: the caller calls [`Endpoint::poll`]
+//! with the current time; nothing blocks and nothing reads a clock.
+//!
+//! **Commands** (opaque bytes, at most [`MAX_COMMAND`]) travel one per command frame
+//! with a sequence number and a cumulative ack, go-back-N retransmission after
+//! [`Config::rto_ns`], at most [`CMD_WINDOW`] unacknowledged. The command queue's region
+//! is scratch memory in [`CMD_CHUNK`]-byte chunks: [`CMD_RX_CHUNKS`] posted to the fill
+//! ring (each frame lands whole in its own chunk, so a lost command frame shifts
+//! nothing), then [`CMD_TX_CHUNKS`] for sending.
+//!
+//! **Data transfers** (receiver side, [`Endpoint::expect`]): the receiver chooses the
+//! extents a transfer lands in and gives the transfer its id. It posts each extent's
+//! fill entries as one *group* (numbered in posting order) while the posted but
+//! unconsumed entries stay within the credit window [`Config::credit_frames`], and
+//! grants each group to the sender in a control record. The sender
+//! ([`Endpoint::send`]) sends granted groups strictly in group order, each last frame
+//! first, and never a group it was not granted, so it never has more frames in flight
+//! than the receiver posted. When all descriptors of a group have arrived the receiver
+//! checks each descriptor's address and length against the plan, the surviving header
+//! in front of the extent (kind, segment 0, epoch, group, transfer, first block, tag)
+//! and the CRC32C of the extent against the header's. A transfer is handed up
+//! ([`Event::Committed`]) once, when every extent has passed, and the sender is told
+//! ([`Event::Delivered`] there).
+//!
+//! **Resynchronisation.** A failed check, or posted entries with no frame arriving for
+//! an RTO (a loss at the end, a lost grant), starts a *drain*: the receiver abandons
+//! every posted group (their extents go back to be posted again, so retransmission is of
+//! whole extents), raises the epoch and asks the sender for as many NOP frames as it has
+//! unconsumed entries. The sender drops the old epoch's grants, sends the NOPs and
+//! answers DRAINED. When that answer is in, no entry is left and no frame arrived for
+//! [`Config::quiet_ns`], the receiver posts again under the new epoch. Frames of the old
+//! epoch that still turn up fail the header check and start another drain. NOPs that
+//! find no entry are dropped by the kernel, harmlessly.
+//!
+//! **Timeouts.** A transfer of which no extent passed for
+//! [`Config::transfer_timeout_ns`] is aborted ([`Event::Aborted`]: it will never be
+//! committed); its memory is the caller's again when no fill entry points into it
+//! ([`Event::SlotsFree`]), which needs a drain, so a new session ([`Endpoint::rekey`])
+//! on the same sockets first drains what the old one left posted.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+
+use zcfs_xsk::{Desc, FrameIo, RegionError, XDP_PACKET_HEADROOM};
+
+use crate::frame::{self, Body, Macs, TagKey, HEADER_LEN, NOP_FRAME_LEN};
+use crate::layout::{self, Extent, LayoutError, Planned};
+use crate::{MAX_COMMAND, MAX_FRAME_LEN, MAX_TRANSFER_EXTENTS};
+
+/// Bytes of one chunk of scratch memory (command queue, and the data sender's frames):
+/// the kernel's headroom and the longest frame fit.
+pub const CMD_CHUNK: u64 = 2048;
+/// Command-queue chunks posted for receiving.
+pub const CMD_RX_CHUNKS: u32 = 128;
+/// Command-queue chunks for sending.
+pub const CMD_TX_CHUNKS: u32 = 128;
+/// The command queue's region must be at least this long.
+pub const CMD_REGION_LEN: usize = ((CMD_RX_CHUNKS + CMD_TX_CHUNKS) as u64 * CMD_CHUNK) as usize;
+/// Commands sent and not yet acknowledged, at most.
+pub const CMD_WINDOW: usize = 32;
+/// Commands queued behind the window, at most ([`L2Error::Busy`] beyond).
+pub const MAX_QUEUED_COMMANDS: usize = 1024;
+/// The largest credit window: posted, unconsumed data fill entries.
+pub const MAX_CREDIT_FRAMES: usize = 1024;
+/// Transfers one endpoint receives, or sends, at once.
+pub const MAX_ACTIVE_TRANSFERS: usize = 256;
+/// Committed transfer ids the receiver remembers, to answer a sender that missed DONE.
+pub const RECENT_DONE: usize = 1024;
+/// Bytes of one control record.
+pub const RECORD_LEN: usize = 20;
+/// Data frames read from the RX ring per poll.
+const RX_BATCH: usize = 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum L2Error {
+    #[error("command of {0} bytes is outside 1..={MAX_COMMAND}")]
+    CommandSize(usize),
+    #[error("too many commands queued ({MAX_QUEUED_COMMANDS})")]
+    Busy,
+    #[error("a transfer has {0} extents, outside 1..={MAX_TRANSFER_EXTENTS}")]
+    Extents(usize),
+    #[error("too many transfers at once ({MAX_ACTIVE_TRANSFERS})")]
+    TooManyTransfers,
+    #[error("transfer {0} is already being sent")]
+    DuplicateTransfer(u32),
+    #[error("extent at {0} overlaps memory that is in use (another extent, a live transfer or the scratch area)")]
+    InUse(u64),
+    #[error("an extent of {frames} frames can never fit the credit window of {credit}")]
+    ExceedsCredit { frames: usize, credit: usize },
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    #[error("configuration: {0}")]
+    Config(&'static str),
+    #[error("the fill ring took {took} of {asked} entries although it had room")]
+    FillRing { took: usize, asked: usize },
+    #[error(transparent)]
+    Region(#[from] RegionError),
+}
+
+/// Settings of one endpoint.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub local_mac: [u8; 6],
+    pub peer_mac: [u8; 6],
+    /// Retransmission and stall timeout.
+    pub rto_ns: u64,
+    /// How long no data frame must arrive after a drain before posting again (longer
+    /// than any frame stays on the link).
+    pub quiet_ns: u64,
+    /// A transfer with no progress for this long is aborted (receiver) or failed (sender).
+    pub transfer_timeout_ns: u64,
+    /// The credit window in frames, at most [`MAX_CREDIT_FRAMES`].
+    pub credit_frames: usize,
+    /// Scratch memory in the data region for frames being sent: offset and number of
+    /// [`CMD_CHUNK`]-byte chunks.
+    pub tx_scratch: (u64, u32),
+}
+
+/// What happened, for the caller.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A command from the peer, in order, once.
+    Command(Vec<u8>),
+    /// Receiver: every block of the transfer arrived and passed its checks; its bytes
+    /// are in place. Once per transfer.
+    Committed(u32),
+    /// Receiver: the transfer timed out or its session ended; it will not be committed.
+    Aborted(u32),
+    /// Receiver: no fill entry points into the aborted transfer's extents any more.
+    SlotsFree(u32),
+    /// Sender: the peer committed the transfer.
+    Delivered(u32),
+    /// Sender: the peer does not have the transfer (aborted, unknown) or did not answer.
+    Failed(u32),
+}
+
+/// Counters of one endpoint.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub commands_sent: u64,
+    pub command_retransmits: u64,
+    pub commands_received: u64,
+    pub command_duplicates: u64,
+    /// Frames refused on the command queue (bad tag, wrong peer, malformed).
+    pub refused: u64,
+    pub data_frames_sent: u64,
+    pub nops_sent: u64,
+    pub groups_sent: u64,
+    pub extents_verified: u64,
+    /// Groups whose descriptors, surviving header or CRC did not check.
+    pub groups_failed: u64,
+    pub drains: u64,
+    pub committed: u64,
+    pub aborted: u64,
+    /// Grants of an old epoch or an already sent group (duplicates, ignored).
+    pub stale_grants: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Rec {
+    Grant {
+        epoch: u32,
+        group: u32,
+        transfer: u32,
+        extent: u32,
+        blocks: u16,
+    },
+    Drain {
+        epoch: u32,
+        first_group: u32,
+        id: u32,
+        nops: u32,
+    },
+    Drained {
+        epoch: u32,
+        id: u32,
+    },
+    Done(u32),
+    Unknown(u32),
+    Status(u32),
+}
+
+impl Rec {
+    fn encode(&self, out: &mut Vec<u8>) {
+        let (k, n, a, b, c, d) = match *self {
+            Rec::Grant {
+                epoch,
+                group,
+                transfer,
+                extent,
+                blocks,
+            } => (1u8, blocks, epoch, group, transfer, extent),
+            Rec::Drain {
+                epoch,
+                first_group,
+                id,
+                nops,
+            } => (2, 0, epoch, first_group, id, nops),
+            Rec::Drained { epoch, id } => (3, 0, epoch, 0, id, 0),
+            Rec::Done(t) => (4, 0, 0, 0, t, 0),
+            Rec::Unknown(t) => (5, 0, 0, 0, t, 0),
+            Rec::Status(t) => (6, 0, 0, 0, t, 0),
+        };
+        out.push(k);
+        out.push(0);
+        out.extend_from_slice(&n.to_le_bytes());
+        for v in [a, b, c, d] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+
+    fn decode(r: &[u8]) -> Option<Rec> {
+        let u = |at: usize| u32::from_le_bytes(r[at..at + 4].try_into().expect("4"));
+        let n = u16::from_le_bytes([r[2], r[3]]);
+        let (a, b, c, d) = (u(4), u(8), u(12), u(16));
+        Some(match r[0] {
+            1 => Rec::Grant {
+                epoch: a,
+                group: b,
+                transfer: c,
+                extent: d,
+                blocks: n,
+            },
+            2 => Rec::Drain {
+                epoch: a,
+                first_group: b,
+                id: c,
+                nops: d,
+            },
+            3 => Rec::Drained { epoch: a, id: c },
+            4 => Rec::Done(c),
+            5 => Rec::Unknown(c),
+            6 => Rec::Status(c),
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RxState {
+    Active,
+    Aborted,
+}
+
+struct RxXfer {
+    extents: Vec<Extent>,
+    first_block: Vec<u32>,
+    verified: Vec<bool>,
+    nverified: usize,
+    last_progress: u64,
+    state: RxState,
+}
+
+struct Posted {
+    group: u32,
+    epoch: u32,
+    transfer: u32,
+    extent: u32,
+    plan: Vec<Planned>,
+    consumed: usize,
+    ok: bool,
+    stale: bool,
+}
+
+struct Drain {
+    id: u32,
+    issued: u64,
+    acked: Option<u64>,
+}
+
+struct TxXfer {
+    extents: Vec<Extent>,
+    first_block: Vec<u32>,
+    last_heard: u64,
+}
+
+#[derive(Clone, Copy)]
+struct Grant {
+    transfer: u32,
+    extent: u32,
+    blocks: u16,
+}
+
+/// One side of a layer-2 session.
+pub struct Endpoint<D: FrameIo, C: FrameIo> {
+    cfg: Config,
+    key: TagKey,
+    out_macs: Macs,
+    in_macs: Macs,
+    data: D,
+    cmd: C,
+    stats: Stats,
+    events: Vec<Event>,
+    now: u64,
+    // Commands.
+    c_next_seq: u32,
+    c_unacked: VecDeque<(u32, Vec<u8>)>,
+    c_queue: VecDeque<Vec<u8>>,
+    c_sent_at: u64,
+    c_expected: u32,
+    c_need_ack: bool,
+    c_tx_free: Vec<u64>,
+    ctl_out: Vec<Rec>,
+    // Receiving data.
+    r_transfers: HashMap<u32, RxXfer>,
+    r_next_id: u32,
+    r_posted: VecDeque<Posted>,
+    r_unconsumed: usize,
+    r_pending: VecDeque<(u32, u32)>,
+    r_epoch: u32,
+    r_next_group: u32,
+    r_drain: Option<Drain>,
+    r_drain_id: u32,
+    r_last_rx: u64,
+    r_last_post: u64,
+    r_recent: VecDeque<u32>,
+    r_recent_set: HashSet<u32>,
+    // Sending data.
+    s_transfers: HashMap<u32, TxXfer>,
+    s_epoch: u32,
+    s_next_group: u32,
+    s_grants: BTreeMap<u32, Grant>,
+    s_nops: u32,
+    s_drain_done: Option<(u32, u32)>,
+    s_drained_owed: bool,
+    s_frames: VecDeque<Desc>,
+    s_free: Vec<u64>,
+    s_last_status: u64,
+}
+
+fn first_blocks(extents: &[Extent]) -> Vec<u32> {
+    let mut at = 0u32;
+    extents
+        .iter()
+        .map(|e| {
+            let b = at;
+            at += e.blocks;
+            b
+        })
+        .collect()
+}
+
+impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
+    /// An endpoint of the session whose key is `session_key`, over the data queue
+    /// `data` and the command queue `cmd`. Posts the command queue's receive chunks.
+    pub fn new(cfg: Config, session_key: &[u8], data: D, mut cmd: C) -> Result<Self, L2Error> {
+        if cfg.credit_frames == 0 || cfg.credit_frames > MAX_CREDIT_FRAMES {
+            return Err(L2Error::Config(
+                "credit_frames outside 1..=MAX_CREDIT_FRAMES",
+            ));
+        }
+        if cmd.region().len() < CMD_REGION_LEN {
+            return Err(L2Error::Config(
+                "command region shorter than CMD_REGION_LEN",
+            ));
+        }
+        let (off, n) = cfg.tx_scratch;
+        let max_group = layout::frames(crate::MAX_EXTENT_BLOCKS) as u32;
+        if n < max_group {
+            return Err(L2Error::Config(
+                "tx_scratch holds fewer chunks than the largest extent has frames",
+            ));
+        }
+        match off.checked_add(n as u64 * CMD_CHUNK) {
+            Some(end) if end <= data.region().len() as u64 => {}
+            _ => return Err(L2Error::Config("tx_scratch lies beyond the data region")),
+        }
+        if cfg.rto_ns == 0 || cfg.transfer_timeout_ns < cfg.rto_ns {
+            return Err(L2Error::Config(
+                "rto_ns must be > 0 and <= transfer_timeout_ns",
+            ));
+        }
+        let rx: Vec<u64> = (0..CMD_RX_CHUNKS as u64).map(|i| i * CMD_CHUNK).collect();
+        let took = cmd.fill(&rx);
+        if took != rx.len() {
+            return Err(L2Error::FillRing {
+                took,
+                asked: rx.len(),
+            });
+        }
+        let c_tx_free = (CMD_RX_CHUNKS as u64..(CMD_RX_CHUNKS + CMD_TX_CHUNKS) as u64)
+            .map(|i| i * CMD_CHUNK)
+            .collect();
+        let s_free = (0..n as u64).map(|i| off + i * CMD_CHUNK).collect();
+        Ok(Endpoint {
+            key: TagKey::derive(session_key),
+            out_macs: Macs {
+                dst: cfg.peer_mac,
+                src: cfg.local_mac,
+            },
+            in_macs: Macs {
+                dst: cfg.local_mac,
+                src: cfg.peer_mac,
+            },
+            cfg,
+            data,
+            cmd,
+            stats: Stats::default(),
+            events: Vec::new(),
+            now: 0,
+            c_next_seq: 0,
+            c_unacked: VecDeque::new(),
+            c_queue: VecDeque::new(),
+            c_sent_at: 0,
+            c_expected: 0,
+            c_need_ack: false,
+            c_tx_free,
+            ctl_out: Vec::new(),
+            r_transfers: HashMap::new(),
+            r_next_id: 1,
+            r_posted: VecDeque::new(),
+            r_unconsumed: 0,
+            r_pending: VecDeque::new(),
+            r_epoch: 0,
+            r_next_group: 0,
+            r_drain: None,
+            r_drain_id: 0,
+            r_last_rx: 0,
+            r_last_post: 0,
+            r_recent: VecDeque::new(),
+            r_recent_set: HashSet::new(),
+            s_transfers: HashMap::new(),
+            s_epoch: 0,
+            s_next_group: 0,
+            s_grants: BTreeMap::new(),
+            s_nops: 0,
+            s_drain_done: None,
+            s_drained_owed: false,
+            s_frames: VecDeque::new(),
+            s_free,
+            s_last_status: 0,
+        })
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// The data queue (its region holds received extents and sent sources).
+    pub fn data(&self) -> &D {
+        &self.data
+    }
+
+    /// Queue a command for the peer.
+    pub fn send_command(&mut self, bytes: &[u8]) -> Result<(), L2Error> {
+        if bytes.is_empty() || bytes.len() > MAX_COMMAND {
+            return Err(L2Error::CommandSize(bytes.len()));
+        }
+        if self.c_queue.len() >= MAX_QUEUED_COMMANDS {
+            return Err(L2Error::Busy);
+        }
+        self.c_queue.push_back(bytes.to_vec());
+        Ok(())
+    }
+
+    fn live_rx_extents(&self) -> impl Iterator<Item = &Extent> {
+        self.r_transfers.values().flat_map(|t| t.extents.iter())
+    }
+
+    /// Receive a transfer into `extents` of the data region, in this order; returns its
+    /// id, which the peer's [`Endpoint::send`] needs with the same extent sizes.
+    pub fn expect(&mut self, extents: &[Extent]) -> Result<u32, L2Error> {
+        if extents.is_empty() || extents.len() > MAX_TRANSFER_EXTENTS {
+            return Err(L2Error::Extents(extents.len()));
+        }
+        if self.r_transfers.len() >= MAX_ACTIVE_TRANSFERS {
+            return Err(L2Error::TooManyTransfers);
+        }
+        let size = self.data.region().len();
+        let (soff, sn) = self.cfg.tx_scratch;
+        let scratch = (soff, soff + sn as u64 * CMD_CHUNK);
+        for (i, e) in extents.iter().enumerate() {
+            e.check_receivable(size)?;
+            let frames = layout::frames(e.blocks);
+            if frames > self.cfg.credit_frames {
+                return Err(L2Error::ExceedsCredit {
+                    frames,
+                    credit: self.cfg.credit_frames,
+                });
+            }
+            let (lo, hi) = e.touched();
+            if lo < scratch.1 && scratch.0 < hi
+                || extents[..i].iter().any(|o| layout::overlaps(o, e))
+                || self.live_rx_extents().any(|o| layout::overlaps(o, e))
+            {
+                return Err(L2Error::InUse(e.offset));
+            }
+        }
+        let id = self.r_next_id;
+        self.r_next_id = self.r_next_id.wrapping_add(1).max(1);
+        self.r_transfers.insert(
+            id,
+            RxXfer {
+                extents: extents.to_vec(),
+                first_block: first_blocks(extents),
+                verified: vec![false; extents.len()],
+                nverified: 0,
+                last_progress: self.now,
+                state: RxState::Active,
+            },
+        );
+        self.r_pending
+            .extend((0..extents.len() as u32).map(|e| (id, e)));
+        Ok(id)
+    }
+
+    /// Send the peer's transfer `id` from `extents` of the data region (as many blocks
+    /// per extent as the peer expects).
+    pub fn send(&mut self, id: u32, extents: &[Extent]) -> Result<(), L2Error> {
+        if extents.is_empty() || extents.len() > MAX_TRANSFER_EXTENTS {
+            return Err(L2Error::Extents(extents.len()));
+        }
+        if self.s_transfers.contains_key(&id) {
+            return Err(L2Error::DuplicateTransfer(id));
+        }
+        if self.s_transfers.len() >= MAX_ACTIVE_TRANSFERS {
+            return Err(L2Error::TooManyTransfers);
+        }
+        for e in extents {
+            e.check_sendable(self.data.region().len())?;
+        }
+        self.s_transfers.insert(
+            id,
+            TxXfer {
+                extents: extents.to_vec(),
+                first_block: first_blocks(extents),
+                last_heard: self.now,
+            },
+        );
+        Ok(())
+    }
+
+    /// A new session on the same sockets (the peer restarted): everything of the old
+    /// session is aborted or failed, and before anything is posted again the entries
+    /// the old session left posted are drained.
+    pub fn rekey(&mut self, session_key: &[u8]) {
+        self.key = TagKey::derive(session_key);
+        self.c_next_seq = 0;
+        self.c_unacked.clear();
+        self.c_queue.clear();
+        self.c_expected = 0;
+        self.c_need_ack = false;
+        self.ctl_out.clear();
+        let ids: Vec<u32> = self.r_transfers.keys().copied().collect();
+        for id in ids {
+            self.abort(id);
+        }
+        self.r_recent.clear();
+        self.r_recent_set.clear();
+        self.start_drain(None);
+        for id in self.s_transfers.keys() {
+            self.events.push(Event::Failed(*id));
+        }
+        self.s_transfers.clear();
+        self.s_epoch = 0;
+        self.s_next_group = 0;
+        self.s_grants.clear();
+        self.s_nops = 0;
+        self.s_drain_done = None;
+        self.s_drained_owed = false;
+        self.free_unsent();
+        self.release_check();
+    }
+
+    /// Do everything due at time `now` (nanoseconds, monotonic) and return what happened.
+    pub fn poll(&mut self, now: u64) -> Result<Vec<Event>, L2Error> {
+        self.now = now;
+        self.cmd_rx()?;
+        self.data_rx()?;
+        self.rx_timers()?;
+        self.tx_timers();
+        self.tx_pump()?;
+        self.cmd_pump()?;
+        Ok(std::mem::take(&mut self.events))
+    }
+
+    // ---- commands and control records ----
+
+    fn cmd_rx(&mut self) -> Result<(), L2Error> {
+        let mut descs = Vec::new();
+        self.cmd.recv(&mut descs, CMD_RX_CHUNKS as usize);
+        let mut buf = vec![0u8; MAX_FRAME_LEN];
+        for d in descs {
+            let chunk = d.addr.wrapping_sub(XDP_PACKET_HEADROOM);
+            let ours = d.addr >= XDP_PACKET_HEADROOM
+                && chunk % CMD_CHUNK == 0
+                && chunk < CMD_RX_CHUNKS as u64 * CMD_CHUNK;
+            if !ours || d.len as usize > MAX_FRAME_LEN {
+                // Not a descriptor we posted: nothing to read or post again.
+                self.stats.refused += 1;
+                continue;
+            }
+            let f = &mut buf[..d.len as usize];
+            self.cmd.region().read(d.addr, f)?;
+            let took = self.cmd.fill(&[chunk]);
+            debug_assert_eq!(took, 1, "a consumed chunk always fits back");
+            match frame::decode(f, self.in_macs, &self.key) {
+                Err(_) => self.stats.refused += 1,
+                Ok((Body::Command { seq, ack, len }, payload)) => {
+                    self.on_ack(ack);
+                    if len > 0 {
+                        self.c_need_ack = true;
+                        if seq == self.c_expected {
+                            self.c_expected = self.c_expected.wrapping_add(1);
+                            self.stats.commands_received += 1;
+                            self.events.push(Event::Command(payload.to_vec()));
+                        } else {
+                            self.stats.command_duplicates += 1;
+                        }
+                    }
+                }
+                Ok((Body::Control { .. }, payload)) => {
+                    if payload.len() % RECORD_LEN != 0 {
+                        self.stats.refused += 1;
+                        continue;
+                    }
+                    let recs: Vec<Rec> =
+                        payload.chunks(RECORD_LEN).filter_map(Rec::decode).collect();
+                    for r in recs {
+                        self.on_record(r);
+                    }
+                }
+                Ok(_) => self.stats.refused += 1,
+            }
+        }
+        Ok(())
+    }
+
+    fn on_ack(&mut self, ack: u32) {
+        // Ignore an ack of something never sent.
+        if (ack.wrapping_sub(self.c_next_seq) as i32) > 0 {
+            return;
+        }
+        let mut popped = false;
+        while let Some((seq, _)) = self.c_unacked.front() {
+            if (seq.wrapping_sub(ack) as i32) < 0 {
+                self.c_unacked.pop_front();
+                popped = true;
+            } else {
+                break;
+            }
+        }
+        if popped {
+            self.c_sent_at = self.now;
+        }
+    }
+
+    fn send_cmd_frame(&mut self, body: Body, payload: &[u8]) -> Result<bool, L2Error> {
+        let mut done = Vec::new();
+        self.cmd.completions(&mut done, usize::MAX);
+        self.c_tx_free.extend(done);
+        let Some(chunk) = self.c_tx_free.pop() else {
+            return Ok(false);
+        };
+        let f = frame::build(self.out_macs, &body, payload, &self.key);
+        self.cmd.region().write(chunk, &f)?;
+        if self.cmd.transmit(&[Desc {
+            addr: chunk,
+            len: f.len() as u32,
+        }]) == 0
+        {
+            self.c_tx_free.push(chunk);
+            return Ok(false);
+        }
+        if let Body::Command { .. } = body {
+            self.c_need_ack = false;
+        }
+        Ok(true)
+    }
+
+    fn cmd_pump(&mut self) -> Result<(), L2Error> {
+        // Retransmit the window (go-back-N) when its oldest waited an RTO.
+        if !self.c_unacked.is_empty() && self.now.saturating_sub(self.c_sent_at) >= self.cfg.rto_ns
+        {
+            let resend: Vec<(u32, Vec<u8>)> = self.c_unacked.iter().cloned().collect();
+            for (seq, m) in resend {
+                let body = Body::Command {
+                    seq,
+                    ack: self.c_expected,
+                    len: m.len() as u32,
+                };
+                if !self.send_cmd_frame(body, &m)? {
+                    break;
+                }
+                self.stats.command_retransmits += 1;
+            }
+            self.c_sent_at = self.now;
+        }
+        while self.c_unacked.len() < CMD_WINDOW {
+            let Some(m) = self.c_queue.pop_front() else {
+                break;
+            };
+            let seq = self.c_next_seq;
+            let body = Body::Command {
+                seq,
+                ack: self.c_expected,
+                len: m.len() as u32,
+            };
+            if !self.send_cmd_frame(body, &m)? {
+                self.c_queue.push_front(m);
+                break;
+            }
+            self.stats.commands_sent += 1;
+            if self.c_unacked.is_empty() {
+                self.c_sent_at = self.now;
+            }
+            self.c_next_seq = seq.wrapping_add(1);
+            self.c_unacked.push_back((seq, m));
+        }
+        if self.c_need_ack {
+            let body = Body::Command {
+                seq: self.c_next_seq,
+                ack: self.c_expected,
+                len: 0,
+            };
+            self.send_cmd_frame(body, &[])?;
+        }
+        let per_frame = crate::MAX_PAYLOAD / RECORD_LEN;
+        while !self.ctl_out.is_empty() {
+            let n = per_frame.min(self.ctl_out.len());
+            let mut p = Vec::with_capacity(n * RECORD_LEN);
+            for r in &self.ctl_out[..n] {
+                r.encode(&mut p);
+            }
+            let body = Body::Control {
+                len: p.len() as u32,
+            };
+            if !self.send_cmd_frame(body, &p)? {
+                break;
+            }
+            self.ctl_out.drain(..n);
+        }
+        Ok(())
+    }
+
+    fn on_record(&mut self, r: Rec) {
+        match r {
+            // To our sender side.
+            Rec::Grant {
+                epoch,
+                group,
+                transfer,
+                extent,
+                blocks,
+            } => {
+                if epoch != self.s_epoch
+                    || (group.wrapping_sub(self.s_next_group) as i32) < 0
+                    || self.s_grants.len() >= MAX_CREDIT_FRAMES
+                {
+                    self.stats.stale_grants += 1;
+                    return;
+                }
+                if let Some(t) = self.s_transfers.get_mut(&transfer) {
+                    t.last_heard = self.now;
+                }
+                self.s_grants.insert(
+                    group,
+                    Grant {
+                        transfer,
+                        extent,
+                        blocks,
+                    },
+                );
+            }
+            Rec::Drain {
+                epoch,
+                first_group,
+                id,
+                nops,
+            } => {
+                let newer = match self.s_drain_done {
+                    None => true,
+                    Some(done) => (epoch, id) > done,
+                };
+                if newer {
+                    self.s_epoch = epoch;
+                    self.s_next_group = first_group;
+                    self.s_grants.clear();
+                    self.free_unsent();
+                    self.s_nops = self
+                        .s_nops
+                        .saturating_add(nops)
+                        .min((MAX_CREDIT_FRAMES + crate::sim::FILL_RING) as u32);
+                    self.s_drain_done = Some((epoch, id));
+                    self.s_drained_owed = true;
+                } else if Some((epoch, id)) == self.s_drain_done {
+                    self.s_drained_owed = true;
+                }
+            }
+            Rec::Done(t) => {
+                if self.s_transfers.remove(&t).is_some() {
+                    self.events.push(Event::Delivered(t));
+                }
+            }
+            Rec::Unknown(t) => {
+                if self.s_transfers.remove(&t).is_some() {
+                    self.events.push(Event::Failed(t));
+                }
+            }
+            // To our receiver side.
+            Rec::Drained { epoch, id } => {
+                if let Some(d) = &mut self.r_drain {
+                    if d.id == id && epoch == self.r_epoch && d.acked.is_none() {
+                        d.acked = Some(self.now);
+                    }
+                }
+            }
+            Rec::Status(t) => {
+                let active =
+                    matches!(self.r_transfers.get(&t), Some(x) if x.state == RxState::Active);
+                if self.r_recent_set.contains(&t) {
+                    self.ctl_out.push(Rec::Done(t));
+                } else if !active {
+                    self.ctl_out.push(Rec::Unknown(t));
+                }
+            }
+        }
+    }
+
+    // ---- receiving data ----
+
+    fn data_rx(&mut self) -> Result<(), L2Error> {
+        let mut descs = Vec::new();
+        self.data.recv(&mut descs, RX_BATCH);
+        for d in descs {
+            self.r_last_rx = self.now;
+            let Some(g) = self.r_posted.front_mut() else {
+                // The kernel only fills what we posted; count it and go on.
+                self.stats.groups_failed += 1;
+                continue;
+            };
+            let p = g.plan[g.consumed];
+            if d.addr != p.fill + XDP_PACKET_HEADROOM || d.len != p.len {
+                g.ok = false;
+            }
+            g.consumed += 1;
+            self.r_unconsumed -= 1;
+            if g.consumed == g.plan.len() {
+                let g = self.r_posted.pop_front().expect("front");
+                self.evaluate(g)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn evaluate(&mut self, g: Posted) -> Result<(), L2Error> {
+        let live = !g.stale
+            && matches!(self.r_transfers.get(&g.transfer), Some(t) if t.state == RxState::Active);
+        if !live {
+            self.release_check();
+            return Ok(());
+        }
+        let t = &self.r_transfers[&g.transfer];
+        let ext = t.extents[g.extent as usize];
+        let first = t.first_block[g.extent as usize];
+        let ok = g.ok && self.check_front(&g, &ext, first)?;
+        if !ok {
+            self.stats.groups_failed += 1;
+            self.start_drain(Some(g));
+            return Ok(());
+        }
+        self.stats.extents_verified += 1;
+        let t = self.r_transfers.get_mut(&g.transfer).expect("live");
+        if !t.verified[g.extent as usize] {
+            t.verified[g.extent as usize] = true;
+            t.nverified += 1;
+        }
+        t.last_progress = self.now;
+        if t.nverified == t.extents.len() {
+            self.r_transfers.remove(&g.transfer);
+            self.stats.committed += 1;
+            self.events.push(Event::Committed(g.transfer));
+            self.ctl_out.push(Rec::Done(g.transfer));
+            self.r_recent.push_back(g.transfer);
+            self.r_recent_set.insert(g.transfer);
+            if self.r_recent.len() > RECENT_DONE {
+                let old = self.r_recent.pop_front().expect("nonempty");
+                self.r_recent_set.remove(&old);
+            }
+        }
+        Ok(())
+    }
+
+    /// The surviving header in front of the extent and the extent's CRC.
+    fn check_front(&self, g: &Posted, ext: &Extent, first: u32) -> Result<bool, L2Error> {
+        let mut h = [0u8; HEADER_LEN];
+        self.data
+            .region()
+            .read(ext.offset - HEADER_LEN as u64, &mut h)?;
+        let Ok((
+            Body::Data {
+                seg,
+                epoch,
+                group,
+                transfer,
+                block,
+                crc,
+            },
+            _,
+        )) = frame::decode(&h, self.in_macs, &self.key)
+        else {
+            return Ok(false);
+        };
+        if (seg, epoch, group, transfer, block) != (0, g.epoch, g.group, g.transfer, first) {
+            return Ok(false);
+        }
+        Ok(self
+            .data
+            .region()
+            .crc32c(ext.offset, ext.bytes() as usize)?
+            == crc)
+    }
+
+    fn start_drain(&mut self, failed: Option<Posted>) {
+        let mut back = Vec::new();
+        if let Some(g) = failed {
+            back.push((g.transfer, g.extent));
+        }
+        for g in self.r_posted.iter_mut() {
+            if !g.stale {
+                g.stale = true;
+                back.push((g.transfer, g.extent));
+            }
+        }
+        for x in back.into_iter().rev() {
+            self.r_pending.push_front(x);
+        }
+        self.r_epoch += 1;
+        self.r_drain_id = self.r_drain_id.wrapping_add(1);
+        self.r_drain = Some(Drain {
+            id: self.r_drain_id,
+            issued: self.now,
+            acked: None,
+        });
+        self.stats.drains += 1;
+        self.push_drain();
+    }
+
+    fn push_drain(&mut self) {
+        if let Some(d) = &self.r_drain {
+            self.ctl_out.push(Rec::Drain {
+                epoch: self.r_epoch,
+                first_group: self.r_next_group,
+                id: d.id,
+                nops: self.r_unconsumed as u32,
+            });
+        }
+    }
+
+    fn abort(&mut self, id: u32) {
+        if let Some(t) = self.r_transfers.get_mut(&id) {
+            if t.state == RxState::Active {
+                t.state = RxState::Aborted;
+                self.stats.aborted += 1;
+                self.events.push(Event::Aborted(id));
+                self.r_pending.retain(|(x, _)| *x != id);
+            }
+        }
+    }
+
+    /// Hand back aborted transfers no posted entry points into.
+    fn release_check(&mut self) {
+        let posted: HashSet<u32> = self.r_posted.iter().map(|g| g.transfer).collect();
+        let free: Vec<u32> = self
+            .r_transfers
+            .iter()
+            .filter(|(id, t)| t.state == RxState::Aborted && !posted.contains(id))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in free {
+            self.r_transfers.remove(&id);
+            self.events.push(Event::SlotsFree(id));
+        }
+    }
+
+    fn rx_timers(&mut self) -> Result<(), L2Error> {
+        let now = self.now;
+        let expired: Vec<u32> = self
+            .r_transfers
+            .iter()
+            .filter(|(_, t)| {
+                t.state == RxState::Active
+                    && now.saturating_sub(t.last_progress) >= self.cfg.transfer_timeout_ns
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in expired {
+            self.abort(id);
+        }
+        self.release_check();
+        if let Some(d) = &mut self.r_drain {
+            match d.acked {
+                Some(at)
+                    if self.r_unconsumed == 0
+                        && now >= at.max(self.r_last_rx).saturating_add(self.cfg.quiet_ns) =>
+                {
+                    self.r_drain = None;
+                }
+                _ if now.saturating_sub(d.issued) >= self.cfg.rto_ns => {
+                    if d.acked.is_some() {
+                        // The NOPs came short (lost): ask for the rest.
+                        self.r_drain_id = self.r_drain_id.wrapping_add(1);
+                        d.id = self.r_drain_id;
+                        d.acked = None;
+                    }
+                    d.issued = now;
+                    self.push_drain();
+                }
+                _ => {}
+            }
+            if self.r_drain.is_some() {
+                return Ok(());
+            }
+        } else if self.r_unconsumed > 0
+            && now.saturating_sub(self.r_last_rx.max(self.r_last_post)) >= self.cfg.rto_ns
+        {
+            // Posted entries and nothing arriving: a loss at the end, or a lost grant.
+            self.start_drain(None);
+            return Ok(());
+        }
+        self.post()
+    }
+
+    fn post(&mut self) -> Result<(), L2Error> {
+        while let Some(&(id, e)) = self.r_pending.front() {
+            let Some(t) = self
+                .r_transfers
+                .get(&id)
+                .filter(|t| t.state == RxState::Active)
+            else {
+                self.r_pending.pop_front();
+                continue;
+            };
+            if t.verified[e as usize] {
+                self.r_pending.pop_front();
+                continue;
+            }
+            let ext = t.extents[e as usize];
+            let plan = layout::fill_plan(&ext);
+            let n = plan.len();
+            if self.r_unconsumed + n > self.cfg.credit_frames || self.data.fill_free() < n {
+                break;
+            }
+            let fills: Vec<u64> = plan.iter().map(|p| p.fill).collect();
+            let took = self.data.fill(&fills);
+            if took != n {
+                return Err(L2Error::FillRing { took, asked: n });
+            }
+            self.r_pending.pop_front();
+            let group = self.r_next_group;
+            self.r_next_group = group.wrapping_add(1);
+            self.r_unconsumed += n;
+            self.r_last_post = self.now;
+            self.ctl_out.push(Rec::Grant {
+                epoch: self.r_epoch,
+                group,
+                transfer: id,
+                extent: e,
+                blocks: ext.blocks as u16,
+            });
+            self.r_posted.push_back(Posted {
+                group,
+                epoch: self.r_epoch,
+                transfer: id,
+                extent: e,
+                plan,
+                consumed: 0,
+                ok: true,
+                stale: false,
+            });
+        }
+        Ok(())
+    }
+
+    // ---- sending data ----
+
+    fn free_unsent(&mut self) {
+        let unsent: Vec<u64> = self.s_frames.drain(..).map(|d| d.addr).collect();
+        self.s_free.extend(unsent);
+    }
+
+    fn tx_timers(&mut self) {
+        let now = self.now;
+        let rto = self.cfg.rto_ns;
+        let failed: Vec<u32> = self
+            .s_transfers
+            .iter()
+            .filter(|(_, t)| now.saturating_sub(t.last_heard) >= self.cfg.transfer_timeout_ns)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in failed {
+            self.s_transfers.remove(&id);
+            self.events.push(Event::Failed(id));
+        }
+        if now.saturating_sub(self.s_last_status) >= rto {
+            self.s_last_status = now;
+            let ask: Vec<u32> = self
+                .s_transfers
+                .iter()
+                .filter(|(_, t)| now.saturating_sub(t.last_heard) >= rto)
+                .map(|(id, _)| *id)
+                .collect();
+            self.ctl_out.extend(ask.into_iter().map(Rec::Status));
+        }
+    }
+
+    fn tx_pump(&mut self) -> Result<(), L2Error> {
+        let mut done = Vec::new();
+        self.data.completions(&mut done, usize::MAX);
+        self.s_free.extend(done);
+        loop {
+            if !self.s_frames.is_empty() {
+                let batch: Vec<Desc> = self.s_frames.iter().copied().collect();
+                let n = self.data.transmit(&batch);
+                self.s_frames.drain(..n);
+                if !self.s_frames.is_empty() {
+                    return Ok(());
+                }
+                continue;
+            }
+            if self.s_nops > 0 {
+                let k = (self.s_nops as usize).min(self.s_free.len());
+                if k == 0 {
+                    return Ok(());
+                }
+                let mut h = [0u8; HEADER_LEN];
+                frame::encode(
+                    &mut h,
+                    self.out_macs,
+                    &Body::Nop {
+                        epoch: self.s_epoch,
+                    },
+                    &[],
+                    &self.key,
+                );
+                let mut f = h.to_vec();
+                f.resize(NOP_FRAME_LEN, 0);
+                for _ in 0..k {
+                    let chunk = self.s_free.pop().expect("counted");
+                    self.data.region().write(chunk, &f)?;
+                    self.s_frames.push_back(Desc {
+                        addr: chunk,
+                        len: NOP_FRAME_LEN as u32,
+                    });
+                }
+                self.s_nops -= k as u32;
+                self.stats.nops_sent += k as u64;
+                continue;
+            }
+            if self.s_drained_owed {
+                self.s_drained_owed = false;
+                let (epoch, id) = self.s_drain_done.expect("owed after a drain");
+                self.ctl_out.push(Rec::Drained { epoch, id });
+                continue;
+            }
+            let Some(&g) = self.s_grants.get(&self.s_next_group) else {
+                return Ok(());
+            };
+            let Some(t) = self.s_transfers.get(&g.transfer) else {
+                // Not (yet) told to send it; the receiver drains if it waits too long.
+                return Ok(());
+            };
+            let e = g.extent as usize;
+            if e >= t.extents.len() || t.extents[e].blocks != g.blocks as u32 {
+                // The peer's plan and ours disagree: this transfer cannot succeed.
+                self.s_transfers.remove(&g.transfer);
+                self.s_grants.remove(&self.s_next_group);
+                self.events.push(Event::Failed(g.transfer));
+                return Ok(());
+            }
+            let src = t.extents[e];
+            let segs = layout::segments(src.blocks);
+            if self.s_free.len() < segs.len() {
+                return Ok(());
+            }
+            let body_for = |seg: u16, crc: u32| Body::Data {
+                seg,
+                epoch: self.s_epoch,
+                group: self.s_next_group,
+                transfer: g.transfer,
+                block: t.first_block[e],
+                crc,
+            };
+            let crc = self
+                .data
+                .region()
+                .crc32c(src.offset, src.bytes() as usize)?;
+            let mut frames = Vec::with_capacity(segs.len());
+            for s in &segs {
+                let chunk = self.s_free.pop().expect("counted");
+                let mut h = [0u8; HEADER_LEN];
+                frame::encode(
+                    &mut h,
+                    self.out_macs,
+                    &body_for(s.index, crc),
+                    &[],
+                    &self.key,
+                );
+                let r = self.data.region();
+                r.write(chunk, &h)?;
+                r.copy_within(
+                    src.offset + s.start as u64,
+                    chunk + HEADER_LEN as u64,
+                    s.len as usize,
+                )?;
+                frames.push(Desc {
+                    addr: chunk,
+                    len: s.frame_len(),
+                });
+            }
+            self.stats.data_frames_sent += frames.len() as u64;
+            self.stats.groups_sent += 1;
+            self.s_frames.extend(frames);
+            self.s_grants.remove(&self.s_next_group);
+            self.s_next_group = self.s_next_group.wrapping_add(1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip() {
+        let recs = [
+            Rec::Grant {
+                epoch: 1,
+                group: 2,
+                transfer: 3,
+                extent: 4,
+                blocks: 5,
+            },
+            Rec::Drain {
+                epoch: 6,
+                first_group: 7,
+                id: 8,
+                nops: 9,
+            },
+            Rec::Drained { epoch: 10, id: 11 },
+            Rec::Done(12),
+            Rec::Unknown(13),
+            Rec::Status(14),
+        ];
+        for r in recs {
+            let mut b = Vec::new();
+            r.encode(&mut b);
+            assert_eq!(b.len(), RECORD_LEN);
+            assert_eq!(Rec::decode(&b), Some(r));
+        }
+        assert_eq!(Rec::decode(&[0u8; RECORD_LEN]), None);
+    }
+}
