@@ -1018,14 +1018,13 @@ impl Backend for RemoteFs {
         {
             let mut m = lock(&self.meta);
             m.attrs.remove(&ino);
-            m.no_xattr.remove(&(ino, n.to_vec()));
+            m.forget_xattr_absent(ino, n);
         }
         self.call(ctx, req).map(|_| ())
     }
 
     fn getxattr(&self, ctx: &Ctx, ino: u64, n: &[u8]) -> Result<Vec<u8>> {
         let xname = XattrName::new(n).map_err(invalid)?;
-        let key = (ino, n.to_vec());
         // `system.` and `security.` names are looked up without a permission check (as
         // on Linux), so the attributes saying the inode has none answer for any
         // caller: `ls -l` asks two per file.
@@ -1033,11 +1032,7 @@ impl Backend for RemoteFs {
         if unchecked && self.known_without_xattrs(ino) {
             return Err(Error::errno(libc::ENODATA));
         }
-        if lock(&self.meta)
-            .no_xattr
-            .get(&key)
-            .is_some_and(|t| self.ttl_ok(t))
-        {
+        if lock(&self.meta).xattr_absent(ino, n, self.client.config().attr_ttl) {
             return Err(Error::errno(libc::ENODATA));
         }
         let req = GetxattrReq {
@@ -1048,7 +1043,7 @@ impl Backend for RemoteFs {
             Ok(r) => Ok(r.value.into_bytes()),
             Err(e) => {
                 if e.errno == libc::ENODATA && self.caching() {
-                    lock(&self.meta).no_xattr.insert(key, Instant::now());
+                    lock(&self.meta).set_xattr_absent(ino, n, self.client.config().attr_ttl);
                 }
                 Err(e)
             }

@@ -28,8 +28,9 @@ pub(super) struct Node {
 pub(super) struct Meta {
     pub(super) attrs: HashMap<u64, (Attr, Instant)>,
     pub(super) names: HashMap<(u64, Vec<u8>), (u64, Instant)>,
-    /// Extended attributes known to be absent: `ls -l` asks for ACLs of every entry.
-    pub(super) no_xattr: HashMap<(u64, Vec<u8>), Instant>,
+    /// Extended attributes known to be absent, by inode (`ls -l` asks for ACLs of
+    /// every entry): names and when the server said so.
+    pub(super) no_xattr: HashMap<u64, Vec<(Vec<u8>, Instant)>>,
     pub(super) nodes: HashMap<u64, Node>,
     /// The session epoch `server_refs` count in (the client's, set by revalidation).
     pub(super) epoch: u64,
@@ -42,11 +43,19 @@ impl Meta {
         self.no_xattr.clear();
     }
 
-    /// How old the oldest copy of `ino`'s attributes or names is that is still
-    /// answered from (younger than `ttl`; zero when there is none): a lookup or
-    /// getattr answered now may be that old.
+    /// How old the oldest copy of `ino`'s attributes, names or absent extended
+    /// attributes is that is still answered from (younger than `ttl`; zero when there
+    /// is none): a lookup or getattr answered now may be that old. Absent xattrs count
+    /// because the kernel caches POSIX ACLs with the attributes (FUSE_POSIX_ACL): an
+    /// old "no ACL" answered after a fresh getattr would live a whole timeout more.
     pub(super) fn age(&self, ino: u64, ttl: Duration) -> Duration {
         let attr = self.attrs.get(&ino).map(|(_, t)| t.elapsed());
+        let absent = self
+            .no_xattr
+            .get(&ino)
+            .into_iter()
+            .flatten()
+            .map(|(_, t)| t.elapsed());
         let names = self.nodes.get(&ino).into_iter().flat_map(|n| {
             n.names
                 .iter()
@@ -55,10 +64,36 @@ impl Meta {
                 .map(|(_, t)| t.elapsed())
         });
         attr.into_iter()
+            .chain(absent)
             .chain(names)
             .filter(|age| *age < ttl)
             .max()
             .unwrap_or(Duration::ZERO)
+    }
+
+    /// Whether the server said `name` of `ino` is absent less than `ttl` ago.
+    pub(super) fn xattr_absent(&self, ino: u64, name: &[u8], ttl: Duration) -> bool {
+        self.no_xattr
+            .get(&ino)
+            .is_some_and(|v| v.iter().any(|(n, t)| n == name && t.elapsed() < ttl))
+    }
+
+    /// The server says `name` of `ino` is absent (now).
+    pub(super) fn set_xattr_absent(&mut self, ino: u64, name: &[u8], ttl: Duration) {
+        let v = self.no_xattr.entry(ino).or_default();
+        // Expired entries go; the list stays as short as the names asked within a timeout.
+        v.retain(|(n, t)| n != name && t.elapsed() < ttl);
+        v.push((name.to_vec(), Instant::now()));
+    }
+
+    /// `name` of `ino` may exist now.
+    pub(super) fn forget_xattr_absent(&mut self, ino: u64, name: &[u8]) {
+        if let Some(v) = self.no_xattr.get_mut(&ino) {
+            v.retain(|(n, _)| n != name);
+            if v.is_empty() {
+                self.no_xattr.remove(&ino);
+            }
+        }
     }
 
     /// Drop what we know of `ino` (its names and attributes too).
@@ -72,6 +107,7 @@ impl Meta {
             }
         }
         self.attrs.remove(&ino);
+        self.no_xattr.remove(&ino);
     }
 
     /// `ino` may be unheld now: if our caller holds no reference, the server's
@@ -187,5 +223,47 @@ impl RemoteFs {
                 }
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ACL: &[u8] = b"system.posix_acl_access";
+
+    #[test]
+    fn an_absent_xattr_counts_in_the_age_of_its_inode_until_forgotten() {
+        let ttl = Duration::from_secs(60);
+        let mut m = Meta::default();
+        m.set_xattr_absent(5, ACL, ttl);
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(m.xattr_absent(5, ACL, ttl));
+        assert!(!m.xattr_absent(5, b"user.x", ttl));
+        assert!(!m.xattr_absent(6, ACL, ttl));
+        assert!(m.age(5, ttl) >= Duration::from_millis(20), "absent xattr not counted");
+        assert_eq!(m.age(6, ttl), Duration::ZERO);
+        m.forget_xattr_absent(5, ACL);
+        assert!(!m.xattr_absent(5, ACL, ttl));
+        assert_eq!(m.age(5, ttl), Duration::ZERO);
+        assert!(m.no_xattr.is_empty(), "an inode with no names left stays listed");
+    }
+
+    #[test]
+    fn an_expired_absent_xattr_is_not_answered_and_goes_when_the_inode_is_asked_again() {
+        let ttl = Duration::from_millis(10);
+        let mut m = Meta::default();
+        m.set_xattr_absent(5, ACL, ttl);
+        m.set_xattr_absent(5, b"user.a", ttl);
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(!m.xattr_absent(5, ACL, ttl));
+        assert_eq!(m.age(5, ttl), Duration::ZERO, "an expired entry still ages the inode");
+        m.set_xattr_absent(5, b"user.b", ttl);
+        assert_eq!(m.no_xattr[&5].len(), 1, "expired names were kept");
+        m.no_xattr.remove(&5);
+        m.nodes.insert(7, Node::default());
+        m.set_xattr_absent(7, ACL, ttl);
+        m.drop_node(7);
+        assert!(m.no_xattr.is_empty());
     }
 }
