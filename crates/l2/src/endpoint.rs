@@ -41,7 +41,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
-use zcfs_xsk::{Desc, FrameIo, RegionError, XDP_PACKET_HEADROOM};
+use zcfs_xsk::{Desc, FrameIo, RegionError, TX_ADDR_ALIGN, XDP_PACKET_HEADROOM};
 
 use crate::frame::{self, Body, Macs, TagKey, HEADER_LEN, NOP_FRAME_LEN};
 use crate::layout::{self, Extent, LayoutError, Planned};
@@ -50,6 +50,8 @@ use crate::{MAX_COMMAND, MAX_FRAME_LEN, MAX_TRANSFER_EXTENTS};
 /// Bytes of one chunk of scratch memory (command queue, and the data sender's frames):
 /// the kernel's headroom and the longest frame fit.
 pub const CMD_CHUNK: u64 = 2048;
+// Scratch chunks are sent from: they start at TX_ADDR_ALIGN multiples.
+const _: () = assert!(CMD_CHUNK % TX_ADDR_ALIGN == 0);
 /// Command-queue chunks posted for receiving.
 pub const CMD_RX_CHUNKS: u32 = 128;
 /// Command-queue chunks for sending.
@@ -359,6 +361,13 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
         if n < max_group {
             return Err(L2Error::Config(
                 "tx_scratch holds fewer chunks than the largest extent has frames",
+            ));
+        }
+        if off % TX_ADDR_ALIGN != 0 {
+            // The frames are sent from off + i * CMD_CHUNK; an odd address comes back
+            // from the kernel's completion ring with bit 0 cleared (copy mode, 6.18).
+            return Err(L2Error::Config(
+                "tx_scratch offset is not a multiple of TX_ADDR_ALIGN",
             ));
         }
         match off.checked_add(n as u64 * CMD_CHUNK) {
