@@ -12,7 +12,9 @@ use zcfs_l2::endpoint::{CMD_CHUNK, CMD_REGION_LEN};
 use zcfs_l2::inject::{Lossy, LossyHandle};
 use zcfs_l2::{Config, Endpoint};
 use zcfs_netns::{owned_name, Pair, CLI_IF, SRV_IF};
-use zcfs_xsk::{mac_address, xdp_object_available, Region, XdpProgram, XskConfig, XskSocket};
+use zcfs_xsk::{
+    mac_address, xdp_object_available, Region, XdpProgram, XskConfig, XskError, XskSocket,
+};
 
 pub type Io = Lossy<XskSocket>;
 pub type Ep = Endpoint<Io, Io>;
@@ -98,8 +100,8 @@ impl Link {
         let cmd = Arc::new(Region::anonymous(CMD_LEN).expect("command region"));
         let (d, c) = ns
             .run(move || {
-                let d = XskSocket::new(data, ifname, 0, cfg).expect("data socket");
-                let c = XskSocket::new(cmd, ifname, 1, cfg).expect("command socket");
+                let d = bind_retrying(|| XskSocket::new(data.clone(), ifname, 0, cfg));
+                let c = bind_retrying(|| XskSocket::new(cmd.clone(), ifname, 1, cfg));
                 (d, c)
             })
             .expect("entering the namespace");
@@ -119,6 +121,24 @@ impl Link {
             (self.cli.mac, self.srv.mac)
         }
     }
+}
+
+/// Tries of a bind whose queue is still busy.
+const BIND_TRIES: u32 = 200;
+
+/// Make a socket, trying again while the queue is busy: the kernel releases a closed
+/// socket's buffer pool from a work queue, so a process restarted on the same queue can
+/// find it busy (EBUSY) for a moment.
+fn bind_retrying(mut make: impl FnMut() -> Result<XskSocket, XskError>) -> XskSocket {
+    for _ in 1..BIND_TRIES {
+        match make() {
+            Err(XskError::Bind { source, .. }) if source.raw_os_error() == Some(libc::EBUSY) => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            other => return other.expect("socket"),
+        }
+    }
+    make().expect("socket (queue busy for BIND_TRIES tries)")
 }
 
 /// An endpoint and the test's handles on its two lossy wrappers.
