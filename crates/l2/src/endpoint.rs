@@ -51,7 +51,7 @@ use crate::{MAX_COMMAND, MAX_FRAME_LEN, MAX_TRANSFER_EXTENTS};
 /// the kernel's headroom and the longest frame fit.
 pub const CMD_CHUNK: u64 = 2048;
 // Scratch chunks are sent from: they start at TX_ADDR_ALIGN multiples.
-const _: () = assert!(CMD_CHUNK % TX_ADDR_ALIGN == 0);
+const _: () = assert!(CMD_CHUNK.is_multiple_of(TX_ADDR_ALIGN));
 /// Command-queue chunks posted for receiving.
 pub const CMD_RX_CHUNKS: u32 = 128;
 /// Command-queue chunks for sending.
@@ -363,7 +363,7 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
                 "tx_scratch holds fewer chunks than the largest extent has frames",
             ));
         }
-        if off % TX_ADDR_ALIGN != 0 {
+        if !off.is_multiple_of(TX_ADDR_ALIGN) {
             // The frames are sent from off + i * CMD_CHUNK; an odd address comes back
             // from the kernel's completion ring with bit 0 cleared (copy mode, 6.18).
             return Err(L2Error::Config(
