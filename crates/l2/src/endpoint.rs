@@ -450,6 +450,18 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
         &self.data
     }
 
+    /// Sleep until a data frame arrives or `timeout` passed (a caller that expects data,
+    /// e.g. a read's reply, and does not busy-poll).
+    pub fn wait_data(&mut self, timeout: std::time::Duration) -> std::io::Result<bool> {
+        self.data.wait(timeout)
+    }
+
+    /// Sleep until a command-queue frame arrives or `timeout` passed (a caller that
+    /// expects a command, a grant or an acknowledgement, and does not busy-poll).
+    pub fn wait_command(&mut self, timeout: std::time::Duration) -> std::io::Result<bool> {
+        self.cmd.wait(timeout)
+    }
+
     /// Queue a command for the peer.
     pub fn send_command(&mut self, bytes: &[u8]) -> Result<(), L2Error> {
         if bytes.is_empty() || bytes.len() > MAX_COMMAND {
