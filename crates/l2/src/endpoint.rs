@@ -41,7 +41,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
-use zcfs_xsk::{Desc, FrameIo, RegionError, XDP_PACKET_HEADROOM};
+use zcfs_xsk::{Desc, FrameIo, RegionError, TX_ADDR_ALIGN, XDP_PACKET_HEADROOM};
 
 use crate::frame::{self, Body, Macs, TagKey, HEADER_LEN, NOP_FRAME_LEN};
 use crate::layout::{self, Extent, LayoutError, Planned};
@@ -50,6 +50,8 @@ use crate::{MAX_COMMAND, MAX_FRAME_LEN, MAX_TRANSFER_EXTENTS};
 /// Bytes of one chunk of scratch memory (command queue, and the data sender's frames):
 /// the kernel's headroom and the longest frame fit.
 pub const CMD_CHUNK: u64 = 2048;
+// Scratch chunks are sent from: they start at TX_ADDR_ALIGN multiples.
+const _: () = assert!(CMD_CHUNK.is_multiple_of(TX_ADDR_ALIGN));
 /// Command-queue chunks posted for receiving.
 pub const CMD_RX_CHUNKS: u32 = 128;
 /// Command-queue chunks for sending.
@@ -361,6 +363,13 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
                 "tx_scratch holds fewer chunks than the largest extent has frames",
             ));
         }
+        if !off.is_multiple_of(TX_ADDR_ALIGN) {
+            // The frames are sent from off + i * CMD_CHUNK; an odd address comes back
+            // from the kernel's completion ring with bit 0 cleared (copy mode, 6.18).
+            return Err(L2Error::Config(
+                "tx_scratch offset is not a multiple of TX_ADDR_ALIGN",
+            ));
+        }
         match off.checked_add(n as u64 * CMD_CHUNK) {
             Some(end) if end <= data.region().len() as u64 => {}
             _ => return Err(L2Error::Config("tx_scratch lies beyond the data region")),
@@ -439,6 +448,18 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
     /// The data queue (its region holds received extents and sent sources).
     pub fn data(&self) -> &D {
         &self.data
+    }
+
+    /// Sleep until a data frame arrives or `timeout` passed (a caller that expects data,
+    /// e.g. a read's reply, and does not busy-poll).
+    pub fn wait_data(&mut self, timeout: std::time::Duration) -> std::io::Result<bool> {
+        self.data.wait(timeout)
+    }
+
+    /// Sleep until a command-queue frame arrives or `timeout` passed (a caller that
+    /// expects a command, a grant or an acknowledgement, and does not busy-poll).
+    pub fn wait_command(&mut self, timeout: std::time::Duration) -> std::io::Result<bool> {
+        self.cmd.wait(timeout)
     }
 
     /// Queue a command for the peer.

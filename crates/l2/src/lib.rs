@@ -9,6 +9,8 @@
 //!   credit flow control, per-descriptor checks, CRC32C, acknowledgements,
 //!   retransmission of whole extents and resynchronisation), IO-agnostic.
 //! - [`sim`]: a simulator of the kernel's measured landing rule, for tests.
+//! - [`inject`]: a test tool that loses, duplicates and reorders the frames a real
+//!   socket transmits.
 //!
 //! # How the real socket plugs in
 //!
@@ -28,6 +30,7 @@
 
 pub mod endpoint;
 pub mod frame;
+pub mod inject;
 pub mod layout;
 pub mod sim;
 

@@ -578,3 +578,22 @@ fn a_sender_restart_aborts_its_transfer_and_the_new_session_does_not_commit_it()
     assert!(steps > 0);
     assert_eq!(n.b.stats().committed, 1);
 }
+
+#[test]
+fn tx_scratch_must_start_at_an_even_address_at_the_bound() {
+    // Kernel 6.18 returns an odd TX address with bit 0 cleared in copy-mode completions
+    // (zcfs_xsk::TX_ADDR_ALIGN), so the sender's scratch chunks must all be even.
+    let make = |off: u64| {
+        let (d, _) = SimLink::pair(DATA_LEN, DATA_LEN, Injector::none(1));
+        let (c, _) = SimLink::pair(CMD_REGION_LEN, CMD_REGION_LEN, Injector::none(1));
+        let mut cfg = config(MAC_A, MAC_B, 64);
+        cfg.tx_scratch = (off, SCRATCH_CHUNKS);
+        Endpoint::new(cfg, b"k", d, c)
+    };
+    assert!(make(SCRATCH).is_ok());
+    assert!(make(SCRATCH + zcfs_xsk::TX_ADDR_ALIGN).is_ok());
+    assert!(matches!(
+        make(SCRATCH + zcfs_xsk::TX_ADDR_ALIGN - 1),
+        Err(L2Error::Config(_))
+    ));
+}
