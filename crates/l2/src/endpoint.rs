@@ -606,15 +606,24 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
             let ours = d.addr >= XDP_PACKET_HEADROOM
                 && chunk % CMD_CHUNK == 0
                 && chunk < CMD_RX_CHUNKS as u64 * CMD_CHUNK;
-            if !ours || d.len as usize > MAX_FRAME_LEN {
+            if !ours {
                 // Not a descriptor we posted: nothing to read or post again.
                 self.stats.refused += 1;
                 continue;
             }
-            let f = &mut buf[..d.len as usize];
-            self.cmd.region().read(d.addr, f)?;
+            // The chunk is ours whatever landed in it: post it again first, so no frame
+            // (an oversized one from a neighbour included) uses up a receive chunk.
+            let oversized = d.len as usize > MAX_FRAME_LEN;
+            let f = &mut buf[..(d.len as usize).min(MAX_FRAME_LEN)];
+            if !oversized {
+                self.cmd.region().read(d.addr, f)?;
+            }
             let took = self.cmd.fill(&[chunk]);
             debug_assert_eq!(took, 1, "a consumed chunk always fits back");
+            if oversized {
+                self.stats.refused += 1;
+                continue;
+            }
             match frame::decode(f, self.in_macs, &self.key) {
                 Err(_) => self.stats.refused += 1,
                 Ok((Body::Command { seq, ack, len }, payload)) => {
