@@ -379,6 +379,11 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
                 "rto_ns must be > 0 and <= transfer_timeout_ns",
             ));
         }
+        if cfg.quiet_ns >= cfg.transfer_timeout_ns {
+            // Every drain would outlast the transfer timeout: nothing posted during one
+            // could make progress before it aborts.
+            return Err(L2Error::Config("quiet_ns must be < transfer_timeout_ns"));
+        }
         let rx: Vec<u64> = (0..CMD_RX_CHUNKS as u64).map(|i| i * CMD_CHUNK).collect();
         let took = cmd.fill(&rx);
         if took != rx.len() {
@@ -1019,20 +1024,25 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
         }
         self.release_check();
         if let Some(d) = &mut self.r_drain {
+            // Once DRAINED is in, the quiet time and the re-ask are separate clocks: with
+            // every entry consumed the drain only waits for the quiet time (however long,
+            // it is never cut short by a re-ask); with entries left (NOPs lost) it asks
+            // again an RTO after the answer or the last frame.
             match d.acked {
-                Some(at)
-                    if self.r_unconsumed == 0
-                        && now >= at.max(self.r_last_rx).saturating_add(self.cfg.quiet_ns) =>
-                {
-                    self.r_drain = None;
-                }
-                _ if now.saturating_sub(d.issued) >= self.cfg.rto_ns => {
-                    if d.acked.is_some() {
-                        // The NOPs came short (lost): ask for the rest.
-                        self.r_drain_id = self.r_drain_id.wrapping_add(1);
-                        d.id = self.r_drain_id;
-                        d.acked = None;
+                Some(at) if self.r_unconsumed == 0 => {
+                    if now >= at.max(self.r_last_rx).saturating_add(self.cfg.quiet_ns) {
+                        self.r_drain = None;
                     }
+                }
+                Some(at) if now.saturating_sub(at.max(self.r_last_rx)) >= self.cfg.rto_ns => {
+                    // The NOPs came short (lost): ask for the rest.
+                    self.r_drain_id = self.r_drain_id.wrapping_add(1);
+                    d.id = self.r_drain_id;
+                    d.acked = None;
+                    d.issued = now;
+                    self.push_drain();
+                }
+                None if now.saturating_sub(d.issued) >= self.cfg.rto_ns => {
                     d.issued = now;
                     self.push_drain();
                 }

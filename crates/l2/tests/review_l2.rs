@@ -148,7 +148,6 @@ fn a_transfer_the_sender_never_sends_does_not_starve_another() {
 /// longer than the RTO (nothing in `Endpoint::new` refuses that), the drain must still
 /// end and the transfer commit (or the configuration must be refused up front).
 #[test]
-#[ignore = "finding: with quiet_ns >= rto_ns a drain never ends (DRAIN re-asked every RTO before the quiet time elapses)"]
 fn a_drain_ends_when_the_quiet_time_is_longer_than_the_rto() {
     let mut ca = config(MAC_A, MAC_B);
     let mut cb = config(MAC_B, MAC_A);

@@ -597,3 +597,21 @@ fn tx_scratch_must_start_at_an_even_address_at_the_bound() {
         Err(L2Error::Config(_))
     ));
 }
+
+#[test]
+fn the_quiet_time_must_be_shorter_than_the_transfer_timeout_at_the_bound() {
+    // Longer than the RTO is fine (the drain's re-ask does not cut the quiet time short:
+    // review test a_drain_ends_when_the_quiet_time_is_longer_than_the_rto); as long as
+    // the transfer timeout is not, since every drain would outlast it.
+    let make = |quiet: u64| {
+        let (d, _) = SimLink::pair(DATA_LEN, DATA_LEN, Injector::none(1));
+        let (c, _) = SimLink::pair(CMD_REGION_LEN, CMD_REGION_LEN, Injector::none(1));
+        let mut cfg = config(MAC_A, MAC_B, 64);
+        cfg.quiet_ns = quiet;
+        let timeout = cfg.transfer_timeout_ns;
+        (timeout, Endpoint::new(cfg, b"k", d, c))
+    };
+    let (timeout, _) = make(0);
+    assert!(make(timeout - 1).1.is_ok());
+    assert!(matches!(make(timeout).1, Err(L2Error::Config(_))));
+}
