@@ -16,11 +16,18 @@
 
 use crate::frame::{HEADER_LEN, MAX_PAYLOAD};
 use crate::{BLOCK_SIZE, MAX_EXTENT_BLOCKS};
-use zcfs_xsk::XDP_PACKET_HEADROOM;
+use zcfs_xsk::{UMEM_CHUNK_SIZE, XDP_PACKET_HEADROOM};
 
 /// Bytes of the receiver's region an extent needs in front of it: the kernel's
 /// headroom (untouched) and the header that survives (clobbered).
 pub const MIN_FRONT: u64 = XDP_PACKET_HEADROOM + HEADER_LEN as u64;
+
+/// Bytes of the receiver's region an extent needs behind it. The kernel takes a fill
+/// address `a` only if `a + UMEM_CHUNK_SIZE <= region length` (xp_check_unaligned; an
+/// entry that fails is consumed and skipped, so every later frame would land one entry
+/// early). An extent's highest fill address is its last segment's, a full one: `end -
+/// MAX_PAYLOAD - MIN_FRONT`, so the chunk from there reaches `end + MIN_TAIL`.
+pub const MIN_TAIL: u64 = UMEM_CHUNK_SIZE as u64 - MIN_FRONT - MAX_PAYLOAD as u64;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum LayoutError {
@@ -28,7 +35,7 @@ pub enum LayoutError {
     Blocks(u32),
     #[error("an extent at {0} has fewer than {MIN_FRONT} bytes of region in front of it")]
     Front(u64),
-    #[error("an extent at {offset} of {blocks} blocks ends beyond the region ({size} bytes)")]
+    #[error("an extent at {offset} of {blocks} blocks (and the {MIN_TAIL} bytes behind it the kernel's receive chunk needs) ends beyond the region ({size} bytes)")]
     End {
         offset: u64,
         blocks: u32,
@@ -65,7 +72,11 @@ impl Extent {
         if self.offset < MIN_FRONT {
             return Err(LayoutError::Front(self.offset));
         }
-        match self.offset.checked_add(self.bytes()) {
+        match self
+            .offset
+            .checked_add(self.bytes())
+            .and_then(|end| end.checked_add(MIN_TAIL))
+        {
             Some(end) if end <= size as u64 => Ok(()),
             _ => Err(LayoutError::End {
                 offset: self.offset,
@@ -162,8 +173,9 @@ pub fn fill_plan(ext: &Extent) -> Vec<Planned> {
 
 /// The receive-slot geometry a receiver announces: `slots` slots of `slot_blocks`
 /// blocks, slot `i`'s first block at `first + i * stride`. Valid when every slot has
-/// [`MIN_FRONT`] bytes of region in front and a gap of at least [`HEADER_LEN`] bytes
-/// between one slot's end and the next slot's first block (the clobbered header).
+/// [`MIN_FRONT`] bytes of region in front, a gap of at least [`HEADER_LEN`] bytes
+/// between one slot's end and the next slot's first block (the clobbered header), and
+/// [`MIN_TAIL`] bytes of region behind the last slot (the kernel's receive chunk).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SlotGeometry {
     pub first: u64,
@@ -268,9 +280,26 @@ mod tests {
             offset: MIN_FRONT,
             blocks: MAX_EXTENT_BLOCKS,
         };
-        let size = (MIN_FRONT + ext.bytes()) as usize;
+        let size = (MIN_FRONT + ext.bytes() + MIN_TAIL) as usize;
         assert_eq!(ext.check_receivable(size), Ok(()));
         assert!(ext.check_receivable(size - 1).is_err());
+        // At the bound the highest fill address's chunk ends at the region's end, for
+        // every extent size (the kernel's rule, xp_check_unaligned).
+        for blocks in 1..=MAX_EXTENT_BLOCKS {
+            let size = 1 << 20;
+            let ext = Extent {
+                offset: size - MIN_TAIL - blocks as u64 * BLOCK_SIZE as u64,
+                blocks,
+            };
+            assert_eq!(ext.check_receivable(size as usize), Ok(()));
+            let worst = fill_plan(&ext).iter().map(|p| p.fill).max().unwrap();
+            assert_eq!(worst + UMEM_CHUNK_SIZE as u64, size, "{blocks} blocks");
+            let further = Extent {
+                offset: ext.offset + 1,
+                ..ext
+            };
+            assert!(further.check_receivable(size as usize).is_err());
+        }
         let over = Extent {
             blocks: MAX_EXTENT_BLOCKS + 1,
             ..ext
@@ -303,7 +332,7 @@ mod tests {
     #[test]
     fn slot_geometry_checks_the_gap_and_round_trips() {
         let g = SlotGeometry::packed(MIN_FRONT, 2, 4);
-        let need = (g.slot(3).unwrap().offset + g.slot(3).unwrap().bytes()) as usize;
+        let need = (g.slot(3).unwrap().offset + g.slot(3).unwrap().bytes() + MIN_TAIL) as usize;
         assert_eq!(g.check(need), Ok(()));
         assert_eq!(SlotGeometry::decode(&g.encode(), need), Ok(g));
         assert!(g.check(need - 1).is_err());

@@ -36,7 +36,7 @@ pub mod sim;
 
 pub use endpoint::{Config, Endpoint, Event, L2Error, Stats};
 pub use frame::{FrameError, TagKey, HEADER_LEN, MAX_PAYLOAD};
-pub use layout::{Extent, SlotGeometry, MIN_FRONT};
+pub use layout::{Extent, SlotGeometry, MIN_FRONT, MIN_TAIL};
 pub use zcfs_xsk::ETH_HEADER_LEN;
 
 /// The interface MTU the frames are sized for (bytes after the Ethernet header).

@@ -8,14 +8,16 @@
 //! whole, Ethernet header included, at `a + XDP_PACKET_HEADROOM`; the headroom is not
 //! written; the RX descriptor says `addr = a + 256` and the length. With no fill entry
 //! posted the frame is dropped and counted ([`Counters::no_fill`]); a lost frame takes
-//! no fill entry, so later frames land one slot early, as measured. Posted entries
-//! cannot be taken back. Ring capacities are the named constants below.
+//! no fill entry, so later frames land one slot early, as measured. As the kernel
+//! (xp_check_unaligned), a fill address `a` with `a + UMEM_CHUNK_SIZE` beyond the region
+//! is consumed and skipped ([`Counters::invalid_fill`]) and the frame takes the next.
+//! Posted entries cannot be taken back. Ring capacities are the named constants below.
 
 use std::collections::VecDeque;
 use std::io;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use zcfs_xsk::{Desc, FrameIo, Region, XDP_PACKET_HEADROOM};
+use zcfs_xsk::{Desc, FrameIo, Region, UMEM_CHUNK_SIZE, XDP_PACKET_HEADROOM};
 
 use crate::MAX_FRAME_LEN;
 
@@ -79,8 +81,12 @@ pub struct Counters {
     pub no_fill: u64,
     /// Dropped because the RX ring was full.
     pub rx_full: u64,
-    /// Dropped because the frame would not fit in the region at its fill address.
+    /// Dropped because the frame is longer than a receive chunk (UMEM_CHUNK_SIZE less
+    /// the headroom) holds.
     pub out_of_region: u64,
+    /// Fill entries consumed and skipped because their chunk passes the region's end
+    /// (the kernel's rx invalid descriptors).
+    pub invalid_fill: u64,
     /// Refused at transmit: longer than the MTU or outside the sender's region.
     pub tx_invalid: u64,
     pub injected_loss: u64,
@@ -110,16 +116,29 @@ impl Link {
             s.counters.rx_full += 1;
             return;
         }
-        let Some(&a) = s.fill.front() else {
-            s.counters.no_fill += 1;
-            return;
-        };
-        let at = a + XDP_PACKET_HEADROOM;
-        if s.region.write(at, frame).is_err() {
+        if XDP_PACKET_HEADROOM as usize + frame.len() > UMEM_CHUNK_SIZE as usize {
+            // Longer than a receive chunk holds: dropped before a fill entry is taken.
             s.counters.out_of_region += 1;
             return;
         }
-        s.fill.pop_front();
+        // The kernel's xp_check_unaligned: a fill address whose chunk passes the
+        // region's end is consumed and skipped, and the frame takes the next entry.
+        let a = loop {
+            let Some(a) = s.fill.pop_front() else {
+                s.counters.no_fill += 1;
+                return;
+            };
+            if a.checked_add(UMEM_CHUNK_SIZE as u64)
+                .is_some_and(|end| end <= s.region.len() as u64)
+            {
+                break a;
+            }
+            s.counters.invalid_fill += 1;
+        };
+        let at = a + XDP_PACKET_HEADROOM;
+        s.region
+            .write(at, frame)
+            .expect("a frame that fits a chunk inside the region");
         s.rx.push_back(Desc {
             addr: at,
             len: frame.len() as u32,
@@ -389,6 +408,23 @@ mod tests {
         b.region().read(256, &mut x).unwrap();
         assert_eq!(x[0], 2, "frame 2 landed in frame 1's slot");
         assert_eq!(b.posted(), 2);
+    }
+
+    #[test]
+    fn a_fill_address_whose_chunk_passes_the_region_end_is_skipped_at_the_bound() {
+        let len = 1 << 16;
+        let (mut a, mut b) = SimLink::pair(len, len, Injector::none(1));
+        let last = len as u64 - UMEM_CHUNK_SIZE as u64;
+        // The first entry is one byte beyond the bound: consumed and skipped, so the
+        // frame takes the next, which is exactly at the bound.
+        assert_eq!(b.fill(&[last + 1, last]), 2);
+        a.region().write(0, &frame(9, 60)).unwrap();
+        assert_eq!(a.transmit(&[Desc { addr: 0, len: 60 }]), 1);
+        let mut got = Vec::new();
+        assert_eq!(b.recv(&mut got, 8), 1);
+        assert_eq!(got[0].addr, last + XDP_PACKET_HEADROOM);
+        assert_eq!(b.counters().invalid_fill, 1);
+        assert_eq!(b.posted(), 0);
     }
 
     #[test]

@@ -213,7 +213,6 @@ fn a_drain_ends_when_the_quiet_time_is_longer_than_the_rto() {
 /// the receiver's count of posted entries never reaches zero. Every extent the protocol
 /// accepts must therefore have fill addresses that satisfy the rule.
 #[test]
-#[ignore = "finding: check_receivable/SlotGeometry::check/expect accept extents near the region end whose fill addresses the kernel refuses"]
 fn every_fill_address_of_an_accepted_extent_satisfies_the_kernels_chunk_rule() {
     let size = DATA_LEN;
     let chunk = UMEM_CHUNK_SIZE as u64;
