@@ -33,6 +33,14 @@
 //! epoch that still turn up fail the header check and start another drain. NOPs that
 //! find no entry are dropped by the kernel, harmlessly.
 //!
+//! **Skips and cancels.** A sender whose next granted group belongs to a transfer it
+//! does not have waits `rto_ns / SKIP_HOLD_RTO_DIVISOR` for [`Endpoint::send`] (a read's
+//! groups are posted before the request goes, and must not cost a round trip), then
+//! fills the group with tagged NOPs naming the group and transfer (a *skip*), so the
+//! groups after it stay in step. The receiver parks a skipped transfer until the sender
+//! says READY (or asks STATUS). [`Endpoint::cancel`] gives up a transfer being
+//! received: the sender is told (UNKNOWN) and skips its granted groups at once.
+//!
 //! **Timeouts.** A transfer of which no extent passed for
 //! [`Config::transfer_timeout_ns`] is aborted ([`Event::Aborted`]: it will never be
 //! committed); its memory is the caller's again when no fill entry points into it
@@ -72,6 +80,23 @@ pub const RECENT_DONE: usize = 1024;
 pub const RECORD_LEN: usize = 20;
 /// Data frames read from the RX ring per poll.
 const RX_BATCH: usize = 1024;
+/// A sender holding the next granted group of a transfer it does not have (not yet:
+/// the receiver posts a read's groups before it asks for the read) waits
+/// `rto_ns / SKIP_HOLD_RTO_DIVISOR` for it, then fills the group with NOPs (a *skip*)
+/// so the groups granted after it go on; less than the RTO, so the receiver does not
+/// take the wait for a loss and drain.
+pub const SKIP_HOLD_RTO_DIVISOR: u64 = 2;
+/// The most fill entries a receiver has posted (its fill ring), so the most NOPs a
+/// drain can ask for.
+pub const MAX_DRAIN_NOPS: u32 = zcfs_xsk::FILL_RING_SIZE;
+const _: () = assert!(MAX_CREDIT_FRAMES <= MAX_DRAIN_NOPS as usize);
+const _: () = assert!(crate::sim::FILL_RING <= MAX_DRAIN_NOPS as usize);
+/// Control records waiting to be sent, at most (they are unreliable: a record beyond
+/// is dropped and counted, and the timers recover as from a lost one).
+pub const MAX_QUEUED_RECORDS: usize = 4096;
+/// Transfers a sender remembers as missing (granted, not had), skipped, or given up by
+/// the receiver.
+const MAX_SENDER_MEMORY: usize = RECENT_DONE;
 
 #[derive(Debug, thiserror::Error)]
 pub enum L2Error {
@@ -156,6 +181,14 @@ pub struct Stats {
     pub aborted: u64,
     /// Grants of an old epoch or an already sent group (duplicates, ignored).
     pub stale_grants: u64,
+    /// Sender: granted groups filled with NOPs because the transfer was not there.
+    pub groups_skipped: u64,
+    /// Receiver: groups the sender filled with NOPs (its transfer waits for READY).
+    pub skips_received: u64,
+    /// Receiver: transfers cancelled by the caller.
+    pub cancelled: u64,
+    /// Control records dropped because [`MAX_QUEUED_RECORDS`] were waiting.
+    pub records_dropped: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -180,6 +213,7 @@ enum Rec {
     Done(u32),
     Unknown(u32),
     Status(u32),
+    Ready(u32),
 }
 
 impl Rec {
@@ -202,6 +236,7 @@ impl Rec {
             Rec::Done(t) => (4, 0, 0, 0, t, 0),
             Rec::Unknown(t) => (5, 0, 0, 0, t, 0),
             Rec::Status(t) => (6, 0, 0, 0, t, 0),
+            Rec::Ready(t) => (7, 0, 0, 0, t, 0),
         };
         out.push(k);
         out.push(0);
@@ -233,6 +268,7 @@ impl Rec {
             4 => Rec::Done(c),
             5 => Rec::Unknown(c),
             6 => Rec::Status(c),
+            7 => Rec::Ready(c),
             _ => return None,
         })
     }
@@ -251,6 +287,11 @@ struct RxXfer {
     nverified: usize,
     last_progress: u64,
     state: RxState,
+    /// The sender skipped a group of it (it did not have the transfer): its extents
+    /// are not posted again until the sender says READY (or asks STATUS).
+    parked: bool,
+    /// The sender said it has the transfer (READY or STATUS): a skip is re-posted.
+    ready: bool,
 }
 
 struct Posted {
@@ -261,6 +302,8 @@ struct Posted {
     plan: Vec<Planned>,
     consumed: usize,
     ok: bool,
+    /// Descriptors that arrived at their planned address with a NOP's length.
+    nops: usize,
     stale: bool,
 }
 
@@ -328,6 +371,51 @@ pub struct Endpoint<D: FrameIo, C: FrameIo> {
     s_frames: VecDeque<Desc>,
     s_free: Vec<u64>,
     s_last_status: u64,
+    /// Transfers granted at the head and not had: since when.
+    s_missing: HashMap<u32, u64>,
+    /// Transfers skipped (told READY when sent) and given up by the receiver (skipped
+    /// at once), oldest first.
+    s_skipped: Recent,
+    s_gone: Recent,
+}
+
+/// A bounded set of transfer ids, the oldest forgotten first.
+struct Recent {
+    order: VecDeque<u32>,
+    set: HashSet<u32>,
+}
+
+impl Recent {
+    fn new() -> Recent {
+        Recent {
+            order: VecDeque::new(),
+            set: HashSet::new(),
+        }
+    }
+    fn insert(&mut self, id: u32) {
+        if self.set.insert(id) {
+            self.order.push_back(id);
+            if self.order.len() > MAX_SENDER_MEMORY {
+                let old = self.order.pop_front().expect("nonempty");
+                self.set.remove(&old);
+            }
+        }
+    }
+    fn contains(&self, id: u32) -> bool {
+        self.set.contains(&id)
+    }
+    fn remove(&mut self, id: u32) -> bool {
+        if self.set.remove(&id) {
+            self.order.retain(|x| *x != id);
+            true
+        } else {
+            false
+        }
+    }
+    fn clear(&mut self) {
+        self.order.clear();
+        self.set.clear();
+    }
 }
 
 fn first_blocks(extents: &[Extent]) -> Vec<u32> {
@@ -443,6 +531,9 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
             s_frames: VecDeque::new(),
             s_free,
             s_last_status: 0,
+            s_missing: HashMap::new(),
+            s_skipped: Recent::new(),
+            s_gone: Recent::new(),
         })
     }
 
@@ -477,6 +568,36 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
         }
         self.c_queue.push_back(bytes.to_vec());
         Ok(())
+    }
+
+    /// Queue a control record (unreliable: beyond [`MAX_QUEUED_RECORDS`] it is dropped
+    /// and counted, as if lost).
+    fn ctl(&mut self, r: Rec) {
+        if self.ctl_out.len() >= MAX_QUEUED_RECORDS {
+            self.stats.records_dropped += 1;
+            return;
+        }
+        self.ctl_out.push(r);
+    }
+
+    /// Give up receiving transfer `id` (e.g. the peer answered the read with an error,
+    /// so no data will come): it will not be committed and no [`Event::Aborted`] is
+    /// reported; its memory is the caller's again at [`Event::SlotsFree`] (at once
+    /// when none of its groups is posted, else when the sender has filled them: it is
+    /// told, and fills the groups it was granted with NOPs without waiting, so the
+    /// transfers posted after it go on without a drain). Returns whether `id` was a
+    /// transfer being received.
+    pub fn cancel(&mut self, id: u32) -> bool {
+        match self.r_transfers.get_mut(&id) {
+            Some(t) if t.state == RxState::Active => {
+                t.state = RxState::Aborted;
+                self.stats.cancelled += 1;
+                self.r_pending.retain(|(x, _)| *x != id);
+                self.ctl(Rec::Unknown(id));
+                true
+            }
+            _ => false,
+        }
     }
 
     fn live_rx_extents(&self) -> impl Iterator<Item = &Extent> {
@@ -523,6 +644,8 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
                 nverified: 0,
                 last_progress: self.now,
                 state: RxState::Active,
+                parked: false,
+                ready: false,
             },
         );
         self.r_pending
@@ -553,6 +676,13 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
                 last_heard: self.now,
             },
         );
+        self.s_missing.remove(&id);
+        self.s_gone.remove(id);
+        if self.s_skipped.remove(id) {
+            // We filled a group of it with NOPs; the receiver waits for this to post
+            // its extents again.
+            self.ctl(Rec::Ready(id));
+        }
         Ok(())
     }
 
@@ -584,6 +714,9 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
         self.s_nops = 0;
         self.s_drain_done = None;
         self.s_drained_owed = false;
+        self.s_missing.clear();
+        self.s_skipped.clear();
+        self.s_gone.clear();
         self.free_unsent();
         self.release_check();
     }
@@ -803,19 +936,18 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
                 id,
                 nops,
             } => {
+                // Epochs and drain ids wrap: newer is ahead by less than half the range.
+                let ahead = |a: u32, b: u32| (a.wrapping_sub(b) as i32) > 0;
                 let newer = match self.s_drain_done {
                     None => true,
-                    Some(done) => (epoch, id) > done,
+                    Some((e, i)) => ahead(epoch, e) || (epoch == e && ahead(id, i)),
                 };
                 if newer {
                     self.s_epoch = epoch;
                     self.s_next_group = first_group;
                     self.s_grants.clear();
                     self.free_unsent();
-                    self.s_nops = self
-                        .s_nops
-                        .saturating_add(nops)
-                        .min((MAX_CREDIT_FRAMES + crate::sim::FILL_RING) as u32);
+                    self.s_nops = self.s_nops.saturating_add(nops).min(MAX_DRAIN_NOPS);
                     self.s_drain_done = Some((epoch, id));
                     self.s_drained_owed = true;
                 } else if Some((epoch, id)) == self.s_drain_done {
@@ -831,7 +963,13 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
                 if self.s_transfers.remove(&t).is_some() {
                     self.events.push(Event::Failed(t));
                 }
+                // The receiver gave it up: a group of it still granted is filled with
+                // NOPs at once.
+                self.s_missing.remove(&t);
+                self.s_skipped.remove(t);
+                self.s_gone.insert(t);
             }
+            Rec::Ready(t) => self.sender_has(t),
             // To our receiver side.
             Rec::Drained { epoch, id } => {
                 if let Some(d) = &mut self.r_drain {
@@ -841,12 +979,14 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
                 }
             }
             Rec::Status(t) => {
+                // The sender asks, so it has the transfer (a lost READY).
+                self.sender_has(t);
                 let active =
                     matches!(self.r_transfers.get(&t), Some(x) if x.state == RxState::Active);
                 if self.r_recent_set.contains(&t) {
-                    self.ctl_out.push(Rec::Done(t));
+                    self.ctl(Rec::Done(t));
                 } else if !active {
-                    self.ctl_out.push(Rec::Unknown(t));
+                    self.ctl(Rec::Unknown(t));
                 }
             }
         }
@@ -865,8 +1005,12 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
                 continue;
             };
             let p = g.plan[g.consumed];
-            if d.addr != p.fill + XDP_PACKET_HEADROOM || d.len != p.len {
+            let at_plan = d.addr == p.fill + XDP_PACKET_HEADROOM;
+            if !at_plan || d.len != p.len {
                 g.ok = false;
+            }
+            if at_plan && d.len as usize == NOP_FRAME_LEN {
+                g.nops += 1;
             }
             g.consumed += 1;
             self.r_unconsumed -= 1;
@@ -888,6 +1032,19 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
         let t = &self.r_transfers[&g.transfer];
         let ext = t.extents[g.extent as usize];
         let first = t.first_block[g.extent as usize];
+        if !g.ok && g.nops == g.plan.len() && self.is_skip(&g)? {
+            // The sender filled the group with NOPs: it does not have the transfer (yet).
+            // The groups after it are in step; the extent waits for READY.
+            self.stats.skips_received += 1;
+            let t = self.r_transfers.get_mut(&g.transfer).expect("live");
+            if t.ready {
+                self.r_pending.push_back((g.transfer, g.extent));
+            } else {
+                t.parked = true;
+                self.r_pending.retain(|(x, _)| *x != g.transfer);
+            }
+            return Ok(());
+        }
         let ok = g.ok && self.check_front(&g, &ext, first)?;
         if !ok {
             self.stats.groups_failed += 1;
@@ -905,7 +1062,7 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
             self.r_transfers.remove(&g.transfer);
             self.stats.committed += 1;
             self.events.push(Event::Committed(g.transfer));
-            self.ctl_out.push(Rec::Done(g.transfer));
+            self.ctl(Rec::Done(g.transfer));
             self.r_recent.push_back(g.transfer);
             self.r_recent_set.insert(g.transfer);
             if self.r_recent.len() > RECENT_DONE {
@@ -914,6 +1071,61 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
             }
         }
         Ok(())
+    }
+
+    /// Whether every descriptor of the group is a NOP of the sender's skip of this group.
+    fn is_skip(&self, g: &Posted) -> Result<bool, L2Error> {
+        let want = Body::Nop {
+            epoch: g.epoch,
+            group: g.group,
+            transfer: g.transfer,
+        };
+        let mut f = [0u8; NOP_FRAME_LEN];
+        for p in &g.plan {
+            self.data
+                .region()
+                .read(p.fill + XDP_PACKET_HEADROOM, &mut f)?;
+            match frame::decode(&f, self.in_macs, &self.key) {
+                Ok((body, _)) if body == want => {}
+                _ => return Ok(false),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Receiver: the sender has transfer `t` now (READY, or it asks STATUS): a parked
+    /// transfer's extents that are neither verified, pending nor posted go back to be
+    /// posted.
+    fn sender_has(&mut self, t: u32) {
+        let Some(x) = self.r_transfers.get_mut(&t) else {
+            return;
+        };
+        if x.state != RxState::Active {
+            return;
+        }
+        x.ready = true;
+        if !x.parked {
+            return;
+        }
+        x.parked = false;
+        let busy: HashSet<u32> = self
+            .r_pending
+            .iter()
+            .filter(|(id, _)| *id == t)
+            .map(|(_, e)| *e)
+            .chain(
+                self.r_posted
+                    .iter()
+                    .filter(|g| g.transfer == t && !g.stale)
+                    .map(|g| g.extent),
+            )
+            .collect();
+        let x = &self.r_transfers[&t];
+        let back: Vec<(u32, u32)> = (0..x.extents.len() as u32)
+            .filter(|e| !x.verified[*e as usize] && !busy.contains(e))
+            .map(|e| (t, e))
+            .collect();
+        self.r_pending.extend(back);
     }
 
     /// The surviving header in front of the extent and the extent's CRC.
@@ -957,10 +1169,15 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
                 back.push((g.transfer, g.extent));
             }
         }
+        // Only live transfers' extents go back (not the aborted, cancelled or parked:
+        // they would only hold up the others again).
+        back.retain(|(id, _)| {
+            matches!(self.r_transfers.get(id), Some(t) if t.state == RxState::Active && !t.parked)
+        });
         for x in back.into_iter().rev() {
             self.r_pending.push_front(x);
         }
-        self.r_epoch += 1;
+        self.r_epoch = self.r_epoch.wrapping_add(1);
         self.r_drain_id = self.r_drain_id.wrapping_add(1);
         self.r_drain = Some(Drain {
             id: self.r_drain_id,
@@ -973,7 +1190,7 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
 
     fn push_drain(&mut self) {
         if let Some(d) = &self.r_drain {
-            self.ctl_out.push(Rec::Drain {
+            self.ctl(Rec::Drain {
                 epoch: self.r_epoch,
                 first_group: self.r_next_group,
                 id: d.id,
@@ -1066,7 +1283,7 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
             let Some(t) = self
                 .r_transfers
                 .get(&id)
-                .filter(|t| t.state == RxState::Active)
+                .filter(|t| t.state == RxState::Active && !t.parked)
             else {
                 self.r_pending.pop_front();
                 continue;
@@ -1091,7 +1308,7 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
             self.r_next_group = group.wrapping_add(1);
             self.r_unconsumed += n;
             self.r_last_post = self.now;
-            self.ctl_out.push(Rec::Grant {
+            self.ctl(Rec::Grant {
                 epoch: self.r_epoch,
                 group,
                 transfer: id,
@@ -1106,6 +1323,7 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
                 plan,
                 consumed: 0,
                 ok: true,
+                nops: 0,
                 stale: false,
             });
         }
@@ -1132,6 +1350,14 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
             self.s_transfers.remove(&id);
             self.events.push(Event::Failed(id));
         }
+        let timeout = self.cfg.transfer_timeout_ns;
+        self.s_missing
+            .retain(|_, since| now.saturating_sub(*since) < timeout);
+        if self.s_missing.len() > MAX_SENDER_MEMORY {
+            // Only the head grant adds one per hold time; a peer granting garbage could
+            // add more: forget them (they are re-learnt at the head).
+            self.s_missing.clear();
+        }
         if now.saturating_sub(self.s_last_status) >= rto {
             self.s_last_status = now;
             let ask: Vec<u32> = self
@@ -1140,7 +1366,9 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
                 .filter(|(_, t)| now.saturating_sub(t.last_heard) >= rto)
                 .map(|(id, _)| *id)
                 .collect();
-            self.ctl_out.extend(ask.into_iter().map(Rec::Status));
+            for t in ask {
+                self.ctl(Rec::Status(t));
+            }
         }
     }
 
@@ -1169,6 +1397,8 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
                     self.out_macs,
                     &Body::Nop {
                         epoch: self.s_epoch,
+                        group: 0,
+                        transfer: 0,
                     },
                     &[],
                     &self.key,
@@ -1190,15 +1420,60 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
             if self.s_drained_owed {
                 self.s_drained_owed = false;
                 let (epoch, id) = self.s_drain_done.expect("owed after a drain");
-                self.ctl_out.push(Rec::Drained { epoch, id });
+                self.ctl(Rec::Drained { epoch, id });
                 continue;
             }
             let Some(&g) = self.s_grants.get(&self.s_next_group) else {
                 return Ok(());
             };
             let Some(t) = self.s_transfers.get(&g.transfer) else {
-                // Not (yet) told to send it; the receiver drains if it waits too long.
-                return Ok(());
+                // Not (yet) told to send it (a read's groups are posted before the
+                // request goes): wait a while for it, then fill the group with NOPs so
+                // the groups granted after it go on. At once when the receiver gave it up.
+                let since = *self.s_missing.entry(g.transfer).or_insert(self.now);
+                let gone = self.s_gone.contains(g.transfer);
+                let hold = self.cfg.rto_ns / SKIP_HOLD_RTO_DIVISOR;
+                if !gone && self.now.saturating_sub(since) < hold {
+                    return Ok(());
+                }
+                if g.blocks == 0 || g.blocks as u32 > crate::MAX_EXTENT_BLOCKS {
+                    // A grant no extent can have: drop it; the receiver drains.
+                    self.s_grants.remove(&self.s_next_group);
+                    return Ok(());
+                }
+                let n = layout::frames(g.blocks as u32);
+                if self.s_free.len() < n {
+                    return Ok(());
+                }
+                let mut h = [0u8; HEADER_LEN];
+                frame::encode(
+                    &mut h,
+                    self.out_macs,
+                    &Body::Nop {
+                        epoch: self.s_epoch,
+                        group: self.s_next_group,
+                        transfer: g.transfer,
+                    },
+                    &[],
+                    &self.key,
+                );
+                let mut f = h.to_vec();
+                f.resize(NOP_FRAME_LEN, 0);
+                for _ in 0..n {
+                    let chunk = self.s_free.pop().expect("counted");
+                    self.data.region().write(chunk, &f)?;
+                    self.s_frames.push_back(Desc {
+                        addr: chunk,
+                        len: NOP_FRAME_LEN as u32,
+                    });
+                }
+                if !gone {
+                    self.s_skipped.insert(g.transfer);
+                }
+                self.stats.groups_skipped += 1;
+                self.s_grants.remove(&self.s_next_group);
+                self.s_next_group = self.s_next_group.wrapping_add(1);
+                continue;
             };
             let e = g.extent as usize;
             if e >= t.extents.len() || t.extents[e].blocks != g.blocks as u32 {
@@ -1281,6 +1556,7 @@ mod tests {
             Rec::Done(12),
             Rec::Unknown(13),
             Rec::Status(14),
+            Rec::Ready(15),
         ];
         for r in recs {
             let mut b = Vec::new();

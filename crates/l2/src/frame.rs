@@ -11,8 +11,9 @@
 //! 15   1  kind: 1 data, 2 NOP, 3 command, 4 control
 //! 16   2  data: segment index in the extent (0 = lowest address, sent last); else 0
 //! 18   4  data, NOP: epoch; command: sequence number
-//! 22   4  data: group (the receiver's posting sequence); command: cumulative ack
-//! 26   4  data: transfer id; command, control: payload length
+//! 22   4  data, NOP: group (the receiver's posting sequence; a drain's NOP: 0);
+//!         command: cumulative ack
+//! 26   4  data, NOP: transfer id (a drain's NOP: 0); command, control: payload length
 //! 30   4  data: index of the extent's first block in the transfer; else 0
 //! 34   4  data: CRC32C of the whole extent; command, control: CRC32C of the payload
 //! 38   8  tag: BLAKE3-keyed(tag key, bytes 0..38 | payload of command/control)[..8]
@@ -106,8 +107,14 @@ pub enum Body {
         block: u32,
         crc: u32,
     },
-    /// Consumes a receive descriptor and nothing else (resynchronisation).
-    Nop { epoch: u32 },
+    /// Consumes a receive descriptor and nothing else: a drain's NOP (resynchronisation;
+    /// `group` and `transfer` 0), or one of the NOPs that fill a granted group of a
+    /// transfer the sender does not have (a *skip*: the group and transfer it fills).
+    Nop {
+        epoch: u32,
+        group: u32,
+        transfer: u32,
+    },
     /// A reliable command message (`len > 0`) or a bare ack (`len == 0`).
     Command { seq: u32, ack: u32, len: u32 },
     /// Unreliable control records of the data protocol.
@@ -192,8 +199,14 @@ pub fn encode(out: &mut [u8; HEADER_LEN], macs: Macs, body: &Body, payload: &[u8
             put32(out, 34, crc);
             &[]
         }
-        Body::Nop { epoch } => {
+        Body::Nop {
+            epoch,
+            group,
+            transfer,
+        } => {
             put32(out, 18, epoch);
+            put32(out, 22, group);
+            put32(out, 26, transfer);
             &[]
         }
         Body::Command { seq, ack, len } => {
@@ -298,11 +311,13 @@ pub fn decode_unauthenticated(frame: &[u8]) -> Result<(Body, Macs), FrameError> 
         },
         Kind::Nop => {
             reserved("segment", seg as u32)?;
-            for (f, at) in [("group", 22), ("transfer", 26), ("block", 30), ("crc", 34)] {
+            for (f, at) in [("block", 30), ("crc", 34)] {
                 reserved(f, get32(frame, at))?;
             }
             Body::Nop {
                 epoch: get32(frame, 18),
+                group: get32(frame, 22),
+                transfer: get32(frame, 26),
             }
         }
         Kind::Command => {
@@ -385,7 +400,13 @@ mod tests {
                     block,
                     crc
                 }),
-            any::<u32>().prop_map(|epoch| Body::Nop { epoch }),
+            (any::<u32>(), any::<u32>(), any::<u32>()).prop_map(|(epoch, group, transfer)| {
+                Body::Nop {
+                    epoch,
+                    group,
+                    transfer,
+                }
+            }),
             (any::<u32>(), any::<u32>()).prop_map(|(seq, ack)| Body::Command { seq, ack, len: 0 }),
             Just(Body::Control { len: 0 }),
         ]
