@@ -46,6 +46,8 @@ pub enum XskError {
     },
     #[error("a socket sharing a UMEM needs a queue of its own; queue {queue} is the first socket's (it shares that socket's fill ring)")]
     SameQueue { queue: u32 },
+    #[error("TX frame at {addr} is not at a multiple of {align} (its completion would come back with another address)")]
+    UnalignedTx { addr: u64, align: u64 },
     #[error("{what}: {source}")]
     Sys {
         what: &'static str,

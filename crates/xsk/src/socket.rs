@@ -251,6 +251,10 @@ pub struct XskSocket {
     mode: BindMode,
     ifindex: u32,
     queue: u32,
+    /// Addresses of frames refused at transmit (not TX_ADDR_ALIGN-aligned), handed back
+    /// by the next `completions` as the kernel hands back a sent frame's.
+    refused: std::collections::VecDeque<u64>,
+    tx_refused: u64,
 }
 
 // SAFETY: the ring pointers point into mappings owned by this value; the kernel is the
@@ -475,6 +479,8 @@ impl XskSocket {
             mode: BindMode::Copy,
             ifindex,
             queue,
+            refused: std::collections::VecDeque::new(),
+            tx_refused: 0,
         };
         if let Some(owner) = shared_with {
             let addr = s.sockaddr(libc::XDP_SHARED_UMEM, owner as u32);
@@ -577,6 +583,25 @@ impl XskSocket {
             rx_fill_ring_empty_descs: s.rx_fill_ring_empty_descs,
             tx_ring_empty_descs: s.tx_ring_empty_descs,
         })
+    }
+
+    /// Queue frames for sending like [`FrameIo::transmit`], but refuse the whole batch
+    /// with [`XskError::UnalignedTx`] (nothing queued) if a frame's address is not a
+    /// multiple of [`TX_ADDR_ALIGN`].
+    pub fn try_transmit(&mut self, frames: &[Desc]) -> Result<usize, XskError> {
+        if let Some(f) = frames.iter().find(|f| f.addr % TX_ADDR_ALIGN != 0) {
+            return Err(XskError::UnalignedTx {
+                addr: f.addr,
+                align: TX_ADDR_ALIGN,
+            });
+        }
+        Ok(FrameIo::transmit(self, frames))
+    }
+
+    /// Frames [`FrameIo::transmit`] refused because their address was not a multiple
+    /// of [`TX_ADDR_ALIGN`].
+    pub fn tx_refused(&self) -> u64 {
+        self.tx_refused
     }
 
     /// Tell the kernel to send what the TX ring holds (copy mode sends in this call).
@@ -692,26 +717,51 @@ impl FrameIo for XskSocket {
         n
     }
 
-    /// Frames must start at a multiple of [`TX_ADDR_ALIGN`] (else their completion comes
-    /// back with another address).
+    /// Frames must start at a multiple of [`TX_ADDR_ALIGN`] (else their completion would
+    /// come back with another address): one that does not is refused, in release builds
+    /// too: never sent, counted ([`XskSocket::tx_refused`]) and its address handed back
+    /// by the next [`FrameIo::completions`], as an invalid descriptor is (it counts as
+    /// taken). [`XskSocket::try_transmit`] refuses such a batch with an error instead.
     fn transmit(&mut self, frames: &[Desc]) -> usize {
-        debug_assert!(
-            frames.iter().all(|f| f.addr % TX_ADDR_ALIGN == 0),
-            "AF_XDP TX addresses must be multiples of {TX_ADDR_ALIGN}: {frames:?}"
-        );
-        let n = self.tx.produce(frames.iter().map(|f| libc::xdp_desc {
-            addr: f.addr,
-            len: f.len,
-            options: 0,
-        }));
-        if n > 0 && self.tx.needs_wakeup() {
+        let mut n = 0;
+        let mut queued = 0;
+        while n < frames.len() {
+            let run = frames[n..]
+                .iter()
+                .take_while(|f| f.addr % TX_ADDR_ALIGN == 0)
+                .count();
+            if run == 0 {
+                self.tx_refused += 1;
+                self.refused.push_back(frames[n].addr);
+                n += 1;
+                continue;
+            }
+            let q = self
+                .tx
+                .produce(frames[n..n + run].iter().map(|f| libc::xdp_desc {
+                    addr: f.addr,
+                    len: f.len,
+                    options: 0,
+                }));
+            n += q;
+            queued += q;
+            if q < run {
+                break;
+            }
+        }
+        if queued > 0 && self.tx.needs_wakeup() {
             self.kick_tx();
         }
         n
     }
 
     fn completions(&mut self, out: &mut Vec<u64>, max: usize) -> usize {
-        let n = self.comp.consume(max, |a| out.push(a));
+        let k = max.min(self.refused.len());
+        out.extend(self.refused.drain(..k));
+        if k == max {
+            return k;
+        }
+        let n = k + self.comp.consume(max - k, |a| out.push(a));
         // A TX ring that still holds frames the kernel has not taken (it stopped at
         // EAGAIN/EBUSY) is kicked again, so a caller waiting for completions progresses.
         if n == 0

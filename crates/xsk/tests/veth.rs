@@ -318,3 +318,42 @@ fn a_missing_interface_is_a_clear_error() {
     let err = XskSocket::new(region, name, 0, XskConfig::default()).unwrap_err();
     assert!(err.to_string().contains(name), "{err}");
 }
+
+/// A TX frame at an address that is not a multiple of TX_ADDR_ALIGN is refused in
+/// release builds too (its completion would come back one byte off): `try_transmit`
+/// errs and queues nothing; `transmit` counts it as taken, never sends it and hands its
+/// address back as a completion. At the bound (an aligned address) the frame goes.
+#[test]
+fn an_unaligned_tx_address_is_refused_at_the_bound() {
+    if !l2_ready() {
+        return;
+    }
+    let mut link = Link::new("xsk-txalign");
+    let rx_region = Arc::new(Region::anonymous(1 << 20).unwrap());
+    let tx_region = Arc::new(Region::anonymous(1 << 20).unwrap());
+    let mut srv = link.srv_socket(rx_region.clone(), 0);
+    let mut cli = link.cli_socket(tx_region.clone(), 0);
+    assert_eq!(srv.fill(&[8192, 16384]), 2);
+    let f = header(link.srv.mac, link.cli.mac, ETHERTYPE_DATA, 1);
+    let mut frame = f.to_vec();
+    frame.resize(60, 0);
+    let good = 4096 * zcfs_xsk::TX_ADDR_ALIGN;
+    let odd = 2 * good + 1;
+    tx_region.write(good, &frame).unwrap();
+    tx_region.write(odd, &frame).unwrap();
+    let d = |addr| Desc { addr, len: 60 };
+    assert!(matches!(
+        cli.try_transmit(&[d(good), d(odd)]),
+        Err(XskError::UnalignedTx { addr, .. }) if addr == odd
+    ));
+    assert_eq!(cli.tx_refused(), 0, "try_transmit queued nothing");
+    assert_eq!(cli.transmit(&[d(odd), d(good)]), 2);
+    assert_eq!(cli.tx_refused(), 1);
+    let mut done = complete_n(&mut cli, 2, LIMIT);
+    done.sort_unstable();
+    assert_eq!(done, [good, odd], "both addresses come back, unchanged");
+    let got = recv_n(&mut srv, 1, LIMIT);
+    assert_eq!(got.len(), 1, "only the aligned frame was sent");
+    assert_eq!(got[0].addr, 8192 + XDP_PACKET_HEADROOM);
+    assert_eq!(srv.fill_free(), FILL_RING_SIZE as usize - 1);
+}
