@@ -1240,6 +1240,7 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
             self.abort(id);
         }
         self.release_check();
+        let mut quiet = false;
         if let Some(d) = &mut self.r_drain {
             // Once DRAINED is in, the quiet time and the re-ask are separate clocks: with
             // every entry consumed the drain only waits for the quiet time (however long,
@@ -1247,9 +1248,8 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
             // again an RTO after the answer or the last frame.
             match d.acked {
                 Some(at) if self.r_unconsumed == 0 => {
-                    if now >= at.max(self.r_last_rx).saturating_add(self.cfg.quiet_ns) {
-                        self.r_drain = None;
-                    }
+                    // Not a guard: a drain not yet quiet must not fall to the re-ask.
+                    quiet = now >= at.max(self.r_last_rx).saturating_add(self.cfg.quiet_ns);
                 }
                 Some(at) if now.saturating_sub(at.max(self.r_last_rx)) >= self.cfg.rto_ns => {
                     // The NOPs came short (lost): ask for the rest.
@@ -1264,6 +1264,9 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
                     self.push_drain();
                 }
                 _ => {}
+            }
+            if quiet {
+                self.r_drain = None;
             }
             if self.r_drain.is_some() {
                 return Ok(());
