@@ -108,7 +108,7 @@ fn serve(mut s: Peer, mode: Mode, busy: bool, t0: Instant) -> Peer {
                 // The slot a 4 KiB-write phase posted ahead for a write that never came
                 // times out in a later phase: not this phase's business.
                 Event::Aborted(_) | Event::SlotsFree(_) => {}
-                other => panic!("server: {other:?}"),
+                other => panic!("server: {other:?}; stats {:?}", s.ep.stats()),
             }
         }
         // A 4 KiB write is answered once its data committed and its commit arrived.
