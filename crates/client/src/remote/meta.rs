@@ -241,12 +241,18 @@ mod tests {
         assert!(m.xattr_absent(5, ACL, ttl));
         assert!(!m.xattr_absent(5, b"user.x", ttl));
         assert!(!m.xattr_absent(6, ACL, ttl));
-        assert!(m.age(5, ttl) >= Duration::from_millis(20), "absent xattr not counted");
+        assert!(
+            m.age(5, ttl) >= Duration::from_millis(20),
+            "absent xattr not counted"
+        );
         assert_eq!(m.age(6, ttl), Duration::ZERO);
         m.forget_xattr_absent(5, ACL);
         assert!(!m.xattr_absent(5, ACL, ttl));
         assert_eq!(m.age(5, ttl), Duration::ZERO);
-        assert!(m.no_xattr.is_empty(), "an inode with no names left stays listed");
+        assert!(
+            m.no_xattr.is_empty(),
+            "an inode with no names left stays listed"
+        );
     }
 
     #[test]
@@ -257,7 +263,11 @@ mod tests {
         m.set_xattr_absent(5, b"user.a", ttl);
         std::thread::sleep(Duration::from_millis(20));
         assert!(!m.xattr_absent(5, ACL, ttl));
-        assert_eq!(m.age(5, ttl), Duration::ZERO, "an expired entry still ages the inode");
+        assert_eq!(
+            m.age(5, ttl),
+            Duration::ZERO,
+            "an expired entry still ages the inode"
+        );
         m.set_xattr_absent(5, b"user.b", ttl);
         assert_eq!(m.no_xattr[&5].len(), 1, "expired names were kept");
         m.no_xattr.remove(&5);
