@@ -370,12 +370,15 @@ fn main() {
     let mut rows: Rows = Vec::new();
     for run in 0..RUNS {
         for busy in [true, false] {
+            // Each session its own key, as real sessions have: a late frame or record of
+            // the previous session fails the tag instead of landing in this one.
+            let key = format!("bench-{run}-{busy}");
             let mut s = peer(
                 &mut link,
                 true,
                 srv_region.clone(),
                 REGION,
-                b"bench",
+                key.as_bytes(),
                 1,
                 0,
                 TIMING,
@@ -386,7 +389,7 @@ fn main() {
                 false,
                 cli_region.clone(),
                 REGION,
-                b"bench",
+                key.as_bytes(),
                 2,
                 0,
                 TIMING,

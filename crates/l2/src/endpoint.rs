@@ -274,6 +274,11 @@ impl Rec {
     }
 }
 
+/// The time of a transfer begun between polls (`expect`, `send`), replaced by the next
+/// poll's time: a transfer's clock starts when the endpoint next runs, not at the last
+/// poll before it, which may be long ago.
+const UNSTAMPED: u64 = u64::MAX;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum RxState {
     Active,
@@ -337,6 +342,8 @@ pub struct Endpoint<D: FrameIo, C: FrameIo> {
     stats: Stats,
     events: Vec<Event>,
     now: u64,
+    /// A transfer was begun since the last poll and waits for its time stamp.
+    unstamped: bool,
     // Commands.
     c_next_seq: u32,
     c_unacked: VecDeque<(u32, Vec<u8>)>,
@@ -500,6 +507,7 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
             stats: Stats::default(),
             events: Vec::new(),
             now: 0,
+            unstamped: false,
             c_next_seq: 0,
             c_unacked: VecDeque::new(),
             c_queue: VecDeque::new(),
@@ -642,12 +650,15 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
                 first_block: first_blocks(extents),
                 verified: vec![false; extents.len()],
                 nverified: 0,
-                last_progress: self.now,
+                // Stamped by the next poll: `self.now` is the last poll's time, which
+                // may be long past if the caller did not poll while idle.
+                last_progress: UNSTAMPED,
                 state: RxState::Active,
                 parked: false,
                 ready: false,
             },
         );
+        self.unstamped = true;
         self.r_pending
             .extend((0..extents.len() as u32).map(|e| (id, e)));
         Ok(id)
@@ -673,9 +684,10 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
             TxXfer {
                 extents: extents.to_vec(),
                 first_block: first_blocks(extents),
-                last_heard: self.now,
+                last_heard: UNSTAMPED,
             },
         );
+        self.unstamped = true;
         self.s_missing.remove(&id);
         self.s_gone.remove(id);
         if self.s_skipped.remove(id) {
@@ -724,6 +736,18 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
     /// Do everything due at time `now` (nanoseconds, monotonic) and return what happened.
     pub fn poll(&mut self, now: u64) -> Result<Vec<Event>, L2Error> {
         self.now = now;
+        if std::mem::take(&mut self.unstamped) {
+            for t in self.r_transfers.values_mut() {
+                if t.last_progress == UNSTAMPED {
+                    t.last_progress = now;
+                }
+            }
+            for t in self.s_transfers.values_mut() {
+                if t.last_heard == UNSTAMPED {
+                    t.last_heard = now;
+                }
+            }
+        }
         self.cmd_rx()?;
         self.data_rx()?;
         self.rx_timers()?;

@@ -615,3 +615,17 @@ fn the_quiet_time_must_be_shorter_than_the_transfer_timeout_at_the_bound() {
     assert!(make(timeout - 1).1.is_ok());
     assert!(matches!(make(timeout).1, Err(L2Error::Config(_))));
 }
+
+/// A transfer begun (expect, send) after the endpoints sat unpolled for longer than the
+/// transfer timeout starts its clock then, not at the last poll: it is not aborted at
+/// the first poll (l2bench's later sessions failed their first read this way).
+#[test]
+fn a_transfer_begun_after_a_long_idle_time_is_not_timed_out_at_once() {
+    let mut n = net(Injector::none(4), 64, b"k");
+    n.step();
+    n.now += 3 * TIMEOUT;
+    let p = plans(&[(true, vec![1]), (false, vec![2])], 4);
+    run(&mut n, &p, 1000);
+    assert_eq!(n.a.stats().aborted + n.b.stats().aborted, 0);
+    assert_eq!(n.a.stats().committed + n.b.stats().committed, 2);
+}
