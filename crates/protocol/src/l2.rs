@@ -25,6 +25,9 @@ pub const KIND_RESEND_TCP: u8 = 3;
 pub const REQUEST_PREFIX: usize = 9;
 /// Bytes in front of a reply's header in a reply command.
 pub const REPLY_PREFIX: usize = 1;
+/// The most bytes one read over layer 2 carries: one extent of 32 blocks
+/// (`zcfs_l2::MAX_EXTENT_BLOCKS` of `zcfs_l2::BLOCK_SIZE`).
+pub const MAX_READ: u32 = 32 * 4096;
 /// The context of the layer-2 tag key's derivation.
 pub const KEY_CONTEXT: &str = "zcfs 2026 layer-2 session key v1";
 

@@ -52,7 +52,8 @@ pub const TX_CHUNKS: u32 = 1024;
 /// Read staging slots of the server (reads in flight on the lane at once).
 pub const READ_SLOTS: u32 = 64;
 /// The most bytes one read over layer 2 carries: one extent.
-pub const MAX_L2_READ: u32 = MAX_EXTENT_BLOCKS * BLOCK_SIZE as u32;
+pub const MAX_L2_READ: u32 = zcfs_protocol::l2::MAX_READ;
+const _: () = assert!(MAX_L2_READ == MAX_EXTENT_BLOCKS * BLOCK_SIZE as u32);
 /// Tries of a bind whose queue is still busy (the kernel frees a closed socket's pool
 /// from a work queue: a restarted server can find it busy for a moment).
 const BIND_TRIES: u32 = 200;

@@ -337,6 +337,20 @@ impl Server {
         Ok(())
     }
 
+    /// Requests executed from layer-2 commands, per operation code (zeros without a
+    /// lane).
+    pub fn l2_requests(&self) -> Vec<u64> {
+        match self.shared.l2.get() {
+            Some(l) => l
+                .counters
+                .requests
+                .iter()
+                .map(|c| c.load(Ordering::Relaxed))
+                .collect(),
+            None => vec![0; zcfs_protocol::OP_SLOTS],
+        }
+    }
+
     pub fn backend(&self) -> &Arc<dyn Backend> {
         &self.shared.backend
     }
