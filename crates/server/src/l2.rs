@@ -423,7 +423,7 @@ fn run(port: L2Port, shared: &Shared, service: &L2Service, busy: bool) {
 /// Send an encoded reply (header and body) as a command, or "resend on TCP" when it
 /// does not fit one.
 fn answer(r: &mut Run, service: &L2Service, id: u64, msg: &[u8]) {
-    let c = if 1 + msg.len() <= MAX_COMMAND {
+    let c = if zcfs_protocol::l2::REPLY_PREFIX + msg.len() <= MAX_COMMAND {
         encode_reply(msg)
     } else {
         service.counters.resend_tcp.fetch_add(1, Ordering::Relaxed);

@@ -422,7 +422,12 @@ fn reply_for(op: Op) -> BoxedStrategy<Reply> {
             })
             .boxed(),
         Op::Forget => Just(Reply::Forget(EmptyReply {})).boxed(),
-        Op::L2Setup => (any::<bool>(), 0u64..1 << 48, any::<[u8; 32]>(), "[a-z ]{0,40}")
+        Op::L2Setup => (
+            any::<bool>(),
+            0u64..1 << 48,
+            any::<[u8; 32]>(),
+            "[a-z ]{0,40}",
+        )
             .prop_map(|(accepted, mac, nonce, why)| {
                 Reply::L2Setup(L2SetupReply {
                     accepted,
