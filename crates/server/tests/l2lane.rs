@@ -345,3 +345,52 @@ fn the_session_stays_on_tcp_when_the_lane_cannot_be_had() {
         })
         .unwrap();
 }
+
+/// Figures for the record (run by hand with --ignored; nothing asserted on time): QD1
+/// p50 of 4 KiB reads and 1 KiB writes through the library, over layer 2 (wait mode)
+/// and over TCP, on the same veth pair in one run.
+#[test]
+#[ignore]
+fn qd1_latency_over_layer_2_and_tcp() {
+    if !l2_ready() {
+        return;
+    }
+    let n = net("qd1", true);
+    let addr = n.addr.clone();
+    n.pair
+        .cli
+        .run(move || {
+            const N: usize = 5000;
+            let l2 = Client::new(client_cfg(&addr, CLI_IF));
+            l2.connect().unwrap();
+            assert!(l2.l2_status().unwrap().0);
+            let tcp = Client::new(ClientConfig::new(&addr));
+            let files = [create(&l2, "f"), create(&tcp, "g")];
+            for (c, f) in [(&l2, &files[0]), (&tcp, &files[1])] {
+                write(c, f, 0, &vec![7u8; 1 << 20]);
+            }
+            let p50 = |c: &Client, f: &CreateReply, what: &str| {
+                let mut t: Vec<u128> = (0..N)
+                    .map(|i| {
+                        let s = std::time::Instant::now();
+                        if what == "read" {
+                            read(c, f, (i % 256) as u64 * 4096, 4096);
+                        } else {
+                            write(c, f, (i % 256) as u64 * 4096, &[i as u8; 1024]);
+                        }
+                        s.elapsed().as_nanos()
+                    })
+                    .collect();
+                t.sort();
+                t[N / 2] as f64 / 1000.0
+            };
+            for what in ["read", "write"] {
+                let (a, b) = (p50(&l2, &files[0], what), p50(&tcp, &files[1], what));
+                eprintln!(
+                    "{what}: l2 p50 {a:.1} us, tcp p50 {b:.1} us, ratio {:.2}",
+                    a / b
+                );
+            }
+        })
+        .unwrap();
+}
