@@ -16,6 +16,7 @@
 //!   received into a buffer handed to the caller: no user-space copy on either path.
 
 mod conn;
+pub mod l2;
 mod remote;
 
 pub use conn::Ticket;
@@ -78,6 +79,8 @@ pub struct ClientConfig {
     pub attr_ttl: Duration,
     /// `Full`: require the server to MAC bulk data too (needs a secret).
     pub integrity: Integrity,
+    /// Offer the server the layer-2 lane on this interface (`l2`).
+    pub l2: Option<l2::L2Options>,
 }
 
 impl ClientConfig {
@@ -89,6 +92,7 @@ impl ClientConfig {
             timeout: Duration::from_secs(10),
             attr_ttl: Duration::from_secs(1),
             integrity: Integrity::Headers,
+            l2: None,
         }
     }
 }
@@ -187,6 +191,17 @@ pub struct Client {
     /// Requests sent again after a lost connection (same id), and posted requests
     /// sent again after their connection was lost.
     pub resent: AtomicU64,
+    /// The layer-2 lane: not tried yet, being set up, up (or lost), or off.
+    l2: Mutex<L2State>,
+    /// Requests per path on the lane.
+    pub l2_counters: l2::L2Counters,
+}
+
+enum L2State {
+    Untried,
+    Trying,
+    Up(Arc<l2::L2Lane>),
+    Off,
 }
 
 impl Drop for Client {
@@ -289,7 +304,81 @@ impl Client {
             resumed: AtomicU64::new(0),
             revalidations: AtomicU64::new(0),
             resent: AtomicU64::new(0),
+            l2: Mutex::new(L2State::Untried),
+            l2_counters: l2::L2Counters::new(),
         }
+    }
+
+    /// Whether the layer-2 lane is up, and its sockets' bind mode (None: no lane).
+    pub fn l2_status(&self) -> Option<(bool, zcfs_xsk::BindMode)> {
+        match &*lock(&self.l2) {
+            L2State::Up(l) => Some((l.is_up(), l.mode)),
+            _ => None,
+        }
+    }
+
+    /// The lane, set up on first use when the configuration asks for it: the local
+    /// interface opened, then the offer on TCP. Any failure or a refusal leaves the
+    /// session on TCP with one log line.
+    fn l2_lane(&self) -> Option<Arc<l2::L2Lane>> {
+        let o = self.cfg.l2.as_ref()?;
+        {
+            let mut st = lock(&self.l2);
+            match &*st {
+                L2State::Up(l) if l.is_up() => return Some(l.clone()),
+                L2State::Untried => *st = L2State::Trying,
+                _ => return None,
+            }
+        }
+        let r = self.l2_setup(o);
+        let mut st = lock(&self.l2);
+        match r {
+            Ok(lane) => {
+                let lane = Arc::new(lane);
+                *st = L2State::Up(lane.clone());
+                Some(lane)
+            }
+            Err(why) => {
+                tracing::warn!(iface = %o.iface, "layer-2 lane not used, the session stays on TCP: {why}");
+                *st = L2State::Off;
+                None
+            }
+        }
+    }
+
+    fn l2_setup(&self, o: &l2::L2Options) -> Result<l2::L2Lane, String> {
+        let local = l2::open_local(o)?;
+        let req: Request = zcfs_protocol::L2SetupReq {
+            mac: zcfs_protocol::mac_to_u64(local.mac),
+            cmd_queue: l2::CMD_QUEUE,
+            data_queue: l2::DATA_QUEUE,
+            geometry: zcfs_protocol::Blob::new(local.geometry.encode().to_vec()).expect("24 bytes"),
+        }
+        .into();
+        let r = self
+            .call(&req, Caller::process(), &[])
+            .map_err(|e| format!("the offer failed: {}", e.msg()))?;
+        let reply = match zcfs_protocol::Reply::decode(zcfs_protocol::Op::L2Setup, &r.body) {
+            Ok(zcfs_protocol::Reply::L2Setup(a)) => a,
+            Ok(_) => return Err("the server answered another operation".into()),
+            Err(e) => return Err(format!("the server's answer: {e}")),
+        };
+        if !reply.accepted {
+            return Err(format!(
+                "the server refused: {}",
+                String::from_utf8_lossy(&reply.reason)
+            ));
+        }
+        if reply.cmd_queue != l2::CMD_QUEUE || reply.data_queue != l2::DATA_QUEUE {
+            return Err(format!(
+                "the server's queues (command {}, data {}) differ from ours",
+                reply.cmd_queue, reply.data_queue
+            ));
+        }
+        let key = zcfs_protocol::l2::tag_key_material(self.cfg.secret.as_deref(), &reply.nonce);
+        let lane = l2::L2Lane::new(local, o, zcfs_protocol::mac_from_u64(reply.mac), &key)?;
+        tracing::info!(iface = %o.iface, mode = ?lane.mode, "layer-2 lane up");
+        Ok(lane)
     }
 
     /// Connect now (all connections), to fail early with a clear error.
@@ -297,6 +386,7 @@ impl Client {
         for i in 0..self.conns.len() {
             self.conn(i)?;
         }
+        self.l2_lane();
         Ok(())
     }
 
@@ -729,6 +819,9 @@ impl Client {
             return (Err(e), false);
         }
         let id = self.ids.fetch_add(1, Ordering::Relaxed);
+        if let Some(r) = self.try_l2(id, req, cred, data) {
+            return (r, false);
+        }
         let (r, sent_in) = self.attempt(self.pick(), id, req, cred, data);
         let e = match r {
             Err(e) if is_transport(&e) => e,
@@ -745,6 +838,36 @@ impl Client {
         self.resent.fetch_add(1, Ordering::Relaxed);
         tracing::info!("sending {} again after: {}", op.name(), e.msg());
         (self.attempt(Ok(conn), id, req, cred, data).0, true)
+    }
+
+    /// Request `id` over the layer-2 lane when it is up and the request rides it (None:
+    /// send it on TCP, with the same id: the server's reply cache makes a request the
+    /// lane delivered but did not answer count once).
+    fn try_l2(
+        &self,
+        id: u64,
+        req: &Request,
+        cred: Caller<'_>,
+        data: &[&[u8]],
+    ) -> Option<Result<Response, Error>> {
+        self.cfg.l2.as_ref()?;
+        let lane = self.l2_lane()?;
+        let n: usize = data.iter().map(|d| d.len()).sum();
+        let (hdr, body) = req.encode_with_groups(id, cred.cred, cred.groups).ok()?;
+        if !l2::rides_l2(req, body.len(), n, lane.read_max()) {
+            return None;
+        }
+        let epoch = self.epoch();
+        match lane.call(req, &hdr, &body, data, &self.l2_counters) {
+            Ok(mut r) => {
+                r.epoch = epoch;
+                if r.hdr.status != 0 {
+                    return Some(Err(Error::errno(r.hdr.status)));
+                }
+                Some(Ok(r))
+            }
+            Err(l2::Fallback) => None,
+        }
     }
 
     /// Send on the given connection and wait (the restart hook re-opening files before

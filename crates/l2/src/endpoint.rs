@@ -698,6 +698,16 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
         Ok(())
     }
 
+    /// A new session on the same sockets with another peer (a server's interface taken
+    /// over by the next client): [`Endpoint::rekey`] with the new peer's MAC, so frames
+    /// are sent to it and only its frames are accepted.
+    pub fn rekey_peer(&mut self, session_key: &[u8], peer_mac: [u8; 6]) {
+        self.cfg.peer_mac = peer_mac;
+        self.out_macs.dst = peer_mac;
+        self.in_macs.src = peer_mac;
+        self.rekey(session_key);
+    }
+
     /// A new session on the same sockets (the peer restarted): everything of the old
     /// session is aborted or failed, and before anything is posted again the entries
     /// the old session left posted are drained.

@@ -21,6 +21,7 @@
 pub mod channel;
 pub mod handshake;
 mod header;
+pub mod l2;
 mod messages;
 mod ops;
 mod types;
@@ -40,8 +41,9 @@ pub use wire::{Reader, Wire};
 /// (clients resend any request after a lost connection, which a version 2 server would
 /// execute twice). Version 5 authenticates every message after a handshake with a
 /// secret (`channel`: a MAC trailer after each body, optionally a payload MAC) and
-/// binds the handshake proofs to its whole transcript.
-pub const VERSION: u8 = 7;
+/// binds the handshake proofs to its whole transcript. Version 8 adds `L2Setup` (the
+/// layer-2 lane, `l2`).
+pub const VERSION: u8 = 8;
 pub const REQ_MAGIC: u16 = 0x515a; // "ZQ"
 pub const RESP_MAGIC: u16 = 0x525a; // "ZR"
 /// Size of the fixed request header.

@@ -432,3 +432,66 @@ wire_struct! {
         pub json: Blob,
     }
 }
+
+// ---- the layer-2 lane (protocol 8) ----
+
+/// Bytes of an encoded `zcfs_l2::SlotGeometry`.
+pub const L2_GEOMETRY_LEN: usize = 24;
+/// Bytes of the nonce an accepting server sends.
+pub const L2_NONCE_LEN: usize = 32;
+/// Longest refusal reason a server sends (bytes).
+pub const L2_MAX_REASON: usize = 512;
+
+wire_struct! {
+    /// Offer of the layer-2 lane (after the handshake, on TCP): the client's MAC (the
+    /// low 48 bits, big-endian byte order of the address), its command and data queue
+    /// ids, and its receive-slot geometry (`zcfs_l2::SlotGeometry::encode`).
+    pub struct L2SetupReq {
+        pub mac: u64,
+        pub cmd_queue: u32,
+        pub data_queue: u32,
+        pub geometry: Blob,
+    }
+    check(v) {
+        if v.mac >> 48 != 0 {
+            return Err(ProtoError::Invalid("a MAC address beyond 48 bits"));
+        }
+        if v.geometry.len() != L2_GEOMETRY_LEN {
+            return Err(ProtoError::Invalid("slot geometry of the wrong length"));
+        }
+        Ok(())
+    }
+}
+
+wire_struct! {
+    /// The server's answer: accepted (its MAC, queues and a random nonce; `reason`
+    /// empty) or refused (`reason` says why; the session stays on TCP).
+    pub struct L2SetupReply {
+        pub accepted: bool,
+        pub mac: u64,
+        pub cmd_queue: u32,
+        pub data_queue: u32,
+        pub nonce: Blob,
+        pub reason: Blob,
+    }
+    check(v) {
+        if v.mac >> 48 != 0 {
+            return Err(ProtoError::Invalid("a MAC address beyond 48 bits"));
+        }
+        if v.accepted && v.nonce.len() != L2_NONCE_LEN {
+            return Err(ProtoError::Invalid("an accepting l2setup reply without its nonce"));
+        }
+        check_limit("l2setup reason", v.reason.len(), L2_MAX_REASON, libc::EINVAL)
+    }
+}
+
+/// A MAC address as the `mac` field carries it.
+pub fn mac_to_u64(mac: [u8; 6]) -> u64 {
+    mac.iter().fold(0u64, |a, b| a << 8 | *b as u64)
+}
+
+/// The `mac` field as a MAC address.
+pub fn mac_from_u64(v: u64) -> [u8; 6] {
+    let b = v.to_be_bytes();
+    [b[2], b[3], b[4], b[5], b[6], b[7]]
+}

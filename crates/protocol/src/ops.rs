@@ -62,7 +62,10 @@ macro_rules! operations {
             /// everything but the data paths (read, write: idempotent, and their
             /// payloads too large to keep) and ping and stats (no side effects).
             pub fn cached(self) -> bool {
-                !matches!(self, Op::Read | Op::Write | Op::Lseek | Op::Ping | Op::Stats)
+                !matches!(
+                    self,
+                    Op::Read | Op::Write | Op::Lseek | Op::Ping | Op::Stats | Op::L2Setup
+                )
             }
         }
 
@@ -274,4 +277,5 @@ operations! {
     30 Access      "access"      : AccessReq      -> EmptyReply,     mutates false, idempotent true;
     31 Lseek       "lseek"       : LseekReq       -> LseekReply,     mutates false, idempotent true;
     32 TmpFile     "tmpfile"     : TmpFileReq     -> CreateReply,    mutates true,  idempotent false;
+    33 L2Setup     "l2setup"     : L2SetupReq     -> L2SetupReply,   mutates false, idempotent true;
 }

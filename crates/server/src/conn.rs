@@ -51,12 +51,101 @@ impl ConnEnd {
     }
 }
 
-pub(crate) struct Conn<'a> {
-    pub s: Stream,
+/// What a request is executed in, whichever lane (TCP or layer 2) it came by: the
+/// session, and what the connection that set the session up may name as its identity.
+/// Permission, identity and handle logic live here, once for both lanes.
+#[derive(Clone)]
+pub(crate) struct Lane<'a> {
     /// What the peer may name as its identity.
     pub rule: PeerRule,
     pub shared: &'a Shared,
     pub session: &'a Session,
+}
+
+impl<'a> Lane<'a> {
+    /// The caller of request `h` as the export lets it be, or the error to answer
+    /// (counted).
+    pub(crate) fn caller(&self, h: &ReqHeader, groups: Vec<u32>) -> Result<Ctx, Error> {
+        match self.rule.check(h.uid, h.gid, groups) {
+            Ok(c) => Ok(Ctx {
+                cred: self.shared.cfg.identity.map(c),
+                pid: 0,
+            }),
+            Err(e) => {
+                self.shared
+                    .stats
+                    .rejected_identity
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(op = h.op.name(), "refused: {}", e.msg());
+                Err(e)
+            }
+        }
+    }
+
+    /// The backend handle a request names, checked against the session: fh 0 is "no
+    /// handle"; any other must be this session's handle for that inode, opened for
+    /// `access` (EBADF otherwise, as for a file descriptor). Also says whether the
+    /// node still needs `hold` (always without a handle; with one, the handle vouches
+    /// for it when it was opened at a known generation).
+    pub(crate) fn resolve(
+        &self,
+        ctx: &Ctx,
+        node: NodeRef,
+        fh: u64,
+        access: Access,
+    ) -> Result<(u64, bool), Error> {
+        if fh == 0 {
+            // No handle: nothing was authorized at an open, so the caller is checked
+            // now, as open would check it (the backend trusts its handle 0).
+            let mask = match access {
+                Access::Read => R_OK,
+                Access::Write => W_OK,
+                Access::Any => 0,
+            };
+            if mask != 0 {
+                self.shared.backend.access(ctx, node.ino, mask)?;
+            }
+            // Held for the operation (`hold`), with or without a generation: the
+            // node must be reachable by this session.
+            return Ok((0, true));
+        }
+        let h = self.session.handle(fh, node.ino, access)?;
+        if node.gen != 0 && h.gen != 0 {
+            if node.gen != h.gen {
+                return Err(crate::dispatch::stale(node));
+            }
+            return Ok((h.backend_fh, false));
+        }
+        Ok((h.backend_fh, node.gen != 0))
+    }
+
+    /// `resolve`, with the node's generation check held for the operation when the
+    /// handle did not already answer for it.
+    pub(crate) fn resolve_held(
+        &self,
+        ctx: &Ctx,
+        node: NodeRef,
+        fh: u64,
+        access: Access,
+    ) -> Result<(u64, Option<Held<'a, 1>>), Error> {
+        let (bfh, check) = self.resolve(ctx, node, fh, access)?;
+        let held = if check {
+            Some(self.hold([node])?)
+        } else {
+            None
+        };
+        Ok((bfh, held))
+    }
+}
+
+pub(crate) struct Conn<'a> {
+    pub s: Stream,
+    pub lane: Lane<'a>,
+    /// The session (`lane.session`), to hand to the layer-2 lane.
+    pub attached: Arc<Session>,
+    /// This connection's hold of the server's layer-2 interface (given back when the
+    /// connection ends).
+    pub l2_hold: Option<crate::l2::Hold>,
     /// Some of the current request's reply went out (after a panic no answer fits).
     pub replying: bool,
     /// The channel's MACs (send, receive) when authenticated.
@@ -185,6 +274,13 @@ pub(crate) fn ro() -> Error {
     Error::new(libc::EROFS, "the export is read-only")
 }
 
+impl<'a> std::ops::Deref for Conn<'a> {
+    type Target = Lane<'a>;
+    fn deref(&self) -> &Lane<'a> {
+        &self.lane
+    }
+}
+
 impl<'a> Conn<'a> {
     pub fn serve(&mut self) -> Result<(), ConnEnd> {
         let session: &'a Session = self.session;
@@ -296,23 +392,33 @@ impl<'a> Conn<'a> {
         claim: &mut Option<Claim<'a>>,
     ) -> Result<(), ConnEnd> {
         // Who the peer may be, then who the export lets it be.
-        let cred = match self.rule.check(h.uid, h.gid, groups) {
-            Ok(c) => self.shared.cfg.identity.map(c),
+        let ctx = match self.lane.caller(h, groups) {
+            Ok(c) => c,
             Err(e) => {
-                self.shared
-                    .stats
-                    .rejected_identity
-                    .fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(op = h.op.name(), "refused: {}", e.msg());
                 self.discard()?;
                 self.shared.stats.record(h.op, false, 0, t);
                 return self.reply(h, Err(e), claim.take());
             }
         };
-        let ctx = Ctx { cred, pid: 0 };
         match req {
             Request::Write(w) => self.write(&ctx, h, w, t),
             Request::Read(r) => self.read(&ctx, h, r, t),
+            Request::L2Setup(r) => {
+                let reply = match self.shared.l2.get() {
+                    Some(svc) => svc.setup(
+                        self.shared.cfg.secret.as_deref(),
+                        self.attached.clone(),
+                        self.lane.rule.clone(),
+                        &r,
+                        &mut self.l2_hold,
+                    ),
+                    None => crate::l2::refusal(
+                        "the server has no layer-2 interface (zcfs serve --l2 IFACE)",
+                    ),
+                };
+                self.shared.stats.record(Op::L2Setup, reply.accepted, 0, t);
+                self.reply(h, Ok(Reply::L2Setup(reply)), claim.take())
+            }
             other => {
                 let op = other.op();
                 let r = self.dispatch(&ctx, other);
@@ -380,61 +486,6 @@ impl<'a> Conn<'a> {
             &mut [IoSlice::new(&rh), IoSlice::new(&body), IoSlice::new(tag)],
         )
         .map_err(|e| ConnEnd::io("sending a reply", e))
-    }
-
-    /// The backend handle a request names, checked against the session: fh 0 is "no
-    /// handle"; any other must be this session's handle for that inode, opened for
-    /// `access` (EBADF otherwise, as for a file descriptor). Also says whether the
-    /// node still needs `hold` (always without a handle; with one, the handle vouches
-    /// for it when it was opened at a known generation).
-    pub(crate) fn resolve(
-        &self,
-        ctx: &Ctx,
-        node: NodeRef,
-        fh: u64,
-        access: Access,
-    ) -> Result<(u64, bool), Error> {
-        if fh == 0 {
-            // No handle: nothing was authorized at an open, so the caller is checked
-            // now, as open would check it (the backend trusts its handle 0).
-            let mask = match access {
-                Access::Read => R_OK,
-                Access::Write => W_OK,
-                Access::Any => 0,
-            };
-            if mask != 0 {
-                self.shared.backend.access(ctx, node.ino, mask)?;
-            }
-            // Held for the operation (`hold`), with or without a generation: the
-            // node must be reachable by this session.
-            return Ok((0, true));
-        }
-        let h = self.session.handle(fh, node.ino, access)?;
-        if node.gen != 0 && h.gen != 0 {
-            if node.gen != h.gen {
-                return Err(crate::dispatch::stale(node));
-            }
-            return Ok((h.backend_fh, false));
-        }
-        Ok((h.backend_fh, node.gen != 0))
-    }
-
-    /// `resolve`, with the node's generation check held for the operation when the
-    /// handle did not already answer for it.
-    fn resolve_held(
-        &self,
-        ctx: &Ctx,
-        node: NodeRef,
-        fh: u64,
-        access: Access,
-    ) -> Result<(u64, Option<Held<'a, 1>>), Error> {
-        let (bfh, check) = self.resolve(ctx, node, fh, access)?;
-        let held = if check {
-            Some(self.hold([node])?)
-        } else {
-            None
-        };
-        Ok((bfh, held))
     }
 
     fn read(&mut self, ctx: &Ctx, h: &ReqHeader, r: ReadReq, t: Instant) -> Result<(), ConnEnd> {

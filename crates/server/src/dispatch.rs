@@ -1,7 +1,7 @@
 //! Requests other than read and write: generation checks, the session's handles and
 //! references, and the backend call.
 
-use crate::conn::{ro, Conn};
+use crate::conn::{ro, Lane};
 use crate::session::{Access, Handle};
 use zcfs_backend::{Backend, Ctx, DirEntry, Error, Result};
 use zcfs_protocol::*;
@@ -58,7 +58,7 @@ fn backend_err(what: &'static str) -> impl Fn(ProtoError) -> Error {
     }
 }
 
-impl<'a> Conn<'a> {
+impl<'a> Lane<'a> {
     /// Check the generation of every node that names one, and that each node is
     /// reachable by this session (`reachable`), holding it for the operation. A node
     /// without a generation is held too unless the session holds it already (or it is
@@ -152,6 +152,12 @@ impl<'a> Conn<'a> {
             return Err(ro());
         }
         Ok(match req {
+            Request::L2Setup(_) => {
+                return Err(Error::new(
+                    libc::EINVAL,
+                    "l2setup is answered by its connection",
+                ))
+            }
             // "." names the node itself, whatever its type (a client opening a file
             // handle: FUSE's export support looks a node id up this way).
             Request::Lookup(r) if &*r.name == b"." => {

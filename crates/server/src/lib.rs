@@ -34,6 +34,7 @@
 mod conn;
 mod dispatch;
 mod identity;
+pub mod l2;
 mod session;
 mod stats;
 
@@ -177,6 +178,8 @@ pub(crate) struct Shared {
     stats: Arc<ServerStats>,
     sessions: Sessions,
     instance: u64,
+    /// The layer-2 lane, when the server has an interface for it (`Server::start_l2`).
+    l2: std::sync::OnceLock<Arc<l2::L2Service>>,
 }
 
 impl Shared {
@@ -297,6 +300,7 @@ impl Server {
             cfg,
             stats: stats.clone(),
             instance: rand::random(),
+            l2: std::sync::OnceLock::new(),
         });
         Ok(Server {
             shared,
@@ -320,6 +324,30 @@ impl Server {
         match &self.listener {
             Listener::Tcp(l) => l.local_addr().ok(),
             Listener::Unix(..) => None,
+        }
+    }
+
+    /// Serve the layer-2 lane on `port` (see `l2`): sessions that offer it (`L2Setup`)
+    /// move small requests and reads there, one session at a time.
+    pub fn start_l2(&self, port: l2::L2Port, poll: l2::L2Poll) -> std::io::Result<()> {
+        let svc = l2::start(port, self.shared.clone(), poll)?;
+        if self.shared.l2.set(svc).is_err() {
+            return Err(std::io::Error::other("the layer-2 lane is started already"));
+        }
+        Ok(())
+    }
+
+    /// Requests executed from layer-2 commands, per operation code (zeros without a
+    /// lane).
+    pub fn l2_requests(&self) -> Vec<u64> {
+        match self.shared.l2.get() {
+            Some(l) => l
+                .counters
+                .requests
+                .iter()
+                .map(|c| c.load(Ordering::Relaxed))
+                .collect(),
+            None => vec![0; zcfs_protocol::OP_SLOTS],
         }
     }
 
@@ -434,6 +462,9 @@ impl Server {
     /// releases what the sessions held).
     pub fn shutdown(&self) {
         self.stopping.store(true, Ordering::SeqCst);
+        if let Some(l2) = self.shared.l2.get() {
+            l2.stop();
+        }
         for (_, c) in lock(&self.conns).iter() {
             let _ = c.shutdown(std::net::Shutdown::Both);
         }
@@ -548,9 +579,13 @@ fn connection(mut s: Stream, who: Peer, peer: &str, shared: &Shared, slot: &mut 
             tracing::info!(%peer, session = format!("{:016x}", session.id), resumed, "client connected");
             let mut conn = Conn {
                 s,
-                rule,
-                shared,
-                session,
+                lane: conn::Lane {
+                    rule,
+                    shared,
+                    session,
+                },
+                attached: a.session.clone(),
+                l2_hold: None,
                 replying: false,
                 tx,
                 rx,

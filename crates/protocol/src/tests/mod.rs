@@ -309,6 +309,17 @@ fn request_for(op: Op) -> BoxedStrategy<Request> {
             .prop_map(|(node, mask)| AccessReq { node, mask }.into())
             .boxed(),
         Op::Stats => Just(StatsReq {}.into()).boxed(),
+        Op::L2Setup => (0u64..1 << 48, any::<u32>(), any::<u32>(), any::<[u8; 24]>())
+            .prop_map(|(mac, cmd_queue, data_queue, g)| {
+                L2SetupReq {
+                    mac,
+                    cmd_queue,
+                    data_queue,
+                    geometry: Blob::new(g.to_vec()).unwrap(),
+                }
+                .into()
+            })
+            .boxed(),
         Op::Forget => prop::collection::vec((any::<u64>(), 1u64..), 0..50)
             .prop_map(|items| {
                 ForgetReq {
@@ -411,6 +422,23 @@ fn reply_for(op: Op) -> BoxedStrategy<Reply> {
             })
             .boxed(),
         Op::Forget => Just(Reply::Forget(EmptyReply {})).boxed(),
+        Op::L2Setup => (
+            any::<bool>(),
+            0u64..1 << 48,
+            any::<[u8; 32]>(),
+            "[a-z ]{0,40}",
+        )
+            .prop_map(|(accepted, mac, nonce, why)| {
+                Reply::L2Setup(L2SetupReply {
+                    accepted,
+                    mac,
+                    cmd_queue: 0,
+                    data_queue: 1,
+                    nonce: Blob::new(if accepted { nonce.to_vec() } else { vec![] }).unwrap(),
+                    reason: Blob::new(why.into_bytes()).unwrap(),
+                })
+            })
+            .boxed(),
     }
 }
 

@@ -48,6 +48,10 @@ pub struct MountArgs {
     /// operation counts, errors and latency histograms (also `-o metrics=`).
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics: Option<String>,
+    /// Offer a remote SOURCE the layer-2 lane on this interface (also `-o l2=`;
+    /// `-o l2_poll=busy|wait`, `-o l2_read_max=BYTES`).
+    #[arg(long, value_name = "IFACE")]
+    pub l2: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -256,6 +260,16 @@ fn open(source: &Source, plan: &MountPlan) -> Result<OpenedBackend> {
                 cfg.timeout = t;
             }
             cfg.integrity = plan.integrity;
+            if let Some(iface) = &plan.l2 {
+                let mut o = zcfs_client::l2::L2Options::new(iface);
+                if let Some(p) = plan.l2_poll {
+                    o.poll = p;
+                }
+                if let Some(m) = plan.l2_read_max {
+                    o.read_max = m;
+                }
+                cfg.l2 = Some(o);
+            }
             // cache=none: no cache of names and attributes in the client either
             // (a cached name would skip the server's search-permission check, as
             // a kernel-cached one skips it without default_permissions).

@@ -99,6 +99,15 @@ pub struct ServeArgs {
     /// counters. Port 0 picks one (printed on stdout).
     #[arg(long, value_name = "ADDR:PORT")]
     metrics: Option<String>,
+    /// Serve the layer-2 lane on this interface (AF_XDP; root): small requests and
+    /// reads of sessions that offer it ride raw Ethernet frames, one session at a time.
+    /// The image must be on tmpfs, hugetlbfs or device-dax (it is the data socket's
+    /// UMEM).
+    #[arg(long, value_name = "IFACE")]
+    l2: Option<String>,
+    /// How the layer-2 service thread waits for frames: busy (spin) or wait (poll).
+    #[arg(long, default_value = "wait", requires = "l2")]
+    l2_poll: String,
 }
 
 /// `--listen`, or the default Unix socket for the source (its directory made if need
@@ -197,6 +206,25 @@ pub fn run(a: &ServeArgs) -> Result<i32> {
         anon_uid: a.anon_uid,
         anon_gid: a.anon_gid,
     };
+    // The layer-2 port first: a refused image or interface fails the start.
+    let l2 = match &a.l2 {
+        Some(ifname) => {
+            let poll: zcfs_server::l2::L2Poll =
+                a.l2_poll.parse().map_err(|e| anyhow!("--l2-poll: {e}"))?;
+            let Source::Image(path) = &source else {
+                bail!("--l2 needs a volume image (its mapping is the data socket's UMEM)");
+            };
+            let image = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(path)
+                .map_err(|e| anyhow!("{}: {e}", path.display()))?;
+            let port = zcfs_server::l2::L2Port::open(ifname, &image, poll)
+                .map_err(|e| anyhow!("--l2 {ifname}: {e}"))?;
+            Some((port, poll))
+        }
+        None => None,
+    };
     let OpenedBackend { backend, volume } = open(&source, a)?;
     let signals = StopSignals::block();
     let server = Arc::new(
@@ -223,6 +251,17 @@ pub fn run(a: &ServeArgs) -> Result<i32> {
         .map_err(|e| anyhow!("{e} (is another server using it?)"))?,
     );
     let addr = server.local_addr();
+    let l2_mode = match l2 {
+        Some((port, poll)) => {
+            let mode = port.mode();
+            server.start_l2(port, poll)?;
+            format!(
+                " layer-2 on {} ({mode:?} mode, {poll:?} poll)",
+                a.l2.as_deref().unwrap_or("")
+            )
+        }
+        None => String::new(),
+    };
     let metrics = match &a.metrics {
         Some(m) => {
             let scraped = server.clone();
@@ -240,7 +279,7 @@ pub fn run(a: &ServeArgs) -> Result<i32> {
         .name("zcfs-accept".into())
         .spawn(move || accepting.run())?;
     println!(
-        "serving {source} on {addr}{}{}",
+        "serving {source} on {addr}{}{}{l2_mode}",
         if authenticated {
             match a.integrity {
                 zcfs_protocol::channel::Integrity::Full => " (authenticated, integrity full)",

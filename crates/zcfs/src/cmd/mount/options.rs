@@ -25,6 +25,12 @@ pub struct MountPlan {
     pub read_ahead_kb: u32,
     /// `--metrics` / `-o metrics=ADDR:PORT`: answer Prometheus scrapes there.
     pub metrics: Option<String>,
+    /// `--l2 IFACE` / `-o l2=IFACE`: offer the server the layer-2 lane on IFACE.
+    pub l2: Option<String>,
+    /// `-o l2_poll=busy|wait`.
+    pub l2_poll: Option<zcfs_client::l2::L2Poll>,
+    /// `-o l2_read_max=BYTES`: reads up to this size ride layer 2.
+    pub l2_read_max: Option<u32>,
 }
 
 /// The read-ahead window a mount asks for by default. The kernel gives a FUSE mount
@@ -123,6 +129,9 @@ pub fn parse_options(a: &MountArgs) -> Result<MountPlan> {
         remount: false,
         read_ahead_kb: READ_AHEAD_KB_DEFAULT,
         metrics: a.metrics.clone(),
+        l2: a.l2.clone(),
+        l2_poll: None,
+        l2_read_max: None,
     };
     let num = |k: &str, v: &str| -> Result<u64> {
         v.parse().map_err(|_| anyhow!("-o {k}={v}: not a number"))
@@ -181,6 +190,9 @@ pub fn parse_options(a: &MountArgs) -> Result<MountPlan> {
             ("batch", Some(v)) => p.batch_ops = Some(num(k, v)?.max(1) as usize),
             ("secret_file", Some(v)) => p.secret_file = Some(v.into()),
             ("metrics", Some(v)) => p.metrics = Some(v.into()),
+            ("l2", Some(v)) => p.l2 = Some(v.into()),
+            ("l2_poll", Some(v)) => p.l2_poll = Some(v.parse().map_err(|e| anyhow!("-o l2_poll={v}: {e}"))?),
+            ("l2_read_max", Some(v)) => p.l2_read_max = Some(num(k, v)?.clamp(1, zcfs_protocol::l2::MAX_READ as u64) as u32),
             ("integrity", Some(v)) => p.integrity = v.parse().map_err(|e| anyhow!("-o integrity={v}: {e}"))?,
             ("timeout", Some(v)) => p.timeout = Some(Duration::from_secs_f64(v.parse().map_err(|_| anyhow!("-o timeout={v}: not seconds"))?)),
             ("remount", None) => p.remount = true,
@@ -201,7 +213,7 @@ pub fn parse_options(a: &MountArgs) -> Result<MountPlan> {
                 "unknown mount option {opt:?}. Known: allow_other, allow_root, default_permissions, ro, rw, \
                  [no]suid, [no]dev, [no]exec, [no]atime, sync, async, dirsync, uid=, gid=, umask=, fsname=, \
                  subtype=, cache=none|metadata|auto|always, writeback, direct_io, no_readdirplus, threads=, \
-                 attr_timeout=, max_write=, read_ahead_kb=, batch=, secret_file=, timeout=, integrity=headers|full, metrics="
+                 attr_timeout=, max_write=, read_ahead_kb=, batch=, secret_file=, timeout=, integrity=headers|full, metrics=, l2=, l2_poll=busy|wait, l2_read_max="
             ),
         }
     }
@@ -235,7 +247,20 @@ mod tests {
             daemon: false,
             secret_file: None,
             metrics: None,
+            l2: None,
         }
+    }
+
+    #[test]
+    fn l2_options_name_the_interface_poll_and_threshold() {
+        let p = parse_options(&args("l2=veth0,l2_poll=busy,l2_read_max=8192")).unwrap();
+        assert_eq!(p.l2.as_deref(), Some("veth0"));
+        assert_eq!(p.l2_poll, Some(zcfs_client::l2::L2Poll::Busy));
+        assert_eq!(p.l2_read_max, Some(8192));
+        // The threshold is bounded by what one layer-2 read carries.
+        let p = parse_options(&args("l2_read_max=999999999")).unwrap();
+        assert_eq!(p.l2_read_max, Some(zcfs_protocol::l2::MAX_READ));
+        assert!(parse_options(&args("l2_poll=sometimes")).is_err());
     }
 
     #[test]

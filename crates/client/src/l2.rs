@@ -1,0 +1,530 @@
+//! The client's layer-2 lane (issue 12, phase 1; docs/protocol.md "The layer-2 lane"):
+//! after the handshake the client offers the lane on TCP (`L2Setup`); once accepted,
+//! the requests in [`rides_l2`] go as layer-2 commands and reads up to
+//! [`L2Options::read_max`] get their data as a layer-2 transfer into a receive slot;
+//! everything else stays on TCP.
+//!
+//! Waiting: the caller that waits for a reply polls the endpoint itself when no one
+//! else does (leader/follower under the lane's mutex; the reply's reader is the
+//! caller, no hand-off thread), spinning ([`L2Poll::Busy`]) or sleeping in poll(2) on
+//! the sockets ([`L2Poll::Wait`]) between polls.
+//!
+//! A request without its reply within [`L2_REPLY_TIMEOUT`] means the layer-2 peer is
+//! lost: the lane goes down (one log line), every request on it fails over to TCP
+//! (sent again with the same id: the server's reply cache makes it count once) and the
+//! session stays on TCP.
+
+use std::collections::HashMap;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use zcfs_l2::endpoint::{CMD_CHUNK, CMD_REGION_LEN};
+use zcfs_l2::{Config, Endpoint, Event, Extent, SlotGeometry, BLOCK_SIZE, MAX_COMMAND};
+use zcfs_protocol::l2::{decode_reply, encode_request, request_len, L2Reply, MAX_READ};
+use zcfs_protocol::{Op, Request, RespHeader, OP_SLOTS, REQ_HDR};
+use zcfs_xsk::{mac_address, BindMode, Region, XdpProgram, XskConfig, XskError, XskSocket};
+
+use crate::{lock, Response};
+
+/// The queue commands travel on (the server's `CMD_QUEUE`).
+pub const CMD_QUEUE: u32 = 0;
+/// The queue data frames travel on (the server's `DATA_QUEUE`).
+pub const DATA_QUEUE: u32 = 1;
+/// Receive slots: reads on the lane in flight at once.
+pub const RECEIVE_SLOTS: u32 = 32;
+/// Chunks of TX scratch (the endpoint needs room for its largest extent's frames).
+pub const TX_CHUNKS: u32 = 128;
+/// A request without its reply for this long: the layer-2 peer is lost.
+pub const L2_REPLY_TIMEOUT: Duration = Duration::from_secs(1);
+/// Reads up to this many bytes go over layer 2 by default (see README: measured).
+pub const DEFAULT_L2_READ_MAX: u32 = 64 << 10;
+/// Longest sleep in poll(2) between polls (wait mode).
+const WAIT_SLICE: Duration = Duration::from_millis(1);
+/// Retransmission timeout, quiet time and transfer timeout of the endpoint.
+const RTO: Duration = Duration::from_millis(5);
+const QUIET: Duration = Duration::from_millis(1);
+const TRANSFER_TIMEOUT: Duration = Duration::from_secs(2);
+/// Tries of a bind whose queue is still busy.
+const BIND_TRIES: u32 = 200;
+
+/// How a waiting caller waits for frames.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum L2Poll {
+    Busy,
+    Wait,
+}
+
+impl std::str::FromStr for L2Poll {
+    type Err = String;
+    fn from_str(s: &str) -> Result<L2Poll, String> {
+        match s {
+            "busy" => Ok(L2Poll::Busy),
+            "wait" => Ok(L2Poll::Wait),
+            o => Err(format!("l2 poll mode {o:?}: busy or wait")),
+        }
+    }
+}
+
+/// The layer-2 lane's settings (`ClientConfig::l2`).
+#[derive(Clone, Debug)]
+pub struct L2Options {
+    /// The interface on the server's Ethernet segment.
+    pub iface: String,
+    pub poll: L2Poll,
+    /// Reads up to this many bytes go over layer 2 (at most `MAX_READ`).
+    pub read_max: u32,
+}
+
+impl L2Options {
+    pub fn new(iface: &str) -> L2Options {
+        L2Options {
+            iface: iface.to_string(),
+            poll: L2Poll::Wait,
+            read_max: DEFAULT_L2_READ_MAX,
+        }
+    }
+}
+
+/// Whether `req` travels on the lane (request and reply fit a command): the explicit
+/// list of phase 1. Reads up to `read_max` bytes; writes whose data fits inline.
+pub fn rides_l2(req: &Request, body_len: usize, data_len: usize, read_max: u32) -> bool {
+    let fits = request_len(body_len, data_len) <= MAX_COMMAND;
+    fits && match req {
+        Request::Read(r) => r.size > 0 && r.size <= read_max.min(MAX_READ),
+        Request::Write(_) => true,
+        r => matches!(
+            r.op(),
+            Op::Lookup
+                | Op::Getattr
+                | Op::Setattr
+                | Op::Open
+                | Op::Release
+                | Op::Flush
+                | Op::Fsync
+                | Op::Statfs
+                | Op::Access
+                | Op::Readlink
+                | Op::Getxattr
+                | Op::Create
+                | Op::Mknod
+                | Op::Mkdir
+                | Op::Unlink
+                | Op::Rmdir
+                | Op::Symlink
+                | Op::Link
+                | Op::Rename
+                | Op::Lseek
+                | Op::Ping
+        ),
+    }
+}
+
+/// Why a request did not get its answer on the lane: send it on TCP (same id).
+#[derive(Debug)]
+pub(crate) struct Fallback;
+
+/// Counters of the lane (`zcfs stat MOUNTPOINT`).
+pub struct L2Counters {
+    /// Requests answered over layer 2, per operation code.
+    pub requests: [AtomicU64; OP_SLOTS],
+    /// Requests that went to TCP after trying the lane (lost peer, reply too large).
+    pub fell_back: AtomicU64,
+}
+
+impl L2Counters {
+    pub(crate) fn new() -> L2Counters {
+        L2Counters {
+            requests: std::array::from_fn(|_| AtomicU64::new(0)),
+            fell_back: AtomicU64::new(0),
+        }
+    }
+}
+
+struct Waiter {
+    reply: Option<Result<(RespHeader, Vec<u8>), Fallback>>,
+    /// The read's transfer and slot.
+    xfer: Option<(u32, u32)>,
+    committed: bool,
+}
+
+struct Inner {
+    ep: Endpoint<XskSocket, XskSocket>,
+    polling: bool,
+    waiting: HashMap<u64, Waiter>,
+    /// Transfer id -> (slot, request id still waiting for it).
+    xfers: HashMap<u32, (u32, Option<u64>)>,
+    free_slots: Vec<u32>,
+}
+
+/// An open lane.
+pub(crate) struct L2Lane {
+    inner: Mutex<Inner>,
+    cv: Condvar,
+    up: AtomicBool,
+    poll: L2Poll,
+    read_max: u32,
+    geometry: SlotGeometry,
+    region: Arc<Region>,
+    fds: [i32; 2],
+    t0: Instant,
+    pub mode: BindMode,
+    // Last: detached after the sockets closed.
+    _prog: XdpProgram,
+}
+
+/// The local half, before the offer: the program and sockets on the interface.
+pub(crate) struct Local {
+    prog: XdpProgram,
+    data: XskSocket,
+    cmd: XskSocket,
+    region: Arc<Region>,
+    pub mac: [u8; 6],
+    pub geometry: SlotGeometry,
+    scratch: u64,
+}
+
+fn bind_retrying(
+    mut make: impl FnMut() -> Result<XskSocket, XskError>,
+) -> Result<XskSocket, XskError> {
+    for _ in 1..BIND_TRIES {
+        match make() {
+            Err(XskError::Bind { source, .. }) if source.raw_os_error() == Some(libc::EBUSY) => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            other => return other,
+        }
+    }
+    make()
+}
+
+/// Open the interface for the lane (any failure: the session stays on TCP).
+pub(crate) fn open_local(o: &L2Options) -> Result<Local, String> {
+    let read_max = o.read_max.clamp(1, MAX_READ);
+    let slot_blocks = read_max.div_ceil(BLOCK_SIZE as u32);
+    let geometry = SlotGeometry::packed(BLOCK_SIZE as u64, slot_blocks, RECEIVE_SLOTS);
+    let end = geometry.first + geometry.stride * RECEIVE_SLOTS as u64;
+    let scratch = end.div_ceil(BLOCK_SIZE as u64) * BLOCK_SIZE as u64;
+    let len = scratch + TX_CHUNKS as u64 * CMD_CHUNK + BLOCK_SIZE as u64;
+    let region = Arc::new(Region::anonymous(len as usize).map_err(|e| e.to_string())?);
+    geometry.check(region.len()).map_err(|e| e.to_string())?;
+    let mac = mac_address(&o.iface).map_err(|e| e.to_string())?;
+    let mut prog = XdpProgram::attach(&o.iface).map_err(|e| e.to_string())?;
+    let cfg = XskConfig {
+        busy_poll: o.poll == L2Poll::Busy,
+        ..XskConfig::default()
+    };
+    let cmd_region = Arc::new(Region::anonymous(CMD_REGION_LEN).map_err(|e| e.to_string())?);
+    let data = bind_retrying(|| XskSocket::new(region.clone(), &o.iface, DATA_QUEUE, cfg))
+        .map_err(|e| e.to_string())?;
+    let cmd = bind_retrying(|| XskSocket::new(cmd_region.clone(), &o.iface, CMD_QUEUE, cfg))
+        .map_err(|e| e.to_string())?;
+    prog.register(DATA_QUEUE, &data)
+        .map_err(|e| e.to_string())?;
+    prog.register(CMD_QUEUE, &cmd).map_err(|e| e.to_string())?;
+    Ok(Local {
+        prog,
+        data,
+        cmd,
+        region,
+        mac,
+        geometry,
+        scratch,
+    })
+}
+
+impl L2Lane {
+    /// The lane over `local` with the server at `peer_mac`, frames tagged with a key
+    /// from `key`.
+    pub(crate) fn new(
+        local: Local,
+        o: &L2Options,
+        peer_mac: [u8; 6],
+        key: &[u8],
+    ) -> Result<L2Lane, String> {
+        let fds = [local.cmd.as_raw_fd(), local.data.as_raw_fd()];
+        let mode = local.data.mode();
+        let cfg = Config {
+            local_mac: local.mac,
+            peer_mac,
+            rto_ns: RTO.as_nanos() as u64,
+            quiet_ns: QUIET.as_nanos() as u64,
+            transfer_timeout_ns: TRANSFER_TIMEOUT.as_nanos() as u64,
+            credit_frames: zcfs_l2::endpoint::MAX_CREDIT_FRAMES,
+            tx_scratch: (local.scratch, TX_CHUNKS),
+        };
+        let ep = Endpoint::new(cfg, key, local.data, local.cmd).map_err(|e| e.to_string())?;
+        Ok(L2Lane {
+            inner: Mutex::new(Inner {
+                ep,
+                polling: false,
+                waiting: HashMap::new(),
+                xfers: HashMap::new(),
+                free_slots: (0..RECEIVE_SLOTS).rev().collect(),
+            }),
+            cv: Condvar::new(),
+            up: AtomicBool::new(true),
+            poll: o.poll,
+            read_max: o.read_max.clamp(1, MAX_READ),
+            geometry: local.geometry,
+            region: local.region,
+            fds,
+            t0: Instant::now(),
+            mode,
+            _prog: local.prog,
+        })
+    }
+
+    pub(crate) fn is_up(&self) -> bool {
+        self.up.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn read_max(&self) -> u32 {
+        self.read_max
+    }
+
+    fn now(&self) -> u64 {
+        self.t0.elapsed().as_nanos() as u64
+    }
+
+    /// The lane is lost: everyone waiting goes to TCP.
+    fn down(&self, inner: &mut Inner, why: &str) {
+        if self.up.swap(false, Ordering::SeqCst) {
+            tracing::warn!("layer-2 lane lost, the session stays on TCP: {why}");
+        }
+        for w in inner.waiting.values_mut() {
+            if w.reply.is_none() {
+                w.reply = Some(Err(Fallback));
+            }
+        }
+        self.cv.notify_all();
+    }
+
+    /// Poll once and hand out what arrived.
+    fn poll_once(&self, inner: &mut Inner) {
+        let events = match inner.ep.poll(self.now()) {
+            Ok(e) => e,
+            Err(e) => {
+                self.down(inner, &format!("endpoint: {e}"));
+                return;
+            }
+        };
+        for ev in events {
+            match ev {
+                Event::Command(bytes) => match decode_reply(&bytes) {
+                    Ok(L2Reply::Reply { header, body }) => {
+                        if let Some(w) = inner.waiting.get_mut(&header.id) {
+                            w.reply = Some(Ok((header, body.to_vec())));
+                        }
+                    }
+                    Ok(L2Reply::ResendTcp { id }) => {
+                        if let Some(w) = inner.waiting.get_mut(&id) {
+                            w.reply = Some(Err(Fallback));
+                        }
+                    }
+                    Err(e) => tracing::debug!("malformed layer-2 reply dropped: {e}"),
+                },
+                Event::Committed(x) | Event::SlotsFree(x) => {
+                    if let Some((slot, who)) = inner.xfers.get(&x).copied() {
+                        match who.and_then(|id| inner.waiting.get_mut(&id)) {
+                            Some(w) if matches!(ev, Event::Committed(_)) => w.committed = true,
+                            Some(w) => {
+                                // Its slots are free again but it never arrived.
+                                w.reply = Some(Err(Fallback));
+                            }
+                            None => {
+                                inner.xfers.remove(&x);
+                                inner.free_slots.push(slot);
+                            }
+                        }
+                    }
+                }
+                Event::Aborted(x) => {
+                    if let Some((_, Some(id))) = inner.xfers.get(&x).copied() {
+                        if let Some(w) = inner.waiting.get_mut(&id) {
+                            w.reply = Some(Err(Fallback));
+                        }
+                        // The slot waits for SlotsFree.
+                        if let Some(e) = inner.xfers.get_mut(&x) {
+                            e.1 = None;
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        self.cv.notify_all();
+    }
+
+    /// Send request `id` (header `hdr`, `body`, inline `data`) on the lane and wait for
+    /// its reply; `Err(Fallback)`: send it on TCP.
+    pub(crate) fn call(
+        &self,
+        req: &Request,
+        hdr: &[u8; REQ_HDR],
+        body: &[u8],
+        data: &[&[u8]],
+        counters: &L2Counters,
+    ) -> Result<Response, Fallback> {
+        let id = u64::from_le_bytes(hdr[8..16].try_into().expect("8 bytes"));
+        let mut inner = lock(&self.inner);
+        if !self.is_up() {
+            return Err(Fallback);
+        }
+        let mut xfer = None;
+        if let Request::Read(r) = req {
+            let blocks = r.size.div_ceil(BLOCK_SIZE as u32);
+            let Some(slot) = inner.free_slots.pop() else {
+                return Err(Fallback);
+            };
+            let s = self.geometry.slot(slot).expect("a slot of the geometry");
+            let ext = Extent {
+                offset: s.offset,
+                blocks,
+            };
+            match inner.ep.expect(&[ext]) {
+                Ok(x) => {
+                    inner.xfers.insert(x, (slot, Some(id)));
+                    xfer = Some((x, slot));
+                }
+                Err(e) => {
+                    inner.free_slots.push(slot);
+                    tracing::debug!("layer-2 read not expected: {e}");
+                    return Err(Fallback);
+                }
+            }
+        }
+        let (x, blocks) = match (xfer, req) {
+            (Some((x, _)), Request::Read(r)) => (x, r.size.div_ceil(BLOCK_SIZE as u32)),
+            _ => (0, 0),
+        };
+        let cmd = encode_request(x, blocks, hdr, body, data);
+        if let Err(e) = inner.ep.send_command(&cmd) {
+            if let Some((x, _)) = xfer {
+                // Posted: its slot comes back when the transfer times out.
+                if let Some(e) = inner.xfers.get_mut(&x) {
+                    e.1 = None;
+                }
+            }
+            tracing::debug!("layer-2 command not sent: {e}");
+            return Err(Fallback);
+        }
+        inner.waiting.insert(
+            id,
+            Waiter {
+                reply: None,
+                xfer,
+                committed: false,
+            },
+        );
+        let deadline = Instant::now() + L2_REPLY_TIMEOUT;
+        loop {
+            let done = inner.waiting.get(&id).is_some_and(|w| match &w.reply {
+                Some(Ok((h, _))) => w.xfer.is_none() || w.committed || h.status != 0,
+                Some(Err(_)) => true,
+                None => false,
+            });
+            if done {
+                let w = inner.waiting.remove(&id).expect("checked");
+                if let Some((x, slot)) = w.xfer {
+                    if w.committed {
+                        inner.xfers.remove(&x);
+                    } else if let Some(e) = inner.xfers.get_mut(&x) {
+                        // Freed when it commits or its slots are free.
+                        e.1 = None;
+                    }
+                    let r = self.finish(w.reply.expect("done"), Some(slot));
+                    if w.committed {
+                        inner.free_slots.push(slot);
+                    }
+                    if r.is_ok() {
+                        counters.requests[req.op() as usize].fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        counters.fell_back.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return r;
+                }
+                let r = self.finish(w.reply.expect("done"), None);
+                if r.is_ok() {
+                    counters.requests[req.op() as usize].fetch_add(1, Ordering::Relaxed);
+                } else {
+                    counters.fell_back.fetch_add(1, Ordering::Relaxed);
+                }
+                return r;
+            }
+            if Instant::now() >= deadline {
+                self.down(
+                    &mut inner,
+                    &format!(
+                        "no reply to a {} within {L2_REPLY_TIMEOUT:?}",
+                        req.op().name()
+                    ),
+                );
+                continue;
+            }
+            if inner.polling {
+                // A follower: the leader hands out our reply.
+                inner = self
+                    .cv
+                    .wait_timeout(inner, WAIT_SLICE)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+                continue;
+            }
+            inner.polling = true;
+            self.poll_once(&mut inner);
+            let mine = inner.waiting.get(&id).is_some_and(|w| w.reply.is_some());
+            if mine {
+                inner.polling = false;
+                continue;
+            }
+            drop(inner);
+            match self.poll {
+                L2Poll::Busy => std::hint::spin_loop(),
+                L2Poll::Wait => self.sleep(),
+            }
+            inner = lock(&self.inner);
+            inner.polling = false;
+        }
+    }
+
+    /// Sleep until a frame arrives on either socket or WAIT_SLICE passed.
+    fn sleep(&self) {
+        let mut pfd = self.fds.map(|fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        // SAFETY: two valid pollfds; the sockets live as long as self.
+        unsafe { libc::poll(pfd.as_mut_ptr(), 2, WAIT_SLICE.as_millis() as i32) };
+    }
+
+    fn finish(
+        &self,
+        reply: Result<(RespHeader, Vec<u8>), Fallback>,
+        slot: Option<u32>,
+    ) -> Result<Response, Fallback> {
+        let (hdr, body) = reply?;
+        let mut data = Vec::new();
+        if hdr.status == 0 && hdr.data_len > 0 {
+            let Some(slot) = slot else {
+                return Err(Fallback);
+            };
+            let s = self.geometry.slot(slot).expect("a slot of the geometry");
+            if hdr.data_len as u64 > s.bytes() {
+                return Err(Fallback);
+            }
+            data = vec![0u8; hdr.data_len as usize];
+            self.region
+                .read(s.offset, &mut data)
+                .map_err(|_| Fallback)?;
+        }
+        Ok(Response {
+            hdr,
+            body,
+            data,
+            epoch: 0,
+        })
+    }
+}

@@ -1,0 +1,671 @@
+//! The layer-2 lane of a session (issue 12, phase 1; docs/protocol.md "The layer-2
+//! lane"): small requests and replies ride layer-2 commands, a read's data a layer-2
+//! transfer into the client's receive slot; everything else stays on TCP.
+//!
+//! [`L2Port`] is the interface: zcfs's XDP program, a data socket on
+//! [`DATA_QUEUE`] whose UMEM is the volume image's mapping (plus a staging area behind
+//! it) and a command socket on [`CMD_QUEUE`] with its own region. One service thread
+//! runs the [`Endpoint`]. Phase 1 serves ONE layer-2 peer per interface at a time: the
+//! data queue's fill ring is shared by every sender, so a second session's `L2Setup` is
+//! refused "busy" (it stays on TCP) until the owning connection ends.
+//!
+//! A request command is executed in the session that set the lane up, through the same
+//! [`Lane`] as a TCP request of that connection (peer rule, identity mapping, handles,
+//! reply cache), and answered by a reply command. A read's bytes are copied from the
+//! volume into a staging slot of the data region and sent from there (the endpoint
+//! builds each frame in its TX scratch: a second copy; sending straight from the
+//! volume's blocks needs their offsets in the image, which the backend does not hand
+//! out yet). Writes larger than fit inline stay on TCP: landing their data in the
+//! volume's blocks needs the volume's reservation of blocks with a free front, which
+//! is being built (the seam: a request command naming a client transfer for a write).
+
+use std::fs::File;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use zcfs_backend::Error;
+use zcfs_l2::endpoint::{CMD_CHUNK, CMD_REGION_LEN};
+use zcfs_l2::{Config, Endpoint, Event, Extent, BLOCK_SIZE, MAX_COMMAND, MAX_EXTENT_BLOCKS};
+use zcfs_protocol::l2::{
+    decode_request, encode_reply, encode_resend_tcp, tag_key_material, L2Request,
+};
+use zcfs_protocol::{
+    mac_from_u64, mac_to_u64, Blob, L2SetupReply, L2SetupReq, Reply, ReqHeader, Request,
+    RespHeader, WriteReply, L2_NONCE_LEN, MAX_BODY, OP_SLOTS, RESP_HDR,
+};
+use zcfs_xsk::{
+    mac_address, BindMode, Region, RegionError, XdpProgram, XskConfig, XskError, XskSocket,
+};
+
+use crate::conn::Lane;
+use crate::session::{lock, Access, Begin, Session};
+use crate::{PeerRule, Shared};
+
+/// The queue commands travel on (both ends).
+pub const CMD_QUEUE: u32 = 0;
+/// The queue data frames travel on (both ends).
+pub const DATA_QUEUE: u32 = 1;
+/// Chunks of the data region's TX scratch (frames being sent).
+pub const TX_CHUNKS: u32 = 1024;
+/// Read staging slots of the server (reads in flight on the lane at once).
+pub const READ_SLOTS: u32 = 64;
+/// The most bytes one read over layer 2 carries: one extent.
+pub const MAX_L2_READ: u32 = zcfs_protocol::l2::MAX_READ;
+const _: () = assert!(MAX_L2_READ == MAX_EXTENT_BLOCKS * BLOCK_SIZE as u32);
+/// Tries of a bind whose queue is still busy (the kernel frees a closed socket's pool
+/// from a work queue: a restarted server can find it busy for a moment).
+const BIND_TRIES: u32 = 200;
+/// Retransmission timeout of the lane's endpoints.
+pub const RTO: Duration = Duration::from_millis(5);
+/// Quiet time after a drain.
+pub const QUIET: Duration = Duration::from_millis(1);
+/// A transfer without progress for this long is given up.
+pub const TRANSFER_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long the service thread sleeps in `FrameIo::wait` at most (wait mode).
+const WAIT_SLICE: Duration = Duration::from_millis(1);
+
+/// How the service thread waits for frames.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum L2Poll {
+    /// Spin on the rings (one core busy).
+    Busy,
+    /// Sleep in poll(2) on the command socket between polls.
+    Wait,
+}
+
+impl std::str::FromStr for L2Poll {
+    type Err = String;
+    fn from_str(s: &str) -> Result<L2Poll, String> {
+        match s {
+            "busy" => Ok(L2Poll::Busy),
+            "wait" => Ok(L2Poll::Wait),
+            o => Err(format!("l2 poll mode {o:?}: busy or wait")),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum L2PortError {
+    #[error(transparent)]
+    Xsk(#[from] XskError),
+    #[error(transparent)]
+    Region(#[from] RegionError),
+    #[error("the layer-2 endpoint: {0}")]
+    Endpoint(#[from] zcfs_l2::L2Error),
+}
+
+/// Layout of the server's data region behind the image.
+fn scratch_offset(file_len: usize) -> u64 {
+    file_len as u64
+}
+fn slot_offset(file_len: usize, i: u32) -> u64 {
+    // The slots after the scratch; each slot's extent is sent from, so no front is
+    // needed.
+    file_len as u64 + TX_CHUNKS as u64 * CMD_CHUNK + i as u64 * MAX_L2_READ as u64
+}
+fn staging_len() -> usize {
+    TX_CHUNKS as usize * CMD_CHUNK as usize + READ_SLOTS as usize * MAX_L2_READ as usize + 4096
+}
+
+/// An interface opened for the layer-2 lane.
+pub struct L2Port {
+    ifname: String,
+    mac: [u8; 6],
+    mode: BindMode,
+    ep: Endpoint<XskSocket, XskSocket>,
+    /// The data socket's region (the endpoint's `data().region()`, held to write
+    /// staging slots while the endpoint is borrowed).
+    region: Arc<Region>,
+    file_len: usize,
+    // Last: the program detaches after the sockets closed.
+    _prog: XdpProgram,
+}
+
+fn bind_retrying(
+    mut make: impl FnMut() -> Result<XskSocket, XskError>,
+) -> Result<XskSocket, XskError> {
+    for _ in 1..BIND_TRIES {
+        match make() {
+            Err(XskError::Bind { source, .. }) if source.raw_os_error() == Some(libc::EBUSY) => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            other => return other,
+        }
+    }
+    make()
+}
+
+impl L2Port {
+    /// Open `ifname` (in this thread's network namespace) for the lane, the data
+    /// socket's UMEM the mapping of `image` (tmpfs, hugetlbfs or device-dax, else
+    /// [`RegionError::UnsupportedBacking`]).
+    pub fn open(ifname: &str, image: &File, poll: L2Poll) -> Result<L2Port, L2PortError> {
+        let region = Arc::new(Region::map_file(image, staging_len())?);
+        let file_len = region.file_len();
+        let mac = mac_address(ifname)?;
+        let mut prog = XdpProgram::attach(ifname)?;
+        let cfg = XskConfig {
+            busy_poll: poll == L2Poll::Busy,
+            ..XskConfig::default()
+        };
+        let cmd_region = Arc::new(Region::anonymous(CMD_REGION_LEN)?);
+        let data = bind_retrying(|| XskSocket::new(region.clone(), ifname, DATA_QUEUE, cfg))?;
+        let cmd = bind_retrying(|| XskSocket::new(cmd_region.clone(), ifname, CMD_QUEUE, cfg))?;
+        prog.register(DATA_QUEUE, &data)?;
+        prog.register(CMD_QUEUE, &cmd)?;
+        let mode = data.mode();
+        let ep = Endpoint::new(
+            endpoint_config(mac, [0; 6], scratch_offset(file_len)),
+            &rand::random::<[u8; 32]>(),
+            data,
+            cmd,
+        )?;
+        Ok(L2Port {
+            ifname: ifname.to_string(),
+            mac,
+            mode,
+            ep,
+            region,
+            file_len,
+            _prog: prog,
+        })
+    }
+
+    pub fn mode(&self) -> BindMode {
+        self.mode
+    }
+}
+
+/// The endpoint settings both ends of the lane use.
+pub fn endpoint_config(local: [u8; 6], peer: [u8; 6], scratch: u64) -> Config {
+    Config {
+        local_mac: local,
+        peer_mac: peer,
+        rto_ns: RTO.as_nanos() as u64,
+        quiet_ns: QUIET.as_nanos() as u64,
+        transfer_timeout_ns: TRANSFER_TIMEOUT.as_nanos() as u64,
+        credit_frames: zcfs_l2::endpoint::MAX_CREDIT_FRAMES,
+        tx_scratch: (scratch, TX_CHUNKS),
+    }
+}
+
+/// The session holding the interface.
+struct Owner {
+    generation: u64,
+    session: Arc<Session>,
+    rule: PeerRule,
+    peer_mac: [u8; 6],
+    key: Vec<u8>,
+}
+
+/// Counters of the lane (the server's `zcfs stat`).
+pub struct L2Counters {
+    /// Requests executed from layer-2 commands, per operation code.
+    pub requests: [AtomicU64; OP_SLOTS],
+    /// Commands that did not decode (dropped).
+    pub malformed: AtomicU64,
+    /// Replies too large for a command (the client resent them on TCP).
+    pub resend_tcp: AtomicU64,
+    /// L2Setups accepted and refused.
+    pub accepted: AtomicU64,
+    pub refused: AtomicU64,
+}
+
+/// The lane's state shared by the connections and the service thread.
+pub(crate) struct L2Service {
+    pub ifname: String,
+    pub mac: [u8; 6],
+    pub mode: BindMode,
+    owner: Mutex<Option<Owner>>,
+    next_generation: AtomicU64,
+    pub counters: L2Counters,
+    stop: AtomicBool,
+}
+
+/// A connection's hold of the interface: given back when the connection ends.
+pub(crate) struct Hold {
+    service: Arc<L2Service>,
+    generation: u64,
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        let mut o = lock(&self.service.owner);
+        if o.as_ref().is_some_and(|o| o.generation == self.generation) {
+            *o = None;
+            tracing::info!(ifname = %self.service.ifname, "layer-2 lane released");
+        }
+    }
+}
+
+impl L2Service {
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+
+    /// Answer an `L2Setup` from a connection of `session`: take the interface if it is
+    /// free (`hold` keeps it for the connection) or refuse.
+    pub fn setup(
+        self: &Arc<L2Service>,
+        secret: Option<&[u8]>,
+        session: Arc<Session>,
+        rule: PeerRule,
+        req: &L2SetupReq,
+        hold: &mut Option<Hold>,
+    ) -> L2SetupReply {
+        let refuse = |why: String| {
+            self.counters.refused.fetch_add(1, Ordering::Relaxed);
+            refusal(&format!("{}: {why}", self.ifname))
+        };
+        if req.cmd_queue != CMD_QUEUE || req.data_queue != DATA_QUEUE {
+            return refuse(format!(
+                "queues (command {}, data {}) differ from the server's ({CMD_QUEUE}, {DATA_QUEUE})",
+                req.cmd_queue, req.data_queue
+            ));
+        }
+        let mut o = lock(&self.owner);
+        if let Some(cur) = o.as_ref() {
+            if hold.as_ref().is_none_or(|h| h.generation != cur.generation) {
+                return refuse(format!("busy: {} serves another session", self.ifname));
+            }
+        }
+        let nonce: [u8; L2_NONCE_LEN] = rand::random();
+        let generation = self.next_generation.fetch_add(1, Ordering::SeqCst) + 1;
+        *o = Some(Owner {
+            generation,
+            session,
+            rule,
+            peer_mac: mac_from_u64(req.mac),
+            key: tag_key_material(secret, &nonce),
+        });
+        drop(o);
+        // A repeated setup on the same connection replaces its own hold.
+        let old = hold.replace(Hold {
+            service: self.clone(),
+            generation,
+        });
+        if let Some(mut old) = old {
+            old.generation = 0;
+        }
+        self.counters.accepted.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(ifname = %self.ifname, mode = ?self.mode, "layer-2 lane accepted");
+        L2SetupReply {
+            accepted: true,
+            mac: mac_to_u64(self.mac),
+            cmd_queue: CMD_QUEUE,
+            data_queue: DATA_QUEUE,
+            nonce: Blob::new(nonce.to_vec()).expect("32 bytes"),
+            reason: Blob::new(Vec::new()).expect("empty"),
+        }
+    }
+}
+
+/// A refusal of the lane, logged (one line: the session stays on TCP).
+pub(crate) fn refusal(why: &str) -> L2SetupReply {
+    let mut why = why.as_bytes().to_vec();
+    why.truncate(zcfs_protocol::L2_MAX_REASON);
+    let why = String::from_utf8_lossy(&why).into_owned();
+    tracing::info!("layer-2 lane refused, the session stays on TCP: {why}");
+    L2SetupReply {
+        accepted: false,
+        mac: 0,
+        cmd_queue: 0,
+        data_queue: 0,
+        nonce: Blob::new(Vec::new()).expect("empty"),
+        reason: Blob::new(why.into_bytes()).expect("bounded reason"),
+    }
+}
+
+/// Start the service thread of `port` for the server's `shared` state.
+pub(crate) fn start(
+    port: L2Port,
+    shared: Arc<Shared>,
+    poll: L2Poll,
+) -> std::io::Result<Arc<L2Service>> {
+    let service = Arc::new(L2Service {
+        ifname: port.ifname.clone(),
+        mac: port.mac,
+        mode: port.mode,
+        owner: Mutex::new(None),
+        next_generation: AtomicU64::new(0),
+        counters: L2Counters {
+            requests: std::array::from_fn(|_| AtomicU64::new(0)),
+            malformed: AtomicU64::new(0),
+            resend_tcp: AtomicU64::new(0),
+            accepted: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+        },
+        stop: AtomicBool::new(false),
+    });
+    let s = service.clone();
+    let busy = poll == L2Poll::Busy;
+    std::thread::Builder::new()
+        .name("zcfs-l2".into())
+        .spawn(move || run(port, &shared, &s, busy))?;
+    Ok(service)
+}
+
+/// What the service thread keeps between polls.
+struct Run {
+    port: L2Port,
+    generation: u64,
+    free_slots: Vec<u32>,
+    /// Transfer id -> the staging slot it is sent from.
+    sending: std::collections::HashMap<u32, u32>,
+}
+
+fn run(port: L2Port, shared: &Shared, service: &L2Service, busy: bool) {
+    let t0 = Instant::now();
+    let mut r = Run {
+        port,
+        generation: 0,
+        free_slots: (0..READ_SLOTS).rev().collect(),
+        sending: std::collections::HashMap::new(),
+    };
+    while !service.stop.load(Ordering::SeqCst) {
+        // A new owner (or none): new key and peer; the old session's transfers end.
+        let owner = {
+            let o = lock(&service.owner);
+            let g = o.as_ref().map_or(0, |o| o.generation);
+            if g != r.generation {
+                r.generation = g;
+                match o.as_ref() {
+                    Some(o) => r.port.ep.rekey_peer(&o.key, o.peer_mac),
+                    None => r.port.ep.rekey_peer(&rand::random::<[u8; 32]>(), [0; 6]),
+                }
+            }
+            o.as_ref().map(|o| (o.session.clone(), o.rule.clone()))
+        };
+        let events = match r.port.ep.poll(t0.elapsed().as_nanos() as u64) {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::error!(ifname = %service.ifname, "layer-2 endpoint failed, lane stopped: {e}");
+                *lock(&service.owner) = None;
+                return;
+            }
+        };
+        let idle = events.is_empty();
+        for ev in events {
+            match ev {
+                Event::Command(bytes) => match &owner {
+                    Some((session, rule)) => {
+                        let lane = Lane {
+                            rule: rule.clone(),
+                            shared,
+                            session,
+                        };
+                        command(&mut r, &lane, service, &bytes);
+                    }
+                    None => {
+                        service.counters.malformed.fetch_add(1, Ordering::Relaxed);
+                    }
+                },
+                Event::Delivered(id) | Event::Failed(id) => {
+                    if let Some(slot) = r.sending.remove(&id) {
+                        r.free_slots.push(slot);
+                    }
+                }
+                _ => {}
+            }
+        }
+        if idle {
+            if busy {
+                std::hint::spin_loop();
+            } else {
+                let _ = r.port.ep.wait_command(WAIT_SLICE);
+            }
+        }
+    }
+}
+
+/// Send an encoded reply (header and body) as a command, or "resend on TCP" when it
+/// does not fit one.
+fn answer(r: &mut Run, service: &L2Service, id: u64, msg: &[u8]) {
+    let c = if zcfs_protocol::l2::REPLY_PREFIX + msg.len() <= MAX_COMMAND {
+        encode_reply(msg)
+    } else {
+        service.counters.resend_tcp.fetch_add(1, Ordering::Relaxed);
+        encode_resend_tcp(id)
+    };
+    if let Err(e) = r.port.ep.send_command(&c) {
+        tracing::warn!(ifname = %service.ifname, "layer-2 reply dropped: {e}");
+    }
+}
+
+fn encode(h: &ReqHeader, r: Result<Reply, Error>, data_len: u32) -> Vec<u8> {
+    let (rh, body) = match r.map(|rep| rep.encode()) {
+        Ok(body) if body.len() <= MAX_BODY => (
+            RespHeader::ok(h.op, h.id, body.len() as u32, data_len),
+            body,
+        ),
+        Ok(_) => (RespHeader::error(h.op, h.id, libc::EIO), Vec::new()),
+        Err(e) => (RespHeader::error(h.op, h.id, e.errno), Vec::new()),
+    };
+    let mut msg = Vec::with_capacity(RESP_HDR + body.len());
+    msg.extend_from_slice(&rh.encode());
+    msg.extend_from_slice(&body);
+    msg
+}
+
+/// One request command, executed in the owning session and answered.
+fn command(r: &mut Run, lane: &Lane<'_>, service: &L2Service, bytes: &[u8]) {
+    let req = match decode_request(bytes) {
+        Ok(q) => q,
+        Err(e) => {
+            service.counters.malformed.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(ifname = %service.ifname, "malformed layer-2 command dropped: {e}");
+            return;
+        }
+    };
+    let h = req.header;
+    service.counters.requests[h.op as usize].fetch_add(1, Ordering::Relaxed);
+    let t = Instant::now();
+    let res = catch_unwind(AssertUnwindSafe(|| execute(r, lane, &req, t)));
+    let msg = match res {
+        Ok(m) => m,
+        Err(_) => {
+            lane.shared.stats.panics.fetch_add(1, Ordering::Relaxed);
+            lane.shared.stats.record(h.op, false, 0, t);
+            Some(encode(
+                &h,
+                Err(Error::new(libc::EIO, "the server failed this request")),
+                0,
+            ))
+        }
+    };
+    if let Some(msg) = msg {
+        answer(r, service, h.id, &msg);
+    }
+}
+
+/// Execute one request; the encoded reply (None: answered already).
+fn execute(r: &mut Run, lane: &Lane<'_>, q: &L2Request<'_>, t: Instant) -> Option<Vec<u8>> {
+    let h = &q.header;
+    let stats = &lane.shared.stats;
+    let (req, groups) = match Request::decode_with_groups(h, q.body) {
+        Ok(x) => x,
+        Err(e) => {
+            stats.rejected_invalid.fetch_add(1, Ordering::Relaxed);
+            stats.record(h.op, false, 0, t);
+            if q.xfer != 0 {
+                send_zeros(r, q);
+            }
+            return Some(encode(h, Err(Error::new(e.errno(), e.to_string())), 0));
+        }
+    };
+    let mut claim = None;
+    if h.op.cached() {
+        match lane.session.begin(h.id, h.op) {
+            Begin::Replay(reply) => {
+                stats.replies_replayed.fetch_add(1, Ordering::Relaxed);
+                return Some(reply.to_vec());
+            }
+            Begin::Run(c) => claim = Some(c),
+        }
+    }
+    let ctx = lane.caller(h, groups);
+    let (result, data_len, bytes) = match (ctx, req) {
+        (Err(e), _) => {
+            if q.xfer != 0 {
+                send_zeros(r, q);
+            }
+            (Err(e), 0, 0)
+        }
+        (Ok(ctx), Request::Read(rd)) => read(r, lane, &ctx, q, rd),
+        (Ok(ctx), Request::Write(w)) => {
+            let res = if lane.shared.cfg.read_only {
+                Err(crate::conn::ro())
+            } else {
+                lane.resolve_held(&ctx, w.node, w.fh, Access::Write)
+                    .and_then(|(bfh, held)| {
+                        let n = lane
+                            .shared
+                            .backend
+                            .write(&ctx, w.node.ino, bfh, w.offset, q.data);
+                        drop(held);
+                        n
+                    })
+            };
+            let n = *res.as_ref().unwrap_or(&0) as u64;
+            (
+                res.map(|written| Reply::Write(WriteReply { written })),
+                0,
+                n,
+            )
+        }
+        (Ok(_), Request::L2Setup(_)) => (
+            Err(Error::new(libc::EINVAL, "l2setup travels on TCP")),
+            0,
+            0,
+        ),
+        (Ok(ctx), other) => (lane.dispatch(&ctx, other), 0, 0),
+    };
+    stats.record(h.op, result.is_ok(), bytes, t);
+    let msg = encode(h, result, data_len);
+    if let Some(c) = claim {
+        c.finish(msg.clone().into());
+    }
+    Some(msg)
+}
+
+/// A transfer the client expects and the server cannot fill: zeros, so the client's
+/// slot is committed and free again (rather than held until its transfer times out).
+fn send_zeros(r: &mut Run, q: &L2Request<'_>) {
+    if q.blocks == 0 || q.blocks > MAX_EXTENT_BLOCKS {
+        return;
+    }
+    let Some(slot) = r.free_slots.pop() else {
+        return;
+    };
+    let off = slot_offset(r.port.file_len, slot);
+    let zeros = vec![0u8; q.blocks as usize * BLOCK_SIZE];
+    let ok = r.port.region.write(off, &zeros).is_ok()
+        && r.port
+            .ep
+            .send(
+                q.xfer,
+                &[Extent {
+                    offset: off,
+                    blocks: q.blocks,
+                }],
+            )
+            .is_ok();
+    if ok {
+        r.sending.insert(q.xfer, slot);
+    } else {
+        r.free_slots.push(slot);
+    }
+}
+
+/// A read: the bytes into a staging slot, sent as the client's transfer.
+fn read(
+    r: &mut Run,
+    lane: &Lane<'_>,
+    ctx: &zcfs_backend::Ctx,
+    q: &L2Request<'_>,
+    rd: zcfs_protocol::ReadReq,
+) -> (Result<Reply, Error>, u32, u64) {
+    let blocks = q.blocks;
+    if q.xfer == 0
+        || blocks == 0
+        || blocks > MAX_EXTENT_BLOCKS
+        || rd.size as u64 > blocks as u64 * BLOCK_SIZE as u64
+    {
+        send_zeros(r, q);
+        return (
+            Err(Error::new(
+                libc::EINVAL,
+                "a layer-2 read needs a transfer of enough blocks (at most one extent)",
+            )),
+            0,
+            0,
+        );
+    }
+    let Some(slot) = r.free_slots.pop() else {
+        return (
+            Err(Error::new(libc::EAGAIN, "no read staging slot free")),
+            0,
+            0,
+        );
+    };
+    let off = slot_offset(r.port.file_len, slot);
+    let region = r.port.region.clone();
+    let mut n = 0usize;
+    let res = lane
+        .resolve_held(ctx, rd.node, rd.fh, Access::Read)
+        .and_then(|(bfh, held)| {
+            let x = lane.shared.backend.read(
+                rd.node.ino,
+                bfh,
+                rd.offset,
+                rd.size,
+                &mut |slices: &[&[u8]]| {
+                    let total: usize = slices.iter().map(|s| s.len()).sum();
+                    if total > rd.size as usize {
+                        return Err(Error::new(libc::EIO, "backend returned more than asked"));
+                    }
+                    let mut at = off;
+                    for s in slices {
+                        region
+                            .write(at, s)
+                            .map_err(|e| Error::new(libc::EIO, e.to_string()))?;
+                        at += s.len() as u64;
+                    }
+                    n = total;
+                    Ok(())
+                },
+            );
+            drop(held);
+            x
+        });
+    let len = blocks as usize * BLOCK_SIZE;
+    let tail_from = if res.is_ok() { n } else { 0 };
+    if tail_from < len {
+        let _ = region.write(off + tail_from as u64, &vec![0u8; len - tail_from]);
+    }
+    match r.port.ep.send(
+        q.xfer,
+        &[Extent {
+            offset: off,
+            blocks,
+        }],
+    ) {
+        Ok(()) => {
+            r.sending.insert(q.xfer, slot);
+        }
+        Err(e) => {
+            r.free_slots.push(slot);
+            return (Err(Error::new(libc::EIO, e.to_string())), 0, 0);
+        }
+    }
+    match res {
+        Ok(()) => (
+            Ok(Reply::Read(zcfs_protocol::EmptyReply {})),
+            n as u32,
+            n as u64,
+        ),
+        Err(e) => (Err(e), 0, 0),
+    }
+}
