@@ -20,6 +20,41 @@ static ZERO_BLOCK: [u8; BLOCK] = [0; BLOCK];
 /// log entry; each piece is atomic (see `Volume::write_pieces`).
 pub const MAX_RESERVATION: usize = 64 << 20;
 
+/// Bytes a layer-2 receiver needs in front of an extent it lands frames in: the
+/// kernel's untouched XDP headroom (256) and the frame header that survives, clobbered
+/// (46). A copy of `zcfs_l2::MIN_FRONT` (this crate does not depend on the transport; a
+/// test checks the two agree).
+pub const LANDING_FRONT: u64 = 302;
+/// Bytes in front of an extent that the landing frames overwrite (the header of the
+/// extent's lowest segment): `zcfs_l2::HEADER_LEN`.
+pub const LANDING_CLOBBER: u64 = 46;
+/// Free blocks a landing reservation holds in front of each extent (its gap): one block
+/// covers [`LANDING_FRONT`] bytes.
+pub const LANDING_GAP_BLOCKS: u64 = 1;
+/// Bytes of the gap in front of each extent.
+pub const LANDING_GAP_BYTES: u64 = LANDING_GAP_BLOCKS * BLOCK_U64;
+/// Most blocks in one landing extent: `zcfs_l2::MAX_EXTENT_BLOCKS`, the largest extent
+/// a layer-2 transfer lands as a whole.
+pub const LANDING_EXTENT_MAX_BLOCKS: u32 = 32;
+const _: () = assert!(LANDING_GAP_BYTES >= LANDING_FRONT && LANDING_FRONT >= LANDING_CLOBBER);
+
+/// One extent of a landing reservation ([`Volume::reserve_write_landing`]): `blocks`
+/// contiguous fresh blocks at byte `offset` of the volume image, for file bytes
+/// `[file_offset, file_offset + blocks * BLOCK)`. The [`LANDING_GAP_BYTES`] in front
+/// of `offset` belong to the reservation too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LandingExtent {
+    pub offset: u64,
+    pub blocks: u32,
+    pub file_offset: u64,
+}
+
+impl LandingExtent {
+    pub fn bytes(&self) -> u64 {
+        self.blocks as u64 * BLOCK_U64
+    }
+}
+
 pub(crate) fn check_file(st: &State, ino: u64) -> Result<()> {
     let i = st.inode(ino)?;
     if i.rec.is_dir() {
@@ -49,6 +84,10 @@ pub struct WriteReservation<'v> {
     /// Blocks drawn from the file's copy-on-write reserve (falloc.rs) for the mapped
     /// blocks this write replaces; settled at commit or drop.
     drawn: u64,
+    /// Landing reservations: the gap block in front of each extent (freed at commit
+    /// and at drop, never in a file), and the extents.
+    gaps: Vec<FreshBlock>,
+    extents: Vec<LandingExtent>,
     done: bool,
 }
 
@@ -64,6 +103,38 @@ impl WriteReservation<'_> {
     }
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// Whether this is a landing reservation ([`Volume::reserve_write_landing`]).
+    pub fn is_landing(&self) -> bool {
+        !self.extents.is_empty()
+    }
+
+    /// A landing reservation's extents, in file order (empty for an ordinary one).
+    pub fn landing_extents(&self) -> &[LandingExtent] {
+        &self.extents
+    }
+
+    /// A landing reservation's bytes as a receiver may write them, one slice per extent:
+    /// its gap block ([`LANDING_GAP_BYTES`]) and then its blocks, so the extent's data
+    /// starts at `LANDING_GAP_BYTES` of the slice. For a receiver that lands frames
+    /// through this mapping (tests, simulators); the server's AF_XDP UMEM writes the
+    /// same bytes through its own mapping. The gap's bytes are never read.
+    pub fn landing_mut(&mut self) -> Vec<&mut [u8]> {
+        self.written_back = false;
+        let exts = self.extents.clone();
+        exts.iter()
+            .map(|e| {
+                let gap = BlockNo(e.offset / BLOCK_U64 - LANDING_GAP_BLOCKS);
+                // SAFETY: the gap and the extent's blocks are fresh and held by this
+                // reservation until commit or drop; `&mut self` keeps the views unique,
+                // and extents (each behind its own gap) do not overlap.
+                unsafe {
+                    self.vol
+                        .fresh_run_mut(gap, 0, (LANDING_GAP_BYTES + e.bytes()) as usize)
+                }
+            })
+            .collect()
     }
 
     /// The destination in file order, as runs of physically adjacent blocks: (index in
@@ -134,7 +205,9 @@ impl WriteReservation<'_> {
         self.done = true;
         let vol = self.vol;
         let r = vol.commit_write(&mut self);
-        vol.give_back(std::mem::take(&mut self.blocks));
+        let mut back = std::mem::take(&mut self.blocks);
+        back.append(&mut self.gaps);
+        vol.give_back(back);
         if self.drawn > 0 && r.is_err() {
             // commit_write settles the draw on success (under its lock hold).
             let mut st = vol.state.write().unwrap();
@@ -147,7 +220,9 @@ impl WriteReservation<'_> {
 impl Drop for WriteReservation<'_> {
     fn drop(&mut self) {
         if !self.done {
-            self.vol.give_back(std::mem::take(&mut self.blocks));
+            let mut back = std::mem::take(&mut self.blocks);
+            back.append(&mut self.gaps);
+            self.vol.give_back(back);
             if self.drawn > 0 {
                 let mut st = self.vol.state.write().unwrap();
                 st.end_draw(self.ino, self.gen, self.drawn, 0);
@@ -318,6 +393,45 @@ impl Volume {
         off: u64,
         len: usize,
     ) -> Result<WriteReservation<'_>> {
+        self.reserve_write_of(cred, ino, off, len, false)
+    }
+
+    /// Reserve fresh blocks for a write of `len` bytes at `off` that a layer-2 receiver
+    /// lands in place (docs/format.md, "Landing reservations"): the blocks come as
+    /// extents of 1..=[`LANDING_EXTENT_MAX_BLOCKS`] contiguous blocks
+    /// ([`WriteReservation::landing_extents`]), each right behind a free block of its
+    /// own, the gap, which the reservation holds too: the [`LANDING_FRONT`] bytes in
+    /// front of an extent, where the frames clobber [`LANDING_CLOBBER`] bytes, hold no
+    /// file's data and no metadata. Commit is `reserve_write`'s (the edge bytes outside
+    /// the write come from the file at commit, whatever landed there); the gaps go back
+    /// to the allocator at commit or drop and are never part of a file.
+    ///
+    /// Fails with `NoSpace`, having changed nothing, when the free space does not hold
+    /// the blocks and their gaps (too little, or too fragmented: a free block with no
+    /// free block in front takes no extent); a caller can then fall back to an ordinary
+    /// reservation (and receive the bytes another way).
+    ///
+    /// The caller must not commit or drop the reservation while the kernel may still
+    /// write into its extents (receive entries posted for them): after that the blocks
+    /// are a file's, or another reservation's.
+    pub fn reserve_write_landing(
+        &self,
+        cred: &Cred,
+        ino: u64,
+        off: u64,
+        len: usize,
+    ) -> Result<WriteReservation<'_>> {
+        self.reserve_write_of(cred, ino, off, len, true)
+    }
+
+    fn reserve_write_of(
+        &self,
+        cred: &Cred,
+        ino: u64,
+        off: u64,
+        len: usize,
+        landing: bool,
+    ) -> Result<WriteReservation<'_>> {
         if len > MAX_RESERVATION {
             return Err(FsError::Invalid(format!(
                 "one reservation is at most {MAX_RESERVATION} bytes"
@@ -331,8 +445,39 @@ impl Volume {
         let rec = &st.inode(ino)?.rec;
         let (gen, writer) = (rec.gen, perm::Writer::of(cred, rec.gid));
         let mut drawn = 0;
+        let (mut gaps, mut extents) = (Vec::new(), Vec::new());
         let blocks = if len == 0 {
             Vec::new()
+        } else if landing {
+            let n = (off + len as u64 - 1) / BLOCK_U64 - off / BLOCK_U64 + 1;
+            if st.inode(ino)?.rec.cow_reserve > 0 {
+                let mut mapped = 0;
+                st.inode(ino)?
+                    .map
+                    .for_range(off / BLOCK_U64, n, |_, b| mapped += b.is_some() as u64);
+                drawn = st.draw_reserve(ino, gen, mapped);
+            }
+            match self.reserve_landing(&mut st, n) {
+                Ok(plan) => {
+                    let mut blocks = Vec::with_capacity(n as usize);
+                    let mut fo = off / BLOCK_U64 * BLOCK_U64;
+                    for (gap, first, k) in plan {
+                        gaps.push(FreshBlock::from_allocator(gap));
+                        blocks.extend((first..first + k).map(FreshBlock::from_allocator));
+                        extents.push(LandingExtent {
+                            offset: first * BLOCK_U64,
+                            blocks: k as u32,
+                            file_offset: fo,
+                        });
+                        fo += k * BLOCK_U64;
+                    }
+                    blocks
+                }
+                Err(e) => {
+                    st.end_draw(ino, gen, drawn, 0);
+                    return Err(e);
+                }
+            }
         } else {
             let n = (off + len as u64 - 1) / BLOCK_U64 - off / BLOCK_U64 + 1;
             // Overwrites of a preallocated file draw from its reserve (falloc.rs).
@@ -362,8 +507,32 @@ impl Volume {
             written_back: len == 0,
             writer,
             drawn,
+            gaps,
+            extents,
             done: false,
         })
+    }
+
+    /// Take `n` blocks for a landing reservation, with their gaps: `(gap, first,
+    /// blocks)` per extent, in file order. Checks everything before it takes a block;
+    /// a failure changes nothing (a checkpoint may have released deferred frees).
+    fn reserve_landing(&self, st: &mut State, n: u64) -> Result<Vec<(u64, u64, u64)>> {
+        self.fault_point(|| FsError::NoSpace)?;
+        let max = LANDING_EXTENT_MAX_BLOCKS as u64;
+        let plan = match st.balloc.plan_landing(n, max) {
+            Some(p) => p,
+            None => {
+                // Blocks freed by committed operations may fill the holes.
+                self.commit_batch(st)?;
+                self.checkpoint(st)?;
+                st.balloc.plan_landing(n, max).ok_or(FsError::NoSpace)?
+            }
+        };
+        // The blocks promised to preallocated files and the metadata reserve stay
+        // untouched; this only checkpoints (the plan stays free) or fails.
+        self.ensure_blocks(st, n + plan.len() as u64)?;
+        st.balloc.take_planned(&plan);
+        Ok(plan)
     }
 
     /// Copy the bytes of edge block `i` of a reservation outside the write range from

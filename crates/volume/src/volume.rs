@@ -698,6 +698,16 @@ impl TestDoor<'_> {
     pub fn inject_fence_failure(&self, n: i64) {
         self.0.region.inject_fence_failure(n)
     }
+    /// A store the volume neither makes nor writes back, as a NIC's DMA into a landing
+    /// reservation: recorded (crash testing) as in flight until something flushes it.
+    ///
+    /// # Safety
+    /// `[off, off + data.len())` must be fresh blocks the caller holds (a reservation's),
+    /// with no view of them alive.
+    pub unsafe fn store_unflushed(&self, off: usize, data: &[u8]) {
+        // SAFETY: the caller's contract is the region's.
+        unsafe { self.0.region.write(off, data) }
+    }
     /// A copy of the whole image.
     ///
     /// # Safety
