@@ -812,3 +812,167 @@ pub(crate) fn truncate_blocks(st: &State, ino: u64, size: u64) -> Result<u64> {
 pub fn max_file_size() -> u64 {
     i64::MAX as u64
 }
+
+#[cfg(test)]
+mod landing_tests {
+    use super::*;
+    use crate::config::{MkfsOptions, VolumeConfig};
+    use std::sync::Arc;
+    use zcfs_pmem::Region;
+
+    fn volume(size: usize) -> Arc<Volume> {
+        let mut region = Region::anonymous(size);
+        let opts = MkfsOptions {
+            inodes: Some(64),
+            log_bytes: Some(32 << 10),
+            ..Default::default()
+        };
+        Volume::mkfs_region(&mut region, &opts).unwrap();
+        Volume::open_region(region, VolumeConfig::synchronous()).unwrap()
+    }
+
+    fn file(vol: &Volume) -> u64 {
+        vol.create(&Cred::ROOT, crate::layout::ROOT_INO, b"f", 0o644, 0)
+            .unwrap()
+            .ino
+    }
+
+    fn is_free(vol: &Volume, b: u64) -> bool {
+        let mut a = vol.read_state().balloc.clone();
+        // A block is free if marking it used succeeds.
+        a.mark_used(b)
+    }
+
+    #[test]
+    fn the_gap_covers_the_landing_front_at_the_bound() {
+        // The kernel's headroom (256) and the surviving header (46).
+        assert_eq!(LANDING_FRONT, 256 + LANDING_CLOBBER);
+        assert_eq!(LANDING_CLOBBER, 46);
+        assert!(LANDING_GAP_BYTES >= LANDING_FRONT);
+        // One block fewer would leave no front at all: the gap is the smallest whole
+        // number of blocks that covers it.
+        assert!((LANDING_GAP_BLOCKS - 1) * BLOCK_U64 < LANDING_FRONT);
+    }
+
+    #[test]
+    fn every_extent_sits_behind_a_gap_the_reservation_holds() {
+        let vol = volume(4 << 20);
+        let f = file(&vol);
+        let free0 = vol.read_state().balloc.free_count();
+        let data_start = vol.geo.data_start;
+        // 100 blocks, unaligned at both ends: 101 file blocks.
+        let (off, len) = (1000u64, 100 * BLOCK);
+        let r = vol.reserve_write_landing(&Cred::ROOT, f, off, len).unwrap();
+        assert!(r.is_landing());
+        let ext = r.landing_extents().to_vec();
+        let blocks: u64 = ext.iter().map(|e| e.blocks as u64).sum();
+        assert_eq!(blocks, 101);
+        assert_eq!(ext.len(), r.gaps.len());
+        assert_eq!(ext[0].file_offset, 0);
+        let mut fo = 0;
+        for (e, g) in ext.iter().zip(&r.gaps) {
+            assert!((1..=LANDING_EXTENT_MAX_BLOCKS).contains(&e.blocks));
+            assert_eq!(e.offset % BLOCK_U64, 0);
+            assert_eq!(e.file_offset, fo);
+            fo += e.bytes();
+            // The gap is the block right in front, held (not free), in the data area.
+            assert_eq!(g.no().0 * BLOCK_U64 + LANDING_GAP_BYTES, e.offset);
+            assert!(g.no().0 >= data_start);
+            assert!(e.offset / BLOCK_U64 > data_start);
+            assert!(!is_free(&vol, g.no().0));
+        }
+        assert_eq!(
+            vol.read_state().balloc.free_count(),
+            free0 - 101 - ext.len() as u64
+        );
+        // Abort: everything goes back.
+        drop(r);
+        assert_eq!(vol.read_state().balloc.free_count(), free0);
+        for e in &ext {
+            assert!(is_free(&vol, e.offset / BLOCK_U64 - 1));
+        }
+    }
+
+    #[test]
+    fn commit_frees_the_gaps_and_keeps_the_blocks() {
+        let vol = volume(4 << 20);
+        let f = file(&vol);
+        let len = 40 * BLOCK;
+        let mut r = vol.reserve_write_landing(&Cred::ROOT, f, 0, len).unwrap();
+        let ext = r.landing_extents().to_vec();
+        assert_eq!(ext.len(), 2, "{ext:?}");
+        for (i, s) in r.landing_mut().into_iter().enumerate() {
+            let gap = LANDING_GAP_BYTES as usize;
+            // Clobber the whole front, as a receiver may, and fill the blocks.
+            s[..gap].fill(0xEE);
+            s[gap..].fill(i as u8 + 1);
+        }
+        assert_eq!(r.commit().unwrap(), len);
+        for e in &ext {
+            assert!(is_free(&vol, e.offset / BLOCK_U64 - 1), "gap not freed");
+            assert!(!is_free(&vol, e.offset / BLOCK_U64), "data block freed");
+        }
+        let mut buf = vec![0u8; len];
+        assert_eq!(vol.read(f, 0, &mut buf).unwrap(), len);
+        let first = ext[0].blocks as usize * BLOCK;
+        assert!(buf[..first].iter().all(|&b| b == 1));
+        assert!(buf[first..].iter().all(|&b| b == 2));
+        let report = crate::fsck::check_volume(&vol);
+        assert!(report.is_clean(), "{:?}", report.problems);
+    }
+
+    #[test]
+    fn the_first_data_block_is_a_gap_at_most() {
+        let vol = volume(4 << 20);
+        // A file no directory names: no directory block takes the first data block.
+        let f = vol
+            .tmpfile_held(&Cred::ROOT, crate::layout::ROOT_INO, 0o644, false)
+            .unwrap()
+            .ino;
+        let ds = vol.geo.data_start;
+        let total = vol.geo.total_blocks;
+        // Take every free block; give back the first data block (if it was free) and
+        // isolated blocks at the end for the metadata reserve: nothing can land.
+        let taken = {
+            let mut st = vol.state.write().unwrap();
+            let n = st.balloc.free_count() as usize;
+            st.balloc.alloc(n).unwrap()
+        };
+        assert!(taken.contains(&ds) && taken.contains(&(ds + 1)));
+        let singles: Vec<u64> = (0..2 * vol.metadata_reserve() + 4)
+            .map(|i| total - 1 - 2 * i)
+            .collect();
+        {
+            let mut st = vol.state.write().unwrap();
+            st.balloc.free(ds);
+            for &b in &singles {
+                st.balloc.free(b);
+            }
+        }
+        let before = vol.read_state().balloc.clone();
+        let r = vol.reserve_write_landing(&Cred::ROOT, f, 0, 10);
+        assert!(matches!(r, Err(FsError::NoSpace)), "{:?}", r.err());
+        assert_eq!(vol.read_state().balloc.free_count(), before.free_count());
+        // An ordinary reservation still fits.
+        drop(vol.reserve_write(&Cred::ROOT, f, 0, 10).unwrap());
+        // With the second data block free too, the first one is its gap.
+        vol.state.write().unwrap().balloc.free(ds + 1);
+        let r = vol.reserve_write_landing(&Cred::ROOT, f, 0, 10).unwrap();
+        assert_eq!(
+            r.landing_extents(),
+            &[LandingExtent {
+                offset: (ds + 1) * BLOCK_U64,
+                blocks: 1,
+                file_offset: 0
+            }]
+        );
+        assert_eq!(r.gaps[0].no().0, ds);
+        drop(r);
+        let mut st = vol.state.write().unwrap();
+        for b in taken {
+            if b != ds && b != ds + 1 && !singles.contains(&b) {
+                st.balloc.free(b);
+            }
+        }
+    }
+}
