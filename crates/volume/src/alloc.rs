@@ -119,6 +119,11 @@ impl BlockAlloc {
         Ok(self.alloc(1)?[0])
     }
 
+    /// Whether absolute block `b` is in the range and free.
+    pub fn is_free_block(&self, b: u64) -> bool {
+        (self.start..self.start + self.count).contains(&b) && self.is_free(b - self.start)
+    }
+
     /// Whether block `i` (relative to `start`) is free.
     fn is_free(&self, i: u64) -> bool {
         self.bits[(i / 64) as usize] & (1 << (i % 64)) == 0

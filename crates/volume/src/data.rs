@@ -642,7 +642,8 @@ impl Volume {
         if tail_partial && n > 1 {
             self.fill_edge(st, r, n as usize - 1, tail_src);
         }
-        if !r.written_back {
+        let skip_flush = self.cfg.fault == Some(crate::config::CommitFault::SkipDataFlush);
+        if !r.written_back && !skip_flush {
             for (i, at, len) in r.runs() {
                 self.fresh_flush(&r.blocks[i], at, len);
             }
