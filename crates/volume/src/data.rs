@@ -976,4 +976,77 @@ mod landing_tests {
             }
         }
     }
+
+    /// Free blocks, one by one (the allocator's state as far as a landing can see).
+    fn free_map(vol: &Volume) -> Vec<bool> {
+        let st = vol.read_state();
+        (vol.geo.data_start..vol.geo.total_blocks)
+            .map(|b| st.balloc.is_free_block(b))
+            .collect()
+    }
+
+    #[test]
+    fn a_fragmented_volume_refuses_a_landing_and_changes_nothing() {
+        let vol = volume(4 << 20);
+        let f = file(&vol);
+        // A file of 8 contiguous blocks, deleted later.
+        let g = vol
+            .create(&Cred::ROOT, crate::layout::ROOT_INO, b"g", 0o644, 0)
+            .unwrap()
+            .ino;
+        vol.write(&Cred::ROOT, g, 0, &[7; 8 * BLOCK]).unwrap();
+        let g_blocks = vol.test_door().file_blocks(g).unwrap();
+        assert!(
+            g_blocks.windows(2).all(|w| w[1] == w[0] + 1),
+            "{g_blocks:?}"
+        );
+        // Every other free block taken: plenty of free space, no two adjacent blocks.
+        let taken = {
+            let mut st = vol.state.write().unwrap();
+            let n = st.balloc.free_count() as usize;
+            let all = st.balloc.alloc(n).unwrap();
+            for b in all.iter().step_by(2) {
+                st.balloc.free(*b);
+            }
+            all
+        };
+        let (free, map) = (vol.statfs().bfree, free_map(&vol));
+        assert!(free > 100, "{free}");
+        for len in [1, BLOCK, 10 * BLOCK] {
+            let r = vol.reserve_write_landing(&Cred::ROOT, f, 0, len);
+            assert!(matches!(r, Err(FsError::NoSpace)), "{len}: {:?}", r.err());
+            assert_eq!(vol.statfs().bfree, free);
+            assert_eq!(
+                free_map(&vol),
+                map,
+                "a refused landing changed the allocator"
+            );
+        }
+        // An ordinary reservation fits.
+        drop(vol.reserve_write(&Cred::ROOT, f, 0, 10 * BLOCK).unwrap());
+        assert_eq!(free_map(&vol), map);
+        // Blocks freed by a committed unlink wait for a checkpoint; a landing that
+        // finds no room takes it, and lands in them.
+        vol.unlink(&Cred::ROOT, crate::layout::ROOT_INO, b"g")
+            .unwrap();
+        assert!(
+            !vol.test_door().block_is_free(g_blocks[0]),
+            "freed before a checkpoint"
+        );
+        let r = vol
+            .reserve_write_landing(&Cred::ROOT, f, 0, 4 * BLOCK)
+            .unwrap();
+        let e = r.landing_extents()[0];
+        assert_eq!(r.landing_extents().len(), 1);
+        let b = e.offset / BLOCK_U64;
+        assert!(
+            g_blocks.contains(&(b - 1)) && g_blocks.contains(&(b + 3)),
+            "{e:?}"
+        );
+        drop(r);
+        let mut st = vol.state.write().unwrap();
+        for b in taken.iter().skip(1).step_by(2) {
+            st.balloc.free(*b);
+        }
+    }
 }
