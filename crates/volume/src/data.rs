@@ -849,10 +849,10 @@ mod landing_tests {
         // The kernel's headroom (256) and the surviving header (46).
         assert_eq!(LANDING_FRONT, 256 + LANDING_CLOBBER);
         assert_eq!(LANDING_CLOBBER, 46);
-        assert!(LANDING_GAP_BYTES >= LANDING_FRONT);
+        const { assert!(LANDING_GAP_BYTES >= LANDING_FRONT) };
         // One block fewer would leave no front at all: the gap is the smallest whole
         // number of blocks that covers it.
-        assert!((LANDING_GAP_BLOCKS - 1) * BLOCK_U64 < LANDING_FRONT);
+        const { assert!((LANDING_GAP_BLOCKS - 1) * BLOCK_U64 < LANDING_FRONT) };
     }
 
     #[test]
