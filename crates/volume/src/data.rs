@@ -20,6 +20,41 @@ static ZERO_BLOCK: [u8; BLOCK] = [0; BLOCK];
 /// log entry; each piece is atomic (see `Volume::write_pieces`).
 pub const MAX_RESERVATION: usize = 64 << 20;
 
+/// Bytes a layer-2 receiver needs in front of an extent it lands frames in: the
+/// kernel's untouched XDP headroom (256) and the frame header that survives, clobbered
+/// (46). A copy of `zcfs_l2::MIN_FRONT` (this crate does not depend on the transport; a
+/// test checks the two agree).
+pub const LANDING_FRONT: u64 = 302;
+/// Bytes in front of an extent that the landing frames overwrite (the header of the
+/// extent's lowest segment): `zcfs_l2::HEADER_LEN`.
+pub const LANDING_CLOBBER: u64 = 46;
+/// Free blocks a landing reservation holds in front of each extent (its gap): one block
+/// covers [`LANDING_FRONT`] bytes.
+pub const LANDING_GAP_BLOCKS: u64 = 1;
+/// Bytes of the gap in front of each extent.
+pub const LANDING_GAP_BYTES: u64 = LANDING_GAP_BLOCKS * BLOCK_U64;
+/// Most blocks in one landing extent: `zcfs_l2::MAX_EXTENT_BLOCKS`, the largest extent
+/// a layer-2 transfer lands as a whole.
+pub const LANDING_EXTENT_MAX_BLOCKS: u32 = 32;
+const _: () = assert!(LANDING_GAP_BYTES >= LANDING_FRONT && LANDING_FRONT >= LANDING_CLOBBER);
+
+/// One extent of a landing reservation ([`Volume::reserve_write_landing`]): `blocks`
+/// contiguous fresh blocks at byte `offset` of the volume image, for file bytes
+/// `[file_offset, file_offset + blocks * BLOCK)`. The [`LANDING_GAP_BYTES`] in front
+/// of `offset` belong to the reservation too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LandingExtent {
+    pub offset: u64,
+    pub blocks: u32,
+    pub file_offset: u64,
+}
+
+impl LandingExtent {
+    pub fn bytes(&self) -> u64 {
+        self.blocks as u64 * BLOCK_U64
+    }
+}
+
 pub(crate) fn check_file(st: &State, ino: u64) -> Result<()> {
     let i = st.inode(ino)?;
     if i.rec.is_dir() {
@@ -49,6 +84,10 @@ pub struct WriteReservation<'v> {
     /// Blocks drawn from the file's copy-on-write reserve (falloc.rs) for the mapped
     /// blocks this write replaces; settled at commit or drop.
     drawn: u64,
+    /// Landing reservations: the gap block in front of each extent (freed at commit
+    /// and at drop, never in a file), and the extents.
+    gaps: Vec<FreshBlock>,
+    extents: Vec<LandingExtent>,
     done: bool,
 }
 
@@ -64,6 +103,38 @@ impl WriteReservation<'_> {
     }
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// Whether this is a landing reservation ([`Volume::reserve_write_landing`]).
+    pub fn is_landing(&self) -> bool {
+        !self.extents.is_empty()
+    }
+
+    /// A landing reservation's extents, in file order (empty for an ordinary one).
+    pub fn landing_extents(&self) -> &[LandingExtent] {
+        &self.extents
+    }
+
+    /// A landing reservation's bytes as a receiver may write them, one slice per extent:
+    /// its gap block ([`LANDING_GAP_BYTES`]) and then its blocks, so the extent's data
+    /// starts at `LANDING_GAP_BYTES` of the slice. For a receiver that lands frames
+    /// through this mapping (tests, simulators); the server's AF_XDP UMEM writes the
+    /// same bytes through its own mapping. The gap's bytes are never read.
+    pub fn landing_mut(&mut self) -> Vec<&mut [u8]> {
+        self.written_back = false;
+        let exts = self.extents.clone();
+        exts.iter()
+            .map(|e| {
+                let gap = BlockNo(e.offset / BLOCK_U64 - LANDING_GAP_BLOCKS);
+                // SAFETY: the gap and the extent's blocks are fresh and held by this
+                // reservation until commit or drop; `&mut self` keeps the views unique,
+                // and extents (each behind its own gap) do not overlap.
+                unsafe {
+                    self.vol
+                        .fresh_run_mut(gap, 0, (LANDING_GAP_BYTES + e.bytes()) as usize)
+                }
+            })
+            .collect()
     }
 
     /// The destination in file order, as runs of physically adjacent blocks: (index in
@@ -134,7 +205,9 @@ impl WriteReservation<'_> {
         self.done = true;
         let vol = self.vol;
         let r = vol.commit_write(&mut self);
-        vol.give_back(std::mem::take(&mut self.blocks));
+        let mut back = std::mem::take(&mut self.blocks);
+        back.append(&mut self.gaps);
+        vol.give_back(back);
         if self.drawn > 0 && r.is_err() {
             // commit_write settles the draw on success (under its lock hold).
             let mut st = vol.state.write().unwrap();
@@ -147,7 +220,9 @@ impl WriteReservation<'_> {
 impl Drop for WriteReservation<'_> {
     fn drop(&mut self) {
         if !self.done {
-            self.vol.give_back(std::mem::take(&mut self.blocks));
+            let mut back = std::mem::take(&mut self.blocks);
+            back.append(&mut self.gaps);
+            self.vol.give_back(back);
             if self.drawn > 0 {
                 let mut st = self.vol.state.write().unwrap();
                 st.end_draw(self.ino, self.gen, self.drawn, 0);
@@ -318,6 +393,45 @@ impl Volume {
         off: u64,
         len: usize,
     ) -> Result<WriteReservation<'_>> {
+        self.reserve_write_of(cred, ino, off, len, false)
+    }
+
+    /// Reserve fresh blocks for a write of `len` bytes at `off` that a layer-2 receiver
+    /// lands in place (docs/format.md, "Landing reservations"): the blocks come as
+    /// extents of 1..=[`LANDING_EXTENT_MAX_BLOCKS`] contiguous blocks
+    /// ([`WriteReservation::landing_extents`]), each right behind a free block of its
+    /// own, the gap, which the reservation holds too: the [`LANDING_FRONT`] bytes in
+    /// front of an extent, where the frames clobber [`LANDING_CLOBBER`] bytes, hold no
+    /// file's data and no metadata. Commit is `reserve_write`'s (the edge bytes outside
+    /// the write come from the file at commit, whatever landed there); the gaps go back
+    /// to the allocator at commit or drop and are never part of a file.
+    ///
+    /// Fails with `NoSpace`, having changed nothing, when the free space does not hold
+    /// the blocks and their gaps (too little, or too fragmented: a free block with no
+    /// free block in front takes no extent); a caller can then fall back to an ordinary
+    /// reservation (and receive the bytes another way).
+    ///
+    /// The caller must not commit or drop the reservation while the kernel may still
+    /// write into its extents (receive entries posted for them): after that the blocks
+    /// are a file's, or another reservation's.
+    pub fn reserve_write_landing(
+        &self,
+        cred: &Cred,
+        ino: u64,
+        off: u64,
+        len: usize,
+    ) -> Result<WriteReservation<'_>> {
+        self.reserve_write_of(cred, ino, off, len, true)
+    }
+
+    fn reserve_write_of(
+        &self,
+        cred: &Cred,
+        ino: u64,
+        off: u64,
+        len: usize,
+        landing: bool,
+    ) -> Result<WriteReservation<'_>> {
         if len > MAX_RESERVATION {
             return Err(FsError::Invalid(format!(
                 "one reservation is at most {MAX_RESERVATION} bytes"
@@ -331,8 +445,39 @@ impl Volume {
         let rec = &st.inode(ino)?.rec;
         let (gen, writer) = (rec.gen, perm::Writer::of(cred, rec.gid));
         let mut drawn = 0;
+        let (mut gaps, mut extents) = (Vec::new(), Vec::new());
         let blocks = if len == 0 {
             Vec::new()
+        } else if landing {
+            let n = (off + len as u64 - 1) / BLOCK_U64 - off / BLOCK_U64 + 1;
+            if st.inode(ino)?.rec.cow_reserve > 0 {
+                let mut mapped = 0;
+                st.inode(ino)?
+                    .map
+                    .for_range(off / BLOCK_U64, n, |_, b| mapped += b.is_some() as u64);
+                drawn = st.draw_reserve(ino, gen, mapped);
+            }
+            match self.reserve_landing(&mut st, n) {
+                Ok(plan) => {
+                    let mut blocks = Vec::with_capacity(n as usize);
+                    let mut fo = off / BLOCK_U64 * BLOCK_U64;
+                    for (gap, first, k) in plan {
+                        gaps.push(FreshBlock::from_allocator(gap));
+                        blocks.extend((first..first + k).map(FreshBlock::from_allocator));
+                        extents.push(LandingExtent {
+                            offset: first * BLOCK_U64,
+                            blocks: k as u32,
+                            file_offset: fo,
+                        });
+                        fo += k * BLOCK_U64;
+                    }
+                    blocks
+                }
+                Err(e) => {
+                    st.end_draw(ino, gen, drawn, 0);
+                    return Err(e);
+                }
+            }
         } else {
             let n = (off + len as u64 - 1) / BLOCK_U64 - off / BLOCK_U64 + 1;
             // Overwrites of a preallocated file draw from its reserve (falloc.rs).
@@ -362,8 +507,32 @@ impl Volume {
             written_back: len == 0,
             writer,
             drawn,
+            gaps,
+            extents,
             done: false,
         })
+    }
+
+    /// Take `n` blocks for a landing reservation, with their gaps: `(gap, first,
+    /// blocks)` per extent, in file order. Checks everything before it takes a block;
+    /// a failure changes nothing (a checkpoint may have released deferred frees).
+    fn reserve_landing(&self, st: &mut State, n: u64) -> Result<Vec<(u64, u64, u64)>> {
+        self.fault_point(|| FsError::NoSpace)?;
+        let max = LANDING_EXTENT_MAX_BLOCKS as u64;
+        let plan = match st.balloc.plan_landing(n, max) {
+            Some(p) => p,
+            None => {
+                // Blocks freed by committed operations may fill the holes.
+                self.commit_batch(st)?;
+                self.checkpoint(st)?;
+                st.balloc.plan_landing(n, max).ok_or(FsError::NoSpace)?
+            }
+        };
+        // The blocks promised to preallocated files and the metadata reserve stay
+        // untouched; this only checkpoints (the plan stays free) or fails.
+        self.ensure_blocks(st, n + plan.len() as u64)?;
+        st.balloc.take_planned(&plan);
+        Ok(plan)
     }
 
     /// Copy the bytes of edge block `i` of a reservation outside the write range from
@@ -473,7 +642,8 @@ impl Volume {
         if tail_partial && n > 1 {
             self.fill_edge(st, r, n as usize - 1, tail_src);
         }
-        if !r.written_back {
+        let skip_flush = self.cfg.fault == Some(crate::config::CommitFault::SkipDataFlush);
+        if !r.written_back && !skip_flush {
             for (i, at, len) in r.runs() {
                 self.fresh_flush(&r.blocks[i], at, len);
             }
@@ -642,4 +812,241 @@ pub(crate) fn truncate_blocks(st: &State, ino: u64, size: u64) -> Result<u64> {
 /// Largest file size: the map reaches 512^6 blocks, but offsets stay within i64.
 pub fn max_file_size() -> u64 {
     i64::MAX as u64
+}
+
+#[cfg(test)]
+mod landing_tests {
+    use super::*;
+    use crate::config::{MkfsOptions, VolumeConfig};
+    use std::sync::Arc;
+    use zcfs_pmem::Region;
+
+    fn volume(size: usize) -> Arc<Volume> {
+        let mut region = Region::anonymous(size);
+        let opts = MkfsOptions {
+            inodes: Some(64),
+            log_bytes: Some(32 << 10),
+            ..Default::default()
+        };
+        Volume::mkfs_region(&mut region, &opts).unwrap();
+        Volume::open_region(region, VolumeConfig::synchronous()).unwrap()
+    }
+
+    fn file(vol: &Volume) -> u64 {
+        vol.create(&Cred::ROOT, crate::layout::ROOT_INO, b"f", 0o644, 0)
+            .unwrap()
+            .ino
+    }
+
+    fn is_free(vol: &Volume, b: u64) -> bool {
+        let mut a = vol.read_state().balloc.clone();
+        // A block is free if marking it used succeeds.
+        a.mark_used(b)
+    }
+
+    #[test]
+    fn the_gap_covers_the_landing_front_at_the_bound() {
+        // The kernel's headroom (256) and the surviving header (46).
+        assert_eq!(LANDING_FRONT, 256 + LANDING_CLOBBER);
+        assert_eq!(LANDING_CLOBBER, 46);
+        const { assert!(LANDING_GAP_BYTES >= LANDING_FRONT) };
+        // One block fewer would leave no front at all: the gap is the smallest whole
+        // number of blocks that covers it.
+        const { assert!((LANDING_GAP_BLOCKS - 1) * BLOCK_U64 < LANDING_FRONT) };
+    }
+
+    #[test]
+    fn every_extent_sits_behind_a_gap_the_reservation_holds() {
+        let vol = volume(4 << 20);
+        let f = file(&vol);
+        let free0 = vol.read_state().balloc.free_count();
+        let data_start = vol.geo.data_start;
+        // 100 blocks, unaligned at both ends: 101 file blocks.
+        let (off, len) = (1000u64, 100 * BLOCK);
+        let r = vol.reserve_write_landing(&Cred::ROOT, f, off, len).unwrap();
+        assert!(r.is_landing());
+        let ext = r.landing_extents().to_vec();
+        let blocks: u64 = ext.iter().map(|e| e.blocks as u64).sum();
+        assert_eq!(blocks, 101);
+        assert_eq!(ext.len(), r.gaps.len());
+        assert_eq!(ext[0].file_offset, 0);
+        let mut fo = 0;
+        for (e, g) in ext.iter().zip(&r.gaps) {
+            assert!((1..=LANDING_EXTENT_MAX_BLOCKS).contains(&e.blocks));
+            assert_eq!(e.offset % BLOCK_U64, 0);
+            assert_eq!(e.file_offset, fo);
+            fo += e.bytes();
+            // The gap is the block right in front, held (not free), in the data area.
+            assert_eq!(g.no().0 * BLOCK_U64 + LANDING_GAP_BYTES, e.offset);
+            assert!(g.no().0 >= data_start);
+            assert!(e.offset / BLOCK_U64 > data_start);
+            assert!(!is_free(&vol, g.no().0));
+        }
+        assert_eq!(
+            vol.read_state().balloc.free_count(),
+            free0 - 101 - ext.len() as u64
+        );
+        // Abort: everything goes back.
+        drop(r);
+        assert_eq!(vol.read_state().balloc.free_count(), free0);
+        for e in &ext {
+            assert!(is_free(&vol, e.offset / BLOCK_U64 - 1));
+        }
+    }
+
+    #[test]
+    fn commit_frees_the_gaps_and_keeps_the_blocks() {
+        let vol = volume(4 << 20);
+        let f = file(&vol);
+        let len = 40 * BLOCK;
+        let mut r = vol.reserve_write_landing(&Cred::ROOT, f, 0, len).unwrap();
+        let ext = r.landing_extents().to_vec();
+        assert_eq!(ext.len(), 2, "{ext:?}");
+        for (i, s) in r.landing_mut().into_iter().enumerate() {
+            let gap = LANDING_GAP_BYTES as usize;
+            // Clobber the whole front, as a receiver may, and fill the blocks.
+            s[..gap].fill(0xEE);
+            s[gap..].fill(i as u8 + 1);
+        }
+        assert_eq!(r.commit().unwrap(), len);
+        for e in &ext {
+            assert!(is_free(&vol, e.offset / BLOCK_U64 - 1), "gap not freed");
+            assert!(!is_free(&vol, e.offset / BLOCK_U64), "data block freed");
+        }
+        let mut buf = vec![0u8; len];
+        assert_eq!(vol.read(f, 0, &mut buf).unwrap(), len);
+        let first = ext[0].blocks as usize * BLOCK;
+        assert!(buf[..first].iter().all(|&b| b == 1));
+        assert!(buf[first..].iter().all(|&b| b == 2));
+        let report = crate::fsck::check_volume(&vol);
+        assert!(report.is_clean(), "{:?}", report.problems);
+    }
+
+    #[test]
+    fn the_first_data_block_is_a_gap_at_most() {
+        let vol = volume(4 << 20);
+        // A file no directory names: no directory block takes the first data block.
+        let f = vol
+            .tmpfile_held(&Cred::ROOT, crate::layout::ROOT_INO, 0o644, false)
+            .unwrap()
+            .ino;
+        let ds = vol.geo.data_start;
+        let total = vol.geo.total_blocks;
+        // Take every free block; give back the first data block (if it was free) and
+        // isolated blocks at the end for the metadata reserve: nothing can land.
+        let taken = {
+            let mut st = vol.state.write().unwrap();
+            let n = st.balloc.free_count() as usize;
+            st.balloc.alloc(n).unwrap()
+        };
+        assert!(taken.contains(&ds) && taken.contains(&(ds + 1)));
+        let singles: Vec<u64> = (0..2 * vol.metadata_reserve() + 4)
+            .map(|i| total - 1 - 2 * i)
+            .collect();
+        {
+            let mut st = vol.state.write().unwrap();
+            st.balloc.free(ds);
+            for &b in &singles {
+                st.balloc.free(b);
+            }
+        }
+        let before = vol.read_state().balloc.clone();
+        let r = vol.reserve_write_landing(&Cred::ROOT, f, 0, 10);
+        assert!(matches!(r, Err(FsError::NoSpace)), "{:?}", r.err());
+        assert_eq!(vol.read_state().balloc.free_count(), before.free_count());
+        // An ordinary reservation still fits.
+        drop(vol.reserve_write(&Cred::ROOT, f, 0, 10).unwrap());
+        // With the second data block free too, the first one is its gap.
+        vol.state.write().unwrap().balloc.free(ds + 1);
+        let r = vol.reserve_write_landing(&Cred::ROOT, f, 0, 10).unwrap();
+        assert_eq!(
+            r.landing_extents(),
+            &[LandingExtent {
+                offset: (ds + 1) * BLOCK_U64,
+                blocks: 1,
+                file_offset: 0
+            }]
+        );
+        assert_eq!(r.gaps[0].no().0, ds);
+        drop(r);
+        let mut st = vol.state.write().unwrap();
+        for b in taken {
+            if b != ds && b != ds + 1 && !singles.contains(&b) {
+                st.balloc.free(b);
+            }
+        }
+    }
+
+    /// Free blocks, one by one (the allocator's state as far as a landing can see).
+    fn free_map(vol: &Volume) -> Vec<bool> {
+        let st = vol.read_state();
+        (vol.geo.data_start..vol.geo.total_blocks)
+            .map(|b| st.balloc.is_free_block(b))
+            .collect()
+    }
+
+    #[test]
+    fn a_fragmented_volume_refuses_a_landing_and_changes_nothing() {
+        let vol = volume(4 << 20);
+        let f = file(&vol);
+        // A file of 8 contiguous blocks, deleted later.
+        let g = vol
+            .create(&Cred::ROOT, crate::layout::ROOT_INO, b"g", 0o644, 0)
+            .unwrap()
+            .ino;
+        vol.write(&Cred::ROOT, g, 0, &[7; 8 * BLOCK]).unwrap();
+        let g_blocks = vol.test_door().file_blocks(g).unwrap();
+        assert!(
+            g_blocks.windows(2).all(|w| w[1] == w[0] + 1),
+            "{g_blocks:?}"
+        );
+        // Every other free block taken: plenty of free space, no two adjacent blocks.
+        let taken = {
+            let mut st = vol.state.write().unwrap();
+            let n = st.balloc.free_count() as usize;
+            let all = st.balloc.alloc(n).unwrap();
+            for b in all.iter().step_by(2) {
+                st.balloc.free(*b);
+            }
+            all
+        };
+        let (free, map) = (vol.statfs().bfree, free_map(&vol));
+        assert!(free > 100, "{free}");
+        for len in [1, BLOCK, 10 * BLOCK] {
+            let r = vol.reserve_write_landing(&Cred::ROOT, f, 0, len);
+            assert!(matches!(r, Err(FsError::NoSpace)), "{len}: {:?}", r.err());
+            assert_eq!(vol.statfs().bfree, free);
+            assert_eq!(
+                free_map(&vol),
+                map,
+                "a refused landing changed the allocator"
+            );
+        }
+        // An ordinary reservation fits.
+        drop(vol.reserve_write(&Cred::ROOT, f, 0, 10 * BLOCK).unwrap());
+        assert_eq!(free_map(&vol), map);
+        // Blocks freed by a committed unlink wait for a checkpoint; a landing that
+        // finds no room takes it, and lands in them.
+        vol.unlink(&Cred::ROOT, crate::layout::ROOT_INO, b"g")
+            .unwrap();
+        assert!(
+            !vol.test_door().block_is_free(g_blocks[0]),
+            "freed before a checkpoint"
+        );
+        let r = vol
+            .reserve_write_landing(&Cred::ROOT, f, 0, 4 * BLOCK)
+            .unwrap();
+        let e = r.landing_extents()[0];
+        assert_eq!(r.landing_extents().len(), 1);
+        let b = e.offset / BLOCK_U64;
+        assert!(
+            g_blocks.contains(&(b - 1)) && g_blocks.contains(&(b + 3)),
+            "{e:?}"
+        );
+        drop(r);
+        let mut st = vol.state.write().unwrap();
+        for b in taken.iter().skip(1).step_by(2) {
+            st.balloc.free(*b);
+        }
+    }
 }

@@ -40,7 +40,10 @@ pub use commit::{metadata_reserve, METADATA_RESERVE_MAX};
 pub use config::{
     CommitFault, FaultPlan, MkfsOptions, RootDir, Stats, StatsSnapshot, TraceHook, VolumeConfig,
 };
-pub use data::{max_file_size, WriteReservation, MAX_RESERVATION};
+pub use data::{
+    max_file_size, LandingExtent, WriteReservation, LANDING_CLOBBER, LANDING_EXTENT_MAX_BLOCKS,
+    LANDING_FRONT, LANDING_GAP_BLOCKS, LANDING_GAP_BYTES, MAX_RESERVATION,
+};
 pub use error::{FsError, Result};
 pub use falloc::{FallocMode, Seek};
 pub use flac::{AttachedPages, PageBuf, PflushTxn};

@@ -698,6 +698,29 @@ impl TestDoor<'_> {
     pub fn inject_fence_failure(&self, n: i64) {
         self.0.region.inject_fence_failure(n)
     }
+    /// A store the volume neither makes nor writes back, as a NIC's DMA into a landing
+    /// reservation: recorded (crash testing) as in flight until something flushes it.
+    ///
+    /// # Safety
+    /// `[off, off + data.len())` must be fresh blocks the caller holds (a reservation's),
+    /// with no view of them alive.
+    pub unsafe fn store_unflushed(&self, off: usize, data: &[u8]) {
+        // SAFETY: the caller's contract is the region's.
+        unsafe { self.0.region.write(off, data) }
+    }
+    /// Whether data block `b` is free in the allocator (not waiting for a checkpoint).
+    pub fn block_is_free(&self, b: u64) -> bool {
+        self.0.read_state().balloc.is_free_block(b)
+    }
+    /// The data blocks mapped in file `ino` (block numbers, in file order).
+    pub fn file_blocks(&self, ino: u64) -> Result<Vec<u64>> {
+        let st = self.0.read_state();
+        let i = st.inode(ino)?;
+        let mut out = Vec::new();
+        i.map
+            .for_range(0, i.rec.size.div_ceil(BLOCK_U64), |_, b| out.extend(b));
+        Ok(out)
+    }
     /// A copy of the whole image.
     ///
     /// # Safety

@@ -271,6 +271,15 @@ fn crash_enumeration_over_failing_operations() {
         Step::Create("d1/y".into()),
         Step::Failing(Box::new(Step::Truncate("d1/f".into(), 10)), 1),
         Step::Failing(Box::new(Step::Mkdir("d1/z".into())), 2),
+        // Landing reservations (layer 2): the landing allocation, the log space and
+        // the map blocks of its commit failing; then one that commits.
+        Step::Failing(Box::new(Step::LandingWrite("d2/g".into(), 0, 9000, 5)), 1),
+        Step::Failing(Box::new(Step::LandingWrite("d1/f".into(), 100, 50, 6)), 2),
+        Step::Failing(
+            Box::new(Step::LandingWrite("d2/g".into(), 3000, 6000, 7)),
+            3,
+        ),
+        Step::LandingWrite("d2/g".into(), 3000, 6000, 8),
     ];
     let mut states = vec![model.dump()];
     // SAFETY: this thread alone uses the volume while recording.

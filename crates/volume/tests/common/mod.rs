@@ -30,6 +30,13 @@ pub enum Step {
     Symlink(String, String),
     /// path, offset, length, fill seed
     Write(String, u64, usize, u8),
+    /// The same write through a landing reservation (`reserve_write_landing`), its
+    /// blocks filled whole and the bytes in front of every extent clobbered, as a
+    /// layer-2 receiver does (`land`).
+    LandingWrite(String, u64, usize, u8),
+    /// A landing reservation for that write, landed and clobbered like
+    /// `LandingWrite`, then dropped without commit: changes nothing.
+    LandingAbort(String, u64, usize, u8),
     Truncate(String, u64),
     Rename(String, String, u32),
     Link(String, String),
@@ -300,4 +307,64 @@ pub fn single_ops() -> Vec<(&'static str, Step)> {
         ),
         ("fsync", Step::Fsync("d1/f".into())),
     ]
+}
+
+/// Bytes a layer-2 receiver leaves in the parts of edge blocks outside the write, and
+/// in front of every extent (arbitrary: commit must replace or ignore them).
+pub const LANDING_JUNK: u8 = 0xA5;
+
+/// Write `data` at `off` of `ino` as a layer-2 receiver would: a landing reservation,
+/// every extent's blocks filled whole (the write's bytes in place, junk around them),
+/// the [`zcfs_volume::LANDING_CLOBBER`] bytes in front of every extent overwritten with
+/// junk (stores nobody flushes, like a NIC's), then commit.
+pub fn land(vol: &Volume, ino: u64, off: u64, data: &[u8]) -> Result<usize, FsError> {
+    let r = land_uncommitted(vol, ino, off, data)?;
+    let gaps: Vec<u64> = r
+        .landing_extents()
+        .iter()
+        .map(|e| e.offset / zcfs_volume::BLOCK as u64 - 1)
+        .collect();
+    let n = r.commit()?;
+    // The gaps are free again and in no file.
+    let mapped = vol.test_door().file_blocks(ino).unwrap();
+    for g in gaps {
+        assert!(vol.test_door().block_is_free(g), "gap {g} not freed");
+        assert!(!mapped.contains(&g), "gap {g} in the file");
+    }
+    Ok(n)
+}
+
+/// `land` up to the commit: the reservation, landed and clobbered.
+pub fn land_uncommitted<'v>(
+    vol: &'v Volume,
+    ino: u64,
+    off: u64,
+    data: &[u8],
+) -> Result<zcfs_volume::WriteReservation<'v>, FsError> {
+    use zcfs_volume::{BLOCK, LANDING_CLOBBER, LANDING_GAP_BYTES};
+    let mut r = vol.reserve_write_landing(&Cred::ROOT, ino, off, data.len())?;
+    let exts = r.landing_extents().to_vec();
+    let end = off + data.len() as u64;
+    for (e, s) in exts.iter().zip(r.landing_mut()) {
+        let blocks = &mut s[LANDING_GAP_BYTES as usize..];
+        assert_eq!(blocks.len(), e.blocks as usize * BLOCK);
+        for (i, b) in blocks.iter_mut().enumerate() {
+            let at = e.file_offset + i as u64;
+            *b = if (off..end).contains(&at) {
+                data[(at - off) as usize]
+            } else {
+                LANDING_JUNK
+            };
+        }
+    }
+    for e in &exts {
+        let front = (e.offset - LANDING_CLOBBER) as usize;
+        // SAFETY: the bytes in front of the extent are in its gap block, which the
+        // reservation holds; no view of it is alive.
+        unsafe {
+            vol.test_door()
+                .store_unflushed(front, &[LANDING_JUNK; LANDING_CLOBBER as usize])
+        };
+    }
+    Ok(r)
 }

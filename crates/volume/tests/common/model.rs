@@ -203,7 +203,7 @@ impl Model {
                 }
                 Ok(())
             }
-            Step::Write(p, off, len, seed) => {
+            Step::Write(p, off, len, seed) | Step::LandingWrite(p, off, len, seed) => {
                 let ino = self.resolve(p)?;
                 let data = self.file_mut(ino)?;
                 let end = *off as usize + len;
@@ -211,6 +211,12 @@ impl Model {
                     data.resize(end, 0);
                 }
                 data[*off as usize..end].copy_from_slice(&pattern(*off, *len, *seed));
+                Ok(())
+            }
+            Step::LandingAbort(p, ..) => {
+                // Fails as a write would (no such file, a directory), else no change.
+                let ino = self.resolve(p)?;
+                self.file_mut(ino)?;
                 Ok(())
             }
             Step::Truncate(p, size) => {

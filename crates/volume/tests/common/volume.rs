@@ -132,6 +132,34 @@ pub fn apply_volume(vol: &Volume, op: &Step) -> Result<(), i32> {
                 .map(|_| ())
                 .map_err(e)
         }
+        Step::LandingWrite(p, off, len, seed) => {
+            let ino = vresolve(vol, p)?;
+            land(vol, ino, *off, &pattern(*off, *len, *seed))
+                .map(|_| ())
+                .map_err(e)
+        }
+        Step::LandingAbort(p, off, len, seed) => {
+            let ino = vresolve(vol, p)?;
+            let free = vol.statfs().bfree;
+            let r = land_uncommitted(vol, ino, *off, &pattern(*off, *len, *seed)).map_err(e)?;
+            let held: Vec<u64> = r
+                .landing_extents()
+                .iter()
+                .flat_map(|x| {
+                    let b = x.offset / zcfs_volume::BLOCK as u64;
+                    b - 1..b + x.blocks as u64
+                })
+                .collect();
+            drop(r);
+            for b in held {
+                assert!(
+                    vol.test_door().block_is_free(b),
+                    "block {b} kept by an abort"
+                );
+            }
+            assert_eq!(vol.statfs().bfree, free, "an abort changed the free count");
+            Ok(())
+        }
         Step::Truncate(p, size) => vol
             .truncate(&Cred::ROOT, vresolve(vol, p)?, *size)
             .map_err(e),
