@@ -88,12 +88,19 @@ impl L2Options {
 }
 
 /// Whether `req` travels on the lane (request and reply fit a command): the explicit
-/// list of phase 1. Reads up to `read_max` bytes; writes whose data fits inline.
+/// list of phase 1. Reads up to `read_max` bytes.
+///
+/// Only operations that may safely run twice or are kept in the session's reply cache:
+/// a request whose lane reply times out is sent again on TCP, while the lane's copy may
+/// still be queued at the server and run later. A write (or lseek) is in no reply cache,
+/// so its late copy would overwrite what the session wrote since (review finding
+/// `a_write_resent_on_tcp_after_a_lane_timeout_is_not_executed_again_later`): writes and
+/// lseek stay on TCP until the server fences a lane before its requests go to TCP.
 pub fn rides_l2(req: &Request, body_len: usize, data_len: usize, read_max: u32) -> bool {
     let fits = request_len(body_len, data_len) <= MAX_COMMAND;
     fits && match req {
         Request::Read(r) => r.size > 0 && r.size <= read_max.min(MAX_READ),
-        Request::Write(_) => true,
+        Request::Write(_) => false,
         r => matches!(
             r.op(),
             Op::Lookup
@@ -115,7 +122,6 @@ pub fn rides_l2(req: &Request, body_len: usize, data_len: usize, read_max: u32) 
                 | Op::Symlink
                 | Op::Link
                 | Op::Rename
-                | Op::Lseek
                 | Op::Ping
         ),
     }
@@ -526,5 +532,49 @@ impl L2Lane {
             data,
             epoch: 0,
         })
+    }
+}
+
+#[cfg(test)]
+mod lane_safety_tests {
+    use super::*;
+    use zcfs_protocol::{LseekReq, NodeRef, WriteReq, ALL_OPS};
+
+    /// A request resent on TCP after a lane timeout may also run from the lane later:
+    /// only operations in the session's reply cache (run once per id), or with no
+    /// effect (read, ping), may ride it. The operations outside the cache are listed
+    /// here so that a new one is looked at.
+    #[test]
+    fn only_cached_or_effect_free_operations_ride_the_lane() {
+        let uncached: Vec<Op> = ALL_OPS.iter().copied().filter(|o| !o.cached()).collect();
+        assert_eq!(
+            uncached,
+            vec![
+                Op::Read,
+                Op::Write,
+                Op::Ping,
+                Op::Stats,
+                Op::Lseek,
+                Op::L2Setup
+            ],
+            "a new operation outside the reply cache: decide whether it may ride the lane"
+        );
+        let node = NodeRef::new(5, 1);
+        let write: Request = WriteReq {
+            node,
+            fh: 1,
+            offset: 0,
+            size: 4,
+        }
+        .into();
+        let lseek: Request = LseekReq {
+            node,
+            fh: 1,
+            offset: 0,
+            whence: libc::SEEK_DATA,
+        }
+        .into();
+        assert!(!rides_l2(&write, 40, 4, MAX_READ), "a write rides the lane");
+        assert!(!rides_l2(&lseek, 40, 0, MAX_READ), "lseek rides the lane");
     }
 }
