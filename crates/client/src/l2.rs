@@ -325,8 +325,15 @@ impl L2Lane {
                         }
                     }
                     Ok(L2Reply::ResendTcp { id }) => {
+                        let mut cancel = None;
                         if let Some(w) = inner.waiting.get_mut(&id) {
                             w.reply = Some(Err(Fallback));
+                            cancel = w.xfer.map(|(x, _)| x);
+                        }
+                        // No data will come for it: its slot comes back without waiting
+                        // for the transfer to time out.
+                        if let Some(x) = cancel {
+                            inner.ep.cancel(x);
                         }
                     }
                     Err(e) => tracing::debug!("malformed layer-2 reply dropped: {e}"),

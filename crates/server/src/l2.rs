@@ -513,6 +513,14 @@ fn execute(r: &mut Run, lane: &Lane<'_>, q: &L2Request<'_>, t: Instant) -> Optio
             }
             (Err(e), 0, 0)
         }
+        (Ok(_), Request::Read(_)) if r.free_slots.is_empty() => {
+            // Every staging slot is sending: the client reads it on TCP (same id; a
+            // read may run twice) rather than failing with EAGAIN.
+            if let Err(e) = r.port.ep.send_command(&encode_resend_tcp(h.id)) {
+                tracing::warn!("layer-2 resend-on-TCP dropped: {e}");
+            }
+            return None;
+        }
         (Ok(ctx), Request::Read(rd)) => read(r, lane, &ctx, q, rd),
         (Ok(ctx), Request::Write(w)) => {
             let res = if lane.shared.cfg.read_only {
