@@ -282,7 +282,11 @@ fn transfers(
                             .for_each(|u| *u = true);
                     }
                 }
-                other => panic!("receiver: unexpected {other:?}"),
+                other => panic!(
+                    "receiver: unexpected {other:?}\n--- server ---\n{}--- client ---\n{}",
+                    n.srv.ep.debug_state(),
+                    n.cli.as_ref().unwrap().ep.debug_state()
+                ),
             }
         }
         for e in tx_ev {
@@ -290,7 +294,11 @@ fn transfers(
                 Event::Delivered(id) => {
                     assert!(delivered.insert(id), "transfer {id} delivered twice");
                 }
-                other => panic!("sender: unexpected {other:?}"),
+                other => panic!(
+                    "sender: unexpected {other:?}\n--- server ---\n{}--- client ---\n{}",
+                    n.srv.ep.debug_state(),
+                    n.cli.as_ref().unwrap().ep.debug_state()
+                ),
             }
         }
         let ended: Vec<u32> = inflight
