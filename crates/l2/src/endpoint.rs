@@ -187,6 +187,9 @@ pub struct Stats {
     pub drain_reasks: u64,
     /// Receiver: frames that arrived for abandoned (stale) groups or with nothing posted.
     pub stale_frames: u64,
+    /// Sender: polls that held DRAINED back because frames sent before it had not all
+    /// completed yet.
+    pub drained_held: u64,
     /// The longest time between two polls (ns): how long the endpoint was not run.
     pub max_poll_gap_ns: u64,
     pub committed: u64,
@@ -1625,6 +1628,16 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
                 continue;
             }
             if self.s_drained_owed {
+                // DRAINED tells the receiver that nothing of ours is on the way any more:
+                // sent only when every frame given to the kernel has completed (left the
+                // TX ring and was placed or dropped at the peer). Frames still in the TX
+                // ring (copy mode sends at most 32 per kick) would otherwise land after
+                // the receiver posted again, fail its first group and start the next
+                // drain, round after round (issue 12: a transfer stalled for the timeout).
+                if self.s_free.len() < self.cfg.tx_scratch.1 as usize {
+                    self.stats.drained_held += 1;
+                    return Ok(());
+                }
                 self.s_drained_owed = false;
                 let (epoch, id) = self.s_drain_done.expect("owed after a drain");
                 self.ctl(Rec::Drained { epoch, id });
