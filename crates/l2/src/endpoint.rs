@@ -28,7 +28,8 @@
 //! every posted group (their extents go back to be posted again, so retransmission is of
 //! whole extents), raises the epoch and asks the sender for as many NOP frames as it has
 //! unconsumed entries. The sender drops the old epoch's grants, sends the NOPs and
-//! answers DRAINED. When that answer is in, no entry is left and no frame arrived for
+//! answers DRAINED once every frame it gave the kernel has completed (none of them can
+//! land after the receiver posts again). When that answer is in, no entry is left and no frame arrived for
 //! [`Config::quiet_ns`], the receiver posts again under the new epoch. Frames of the old
 //! epoch that still turn up fail the header check and start another drain. NOPs that
 //! find no entry are dropped by the kernel, harmlessly.
