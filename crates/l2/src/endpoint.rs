@@ -1763,6 +1763,31 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_trace_keeps_the_last_trace_len_events() {
+        use crate::sim::{Injector, SimLink};
+        let (d, _) = SimLink::pair(1 << 20, 1 << 20, Injector::none(1));
+        let (c, _) = SimLink::pair(CMD_REGION_LEN, CMD_REGION_LEN, Injector::none(2));
+        let cfg = Config {
+            local_mac: [2, 0, 0, 0, 0, 1],
+            peer_mac: [2, 0, 0, 0, 0, 2],
+            rto_ns: 1000,
+            quiet_ns: 100,
+            transfer_timeout_ns: 10_000,
+            credit_frames: 64,
+            tx_scratch: (0, layout::frames(crate::MAX_EXTENT_BLOCKS) as u32),
+        };
+        let mut ep = Endpoint::new(cfg, b"k", d, c).unwrap();
+        for i in 0..TRACE_LEN as u32 {
+            ep.note("event", i, 0);
+        }
+        assert_eq!(ep.trace.len(), TRACE_LEN);
+        ep.note("event", TRACE_LEN as u32, 0);
+        assert_eq!(ep.trace.len(), TRACE_LEN, "bounded");
+        assert_eq!(ep.trace.front().unwrap().2, 1, "the oldest went first");
+        assert!(ep.debug_state().contains(&format!("event {TRACE_LEN} 0")));
+    }
+
+    #[test]
     fn records_round_trip() {
         let recs = [
             Rec::Grant {
