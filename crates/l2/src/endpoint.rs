@@ -28,7 +28,8 @@
 //! every posted group (their extents go back to be posted again, so retransmission is of
 //! whole extents), raises the epoch and asks the sender for as many NOP frames as it has
 //! unconsumed entries. The sender drops the old epoch's grants, sends the NOPs and
-//! answers DRAINED. When that answer is in, no entry is left and no frame arrived for
+//! answers DRAINED once every frame it gave the kernel has completed (none of them can
+//! land after the receiver posts again). When that answer is in, no entry is left and no frame arrived for
 //! [`Config::quiet_ns`], the receiver posts again under the new epoch. Frames of the old
 //! epoch that still turn up fail the header check and start another drain. NOPs that
 //! find no entry are dropped by the kernel, harmlessly.
@@ -97,6 +98,9 @@ pub const MAX_QUEUED_RECORDS: usize = 4096;
 /// Transfers a sender remembers as missing (granted, not had), skipped, or given up by
 /// the receiver.
 const MAX_SENDER_MEMORY: usize = RECENT_DONE;
+/// Protocol events (drains, their answers, posting again, aborts) an endpoint keeps for
+/// [`Endpoint::debug_state`], the oldest forgotten first.
+pub const TRACE_LEN: usize = 64;
 
 #[derive(Debug, thiserror::Error)]
 pub enum L2Error {
@@ -177,6 +181,18 @@ pub struct Stats {
     /// Groups whose descriptors, surviving header or CRC did not check.
     pub groups_failed: u64,
     pub drains: u64,
+    /// Drains started because posted entries saw no frame for an RTO (not a failed
+    /// group): a loss at the end, a lost grant, or a sender that did not run.
+    pub drains_stalled: u64,
+    /// A drain asked again: no DRAINED within an RTO, or NOPs came short.
+    pub drain_reasks: u64,
+    /// Receiver: frames that arrived for abandoned (stale) groups or with nothing posted.
+    pub stale_frames: u64,
+    /// Sender: polls that held DRAINED back because frames sent before it had not all
+    /// completed yet.
+    pub drained_held: u64,
+    /// The longest time between two polls (ns): how long the endpoint was not run.
+    pub max_poll_gap_ns: u64,
     pub committed: u64,
     pub aborted: u64,
     /// Grants of an old epoch or an already sent group (duplicates, ignored).
@@ -342,6 +358,10 @@ pub struct Endpoint<D: FrameIo, C: FrameIo> {
     stats: Stats,
     events: Vec<Event>,
     now: u64,
+    /// Polled at least once (`now` is a poll's time).
+    polled: bool,
+    /// Recent protocol events for [`Endpoint::debug_state`]: (time, what, a, b).
+    trace: VecDeque<(u64, &'static str, u32, u32)>,
     /// A transfer was begun since the last poll and waits for its time stamp.
     unstamped: bool,
     // Commands.
@@ -507,6 +527,8 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
             stats: Stats::default(),
             events: Vec::new(),
             now: 0,
+            polled: false,
+            trace: VecDeque::new(),
             unstamped: false,
             c_next_seq: 0,
             c_unacked: VecDeque::new(),
@@ -549,6 +571,109 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
         self.stats
     }
 
+    /// A readable dump of the endpoint's state (for a test that failed, e.g. a transfer
+    /// aborted): receiver and sender side, the recent protocol events, the counters.
+    /// Times are relative to the last poll.
+    pub fn debug_state(&self) -> String {
+        use std::fmt::Write;
+        let now = self.now;
+        let ago = |t: u64| {
+            if t == UNSTAMPED {
+                "unstamped".to_string()
+            } else {
+                format!("{:.3} ms ago", now.saturating_sub(t) as f64 / 1e6)
+            }
+        };
+        let mut o = String::new();
+        let _ = writeln!(o, "now {now} ns; {:?}", self.stats);
+        let _ = writeln!(
+            o,
+            "receiver: epoch {} next group {} unconsumed {} posted groups {} pending extents {} last rx {} last post {}",
+            self.r_epoch,
+            self.r_next_group,
+            self.r_unconsumed,
+            self.r_posted.len(),
+            self.r_pending.len(),
+            ago(self.r_last_rx),
+            ago(self.r_last_post),
+        );
+        if let Some(d) = &self.r_drain {
+            let _ = writeln!(
+                o,
+                "  drain id {} issued {} acked {}",
+                d.id,
+                ago(d.issued),
+                d.acked.map_or("no".to_string(), ago)
+            );
+        }
+        for g in self.r_posted.iter().take(16) {
+            let _ = writeln!(
+                o,
+                "  posted group {} epoch {} transfer {} extent {} frames {}/{} ok {} nops {} stale {}",
+                g.group,
+                g.epoch,
+                g.transfer,
+                g.extent,
+                g.consumed,
+                g.plan.len(),
+                g.ok,
+                g.nops,
+                g.stale
+            );
+        }
+        let mut ids: Vec<&u32> = self.r_transfers.keys().collect();
+        ids.sort();
+        for id in ids {
+            let t = &self.r_transfers[id];
+            let blocks: Vec<u32> = t.extents.iter().map(|e| e.blocks).collect();
+            let _ = writeln!(
+                o,
+                "  rx transfer {id}: {:?} verified {}/{} blocks {blocks:?} progress {} parked {} ready {}",
+                t.state,
+                t.nverified,
+                t.extents.len(),
+                ago(t.last_progress),
+                t.parked,
+                t.ready
+            );
+        }
+        let _ = writeln!(
+            o,
+            "sender: epoch {} next group {} grants {} (first {:?}) nops owed {} drained owed {} frames queued {} free chunks {} missing {:?}",
+            self.s_epoch,
+            self.s_next_group,
+            self.s_grants.len(),
+            self.s_grants.keys().next(),
+            self.s_nops,
+            self.s_drained_owed,
+            self.s_frames.len(),
+            self.s_free.len(),
+            self.s_missing,
+        );
+        let mut ids: Vec<&u32> = self.s_transfers.keys().collect();
+        ids.sort();
+        for id in ids {
+            let t = &self.s_transfers[id];
+            let _ = writeln!(
+                o,
+                "  tx transfer {id}: {} extents, heard {}",
+                t.extents.len(),
+                ago(t.last_heard)
+            );
+        }
+        let _ = writeln!(
+            o,
+            "commands: unacked {} queued {} records queued {}",
+            self.c_unacked.len(),
+            self.c_queue.len(),
+            self.ctl_out.len()
+        );
+        for (t, what, a, b) in &self.trace {
+            let _ = writeln!(o, "  {} {what} {a} {b}", ago(*t));
+        }
+        o
+    }
+
     /// The data queue (its region holds received extents and sent sources).
     pub fn data(&self) -> &D {
         &self.data
@@ -576,6 +701,14 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
         }
         self.c_queue.push_back(bytes.to_vec());
         Ok(())
+    }
+
+    /// Keep a protocol event for [`Endpoint::debug_state`].
+    fn note(&mut self, what: &'static str, a: u32, b: u32) {
+        if self.trace.len() >= TRACE_LEN {
+            self.trace.pop_front();
+        }
+        self.trace.push_back((self.now, what, a, b));
     }
 
     /// Queue a control record (unreliable: beyond [`MAX_QUEUED_RECORDS`] it is dropped
@@ -745,6 +878,11 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
 
     /// Do everything due at time `now` (nanoseconds, monotonic) and return what happened.
     pub fn poll(&mut self, now: u64) -> Result<Vec<Event>, L2Error> {
+        if self.polled {
+            let gap = now.saturating_sub(self.now);
+            self.stats.max_poll_gap_ns = self.stats.max_poll_gap_ns.max(gap);
+        }
+        self.polled = true;
         self.now = now;
         if std::mem::take(&mut self.unstamped) {
             for t in self.r_transfers.values_mut() {
@@ -977,6 +1115,7 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
                     Some((e, i)) => ahead(epoch, e) || (epoch == e && ahead(id, i)),
                 };
                 if newer {
+                    self.note("sender: DRAIN (epoch, nops)", epoch, nops);
                     self.s_epoch = epoch;
                     self.s_next_group = first_group;
                     self.s_grants.clear();
@@ -1009,6 +1148,8 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
                 if let Some(d) = &mut self.r_drain {
                     if d.id == id && epoch == self.r_epoch && d.acked.is_none() {
                         d.acked = Some(self.now);
+                        let left = self.r_unconsumed as u32;
+                        self.note("DRAINED in (id, unconsumed)", id, left);
                     }
                 }
             }
@@ -1036,8 +1177,12 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
             let Some(g) = self.r_posted.front_mut() else {
                 // The kernel only fills what we posted; count it and go on.
                 self.stats.groups_failed += 1;
+                self.stats.stale_frames += 1;
                 continue;
             };
+            if g.stale {
+                self.stats.stale_frames += 1;
+            }
             let p = g.plan[g.consumed];
             let at_plan = d.addr == p.fill + XDP_PACKET_HEADROOM;
             if !at_plan || d.len != p.len {
@@ -1070,6 +1215,7 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
             // The sender filled the group with NOPs: it does not have the transfer (yet).
             // The groups after it are in step; the extent waits for READY.
             self.stats.skips_received += 1;
+            self.note("skip received (group, transfer)", g.group, g.transfer);
             let t = self.r_transfers.get_mut(&g.transfer).expect("live");
             if t.ready {
                 self.r_pending.push_back((g.transfer, g.extent));
@@ -1194,6 +1340,14 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
 
     fn start_drain(&mut self, failed: Option<Posted>) {
         let mut back = Vec::new();
+        match &failed {
+            Some(g) => self.note("drain: group failed (group, transfer)", g.group, g.transfer),
+            None => self.note(
+                "drain: stalled or rekeyed (unconsumed, posted groups)",
+                self.r_unconsumed as u32,
+                self.r_posted.len() as u32,
+            ),
+        }
         if let Some(g) = failed {
             back.push((g.transfer, g.extent));
         }
@@ -1239,6 +1393,7 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
                 t.state = RxState::Aborted;
                 self.stats.aborted += 1;
                 self.events.push(Event::Aborted(id));
+                self.note("aborted (transfer, 0)", id, 0);
                 self.r_pending.retain(|(x, _)| *x != id);
             }
         }
@@ -1291,16 +1446,34 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
                     d.id = self.r_drain_id;
                     d.acked = None;
                     d.issued = now;
+                    self.stats.drain_reasks += 1;
+                    self.note(
+                        "drain: NOPs short, ask again (unconsumed, id)",
+                        self.r_unconsumed as u32,
+                        self.r_drain_id,
+                    );
                     self.push_drain();
                 }
                 None if now.saturating_sub(d.issued) >= self.cfg.rto_ns => {
                     d.issued = now;
+                    let id = d.id;
+                    self.stats.drain_reasks += 1;
+                    self.note(
+                        "drain: no DRAINED, ask again (unconsumed, id)",
+                        self.r_unconsumed as u32,
+                        id,
+                    );
                     self.push_drain();
                 }
                 _ => {}
             }
             if quiet {
                 self.r_drain = None;
+                self.note(
+                    "drain over: post again (epoch, pending extents)",
+                    self.r_epoch,
+                    self.r_pending.len() as u32,
+                );
             }
             if self.r_drain.is_some() {
                 return Ok(());
@@ -1309,6 +1482,7 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
             && now.saturating_sub(self.r_last_rx.max(self.r_last_post)) >= self.cfg.rto_ns
         {
             // Posted entries and nothing arriving: a loss at the end, or a lost grant.
+            self.stats.drains_stalled += 1;
             self.start_drain(None);
             return Ok(());
         }
@@ -1455,6 +1629,16 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
                 continue;
             }
             if self.s_drained_owed {
+                // DRAINED tells the receiver that nothing of ours is on the way any more:
+                // sent only when every frame given to the kernel has completed (left the
+                // TX ring and was placed or dropped at the peer). Frames still in the TX
+                // ring (copy mode sends at most 32 per kick) would otherwise land after
+                // the receiver posted again, fail its first group and start the next
+                // drain, round after round (issue 12: a transfer stalled for the timeout).
+                if self.s_free.len() < self.cfg.tx_scratch.1 as usize {
+                    self.stats.drained_held += 1;
+                    return Ok(());
+                }
                 self.s_drained_owed = false;
                 let (epoch, id) = self.s_drain_done.expect("owed after a drain");
                 self.ctl(Rec::Drained { epoch, id });
@@ -1508,6 +1692,11 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
                     self.s_skipped.insert(g.transfer);
                 }
                 self.stats.groups_skipped += 1;
+                self.note(
+                    "sender: skipped (group, transfer)",
+                    self.s_next_group,
+                    g.transfer,
+                );
                 self.s_grants.remove(&self.s_next_group);
                 self.s_next_group = self.s_next_group.wrapping_add(1);
                 continue;
@@ -1572,6 +1761,31 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_trace_keeps_the_last_trace_len_events() {
+        use crate::sim::{Injector, SimLink};
+        let (d, _) = SimLink::pair(1 << 20, 1 << 20, Injector::none(1));
+        let (c, _) = SimLink::pair(CMD_REGION_LEN, CMD_REGION_LEN, Injector::none(2));
+        let cfg = Config {
+            local_mac: [2, 0, 0, 0, 0, 1],
+            peer_mac: [2, 0, 0, 0, 0, 2],
+            rto_ns: 1000,
+            quiet_ns: 100,
+            transfer_timeout_ns: 10_000,
+            credit_frames: 64,
+            tx_scratch: (0, layout::frames(crate::MAX_EXTENT_BLOCKS) as u32),
+        };
+        let mut ep = Endpoint::new(cfg, b"k", d, c).unwrap();
+        for i in 0..TRACE_LEN as u32 {
+            ep.note("event", i, 0);
+        }
+        assert_eq!(ep.trace.len(), TRACE_LEN);
+        ep.note("event", TRACE_LEN as u32, 0);
+        assert_eq!(ep.trace.len(), TRACE_LEN, "bounded");
+        assert_eq!(ep.trace.front().unwrap().2, 1, "the oldest went first");
+        assert!(ep.debug_state().contains(&format!("event {TRACE_LEN} 0")));
+    }
 
     #[test]
     fn records_round_trip() {

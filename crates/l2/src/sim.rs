@@ -31,6 +31,9 @@ pub const TX_RING: usize = 2048;
 pub const COMPLETION_RING: usize = 2048;
 /// Link operations a reordered frame is held back at most.
 pub const MAX_HOLD: u32 = 8;
+/// Frames the kernel sends per kick in copy mode (its TX_BATCH_SIZE), for
+/// [`SimEnd::set_tx_batch`].
+pub const COPY_MODE_TX_BATCH: usize = 32;
 
 /// Test-only faults on the link: each frame is lost, duplicated or held back (and so
 /// overtaken by later frames) with the given probability in parts per million.
@@ -100,6 +103,10 @@ struct Side {
     rx: VecDeque<Desc>,
     completions: VecDeque<u64>,
     counters: Counters,
+    /// Frames transmitted and not yet sent (only with a TX batch).
+    tx: VecDeque<Desc>,
+    /// Send at most this many frames per kick (None: every frame at once).
+    tx_batch: Option<usize>,
 }
 
 struct Link {
@@ -198,6 +205,8 @@ impl SimLink {
             rx: VecDeque::new(),
             completions: VecDeque::new(),
             counters: Counters::default(),
+            tx: VecDeque::new(),
+            tx_batch: None,
         };
         let link = Arc::new(Mutex::new(Link {
             sides: [side(a_len), side(b_len)],
@@ -263,6 +272,23 @@ impl SimEnd {
         l.injector.reorder_ppm = reorder_ppm;
     }
 
+    /// **A test tool** for the kernel's copy mode: frames given to
+    /// [`FrameIo::transmit`] wait in the TX ring, and each kick (a transmit, or a
+    /// completions call that finds nothing while the ring holds frames, as
+    /// `XskSocket` kicks) sends at most `batch` of them (the kernel sends
+    /// [`COPY_MODE_TX_BATCH`]); a frame completes when it is sent. `None`: every frame
+    /// is sent at once (the default). Frames then reach the peer long after they were
+    /// transmitted, as on a real link under load.
+    pub fn set_tx_batch(&self, batch: Option<usize>) {
+        let mut l = self.link();
+        l.sides[self.me].tx_batch = batch.map(|b| b.max(1));
+    }
+
+    /// Frames transmitted and not yet sent (with a TX batch).
+    pub fn tx_queued(&self) -> usize {
+        self.link().sides[self.me].tx.len()
+    }
+
     /// A new socket on this end's queue and region, as a restarted process opens: the
     /// old socket's rings (posted fill entries, arrived frames, completions) are gone.
     pub fn reopen(&self) -> SimEnd {
@@ -272,6 +298,7 @@ impl SimEnd {
             s.fill.clear();
             s.rx.clear();
             s.completions.clear();
+            s.tx.clear();
         }
         SimEnd {
             link: self.link.clone(),
@@ -309,6 +336,54 @@ impl FrameIo for SimEnd {
 
     fn transmit(&mut self, frames: &[Desc]) -> usize {
         let mut l = self.link();
+        if l.sides[self.me].tx_batch.is_some() {
+            let s = &mut l.sides[self.me];
+            let room = COMPLETION_RING
+                .min(TX_RING)
+                .saturating_sub(s.completions.len() + s.tx.len());
+            let n = frames.len().min(room);
+            s.tx.extend(&frames[..n]);
+            if n > 0 {
+                self.kick(&mut l);
+            }
+            return n;
+        }
+        self.send_now(&mut l, frames)
+    }
+
+    fn completions(&mut self, out: &mut Vec<u64>, max: usize) -> usize {
+        let mut l = self.link();
+        {
+            let s = &l.sides[self.me];
+            if s.completions.is_empty() && !s.tx.is_empty() {
+                self.kick(&mut l);
+            }
+        }
+        let s = &mut l.sides[self.me];
+        let n = max.min(s.completions.len());
+        out.extend(s.completions.drain(..n));
+        n
+    }
+
+    fn wait(&mut self, _timeout: Duration) -> io::Result<bool> {
+        let mut l = self.link();
+        l.tick();
+        Ok(!l.sides[self.me].rx.is_empty())
+    }
+}
+
+impl SimEnd {
+    /// Send up to the TX batch of the frames waiting in the TX ring.
+    fn kick(&self, l: &mut Link) {
+        let s = &mut l.sides[self.me];
+        let k = s.tx_batch.unwrap_or(usize::MAX).min(s.tx.len());
+        let batch: Vec<Desc> = s.tx.drain(..k).collect();
+        let sent = self.send_now(l, &batch);
+        debug_assert_eq!(sent, batch.len(), "queued frames have completion room");
+    }
+
+    /// Send `frames` now (each completes at once), as many as the completion ring takes.
+    fn send_now(&self, l: &mut Link, frames: &[Desc]) -> usize {
         let to = 1 - self.me;
         let mut n = 0;
         for d in frames {
@@ -330,20 +405,6 @@ impl FrameIo for SimEnd {
         }
         n
     }
-
-    fn completions(&mut self, out: &mut Vec<u64>, max: usize) -> usize {
-        let mut l = self.link();
-        let s = &mut l.sides[self.me];
-        let n = max.min(s.completions.len());
-        out.extend(s.completions.drain(..n));
-        n
-    }
-
-    fn wait(&mut self, _timeout: Duration) -> io::Result<bool> {
-        let mut l = self.link();
-        l.tick();
-        Ok(!l.sides[self.me].rx.is_empty())
-    }
 }
 
 #[cfg(test)]
@@ -352,6 +413,34 @@ mod tests {
 
     fn frame(tag: u8, len: usize) -> Vec<u8> {
         vec![tag; len]
+    }
+
+    #[test]
+    fn with_a_tx_batch_a_kick_sends_at_most_the_batch_and_frames_complete_when_sent() {
+        let (mut a, mut b) = SimLink::pair(1 << 20, 1 << 20, Injector::none(1));
+        a.set_tx_batch(Some(COPY_MODE_TX_BATCH));
+        let fills: Vec<u64> = (0..100u64).map(|i| i * 4096).collect();
+        assert_eq!(b.fill(&fills), 100);
+        let descs: Vec<Desc> = (0..100u64)
+            .map(|i| Desc {
+                addr: i * 2048,
+                len: 60,
+            })
+            .collect();
+        assert_eq!(a.transmit(&descs), 100, "all taken into the TX ring");
+        assert_eq!(a.tx_queued(), 100 - COPY_MODE_TX_BATCH);
+        assert_eq!(b.counters().delivered, COPY_MODE_TX_BATCH as u64);
+        let mut done = Vec::new();
+        // The first call returns the sent batch; a call that finds nothing kicks.
+        assert_eq!(a.completions(&mut done, usize::MAX), COPY_MODE_TX_BATCH);
+        let mut sent = COPY_MODE_TX_BATCH;
+        for _ in 0..10 {
+            a.completions(&mut done, usize::MAX);
+            sent = done.len();
+        }
+        assert_eq!(sent, 100);
+        assert_eq!(a.tx_queued(), 0);
+        assert_eq!(b.counters().delivered, 100);
     }
 
     #[test]
