@@ -24,7 +24,7 @@ use zcfs_l2::endpoint::{CMD_CHUNK, CMD_REGION_LEN};
 use zcfs_l2::{Config, Endpoint, Event, Extent, SlotGeometry, BLOCK_SIZE, MAX_COMMAND};
 use zcfs_protocol::l2::{decode_reply, encode_request, request_len, L2Reply, MAX_READ};
 use zcfs_protocol::{Op, Request, RespHeader, OP_SLOTS, REQ_HDR};
-use zcfs_xsk::{mac_address, BindMode, Region, XdpProgram, XskConfig, XskError, XskSocket};
+use zcfs_xsk::{bind_retrying, mac_address, BindMode, Region, XdpProgram, XskConfig, XskSocket};
 
 use crate::{lock, Response};
 
@@ -46,8 +46,6 @@ const WAIT_SLICE: Duration = Duration::from_millis(1);
 const RTO: Duration = Duration::from_millis(5);
 const QUIET: Duration = Duration::from_millis(1);
 const TRANSFER_TIMEOUT: Duration = Duration::from_secs(2);
-/// Tries of a bind whose queue is still busy.
-const BIND_TRIES: u32 = 200;
 
 /// How a waiting caller waits for frames.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -189,20 +187,6 @@ pub(crate) struct Local {
     pub mac: [u8; 6],
     pub geometry: SlotGeometry,
     scratch: u64,
-}
-
-fn bind_retrying(
-    mut make: impl FnMut() -> Result<XskSocket, XskError>,
-) -> Result<XskSocket, XskError> {
-    for _ in 1..BIND_TRIES {
-        match make() {
-            Err(XskError::Bind { source, .. }) if source.raw_os_error() == Some(libc::EBUSY) => {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            other => return other,
-        }
-    }
-    make()
 }
 
 /// Open the interface for the lane (any failure: the session stays on TCP).

@@ -36,7 +36,8 @@ use zcfs_protocol::{
     RespHeader, WriteReply, L2_NONCE_LEN, MAX_BODY, OP_SLOTS, RESP_HDR,
 };
 use zcfs_xsk::{
-    mac_address, BindMode, Region, RegionError, XdpProgram, XskConfig, XskError, XskSocket,
+    bind_retrying, mac_address, BindMode, Region, RegionError, XdpProgram, XskConfig, XskError,
+    XskSocket,
 };
 
 use crate::conn::Lane;
@@ -54,9 +55,6 @@ pub const READ_SLOTS: u32 = 64;
 /// The most bytes one read over layer 2 carries: one extent.
 pub const MAX_L2_READ: u32 = zcfs_protocol::l2::MAX_READ;
 const _: () = assert!(MAX_L2_READ == MAX_EXTENT_BLOCKS * BLOCK_SIZE as u32);
-/// Tries of a bind whose queue is still busy (the kernel frees a closed socket's pool
-/// from a work queue: a restarted server can find it busy for a moment).
-const BIND_TRIES: u32 = 200;
 /// Retransmission timeout of the lane's endpoints.
 pub const RTO: Duration = Duration::from_millis(5);
 /// Quiet time after a drain.
@@ -121,20 +119,6 @@ pub struct L2Port {
     file_len: usize,
     // Last: the program detaches after the sockets closed.
     _prog: XdpProgram,
-}
-
-fn bind_retrying(
-    mut make: impl FnMut() -> Result<XskSocket, XskError>,
-) -> Result<XskSocket, XskError> {
-    for _ in 1..BIND_TRIES {
-        match make() {
-            Err(XskError::Bind { source, .. }) if source.raw_os_error() == Some(libc::EBUSY) => {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            other => return other,
-        }
-    }
-    make()
 }
 
 impl L2Port {

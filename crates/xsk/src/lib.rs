@@ -17,9 +17,9 @@ mod xdp;
 pub use error::XskError;
 pub use region::{Region, RegionError, MAX_REGION_LEN};
 pub use socket::{
-    ifindex, mac_address, BindMode, XskConfig, XskSocket, XskStats, BUSY_POLL_BUDGET,
-    BUSY_POLL_USECS, COMPLETION_RING_SIZE, FILL_RING_SIZE, RX_RING_SIZE, TX_ADDR_ALIGN,
-    TX_RING_SIZE, UMEM_CHUNK_SIZE, UNALIGNED_OFFSET_SHIFT,
+    bind_retrying, ifindex, mac_address, BindMode, XskConfig, XskSocket, XskStats, BIND_TRIES,
+    BUSY_POLL_BUDGET, BUSY_POLL_USECS, COMPLETION_RING_SIZE, FILL_RING_SIZE, RX_RING_SIZE,
+    TX_ADDR_ALIGN, TX_RING_SIZE, UMEM_CHUNK_SIZE, UNALIGNED_OFFSET_SHIFT,
 };
 pub use xdp::{xdp_object_available, AttachMode, XdpProgram, XSKMAP_ENTRIES};
 

@@ -796,3 +796,24 @@ impl FrameIo for XskSocket {
         Ok(self.rx.available(1) > 0)
     }
 }
+
+/// Tries of a bind whose queue is still busy (10 ms apart): the kernel releases a closed
+/// socket's buffer pool from a work queue, so a process restarted on the same queue can
+/// find it busy (EBUSY) for a moment.
+pub const BIND_TRIES: u32 = 200;
+
+/// Make a socket with `make`, trying again (up to [`BIND_TRIES`] times, 10 ms apart)
+/// while its queue is still busy; any other outcome is returned at once.
+pub fn bind_retrying(
+    mut make: impl FnMut() -> Result<XskSocket, XskError>,
+) -> Result<XskSocket, XskError> {
+    for _ in 1..BIND_TRIES {
+        match make() {
+            Err(XskError::Bind { source, .. }) if source.raw_os_error() == Some(libc::EBUSY) => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            other => return other,
+        }
+    }
+    make()
+}

@@ -123,22 +123,9 @@ impl Link {
     }
 }
 
-/// Tries of a bind whose queue is still busy.
-const BIND_TRIES: u32 = 200;
-
-/// Make a socket, trying again while the queue is busy: the kernel releases a closed
-/// socket's buffer pool from a work queue, so a process restarted on the same queue can
-/// find it busy (EBUSY) for a moment.
-fn bind_retrying(mut make: impl FnMut() -> Result<XskSocket, XskError>) -> XskSocket {
-    for _ in 1..BIND_TRIES {
-        match make() {
-            Err(XskError::Bind { source, .. }) if source.raw_os_error() == Some(libc::EBUSY) => {
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            }
-            other => return other.expect("socket"),
-        }
-    }
-    make().expect("socket (queue busy for BIND_TRIES tries)")
+/// Make a socket, trying again while its queue is busy (zcfs_xsk::bind_retrying).
+fn bind_retrying(make: impl FnMut() -> Result<XskSocket, XskError>) -> XskSocket {
+    zcfs_xsk::bind_retrying(make).expect("socket")
 }
 
 /// An endpoint and the test's handles on its two lossy wrappers.
