@@ -14,8 +14,8 @@ use zcfs_client::l2::{L2Options, L2Poll};
 use zcfs_client::{Caller, Client, ClientConfig};
 use zcfs_netns::{owned_name, Pair, CLI_IF, SRV_IF};
 use zcfs_protocol::{
-    CreateReply, CreateReq, GetattrReq, LookupName, LookupReq, Name, NodeRef, Op, ReadReq, Reply,
-    Request, WriteReq,
+    CreateReply, CreateReq, GetattrReq, LookupName, LookupReq, LseekReq, Name, NodeRef, Op,
+    ReadReq, Reply, Request, WriteReq,
 };
 use zcfs_server::l2::{L2Poll as SrvPoll, L2Port};
 use zcfs_server::Server;
@@ -394,4 +394,64 @@ fn qd1_latency_over_layer_2_and_tcp() {
             }
         })
         .unwrap();
+}
+
+/// (From the review of the lane, crates/server/tests/review_lane.rs before it merged here.)
+/// A request whose lane reply does not come within L2_REPLY_TIMEOUT (the server's
+/// service thread busy with an earlier lane request) is sent again on TCP with the same
+/// id, while its lane copy may still be queued at the server and run later. A write
+/// (or lseek) is in no reply cache, so that late copy would put old bytes back over
+/// newer ones (the finding, reproduced with a write stalled behind a held lseek: the
+/// file ended "AAAA" after "BBBB"). Fixed by keeping writes and lseek off the lane
+/// (`rides_l2`); this checks they stay on TCP while the lane is up and used, and that
+/// the bytes are the newest after a stall of the service thread.
+#[test]
+fn a_write_resent_on_tcp_after_a_lane_timeout_is_not_executed_again_later() {
+    if !l2_ready() {
+        return;
+    }
+    let n = net("rewrite", true);
+    let addr = n.addr.clone();
+    let server = n.server.clone();
+    n.pair
+        .cli
+        .run(move || {
+            let c = Arc::new(Client::new(client_cfg(&addr, CLI_IF)));
+            c.connect().unwrap();
+            assert!(c.l2_status().expect("the lane was set up").0);
+            let f = create(&c, "f");
+            write(&c, &f, 0, b"old!");
+            let lseek: Request = LseekReq {
+                node: NodeRef::new(f.attr.ino, f.attr.generation),
+                fh: f.fh,
+                offset: 0,
+                whence: libc::SEEK_DATA,
+            }
+            .into();
+            c.call(&lseek, me(), &[]).unwrap();
+            write(&c, &f, 0, b"AAAA");
+            write(&c, &f, 0, b"BBBB");
+            // The lane carried the reads and stayed up; no write or lseek rode it.
+            assert_eq!(read(&c, &f, 0, 4), b"BBBB");
+            assert!(c.l2_status().unwrap().0, "the lane stayed up");
+            assert!(c.l2_counters.requests[Op::Read as usize].load(Ordering::Relaxed) >= 1);
+            for op in [Op::Write, Op::Lseek] {
+                assert_eq!(
+                    c.l2_counters.requests[op as usize].load(Ordering::Relaxed),
+                    0,
+                    "{} rode the lane",
+                    op.name()
+                );
+                assert_eq!(
+                    server.l2_requests()[op as usize],
+                    0,
+                    "{} ran from the lane",
+                    op.name()
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            assert_eq!(read(&c, &f, 0, 4), b"BBBB");
+        })
+        .unwrap();
+    drop(n);
 }
