@@ -47,23 +47,8 @@ const RTO: Duration = Duration::from_millis(5);
 const QUIET: Duration = Duration::from_millis(1);
 const TRANSFER_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// How a waiting caller waits for frames.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum L2Poll {
-    Busy,
-    Wait,
-}
-
-impl std::str::FromStr for L2Poll {
-    type Err = String;
-    fn from_str(s: &str) -> Result<L2Poll, String> {
-        match s {
-            "busy" => Ok(L2Poll::Busy),
-            "wait" => Ok(L2Poll::Wait),
-            o => Err(format!("l2 poll mode {o:?}: busy or wait")),
-        }
-    }
-}
+/// How a waiter on the lane waits for frames (shared with the other side).
+pub use zcfs_l2::L2Poll;
 
 /// The layer-2 lane's settings (`ClientConfig::l2`).
 #[derive(Clone, Debug)]

@@ -39,6 +39,26 @@ pub use frame::{FrameError, TagKey, HEADER_LEN, MAX_PAYLOAD};
 pub use layout::{Extent, SlotGeometry, MIN_FRONT, MIN_TAIL};
 pub use zcfs_xsk::ETH_HEADER_LEN;
 
+/// How a layer-2 endpoint's user waits for frames.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum L2Poll {
+    /// Spin on the rings (one core busy; lowest latency on an idle machine).
+    Busy,
+    /// Sleep in poll(2) between polls.
+    Wait,
+}
+
+impl std::str::FromStr for L2Poll {
+    type Err = String;
+    fn from_str(s: &str) -> Result<L2Poll, String> {
+        match s {
+            "busy" => Ok(L2Poll::Busy),
+            "wait" => Ok(L2Poll::Wait),
+            o => Err(format!("l2 poll mode {o:?}: busy or wait")),
+        }
+    }
+}
+
 /// The interface MTU the frames are sized for (bytes after the Ethernet header).
 pub const MTU: usize = 1500;
 /// The longest frame: Ethernet header and MTU.

@@ -64,25 +64,8 @@ pub const TRANSFER_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long the service thread sleeps in `FrameIo::wait` at most (wait mode).
 const WAIT_SLICE: Duration = Duration::from_millis(1);
 
-/// How the service thread waits for frames.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum L2Poll {
-    /// Spin on the rings (one core busy).
-    Busy,
-    /// Sleep in poll(2) on the command socket between polls.
-    Wait,
-}
-
-impl std::str::FromStr for L2Poll {
-    type Err = String;
-    fn from_str(s: &str) -> Result<L2Poll, String> {
-        match s {
-            "busy" => Ok(L2Poll::Busy),
-            "wait" => Ok(L2Poll::Wait),
-            o => Err(format!("l2 poll mode {o:?}: busy or wait")),
-        }
-    }
-}
+/// How a waiter on the lane waits for frames (shared with the other side).
+pub use zcfs_l2::L2Poll;
 
 #[derive(Debug, thiserror::Error)]
 pub enum L2PortError {
