@@ -42,6 +42,11 @@ pub const L2_REPLY_TIMEOUT: Duration = Duration::from_secs(1);
 pub const DEFAULT_L2_READ_MAX: u32 = 64 << 10;
 /// Longest sleep in poll(2) between polls (wait mode).
 const WAIT_SLICE: Duration = Duration::from_millis(1);
+/// The flusher's sleep when nothing is deferred (it is woken when something is); also
+/// how long it may outlive its lane.
+const FLUSHER_IDLE: Duration = Duration::from_millis(100);
+/// The flusher's next look when what is due waits because a caller is polling.
+const FLUSHER_RETRY: Duration = Duration::from_micros(100);
 /// Retransmission timeout, quiet time and transfer timeout of the endpoint.
 const RTO: Duration = Duration::from_millis(5);
 const QUIET: Duration = Duration::from_millis(1);
@@ -158,9 +163,29 @@ pub(crate) struct L2Lane {
     region: Arc<Region>,
     fds: [i32; 2],
     t0: Instant,
+    flush: Arc<FlushSignal>,
     pub mode: BindMode,
     // Last: detached after the sockets closed.
     _prog: XdpProgram,
+}
+
+/// Wakes the lane's flusher thread (see [`L2Lane::start_flusher`]).
+#[derive(Default)]
+struct FlushSignal {
+    m: Mutex<()>,
+    cv: Condvar,
+    /// The flusher sleeps without a deadline (nothing was deferred when it looked).
+    idle: AtomicBool,
+    stop: AtomicBool,
+}
+
+impl Drop for L2Lane {
+    /// End the flusher now rather than at its next deadline.
+    fn drop(&mut self) {
+        self.flush.stop.store(true, Ordering::SeqCst);
+        let _g = lock(&self.flush.m);
+        self.flush.cv.notify_all();
+    }
 }
 
 /// The local half, before the offer: the program and sockets on the interface.
@@ -246,9 +271,89 @@ impl L2Lane {
             region: local.region,
             fds,
             t0: Instant::now(),
+            flush: Arc::new(FlushSignal::default()),
             mode,
             _prog: local.prog,
         })
+    }
+
+    /// Start the thread that sends what the endpoint defers (bare acks and DONE records
+    /// wait for the next request to ride with: `Endpoint::deferred_due`) when no caller
+    /// polls by then: a caller stops polling as soon as it has its answer, and without
+    /// this the server would retransmit its reply after the RTO. It holds the lane only
+    /// while it polls, so dropping the lane ends it (within [`FLUSHER_IDLE`]).
+    pub(crate) fn start_flusher(self: &Arc<Self>) -> std::io::Result<()> {
+        let lane = Arc::downgrade(self);
+        let sig = self.flush.clone();
+        std::thread::Builder::new()
+            .name("zcfs-l2-flush".into())
+            .spawn(move || loop {
+                let wait = {
+                    let Some(lane) = lane.upgrade() else { return };
+                    if !lane.is_up() {
+                        return;
+                    }
+                    let mut inner = lock(&lane.inner);
+                    match inner.ep.deferred_due() {
+                        Some(due) if lane.now() >= due => {
+                            if inner.polling {
+                                // A caller polls (and sends what is due); look again
+                                // later rather than spin beside it on 2 vCPUs.
+                                FLUSHER_RETRY
+                            } else {
+                                lane.poll_once(&mut inner);
+                                match inner.ep.deferred_due() {
+                                    // Still due (no TX chunk free): not a spin.
+                                    Some(d) if lane.now() >= d => FLUSHER_RETRY,
+                                    // Looked at again at once: the next deadline, if any.
+                                    _ => Duration::ZERO,
+                                }
+                            }
+                        }
+                        Some(due) => Duration::from_nanos(due - lane.now()),
+                        None => {
+                            sig.idle.store(true, Ordering::SeqCst);
+                            FLUSHER_IDLE
+                        }
+                    }
+                };
+                if sig.stop.load(Ordering::SeqCst) {
+                    return;
+                }
+                if !wait.is_zero() {
+                    let g = lock(&sig.m);
+                    // A caller that deferred something since we looked cleared `idle`
+                    // before taking `m` to notify: then do not sleep (its notify may
+                    // have come before this wait).
+                    let woken = wait == FLUSHER_IDLE && !sig.idle.load(Ordering::SeqCst);
+                    if !woken {
+                        drop(sig.cv.wait_timeout(g, wait));
+                    }
+                } else {
+                    std::thread::yield_now();
+                }
+                sig.idle.store(false, Ordering::SeqCst);
+            })
+            .map(|_| ())
+    }
+
+    /// A caller is done polling: wake the flusher if something is deferred and it
+    /// sleeps without a deadline (in a stream of requests it rarely does: no syscall).
+    fn kick_flusher(&self, inner: &Inner) {
+        if inner.ep.deferred_due().is_some() && self.flush.idle.swap(false, Ordering::SeqCst) {
+            let _g = lock(&self.flush.m);
+            self.flush.cv.notify_one();
+        }
+    }
+
+    pub(crate) fn endpoint_stats(&self) -> zcfs_l2::Stats {
+        lock(&self.inner).ep.stats()
+    }
+
+    /// The endpoint's counters and recent protocol events.
+    pub(crate) fn debug_state(&self) -> String {
+        let inner = lock(&self.inner);
+        format!("{:?}\n{}", inner.ep.stats(), inner.ep.debug_state())
     }
 
     pub(crate) fn is_up(&self) -> bool {
@@ -408,6 +513,7 @@ impl L2Lane {
                 None => false,
             });
             if done {
+                self.kick_flusher(&inner);
                 let w = inner.waiting.remove(&id).expect("checked");
                 if let Some((x, slot)) = w.xfer {
                     if w.committed {

@@ -317,6 +317,22 @@ impl Client {
         }
     }
 
+    /// The lane endpoint's protocol counters.
+    pub fn l2_endpoint_stats(&self) -> Option<zcfs_l2::Stats> {
+        match &*lock(&self.l2) {
+            L2State::Up(l) => Some(l.endpoint_stats()),
+            _ => None,
+        }
+    }
+
+    /// The lane endpoint's counters and recent protocol events (for diagnosing a test).
+    pub fn l2_debug_state(&self) -> Option<String> {
+        match &*lock(&self.l2) {
+            L2State::Up(l) => Some(l.debug_state()),
+            _ => None,
+        }
+    }
+
     /// The lane, set up on first use when the configuration asks for it: the local
     /// interface opened, then the offer on TCP. Any failure or a refusal leaves the
     /// session on TCP with one log line.
@@ -335,6 +351,11 @@ impl Client {
         match r {
             Ok(lane) => {
                 let lane = Arc::new(lane);
+                if let Err(e) = lane.start_flusher() {
+                    tracing::warn!(iface = %o.iface, "layer-2 lane not used, the session stays on TCP: no flusher thread: {e}");
+                    *st = L2State::Off;
+                    return None;
+                }
                 *st = L2State::Up(lane.clone());
                 Some(lane)
             }

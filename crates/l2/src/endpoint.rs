@@ -92,6 +92,10 @@ pub const SKIP_HOLD_RTO_DIVISOR: u64 = 2;
 pub const MAX_DRAIN_NOPS: u32 = zcfs_xsk::FILL_RING_SIZE;
 const _: () = assert!(MAX_CREDIT_FRAMES <= MAX_DRAIN_NOPS as usize);
 const _: () = assert!(crate::sim::FILL_RING <= MAX_DRAIN_NOPS as usize);
+/// A bare acknowledgement or a DONE record waits up to `rto_ns /
+/// ACK_DELAY_RTO_DIVISOR` for a frame to ride with (delayed acks): well under the RTO,
+/// so the peer does not retransmit for want of it.
+pub const ACK_DELAY_RTO_DIVISOR: u64 = 4;
 /// Control records waiting to be sent, at most (they are unreliable: a record beyond
 /// is dropped and counted, and the timers recover as from a lost one).
 pub const MAX_QUEUED_RECORDS: usize = 4096;
@@ -205,6 +209,8 @@ pub struct Stats {
     pub cancelled: u64,
     /// Control records dropped because [`MAX_QUEUED_RECORDS`] were waiting.
     pub records_dropped: u64,
+    /// Batches handed to the command queue's kernel (one kick each).
+    pub command_kicks: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -371,6 +377,8 @@ pub struct Endpoint<D: FrameIo, C: FrameIo> {
     c_sent_at: u64,
     c_expected: u32,
     c_need_ack: bool,
+    /// Since when a bare ack or a DONE record waits (see [`Endpoint::deferred_due`]).
+    c_owed_since: Option<u64>,
     c_tx_free: Vec<u64>,
     ctl_out: Vec<Rec>,
     // Receiving data.
@@ -536,6 +544,7 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
             c_sent_at: 0,
             c_expected: 0,
             c_need_ack: false,
+            c_owed_since: None,
             c_tx_free,
             ctl_out: Vec::new(),
             r_transfers: HashMap::new(),
@@ -851,6 +860,7 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
         self.c_queue.clear();
         self.c_expected = 0;
         self.c_need_ack = false;
+        self.c_owed_since = None;
         self.ctl_out.clear();
         let ids: Vec<u32> = self.r_transfers.keys().copied().collect();
         for id in ids {
@@ -985,33 +995,102 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
         }
     }
 
-    fn send_cmd_frame(&mut self, body: Body, payload: &[u8]) -> Result<bool, L2Error> {
-        let mut done = Vec::new();
-        self.cmd.completions(&mut done, usize::MAX);
-        self.c_tx_free.extend(done);
+    /// Write one command-queue frame into a free TX chunk and add it to `batch`; false
+    /// when no chunk is free.
+    fn stage_cmd_frame(
+        &mut self,
+        batch: &mut Vec<Desc>,
+        body: Body,
+        payload: &[u8],
+    ) -> Result<bool, L2Error> {
         let Some(chunk) = self.c_tx_free.pop() else {
             return Ok(false);
         };
         let f = frame::build(self.out_macs, &body, payload, &self.key);
-        self.cmd.region().write(chunk, &f)?;
-        if self.cmd.transmit(&[Desc {
+        if let Err(e) = self.cmd.region().write(chunk, &f) {
+            self.c_tx_free.push(chunk);
+            return Err(e.into());
+        }
+        batch.push(Desc {
             addr: chunk,
             len: f.len() as u32,
-        }]) == 0
-        {
-            self.c_tx_free.push(chunk);
-            return Ok(false);
-        }
-        if let Body::Command { .. } = body {
-            self.c_need_ack = false;
-        }
+        });
         Ok(true)
     }
 
+    /// How long a bare acknowledgement or a DONE record may wait for a frame to ride
+    /// with (see [`ACK_DELAY_RTO_DIVISOR`]).
+    fn ack_delay(&self) -> u64 {
+        self.cfg.rto_ns / ACK_DELAY_RTO_DIVISOR
+    }
+
+    /// Whether a bare acknowledgement or a DONE record waits to be sent.
+    fn owes_lazy(&self) -> bool {
+        self.c_need_ack || self.ctl_out.iter().any(|r| matches!(r, Rec::Done(_)))
+    }
+
+    /// When the deferred acknowledgement and DONE records are due (nanoseconds, on the
+    /// clock of [`Endpoint::poll`]): a caller that stops polling once it has its answer
+    /// polls again by then (or sooner), else the peer retransmits after its RTO. None:
+    /// nothing is deferred.
+    pub fn deferred_due(&self) -> Option<u64> {
+        self.c_owed_since
+            .map(|t| t.saturating_add(self.ack_delay()))
+    }
+
+    /// Send what the command queue owes, as ONE batch (one kick of the kernel: in copy
+    /// mode every kick runs the peer's receive path inside the call, so each costs a
+    /// few microseconds on the critical path): control records (grants before the
+    /// commands they serve), new and retransmitted commands (each carries the
+    /// cumulative ack), and a bare ack if no command carried it.
+    ///
+    /// Bare acks and DONE records are *lazy*: they wait up to [`Endpoint::deferred_due`]
+    /// for a frame that goes anyway (the next request, a grant), so a request and its
+    /// reply cost one frame each way rather than three. A frame the kernel does not
+    /// take is as if lost: a command is retransmitted after the RTO, a record recovered
+    /// by the timers.
     fn cmd_pump(&mut self) -> Result<(), L2Error> {
-        // Retransmit the window (go-back-N) when its oldest waited an RTO.
-        if !self.c_unacked.is_empty() && self.now.saturating_sub(self.c_sent_at) >= self.cfg.rto_ns
-        {
+        let mut done = Vec::new();
+        self.cmd.completions(&mut done, usize::MAX);
+        self.c_tx_free.extend(done);
+        let mut batch: Vec<Desc> = Vec::new();
+        let mut commands_in_batch = false;
+
+        // Which commands go: the window again (go-back-N) when its oldest waited an
+        // RTO, then new ones while the window has room.
+        let retransmit = !self.c_unacked.is_empty()
+            && self.now.saturating_sub(self.c_sent_at) >= self.cfg.rto_ns;
+        let new_room = CMD_WINDOW.saturating_sub(self.c_unacked.len());
+        let sends_commands = retransmit || (new_room > 0 && !self.c_queue.is_empty());
+        let urgent = self.ctl_out.iter().any(|r| !matches!(r, Rec::Done(_)));
+        let lazy_due = self.deferred_due().is_some_and(|due| self.now >= due);
+        let flush_lazy = lazy_due || urgent || sends_commands;
+
+        // Control records first: a grant must be at the peer when the request it serves
+        // is. All of them go when the batch goes anyway or the lazy ones are due.
+        if flush_lazy {
+            let per_frame = crate::MAX_PAYLOAD / RECORD_LEN;
+            let out = std::mem::take(&mut self.ctl_out);
+            let mut at = 0;
+            while at < out.len() {
+                let n = per_frame.min(out.len() - at);
+                let mut p = Vec::with_capacity(n * RECORD_LEN);
+                for r in &out[at..at + n] {
+                    r.encode(&mut p);
+                }
+                let body = Body::Control {
+                    len: p.len() as u32,
+                };
+                if !self.stage_cmd_frame(&mut batch, body, &p)? {
+                    break;
+                }
+                at += n;
+            }
+            // Records without a chunk wait for the next pump, in order.
+            self.ctl_out = out[at..].to_vec();
+        }
+
+        if retransmit {
             let resend: Vec<(u32, Vec<u8>)> = self.c_unacked.iter().cloned().collect();
             for (seq, m) in resend {
                 let body = Body::Command {
@@ -1019,9 +1098,10 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
                     ack: self.c_expected,
                     len: m.len() as u32,
                 };
-                if !self.send_cmd_frame(body, &m)? {
+                if !self.stage_cmd_frame(&mut batch, body, &m)? {
                     break;
                 }
+                commands_in_batch = true;
                 self.stats.command_retransmits += 1;
             }
             self.c_sent_at = self.now;
@@ -1036,10 +1116,11 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
                 ack: self.c_expected,
                 len: m.len() as u32,
             };
-            if !self.send_cmd_frame(body, &m)? {
+            if !self.stage_cmd_frame(&mut batch, body, &m)? {
                 self.c_queue.push_front(m);
                 break;
             }
+            commands_in_batch = true;
             self.stats.commands_sent += 1;
             if self.c_unacked.is_empty() {
                 self.c_sent_at = self.now;
@@ -1047,28 +1128,29 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
             self.c_next_seq = seq.wrapping_add(1);
             self.c_unacked.push_back((seq, m));
         }
-        if self.c_need_ack {
+        if commands_in_batch {
+            self.c_need_ack = false;
+        } else if self.c_need_ack && flush_lazy {
             let body = Body::Command {
                 seq: self.c_next_seq,
                 ack: self.c_expected,
                 len: 0,
             };
-            self.send_cmd_frame(body, &[])?;
+            if self.stage_cmd_frame(&mut batch, body, &[])? {
+                self.c_need_ack = false;
+            }
         }
-        let per_frame = crate::MAX_PAYLOAD / RECORD_LEN;
-        while !self.ctl_out.is_empty() {
-            let n = per_frame.min(self.ctl_out.len());
-            let mut p = Vec::with_capacity(n * RECORD_LEN);
-            for r in &self.ctl_out[..n] {
-                r.encode(&mut p);
-            }
-            let body = Body::Control {
-                len: p.len() as u32,
-            };
-            if !self.send_cmd_frame(body, &p)? {
-                break;
-            }
-            self.ctl_out.drain(..n);
+
+        if !batch.is_empty() {
+            let took = self.cmd.transmit(&batch);
+            // Not taken: as if lost (see above); the chunks are free again.
+            self.c_tx_free.extend(batch[took..].iter().map(|d| d.addr));
+            self.stats.command_kicks += 1;
+        }
+        if !self.owes_lazy() {
+            self.c_owed_since = None;
+        } else if self.c_owed_since.is_none() {
+            self.c_owed_since = Some(self.now);
         }
         Ok(())
     }

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use proptest::prelude::*;
-use zcfs_l2::endpoint::{CMD_CHUNK, CMD_REGION_LEN, MAX_CREDIT_FRAMES};
+use zcfs_l2::endpoint::{ACK_DELAY_RTO_DIVISOR, CMD_CHUNK, CMD_REGION_LEN, MAX_CREDIT_FRAMES};
 use zcfs_l2::frame::{build, Body, Macs, TagKey};
 use zcfs_l2::layout::frames;
 use zcfs_l2::sim::{Injector, SimEnd, SimLink};
@@ -679,4 +679,85 @@ fn a_transfer_begun_after_a_long_idle_time_is_not_timed_out_at_once() {
     run(&mut n, &p, 1000);
     assert_eq!(n.a.stats().aborted + n.b.stats().aborted, 0);
     assert_eq!(n.a.stats().committed + n.b.stats().committed, 2);
+}
+
+/// Step until `want` commands arrived at A (`to_a`) or B, returning them.
+fn commands_until(n: &mut Net, to_a: bool, want: usize) -> Vec<Vec<u8>> {
+    let mut got = Vec::new();
+    for _ in 0..1000 {
+        let (ea, eb) = n.step();
+        for e in if to_a { ea } else { eb } {
+            if let Event::Command(c) = e {
+                got.push(c);
+            }
+        }
+        if got.len() >= want {
+            return got;
+        }
+    }
+    panic!("{} of {want} commands arrived", got.len());
+}
+
+/// A request and its reply cost one batch (one kick of the kernel) each way: the
+/// reply carries the ack of the request, the next request the ack of the reply; no
+/// bare ack frame while they come faster than the ack delay (in copy mode each kick
+/// runs the peer's receive path inside the call: 7 kicks per read before, 3 now).
+#[test]
+fn a_request_and_its_reply_cost_one_command_kick_each_way() {
+    const _: () = assert!(
+        3 * STEP < RTO / ACK_DELAY_RTO_DIVISOR,
+        "an exchange beats the delay"
+    );
+    let mut n = net(Injector::none(1), 64, b"k");
+    const EXCHANGES: u64 = 100;
+    for i in 0..EXCHANGES {
+        n.a.send_command(&pattern(i, 40)).unwrap();
+        assert_eq!(commands_until(&mut n, false, 1), vec![pattern(i, 40)]);
+        n.b.send_command(&pattern(i + 1000, 60)).unwrap();
+        assert_eq!(commands_until(&mut n, true, 1), vec![pattern(i + 1000, 60)]);
+    }
+    let (sa, sb) = (n.a.stats(), n.b.stats());
+    assert_eq!((sa.command_kicks, sb.command_kicks), (EXCHANGES, EXCHANGES));
+    assert_eq!((sa.command_retransmits, sb.command_retransmits), (0, 0));
+}
+
+/// A caller that stops polling once it has its answer must poll again by
+/// `deferred_due()`: then the bare ack goes and the peer retransmits nothing.
+#[test]
+fn a_deferred_ack_is_due_within_the_ack_delay_and_spares_the_peer_a_retransmit() {
+    let mut n = net(Injector::none(1), 64, b"k");
+    n.a.send_command(b"request").unwrap();
+    commands_until(&mut n, false, 1);
+    n.b.send_command(b"reply").unwrap();
+    commands_until(&mut n, true, 1);
+    let due = n.a.deferred_due().expect("the reply's ack waits");
+    assert!(
+        due <= n.now + RTO / ACK_DELAY_RTO_DIVISOR,
+        "due {due} now {}",
+        n.now
+    );
+    assert_eq!(n.a.stats().command_kicks, 1, "no bare ack yet");
+    // Only B polls until A's deadline, as when A's caller went away with its answer.
+    while n.now < due {
+        n.now += STEP;
+        assert!(n.b.poll(n.now).unwrap().is_empty());
+    }
+    n.now = due;
+    n.a.poll(n.now).unwrap();
+    assert_eq!(
+        n.a.stats().command_kicks,
+        2,
+        "the bare ack went at its due time"
+    );
+    assert_eq!(n.a.deferred_due(), None);
+    for _ in 0..(4 * RTO / STEP) {
+        let (ea, eb) = n.step();
+        assert!(ea.is_empty() && eb.is_empty());
+    }
+    assert_eq!(
+        n.b.stats().command_retransmits,
+        0,
+        "the reply was acked in time"
+    );
+    assert_eq!(n.a.stats().command_duplicates, 0);
 }

@@ -17,7 +17,7 @@ use zcfs_protocol::{
     CreateReply, CreateReq, GetattrReq, LookupName, LookupReq, LseekReq, Name, NodeRef, Op,
     ReadReq, Reply, Request, WriteReq,
 };
-use zcfs_server::l2::{L2Poll as SrvPoll, L2Port};
+use zcfs_server::l2::L2Port;
 use zcfs_server::Server;
 
 /// Whether the layer-2 tests can run here (root, XDP program built).
@@ -84,8 +84,8 @@ fn net(label: &str, l2: bool) -> Net {
             let server = Arc::new(Server::bind(memory_fs(64 << 20), cfg).unwrap());
             if l2 {
                 let image = shm_image("img", 4 << 20);
-                let port = L2Port::open(SRV_IF, &image, SrvPoll::Wait).unwrap();
-                server.start_l2(port, SrvPoll::Wait).unwrap();
+                let port = L2Port::open(SRV_IF, &image, poll_mode()).unwrap();
+                server.start_l2(port, poll_mode()).unwrap();
             }
             tx.send(server.clone()).unwrap();
             server.run();
@@ -101,10 +101,19 @@ fn net(label: &str, l2: bool) -> Net {
     }
 }
 
+/// Both sides' poll mode: wait, or busy with `ZCFS_TEST_L2_POLL=busy` (for the figures
+/// of `qd1_latency_over_layer_2_and_tcp`).
+fn poll_mode() -> L2Poll {
+    match std::env::var("ZCFS_TEST_L2_POLL").as_deref() {
+        Ok("busy") => L2Poll::Busy,
+        _ => L2Poll::Wait,
+    }
+}
+
 fn client_cfg(addr: &str, iface: &str) -> ClientConfig {
     let mut c = ClientConfig::new(addr);
     c.l2 = Some(L2Options {
-        poll: L2Poll::Wait,
+        poll: poll_mode(),
         ..L2Options::new(iface)
     });
     c
@@ -289,6 +298,44 @@ fn probe(addr: &str, iface: &str) -> (Client, bool) {
 /// locally, and a second session while the first holds the client's interface fails
 /// locally; each works over TCP. When the holder goes, the next session gets the lane
 /// (the server's hold freed with the connection).
+/// The client defers the ack of a reply (and the DONE of a read's data) for the next
+/// request to carry; a caller that goes away with its answer leaves them to the lane's
+/// flusher, which sends them within the ack delay. Without it the server would send
+/// its reply again every RTO (5 ms) until the next request: duplicates at the client.
+#[test]
+fn an_idle_lane_acks_its_last_reply_so_the_server_does_not_send_it_again() {
+    if !l2_ready() {
+        return;
+    }
+    let n = net("idleack", true);
+    let addr = n.addr.clone();
+    n.pair
+        .cli
+        .run(move || {
+            let c = Client::new(client_cfg(&addr, CLI_IF));
+            c.connect().unwrap();
+            let f = create(&c, "f");
+            write(&c, &f, 0, &[5u8; 8192]);
+            for round in 0..3u64 {
+                assert_eq!(read(&c, &f, 0, 4096), vec![5u8; 4096]);
+                // Idle for several of the server's RTOs.
+                std::thread::sleep(std::time::Duration::from_millis(40));
+                let s = c.l2_endpoint_stats().expect("the lane is up");
+                assert_eq!(
+                    s.command_duplicates,
+                    0,
+                    "round {round}: the server sent a reply again:\n{}",
+                    c.l2_debug_state().unwrap_or_default()
+                );
+            }
+            // The last idle time's duplicates would be counted by this poll.
+            assert_eq!(read(&c, &f, 4096, 4096), vec![5u8; 4096]);
+            assert_eq!(c.l2_endpoint_stats().unwrap().command_duplicates, 0);
+            assert!(l2_count(&c, Op::Read) >= 4, "the reads rode the lane");
+        })
+        .unwrap();
+}
+
 #[test]
 fn the_session_stays_on_tcp_when_the_lane_cannot_be_had() {
     if !l2_ready() {
@@ -387,6 +434,9 @@ fn qd1_latency_over_layer_2_and_tcp() {
             };
             for what in ["read", "write"] {
                 let (a, b) = (p50(&l2, &files[0], what), p50(&tcp, &files[1], what));
+                if a > 1000.0 {
+                    eprintln!("slow lane:\n{}", l2.l2_debug_state().unwrap_or_default());
+                }
                 eprintln!(
                     "{what}: l2 p50 {a:.1} us, tcp p50 {b:.1} us, ratio {:.2}",
                     a / b
