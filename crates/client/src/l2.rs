@@ -38,6 +38,8 @@ pub const RECEIVE_SLOTS: u32 = 32;
 pub const TX_CHUNKS: u32 = 128;
 /// A request without its reply for this long: the layer-2 peer is lost.
 pub const L2_REPLY_TIMEOUT: Duration = Duration::from_secs(1);
+/// A lane lost and fenced is set up again after this long (if the server takes it).
+pub const L2_RETRY_AFTER: Duration = Duration::from_secs(2);
 /// Reads up to this many bytes go over layer 2 by default (see README: measured).
 pub const DEFAULT_L2_READ_MAX: u32 = 64 << 10;
 /// Longest sleep in poll(2) between polls (wait mode).
@@ -76,19 +78,19 @@ impl L2Options {
 }
 
 /// Whether `req` travels on the lane (request and reply fit a command): the explicit
-/// list of phase 1. Reads up to `read_max` bytes.
+/// list. Reads up to `read_max` bytes; writes whose data fits the command (inline).
 ///
-/// Only operations that may safely run twice or are kept in the session's reply cache:
-/// a request whose lane reply times out is sent again on TCP, while the lane's copy may
-/// still be queued at the server and run later. A write (or lseek) is in no reply cache,
-/// so its late copy would overwrite what the session wrote since (review finding
-/// `a_write_resent_on_tcp_after_a_lane_timeout_is_not_executed_again_later`): writes and
-/// lseek stay on TCP until the server fences a lane before its requests go to TCP.
+/// A request whose lane reply times out is sent again on TCP while the lane's copy may
+/// still be queued at the server. Cached operations run once per id whichever way they
+/// come; a write or lseek (in no reply cache) would run late and undo what the session
+/// did since (review finding `a_write_resent_on_tcp_after_a_lane_timeout_is_not_executed_
+/// again_later`), so no request goes again on TCP before the lane is fenced at the server
+/// (`L2Release`: answered once no lane request runs, and none runs after).
 pub fn rides_l2(req: &Request, body_len: usize, data_len: usize, read_max: u32) -> bool {
     let fits = request_len(body_len, data_len) <= MAX_COMMAND;
     fits && match req {
         Request::Read(r) => r.size > 0 && r.size <= read_max.min(MAX_READ),
-        Request::Write(_) => false,
+        Request::Write(_) => true,
         r => matches!(
             r.op(),
             Op::Lookup
@@ -111,6 +113,7 @@ pub fn rides_l2(req: &Request, body_len: usize, data_len: usize, read_max: u32) 
                 | Op::Link
                 | Op::Rename
                 | Op::Ping
+                | Op::Lseek
         ),
     }
 }
@@ -164,6 +167,8 @@ pub(crate) struct L2Lane {
     fds: [i32; 2],
     t0: Instant,
     flush: Arc<FlushSignal>,
+    /// The server has given the lane up for this session (`L2Release` answered).
+    pub(crate) fenced: Mutex<bool>,
     pub mode: BindMode,
     // Last: detached after the sockets closed.
     _prog: XdpProgram,
@@ -272,6 +277,7 @@ impl L2Lane {
             fds,
             t0: Instant::now(),
             flush: Arc::new(FlushSignal::default()),
+            fenced: Mutex::new(false),
             mode,
             _prog: local.prog,
         })
@@ -623,11 +629,11 @@ mod lane_safety_tests {
     use zcfs_protocol::{LseekReq, NodeRef, WriteReq, ALL_OPS};
 
     /// A request resent on TCP after a lane timeout may also run from the lane later:
-    /// only operations in the session's reply cache (run once per id), or with no
-    /// effect (read, ping), may ride it. The operations outside the cache are listed
-    /// here so that a new one is looked at.
+    /// operations outside the reply cache ride the lane only because nothing goes again
+    /// on TCP before the fence (`L2Release`). They are listed here so that a new one is
+    /// looked at; the lane's own set-up and release never ride it.
     #[test]
-    fn only_cached_or_effect_free_operations_ride_the_lane() {
+    fn operations_outside_the_reply_cache_are_known_and_the_lanes_own_stay_on_tcp() {
         let uncached: Vec<Op> = ALL_OPS.iter().copied().filter(|o| !o.cached()).collect();
         assert_eq!(
             uncached,
@@ -637,18 +643,21 @@ mod lane_safety_tests {
                 Op::Ping,
                 Op::Stats,
                 Op::Lseek,
-                Op::L2Setup
+                Op::L2Setup,
+                Op::L2Release
             ],
             "a new operation outside the reply cache: decide whether it may ride the lane"
         );
         let node = NodeRef::new(5, 1);
-        let write: Request = WriteReq {
-            node,
-            fh: 1,
-            offset: 0,
-            size: 4,
-        }
-        .into();
+        let write = |size: u32| -> Request {
+            WriteReq {
+                node,
+                fh: 1,
+                offset: 0,
+                size,
+            }
+            .into()
+        };
         let lseek: Request = LseekReq {
             node,
             fh: 1,
@@ -656,7 +665,13 @@ mod lane_safety_tests {
             whence: libc::SEEK_DATA,
         }
         .into();
-        assert!(!rides_l2(&write, 40, 4, MAX_READ), "a write rides the lane");
-        assert!(!rides_l2(&lseek, 40, 0, MAX_READ), "lseek rides the lane");
+        assert!(rides_l2(&write(4), 40, 4, MAX_READ), "a small write rides");
+        assert!(rides_l2(&lseek, 40, 0, MAX_READ));
+        // At the bound: the largest inline write rides, one byte more goes on TCP.
+        let most = MAX_COMMAND - request_len(40, 0);
+        assert!(rides_l2(&write(most as u32), 40, most, MAX_READ));
+        assert!(!rides_l2(&write(most as u32 + 1), 40, most + 1, MAX_READ));
+        let setup: Request = zcfs_protocol::L2ReleaseReq {}.into();
+        assert!(!rides_l2(&setup, 0, 0, MAX_READ));
     }
 }

@@ -201,6 +201,8 @@ enum L2State {
     Untried,
     Trying,
     Up(Arc<l2::L2Lane>),
+    /// Lost and fenced (kept for its counters): set up again from this time on.
+    Retry(Arc<l2::L2Lane>, std::time::Instant),
     Off,
 }
 
@@ -312,7 +314,7 @@ impl Client {
     /// Whether the layer-2 lane is up, and its sockets' bind mode (None: no lane).
     pub fn l2_status(&self) -> Option<(bool, zcfs_xsk::BindMode)> {
         match &*lock(&self.l2) {
-            L2State::Up(l) => Some((l.is_up(), l.mode)),
+            L2State::Up(l) | L2State::Retry(l, _) => Some((l.is_up(), l.mode)),
             _ => None,
         }
     }
@@ -320,7 +322,7 @@ impl Client {
     /// The lane endpoint's protocol counters.
     pub fn l2_endpoint_stats(&self) -> Option<zcfs_l2::Stats> {
         match &*lock(&self.l2) {
-            L2State::Up(l) => Some(l.endpoint_stats()),
+            L2State::Up(l) | L2State::Retry(l, _) => Some(l.endpoint_stats()),
             _ => None,
         }
     }
@@ -328,7 +330,7 @@ impl Client {
     /// The lane endpoint's counters and recent protocol events (for diagnosing a test).
     pub fn l2_debug_state(&self) -> Option<String> {
         match &*lock(&self.l2) {
-            L2State::Up(l) => Some(l.debug_state()),
+            L2State::Up(l) | L2State::Retry(l, _) => Some(l.debug_state()),
             _ => None,
         }
     }
@@ -343,6 +345,8 @@ impl Client {
             match &*st {
                 L2State::Up(l) if l.is_up() => return Some(l.clone()),
                 L2State::Untried => *st = L2State::Trying,
+                // The old lane is dropped here, before the new one takes the interface.
+                L2State::Retry(_, at) if std::time::Instant::now() >= *at => *st = L2State::Trying,
                 _ => return None,
             }
         }
@@ -887,8 +891,44 @@ impl Client {
                 }
                 Some(Ok(r))
             }
-            Err(l2::Fallback) => None,
+            Err(l2::Fallback) if lane.is_up() => None,
+            Err(l2::Fallback) => {
+                // The lane went down with requests on it that the server may still run
+                // from its queue: fence it before anything goes again on TCP. A write
+                // or lseek (in no reply cache) may not go without the fence; the others
+                // are answered once per id whichever way they come.
+                match self.l2_fence(&lane) {
+                    Ok(()) => None,
+                    Err(e) if matches!(req, Request::Write(_) | Request::Lseek(_)) => Some(Err(e)),
+                    Err(_) => None,
+                }
+            }
         }
+    }
+
+    /// Give the lane up at the server (`L2Release` on TCP, once per lane): it returns
+    /// once no lane request of the session runs there, and none runs after. Then the
+    /// lane may be set up again after [`l2::L2_RETRY_AFTER`].
+    fn l2_fence(&self, lane: &Arc<l2::L2Lane>) -> Result<(), Error> {
+        let mut fenced = lock(&lane.fenced);
+        if *fenced {
+            return Ok(());
+        }
+        self.call(
+            &zcfs_protocol::L2ReleaseReq {}.into(),
+            Caller::process(),
+            &[],
+        )?;
+        *fenced = true;
+        let mut st = lock(&self.l2);
+        if matches!(&*st, L2State::Up(l) if Arc::ptr_eq(l, lane)) {
+            *st = L2State::Retry(lane.clone(), std::time::Instant::now() + l2::L2_RETRY_AFTER);
+        }
+        tracing::info!(
+            "layer-2 lane fenced at the server; set up again in {:?}",
+            l2::L2_RETRY_AFTER
+        );
+        Ok(())
     }
 
     /// Send on the given connection and wait (the restart hook re-opening files before

@@ -42,8 +42,8 @@ pub use wire::{Reader, Wire};
 /// execute twice). Version 5 authenticates every message after a handshake with a
 /// secret (`channel`: a MAC trailer after each body, optionally a payload MAC) and
 /// binds the handshake proofs to its whole transcript. Version 8 adds `L2Setup` (the
-/// layer-2 lane, `l2`).
-pub const VERSION: u8 = 8;
+/// layer-2 lane, `l2`); version 9 `L2Release` (the lane's fence, so writes may ride it).
+pub const VERSION: u8 = 9;
 pub const REQ_MAGIC: u16 = 0x515a; // "ZQ"
 pub const RESP_MAGIC: u16 = 0x525a; // "ZR"
 /// Size of the fixed request header.

@@ -312,6 +312,13 @@ wire_struct! {
 }
 
 wire_struct! {
+    /// Give the layer-2 lane of the caller's session up, as a fence: answered once no
+    /// lane request of the session is running, and none runs after (docs/protocol.md
+    /// section 12).
+    pub struct L2ReleaseReq {}
+}
+
+wire_struct! {
     /// Give back `count` references to `ino`.
     #[derive(Copy)]
     pub struct ForgetItem {

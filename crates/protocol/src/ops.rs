@@ -64,7 +64,13 @@ macro_rules! operations {
             pub fn cached(self) -> bool {
                 !matches!(
                     self,
-                    Op::Read | Op::Write | Op::Lseek | Op::Ping | Op::Stats | Op::L2Setup
+                    Op::Read
+                        | Op::Write
+                        | Op::Lseek
+                        | Op::Ping
+                        | Op::Stats
+                        | Op::L2Setup
+                        | Op::L2Release
                 )
             }
         }
@@ -278,4 +284,5 @@ operations! {
     31 Lseek       "lseek"       : LseekReq       -> LseekReply,     mutates false, idempotent true;
     32 TmpFile     "tmpfile"     : TmpFileReq     -> CreateReply,    mutates true,  idempotent false;
     33 L2Setup     "l2setup"     : L2SetupReq     -> L2SetupReply,   mutates false, idempotent true;
+    34 L2Release   "l2release"   : L2ReleaseReq   -> EmptyReply,     mutates false, idempotent true;
 }

@@ -419,6 +419,16 @@ impl<'a> Conn<'a> {
                 self.shared.stats.record(Op::L2Setup, reply.accepted, 0, t);
                 self.reply(h, Ok(Reply::L2Setup(reply)), claim.take())
             }
+            Request::L2Release(_) => {
+                // The fence: returns once no lane request of this session runs, and
+                // none will (the lane is the session's no more).
+                if let Some(svc) = self.shared.l2.get() {
+                    svc.release(&self.attached);
+                }
+                self.l2_hold = None;
+                self.shared.stats.record(Op::L2Release, true, 0, t);
+                self.reply(h, Ok(Reply::L2Release(EmptyReply {})), claim.take())
+            }
             other => {
                 let op = other.op();
                 let r = self.dispatch(&ctx, other);

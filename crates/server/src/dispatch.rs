@@ -152,10 +152,10 @@ impl<'a> Lane<'a> {
             return Err(ro());
         }
         Ok(match req {
-            Request::L2Setup(_) => {
+            Request::L2Setup(_) | Request::L2Release(_) => {
                 return Err(Error::new(
                     libc::EINVAL,
-                    "l2setup is answered by its connection",
+                    "l2setup and l2release are answered by their connection",
                 ))
             }
             // "." names the node itself, whatever its type (a client opening a file

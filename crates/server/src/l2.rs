@@ -212,6 +212,18 @@ impl L2Service {
         self.stop.store(true, Ordering::SeqCst);
     }
 
+    /// The fence of `L2Release`: the lane is `session`'s no more. Returns once no lane
+    /// request runs (they run under the owner's lock); after it, the service thread
+    /// drops the session's lane requests, so a request the client sends again on TCP
+    /// cannot also run late from the lane (what kept writes off the lane before).
+    pub fn release(&self, session: &Arc<Session>) {
+        let mut o = lock(&self.owner);
+        if o.as_ref().is_some_and(|o| Arc::ptr_eq(&o.session, session)) {
+            *o = None;
+            tracing::info!(ifname = %self.ifname, "layer-2 lane released by its session");
+        }
+    }
+
     /// Answer an `L2Setup` from a connection of `session`: take the interface if it is
     /// free (`hold` keeps it for the connection) or refuse.
     pub fn setup(
@@ -333,7 +345,7 @@ fn run(port: L2Port, shared: &Shared, service: &L2Service, busy: bool) {
     };
     while !service.stop.load(Ordering::SeqCst) {
         // A new owner (or none): new key and peer; the old session's transfers end.
-        let owner = {
+        {
             let o = lock(&service.owner);
             let g = o.as_ref().map_or(0, |o| o.generation);
             if g != r.generation {
@@ -343,7 +355,6 @@ fn run(port: L2Port, shared: &Shared, service: &L2Service, busy: bool) {
                     None => r.port.ep.rekey_peer(&rand::random::<[u8; 32]>(), [0; 6]),
                 }
             }
-            o.as_ref().map(|o| (o.session.clone(), o.rule.clone()))
         };
         let events = match r.port.ep.poll(t0.elapsed().as_nanos() as u64) {
             Ok(e) => e,
@@ -356,19 +367,25 @@ fn run(port: L2Port, shared: &Shared, service: &L2Service, busy: bool) {
         let idle = events.is_empty();
         for ev in events {
             match ev {
-                Event::Command(bytes) => match &owner {
-                    Some((session, rule)) => {
-                        let lane = Lane {
-                            rule: rule.clone(),
-                            shared,
-                            session,
-                        };
-                        command(&mut r, &lane, service, &bytes);
+                Event::Command(bytes) => {
+                    // Executed under the owner's lock, and only for the owner the
+                    // endpoint is keyed for: `L2Service::release` (the fence) waits for
+                    // a request running now and none of the session runs after it.
+                    let o = lock(&service.owner);
+                    match o.as_ref().filter(|o| o.generation == r.generation) {
+                        Some(o) => {
+                            let lane = Lane {
+                                rule: o.rule.clone(),
+                                shared,
+                                session: &o.session,
+                            };
+                            command(&mut r, &lane, service, &bytes);
+                        }
+                        None => {
+                            service.counters.malformed.fetch_add(1, Ordering::Relaxed);
+                        }
                     }
-                    None => {
-                        service.counters.malformed.fetch_add(1, Ordering::Relaxed);
-                    }
-                },
+                }
                 Event::Delivered(id) | Event::Failed(id) => {
                     if let Some(slot) = r.sending.remove(&id) {
                         r.free_slots.push(slot);

@@ -3,19 +3,21 @@
 //! whose per-path counters prove they went over layer 2, reads and small writes
 //! against a model, and the fallbacks to TCP. Every loop is bounded.
 
+#[macro_use]
 mod common;
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use common::{config, memory_fs};
-use zcfs_backend::ROOT;
-use zcfs_client::l2::{L2Options, L2Poll};
+use zcfs_backend::{Backend, ROOT};
+use zcfs_client::l2::{L2Options, L2Poll, L2_RETRY_AFTER};
 use zcfs_client::{Caller, Client, ClientConfig};
 use zcfs_netns::{owned_name, Pair, CLI_IF, SRV_IF};
 use zcfs_protocol::{
-    CreateReply, CreateReq, GetattrReq, LookupName, LookupReq, LseekReq, Name, NodeRef, Op,
-    ReadReq, Reply, Request, WriteReq,
+    CreateReply, CreateReq, GetattrReq, LookupName, LookupReq, Name, NodeRef, Op, ReadReq, Reply,
+    Request, StatfsReq, WriteReq,
 };
 use zcfs_server::l2::L2Port;
 use zcfs_server::Server;
@@ -73,6 +75,10 @@ impl Drop for Net {
 /// A server in the pair's server namespace, with the layer-2 lane on its veth end when
 /// `l2`.
 fn net(label: &str, l2: bool) -> Net {
+    net_with(label, memory_fs(64 << 20), l2)
+}
+
+fn net_with(label: &str, backend: Arc<dyn Backend>, l2: bool) -> Net {
     let pair = Pair::create_with_queues(&owned_name(std::process::id(), label), 79, 2).unwrap();
     let ip = pair.srv_ip;
     let (tx, rx) = std::sync::mpsc::channel();
@@ -81,7 +87,7 @@ fn net(label: &str, l2: bool) -> Net {
         .spawn(move || {
             let mut cfg = config();
             cfg.listen = zcfs_transport::Address::Tcp(format!("{ip}:0"));
-            let server = Arc::new(Server::bind(memory_fs(64 << 20), cfg).unwrap());
+            let server = Arc::new(Server::bind(backend, cfg).unwrap());
             if l2 {
                 let image = shm_image("img", 4 << 20);
                 let port = L2Port::open(SRV_IF, &image, poll_mode()).unwrap();
@@ -261,8 +267,9 @@ fn library_ops_go_over_layer_2_and_match_a_model() {
                 .unwrap_err();
             assert_eq!(e.errno, libc::ENOENT);
             assert!(l2_count(&c, Op::Read) > OPS as u64 / 2);
-            // Writes stay on TCP (no reply cache for them: see rides_l2).
-            assert_eq!(l2_count(&c, Op::Write), 0);
+            // Writes up to 1 KiB ride the lane inline (the 256 fills and the random
+            // ones); larger ones go on TCP.
+            assert!(l2_count(&c, Op::Write) >= 256);
             assert!(l2_count(&c, Op::Create) == 1);
             assert!(l2_count(&c, Op::Lookup) == 2);
             assert!(l2_count(&c, Op::Getattr) == 1);
@@ -319,7 +326,7 @@ fn an_idle_lane_acks_its_last_reply_so_the_server_does_not_send_it_again() {
             for round in 0..3u64 {
                 assert_eq!(read(&c, &f, 0, 4096), vec![5u8; 4096]);
                 // Idle for several of the server's RTOs.
-                std::thread::sleep(std::time::Duration::from_millis(40));
+                std::thread::sleep(Duration::from_millis(40));
                 let s = c.l2_endpoint_stats().expect("the lane is up");
                 assert_eq!(
                     s.command_duplicates,
@@ -446,21 +453,62 @@ fn qd1_latency_over_layer_2_and_tcp() {
         .unwrap();
 }
 
-/// (From the review of the lane, crates/server/tests/review_lane.rs before it merged here.)
-/// A request whose lane reply does not come within L2_REPLY_TIMEOUT (the server's
-/// service thread busy with an earlier lane request) is sent again on TCP with the same
-/// id, while its lane copy may still be queued at the server and run later. A write
-/// (or lseek) is in no reply cache, so that late copy would put old bytes back over
-/// newer ones (the finding, reproduced with a write stalled behind a held lseek: the
-/// file ended "AAAA" after "BBBB"). Fixed by keeping writes and lseek off the lane
-/// (`rides_l2`); this checks they stay on TCP while the lane is up and used, and that
-/// the bytes are the newest after a stall of the service thread.
+/// A Backend whose first statfs waits until the gate opens (at most 30 s): it holds
+/// the server's layer-2 service thread, which runs lane requests one by one.
+struct StallFirstStatfs {
+    inner: Arc<dyn Backend>,
+    /// (stalled, released)
+    gate: Arc<(Mutex<(bool, bool)>, Condvar)>,
+}
+
+mod stall_impl {
+    use super::StallFirstStatfs;
+    use zcfs_backend::*;
+    impl Backend for StallFirstStatfs {
+        pass_on_the_rest!();
+        pass_on! {
+            lookup(ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr>;
+            write_with(ctx: &Ctx, ino: u64, fh: u64, offset: u64, payload: &mut dyn WritePayload) -> Result<u32>;
+        }
+        fn statfs(&self) -> Result<StatFs> {
+            let (m, cv) = &*self.gate;
+            let mut st = m.lock().unwrap();
+            if !st.0 {
+                st.0 = true;
+                cv.notify_all();
+                let t = std::time::Instant::now();
+                while !st.1 && t.elapsed() < std::time::Duration::from_secs(30) {
+                    st = cv
+                        .wait_timeout(st, std::time::Duration::from_millis(50))
+                        .unwrap()
+                        .0;
+                }
+            }
+            drop(st);
+            self.inner.statfs()
+        }
+    }
+}
+
+/// (From the review of the lane.) A request whose lane reply does not come within
+/// L2_REPLY_TIMEOUT (the server's service thread busy with an earlier lane request) is
+/// sent again on TCP with the same id, while its lane copy may still be queued at the
+/// server. A write is in no reply cache, so that copy run late would put old bytes back
+/// over newer ones (the finding: the file ended "AAAA" after "BBBB"). Writes ride the
+/// lane since the client fences it first (`L2Release`, answered once no lane request
+/// runs and none will). The service thread is let go only once the lane is down, so the
+/// fence has to wait for it; afterwards the lane is set up again.
 #[test]
 fn a_write_resent_on_tcp_after_a_lane_timeout_is_not_executed_again_later() {
     if !l2_ready() {
         return;
     }
-    let n = net("rewrite", true);
+    let gate = Arc::new((Mutex::new((false, false)), Condvar::new()));
+    let backend: Arc<dyn Backend> = Arc::new(StallFirstStatfs {
+        inner: memory_fs(32 << 20),
+        gate: gate.clone(),
+    });
+    let n = net_with("rewrite", backend, true);
     let addr = n.addr.clone();
     let server = n.server.clone();
     n.pair
@@ -471,36 +519,63 @@ fn a_write_resent_on_tcp_after_a_lane_timeout_is_not_executed_again_later() {
             assert!(c.l2_status().expect("the lane was set up").0);
             let f = create(&c, "f");
             write(&c, &f, 0, b"old!");
-            let lseek: Request = LseekReq {
-                node: NodeRef::new(f.attr.ino, f.attr.generation),
-                fh: f.fh,
-                offset: 0,
-                whence: libc::SEEK_DATA,
+            assert_eq!(l2_count(&c, Op::Write), 1, "a small write rides the lane");
+            // A statfs on the lane holds the server's service thread.
+            let c2 = c.clone();
+            let stalled = std::thread::spawn(move || {
+                c2.call(&StatfsReq {}.into(), me(), &[]).unwrap();
+            });
+            {
+                let (m, cv) = &*gate;
+                let mut st = m.lock().unwrap();
+                let t = Instant::now();
+                while !st.0 {
+                    assert!(
+                        t.elapsed() < Duration::from_secs(10),
+                        "statfs never arrived"
+                    );
+                    st = cv.wait_timeout(st, Duration::from_millis(50)).unwrap().0;
+                }
             }
-            .into();
-            c.call(&lseek, me(), &[]).unwrap();
+            // Lets the service thread go once the lane is down (the fence waits for it).
+            let (c3, g) = (c.clone(), gate.clone());
+            let opener = std::thread::spawn(move || {
+                let t = Instant::now();
+                while c3.l2_status().unwrap().0 && t.elapsed() < Duration::from_secs(10) {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                std::thread::sleep(Duration::from_millis(50));
+                let (m, cv) = &*g;
+                m.lock().unwrap().1 = true;
+                cv.notify_all();
+            });
+            // Goes on the lane, times out (1 s), the lane is fenced, then it is resent
+            // on TCP and executed there.
             write(&c, &f, 0, b"AAAA");
+            assert!(!c.l2_status().unwrap().0, "the lane went down");
+            // The session goes on on TCP: newer bytes at the same place.
             write(&c, &f, 0, b"BBBB");
-            // The lane carried the reads and stayed up; no write or lseek rode it.
+            opener.join().unwrap();
+            stalled.join().unwrap();
             assert_eq!(read(&c, &f, 0, 4), b"BBBB");
-            assert!(c.l2_status().unwrap().0, "the lane stayed up");
-            assert!(c.l2_counters.requests[Op::Read as usize].load(Ordering::Relaxed) >= 1);
-            for op in [Op::Write, Op::Lseek] {
-                assert_eq!(
-                    c.l2_counters.requests[op as usize].load(Ordering::Relaxed),
-                    0,
-                    "{} rode the lane",
-                    op.name()
-                );
-                assert_eq!(
-                    server.l2_requests()[op as usize],
-                    0,
-                    "{} ran from the lane",
-                    op.name()
-                );
-            }
-            std::thread::sleep(std::time::Duration::from_millis(200));
+            // Time for a stale lane copy of the AAAA write to run, if it could.
+            std::thread::sleep(Duration::from_millis(300));
+            assert_eq!(
+                String::from_utf8_lossy(&read(&c, &f, 0, 4)),
+                "BBBB",
+                "a lane write ran after the TCP resend and a newer write (lane writes at \
+                 the server: {})",
+                server.l2_requests()[Op::Write as usize]
+            );
+            assert!(server.l2_requests()[Op::Write as usize] <= 2);
+            // The lane comes back after L2_RETRY_AFTER and carries requests again.
+            std::thread::sleep(L2_RETRY_AFTER + Duration::from_millis(200));
+            let before = l2_count(&c, Op::Read);
             assert_eq!(read(&c, &f, 0, 4), b"BBBB");
+            assert!(c.l2_status().unwrap().0, "the lane is up again");
+            write(&c, &f, 0, b"CCCC");
+            assert_eq!(read(&c, &f, 0, 4), b"CCCC");
+            assert!(l2_count(&c, Op::Read) > before, "reads ride the new lane");
         })
         .unwrap();
     drop(n);

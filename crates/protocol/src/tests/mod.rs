@@ -309,6 +309,7 @@ fn request_for(op: Op) -> BoxedStrategy<Request> {
             .prop_map(|(node, mask)| AccessReq { node, mask }.into())
             .boxed(),
         Op::Stats => Just(StatsReq {}.into()).boxed(),
+        Op::L2Release => Just(L2ReleaseReq {}.into()).boxed(),
         Op::L2Setup => (0u64..1 << 48, any::<u32>(), any::<u32>(), any::<[u8; 24]>())
             .prop_map(|(mac, cmd_queue, data_queue, g)| {
                 L2SetupReq {
@@ -422,6 +423,7 @@ fn reply_for(op: Op) -> BoxedStrategy<Reply> {
             })
             .boxed(),
         Op::Forget => Just(Reply::Forget(EmptyReply {})).boxed(),
+        Op::L2Release => Just(Reply::L2Release(EmptyReply {})).boxed(),
         Op::L2Setup => (
             any::<bool>(),
             0u64..1 << 48,
