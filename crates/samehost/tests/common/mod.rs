@@ -23,11 +23,16 @@ pub fn serve(name: &str) -> Served {
 }
 
 pub fn serve_with(name: &str, f: impl FnOnce(&mut ServiceConfig)) -> Served {
+    serve_sized(name, IMAGE_SIZE, f)
+}
+
+/// A service on an image of `size` bytes.
+pub fn serve_sized(name: &str, size: u64, f: impl FnOnce(&mut ServiceConfig)) -> Served {
     let tag = format!("zcfs-sh-{}-{name}", std::process::id());
     let image = PathBuf::from(format!("/dev/shm/{tag}.img"));
     let sock = std::env::temp_dir().join(format!("{tag}.sock"));
     let _ = std::fs::remove_file(&image);
-    Volume::mkfs(&image, IMAGE_SIZE, &MkfsOptions::default()).unwrap();
+    Volume::mkfs(&image, size, &MkfsOptions::default()).unwrap();
     let vol = Volume::open(&image, VolumeConfig::default()).unwrap();
     let mut cfg = ServiceConfig::new(&sock);
     cfg.identity = IdentityMap {
@@ -83,4 +88,33 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
             x as u8
         })
         .collect()
+}
+
+/// The environment variable that makes a test function act as a child process.
+pub const CHILD_ENV: &str = "ZCFS_SH_CHILD";
+
+/// Run test `name` of this test binary in a child process with `CHILD_ENV` = `arg`.
+pub fn spawn_child(name: &str, arg: &str) -> std::process::Child {
+    std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--nocapture", "--test-threads", "1"])
+        .env(CHILD_ENV, arg)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// The child's argument, when this process is a child.
+pub fn child_arg() -> Option<String> {
+    std::env::var(CHILD_ENV).ok()
+}
+
+/// Wait (bounded: 20 s) until `f` holds.
+pub fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    for _ in 0..2000 {
+        if f() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    panic!("{what}: not within 20 s");
 }
