@@ -739,6 +739,12 @@ impl Client {
     pub fn rings_for_tests(&self) -> &Rings {
         &self.rings
     }
+
+    /// Ring the server's doorbell (tests: after damaging the rings).
+    #[doc(hidden)]
+    pub fn doorbell_for_tests(&self) {
+        ring::ring_bell(self.bell_in.as_fd());
+    }
 }
 
 fn unexpected(r: Reply) -> Error {
