@@ -448,7 +448,8 @@ impl Client {
             if ready(self) {
                 return Ok(());
             }
-            std::hint::spin_loop();
+            // Yield (see the server's spin): the server may need this CPU.
+            std::thread::yield_now();
         }
         self.rings
             .app_flags()
@@ -688,7 +689,12 @@ impl Client {
         }
         let runs = runs
             .into_iter()
-            .map(|(o, first, n)| Ok((Mapping::map(d.rw.as_fd(), o, n * 4096, true)?, first)))
+            .map(|(o, first, n)| {
+                Ok((
+                    Mapping::map_populated(d.rw.as_fd(), o, n * 4096, true)?,
+                    first,
+                ))
+            })
             .collect::<Result<Vec<_>>>()?;
         Ok(Window {
             runs,
