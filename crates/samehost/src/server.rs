@@ -26,11 +26,13 @@ use std::time::{Duration, Instant};
 use zcfs_types::identity::IdentityMap;
 use zcfs_volume::{Cred, FsError, Lease, OwnedPages, PflushTxn, Volume, BLOCK, ROOT_INO};
 
-/// How long the connection thread keeps polling its submission ring after the last
-/// entry before it sleeps on the eventfd (NEED_WAKEUP). Chosen by the measurement in
-/// docs/samehost.md ("Doorbell"): on 2 vCPUs a back-to-back 4 KiB read costs a wakeup
-/// (~10-20 us) without spinning and ~1-3 us with it; 50 us covers an application's
-/// think time between dependent requests while bounding the CPU a lone request burns.
+/// How long the connection thread keeps polling its submission ring (yielding the CPU
+/// between looks) after the last entry before it sleeps on the eventfd (NEED_WAKEUP).
+/// Measured on this 2-vCPU machine under load average ~5 (examples/figures.rs, 4 KiB
+/// read p50 from another process, shared / direct): no spin 8.6 / 12.2 us (every
+/// request a wakeup); 20 us 5.7 / 5.4 us; 50 us 3.5 / 3.1-4.2 us. A pure busy spin
+/// (no yield) of 50 us cost 107 us per read there (the spinner holds the CPU the
+/// other side needs). 50 us: a lone request burns at most that much CPU.
 pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
 /// Most applications connected at once.
 pub const MAX_CONNECTIONS: usize = 256;
