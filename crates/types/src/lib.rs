@@ -4,6 +4,8 @@
 //! statistics, and the error of the backend interface (an errno, with detail only when
 //! there is more to say: the common errors allocate nothing).
 
+pub mod identity;
+
 use std::borrow::Cow;
 use std::fmt;
 

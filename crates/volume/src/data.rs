@@ -234,7 +234,7 @@ impl Drop for WriteReservation<'_> {
 /// Where read bytes are: a run of adjacent live blocks (first block, offset, length),
 /// or a hole within one block (offset, length).
 #[derive(Debug, Clone, Copy)]
-enum Run {
+pub(crate) enum Run {
     Data(BlockNo, usize, usize),
     Hole(usize, usize),
 }
@@ -288,7 +288,7 @@ impl Volume {
 
     /// Where the bytes of `[off, off+len)` of a file are: runs of physically adjacent
     /// data blocks, and holes (one per block).
-    fn data_runs(&self, st: &State, ino: u64, off: u64, len: usize) -> Result<Vec<Run>> {
+    pub(crate) fn data_runs(&self, st: &State, ino: u64, off: u64, len: usize) -> Result<Vec<Run>> {
         let i = st.inode(ino)?;
         let end = (off.saturating_add(len as u64)).min(i.rec.size);
         let mut runs: Vec<Run> = Vec::new();

@@ -53,9 +53,9 @@ impl Drop for AttachedPages<'_> {
 
 /// Caller-filled pages waiting to be placed into files atomically (`pflush_*`).
 pub struct PageBuf<'v> {
-    vol: &'v Volume,
+    pub(crate) vol: &'v Volume,
     /// Fresh blocks; empty once placed by a pflush commit.
-    blocks: Vec<FreshBlock>,
+    pub(crate) blocks: Vec<FreshBlock>,
 }
 
 impl PageBuf<'_> {

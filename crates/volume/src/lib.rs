@@ -21,6 +21,7 @@ pub mod fsck;
 pub mod fuzzing;
 mod holder;
 pub mod layout;
+mod lease;
 mod map;
 mod names;
 mod ops;
@@ -52,6 +53,7 @@ pub use layout::{
     Geometry, OpType, Time, BLOCK, NAME_MAX, ROOT_INO, XATTR_ENTRY_COST, XATTR_LIST_MAX,
     XATTR_NAME_MAX, XATTR_SET_MAX, XATTR_SIZE_MAX,
 };
+pub use lease::{Extent, Lease, OwnedPages};
 pub use ops::{
     Attr, DirEntry, RenameFlags, SetAttr, SetTime, SizeRight, StatFs, XattrMode, MAX_LINKS,
     MAX_SYMLINK,

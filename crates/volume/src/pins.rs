@@ -47,6 +47,21 @@ impl ReadPins {
         ReadPin { pins: self, id }
     }
 
+    /// Pin as `pin` does, for a reader that outlives any borrow (a same-host lease):
+    /// the pin lasts until [`ReadPins::unpin`] with the id returned.
+    pub(crate) fn pin_detached(&self, runs: impl IntoIterator<Item = (u64, u64)>) -> u64 {
+        let p = self.pin(runs);
+        let id = p.id;
+        std::mem::forget(p);
+        id
+    }
+
+    /// End the pins of reader `id` (from `pin_detached`).
+    pub(crate) fn unpin(&self, id: u64) {
+        let mut a = self.active.lock().unwrap();
+        a.runs.retain(|r| r.2 != id);
+    }
+
     /// A snapshot of what is pinned now, for checking many blocks (a checkpoint).
     pub(crate) fn pinned(&self) -> Pinned {
         Pinned(
@@ -81,9 +96,7 @@ impl Pinned {
 
 impl Drop for ReadPin<'_> {
     fn drop(&mut self) {
-        let mut a = self.pins.active.lock().unwrap();
-        let id = self.id;
-        a.runs.retain(|r| r.2 != id);
+        self.pins.unpin(self.id);
     }
 }
 
@@ -105,6 +118,18 @@ mod tests {
         assert!(now.contains(15) && !now.contains(16) && !now.contains(10));
         drop(b);
         assert!(!p.pinned().contains(40));
+        assert_eq!(p.readers(), 0);
+    }
+
+    #[test]
+    fn a_detached_pin_lasts_until_unpinned() {
+        let p = ReadPins::default();
+        let id = p.pin_detached([(5, 7)]);
+        let other = p.pin([(5, 6)]);
+        drop(other);
+        assert!(p.pinned().contains(5) && p.pinned().contains(6));
+        p.unpin(id);
+        assert!(!p.pinned().contains(5));
         assert_eq!(p.readers(), 0);
     }
 }

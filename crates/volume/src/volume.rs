@@ -465,6 +465,12 @@ impl Volume {
         }
     }
 
+    /// The descriptor of the volume's image file, when it is a file-backed shared
+    /// mapping (not anonymous memory): for handing the image to trusted same-host
+    /// applications (zcfs-samehost), which reopen it through /proc/self/fd.
+    pub fn image_fd(&self) -> Option<std::os::unix::io::RawFd> {
+        self.region.shared_fd()
+    }
     pub fn geometry(&self) -> Geometry {
         self.geo
     }

@@ -108,6 +108,40 @@ pub struct ServeArgs {
     /// How the layer-2 service thread waits for frames: busy (spin) or wait (poll).
     #[arg(long, default_value = "wait", requires = "l2")]
     l2_poll: String,
+    /// Also serve the same-host interface (rings and buffers shared with applications
+    /// on this host, docs/samehost.md) on this Unix socket, default
+    /// /run/zcfs/NAME.samehost.sock (0666: the server decides by identity). Volume
+    /// images only.
+    #[arg(long, value_name = "PATH", num_args = 0..=1, default_missing_value = "")]
+    samehost: Option<String>,
+    /// Members of this group get the same-host direct map (may read and write every
+    /// file), besides root and the image file's owner.
+    #[arg(long, value_name = "GID", requires = "samehost")]
+    samehost_trust_group: Option<u32>,
+}
+
+/// The same-host socket's path: `--samehost PATH`, or beside the default socket.
+fn samehost_path(given: &str, source: &Source) -> Result<PathBuf> {
+    if !given.is_empty() {
+        return Ok(PathBuf::from(given));
+    }
+    let Source::Image(p) = source else {
+        bail!("--samehost needs a volume image");
+    };
+    let name = p
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "zcfs".into());
+    let dir = PathBuf::from(SOCKET_DIR);
+    if !dir.exists() {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(&dir)
+            .map_err(|e| anyhow!("creating {}: {e}", dir.display()))?;
+    }
+    Ok(dir.join(format!("{name}.samehost.sock")))
 }
 
 /// `--listen`, or the default Unix socket for the source (its directory made if need
@@ -225,7 +259,30 @@ pub fn run(a: &ServeArgs) -> Result<i32> {
         }
         None => None,
     };
+    if a.samehost.is_some() && !matches!(source, Source::Image(_)) {
+        bail!("--samehost needs a volume image (not {source})");
+    }
     let OpenedBackend { backend, volume } = open(&source, a)?;
+    let samehost = match (&a.samehost, &volume) {
+        (Some(given), Some(vol)) => {
+            let path = samehost_path(given, &source)?;
+            let mut cfg = zcfs_samehost::ServiceConfig::new(&path);
+            cfg.identity = identity;
+            cfg.trust_group = a.samehost_trust_group;
+            cfg.read_only = a.read_only;
+            let svc = Arc::new(
+                zcfs_samehost::Service::bind(vol.clone(), cfg)
+                    .map_err(|e| anyhow!("--samehost: {e}"))?,
+            );
+            let run = svc.clone();
+            let t = std::thread::Builder::new()
+                .name("zcfs-samehost".into())
+                .spawn(move || run.run())?;
+            Some((svc, t))
+        }
+        (Some(_), None) => bail!("--samehost needs a volume image"),
+        _ => None,
+    };
     let signals = StopSignals::block();
     let server = Arc::new(
         zcfs_server::Server::bind(
@@ -293,12 +350,31 @@ pub fn run(a: &ServeArgs) -> Result<i32> {
     if let Some(m) = &metrics {
         println!("metrics on http://{}/metrics", m.local_addr());
     }
+    if let Some((svc, _)) = &samehost {
+        println!("same-host interface on {}", svc.path().display());
+    }
     // Scripts wait for this line; stdout may be a pipe.
     std::io::stdout().flush()?;
     sd_notify("READY=1");
     while signals.wait(Duration::from_secs(1)).is_none() {}
     sd_notify("STOPPING=1");
     drop(metrics);
+    if let Some((svc, t)) = samehost {
+        svc.shutdown();
+        t.join().map_err(|_| anyhow!("same-host thread panicked"))?;
+        let st = svc.stats();
+        eprintln!(
+            "same-host   shared {} reads {} writes ({} bytes, {} copies/byte); direct {} extent reads {} commits ({} bytes, {} copies/byte)",
+            st.shared_read_ops,
+            st.shared_write_ops,
+            st.shared_read_bytes + st.shared_write_bytes,
+            st.shared_copies_per_byte,
+            st.direct_read_ops,
+            st.direct_commit_ops,
+            st.direct_read_bytes + st.direct_commit_bytes,
+            st.direct_copies_per_byte
+        );
+    }
     server.shutdown();
     acceptor
         .join()

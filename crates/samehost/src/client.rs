@@ -1,0 +1,794 @@
+//! The application's side: a small, stable Rust API over the control socket and the
+//! rings, which the C ABI wraps.
+//!
+//! ```no_run
+//! use zcfs_samehost::client::{Client, Options};
+//! let mut c = Client::connect("/run/zcfs/vol.samehost.sock")?;
+//! let buf = c.register_buffer(1 << 20)?;
+//! let f = c.open("/data/x", libc::O_RDWR | libc::O_CREAT, 0o644)?;
+//! c.buffer_mut(buf)?[..5].copy_from_slice(b"hello");
+//! c.write(f.handle, 0, buf, 0, 5)?;          // shared buffer: one copy, by the server
+//! assert_eq!(c.read(f.handle, 0, buf, 4096, 5)?, 5);
+//! # Ok::<(), zcfs_samehost::client::Error>(())
+//! ```
+//!
+//! Synchronous calls (`read`, `write`, `read_extents`, ...) submit one entry and wait
+//! for its completion. For batches, build [`Sqe`]s and use [`Client::submit`] and
+//! [`Client::wait`]; a buffer range named by an entry in flight must not be touched
+//! until its completion arrives (as with io_uring).
+//!
+//! Every error has an errno ([`Error::errno`]) for the C layer.
+
+use crate::proto::{self, MapGeometry, ProtoError, Reply, Request, PROTOCOL_VERSION};
+use crate::ring::{self, op, Cqe, ExtentDesc, Mapping, Placement, Rings, Sqe};
+use crate::server::StatsSnapshot;
+use rustix::event::{PollFd, PollFlags};
+use rustix::fd::{AsFd, OwnedFd};
+use rustix::fs::{MemfdFlags, SealFlags};
+use std::collections::HashMap;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::atomic::{fence, Ordering};
+use std::time::{Duration, Instant};
+
+pub use crate::ring::{DEFAULT_RING_ENTRIES, NO_NEW_SIZE};
+
+/// How long a waiting application polls the completion ring before it sleeps on its
+/// eventfd (see docs/samehost.md, "Doorbell").
+pub const DEFAULT_CLIENT_SPIN: Duration = Duration::from_micros(50);
+/// The internal buffer direct-map calls use for descriptors, offsets and placements.
+pub const SCRATCH_LEN: usize = 256 << 10;
+/// Most extent descriptors one `read_extents` returns (what the scratch buffer holds).
+pub const MAX_EXTENTS_PER_CALL: usize = SCRATCH_LEN / ring::EXTENT_DESC_SIZE;
+/// Most pages one `reserve` takes (what the scratch buffer holds offsets for).
+pub const MAX_RESERVE_PER_CALL: usize = SCRATCH_LEN / 8;
+
+/// A failed call. [`Error::errno`] gives the errno the C layer returns (negated).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The server refused a control request.
+    #[error("{message} ({})", zcfs_types::errno_name(*.errno))]
+    Server { errno: i32, message: String },
+    /// A ring operation completed with an error.
+    #[error("request failed: {}", zcfs_types::errno_name(*.0))]
+    Errno(i32),
+    /// No room in the submission ring (EAGAIN): wait for completions first.
+    #[error("the submission ring is full")]
+    RingFull,
+    /// The server closed the connection (it shut down, or found the rings corrupt).
+    #[error("the server closed the connection")]
+    Disconnected,
+    /// A direct-map call before `direct_map`, or by an untrusted application (EPERM).
+    #[error("no direct map: call direct_map first (trusted applications only)")]
+    NoDirectMap,
+    /// A call's arguments do not fit (EINVAL).
+    #[error("{0}")]
+    Invalid(String),
+    #[error("protocol: {0}")]
+    Protocol(#[from] ProtoError),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+impl Error {
+    /// The errno of this error (positive).
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::Server { errno, .. } | Error::Errno(errno) => *errno,
+            Error::RingFull => libc::EAGAIN,
+            Error::Disconnected => libc::ECONNRESET,
+            Error::NoDirectMap => libc::EPERM,
+            Error::Invalid(_) => libc::EINVAL,
+            Error::Protocol(_) => libc::EPROTO,
+            Error::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
+        }
+    }
+}
+
+impl From<rustix::io::Errno> for Error {
+    fn from(e: rustix::io::Errno) -> Error {
+        Error::Io(e.into())
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+/// A registered buffer.
+pub type BufferId = u32;
+/// An open file (valid on its connection only).
+pub type Handle = u32;
+
+/// How to connect.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Entries of each ring (a power of two, 2..=4096).
+    pub entries: u32,
+    /// Ask whether the direct map will be granted (see [`Client::trusted`]).
+    pub want_direct: bool,
+    /// See [`DEFAULT_CLIENT_SPIN`].
+    pub spin: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            entries: DEFAULT_RING_ENTRIES,
+            want_direct: true,
+            spin: DEFAULT_CLIENT_SPIN,
+        }
+    }
+}
+
+/// An opened file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct File {
+    pub handle: Handle,
+    /// Its size when opened.
+    pub size: u64,
+}
+
+/// Leased extents of a file (see `read_extents`); release with [`Client::release`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseView {
+    pub id: u64,
+    pub extents: Vec<ExtentDesc>,
+    /// Bytes covered (short of the range asked at the end of the file).
+    pub bytes: u64,
+}
+
+/// Fresh blocks to fill (see `reserve`, `window`, `commit`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reservation {
+    pub id: u64,
+    /// Byte offset of each page in the image.
+    pub offsets: Vec<u64>,
+}
+
+/// A writable mapping of just a reservation's blocks.
+pub struct Window {
+    /// (mapping, first page) per run of adjacent blocks.
+    runs: Vec<(Mapping, usize)>,
+    pages: usize,
+}
+
+impl Window {
+    pub fn pages(&self) -> usize {
+        self.pages
+    }
+    /// Page `i` of the reservation, to fill.
+    pub fn page_mut(&mut self, i: usize) -> &mut [u8] {
+        assert!(i < self.pages, "page {i} of a {}-page window", self.pages);
+        let k = self.runs.partition_point(|(_, first)| *first <= i) - 1;
+        let (m, first) = &self.runs[k];
+        // SAFETY: page `i` lies in run `k` (inside its mapping); `&mut self` keeps the
+        // view unique in this process; the server does not write reserved blocks
+        // until they are committed.
+        unsafe { std::slice::from_raw_parts_mut(m.as_ptr().add((i - first) * 4096), 4096) }
+    }
+    /// Fill the pages in order from `data` (at most `pages * 4096` bytes); the rest of
+    /// a partly filled last page is left as it is (zero).
+    pub fn fill(&mut self, data: &[u8]) {
+        for (i, chunk) in data.chunks(4096).enumerate() {
+            self.page_mut(i)[..chunk.len()].copy_from_slice(chunk);
+        }
+    }
+    /// The window as one slice, when the reservation is one run of adjacent blocks.
+    pub fn as_mut_slice(&mut self) -> Option<&mut [u8]> {
+        match &self.runs[..] {
+            [(m, 0)] => {
+                // SAFETY: as in `page_mut`, for the whole single run.
+                Some(unsafe { std::slice::from_raw_parts_mut(m.as_ptr(), m.len()) })
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The image, mapped read-only, and its read-write descriptor.
+pub struct DirectMap {
+    map: Mapping,
+    rw: OwnedFd,
+    pub geometry: MapGeometry,
+}
+
+impl DirectMap {
+    /// The image's bytes at an extent (`None` for a hole or a range outside the image).
+    pub fn bytes(&self, e: &ExtentDesc) -> Option<&[u8]> {
+        if e.is_hole() {
+            return None;
+        }
+        let p = self.map.range(e.image_offset, e.len)?;
+        // SAFETY: inside the read-only mapping; leased blocks are not written while the
+        // lease lasts (the application must not use the slice after releasing it).
+        Some(unsafe { std::slice::from_raw_parts(p, e.len as usize) })
+    }
+}
+
+struct Buffer {
+    map: Mapping,
+}
+
+/// A connection to the same-host service.
+pub struct Client {
+    sock: UnixStream,
+    rings: Rings,
+    sq_tail: u32,
+    cq_head: u32,
+    bell_in: OwnedFd,
+    bell_out: OwnedFd,
+    spin: Duration,
+    trusted: bool,
+    bufs: HashMap<BufferId, Buffer>,
+    scratch: Option<BufferId>,
+    direct: Option<DirectMap>,
+    next_user_data: u64,
+    /// Completions reaped while waiting for another.
+    stash: HashMap<u64, Cqe>,
+    /// Entries submitted and not yet reaped.
+    in_flight: u32,
+}
+
+impl Client {
+    /// Connect with the default [`Options`].
+    pub fn connect(path: impl AsRef<Path>) -> Result<Client> {
+        Client::connect_with(path, &Options::default())
+    }
+
+    pub fn connect_with(path: impl AsRef<Path>, o: &Options) -> Result<Client> {
+        let sock = UnixStream::connect(path)?;
+        let trusted = match call(
+            &sock,
+            &Request::Hello {
+                version: PROTOCOL_VERSION,
+                want_direct: o.want_direct,
+            },
+            &[],
+        )? {
+            (Reply::Hello { trusted, .. }, _) => trusted,
+            (r, _) => return Err(unexpected(r)),
+        };
+        let (entries, size, mut fds) =
+            match call(&sock, &Request::SetupRings { entries: o.entries }, &[])? {
+                (Reply::Rings { entries, size }, fds) => (entries, size, fds),
+                (r, _) => return Err(unexpected(r)),
+            };
+        let bell_out = fds.pop().expect("count checked");
+        let bell_in = fds.pop().expect("count checked");
+        let memfd = fds.pop().expect("count checked");
+        if size as usize != ring::ring_size(entries) {
+            return Err(Error::Protocol(ProtoError::Short));
+        }
+        let map = Mapping::map(memfd.as_fd(), 0, size as usize, true)?;
+        let rings = Rings::new(map, entries).ok_or(Error::Protocol(ProtoError::Short))?;
+        if !rings.header_ok() {
+            return Err(Error::Invalid(
+                "the rings' header is not what the server said".into(),
+            ));
+        }
+        Ok(Client {
+            sock,
+            rings,
+            sq_tail: 0,
+            cq_head: 0,
+            bell_in,
+            bell_out,
+            spin: o.spin,
+            trusted,
+            bufs: HashMap::new(),
+            scratch: None,
+            direct: None,
+            next_user_data: 1 << 63,
+            stash: HashMap::new(),
+            in_flight: 0,
+        })
+    }
+
+    /// Whether the server will grant the direct map.
+    pub fn trusted(&self) -> bool {
+        self.trusted
+    }
+
+    /// Entries of each ring.
+    pub fn entries(&self) -> u32 {
+        self.rings.entries
+    }
+
+    /// Make a buffer of `len` bytes (a sealed memfd, mapped here and by the server).
+    pub fn register_buffer(&mut self, len: usize) -> Result<BufferId> {
+        let fd = rustix::fs::memfd_create(
+            "zcfs-samehost-buffer",
+            MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+        )?;
+        rustix::fs::ftruncate(&fd, len as u64)?;
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW)?;
+        self.register_fd(fd.as_fd(), len)
+    }
+
+    /// Register a memfd the application made (sealed against shrinking, at least
+    /// `len` bytes).
+    pub fn register_fd(&mut self, fd: rustix::fd::BorrowedFd<'_>, len: usize) -> Result<BufferId> {
+        let map = Mapping::map(fd, 0, len, true)?;
+        match call(
+            &self.sock,
+            &Request::RegisterBuffer { len: len as u64 },
+            &[fd],
+        )? {
+            (Reply::Buffer { id }, _) => {
+                self.bufs.insert(id, Buffer { map });
+                Ok(id)
+            }
+            (r, _) => Err(unexpected(r)),
+        }
+    }
+
+    /// A registered buffer's bytes.
+    pub fn buffer(&self, id: BufferId) -> Result<&[u8]> {
+        let b = self
+            .bufs
+            .get(&id)
+            .ok_or_else(|| Error::Invalid(format!("no buffer {id}")))?;
+        // SAFETY: our mapping of the buffer, alive while `self` is; the server writes
+        // it only for entries in flight, which the caller must not read (module docs).
+        Ok(unsafe { std::slice::from_raw_parts(b.map.as_ptr(), b.map.len()) })
+    }
+
+    pub fn buffer_mut(&mut self, id: BufferId) -> Result<&mut [u8]> {
+        let b = self
+            .bufs
+            .get(&id)
+            .ok_or_else(|| Error::Invalid(format!("no buffer {id}")))?;
+        // SAFETY: as in `buffer`; `&mut self` keeps the view unique here.
+        Ok(unsafe { std::slice::from_raw_parts_mut(b.map.as_ptr(), b.map.len()) })
+    }
+
+    /// Raw pointer and length of a registered buffer (for the C layer).
+    pub fn buffer_raw(&self, id: BufferId) -> Result<(*mut u8, usize)> {
+        let b = self
+            .bufs
+            .get(&id)
+            .ok_or_else(|| Error::Invalid(format!("no buffer {id}")))?;
+        Ok((b.map.as_ptr(), b.map.len()))
+    }
+
+    /// Open (with O_CREAT, create) a regular file by its path in the volume, as this
+    /// process's user. `mode` is taken as given (no umask).
+    pub fn open(&mut self, path: impl AsRef<[u8]>, flags: i32, mode: u32) -> Result<File> {
+        let req = Request::Open {
+            path: path.as_ref().to_vec(),
+            flags,
+            mode,
+        };
+        match call(&self.sock, &req, &[])? {
+            (Reply::Opened { handle, size }, _) => Ok(File { handle, size }),
+            (r, _) => Err(unexpected(r)),
+        }
+    }
+
+    pub fn close(&mut self, handle: Handle) -> Result<()> {
+        match call(&self.sock, &Request::Close { handle }, &[])? {
+            (Reply::Done, _) => Ok(()),
+            (r, _) => Err(unexpected(r)),
+        }
+    }
+
+    /// The service's counters.
+    pub fn stats(&mut self) -> Result<StatsSnapshot> {
+        match call(&self.sock, &Request::Stats, &[])? {
+            (Reply::Stats { json }, _) => {
+                serde_json::from_slice(&json).map_err(|e| Error::Invalid(format!("stats: {e}")))
+            }
+            (r, _) => Err(unexpected(r)),
+        }
+    }
+
+    /// Put entries on the submission ring (all or none: [`Error::RingFull`]) and ring
+    /// the server's doorbell if it sleeps.
+    pub fn submit(&mut self, sqes: &[Sqe]) -> Result<()> {
+        let entries = self.rings.entries;
+        if sqes.len() as u64 > (entries - self.in_flight) as u64 {
+            return Err(Error::RingFull);
+        }
+        let head = self.rings.sq_head().load(Ordering::Acquire);
+        let free = entries - self.sq_tail.wrapping_sub(head).min(entries);
+        if sqes.len() as u64 > free as u64 {
+            return Err(Error::RingFull);
+        }
+        for s in sqes {
+            self.rings.write_sqe(self.sq_tail, s);
+            self.sq_tail = self.sq_tail.wrapping_add(1);
+        }
+        self.in_flight += sqes.len() as u32;
+        self.rings.sq_tail().store(self.sq_tail, Ordering::Release);
+        fence(Ordering::SeqCst);
+        if self.rings.server_flags().load(Ordering::Relaxed) & ring::NEED_WAKEUP != 0 {
+            ring::ring_bell(self.bell_in.as_fd());
+        }
+        Ok(())
+    }
+
+    /// Completions ready now, without waiting.
+    pub fn reap(&mut self, out: &mut Vec<Cqe>) -> usize {
+        let tail = self.rings.cq_tail().load(Ordering::Acquire);
+        let mut n = 0;
+        while self.cq_head != tail && n < self.rings.entries {
+            out.push(self.rings.read_cqe(self.cq_head));
+            self.cq_head = self.cq_head.wrapping_add(1);
+            n += 1;
+        }
+        if n > 0 {
+            self.in_flight = self.in_flight.saturating_sub(n);
+            self.rings.cq_head().store(self.cq_head, Ordering::Release);
+            // The server may sleep on a full completion ring: room now.
+            fence(Ordering::SeqCst);
+            if self.rings.server_flags().load(Ordering::Relaxed) & ring::NEED_WAKEUP != 0 {
+                ring::ring_bell(self.bell_in.as_fd());
+            }
+        }
+        n as usize
+    }
+
+    /// Wait until at least `min` completions (besides those already returned) are
+    /// here, and return every one ready.
+    pub fn wait(&mut self, min: usize) -> Result<Vec<Cqe>> {
+        let mut out: Vec<Cqe> = self.stash.drain().map(|(_, c)| c).collect();
+        loop {
+            self.reap(&mut out);
+            if out.len() >= min {
+                return Ok(out);
+            }
+            self.wait_event()?;
+        }
+    }
+
+    /// Spin a bounded while for a completion, then sleep on the eventfd (or notice
+    /// the server closing the socket).
+    fn wait_event(&mut self) -> Result<()> {
+        let ready = |c: &Client| c.rings.cq_tail().load(Ordering::Acquire) != c.cq_head;
+        let start = Instant::now();
+        while start.elapsed() < self.spin {
+            if ready(self) {
+                return Ok(());
+            }
+            // Yield (see the server's spin): the server may need this CPU.
+            std::thread::yield_now();
+        }
+        self.rings
+            .app_flags()
+            .store(ring::APP_WAITING, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        if !ready(self) {
+            let mut fds = [
+                PollFd::new(&self.bell_out, PollFlags::IN),
+                PollFd::new(&self.sock, PollFlags::IN),
+            ];
+            match rustix::event::poll(&mut fds, None) {
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+            // The server sends nothing unasked: a readable socket is its end.
+            if !fds[1].revents().is_empty() && !ready(self) {
+                self.rings.app_flags().store(0, Ordering::SeqCst);
+                return Err(Error::Disconnected);
+            }
+            ring::clear_bell(self.bell_out.as_fd());
+        }
+        self.rings.app_flags().store(0, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Submit one entry and wait for its completion; an error completion becomes
+    /// [`Error::Errno`].
+    pub fn call(&mut self, mut sqe: Sqe) -> Result<Cqe> {
+        self.next_user_data += 1;
+        let ud = self.next_user_data;
+        sqe.user_data = ud;
+        self.submit(&[sqe])?;
+        loop {
+            if let Some(c) = self.stash.remove(&ud) {
+                return if c.result < 0 {
+                    Err(Error::Errno((-c.result) as i32))
+                } else {
+                    Ok(c)
+                };
+            }
+            let mut got = Vec::new();
+            if self.reap(&mut got) == 0 {
+                self.wait_event()?;
+            }
+            for c in got {
+                self.stash.insert(c.user_data, c);
+            }
+        }
+    }
+
+    /// Shared buffer: read `len` bytes at `off` of the file into `buf` at `buf_off`.
+    /// Returns bytes read (short at the end of the file).
+    pub fn read(
+        &mut self,
+        h: Handle,
+        off: u64,
+        buf: BufferId,
+        buf_off: u64,
+        len: u64,
+    ) -> Result<usize> {
+        let c = self.call(Sqe {
+            op: op::READ,
+            handle: h,
+            offset: off,
+            len,
+            buf,
+            buf_off,
+            ..Default::default()
+        })?;
+        Ok(c.result as usize)
+    }
+
+    /// Shared buffer: write `len` bytes from `buf` at `buf_off` to `off` of the file.
+    pub fn write(
+        &mut self,
+        h: Handle,
+        off: u64,
+        buf: BufferId,
+        buf_off: u64,
+        len: u64,
+    ) -> Result<usize> {
+        let c = self.call(Sqe {
+            op: op::WRITE,
+            handle: h,
+            offset: off,
+            len,
+            buf,
+            buf_off,
+            ..Default::default()
+        })?;
+        Ok(c.result as usize)
+    }
+
+    pub fn fsync(&mut self, h: Handle) -> Result<()> {
+        self.call(Sqe {
+            op: op::FSYNC,
+            handle: h,
+            ..Default::default()
+        })
+        .map(|_| ())
+    }
+
+    /// FLAC `pfree`: release the pages of `[off, off+len)` (a hole remains).
+    pub fn pfree(&mut self, h: Handle, off: u64, len: u64) -> Result<()> {
+        self.call(Sqe {
+            op: op::PFREE,
+            handle: h,
+            offset: off,
+            len,
+            ..Default::default()
+        })
+        .map(|_| ())
+    }
+
+    fn scratch(&mut self) -> Result<BufferId> {
+        match self.scratch {
+            Some(id) => Ok(id),
+            None => {
+                let id = self.register_buffer(SCRATCH_LEN)?;
+                self.scratch = Some(id);
+                Ok(id)
+            }
+        }
+    }
+
+    /// Ask for the direct map: the image mapped read-only here (trusted applications
+    /// only; [`Error::Server`] with EPERM otherwise).
+    pub fn direct_map(&mut self) -> Result<&DirectMap> {
+        if self.direct.is_none() {
+            let (g, mut fds) = match call(&self.sock, &Request::DirectMap, &[])? {
+                (Reply::DirectMap(g), fds) => (g, fds),
+                (r, _) => return Err(unexpected(r)),
+            };
+            let rw = fds.pop().expect("count checked");
+            let ro = fds.pop().expect("count checked");
+            let map = Mapping::map(ro.as_fd(), 0, g.image_size as usize, false)?;
+            self.direct = Some(DirectMap {
+                map,
+                rw,
+                geometry: g,
+            });
+        }
+        Ok(self.direct.as_ref().expect("set"))
+    }
+
+    /// The direct map, once granted.
+    pub fn mapped(&self) -> Option<&DirectMap> {
+        self.direct.as_ref()
+    }
+
+    /// Direct map: lease the blocks of `[off, off+len)` and return where they are in
+    /// the image (read them with [`DirectMap::bytes`]). They stay as they are, whatever
+    /// writers do to the file, until [`Client::release`].
+    pub fn read_extents(&mut self, h: Handle, off: u64, len: u64) -> Result<LeaseView> {
+        if self.direct.is_none() {
+            return Err(Error::NoDirectMap);
+        }
+        let s = self.scratch()?;
+        let c = self.call(Sqe {
+            op: op::READ_EXTENTS,
+            handle: h,
+            offset: off,
+            len,
+            buf: s,
+            buf_off: 0,
+            aux: MAX_EXTENTS_PER_CALL as u64,
+            ..Default::default()
+        })?;
+        let n = (c.result as usize).min(MAX_EXTENTS_PER_CALL);
+        let b = self.buffer(s)?;
+        let extents = (0..n)
+            .map(|i| {
+                let at = i * ring::EXTENT_DESC_SIZE;
+                ExtentDesc::decode(b[at..at + ring::EXTENT_DESC_SIZE].try_into().unwrap())
+            })
+            .collect();
+        Ok(LeaseView {
+            id: c.extra,
+            extents,
+            bytes: c.extra2,
+        })
+    }
+
+    /// End a lease.
+    pub fn release(&mut self, lease: u64) -> Result<()> {
+        self.call(Sqe {
+            op: op::LEASE_RELEASE,
+            aux: lease,
+            ..Default::default()
+        })
+        .map(|_| ())
+    }
+
+    /// Direct map: reserve `pages` fresh zeroed blocks.
+    pub fn reserve(&mut self, pages: usize) -> Result<Reservation> {
+        if self.direct.is_none() {
+            return Err(Error::NoDirectMap);
+        }
+        if pages == 0 || pages > MAX_RESERVE_PER_CALL {
+            return Err(Error::Invalid(format!(
+                "reserve {pages} pages (1..={MAX_RESERVE_PER_CALL} per call)"
+            )));
+        }
+        let s = self.scratch()?;
+        let c = self.call(Sqe {
+            op: op::RESERVE,
+            len: pages as u64,
+            buf: s,
+            ..Default::default()
+        })?;
+        let b = self.buffer(s)?;
+        let offsets = (0..pages)
+            .map(|i| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap()))
+            .collect();
+        Ok(Reservation {
+            id: c.extra,
+            offsets,
+        })
+    }
+
+    /// A writable mapping of just the reservation's blocks (through the image's
+    /// read-write descriptor).
+    pub fn window(&self, r: &Reservation) -> Result<Window> {
+        let d = self.direct.as_ref().ok_or(Error::NoDirectMap)?;
+        let g = d.geometry;
+        let mut runs: Vec<(u64, usize, usize)> = Vec::new(); // (offset, first page, pages)
+        for (i, &o) in r.offsets.iter().enumerate() {
+            if !o.is_multiple_of(4096) || o < g.data_start || o + 4096 > g.data_end {
+                return Err(Error::Invalid(format!(
+                    "page offset {o} outside the data area"
+                )));
+            }
+            match runs.last_mut() {
+                Some((o0, _, n)) if *o0 + *n as u64 * 4096 == o => *n += 1,
+                _ => runs.push((o, i, 1)),
+            }
+        }
+        let runs = runs
+            .into_iter()
+            .map(|(o, first, n)| {
+                Ok((
+                    Mapping::map_populated(d.rw.as_fd(), o, n * 4096, true)?,
+                    first,
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Window {
+            runs,
+            pages: r.offsets.len(),
+        })
+    }
+
+    /// Direct map: place reservations into files, all in one atomic commit (after a
+    /// crash all of them are in their files or none is).
+    pub fn commit(&mut self, placements: &[Placement]) -> Result<()> {
+        if self.direct.is_none() {
+            return Err(Error::NoDirectMap);
+        }
+        if placements.is_empty() || placements.len() * ring::PLACEMENT_SIZE > SCRATCH_LEN {
+            return Err(Error::Invalid(format!(
+                "commit of {} placements (1..={})",
+                placements.len(),
+                SCRATCH_LEN / ring::PLACEMENT_SIZE
+            )));
+        }
+        let s = self.scratch()?;
+        let b = self.buffer_mut(s)?;
+        for (i, p) in placements.iter().enumerate() {
+            b[i * ring::PLACEMENT_SIZE..(i + 1) * ring::PLACEMENT_SIZE]
+                .copy_from_slice(&p.encode());
+        }
+        self.call(Sqe {
+            op: op::COMMIT,
+            len: placements.len() as u64,
+            buf: s,
+            ..Default::default()
+        })
+        .map(|_| ())
+    }
+
+    /// Give a reservation back unused.
+    pub fn release_reservation(&mut self, id: u64) -> Result<()> {
+        self.call(Sqe {
+            op: op::RESERVATION_RELEASE,
+            aux: id,
+            ..Default::default()
+        })
+        .map(|_| ())
+    }
+
+    /// The rings (tests: to damage them on purpose).
+    #[doc(hidden)]
+    pub fn rings_for_tests(&self) -> &Rings {
+        &self.rings
+    }
+
+    /// Ring the server's doorbell (tests: after damaging the rings).
+    #[doc(hidden)]
+    pub fn doorbell_for_tests(&self) {
+        ring::ring_bell(self.bell_in.as_fd());
+    }
+}
+
+fn unexpected(r: Reply) -> Error {
+    match r {
+        Reply::Error { errno, message } => Error::Server { errno, message },
+        r => Error::Invalid(format!("unexpected reply {r:?}")),
+    }
+}
+
+/// One control round trip; the reply's descriptor count is checked.
+fn call(
+    sock: &UnixStream,
+    req: &Request,
+    fds: &[rustix::fd::BorrowedFd<'_>],
+) -> Result<(Reply, Vec<OwnedFd>)> {
+    proto::send(sock, &req.encode(), fds).map_err(disconnected)?;
+    let (body, fds) = proto::recv(sock)
+        .map_err(disconnected)?
+        .ok_or(Error::Disconnected)?;
+    let reply = Reply::decode(&body)?;
+    if let Reply::Error { errno, message } = reply {
+        return Err(Error::Server { errno, message });
+    }
+    if fds.len() != reply.fds() {
+        return Err(ProtoError::Fds {
+            got: fds.len(),
+            want: reply.fds(),
+        }
+        .into());
+    }
+    Ok((reply, fds))
+}
+
+fn disconnected(e: std::io::Error) -> Error {
+    match e.kind() {
+        std::io::ErrorKind::BrokenPipe
+        | std::io::ErrorKind::ConnectionReset
+        | std::io::ErrorKind::UnexpectedEof => Error::Disconnected,
+        _ => Error::Io(e),
+    }
+}

@@ -1,0 +1,120 @@
+//! A same-host service on a fresh /dev/shm volume image, run in this process.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use zcfs_samehost::{Service, ServiceConfig};
+use zcfs_types::identity::{IdentityMap, Squash};
+use zcfs_volume::{MkfsOptions, Volume, VolumeConfig};
+
+pub struct Served {
+    pub vol: Arc<Volume>,
+    pub svc: Arc<Service>,
+    pub sock: PathBuf,
+    pub image: PathBuf,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+pub const IMAGE_SIZE: u64 = 64 << 20;
+
+/// A service on a new image named after the test; root acts as root.
+pub fn serve(name: &str) -> Served {
+    serve_with(name, |_| {})
+}
+
+pub fn serve_with(name: &str, f: impl FnOnce(&mut ServiceConfig)) -> Served {
+    serve_sized(name, IMAGE_SIZE, f)
+}
+
+/// A service on an image of `size` bytes.
+pub fn serve_sized(name: &str, size: u64, f: impl FnOnce(&mut ServiceConfig)) -> Served {
+    let tag = format!("zcfs-sh-{}-{name}", std::process::id());
+    let image = PathBuf::from(format!("/dev/shm/{tag}.img"));
+    let sock = std::env::temp_dir().join(format!("{tag}.sock"));
+    let _ = std::fs::remove_file(&image);
+    Volume::mkfs(&image, size, &MkfsOptions::default()).unwrap();
+    let vol = Volume::open(&image, VolumeConfig::default()).unwrap();
+    let mut cfg = ServiceConfig::new(&sock);
+    cfg.identity = IdentityMap {
+        squash: Squash::None,
+        ..Default::default()
+    };
+    f(&mut cfg);
+    let svc = Arc::new(Service::bind(vol.clone(), cfg).unwrap());
+    let run = svc.clone();
+    let thread = Some(std::thread::spawn(move || run.run()));
+    Served {
+        vol,
+        svc,
+        sock,
+        image,
+        thread,
+    }
+}
+
+impl Served {
+    /// Stop the service (its connections release everything they held).
+    pub fn stop(&mut self) {
+        self.svc.shutdown();
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap();
+        }
+    }
+
+    /// Stop, then fsck the volume in memory: clean, and no block leaked.
+    pub fn stop_and_check(&mut self) {
+        self.stop();
+        self.vol.checkpoint_now().unwrap();
+        let r = zcfs_volume::fsck::check_volume(&self.vol);
+        assert!(r.is_clean(), "fsck: {:?}", r.problems);
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_file(&self.image);
+    }
+}
+
+/// Deterministic bytes.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// The environment variable that makes a test function act as a child process.
+pub const CHILD_ENV: &str = "ZCFS_SH_CHILD";
+
+/// Run test `name` of this test binary in a child process with `CHILD_ENV` = `arg`.
+pub fn spawn_child(name: &str, arg: &str) -> std::process::Child {
+    std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--nocapture", "--test-threads", "1"])
+        .env(CHILD_ENV, arg)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// The child's argument, when this process is a child.
+pub fn child_arg() -> Option<String> {
+    std::env::var(CHILD_ENV).ok()
+}
+
+/// Wait (bounded: 20 s) until `f` holds.
+pub fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    for _ in 0..2000 {
+        if f() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    panic!("{what}: not within 20 s");
+}
