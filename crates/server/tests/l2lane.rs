@@ -455,3 +455,80 @@ fn a_write_resent_on_tcp_after_a_lane_timeout_is_not_executed_again_later() {
         .unwrap();
     drop(n);
 }
+
+/// The lane in the stats of both ends (issue 12): bind mode, poll mode, up, and the
+/// requests per operation on each path, in the reports and the Prometheus text; a
+/// refused lane is down with the server's one-line reason.
+#[test]
+fn the_stats_show_the_lane_and_the_requests_per_path() {
+    if !l2_ready() {
+        return;
+    }
+    let n = net("stats", true);
+    let addr = n.addr.clone();
+    let server = n.server.clone();
+    n.pair
+        .cli
+        .run(move || {
+            let c = Client::new(client_cfg(&addr, CLI_IF));
+            c.connect().unwrap();
+            let f = create(&c, "f");
+            write(&c, &f, 0, &[5u8; 4096]);
+            for _ in 0..3 {
+                assert_eq!(read(&c, &f, 0, 4096), [5u8; 4096]);
+            }
+            let r = c.lane_report().expect("a lane was asked for");
+            assert!(r.up, "{r:?}");
+            assert_eq!(r.iface, CLI_IF);
+            assert_eq!(r.bind_mode, "copy", "veth binds in copy mode");
+            assert_eq!(r.poll, "wait");
+            assert_eq!(r.reason, "");
+            assert_eq!(r.requests["read"].l2, 3, "{r:?}");
+            assert_eq!(r.requests["create"].l2, 1);
+            assert_eq!(r.requests["write"].l2, 0, "writes stay on TCP");
+            assert_eq!(r.requests["write"].tcp, 1);
+            assert_eq!(r.requests["l2setup"].tcp, 1);
+            assert_eq!(r.counters["fell_back"], 0);
+            let s = server.report().l2.expect("the server has a lane");
+            assert!(s.up);
+            assert_eq!((s.bind_mode.as_str(), s.poll.as_str()), ("copy", "wait"));
+            assert_eq!(s.requests["read"].l2, 3, "{s:?}");
+            assert_eq!(s.requests["write"].tcp, 1);
+            assert_eq!(s.counters["accepted"], 1);
+            let text = server.prometheus();
+            for want in [
+                "zcfs_server_l2_up 1\n",
+                "zcfs_server_path_requests_total{op=\"read\",path=\"l2\"} 3\n",
+                "zcfs_server_path_requests_total{op=\"write\",path=\"tcp\"} 1\n",
+                "bind_mode=\"copy\",poll=\"wait\"",
+            ] {
+                assert!(text.contains(want), "{want} not in\n{text}");
+            }
+        })
+        .unwrap();
+    drop(n);
+    let plain = net("stats-nol2", false);
+    let addr = plain.addr.clone();
+    let server = plain.server.clone();
+    plain
+        .pair
+        .cli
+        .run(move || {
+            let (c, up) = probe(&addr, CLI_IF);
+            assert!(!up);
+            let r = c.lane_report().unwrap();
+            assert!(!r.up);
+            assert_eq!(r.bind_mode, "", "no lane, no bind");
+            assert!(
+                r.reason.contains("the server refused"),
+                "the refusal's one line: {:?}",
+                r.reason
+            );
+            assert_eq!(
+                r.requests["getattr"],
+                zcfs_metrics::PathCounts { l2: 0, tcp: 1 }
+            );
+            assert!(server.report().l2.is_none(), "no lane on the server");
+        })
+        .unwrap();
+}

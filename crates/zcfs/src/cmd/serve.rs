@@ -225,7 +225,9 @@ pub fn run(a: &ServeArgs) -> Result<i32> {
         }
         None => None,
     };
-    let OpenedBackend { backend, volume } = open(&source, a)?;
+    let OpenedBackend {
+        backend, volume, ..
+    } = open(&source, a)?;
     let signals = StopSignals::block();
     let server = Arc::new(
         zcfs_server::Server::bind(
