@@ -278,7 +278,12 @@ impl L2Lane {
             *lock(&self.reason) = why.to_string();
         }
         for w in inner.waiting.values_mut() {
-            if w.reply.is_none() {
+            // Also a read whose reply came but whose data never will (the server died
+            // mid-transfer): left as it was, its caller would spin here for ever.
+            let data_due = w.xfer.is_some()
+                && !w.committed
+                && matches!(&w.reply, Some(Ok((h, _))) if h.status == 0);
+            if w.reply.is_none() || data_due {
                 w.reply = Some(Err(Fallback));
             }
         }
