@@ -134,6 +134,38 @@ for op, rw in [("read", "read"), ("write", "write")]:
         out.append(f"- 1 MiB sequential {op}s at QD1: zcfs {z['mb_s']:.0f} MB/s, NFS {num(n['mbps']):.0f} MB/s ({ratio(z['mb_s'], num(n['mbps']))}).")
 out.append("")
 
+# ---------------------------------------------------------------- layer 2 beside TCP (issue 12)
+LANE_CASES = [("read", 1 * KIB, 1), ("read", 4 * KIB, 1), ("read", 1 << 20, 1), ("read", 1 << 20, 16),
+              ("write", 1 * KIB, 1), ("write", 4 * KIB, 1), ("write", 1 << 20, 1), ("write", 1 << 20, 16)]
+
+
+def lrow(transport, op, size, qd):
+    """A row of `zcfs-bench remote --transport tcp,l2`'s comparison (system zcfs-lane)."""
+    return next((r for r in remote["rows"] if r["system"] == "zcfs-lane" and r.get("transport") == transport
+                 and r["op"] == op and r["size"] == size and r["qd"] == qd), None)
+
+
+lane_cases = [(op, s, q, lrow("tcp", op, s, q), lrow("l2", op, s, q)) for op, s, q in LANE_CASES]
+lane_cases = [c for c in lane_cases if c[3] and c[4]]
+if lane_cases:
+    out.append("## Layer 2 beside TCP\n")
+    client = (remote.get("l2") or {}).get("client") or {}
+    out.append(f"One `zcfs serve --l2` on the veth pair, one client on TCP and one with the lane, measured in "
+               f"alternating rounds (median of the rounds); lane bind mode `{client.get('bind_mode', '?')}`, "
+               f"poll `{client.get('poll', '?')}`. Ratios below 1.00x: layer 2 faster (p50) or slower (MB/s).\n")
+    out.append("| op | size | QD | TCP p50 µs | L2 p50 µs | L2/TCP p50 | TCP MB/s | L2 MB/s | L2/TCP MB/s |")
+    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for op, size, qd, t, l in lane_cases:
+        out.append(f"| {op} | {human(size)} | {qd} | {t['p50_us']:.1f} | {l['p50_us']:.1f} | {ratio(l['p50_us'], t['p50_us'])} "
+                   f"| {t['mb_s']:.0f} | {l['mb_s']:.0f} | {ratio(l['mb_s'], t['mb_s'])} |")
+    reqs = client.get("requests") or {}
+    if reqs:
+        per = ", ".join(f"{op} {c['l2']}/{c['tcp']}" for op, c in sorted(reqs.items()))
+        out.append(f"\nRequests of the lane's client, layer 2/TCP: {per}.")
+    out.append("")
+elif remote.get("l2") and remote["l2"].get("skipped"):
+    out.append(f"Layer 2 beside TCP: skipped ({remote['l2']['skipped']}).\n")
+
 # ---------------------------------------------------------------- remote library vs raw TCP
 def remote_table(data, title):
     rows = data["rows"]
@@ -327,6 +359,23 @@ if plt:
         ax.set_ylabel("write MB/s at QD16")
         ax.legend()
         save(fig, "zero_vs_one_copy.png", "Zero-copy vs one-copy writes (RZCFS Fig. 9)")
+
+    # TCP vs layer 2 by op and size (issue 12).
+    if lane_cases:
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        for ax, key, qdsel, ylabel in [(axes[0], "p50_us", lambda q: q == 1, "p50 µs (QD1, lower is better)"),
+                                       (axes[1], "mb_s", lambda q: True, "MB/s (higher is better)")]:
+            cs = [c for c in lane_cases if qdsel(c[2])]
+            x = range(len(cs))
+            ax.bar([i - 0.2 for i in x], [c[3][key] for c in cs], 0.4, label="TCP")
+            ax.bar([i + 0.2 for i in x], [c[4][key] for c in cs], 0.4, label="layer 2")
+            ax.set_xticks(list(x), [f"{c[0]}\n{human(c[1])}\nQD{c[2]}" for c in cs], fontsize=7)
+            ax.set_ylabel(ylabel)
+            if key == "p50_us":
+                ax.set_yscale("log")
+            ax.grid(True, axis="y", alpha=0.3)
+            ax.legend(fontsize=8)
+        save(fig, "tcp_vs_l2.png", "TCP vs the layer-2 lane by op and size, same server and veth pair, one run")
 
     # Consistency (CCM).
     if lrows:

@@ -70,8 +70,12 @@ if [ $MODE = full ]; then
 fi
 
 # ------------------------------------------------------------------ 2. zcfs client library: remote and local
-step "zcfs-bench remote ($MODE)"
-"$ZB" remote $([ $MODE = short ] && echo --short) --out "$OUT" 2>"$OUT/remote.log"
+# The layer-2 lane beside TCP in the same run (issue 12) when root and AF_XDP allow it.
+TRANSPORTS=tcp
+if WHY=$("$ZB" l2-check); then TRANSPORTS=tcp,l2; else log "layer 2 skipped: $WHY"; fi
+step "zcfs-bench remote ($MODE, transports $TRANSPORTS)"
+"$ZB" remote $([ $MODE = short ] && echo --short) --transport "$TRANSPORTS" --out "$OUT" 2>"$OUT/remote.log"
+grep -E '^(l2/tcp|layer 2 skipped|lane client)' "$OUT/remote.log" || true
 if [ $TBF = 1 ]; then
   step "zcfs-bench remote over a 1 Gbit/s veth"
   mkdir -p "$OUT/tbf1g"

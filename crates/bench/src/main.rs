@@ -11,6 +11,7 @@
 
 mod cpu;
 mod files;
+mod lane;
 mod library;
 mod local;
 mod netns;
@@ -66,6 +67,9 @@ enum Cmd {
     },
     /// Create COUNT files of 4 KiB in DIR, each created, written and closed.
     CreateFiles { dir: PathBuf, count: usize },
+    /// Exit 0 when the layer-2 lane can be measured here (root, the XDP program built,
+    /// AF_XDP sockets); else print why (one line) and exit 1.
+    L2Check,
     /// The client library against a running server at ADDR (no secret): the figures
     /// scripts/bench-mount.sh sets beside the mount's, as CSV lines.
     Library {
@@ -104,11 +108,23 @@ pub struct RemoteArgs {
     /// --integrity full (payload MACs too).
     #[arg(long)]
     pub channel: bool,
+    /// The transports to measure, comma-separated: tcp (the matrices above), l2 (also
+    /// the layer-2 lane beside TCP against one `zcfs serve --l2`, round by round: needs
+    /// root and AF_XDP on the veth pair).
+    #[arg(long, default_value = "tcp", value_delimiter = ',')]
+    pub transport: Vec<String>,
 }
 
 fn main() -> Result<()> {
     match Cli::parse().cmd {
         Cmd::Remote(a) => remote::run(&a),
+        Cmd::L2Check => match lane::unavailable() {
+            None => Ok(()),
+            Some(why) => {
+                println!("{why}");
+                std::process::exit(1)
+            }
+        },
         Cmd::Local {
             short,
             out,

@@ -19,8 +19,8 @@ use zcfs_client::{ClientConfig, RemoteFs};
 use zcfs_netns::{owned_name, Pair};
 use zcfs_protocol::{NodeRef, ReadReq, Request, WriteReq};
 
-struct ServerProc {
-    child: Child,
+pub(crate) struct ServerProc {
+    pub(crate) child: Child,
     image: PathBuf,
 }
 
@@ -50,7 +50,7 @@ fn start_server(
     )
 }
 
-fn start_server_with(
+pub(crate) fn start_server_with(
     zcfs: &Path,
     net: &Pair,
     port: u16,
@@ -335,7 +335,26 @@ pub fn run(a: &RemoteArgs) -> Result<()> {
     }
     let secs = a.seconds.unwrap_or(if a.short { 0.5 } else { 1.5 });
     let repeat = a.repeat.unwrap_or(if a.short { 1 } else { 3 });
-    let net = Pair::create(&owned_name(std::process::id(), "bench"), 200)?;
+    for t in &a.transport {
+        if !crate::lane::TRANSPORTS.contains(&t.as_str()) {
+            bail!("--transport {t}: tcp or l2");
+        }
+    }
+    let with_l2 = a.transport.iter().any(|t| t == "l2");
+    if with_l2 {
+        if let Some(why) = crate::lane::unavailable() {
+            bail!("--transport l2: {why}");
+        }
+        if a.tbf.is_some() || a.channel {
+            bail!("--transport l2 goes with neither --tbf (AF_XDP frames bypass tc) nor --channel");
+        }
+    }
+    // Two queues: the lane's commands and data travel on queues of their own.
+    let net = Pair::create_with_queues(
+        &owned_name(std::process::id(), "bench"),
+        200,
+        if with_l2 { 2 } else { 1 },
+    )?;
     if let Some(rate) = &a.tbf {
         net.shape(rate)?;
     }
@@ -445,14 +464,35 @@ pub fn run(a: &RemoteArgs) -> Result<()> {
             Ok((rows, copies))
         })??;
     drop((zc, oc));
+    let mut rows = rows;
+    let mut md = report::remote_summary(&rows, &link);
+    let mut lane = serde_json::Value::Null;
+    if with_l2 {
+        let rounds = a.repeat.unwrap_or(if a.short { 3 } else { 5 }).max(1);
+        eprintln!("the layer-2 lane beside TCP: {rounds} rounds");
+        match crate::lane::compare(&zcfs, &net, secs, rounds) {
+            Ok((lrows, info)) => {
+                md += "\n";
+                md += &crate::lane::summary(&lrows);
+                md += "\n";
+                md += &crate::lane::ratio_lines(&lrows).join("\n");
+                md += "\n";
+                rows.extend(lrows);
+                lane = info;
+            }
+            // The TCP rows stand; the run says why it has no lane rows.
+            Err(e) => {
+                eprintln!("layer 2 skipped: {e:#}");
+                lane = serde_json::json!({ "skipped": format!("{e:#}") });
+            }
+        }
+    }
+    for r in &mut rows {
+        r.transport.get_or_insert_with(|| "tcp".into());
+    }
     let json = serde_json::json!({
         "link": link, "seconds_per_measurement": secs, "repeat": repeat,
-        "user_copies_per_payload_byte": copies, "rows": rows
+        "user_copies_per_payload_byte": copies, "rows": rows, "l2": lane
     });
-    report::write(
-        &a.out,
-        "remote",
-        &json,
-        &report::remote_summary(&rows, &link),
-    )
+    report::write(&a.out, "remote", &json, &md)
 }

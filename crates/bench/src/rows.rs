@@ -20,6 +20,9 @@ pub struct Row {
     pub mb_s: f64,
     /// CPU time per operation, client and server together (user + system).
     pub cpu_us_per_op: f64,
+    /// The path of a remote row: `tcp` or `l2` (the layer-2 lane); none for local rows.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub transport: Option<String>,
 }
 
 /// Run a measurement `n` times and keep the median run: by p50 latency at QD1, by
@@ -88,6 +91,7 @@ pub fn row(
         p99_us: pct(0.99),
         mb_s: ops as f64 * size as f64 / elapsed.as_secs_f64() / 1e6,
         cpu_us_per_op: 0.0,
+        transport: None,
     }
 }
 

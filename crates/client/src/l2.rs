@@ -160,6 +160,8 @@ pub(crate) struct L2Lane {
     inner: Mutex<Inner>,
     cv: Condvar,
     up: AtomicBool,
+    /// Why the lane went down (stats; empty while up).
+    reason: Mutex<String>,
     poll: L2Poll,
     read_max: u32,
     geometry: SlotGeometry,
@@ -270,6 +272,7 @@ impl L2Lane {
             }),
             cv: Condvar::new(),
             up: AtomicBool::new(true),
+            reason: Mutex::new(String::new()),
             poll: o.poll,
             read_max: o.read_max.clamp(1, MAX_READ),
             geometry: local.geometry,
@@ -366,6 +369,11 @@ impl L2Lane {
         self.up.load(Ordering::SeqCst)
     }
 
+    /// Why the lane went down (empty while up).
+    pub(crate) fn reason(&self) -> String {
+        lock(&self.reason).clone()
+    }
+
     pub(crate) fn read_max(&self) -> u32 {
         self.read_max
     }
@@ -378,9 +386,15 @@ impl L2Lane {
     fn down(&self, inner: &mut Inner, why: &str) {
         if self.up.swap(false, Ordering::SeqCst) {
             tracing::warn!("layer-2 lane lost, the session stays on TCP: {why}");
+            *lock(&self.reason) = why.to_string();
         }
         for w in inner.waiting.values_mut() {
-            if w.reply.is_none() {
+            // Also a read whose reply came but whose data never will (the server died
+            // mid-transfer): left as it was, its caller would spin here for ever.
+            let data_due = w.xfer.is_some()
+                && !w.committed
+                && matches!(&w.reply, Some(Ok((h, _))) if h.status == 0);
+            if w.reply.is_none() || data_due {
                 w.reply = Some(Err(Fallback));
             }
         }

@@ -33,7 +33,7 @@ use std::time::Duration;
 use zcfs_backend::Error;
 use zcfs_protocol::channel::{Integrity, TAG_LEN};
 use zcfs_protocol::handshake::Lane;
-use zcfs_protocol::{Cred, Request, RespHeader, MAX_GROUPS};
+use zcfs_protocol::{Cred, Request, RespHeader, MAX_GROUPS, OP_SLOTS};
 use zcfs_transport::{
     client_handshake_on_lane, tune, write_all_vectored, Address, Established, Stream,
     TransportError,
@@ -195,6 +195,10 @@ pub struct Client {
     l2: Mutex<L2State>,
     /// Requests per path on the lane.
     pub l2_counters: l2::L2Counters,
+    /// Requests sent on TCP, per operation code (a resend counts again).
+    pub tcp_requests: [AtomicU64; OP_SLOTS],
+    /// Why the lane was not set up (refused, no interface; stats).
+    l2_refused: Mutex<String>,
 }
 
 enum L2State {
@@ -308,7 +312,43 @@ impl Client {
             resent: AtomicU64::new(0),
             l2: Mutex::new(L2State::Untried),
             l2_counters: l2::L2Counters::new(),
+            tcp_requests: std::array::from_fn(|_| AtomicU64::new(0)),
+            l2_refused: Mutex::new(String::new()),
         }
+    }
+
+    /// The layer-2 lane for `zcfs stat` and the metrics (None: not asked for): its
+    /// state, and the requests per operation on each path.
+    pub fn lane_report(&self) -> Option<zcfs_metrics::LaneReport> {
+        let o = self.cfg.l2.as_ref()?;
+        let mut r = zcfs_metrics::LaneReport {
+            iface: o.iface.clone(),
+            poll: poll_name(o.poll).into(),
+            ..Default::default()
+        };
+        match &*lock(&self.l2) {
+            L2State::Up(l) | L2State::Retry(l, _) => {
+                r.bind_mode = bind_mode_name(l.mode).into();
+                r.up = l.is_up();
+                r.reason = l.reason();
+            }
+            L2State::Off => r.reason = lock(&self.l2_refused).clone(),
+            L2State::Untried | L2State::Trying => {}
+        }
+        for op in zcfs_protocol::ALL_OPS {
+            let c = zcfs_metrics::PathCounts {
+                l2: self.l2_counters.requests[*op as usize].load(Ordering::Relaxed),
+                tcp: self.tcp_requests[*op as usize].load(Ordering::Relaxed),
+            };
+            if c.l2 + c.tcp > 0 {
+                r.requests.insert(op.name().into(), c);
+            }
+        }
+        r.counters.insert(
+            "fell_back".into(),
+            self.l2_counters.fell_back.load(Ordering::Relaxed),
+        );
+        Some(r)
     }
 
     /// Whether the layer-2 lane is up, and its sockets' bind mode (None: no lane).
@@ -365,6 +405,7 @@ impl Client {
             }
             Err(why) => {
                 tracing::warn!(iface = %o.iface, "layer-2 lane not used, the session stays on TCP: {why}");
+                *lock(&self.l2_refused) = why;
                 *st = L2State::Off;
                 None
             }
@@ -801,6 +842,7 @@ impl Client {
             return Ok(ticket);
         }
         self.bytes_sent.fetch_add(n as u64, Ordering::Relaxed);
+        self.tcp_requests[req.op() as usize].fetch_add(1, Ordering::Relaxed);
         Ok(ticket)
     }
 
@@ -942,6 +984,22 @@ impl Client {
         let id = self.ids.fetch_add(1, Ordering::Relaxed);
         self.submit_on(conn.0.clone(), id, req, cred, &[], true)
             .and_then(Ticket::wait)
+    }
+}
+
+/// A bind mode as the stats name it.
+pub fn bind_mode_name(m: zcfs_xsk::BindMode) -> &'static str {
+    match m {
+        zcfs_xsk::BindMode::Copy => "copy",
+        zcfs_xsk::BindMode::ZeroCopy => "zero-copy",
+    }
+}
+
+/// A poll mode as the stats (and `--l2-poll`) name it.
+pub fn poll_name(p: l2::L2Poll) -> &'static str {
+    match p {
+        l2::L2Poll::Busy => "busy",
+        l2::L2Poll::Wait => "wait",
     }
 }
 

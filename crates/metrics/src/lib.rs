@@ -8,6 +8,7 @@
 
 mod histogram;
 mod http;
+mod lane;
 mod prometheus;
 mod report;
 mod table;
@@ -17,6 +18,7 @@ pub use histogram::{
     FIRST_BOUND_NS,
 };
 pub use http::{HttpConfig, MetricsHttp, HTTP_MAX_REQUEST, HTTP_REQUEST_DEADLINE, METRICS_PATH};
+pub use lane::{LaneReport, PathCounts};
 pub use prometheus::{escape_label, Exposition, CONTENT_TYPE};
 pub use report::{BucketCount, OpReport};
 pub use table::{OpMetrics, OpSnapshot, OpTable};

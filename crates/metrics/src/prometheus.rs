@@ -135,6 +135,11 @@ impl Exposition {
         );
     }
 
+    /// Text already in the format (a family written elsewhere in this crate).
+    pub(crate) fn push_raw(&mut self, s: &str) {
+        self.out.push_str(s);
+    }
+
     pub fn finish(self) -> String {
         self.out
     }

@@ -296,6 +296,7 @@ impl<'a> Conn<'a> {
             }
             let t = Instant::now();
             let h = ReqHeader::decode(&hb)?;
+            self.shared.stats.tcp_requests[h.op as usize].fetch_add(1, Ordering::Relaxed);
             // From the header on, the whole message has one deadline.
             self.inbound = Inbound {
                 deadline: t + message_time(patience, h.data_len as u64),

@@ -189,6 +189,11 @@ pub(crate) struct L2Service {
     next_generation: AtomicU64,
     pub counters: L2Counters,
     stop: AtomicBool,
+    /// The stats' view: poll mode, whether the service thread runs, and the last
+    /// refusal or failure.
+    poll: L2Poll,
+    running: AtomicBool,
+    reason: Mutex<String>,
 }
 
 /// A connection's hold of the interface: given back when the connection ends.
@@ -210,6 +215,47 @@ impl Drop for Hold {
 impl L2Service {
     pub fn stop(&self) {
         self.stop.store(true, Ordering::SeqCst);
+        self.running.store(false, Ordering::SeqCst);
+    }
+
+    /// The lane for the stats: up while its thread serves; requests per operation on
+    /// each path (TCP from the server's counters).
+    pub(crate) fn report(&self, stats: &crate::stats::ServerStats) -> zcfs_metrics::LaneReport {
+        let mut r = zcfs_metrics::LaneReport {
+            iface: self.ifname.clone(),
+            bind_mode: match self.mode {
+                BindMode::Copy => "copy",
+                BindMode::ZeroCopy => "zero-copy",
+            }
+            .into(),
+            poll: match self.poll {
+                L2Poll::Busy => "busy",
+                L2Poll::Wait => "wait",
+            }
+            .into(),
+            up: self.running.load(Ordering::SeqCst),
+            reason: lock(&self.reason).clone(),
+            ..Default::default()
+        };
+        for op in zcfs_protocol::ALL_OPS {
+            let c = zcfs_metrics::PathCounts {
+                l2: self.counters.requests[*op as usize].load(Ordering::Relaxed),
+                tcp: stats.tcp_requests[*op as usize].load(Ordering::Relaxed),
+            };
+            if c.l2 + c.tcp > 0 {
+                r.requests.insert(op.name().into(), c);
+            }
+        }
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        for (name, v) in [
+            ("accepted", load(&self.counters.accepted)),
+            ("refused", load(&self.counters.refused)),
+            ("malformed", load(&self.counters.malformed)),
+            ("resend_tcp", load(&self.counters.resend_tcp)),
+        ] {
+            r.counters.insert(name.into(), v);
+        }
+        r
     }
 
     /// The fence of `L2Release`: the lane is `session`'s no more. Returns once no lane
@@ -236,7 +282,9 @@ impl L2Service {
     ) -> L2SetupReply {
         let refuse = |why: String| {
             self.counters.refused.fetch_add(1, Ordering::Relaxed);
-            refusal(&format!("{}: {why}", self.ifname))
+            let why = format!("{}: {why}", self.ifname);
+            *lock(&self.reason) = format!("refused {why}");
+            refusal(&why)
         };
         if req.cmd_queue != CMD_QUEUE || req.data_queue != DATA_QUEUE {
             return refuse(format!(
@@ -317,6 +365,9 @@ pub(crate) fn start(
             refused: AtomicU64::new(0),
         },
         stop: AtomicBool::new(false),
+        poll,
+        running: AtomicBool::new(true),
+        reason: Mutex::new(String::new()),
     });
     let s = service.clone();
     let busy = poll == L2Poll::Busy;
@@ -360,6 +411,8 @@ fn run(port: L2Port, shared: &Shared, service: &L2Service, busy: bool) {
             Ok(e) => e,
             Err(e) => {
                 tracing::error!(ifname = %service.ifname, "layer-2 endpoint failed, lane stopped: {e}");
+                *lock(&service.reason) = format!("the endpoint failed: {e}");
+                service.running.store(false, Ordering::SeqCst);
                 *lock(&service.owner) = None;
                 return;
             }

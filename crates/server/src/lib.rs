@@ -184,11 +184,21 @@ pub(crate) struct Shared {
 
 impl Shared {
     fn report(&self) -> StatsReport {
-        self.stats.report(&*self.backend, &self.sessions)
+        let mut r = self.stats.report(&*self.backend, &self.sessions);
+        r.l2 = self.l2.get().map(|l| l.report(&self.stats));
+        r
     }
 
+    /// The server's families, then the lane's (`zcfs_server_l2_*`,
+    /// `zcfs_server_path_requests_total`) when it has one.
     fn prometheus(&self) -> String {
-        self.stats.prometheus(&*self.backend, &self.sessions)
+        let mut text = self.stats.prometheus(&*self.backend, &self.sessions);
+        if let Some(l) = self.l2.get() {
+            let mut e = zcfs_metrics::Exposition::new();
+            l.report(&self.stats).prometheus(&mut e, "zcfs_server");
+            text += &e.finish();
+        }
+        text
     }
 }
 

@@ -51,6 +51,9 @@ pub struct ServerStats {
     pub expired_references: AtomicU64,
     /// Payload bytes copied in user space by the server itself (one-copy mode).
     pub user_copy_bytes: AtomicU64,
+    /// Requests that arrived on a TCP connection, per operation code (the lane's are
+    /// counted by the lane).
+    pub tcp_requests: [AtomicU64; OP_SLOTS],
 }
 
 impl Default for ServerStats {
@@ -76,6 +79,7 @@ impl Default for ServerStats {
             expired_handles: AtomicU64::new(0),
             expired_references: AtomicU64::new(0),
             user_copy_bytes: AtomicU64::new(0),
+            tcp_requests: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
 }
@@ -136,6 +140,9 @@ pub struct StatsReport {
     pub user_copies_per_payload_byte: f64,
     pub backend_user_copy_bytes: u64,
     pub server_user_copy_bytes: u64,
+    /// The layer-2 lane (a server started with one): state and requests per path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub l2: Option<zcfs_metrics::LaneReport>,
 }
 
 impl ServerStats {
@@ -206,6 +213,7 @@ impl ServerStats {
             },
             backend_user_copy_bytes: cs.user_copy_bytes,
             server_user_copy_bytes: server_copies,
+            l2: None,
         }
     }
 }

@@ -15,6 +15,8 @@ use zcfs_volume::{Volume, VolumeConfig};
 pub struct OpenedBackend {
     pub backend: Arc<dyn Backend>,
     pub volume: Option<Arc<Volume>>,
+    /// The client of a remote backend (its layer-2 lane and per-path counters).
+    pub client: Option<Arc<zcfs_client::Client>>,
 }
 
 /// How long opening a volume waits for another process to let go of it.
@@ -41,6 +43,7 @@ impl OpenedBackend {
         OpenedBackend {
             backend: Arc::new(zcfs_backend::null::NullFs::default()),
             volume: None,
+            client: None,
         }
     }
 
@@ -64,13 +67,17 @@ impl OpenedBackend {
         Ok(OpenedBackend {
             backend: Arc::new(zcfs_local::LocalFs::new(vol.clone())),
             volume: Some(vol),
+            client: None,
         })
     }
 
     pub fn remote(cfg: ClientConfig) -> Result<OpenedBackend> {
+        let fs = connect(cfg)?;
+        let client = fs.client().clone();
         Ok(OpenedBackend {
-            backend: Arc::new(connect(cfg)?),
+            backend: Arc::new(fs),
             volume: None,
+            client: Some(client),
         })
     }
 }

@@ -44,9 +44,18 @@ pub struct MountReport {
     pub fuse_user_copy_bytes: u64,
     /// The operations that ran, by name.
     pub ops: BTreeMap<String, OpReport>,
+    /// The layer-2 lane of a remote mount that asked for one (`--l2`): state and
+    /// requests per path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub l2: Option<zcfs_metrics::LaneReport>,
 }
 
-pub fn report(stats: &FuseStats, source: &str, mountpoint: &Path) -> MountReport {
+pub fn report(
+    stats: &FuseStats,
+    source: &str,
+    mountpoint: &Path,
+    client: Option<&zcfs_client::Client>,
+) -> MountReport {
     let ops: BTreeMap<String, OpReport> = zcfs_fuse::metrics::ran(&stats.ops)
         .iter()
         .map(|(name, s)| (name.to_string(), OpReport::from(s)))
@@ -60,11 +69,13 @@ pub fn report(stats: &FuseStats, source: &str, mountpoint: &Path) -> MountReport
         payload_bytes_written: stats.write_bytes.load(Relaxed),
         fuse_user_copy_bytes: stats.user_copy_bytes.load(Relaxed),
         ops,
+        l2: client.and_then(|c| c.lane_report()),
     }
 }
 
-/// The mount's figures in the Prometheus text format (`zcfs_mount_*`).
-pub fn prometheus(stats: &FuseStats) -> String {
+/// The mount's figures in the Prometheus text format (`zcfs_mount_*`; the lane's
+/// `zcfs_mount_l2_*` and `zcfs_mount_path_requests_total` with `--l2`).
+pub fn prometheus(stats: &FuseStats, client: Option<&zcfs_client::Client>) -> String {
     let mut e = Exposition::new();
     e.counter(
         "zcfs_mount_payload_read_bytes_total",
@@ -82,6 +93,9 @@ pub fn prometheus(stats: &FuseStats) -> String {
         stats.user_copy_bytes.load(Relaxed),
     );
     e.ops("zcfs_mount", &zcfs_fuse::metrics::ran(&stats.ops), false);
+    if let Some(lane) = client.and_then(|c| c.lane_report()) {
+        lane.prometheus(&mut e, "zcfs_mount");
+    }
     e.finish()
 }
 
@@ -386,9 +400,10 @@ pub fn mount_stat(dir: &Path, json: bool) -> Result<i32> {
 }
 
 pub fn format_mount_report(r: &MountReport) -> String {
+    let lane = r.l2.as_ref().map(|l| l.text()).unwrap_or_default();
     format!(
         "mount       {} on {} (pid {})\n\
-         requests    {}; payload {} bytes read, {} written; {} bytes copied in user space\n{}",
+         requests    {}; payload {} bytes read, {} written; {} bytes copied in user space\n{lane}{}",
         r.source,
         r.mountpoint,
         r.pid,

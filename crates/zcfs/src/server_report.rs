@@ -16,6 +16,9 @@ pub fn format_report(r: &StatsReport) -> String {
         r.payload_bytes_written,
         r.user_copies_per_payload_byte
     );
+    if let Some(l) = &r.l2 {
+        out += &l.text();
+    }
     out += &format_ops(&r.ops, true);
     out
 }

@@ -111,15 +111,19 @@ fn mount_until_unmounted(a: &MountArgs, ready_pipe: &mut Option<ReadyPipe>) -> R
         .with_context(|| format!("mount point {}", a.mountpoint.display()))?;
     let source: Source = a.source.parse()?;
     let signals = StopSignals::block();
-    let OpenedBackend { backend, volume } = open(&source, &plan)?;
+    let OpenedBackend {
+        backend,
+        volume,
+        client,
+    } = open(&source, &plan)?;
     let fs = FuseFs::new(backend.clone(), plan.fuse.clone());
     let stats = fs.stats.clone();
     // Bound before mounting, so a taken port fails the mount, not a live one.
     let metrics_http = match &plan.metrics {
         Some(m) => {
-            let scraped = stats.clone();
+            let (scraped, lane) = (stats.clone(), client.clone());
             let http = zcfs_metrics::MetricsHttp::bind(m, Default::default(), move || {
-                crate::mount_stats::prometheus(&scraped)
+                crate::mount_stats::prometheus(&scraped, lane.as_deref())
             })
             .map_err(|e| anyhow!("--metrics {m}: {e}"))?;
             eprintln!(
@@ -154,11 +158,12 @@ fn mount_until_unmounted(a: &MountArgs, ready_pipe: &mut Option<ReadyPipe>) -> R
     // `zcfs stat MOUNTPOINT` asks this socket, named by the mount's device number.
     let stat_socket = ours.as_ref().and_then(|(_, dev)| {
         let (st, source, mp) = (stats.clone(), a.source.clone(), canonical_mp.clone());
+        let lane = client.clone();
         let answer = move |prometheus: bool| {
             if prometheus {
-                crate::mount_stats::prometheus(&st)
+                crate::mount_stats::prometheus(&st, lane.as_deref())
             } else {
-                let r = crate::mount_stats::report(&st, &source, &mp);
+                let r = crate::mount_stats::report(&st, &source, &mp, lane.as_deref());
                 serde_json::to_string(&r).unwrap_or_else(|e| format!("error: {e}\n"))
             }
         };

@@ -262,7 +262,9 @@ pub fn run(a: &ServeArgs) -> Result<i32> {
     if a.samehost.is_some() && !matches!(source, Source::Image(_)) {
         bail!("--samehost needs a volume image (not {source})");
     }
-    let OpenedBackend { backend, volume } = open(&source, a)?;
+    let OpenedBackend {
+        backend, volume, ..
+    } = open(&source, a)?;
     let samehost = match (&a.samehost, &volume) {
         (Some(given), Some(vol)) => {
             let path = samehost_path(given, &source)?;

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 use zcfs_backend::{Backend, Ctx};
 use zcfs_client::{ClientConfig, RemoteFs};
-use zcfs_netns::{owned_name, Pair};
+use zcfs_netns::{owned_name, Pair, CLI_IF, SRV_IF};
 
 /// The secret every test server is started with and every test client sends.
 pub const SECRET: &[u8] = b"a-test-secret-of-enough-length";
@@ -30,10 +30,15 @@ pub struct Net {
 
 impl Net {
     pub fn new() -> Net {
+        Net::with_queues(1)
+    }
+
+    /// With `queues` queues on each end (the layer-2 lane needs 2: commands and data).
+    pub fn with_queues(queues: u32) -> Net {
         let n = NEXT.fetch_add(1, Ordering::SeqCst);
         let base = owned_name(std::process::id(), &format!("t{n}"));
         Net {
-            pair: Pair::create(&base, 100).unwrap(),
+            pair: Pair::create_with_queues(&base, 100, queues).unwrap(),
         }
     }
 
@@ -240,4 +245,79 @@ pub fn stat_via(path: &str) -> (u32, u64, i64) {
         v[1].parse().unwrap(),
         v[2].parse().unwrap(),
     )
+}
+
+/// The unmodified programs of the remote mount tests on the mount at `mp`: cp, tar,
+/// rsync, grep, git (clone and fsck) and sqlite3, each result checked. `tag` keeps the
+/// scratch repository of concurrent callers apart.
+pub fn unmodified_programs(mp: &std::path::Path, tag: &str) {
+    let d = mp.to_str().unwrap().to_owned();
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/../protocol");
+    sh(&format!("cp -a {src} {d}/copy && diff -r {src} {d}/copy"));
+    sh(&format!("tar -C {d} -cf {d}/t.tar copy && mkdir {d}/x && tar -C {d}/x -xf {d}/t.tar && diff -r {src} {d}/x/copy"));
+    sh(&format!("rsync -a {src}/ {d}/r/ && diff -r {src} {d}/r"));
+    assert!(
+        sh(&format!("grep -rl 'pub enum Op' {d}/copy | wc -l"))
+            .trim()
+            .parse::<u32>()
+            .unwrap()
+            >= 1
+    );
+    let repo = std::env::temp_dir().join(format!("zcfs-remote-repo-{tag}-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&repo);
+    sh(&format!("git init -q {r} && cd {r} && echo a > a && git add a && git -c user.name=t -c user.email=t@e commit -qm a", r = repo.display()));
+    sh(&format!(
+        "git clone -q {} {d}/clone && git -C {d}/clone fsck --full",
+        repo.display()
+    ));
+    fs::remove_dir_all(&repo).unwrap();
+    let out = sh(&format!("sqlite3 {d}/db 'create table t(x); insert into t values(1),(2),(3); select sum(x) from t; pragma integrity_check;'"));
+    assert_eq!(out.trim(), "6\nok");
+}
+
+/// The layer-2 lane's interfaces: the server's and the client's end of the veth pair.
+pub const L2_SRV_IF: &str = SRV_IF;
+pub const L2_CLI_IF: &str = CLI_IF;
+
+/// Whether the layer-2 tests can run here (root, zcfs built with its XDP program);
+/// ZCFS_REQUIRE_L2=1 makes "no" a failure.
+pub fn l2_ready() -> bool {
+    let require = std::env::var("ZCFS_REQUIRE_L2").is_ok_and(|v| v == "1");
+    // SAFETY: geteuid has no preconditions.
+    let ok = unsafe { libc::geteuid() } == 0 && zcfs_xsk::xdp_object_available();
+    assert!(
+        ok || !require,
+        "ZCFS_REQUIRE_L2=1 but not root or no XDP program"
+    );
+    if !ok {
+        eprintln!("skipped: needs root and zcfs's XDP program");
+    }
+    ok
+}
+
+/// A client with the test secret offering the layer-2 lane on the client's veth end
+/// (call from inside the client namespace).
+pub fn client_l2(net: &Net, timeout: Duration) -> RemoteFs {
+    let mut cfg = ClientConfig::new(&net.addr());
+    cfg.secret = Some(SECRET.to_vec());
+    cfg.timeout = timeout;
+    cfg.l2 = Some(zcfs_client::l2::L2Options::new(L2_CLI_IF));
+    RemoteFs::connect(cfg).unwrap()
+}
+
+/// `zcfs stat TARGET --json` (a mount point, or the server's address asked from the
+/// client namespace), parsed.
+pub fn stat_json(net: &Net, srv: &Served, target: &str) -> serde_json::Value {
+    let out = net
+        .cli_command(zcfs_bin())
+        .args(["stat", target, "--json", "--secret-file"])
+        .arg(&srv.secret)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "zcfs stat {target}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
 }
