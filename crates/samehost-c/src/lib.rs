@@ -30,11 +30,16 @@ pub struct zcfs_pflush {
 }
 
 /// Most placements one transaction holds (what one COMMIT carries).
-pub const ZCFS_PFLUSH_MAX: usize = zcfs_samehost::client::SCRATCH_LEN / 32;
+pub const ZCFS_PFLUSH_MAX: usize = 8192;
+const _: () = assert!(
+    ZCFS_PFLUSH_MAX == zcfs_samehost::client::SCRATCH_LEN / zcfs_samehost::ring::PLACEMENT_SIZE
+);
 /// `new_size` of `zcfs_pflush_add`: the file grows to the end of the last page.
-pub const ZCFS_NO_NEW_SIZE: u64 = u64::MAX;
+pub const ZCFS_NO_NEW_SIZE: u64 = 0xFFFF_FFFF_FFFF_FFFF;
+const _: () = assert!(ZCFS_NO_NEW_SIZE == zcfs_samehost::ring::NO_NEW_SIZE);
 /// Most pages one `zcfs_zcopy_from` reserves.
-pub const ZCFS_RESERVE_MAX: usize = zcfs_samehost::client::MAX_RESERVE_PER_CALL;
+pub const ZCFS_RESERVE_MAX: usize = 32768;
+const _: () = assert!(ZCFS_RESERVE_MAX == zcfs_samehost::client::MAX_RESERVE_PER_CALL);
 
 /// Operation codes of a [`zcfs_sqe`].
 pub const ZCFS_OP_NOP: u8 = 0;
@@ -42,6 +47,11 @@ pub const ZCFS_OP_READ: u8 = 1;
 pub const ZCFS_OP_WRITE: u8 = 2;
 pub const ZCFS_OP_FSYNC: u8 = 3;
 pub const ZCFS_OP_PFREE: u8 = 8;
+const _: () = {
+    use zcfs_samehost::ring::op;
+    assert!(ZCFS_OP_NOP == op::NOP && ZCFS_OP_READ == op::READ && ZCFS_OP_WRITE == op::WRITE);
+    assert!(ZCFS_OP_FSYNC == op::FSYNC && ZCFS_OP_PFREE == op::PFREE);
+};
 
 /// A submission entry (as the ring's, 64 bytes): `op` on `handle` at `offset` for
 /// `len` bytes, into or from buffer `buf` at `buf_off`.
