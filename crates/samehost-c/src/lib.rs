@@ -713,3 +713,15 @@ pub unsafe extern "C" fn zcfs_pflush_commit(h: *mut zcfs_client, t: *mut zcfs_pf
         0
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_becomes_eio_and_does_not_unwind_further() {
+        assert_eq!(guard(|| panic!("inside the library")), -(libc::EIO as i64));
+        assert_eq!(guard_int(|| panic!("inside the library")), -libc::EIO);
+        assert_eq!(guard(|| 7), 7);
+    }
+}
