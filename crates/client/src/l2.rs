@@ -40,6 +40,9 @@ pub const TX_CHUNKS: u32 = 128;
 pub const L2_REPLY_TIMEOUT: Duration = Duration::from_secs(1);
 /// A lane lost and fenced is set up again after this long (if the server takes it).
 pub const L2_RETRY_AFTER: Duration = Duration::from_secs(2);
+/// A fence that failed (its connection lost: the server restarted, the link broke) is
+/// asked for again by the next request after this long.
+pub const FENCE_RETRY_AFTER: Duration = Duration::from_millis(100);
 /// Reads up to this many bytes go over layer 2 by default (see README: measured).
 pub const DEFAULT_L2_READ_MAX: u32 = 64 << 10;
 /// Longest sleep in poll(2) between polls (wait mode).
@@ -118,6 +121,30 @@ pub fn rides_l2(req: &Request, body_len: usize, data_len: usize, read_max: u32) 
     }
 }
 
+/// Where the fence of a lane that went down stands (`L2Release` on TCP: answered once no
+/// lane request of the session runs at the server, and none runs after).
+#[derive(Debug)]
+pub(crate) enum Fence {
+    /// Not asked for yet.
+    Open,
+    /// Sent; a thread waits for its answer.
+    Sent,
+    /// Answered at this time.
+    Done(Instant),
+    /// The last attempt failed at this time, for this reason.
+    Failed(Instant, zcfs_backend::Error),
+}
+
+impl L2Lane {
+    /// When the server answered the fence, if it did.
+    pub(crate) fn fenced_at(&self) -> Option<Instant> {
+        match &*lock(&self.fence) {
+            Fence::Done(at) => Some(*at),
+            _ => None,
+        }
+    }
+}
+
 /// Why a request did not get its answer on the lane: send it on TCP (same id).
 #[derive(Debug)]
 pub(crate) struct Fallback;
@@ -169,8 +196,10 @@ pub(crate) struct L2Lane {
     fds: [i32; 2],
     t0: Instant,
     flush: Arc<FlushSignal>,
-    /// The server has given the lane up for this session (`L2Release` answered).
-    pub(crate) fenced: Mutex<bool>,
+    /// The lane's fence at the server (`L2Release`), asked for once the lane is down.
+    pub(crate) fence: Mutex<Fence>,
+    /// Signalled when `fence` leaves `Fence::Sent`.
+    pub(crate) fence_changed: Condvar,
     pub mode: BindMode,
     // Last: detached after the sockets closed.
     _prog: XdpProgram,
@@ -280,7 +309,8 @@ impl L2Lane {
             fds,
             t0: Instant::now(),
             flush: Arc::new(FlushSignal::default()),
-            fenced: Mutex::new(false),
+            fence: Mutex::new(Fence::Open),
+            fence_changed: Condvar::new(),
             mode,
             _prog: local.prog,
         })

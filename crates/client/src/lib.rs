@@ -201,6 +201,26 @@ pub struct Client {
     l2_refused: Mutex<String>,
 }
 
+/// The lane as a request finds it.
+enum LaneNow {
+    Up(Arc<l2::L2Lane>),
+    /// Down, and the server has not answered its fence yet: lane requests may still
+    /// run there.
+    Unfenced(Arc<l2::L2Lane>),
+    /// No lane: TCP.
+    Tcp,
+}
+
+/// What became of a request offered to the lane.
+enum L2Try {
+    /// Answered (or failed for good) there.
+    Done(Result<Response, Error>),
+    /// Sent on the lane in this session epoch without an answer: it may have run.
+    FellOff(u64),
+    /// Not sent on the lane.
+    Tcp,
+}
+
 enum L2State {
     Untried,
     Trying,
@@ -377,17 +397,27 @@ impl Client {
 
     /// The lane, set up on first use when the configuration asks for it: the local
     /// interface opened, then the offer on TCP. Any failure or a refusal leaves the
-    /// session on TCP with one log line.
-    fn l2_lane(&self) -> Option<Arc<l2::L2Lane>> {
-        let o = self.cfg.l2.as_ref()?;
+    /// session on TCP with one log line. A lane that went down is `Unfenced` until the
+    /// server has answered its fence, then set up again after [`l2::L2_RETRY_AFTER`].
+    fn l2_lane(&self) -> LaneNow {
+        let Some(o) = self.cfg.l2.as_ref() else {
+            return LaneNow::Tcp;
+        };
         {
             let mut st = lock(&self.l2);
             match &*st {
-                L2State::Up(l) if l.is_up() => return Some(l.clone()),
+                L2State::Up(l) if l.is_up() => return LaneNow::Up(l.clone()),
+                L2State::Up(l) => match l.fenced_at() {
+                    Some(at) => {
+                        *st = L2State::Retry(l.clone(), at + l2::L2_RETRY_AFTER);
+                        return LaneNow::Tcp;
+                    }
+                    None => return LaneNow::Unfenced(l.clone()),
+                },
                 L2State::Untried => *st = L2State::Trying,
                 // The old lane is dropped here, before the new one takes the interface.
                 L2State::Retry(_, at) if std::time::Instant::now() >= *at => *st = L2State::Trying,
-                _ => return None,
+                _ => return LaneNow::Tcp,
             }
         }
         let r = self.l2_setup(o);
@@ -398,16 +428,16 @@ impl Client {
                 if let Err(e) = lane.start_flusher() {
                     tracing::warn!(iface = %o.iface, "layer-2 lane not used, the session stays on TCP: no flusher thread: {e}");
                     *st = L2State::Off;
-                    return None;
+                    return LaneNow::Tcp;
                 }
                 *st = L2State::Up(lane.clone());
-                Some(lane)
+                LaneNow::Up(lane)
             }
             Err(why) => {
                 tracing::warn!(iface = %o.iface, "layer-2 lane not used, the session stays on TCP: {why}");
                 *lock(&self.l2_refused) = why;
                 *st = L2State::Off;
-                None
+                LaneNow::Tcp
             }
         }
     }
@@ -886,10 +916,31 @@ impl Client {
             return (Err(e), false);
         }
         let id = self.ids.fetch_add(1, Ordering::Relaxed);
-        if let Some(r) = self.try_l2(id, req, cred, data) {
-            return (r, false);
-        }
-        let (r, sent_in) = self.attempt(self.pick(), id, req, cred, data);
+        let op = req.op();
+        let conn = match self.try_l2(id, req, cred, data) {
+            L2Try::Done(r) => return (r, false),
+            L2Try::Tcp => self.pick(),
+            // As a resend on TCP: a request that may have run in a session now gone
+            // goes again only if it is idempotent (the new session has no reply cache
+            // entry for it: a mkdir would run twice).
+            L2Try::FellOff(epoch) => match self.pick() {
+                Ok(c) if !op.idempotent() && c.epoch.load(Ordering::SeqCst) != epoch => {
+                    return (
+                        Err(Error::new(
+                            libc::ETIMEDOUT,
+                            format!(
+                                "{} got no answer on the layer-2 lane and the server's session \
+                                 is gone since: it may or may not have run",
+                                op.name()
+                            ),
+                        )),
+                        false,
+                    )
+                }
+                c => c,
+            },
+        };
+        let (r, sent_in) = self.attempt(conn, id, req, cred, data);
         let e = match r {
             Err(e) if is_transport(&e) => e,
             r => return (r, false),
@@ -898,7 +949,6 @@ impl Client {
             Ok(c) => c,
             Err(e2) => return (Err(e2), false),
         };
-        let op = req.op();
         if !op.idempotent() && sent_in.is_some_and(|ep| ep != conn.epoch.load(Ordering::SeqCst)) {
             return (Err(e), false);
         }
@@ -907,70 +957,146 @@ impl Client {
         (self.attempt(Ok(conn), id, req, cred, data).0, true)
     }
 
-    /// Request `id` over the layer-2 lane when it is up and the request rides it (None:
-    /// send it on TCP, with the same id: the server's reply cache makes a request the
-    /// lane delivered but did not answer count once).
-    fn try_l2(
-        &self,
-        id: u64,
-        req: &Request,
-        cred: Caller<'_>,
-        data: &[&[u8]],
-    ) -> Option<Result<Response, Error>> {
-        self.cfg.l2.as_ref()?;
-        let lane = self.l2_lane()?;
+    /// Request `id` over the layer-2 lane when it is up and the request rides it (else
+    /// it goes on TCP with the same id: the server's reply cache makes a request the
+    /// lane delivered but did not answer count once in a session).
+    fn try_l2(&self, id: u64, req: &Request, cred: Caller<'_>, data: &[&[u8]]) -> L2Try {
+        let lane = match self.l2_lane() {
+            LaneNow::Up(lane) => lane,
+            LaneNow::Unfenced(lane) => return self.l2_unfenced(&lane, req, None),
+            LaneNow::Tcp => return L2Try::Tcp,
+        };
         let n: usize = data.iter().map(|d| d.len()).sum();
-        let (hdr, body) = req.encode_with_groups(id, cred.cred, cred.groups).ok()?;
+        let Ok((hdr, body)) = req.encode_with_groups(id, cred.cred, cred.groups) else {
+            return L2Try::Tcp;
+        };
         if !l2::rides_l2(req, body.len(), n, lane.read_max()) {
-            return None;
+            return L2Try::Tcp;
         }
         let epoch = self.epoch();
         match lane.call(req, &hdr, &body, data, &self.l2_counters) {
             Ok(mut r) => {
                 r.epoch = epoch;
                 if r.hdr.status != 0 {
-                    return Some(Err(Error::errno(r.hdr.status)));
+                    return L2Try::Done(Err(Error::errno(r.hdr.status)));
                 }
-                Some(Ok(r))
+                L2Try::Done(Ok(r))
             }
-            Err(l2::Fallback) if lane.is_up() => None,
-            Err(l2::Fallback) => {
-                // The lane went down with requests on it that the server may still run
-                // from its queue: fence it before anything goes again on TCP. A write
-                // or lseek (in no reply cache) may not go without the fence; the others
-                // are answered once per id whichever way they come.
-                match self.l2_fence(&lane) {
-                    Ok(()) => None,
-                    Err(e) if matches!(req, Request::Write(_) | Request::Lseek(_)) => Some(Err(e)),
-                    Err(_) => None,
-                }
-            }
+            Err(l2::Fallback) if lane.is_up() => L2Try::FellOff(epoch),
+            Err(l2::Fallback) => self.l2_unfenced(&lane, req, Some(epoch)),
         }
     }
 
-    /// Give the lane up at the server (`L2Release` on TCP, once per lane): it returns
-    /// once no lane request of the session runs there, and none runs after. Then the
-    /// lane may be set up again after [`l2::L2_RETRY_AFTER`].
+    /// A request meets a lane that went down with requests on it that the server may
+    /// still run from its queue. A write or lseek (in no reply cache: run late, an old
+    /// write would land over newer ones) waits for the fence, and fails if it cannot be
+    /// had; the others go to TCP at once (answered once per id whichever way they
+    /// come) and only start the fence.
+    fn l2_unfenced(&self, lane: &Arc<l2::L2Lane>, req: &Request, sent_in: Option<u64>) -> L2Try {
+        if matches!(req, Request::Write(_) | Request::Lseek(_)) {
+            if let Err(e) = self.l2_fence(lane) {
+                return L2Try::Done(Err(e));
+            }
+        } else {
+            self.l2_fence_start(lane, false);
+        }
+        match sent_in {
+            Some(epoch) => L2Try::FellOff(epoch),
+            None => L2Try::Tcp,
+        }
+    }
+
+    /// Send the fence (`L2Release` on TCP) unless it is under way or done, or failed
+    /// less than [`l2::FENCE_RETRY_AFTER`] ago (`now`: regardless); a thread waits for
+    /// the answer. Returns without waiting for it.
+    fn l2_fence_start(&self, lane: &Arc<l2::L2Lane>, now: bool) {
+        {
+            let mut f = lock(&lane.fence);
+            match &*f {
+                l2::Fence::Open => {}
+                l2::Fence::Failed(at, _) if now || at.elapsed() >= l2::FENCE_RETRY_AFTER => {}
+                _ => return,
+            }
+            // Claimed: no other caller sends it meanwhile (the lock is not held across
+            // a dial).
+            *f = l2::Fence::Sent;
+        }
+        let settle = |lane: &l2::L2Lane, to: l2::Fence| {
+            *lock(&lane.fence) = to;
+            lane.fence_changed.notify_all();
+        };
+        let failed = |e: Error| l2::Fence::Failed(std::time::Instant::now(), e);
+        let ticket = self.pick().and_then(|conn| {
+            let id = self.ids.fetch_add(1, Ordering::Relaxed);
+            let req: Request = zcfs_protocol::L2ReleaseReq {}.into();
+            self.submit_on(conn, id, &req, Caller::process(), &[], true)
+        });
+        let ticket = match ticket {
+            Ok(t) => t,
+            Err(e) => return settle(lane, failed(e)),
+        };
+        let waiter = lane.clone();
+        let spawned = std::thread::Builder::new()
+            .name("zcfs-l2-fence".into())
+            .spawn(move || {
+                let to = match ticket.wait() {
+                    Ok(_) => {
+                        tracing::info!(
+                            "layer-2 lane fenced at the server; set up again in {:?}",
+                            l2::L2_RETRY_AFTER
+                        );
+                        l2::Fence::Done(std::time::Instant::now())
+                    }
+                    Err(e) => {
+                        tracing::warn!("layer-2 lane's fence failed: {}", e.msg());
+                        l2::Fence::Failed(std::time::Instant::now(), e)
+                    }
+                };
+                settle(&waiter, to);
+            });
+        if let Err(e) = spawned {
+            settle(
+                lane,
+                failed(Error::new(
+                    libc::EAGAIN,
+                    format!("no thread for the layer-2 lane's fence: {e}"),
+                )),
+            );
+        }
+    }
+
+    /// Wait until the lane is fenced at the server: the fence under way, else sent now,
+    /// and sent once more if that attempt fails (as `call` resends after a lost
+    /// connection). Bounded: each attempt by the request timeout.
     fn l2_fence(&self, lane: &Arc<l2::L2Lane>) -> Result<(), Error> {
-        let mut fenced = lock(&lane.fenced);
-        if *fenced {
-            return Ok(());
+        let mut sent = 0;
+        loop {
+            {
+                let deadline = std::time::Instant::now() + self.cfg.timeout * 2;
+                let mut f = lock(&lane.fence);
+                while matches!(&*f, l2::Fence::Sent) {
+                    let left = deadline.saturating_duration_since(std::time::Instant::now());
+                    if left.is_zero() {
+                        return Err(Error::new(
+                            libc::ETIMEDOUT,
+                            "the layer-2 lane's fence got no answer",
+                        ));
+                    }
+                    f = lane
+                        .fence_changed
+                        .wait_timeout(f, left)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                }
+                match &*f {
+                    l2::Fence::Done(_) => return Ok(()),
+                    l2::Fence::Failed(_, e) if sent == 2 => return Err(e.clone()),
+                    _ => {}
+                }
+            }
+            self.l2_fence_start(lane, true);
+            sent += 1;
         }
-        self.call(
-            &zcfs_protocol::L2ReleaseReq {}.into(),
-            Caller::process(),
-            &[],
-        )?;
-        *fenced = true;
-        let mut st = lock(&self.l2);
-        if matches!(&*st, L2State::Up(l) if Arc::ptr_eq(l, lane)) {
-            *st = L2State::Retry(lane.clone(), std::time::Instant::now() + l2::L2_RETRY_AFTER);
-        }
-        tracing::info!(
-            "layer-2 lane fenced at the server; set up again in {:?}",
-            l2::L2_RETRY_AFTER
-        );
-        Ok(())
     }
 
     /// Send on the given connection and wait (the restart hook re-opening files before
