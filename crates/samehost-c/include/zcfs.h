@@ -201,6 +201,8 @@ int zcfs_pfree(struct zcfs_client *h, uint32_t file, uint64_t off, uint64_t len)
 /*
  Put `n` entries on the submission ring (all or none: -EAGAIN when they do not
  fit). A buffer range named by an entry must not be touched until its completion.
+ A `user_data` with bit 63 set is refused (-EINVAL): it names the library's own
+ synchronous calls. Other values may repeat.
 
  # Safety
  As [`client`]; `sqes` points to `n` entries (may be NULL when `n` is 0).
@@ -209,7 +211,8 @@ int zcfs_submit(struct zcfs_client *h, const struct zcfs_sqe *sqes, size_t n);
 
 /*
  Wait until at least `min` completions are here (at most `cap`), and write up to
- `cap` of them to `out`. Returns how many were written, or -errno. Completions
+ `cap` of them to `out`. Returns how many were written, or -errno (-EINVAL when
+ fewer than `min` are in flight or kept: they would never come). Completions
  beyond `cap` are kept for the next call.
 
  # Safety

@@ -408,6 +408,8 @@ pub unsafe extern "C" fn zcfs_pfree(h: *mut zcfs_client, file: u32, off: u64, le
 
 /// Put `n` entries on the submission ring (all or none: -EAGAIN when they do not
 /// fit). A buffer range named by an entry must not be touched until its completion.
+/// A `user_data` with bit 63 set is refused (-EINVAL): it names the library's own
+/// synchronous calls. Other values may repeat.
 ///
 /// # Safety
 /// As [`client`]; `sqes` points to `n` entries (may be NULL when `n` is 0).
@@ -435,7 +437,8 @@ pub unsafe extern "C" fn zcfs_submit(
 }
 
 /// Wait until at least `min` completions are here (at most `cap`), and write up to
-/// `cap` of them to `out`. Returns how many were written, or -errno. Completions
+/// `cap` of them to `out`. Returns how many were written, or -errno (-EINVAL when
+/// fewer than `min` are in flight or kept: they would never come). Completions
 /// beyond `cap` are kept for the next call.
 ///
 /// # Safety

@@ -14,7 +14,6 @@ use zcfs::*;
 /// lost, and `zcfs_wait` for them blocks forever. (With distinct small values the
 /// sync calls' own ids, from 2^63, do not collide: that part is sound.)
 #[test]
-#[ignore = "finding: completions reaped during a synchronous call are kept by user_data; equal user_data values are lost and zcfs_wait then blocks forever"]
 fn completions_with_equal_user_data_survive_a_synchronous_call() {
     let s = common::serve("udsame");
     let sock = CString::new(s.sock.to_str().unwrap()).unwrap();
@@ -62,10 +61,9 @@ struct Ptr(*mut zcfs_client);
 // SAFETY: the handle is used by one thread at a time (moved to the waiter).
 unsafe impl Send for Ptr {}
 
-/// `zcfs_wait` for more completions than there are entries in flight never returns
-/// (nothing will ever complete); it could say -EINVAL at once.
+/// (Review finding, fixed.) `zcfs_wait` for more completions than there are entries in
+/// flight never returned (nothing will ever complete); it says -EINVAL at once.
 #[test]
-#[ignore = "finding: zcfs_wait(min) with fewer than min entries in flight blocks forever"]
 fn waiting_for_more_than_is_in_flight_returns() {
     let s = common::serve("waitmore");
     let sock = CString::new(s.sock.to_str().unwrap()).unwrap();
@@ -82,8 +80,8 @@ fn waiting_for_more_than_is_in_flight_returns() {
     });
     // Bounded: a wait that has not returned in 10 s never will (nothing is in flight).
     let r = rx.recv_timeout(Duration::from_secs(10));
-    assert!(
-        r.is_ok(),
-        "zcfs_wait(1) with nothing in flight still blocks after 10 s"
+    assert_eq!(
+        r.expect("zcfs_wait(1) with nothing in flight still blocks after 10 s"),
+        -(libc::EINVAL as i64)
     );
 }

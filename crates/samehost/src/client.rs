@@ -33,6 +33,9 @@ use std::time::{Duration, Instant};
 
 pub use crate::ring::{DEFAULT_RING_ENTRIES, NO_NEW_SIZE};
 
+/// Bit 63 of `user_data` marks the library's own synchronous calls ([`Client::call`]);
+/// [`Client::submit`] refuses entries that carry it.
+pub const CALL_USER_DATA: u64 = 1 << 63;
 /// How long a waiting application polls the completion ring before it sleeps on its
 /// eventfd (see docs/samehost.md, "Doorbell").
 pub const DEFAULT_CLIENT_SPIN: Duration = Duration::from_micros(50);
@@ -222,7 +225,7 @@ pub struct Client {
     direct: Option<DirectMap>,
     next_user_data: u64,
     /// Completions reaped while waiting for another.
-    stash: HashMap<u64, Cqe>,
+    stash: Vec<Cqe>,
     /// Entries submitted and not yet reaped.
     in_flight: u32,
 }
@@ -276,8 +279,8 @@ impl Client {
             bufs: HashMap::new(),
             scratch: None,
             direct: None,
-            next_user_data: 1 << 63,
-            stash: HashMap::new(),
+            next_user_data: CALL_USER_DATA,
+            stash: Vec::new(),
             in_flight: 0,
         })
     }
@@ -381,8 +384,19 @@ impl Client {
     }
 
     /// Put entries on the submission ring (all or none: [`Error::RingFull`]) and ring
-    /// the server's doorbell if it sleeps.
+    /// the server's doorbell if it sleeps. A `user_data` with the
+    /// [`CALL_USER_DATA`] bit is refused (EINVAL): those name the library's own calls.
     pub fn submit(&mut self, sqes: &[Sqe]) -> Result<()> {
+        if let Some(s) = sqes.iter().find(|s| s.user_data & CALL_USER_DATA != 0) {
+            return Err(Error::Invalid(format!(
+                "user_data {:#x} has bit 63 set, which names the library's own calls",
+                s.user_data
+            )));
+        }
+        self.put(sqes)
+    }
+
+    fn put(&mut self, sqes: &[Sqe]) -> Result<()> {
         let entries = self.rings.entries;
         if sqes.len() as u64 > (entries - self.in_flight) as u64 {
             return Err(Error::RingFull);
@@ -427,9 +441,16 @@ impl Client {
     }
 
     /// Wait until at least `min` completions (besides those already returned) are
-    /// here, and return every one ready.
+    /// here, and return every one ready. More than are in flight or kept: EINVAL (they
+    /// would never come).
     pub fn wait(&mut self, min: usize) -> Result<Vec<Cqe>> {
-        let mut out: Vec<Cqe> = self.stash.drain().map(|(_, c)| c).collect();
+        if min > self.stash.len() + self.in_flight as usize {
+            return Err(Error::Invalid(format!(
+                "waiting for {min} completions with {} in flight",
+                self.stash.len() + self.in_flight as usize
+            )));
+        }
+        let mut out: Vec<Cqe> = std::mem::take(&mut self.stash);
         loop {
             self.reap(&mut out);
             if out.len() >= min {
@@ -481,9 +502,12 @@ impl Client {
         self.next_user_data += 1;
         let ud = self.next_user_data;
         sqe.user_data = ud;
-        self.submit(&[sqe])?;
+        self.put(&[sqe])?;
         loop {
-            if let Some(c) = self.stash.remove(&ud) {
+            // Kept in order and whole: the application's own entries may share a
+            // user_data value (0 is common); `wait` returns them all.
+            if let Some(i) = self.stash.iter().position(|c| c.user_data == ud) {
+                let c = self.stash.remove(i);
                 return if c.result < 0 {
                     Err(Error::Errno((-c.result) as i32))
                 } else {
@@ -494,9 +518,7 @@ impl Client {
             if self.reap(&mut got) == 0 {
                 self.wait_event()?;
             }
-            for c in got {
-                self.stash.insert(c.user_data, c);
-            }
+            self.stash.extend(got);
         }
     }
 
