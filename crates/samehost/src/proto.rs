@@ -374,6 +374,15 @@ pub fn send(sock: &UnixStream, body: &[u8], fds: &[BorrowedFd<'_>]) -> std::io::
 /// Receive one message: its body and the descriptors attached. `None` at a clean end
 /// of the stream (between messages).
 pub fn recv(sock: &UnixStream) -> std::io::Result<Option<(Vec<u8>, Vec<OwnedFd>)>> {
+    recv_within(sock, None)
+}
+
+/// [`recv`], with the whole message due within `limit` of its first bytes (TimedOut
+/// otherwise): a peer cannot hold the reader by dripping a message a byte at a time.
+pub fn recv_within(
+    sock: &UnixStream,
+    limit: Option<std::time::Duration>,
+) -> std::io::Result<Option<(Vec<u8>, Vec<OwnedFd>)>> {
     let mut len = [0u8; 4];
     let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
@@ -395,17 +404,55 @@ pub fn recv(sock: &UnixStream) -> std::io::Result<Option<(Vec<u8>, Vec<OwnedFd>)
     if r.bytes == 0 {
         return Ok(None);
     }
-    let mut s: &UnixStream = sock;
+    let deadline = limit.map(|l| std::time::Instant::now() + l);
     if r.bytes < 4 {
-        s.read_exact(&mut len[r.bytes..])?;
+        read_exact_by(sock, &mut len[r.bytes..], deadline)?;
     }
     let n = u32::from_le_bytes(len) as usize;
     if n > MAX_MESSAGE {
         return Err(std::io::Error::other(ProtoError::TooLong(n)));
     }
     let mut body = vec![0u8; n];
-    s.read_exact(&mut body)?;
+    read_exact_by(sock, &mut body, deadline)?;
+    if let Some(l) = limit {
+        sock.set_read_timeout(Some(l))?;
+    }
     Ok(Some((body, fds)))
+}
+
+/// Fill `buf`, by `deadline` if one is given (each read's timeout is what is left).
+fn read_exact_by(
+    sock: &UnixStream,
+    buf: &mut [u8],
+    deadline: Option<std::time::Instant>,
+) -> std::io::Result<()> {
+    use std::io::ErrorKind;
+    let mut s: &UnixStream = sock;
+    let Some(deadline) = deadline else {
+        return s.read_exact(buf);
+    };
+    let mut off = 0;
+    while off < buf.len() {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(
+                ErrorKind::TimedOut,
+                "control message not complete in time",
+            ));
+        }
+        sock.set_read_timeout(Some(left))?;
+        match s.read(&mut buf[off..]) {
+            Ok(0) => return Err(ErrorKind::UnexpectedEof.into()),
+            Ok(n) => off += n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                ) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

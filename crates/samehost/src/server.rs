@@ -52,8 +52,12 @@ pub const MAX_RESERVATIONS: usize = 1024;
 pub const MAX_RESERVED_BLOCKS: u64 = 65_536;
 /// Most placements in one COMMIT.
 pub const MAX_PLACEMENTS: u64 = 4096;
-/// Longest a control message may take to arrive once begun.
+/// Longest a control message may take to arrive once begun; also how long a new
+/// connection has to say Hello.
 pub const CONTROL_TIMEOUT: Duration = Duration::from_secs(5);
+/// Most connections one user (other than root) has at once: one user cannot take
+/// every slot of `MAX_CONNECTIONS` (the socket is open to every local user).
+pub const MAX_CONNECTIONS_PER_USER: usize = 32;
 /// How often the accept loop looks for a shutdown.
 const ACCEPT_POLL: Duration = Duration::from_millis(100);
 
@@ -252,19 +256,32 @@ impl Service {
     /// Accept applications until `shutdown`; then close every connection and wait for
     /// their threads (which release what each held).
     pub fn run(&self) {
-        let mut threads: Vec<std::thread::JoinHandle<()>> = Vec::new();
+        // Each connection's thread and its peer's uid.
+        let mut threads: Vec<(std::thread::JoinHandle<()>, u32)> = Vec::new();
         let mut next_conn = 0u64;
         while !self.shared.stop.load(Ordering::Acquire) {
-            threads.retain(|t| !t.is_finished());
+            threads.retain(|(t, _)| !t.is_finished());
             match self.listener.accept() {
                 Ok((s, _)) => {
                     let _ = s.set_nonblocking(false);
-                    if threads.len() >= MAX_CONNECTIONS {
-                        let _ = proto::send(
-                            &s,
-                            &Reply::error(libc::EAGAIN, "too many same-host connections").encode(),
-                            &[],
-                        );
+                    // Root is not held to the bounds (it can take the machine anyway);
+                    // any other user to its share and to the total.
+                    let uid = zcfs_transport::peer_cred(&s).map_or(u32::MAX, |p| p.uid);
+                    let mine = threads.iter().filter(|(_, u)| *u == uid).count();
+                    let others = threads.iter().filter(|(_, u)| *u != 0).count();
+                    let refuse = if uid == 0 {
+                        None
+                    } else if mine >= MAX_CONNECTIONS_PER_USER {
+                        Some(format!(
+                            "too many same-host connections of uid {uid} (at most {MAX_CONNECTIONS_PER_USER})"
+                        ))
+                    } else if others >= MAX_CONNECTIONS {
+                        Some("too many same-host connections".to_string())
+                    } else {
+                        None
+                    };
+                    if let Some(why) = refuse {
+                        let _ = proto::send(&s, &Reply::error(libc::EAGAIN, why).encode(), &[]);
                         continue;
                     }
                     next_conn += 1;
@@ -280,7 +297,7 @@ impl Service {
                             shared.conns.lock().unwrap().remove(&id);
                         });
                     match t {
-                        Ok(t) => threads.push(t),
+                        Ok(t) => threads.push((t, uid)),
                         Err(e) => tracing::warn!("samehost: no thread for a connection: {e}"),
                     }
                 }
@@ -301,7 +318,7 @@ impl Service {
         for s in self.shared.conns.lock().unwrap().values() {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
-        for t in threads {
+        for (t, _) in threads {
             let _ = t.join();
         }
     }
@@ -430,13 +447,30 @@ impl<'s> Conn<'s> {
     }
 
     fn serve(&mut self) -> Result<(), Close> {
+        let hello_by = Instant::now() + CONTROL_TIMEOUT;
         loop {
             let (sock_ready, bell_ready) = {
                 let mut fds = vec![PollFd::new(&self.sock, PollFlags::IN)];
                 if let Some(r) = &self.ring {
                     fds.push(PollFd::new(&r.bell_in, PollFlags::IN));
                 }
-                match rustix::event::poll(&mut fds, None) {
+                // A connection that has not said Hello in time is closed: an idle one
+                // would hold a slot of MAX_CONNECTIONS for good.
+                let wait = if self.hello {
+                    None
+                } else {
+                    let left = hello_by.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(Close::Refused(format!(
+                            "no Hello within {CONTROL_TIMEOUT:?}"
+                        )));
+                    }
+                    Some(rustix::event::Timespec {
+                        tv_sec: left.as_secs() as _,
+                        tv_nsec: left.subsec_nanos() as _,
+                    })
+                };
+                match rustix::event::poll(&mut fds, wait.as_ref()) {
                     Ok(_) => {}
                     Err(rustix::io::Errno::INTR) => continue,
                     Err(e) => return Err(Close::Io(e.into())),
@@ -457,7 +491,7 @@ impl<'s> Conn<'s> {
 
     /// Answer one control message; false at the end of the stream.
     fn control(&mut self) -> Result<bool, Close> {
-        let Some((body, fds)) = proto::recv(&self.sock)? else {
+        let Some((body, fds)) = proto::recv_within(&self.sock, Some(CONTROL_TIMEOUT))? else {
             return Ok(false);
         };
         let req = Request::decode(&body)?;
@@ -1065,7 +1099,7 @@ impl<'s> Conn<'s> {
             }
         }
         let vol = self.sh.vol.clone();
-        let mut txn = PflushTxn::default();
+        let mut txn = PflushTxn::default().written_by(&self.cred);
         let mut bytes = 0;
         for p in &list {
             let ino = self.files[&p.handle].ino;

@@ -90,9 +90,19 @@ struct Placement<'v> {
 #[derive(Default)]
 pub struct PflushTxn<'v> {
     items: Vec<Placement<'v>>,
+    /// Who writes the pages (`written_by`): a writer without privilege clears
+    /// set-user-ID (and set-group-ID where due) as a write does. None: the
+    /// in-process caller (privileged).
+    writer: Option<Cred>,
 }
 
 impl<'v> PflushTxn<'v> {
+    /// The placements are a write by `cred` (the mode bits a write clears are cleared).
+    pub fn written_by(mut self, cred: &Cred) -> Self {
+        self.writer = Some(cred.clone());
+        self
+    }
+
     /// Place `pages` at block-aligned `offset` of `ino`. The file grows to `new_size`
     /// (which must end inside the last page) or, without it, to the end of the last page;
     /// it never shrinks.
@@ -258,6 +268,9 @@ impl Volume {
             }
             inode.rec.mtime = now;
             inode.rec.ctime = now;
+            if let Some(w) = &t.writer {
+                inode.rec.mode = crate::perm::mode_after_write(w, &inode.rec);
+            }
             txn.data_size += count * BLOCK_U64;
             txn.dirty.insert(p.ino);
             let ino = p.ino;
