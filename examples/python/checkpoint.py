@@ -214,6 +214,10 @@ def save_direct(c, tensors, gen, pause=lambda what: None, stats=None):
         tx.add(mfh, 0, r, MANIFEST_BYTES)
         pause("before manifest commit")
         tx.commit()
+        # The commit is atomic, but the volume's group commit may still hold it: fsync
+        # makes it durable before the save is reported done (a server killed after the
+        # commit returned lost it without this; see the crash test).
+        c.fsync(mfh)
         print(f"committed gen={gen} slot={slot}", flush=True)
         pause("after manifest commit")
         c.close_file(mfh)
