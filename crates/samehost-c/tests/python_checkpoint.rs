@@ -91,6 +91,9 @@ fn save(python: &Path, sock: &Path, gen: u32) {
 
 /// Start saving `gen`, stopped at kill point `k`: the child and whether its manifest
 /// commit had returned.
+// The child is returned and waited for by the caller; on a failed read the test panics
+// and the child, blocked on its stdin, ends when the pipe closes.
+#[allow(clippy::zombie_processes)]
 fn save_paused(python: &Path, sock: &Path, gen: u32, k: u32) -> (Child, bool) {
     let mut child = py(
         python,
@@ -113,10 +116,10 @@ fn save_paused(python: &Path, sock: &Path, gen: u32, k: u32) -> (Child, bool) {
     let mut line = String::new();
     loop {
         line.clear();
-        assert!(
-            r.read_line(&mut line).unwrap() > 0,
-            "save {gen} ended before kill point {k}"
-        );
+        if r.read_line(&mut line).unwrap() == 0 {
+            let st = child.wait().unwrap();
+            panic!("save {gen} ended ({st}) before kill point {k}");
+        }
         if line.starts_with("committed ") {
             committed = true;
         }
