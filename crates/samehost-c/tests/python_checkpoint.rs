@@ -188,6 +188,16 @@ fn fsck(image: &Path) {
     assert!(r.is_clean(), "fsck: {:?}", r.problems);
 }
 
+/// Removes the image and the socket when the test ends, passed or not.
+struct Cleanup(PathBuf, PathBuf);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+        let _ = std::fs::remove_file(&self.1);
+    }
+}
+
 fn paths(tag: &str) -> (PathBuf, PathBuf) {
     let t = format!("zcfs-ckpt-{}-{tag}", std::process::id());
     (
@@ -205,6 +215,7 @@ fn killing_the_application_mid_save_leaves_the_previous_checkpoint() {
         return;
     };
     let (image, sock) = paths("app");
+    let _cleanup = Cleanup(image.clone(), sock.clone());
     Volume::mkfs(&image, 64 << 20, &MkfsOptions::default()).unwrap();
     let (vol, stop) = serve_image(&image, &sock);
     save(&python, &sock, 1);
@@ -229,7 +240,6 @@ fn killing_the_application_mid_save_leaves_the_previous_checkpoint() {
     stop();
     drop(vol);
     fsck(&image);
-    let _ = std::fs::remove_file(&image);
 }
 
 /// The server of `killing_the_server_mid_save_leaves_the_previous_checkpoint`, in a
@@ -254,6 +264,7 @@ fn killing_the_server_mid_save_leaves_the_previous_checkpoint() {
         return;
     };
     let (image, sock) = paths("srv");
+    let _cleanup = Cleanup(image.clone(), sock.clone());
     Volume::mkfs(&image, 64 << 20, &MkfsOptions::default()).unwrap();
     let start = || {
         let arg = format!("{} {}", image.display(), sock.display());
@@ -289,5 +300,4 @@ fn killing_the_server_mid_save_leaves_the_previous_checkpoint() {
     server.kill().unwrap();
     server.wait().unwrap();
     fsck(&image);
-    let _ = std::fs::remove_file(&image);
 }
