@@ -37,7 +37,7 @@ export FIO_RUNTIME=${FIO_RUNTIME:-$([ $MODE = full ] && echo 4 || echo 1)}
 export FIO_SIZE=${FIO_SIZE:-$([ $MODE = full ] && echo 256M || echo 64M)}
 mkdir -p "$RESULTS_DIR" "$WORK"
 export PATH="$HOME/.cargo/bin:$PATH"
-bash scripts/setup.sh build-essential pkg-config fuse3 fio git iproute2 util-linux python3-matplotlib sshfs openssh-server openssh-client
+bash scripts/setup.sh build-essential pkg-config fuse3 fio git iproute2 util-linux python3-matplotlib python3-numpy sshfs openssh-server openssh-client
 cargo build --release --quiet -p zcfs -p zcfs-bench
 Z=$REPO/target/release/zcfs
 ZB=$REPO/target/release/zcfs-bench
@@ -214,6 +214,21 @@ cat "$SMALL"
 step "the mount table: zcfs remote mount vs sshfs vs the client library"
 NO_BUILD=1 bash scripts/bench-mount.sh --reps "$([ $MODE = full ] && echo 5 || echo 3)" --out "$OUT/mount" \
   || log "bench-mount.sh failed; see $OUT/mount"
+
+# ------------------------------------------------------------------ 6b. checkpoints (issue 13)
+# examples/python/checkpoint.py: numpy tensors saved atomically and restored (CRC-checked)
+# through the same-host direct map (libzcfs), a local zcfs mount and tmpfs; it starts and
+# stops its own server and mount (images on /dev/shm) and cleans up after itself.
+step "checkpoint save/restore: direct map vs local zcfs mount vs tmpfs"
+cargo build --release --quiet -p zcfs-samehost-c
+CK_ARGS=$([ $MODE = full ] && echo "--total 2G --files 400" || echo "--total 256M --files 200")
+if ZCFS_LIB=$REPO/target/release/libzcfs.so /usr/bin/python3 examples/python/checkpoint.py bench --zcfs "$Z" \
+    $CK_ARGS --out "$OUT/checkpoint.json" --table "$OUT/checkpoint.md" 2>"$OUT/checkpoint.log"; then
+  cp "$OUT/checkpoint.json" "$REPO/bench-results/checkpoint.json"
+  echo; echo "Checkpoints (issue 13):"; cat "$OUT/checkpoint.md"
+else
+  log "checkpoint.py failed; see $OUT/checkpoint.log"
+fi
 
 # ------------------------------------------------------------------ 7. report
 step "report"

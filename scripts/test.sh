@@ -5,10 +5,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
-bash scripts/setup.sh build-essential pkg-config fuse3 git rsync sqlite3 fio tar iproute2 util-linux clang llvm
+bash scripts/setup.sh build-essential pkg-config fuse3 git rsync sqlite3 fio tar iproute2 util-linux clang llvm python3 python3-numpy
 # The layer-2 (AF_XDP) tests fail rather than skip when the XDP program was not built
 # (no clang) or the run is not root.
 export ZCFS_REQUIRE_L2=1
+# The Python examples (crates/samehost-c/tests/python_*.rs) fail rather than skip without
+# python3 and numpy (Debian's, installed above).
+export ZCFS_REQUIRE_PYTHON=1
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 log=$(mktemp)
