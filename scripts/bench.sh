@@ -83,6 +83,9 @@ if [ $TBF = 1 ]; then
 fi
 step "zcfs-bench local ($MODE)"
 "$ZB" local $([ $MODE = short ] && echo --short) --out "$OUT" 2>"$OUT/local.log"
+step "zcfs-bench samehost ($MODE): direct map and shared buffer beside FUSE and in-process (issue 13)"
+"$ZB" samehost $([ $MODE = short ] && echo --quick) --out "$OUT" 2>"$OUT/samehost.log" \
+  || log "zcfs-bench samehost failed; see $OUT/samehost.log"
 
 # ------------------------------------------------------------------ 3. FUSE: zcfs local, zcfs remote across veth, tmpfs
 csv_begin fuse

@@ -4,6 +4,8 @@
 //!   beside the raw TCP limit of the same link (raw.rs); zero- against one-copy writes.
 //! - `local` (local.rs): the library API on a local volume; consistency and page-attach
 //!   ablations.
+//! - `samehost` (samehost.rs): the same-host interface (direct map, shared buffer)
+//!   beside a local FUSE mount and in-process calls.
 //! - For `scripts/bench.sh`: `netns` (namespaces, netns.rs), `cpu-time` and
 //!   `fio-cpu-row` (CPU accounting, cpu.rs), `create-files` (small files, files.rs).
 //!
@@ -19,6 +21,7 @@ mod raw;
 mod remote;
 mod report;
 mod rows;
+mod samehost;
 
 use anyhow::Result;
 use clap::Parser;
@@ -48,6 +51,37 @@ enum Cmd {
         seconds: Option<f64>,
         #[arg(long)]
         repeat: Option<usize>,
+    },
+    /// Same-host interface (direct map, shared buffer) beside a local FUSE mount and
+    /// in-process Volume calls: bench-results/samehost.json and samehost.md.
+    Samehost {
+        /// A short run (a few seconds): fewer operations, one round, a smaller file.
+        #[arg(long)]
+        quick: bool,
+        #[arg(long, default_value = "bench-results")]
+        out: PathBuf,
+        /// Seconds per measurement at most (bounded further by an operation count).
+        #[arg(long)]
+        seconds: Option<f64>,
+        /// Rounds (interleaved); the median round of each measurement is reported.
+        #[arg(long)]
+        rounds: Option<usize>,
+        /// The zcfs binary for the FUSE mount (default: next to this one).
+        #[arg(long)]
+        zcfs: Option<PathBuf>,
+    },
+    /// The same-host client side of `samehost` (run by it in a child process).
+    #[command(hide = true)]
+    SamehostClient {
+        sock: PathBuf,
+        #[arg(long)]
+        secs: f64,
+        #[arg(long)]
+        rounds: usize,
+        #[arg(long)]
+        quick: bool,
+        #[arg(long)]
+        full: bool,
     },
     /// Network namespaces for scripts: create, run inside, remove.
     #[command(subcommand)]
@@ -140,6 +174,40 @@ fn main() -> Result<()> {
                 &report::local_summary(&rows),
             )
         }
+        Cmd::Samehost {
+            quick,
+            out,
+            seconds,
+            rounds,
+            zcfs,
+        } => {
+            let p = samehost::Params {
+                quick,
+                secs: seconds.unwrap_or(if quick { 0.2 } else { 1.0 }),
+                rounds: rounds.unwrap_or(if quick { 1 } else { 5 }),
+            };
+            let (rows, skipped) = samehost::run(p, zcfs)?;
+            report::write_rows(
+                &out,
+                "samehost",
+                &serde_json::to_value(&rows)?,
+                &samehost::summary(&rows, &skipped),
+            )
+        }
+        Cmd::SamehostClient {
+            sock,
+            secs,
+            rounds,
+            quick,
+            full: _,
+        } => samehost::client(
+            &sock,
+            samehost::Params {
+                quick,
+                secs,
+                rounds,
+            },
+        ),
         Cmd::Netns(c) => netns::run(c),
         Cmd::CpuTime { pids } => {
             println!("{}", cpu::cpu_time(&pids));

@@ -18,6 +18,11 @@ pub fn write(out: &Path, name: &str, json: &serde_json::Value, md: &str) -> Resu
     Ok(())
 }
 
+/// As [`write`], for a result that is a plain list of rows (`samehost.json`).
+pub fn write_rows(out: &Path, name: &str, rows: &serde_json::Value, md: &str) -> Result<()> {
+    write(out, name, rows, md)
+}
+
 /// The headline table: zcfs beside raw TCP on the same link.
 pub fn remote_summary(rows: &[Row], link: &str) -> String {
     let find = |sys: &str, op: &str, pat: &str, size: usize, qd: usize| {

@@ -29,6 +29,7 @@ use std::collections::HashMap;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::{fence, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use crate::ring::{DEFAULT_RING_ENTRIES, NO_NEW_SIZE};
@@ -146,26 +147,32 @@ pub struct Reservation {
     pub offsets: Vec<u64>,
 }
 
-/// A writable mapping of just a reservation's blocks.
+/// The writable pages of a reservation: views into the client's one writable mapping
+/// of the image (made once, at `direct_map`), so a window costs no mmap, no munmap and
+/// no page faults on blocks this process has written before.
 pub struct Window {
-    /// (mapping, first page) per run of adjacent blocks.
-    runs: Vec<(Mapping, usize)>,
-    pages: usize,
+    map: Arc<Mapping>,
+    /// Image offset of each page (checked inside the data area and the mapping).
+    offsets: Vec<u64>,
 }
 
 impl Window {
     pub fn pages(&self) -> usize {
-        self.pages
+        self.offsets.len()
     }
     /// Page `i` of the reservation, to fill.
     pub fn page_mut(&mut self, i: usize) -> &mut [u8] {
-        assert!(i < self.pages, "page {i} of a {}-page window", self.pages);
-        let k = self.runs.partition_point(|(_, first)| *first <= i) - 1;
-        let (m, first) = &self.runs[k];
-        // SAFETY: page `i` lies in run `k` (inside its mapping); `&mut self` keeps the
-        // view unique in this process; the server does not write reserved blocks
-        // until they are committed.
-        unsafe { std::slice::from_raw_parts_mut(m.as_ptr().add((i - first) * 4096), 4096) }
+        assert!(
+            i < self.offsets.len(),
+            "page {i} of a {}-page window",
+            self.offsets.len()
+        );
+        // SAFETY: `window` checked the page inside the mapping; it is a reserved block,
+        // which the server does not write and no other window of this client names
+        // until it is committed; `&mut self` keeps the view unique in this process.
+        unsafe {
+            std::slice::from_raw_parts_mut(self.map.as_ptr().add(self.offsets[i] as usize), 4096)
+        }
     }
     /// Fill the pages in order from `data` (at most `pages * 4096` bytes); the rest of
     /// a partly filled last page is left as it is (zero).
@@ -176,20 +183,31 @@ impl Window {
     }
     /// The window as one slice, when the reservation is one run of adjacent blocks.
     pub fn as_mut_slice(&mut self) -> Option<&mut [u8]> {
-        match &self.runs[..] {
-            [(m, 0)] => {
-                // SAFETY: as in `page_mut`, for the whole single run.
-                Some(unsafe { std::slice::from_raw_parts_mut(m.as_ptr(), m.len()) })
-            }
-            _ => None,
+        let first = *self.offsets.first()?;
+        let contiguous = self
+            .offsets
+            .iter()
+            .enumerate()
+            .all(|(i, &o)| o == first + i as u64 * 4096);
+        if !contiguous {
+            return None;
         }
+        // SAFETY: as in `page_mut`, for the whole run of adjacent reserved pages.
+        Some(unsafe {
+            std::slice::from_raw_parts_mut(
+                self.map.as_ptr().add(first as usize),
+                self.offsets.len() * 4096,
+            )
+        })
     }
 }
 
 /// The image, mapped read-only, and its read-write descriptor.
 pub struct DirectMap {
     map: Mapping,
-    rw: OwnedFd,
+    /// The image mapped writable, shared by every window (pages are faulted in on
+    /// first use and stay mapped).
+    rw_map: Arc<Mapping>,
     pub geometry: MapGeometry,
 }
 
@@ -608,9 +626,11 @@ impl Client {
             let rw = fds.pop().expect("count checked");
             let ro = fds.pop().expect("count checked");
             let map = Mapping::map(ro.as_fd(), 0, g.image_size as usize, false)?;
+            let rw_map = Arc::new(Mapping::map(rw.as_fd(), 0, g.image_size as usize, true)?);
+            drop(rw);
             self.direct = Some(DirectMap {
                 map,
-                rw,
+                rw_map,
                 geometry: g,
             });
         }
@@ -697,30 +717,20 @@ impl Client {
     pub fn window(&self, r: &Reservation) -> Result<Window> {
         let d = self.direct.as_ref().ok_or(Error::NoDirectMap)?;
         let g = d.geometry;
-        let mut runs: Vec<(u64, usize, usize)> = Vec::new(); // (offset, first page, pages)
-        for (i, &o) in r.offsets.iter().enumerate() {
-            if !o.is_multiple_of(4096) || o < g.data_start || o + 4096 > g.data_end {
+        for &o in &r.offsets {
+            if !o.is_multiple_of(4096)
+                || o < g.data_start
+                || o + 4096 > g.data_end
+                || d.rw_map.range(o, 4096).is_none()
+            {
                 return Err(Error::Invalid(format!(
                     "page offset {o} outside the data area"
                 )));
             }
-            match runs.last_mut() {
-                Some((o0, _, n)) if *o0 + *n as u64 * 4096 == o => *n += 1,
-                _ => runs.push((o, i, 1)),
-            }
         }
-        let runs = runs
-            .into_iter()
-            .map(|(o, first, n)| {
-                Ok((
-                    Mapping::map_populated(d.rw.as_fd(), o, n * 4096, true)?,
-                    first,
-                ))
-            })
-            .collect::<Result<Vec<_>>>()?;
         Ok(Window {
-            runs,
-            pages: r.offsets.len(),
+            map: d.rw_map.clone(),
+            offsets: r.offsets.clone(),
         })
     }
 
