@@ -306,8 +306,10 @@ int zcfs_pflush_add(struct zcfs_pflush *t,
 
 /*
  FLAC pflush: place all of `t`'s reservations into their files in one atomic commit
- (after a crash all are in their files or none is). On success `t` is emptied and
- the reservations' windows are unmapped; on failure `t` is left as it was.
+ (after a crash all are in their files or none is). On success `t` is emptied; the
+ reservations' window pointers then name the files' blocks and must not be written
+ any more (a write would change the file in place, outside the log). On failure `t`
+ is left as it was.
 
  # Safety
  As [`client`]; `t` is NULL or a live transaction.
