@@ -1113,6 +1113,10 @@ impl<'s> Conn<'s> {
                 .map_err(|e| e.errno())?;
         }
         vol.pflush_commit(txn).map_err(|e| e.errno())?;
+        // FLAC's pflush_commit returns once the pages are durable, not only atomic: the
+        // volume may batch commits (group commit), so make the batch durable now (a
+        // server killed after COMMIT returned lost a checkpoint's manifest otherwise).
+        vol.sync().map_err(|e| e.errno())?;
         add(&self.sh.counters.direct_commit_ops, 1);
         add(&self.sh.counters.direct_commit_bytes, bytes);
         Ok((0, 0, 0))

@@ -26,6 +26,24 @@ pub fn serve_with(name: &str, f: impl FnOnce(&mut ServiceConfig)) -> Served {
     serve_sized(name, IMAGE_SIZE, f)
 }
 
+/// Open a volume, again while it is Busy (bounded: 5 s). Another test of this binary
+/// forking a child (`spawn_child`) while mkfs held the image's flock hands the child
+/// that descriptor, and so the lock, until the child's exec.
+pub fn open_retrying_busy(image: &std::path::Path) -> Arc<Volume> {
+    let t = std::time::Instant::now();
+    loop {
+        match Volume::open(image, VolumeConfig::default()) {
+            Err(zcfs_volume::FsError::Busy(m))
+                if t.elapsed() < std::time::Duration::from_secs(5) =>
+            {
+                eprintln!("busy, again: {m}");
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            r => return r.unwrap(),
+        }
+    }
+}
+
 /// A service on an image of `size` bytes.
 pub fn serve_sized(name: &str, size: u64, f: impl FnOnce(&mut ServiceConfig)) -> Served {
     let tag = format!("zcfs-sh-{}-{name}", std::process::id());
@@ -33,7 +51,7 @@ pub fn serve_sized(name: &str, size: u64, f: impl FnOnce(&mut ServiceConfig)) ->
     let sock = std::env::temp_dir().join(format!("{tag}.sock"));
     let _ = std::fs::remove_file(&image);
     Volume::mkfs(&image, size, &MkfsOptions::default()).unwrap();
-    let vol = Volume::open(&image, VolumeConfig::default()).unwrap();
+    let vol = open_retrying_busy(&image);
     let mut cfg = ServiceConfig::new(&sock);
     cfg.identity = IdentityMap {
         squash: Squash::None,
