@@ -909,3 +909,96 @@ fn a_mkdir_lost_with_the_lane_is_not_run_again_in_a_new_session() {
         ),
     }
 }
+
+/// (Review rv9.) After the lane falls, requests "go to TCP at once" — but the server
+/// runs one connection's requests one by one, and two of the client's connections are
+/// now held by the stalled lane request: the fence (`L2Release` waits for the running
+/// lane request, inline on its connection) and the TCP resend of the stalled request
+/// itself (waiting in the reply cache's `begin` for its running lane copy). With the
+/// default two connections every TCP request then waits for the whole stall (up to
+/// the client timeout, which breaks the connection, and the redial waits too). Here
+/// reads of a file after the lane went down, during a statfs held at the server.
+#[test]
+#[ignore = "finding: after the lane falls, TCP requests queue behind the fence and the stalled request's resend on the server's one-by-one connections"]
+fn tcp_requests_after_the_lane_fell_are_not_held_behind_the_fence_on_their_connection() {
+    if !l2_ready() {
+        return;
+    }
+    let gate = Arc::new((Mutex::new((false, false)), Condvar::new()));
+    let backend: Arc<dyn Backend> = Arc::new(StallFirstStatfs {
+        inner: memory_fs(32 << 20),
+        gate: gate.clone(),
+    });
+    let n = net_with("fencehol", backend, true);
+    let addr = n.addr.clone();
+    n.pair
+        .cli
+        .run(move || {
+            let c = Arc::new(Client::new(client_cfg(&addr, CLI_IF)));
+            c.connect().unwrap();
+            assert!(c.l2_status().expect("the lane was set up").0);
+            let f = create(&c, "f");
+            write(&c, &f, 0, b"data");
+            let c2 = c.clone();
+            let stalled = std::thread::spawn(move || {
+                c2.call(&StatfsReq {}.into(), me(), &[]).unwrap();
+            });
+            {
+                let (m, cv) = &*gate;
+                let mut st = m.lock().unwrap();
+                let t = Instant::now();
+                while !st.0 {
+                    assert!(
+                        t.elapsed() < Duration::from_secs(10),
+                        "statfs never arrived"
+                    );
+                    st = cv.wait_timeout(st, Duration::from_millis(50)).unwrap().0;
+                }
+            }
+            let t = Instant::now();
+            while c.l2_status().unwrap().0 && t.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            assert!(!c.l2_status().unwrap().0, "the lane went down");
+            // The fence and the statfs's TCP resend are out.
+            std::thread::sleep(Duration::from_millis(200));
+            let c3 = c.clone();
+            let reader = std::thread::spawn(move || {
+                (0..4)
+                    .map(|_| {
+                        let req: Request = ReadReq {
+                            node: NodeRef::new(f.attr.ino, f.attr.generation),
+                            fh: f.fh,
+                            offset: 0,
+                            size: 4,
+                        }
+                        .into();
+                        c3.call(&req, me(), &[]).map(|r| r.data)
+                    })
+                    .collect::<Vec<_>>()
+            });
+            // Far less than the client timeout (10 s), far more than 4 reads take.
+            let t = Instant::now();
+            while !reader.is_finished() && t.elapsed() < Duration::from_secs(5) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let finished = reader.is_finished();
+            {
+                let (m, cv) = &*gate;
+                m.lock().unwrap().1 = true;
+                cv.notify_all();
+            }
+            let got = reader.join().unwrap();
+            stalled.join().unwrap();
+            assert!(
+                finished,
+                "4 reads on TCP did not finish in 5 s while a lane statfs was held at the \
+                 server: held behind the fence / the statfs's resend ({got:?})"
+            );
+            for r in got {
+                assert_eq!(r.unwrap(), b"data");
+            }
+        })
+        .unwrap();
+    drop(n);
+}
