@@ -909,3 +909,274 @@ fn a_mkdir_lost_with_the_lane_is_not_run_again_in_a_new_session() {
         ),
     }
 }
+
+/// (Review rv9.) After the lane falls, requests "go to TCP at once" — but the server
+/// runs one connection's requests one by one, and two of the client's connections are
+/// now held by the stalled lane request: the fence (`L2Release` waits for the running
+/// lane request, inline on its connection) and the TCP resend of the stalled request
+/// itself (waiting in the reply cache's `begin` for its running lane copy). With the
+/// default two connections every TCP request then waits for the whole stall (up to
+/// the client timeout, which breaks the connection, and the redial waits too). Here
+/// reads of a file after the lane went down, during a statfs held at the server.
+#[test]
+#[ignore = "finding: after the lane falls, TCP requests queue behind the fence and the stalled request's resend on the server's one-by-one connections"]
+fn tcp_requests_after_the_lane_fell_are_not_held_behind_the_fence_on_their_connection() {
+    if !l2_ready() {
+        return;
+    }
+    let gate = Arc::new((Mutex::new((false, false)), Condvar::new()));
+    let backend: Arc<dyn Backend> = Arc::new(StallFirstStatfs {
+        inner: memory_fs(32 << 20),
+        gate: gate.clone(),
+    });
+    let n = net_with("fencehol", backend, true);
+    let addr = n.addr.clone();
+    n.pair
+        .cli
+        .run(move || {
+            let c = Arc::new(Client::new(client_cfg(&addr, CLI_IF)));
+            c.connect().unwrap();
+            assert!(c.l2_status().expect("the lane was set up").0);
+            let f = create(&c, "f");
+            write(&c, &f, 0, b"data");
+            let c2 = c.clone();
+            let stalled = std::thread::spawn(move || {
+                c2.call(&StatfsReq {}.into(), me(), &[]).unwrap();
+            });
+            {
+                let (m, cv) = &*gate;
+                let mut st = m.lock().unwrap();
+                let t = Instant::now();
+                while !st.0 {
+                    assert!(
+                        t.elapsed() < Duration::from_secs(10),
+                        "statfs never arrived"
+                    );
+                    st = cv.wait_timeout(st, Duration::from_millis(50)).unwrap().0;
+                }
+            }
+            let t = Instant::now();
+            while c.l2_status().unwrap().0 && t.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            assert!(!c.l2_status().unwrap().0, "the lane went down");
+            // The fence and the statfs's TCP resend are out.
+            std::thread::sleep(Duration::from_millis(200));
+            let c3 = c.clone();
+            let reader = std::thread::spawn(move || {
+                (0..4)
+                    .map(|_| {
+                        let req: Request = ReadReq {
+                            node: NodeRef::new(f.attr.ino, f.attr.generation),
+                            fh: f.fh,
+                            offset: 0,
+                            size: 4,
+                        }
+                        .into();
+                        c3.call(&req, me(), &[]).map(|r| r.data)
+                    })
+                    .collect::<Vec<_>>()
+            });
+            // Far less than the client timeout (10 s), far more than 4 reads take.
+            let t = Instant::now();
+            while !reader.is_finished() && t.elapsed() < Duration::from_secs(5) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let finished = reader.is_finished();
+            {
+                let (m, cv) = &*gate;
+                m.lock().unwrap().1 = true;
+                cv.notify_all();
+            }
+            let got = reader.join().unwrap();
+            stalled.join().unwrap();
+            assert!(
+                finished,
+                "4 reads on TCP did not finish in 5 s while a lane statfs was held at the \
+                 server: held behind the fence / the statfs's resend ({got:?})"
+            );
+            for r in got {
+                assert_eq!(r.unwrap(), b"data");
+            }
+        })
+        .unwrap();
+    drop(n);
+}
+
+/// (Review rv9.) A cached request (an unlink) that falls off the lane goes to TCP at
+/// once now, while its lane copy is still queued at the server behind a slow lane
+/// request; only the reply cache keeps that copy from running again. That cache is
+/// bounded (REPLY_CACHE_ENTRIES, oldest evicted first) and the session goes on (on
+/// connections not held by the fence): once enough cached requests have gone by, the
+/// stale unlink runs when the service thread gets to it and removes the file made
+/// again since. Before 5d6f9c9 a request that fell off waited for the fence first.
+#[test]
+#[ignore = "finding: a fell-off cached request's lane copy runs again once the reply cache evicted its entry (removes a file created since)"]
+fn a_request_that_fell_off_the_lane_does_not_run_again_after_its_reply_was_evicted() {
+    if !l2_ready() {
+        return;
+    }
+    let gate = Arc::new((Mutex::new((false, false)), Condvar::new()));
+    let backend: Arc<dyn Backend> = Arc::new(StallFirstStatfs {
+        inner: memory_fs(32 << 20),
+        gate: gate.clone(),
+    });
+    let n = net_with("evicted", backend, true);
+    let addr = n.addr.clone();
+    let server = n.server();
+    n.pair
+        .cli
+        .run(move || {
+            // Many connections, so that the session goes on beside the two the stalled
+            // request holds (the fence, the statfs's resend); no reply times out.
+            let mut cfg = client_cfg(&addr, CLI_IF);
+            cfg.connections = 12;
+            cfg.timeout = Duration::from_secs(40);
+            let c = Arc::new(Client::new(cfg));
+            c.connect().unwrap();
+            assert!(c.l2_status().expect("the lane was set up").0);
+            const FILES: usize = 8;
+            for i in 0..FILES {
+                create(&c, &format!("f{i}"));
+            }
+            let c2 = c.clone();
+            let stalled = std::thread::spawn(move || {
+                c2.call(&StatfsReq {}.into(), me(), &[]).unwrap();
+            });
+            {
+                let (m, cv) = &*gate;
+                let mut st = m.lock().unwrap();
+                let t = Instant::now();
+                while !st.0 {
+                    assert!(
+                        t.elapsed() < Duration::from_secs(10),
+                        "statfs never arrived"
+                    );
+                    st = cv.wait_timeout(st, Duration::from_millis(50)).unwrap().0;
+                }
+            }
+            // Unlinks on the lane, queued behind the statfs: they time out with the
+            // lane and go to TCP.
+            let unlinkers: Vec<_> = (0..FILES)
+                .map(|i| {
+                    let c = c.clone();
+                    std::thread::spawn(move || {
+                        c.call(
+                            &zcfs_protocol::UnlinkReq {
+                                parent: NodeRef::ino(ROOT),
+                                name: Name::new(format!("f{i}")).unwrap(),
+                            }
+                            .into(),
+                            me(),
+                            &[],
+                        )
+                    })
+                })
+                .collect();
+            let t = Instant::now();
+            while c.l2_status().unwrap().0 && t.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            assert!(!c.l2_status().unwrap().0, "the lane went down");
+            std::thread::sleep(Duration::from_secs(1));
+            // Those whose TCP copy ran (not queued behind a held connection).
+            let unlinked: Vec<usize> = unlinkers
+                .iter()
+                .enumerate()
+                .filter(|(_, u)| u.is_finished())
+                .map(|(i, _)| i)
+                .collect();
+            assert!(!unlinked.is_empty(), "no unlink ran on TCP");
+            // Made again, each on its own thread (one that meets a held connection
+            // waits for the stall: only those made before it ends count).
+            let makers: Vec<_> = unlinked
+                .iter()
+                .map(|&i| {
+                    let c = c.clone();
+                    std::thread::spawn(move || {
+                        create(&c, &format!("f{i}"));
+                        i
+                    })
+                })
+                .collect();
+            std::thread::sleep(Duration::from_secs(1));
+            let (made, late): (Vec<_>, Vec<_>) = makers.into_iter().partition(|m| m.is_finished());
+            let made: Vec<usize> = made.into_iter().map(|m| m.join().unwrap()).collect();
+            assert!(!made.is_empty(), "no file was made again on TCP");
+            // The session goes on past the reply cache's bound: threads of cached
+            // requests, each until it meets a held connection.
+            let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let want = zcfs_server::REPLY_CACHE_ENTRIES + 64;
+            let flood: Vec<_> = (0..256)
+                .map(|_| {
+                    let (c, done) = (c.clone(), done.clone());
+                    std::thread::spawn(move || {
+                        for _ in 0..64 {
+                            if done.load(Ordering::SeqCst) >= want {
+                                return;
+                            }
+                            let r = c.call(
+                                &GetattrReq {
+                                    node: NodeRef::ino(ROOT),
+                                }
+                                .into(),
+                                me(),
+                                &[],
+                            );
+                            // Only those answered are in the reply cache.
+                            if r.is_ok() {
+                                done.fetch_add(1, Ordering::SeqCst);
+                            }
+                        }
+                    })
+                })
+                .collect();
+            let t = Instant::now();
+            while done.load(Ordering::SeqCst) < want && t.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let went = done.load(Ordering::SeqCst);
+            {
+                let (m, cv) = &*gate;
+                m.lock().unwrap().1 = true;
+                cv.notify_all();
+            }
+            stalled.join().unwrap();
+            for f in flood {
+                f.join().unwrap();
+            }
+            for u in unlinkers {
+                let _ = u.join().unwrap();
+            }
+            for m in late {
+                m.join().unwrap();
+            }
+            // Time for the stale lane copies to run, if they can.
+            std::thread::sleep(Duration::from_millis(500));
+            let lane_unlinks = server.l2_requests()[Op::Unlink as usize];
+            let gone: Vec<usize> = made
+                .iter()
+                .copied()
+                .filter(|i| {
+                    c.call(
+                        &LookupReq {
+                            parent: NodeRef::ino(ROOT),
+                            name: LookupName::new(format!("f{i}")).unwrap(),
+                        }
+                        .into(),
+                        me(),
+                        &[],
+                    )
+                    .is_err()
+                })
+                .collect();
+            assert!(
+                gone.is_empty(),
+                "files made again after their unlink returned were removed by the unlink's \
+                 stale lane copy: {gone:?} of {made:?} (unlinks run from the lane: \
+                 {lane_unlinks}; cached requests during the stall: {went})"
+            );
+        })
+        .unwrap();
+    drop(n);
+}
