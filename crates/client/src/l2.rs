@@ -145,6 +145,24 @@ impl L2Lane {
     }
 }
 
+/// Requests that may run twice, one copy late, without effect: after the lane falls
+/// they go to TCP without waiting for its fence (`Client::l2_unfenced`).
+pub fn free_of_effects(op: Op) -> bool {
+    matches!(
+        op,
+        Op::Read
+            | Op::Getattr
+            | Op::Lookup
+            | Op::Statfs
+            | Op::Readlink
+            | Op::Getxattr
+            | Op::Access
+            | Op::Ping
+            | Op::Flush
+            | Op::Fsync
+    )
+}
+
 /// Why a request did not get its answer on the lane: send it on TCP (same id).
 #[derive(Debug)]
 pub(crate) struct Fallback;

@@ -988,17 +988,17 @@ impl Client {
     }
 
     /// A request meets a lane that went down with requests on it that the server may
-    /// still run from its queue. A write or lseek (in no reply cache: run late, an old
-    /// write would land over newer ones) waits for the fence, and fails if it cannot be
-    /// had; the others go to TCP at once (answered once per id whichever way they
-    /// come) and only start the fence.
+    /// still run from its queue. Only requests without effects (reads, lookups, attribute
+    /// reads, flush and fsync) go to TCP at once and just start the fence: one may run
+    /// twice, harmlessly. Any other waits for the fence, and fails if it cannot be had:
+    /// a write or lseek is in no reply cache, and a cached one (an unlink, say) would
+    /// run again from its stale lane copy once its reply-cache entry is evicted (review
+    /// rv9: files made since were removed).
     fn l2_unfenced(&self, lane: &Arc<l2::L2Lane>, req: &Request, sent_in: Option<u64>) -> L2Try {
-        if matches!(req, Request::Write(_) | Request::Lseek(_)) {
-            if let Err(e) = self.l2_fence(lane) {
-                return L2Try::Done(Err(e));
-            }
-        } else {
+        if l2::free_of_effects(req.op()) {
             self.l2_fence_start(lane, false);
+        } else if let Err(e) = self.l2_fence(lane) {
+            return L2Try::Done(Err(e));
         }
         match sent_in {
             Some(epoch) => L2Try::FellOff(epoch),
