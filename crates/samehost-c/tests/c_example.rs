@@ -2,25 +2,12 @@
 //! run against an in-process service; its output is asserted line by line.
 
 mod common;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-
-/// The directory holding libzcfs.so: beside the test binary (target/<profile>/deps)
-/// or one up.
-fn lib_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    for d in [deps, deps.parent().unwrap()] {
-        if d.join("libzcfs.so").exists() {
-            return d.to_path_buf();
-        }
-    }
-    panic!("libzcfs.so not beside {}", exe.display());
-}
 
 fn compile(out: &Path) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let lib = lib_dir();
+    let lib = common::lib_dir();
     let st = Command::new("cc")
         .args(["-std=c99", "-Wall", "-Wextra", "-Werror", "-o"])
         .arg(out)

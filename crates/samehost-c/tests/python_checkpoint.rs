@@ -26,35 +26,6 @@ const KILL_POINTS: [u32; 4] = [1, 2, 3, 4];
 /// The kill points at and after which the manifest commit has returned.
 const COMMITTED_FROM: u32 = 4;
 
-fn lib_path() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    for d in [deps, deps.parent().unwrap()] {
-        if d.join("libzcfs.so").exists() {
-            return d.join("libzcfs.so");
-        }
-    }
-    panic!("libzcfs.so not beside {}", exe.display());
-}
-
-fn python_or_skip() -> Option<PathBuf> {
-    let require = std::env::var("ZCFS_REQUIRE_PYTHON").is_ok_and(|v| v == "1");
-    let p = ["/usr/bin/python3", "python3"]
-        .into_iter()
-        .map(PathBuf::from)
-        .find(|p| {
-            Command::new(p)
-                .args(["-c", "import numpy"])
-                .output()
-                .is_ok_and(|o| o.status.success())
-        });
-    if p.is_none() {
-        assert!(!require, "ZCFS_REQUIRE_PYTHON=1 but no python3 with numpy");
-        eprintln!("skipped: no python3 with numpy");
-    }
-    p
-}
-
 fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/python/checkpoint.py")
 }
@@ -64,7 +35,7 @@ fn py(python: &Path, args: &[&str]) -> Command {
     c.arg(script())
         .args(args)
         .args(["--total", TOTAL, "--files", FILES])
-        .env("ZCFS_LIB", lib_path());
+        .env("ZCFS_LIB", common::lib_path());
     c
 }
 
@@ -211,7 +182,7 @@ fn killing_the_application_mid_save_leaves_the_previous_checkpoint() {
     if common::child_arg().is_some() {
         return;
     }
-    let Some(python) = python_or_skip() else {
+    let Some(python) = common::python_or_skip("checkpoint") else {
         return;
     };
     let (image, sock) = paths("app");
@@ -260,7 +231,7 @@ fn killing_the_server_mid_save_leaves_the_previous_checkpoint() {
     if common::child_arg().is_some() {
         return;
     }
-    let Some(python) = python_or_skip() else {
+    let Some(python) = common::python_or_skip("checkpoint") else {
         return;
     };
     let (image, sock) = paths("srv");

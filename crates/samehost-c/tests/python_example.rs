@@ -7,57 +7,12 @@
 //! (scripts/test.sh, CI), where it fails.
 
 mod common;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-
-/// The directory holding libzcfs.so: beside the test binary (target/<profile>/deps)
-/// or one up.
-fn lib_path() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    for d in [deps, deps.parent().unwrap()] {
-        if d.join("libzcfs.so").exists() {
-            return d.join("libzcfs.so");
-        }
-    }
-    panic!("libzcfs.so not beside {}", exe.display());
-}
-
-/// A python3 that imports numpy: $ZCFS_PYTHON, else Debian's /usr/bin/python3 (where
-/// python3-numpy installs), else the first python3 on PATH. None when there is none.
-fn python() -> Option<PathBuf> {
-    let mut cands: Vec<PathBuf> = Vec::new();
-    if let Some(p) = std::env::var_os("ZCFS_PYTHON") {
-        cands.push(p.into());
-    }
-    cands.push("/usr/bin/python3".into());
-    cands.push("python3".into());
-    cands.into_iter().find(|p| {
-        Command::new(p)
-            .args(["-c", "import numpy"])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    })
-}
-
-/// The Python interpreter, or None (test passes vacuously) when it is missing and not
-/// required.
-pub fn python_or_skip(test: &str) -> Option<PathBuf> {
-    let require = std::env::var("ZCFS_REQUIRE_PYTHON").is_ok_and(|v| v == "1");
-    let p = python();
-    if p.is_none() {
-        assert!(
-            !require,
-            "ZCFS_REQUIRE_PYTHON=1 but no python3 with numpy (apt-get install python3-numpy)"
-        );
-        eprintln!("{test}: skipped, no python3 with numpy");
-    }
-    p
-}
 
 #[test]
 fn the_python_example_writes_reads_and_zero_copies_through_numpy_views() {
-    let Some(py) = python_or_skip("python example") else {
+    let Some(py) = common::python_or_skip("python example") else {
         return;
     };
     let mut s = common::serve("pyex");
@@ -65,7 +20,7 @@ fn the_python_example_writes_reads_and_zero_copies_through_numpy_views() {
     let out = Command::new(py)
         .arg(root.join("../../examples/python/samehost.py"))
         .arg(&s.sock)
-        .env("ZCFS_LIB", lib_path())
+        .env("ZCFS_LIB", common::lib_path())
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);

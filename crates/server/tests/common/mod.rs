@@ -418,6 +418,17 @@ macro_rules! pass_on {
 /// or passes on itself.
 macro_rules! pass_on_the_rest {
     () => {
+        pass_on_all_but_mkdir!();
+        pass_on! {
+            mkdir(ctx: &Ctx, parent: u64, name: &[u8], mode: u32) -> Result<Attr>;
+        }
+    };
+}
+
+/// `pass_on_the_rest!` without mkdir, for a wrapper that changes mkdir too.
+#[allow(unused_macros)]
+macro_rules! pass_on_all_but_mkdir {
+    () => {
         pass_on! {
             getattr(ino: u64) -> Result<Attr>;
             setattr(ctx: &Ctx, ino: u64, set: &SetAttr, fh: u64) -> Result<Attr>;
@@ -425,7 +436,6 @@ macro_rules! pass_on_the_rest {
             opendir(ctx: &Ctx, ino: u64) -> Result<u64>;
             readlink(ino: u64) -> Result<Vec<u8>>;
             mknod(ctx: &Ctx, parent: u64, name: &[u8], mode: u32, rdev: u32) -> Result<Attr>;
-            mkdir(ctx: &Ctx, parent: u64, name: &[u8], mode: u32) -> Result<Attr>;
             unlink(ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr>;
             rmdir(ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr>;
             symlink(ctx: &Ctx, parent: u64, name: &[u8], target: &[u8]) -> Result<Attr>;
