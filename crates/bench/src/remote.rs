@@ -100,13 +100,15 @@ fn file_size(short: bool) -> u64 {
     }
 }
 
-/// Create the test file and fill it (so reads hit data, not holes).
+/// Create the test file and fill it (so reads hit data, not holes). Named after the
+/// process, so that runs one after another against one server each get their own.
 pub(crate) fn prepare(fs: &RemoteFs, short: bool) -> Result<u64> {
+    let name = format!("bench.{}", std::process::id());
     let (a, fh) = fs
         .create(
             &Ctx::default(),
             ROOT,
-            b"bench",
+            name.as_bytes(),
             libc::S_IFREG | 0o644,
             libc::O_RDWR,
         )

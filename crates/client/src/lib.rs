@@ -1,8 +1,10 @@
 //! The zcfs client: `Client` moves requests over a few pipelined TCP connections;
 //! `RemoteFs` is the Backend on top of it.
 //!
-//! - Each connection has one reader thread that matches replies to requests by id, so
-//!   any number of callers (and `submit` without waiting) keep many requests in flight.
+//! - Replies are matched to requests by id, so any number of callers (and `submit`
+//!   without waiting) keep many requests in flight on one connection. A waiting caller
+//!   reads replies itself when no one else is (`conn`), so a lone caller's reply needs
+//!   no hand-off between threads; a background reader reads the rest.
 //! - Every call has a bounded timeout: a dead server or link gives ETIMEDOUT/ENOTCONN,
 //!   never a hang. A broken connection is replaced on the next call; idempotent
 //!   requests are retried once on the new one.
@@ -22,7 +24,7 @@ mod remote;
 pub use conn::Ticket;
 pub use remote::{ReadTicket, RemoteFs, WriteTicket, WRITE_BEHIND_MAX};
 
-use conn::{read_loop, Conn, Posted, PostedTable, Writer};
+use conn::{background_reader, Conn, Posted, PostedTable, Reader, Writer};
 
 use std::collections::HashMap;
 use std::io::IoSlice;
@@ -636,6 +638,10 @@ impl Client {
         let (reader, control) = (clone()?, clone()?);
         let conn = Arc::new(Conn {
             writer: Mutex::new(Writer { s, mac: tx }),
+            reader: Mutex::new(Some(Reader { s: reader, mac: rx })),
+            rx_wake: (Mutex::new(false), Condvar::new()),
+            leads: AtomicU64::new(0),
+            timeout: self.cfg.timeout,
             control,
             pending: Mutex::new(HashMap::new()),
             posted: self.posted.clone(),
@@ -647,7 +653,7 @@ impl Client {
         let c2 = conn.clone();
         std::thread::Builder::new()
             .name("zcfs-client-rx".into())
-            .spawn(move || read_loop(reader, rx, c2))
+            .spawn(move || background_reader(c2))
             .map_err(|e| Error::new(libc::EIO, e.to_string()))?;
         Ok(conn)
     }

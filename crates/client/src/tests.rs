@@ -173,3 +173,231 @@ fn posts_of_a_lost_session_are_dropped() {
     std::thread::sleep(Duration::from_millis(100));
     assert_eq!(lock(&f.seen).len(), 1, "only the call went out");
 }
+
+/// A stand-in server for one connection whose replies the test writes: requests
+/// arrive on `requests` as (op, id); `answer` replies to one with its id as body.
+struct Scripted {
+    addr: SocketAddr,
+    requests: Mutex<std::sync::mpsc::Receiver<(Op, u64)>>,
+    socket: Arc<Mutex<Option<std::net::TcpStream>>>,
+}
+
+impl Scripted {
+    fn new() -> Scripted {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let (tx, requests) = std::sync::mpsc::channel();
+        let socket = Arc::new(Mutex::new(None));
+        let socket2 = socket.clone();
+        std::thread::spawn(move || {
+            let Ok((mut s, _)) = l.accept() else { return };
+            zcfs_transport::server_handshake(
+                &mut s,
+                None,
+                Integrity::Headers,
+                64,
+                1,
+                Duration::from_secs(5),
+                &mut |_| Ok(false),
+            )
+            .unwrap();
+            *lock(&socket2) = Some(s.try_clone().unwrap());
+            loop {
+                let mut hb = [0u8; REQ_HDR];
+                if s.read_exact(&mut hb).is_err() {
+                    return;
+                }
+                let h = ReqHeader::decode(&hb).unwrap();
+                let mut body = vec![0u8; (h.body_len + h.data_len) as usize];
+                if s.read_exact(&mut body).is_err() {
+                    return;
+                }
+                if tx.send((h.op, h.id)).is_err() {
+                    return;
+                }
+            }
+        });
+        Scripted {
+            addr,
+            requests: Mutex::new(requests),
+            socket,
+        }
+    }
+
+    fn next(&self) -> (Op, u64) {
+        lock(&self.requests)
+            .recv_timeout(Duration::from_secs(5))
+            .unwrap()
+    }
+
+    fn answer(&self, (op, id): (Op, u64)) {
+        let mut w = lock(&self.socket);
+        let s = w.as_mut().unwrap();
+        std::io::Write::write_all(s, &RespHeader::ok(op, id, 8, 0).encode()).unwrap();
+        std::io::Write::write_all(s, &id.to_le_bytes()).unwrap();
+    }
+
+    fn close(&self) {
+        if let Some(s) = lock(&self.socket).take() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+fn client_of(addr: SocketAddr, timeout: Duration) -> Client {
+    let mut cfg = ClientConfig::new(&addr.to_string());
+    cfg.connections = 1;
+    cfg.timeout = timeout;
+    let c = Client::new(cfg);
+    c.connect().unwrap();
+    c
+}
+
+fn the_conn(c: &Client) -> Arc<Conn> {
+    lock(&c.conns[0]).as_ref().unwrap().clone()
+}
+
+/// Leader/follower: a caller alone on its connection reads its own reply (it took the
+/// reader once per call, and the reply was not handed over by another thread).
+#[test]
+fn a_lone_callers_reply_is_read_on_its_own_thread() {
+    let f = Scripted::new();
+    let c = client_of(f.addr, Duration::from_secs(5));
+    let conn = the_conn(&c);
+    let before = conn.leads.load(Ordering::Relaxed);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for _ in 0..3 {
+                let r = f.next();
+                f.answer(r);
+            }
+        });
+        for _ in 0..3 {
+            let r = c.call(&ping(), Caller::default(), &[]).unwrap();
+            assert_eq!(r.body, r.hdr.id.to_le_bytes());
+        }
+    });
+    assert_eq!(
+        conn.leads.load(Ordering::Relaxed) - before,
+        3,
+        "one lead per call"
+    );
+}
+
+/// A caller reading for its own reply hands the replies that come first to their
+/// waiters, whatever the order; each waiter gets its own.
+#[test]
+fn a_leader_hands_replies_in_any_order_to_their_waiters() {
+    let f = Scripted::new();
+    let c = client_of(f.addr, Duration::from_secs(5));
+    let conn = the_conn(&c);
+    std::thread::scope(|s| {
+        let check = |t: Ticket| {
+            let id = t.id;
+            let r = t.wait().unwrap();
+            assert_eq!(r.body, id.to_le_bytes(), "the reply of another request");
+        };
+        // The first caller is alone: it leads, and waits in its read.
+        let first = c.submit(&ping(), Caller::default(), &[]).unwrap();
+        let leader = s.spawn(move || check(first));
+        let first_req = f.next();
+        let t0 = std::time::Instant::now();
+        while lock(&conn.reader).is_some() && t0.elapsed() < Duration::from_secs(4) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(
+            lock(&conn.reader).is_none(),
+            "the first caller holds the reader"
+        );
+        let waiters: Vec<_> = (0..7)
+            .map(|_| {
+                let t = c.submit(&ping(), Caller::default(), &[]).unwrap();
+                s.spawn(move || check(t))
+            })
+            .collect();
+        let mut rest: Vec<_> = (0..7).map(|_| f.next()).collect();
+        rest.reverse();
+        for r in rest {
+            f.answer(r);
+        }
+        // Every other reply was read by the leader (the background reader cannot
+        // have had the reader): their waiters got them now.
+        for w in waiters {
+            w.join().unwrap();
+        }
+        f.answer(first_req);
+        leader.join().unwrap();
+    });
+    assert!(conn.is_up());
+    assert!(lock(&conn.pending).is_empty());
+}
+
+/// A posted request's reply is read with no caller waiting on the connection.
+#[test]
+fn a_posted_reply_is_read_without_a_caller() {
+    let f = Scripted::new();
+    let c = client_of(f.addr, Duration::from_secs(5));
+    c.post(&ping(), Caller::default(), 0);
+    assert_eq!(c.posted_unanswered(), 1);
+    f.answer(f.next());
+    let t0 = std::time::Instant::now();
+    while c.posted_unanswered() > 0 && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(c.posted_unanswered(), 0);
+    assert!(
+        t0.elapsed() < conn::IDLE_WATCH + conn::BACKGROUND_TICK * 5,
+        "{:?}",
+        t0.elapsed()
+    );
+}
+
+/// A leader whose reply never comes gives up at its timeout (not a read timeout
+/// later), and a caller waiting behind it is told the connection is gone.
+#[test]
+fn a_leader_without_a_reply_times_out_in_its_time_and_frees_the_others() {
+    let f = Scripted::new();
+    let timeout = Duration::from_millis(300);
+    let c = client_of(f.addr, timeout);
+    std::thread::scope(|s| {
+        let t0 = std::time::Instant::now();
+        // Submitted and waited for (no resend on a new connection, as `call` would).
+        let first = c.submit(&ping(), Caller::default(), &[]).unwrap();
+        let first = s.spawn(move || first.wait());
+        f.next();
+        let second = c.submit(&ping(), Caller::default(), &[]).unwrap();
+        f.next();
+        let e = first.join().unwrap().unwrap_err();
+        assert_eq!(e.errno, libc::ETIMEDOUT);
+        let took = t0.elapsed();
+        assert!(took >= timeout && took < timeout * 2, "{took:?}");
+        let e2 = second.wait().unwrap_err();
+        assert!(
+            matches!(e2.errno, libc::ENOTCONN | libc::ETIMEDOUT),
+            "{e2:?}"
+        );
+        assert!(t0.elapsed() < timeout * 3);
+    });
+}
+
+/// A connection the server closes while no one calls is known to be down before the
+/// next call (which then goes out on a new connection, not into the dead one).
+#[test]
+fn an_idle_connection_closed_by_the_server_is_noticed_without_a_call() {
+    let f = Scripted::new();
+    let c = client_of(f.addr, Duration::from_secs(5));
+    let conn = the_conn(&c);
+    std::thread::scope(|s| {
+        s.spawn(|| f.answer(f.next()));
+        c.call(&ping(), Caller::default(), &[]).unwrap();
+    });
+    // Past the background reader's tick: the connection is idle now.
+    std::thread::sleep(conn::BACKGROUND_TICK * 3);
+    f.close();
+    let t0 = std::time::Instant::now();
+    while conn.is_up() && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(!conn.is_up());
+    assert!(t0.elapsed() < conn::IDLE_WATCH + conn::BACKGROUND_TICK * 5);
+}
