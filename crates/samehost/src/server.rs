@@ -449,6 +449,9 @@ impl<'s> Conn<'s> {
     fn serve(&mut self) -> Result<(), Close> {
         let hello_by = Instant::now() + CONTROL_TIMEOUT;
         loop {
+            if self.sh.stop.load(Ordering::Acquire) {
+                return Ok(());
+            }
             let (sock_ready, bell_ready) = {
                 let mut fds = vec![PollFd::new(&self.sock, PollFlags::IN)];
                 if let Some(r) = &self.ring {
@@ -805,6 +808,11 @@ impl<'s> Conn<'s> {
         let spin = self.sh.cfg.spin;
         let mut last = Instant::now();
         loop {
+            // Shutting down: stop here, however busy the ring (`serve` then finds the
+            // socket shut down and ends the connection).
+            if self.sh.stop.load(Ordering::Acquire) {
+                return Ok(());
+            }
             if self.drain()? > 0 {
                 last = Instant::now();
                 continue;
