@@ -972,17 +972,27 @@ impl Client {
         .map(|_| ())
     }
 
-    /// Give back the reservations dropped unused (best effort: one the server does not
-    /// know any more is already given back; on a dead connection the server gives them
-    /// all back).
+    /// Give back the reservations dropped unused. An errno means the server does not
+    /// hold that one any more (given back already); any other failure (a full ring, a
+    /// lost connection) keeps the rest queued for the next try (on a lost connection
+    /// the server gave them all back).
     fn give_back_dropped(&mut self) {
-        let ids = std::mem::take(&mut *self.conn.dropped.lock().unwrap_or_else(|e| e.into_inner()));
-        for id in ids {
-            let _ = self.run(Sqe {
+        let mut ids =
+            std::mem::take(&mut *self.conn.dropped.lock().unwrap_or_else(|e| e.into_inner()));
+        while let Some(id) = ids.pop() {
+            let r = self.run(Sqe {
                 op: op::RESERVATION_RELEASE,
                 aux: id,
                 ..Default::default()
             });
+            if let Err(e) = r {
+                if !matches!(e, Error::Errno(_)) {
+                    ids.push(id);
+                    let mut q = self.conn.dropped.lock().unwrap_or_else(|e| e.into_inner());
+                    q.extend(ids);
+                    return;
+                }
+            }
         }
     }
 

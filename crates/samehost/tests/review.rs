@@ -8,7 +8,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use zcfs_samehost::client::{Client, Options, Place, NO_NEW_SIZE};
+use zcfs_samehost::client::{Client, Error, Options, Place, NO_NEW_SIZE};
 use zcfs_samehost::ring::{op, Placement, Sqe};
 use zcfs_samehost::server::MAX_CONNECTIONS;
 
@@ -249,7 +249,28 @@ fn a_reservation_dropped_unused_is_given_back() {
     assert_eq!(c.stats().unwrap().reservations_active, 1);
     c.release_reservation(r).unwrap();
     assert_eq!(c.stats().unwrap().reservations_active, 0);
-    drop(c);
+    // With the ring full of the application's own entries the give-back cannot be
+    // sent: it stays queued (not forgotten) for the next reserve.
+    let mut small = Client::connect_with(
+        &s.sock,
+        &Options {
+            entries: 2,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    small.direct_map().unwrap();
+    let r = small.reserve(1).unwrap();
+    drop(r);
+    small.submit(&[nop(); 2]).unwrap();
+    assert!(matches!(small.reserve(1), Err(Error::RingFull)));
+    assert_eq!(small.dropped_reservations_for_tests(), 1);
+    small.wait(2).unwrap();
+    let r = small.reserve(1).unwrap();
+    assert_eq!(small.dropped_reservations_for_tests(), 0);
+    small.release_reservation(r).unwrap();
+    assert_eq!(c.stats().unwrap().reservations_active, 0);
+    drop((c, small));
     s.stop_and_check();
 }
 
