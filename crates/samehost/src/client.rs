@@ -265,10 +265,12 @@ impl Window<'_> {
         // SAFETY: `reserve` checked the page inside the mapping, which the reservation
         // keeps alive (`map`). While the reservation exists the server holds the block
         // for this connection and neither writes it nor hands it out: only consuming
-        // the reservation (commit, release) or closing the connection, which the
-        // reservation keeps open, ends that. This window borrows the reservation
-        // mutably and the returned slice borrows the window mutably, so the view is
-        // unique in this process and ends before the reservation can be consumed.
+        // the reservation (commit, release), an `unsafe` raw entry, or closing the
+        // connection, which the reservation keeps open, ends that (the server process
+        // ending is outside this contract: docs/samehost.md). This window borrows the
+        // reservation mutably and the returned slice borrows the window mutably, so
+        // the view is unique in this process and ends before the reservation can be
+        // consumed.
         unsafe { std::slice::from_raw_parts_mut(self.r.map.as_ptr().add(o as usize), 4096) }
     }
     /// Fill the pages in order from `data` (at most `pages * 4096` bytes); the rest of
