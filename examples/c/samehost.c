@@ -98,14 +98,21 @@ int main(int argc, char **argv) {
 		uint8_t *win;
 		if ((r = zcfs_zcopy_from(h, 2, &res, &win)) < 0)
 			return fail("zcopy_from", r);
+		/* One slice when the blocks are adjacent, else page by page. */
 		for (size_t p = 0; p < 2; p++)
-			memset(zcfs_zcopy_page(h, res, p), 'A' + (int)p, 4096);
+			memset(win ? win + p * 4096 : zcfs_zcopy_page(h, res, p), 'A' + (int)p, 4096);
 		zcfs_pflush *t = zcfs_pflush_new();
 		if ((r = zcfs_pflush_add(t, f, 65536, res, 65536 + 8000)) < 0)
 			return fail("pflush_add", r);
-		if ((r = zcfs_pflush_commit(h, t)) < 0)
-			return fail("pflush_commit", r);
+		r = zcfs_pflush_commit(h, t);
 		zcfs_pflush_free(t);
+		/* Committed (or, on an error, given back): the pages are not ours to write
+		 * any more. The library cannot unmap them, so forget every pointer to them. */
+		win = NULL;
+		if (r < 0)
+			return fail("pflush_commit", r);
+		if (zcfs_zcopy_page(h, res, 0) != NULL)
+			return fail("zcopy_page after the commit", -EINVAL);
 		n = zcfs_read(h, f, 65536 + 4095, buf, 0, 4096);
 		printf("pflush read=%lld bytes=%c%c\n", n, b[0], b[1]);
 		if ((r = zcfs_pfree(h, f, 65536, 4096)) < 0)

@@ -51,7 +51,8 @@ MANIFEST_BYTES = 2 << 20
 BATCH_BYTES = 128 << 20
 # Most bytes one lease covers in a restore (the server's MAX_LEASED_BLOCKS is 256 MiB).
 LEASE_BYTES = 64 << 20
-# Most placements one commit carries (the server's MAX_PLACEMENTS).
+# Most placements one commit carries (ZCFS_PFLUSH_MAX: each names its own reservation,
+# and a connection holds at most 1024).
 BATCH_PLACEMENTS = zcfs.PFLUSH_MAX
 
 

@@ -65,6 +65,13 @@ def main(sock):
                 t.commit()
             n = c.read(fh, 65536 + 4095, bid, 0, 4096)
             print(f"pflush read={n} bytes={chr(buf[0])}{chr(buf[1])}")
+            # The pages are the file's now: the reservation hands out no writable view.
+            try:
+                r.page(0)
+                refused = False
+            except zcfs.ZcfsError:
+                refused = True
+            print(f"after commit window={r.window} page_refused={int(refused)}")
             c.pfree(fh, 65536, 4096)
         c.close_file(fh)
         print("closed")

@@ -19,7 +19,8 @@ import numpy as np
 PAGE = 4096
 NO_NEW_SIZE = 0xFFFF_FFFF_FFFF_FFFF
 RESERVE_MAX = 32768  # ZCFS_RESERVE_MAX: most pages one zcopy_from reserves
-PFLUSH_MAX = 4096  # placements one COMMIT carries (the server's MAX_PLACEMENTS)
+PFLUSH_MAX = 1024  # ZCFS_PFLUSH_MAX: placements one transaction holds (each names its
+# own reservation; a connection holds at most 1024 at once)
 
 
 class ZcfsError(OSError):
@@ -125,13 +126,27 @@ class Lease:
 
 class Reservation:
     """Fresh pages from zcopy_from: fill `window` (a numpy array over the whole
-    reservation when its blocks are adjacent, else None: use page(i))."""
+    reservation when its blocks are adjacent, else None: use page(i)).
+
+    The pages may be written only while the reservation is held: a Pflush.commit that
+    names it (whatever its result) or zcopy_abort ends it, and then `window` is None
+    and page(i) raises. Keep no other reference to `window` or to a page(i) array past
+    that: numpy cannot revoke a view, and a write through one would change a file's
+    block in place, outside the log, or a freed block (see zcfs_zcopy_from in zcfs.h).
+    """
 
     def __init__(self, client, rid, pages, whole):
         self.client, self.id, self.pages = client, rid, pages
         self.window = view(whole, pages * PAGE) if whole else None
+        self.held = True
+
+    def _end(self):
+        self.held = False
+        self.window = None
 
     def page(self, i):
+        if not self.held:
+            raise ZcfsError(_errno.EINVAL, f"reservation {self.id} was committed or given back")
         p = self.client.lib.zcfs_zcopy_page(self.client.h, self.id, i)
         if not p:
             raise ZcfsError(_errno.EINVAL, f"no page {i} in reservation {self.id}")
@@ -139,6 +154,8 @@ class Reservation:
 
     def fill(self, data):
         """Copy `data` (a uint8 array of at most pages*4096 bytes) into the pages."""
+        if not self.held:
+            raise ZcfsError(_errno.EINVAL, f"reservation {self.id} was committed or given back")
         n = len(data)
         if self.window is not None:
             self.window[:n] = data
@@ -225,7 +242,10 @@ class Client:
         return Reservation(self, rid.value, pages, whole.value)
 
     def zcopy_abort(self, r):
-        _check(self.lib.zcfs_zcopy_abort(self.h, r.id), "zcopy_abort")
+        try:
+            _check(self.lib.zcfs_zcopy_abort(self.h, r.id), "zcopy_abort")
+        finally:
+            r._end()
 
 
 class Pflush:
@@ -235,14 +255,24 @@ class Pflush:
         self.client = client
         self.t = client.lib.zcfs_pflush_new()
         self.n = 0
+        self.reservations = []
 
     def add(self, fh, file_offset, reservation, new_size=NO_NEW_SIZE):
         _check(self.client.lib.zcfs_pflush_add(self.t, fh, file_offset, reservation.id, new_size), "pflush_add")
+        self.reservations.append(reservation)
         self.n += 1
 
     def commit(self):
-        _check(self.client.lib.zcfs_pflush_commit(self.client.h, self.t), "pflush_commit")
-        self.n = 0
+        """Place every added reservation atomically. Whatever the result, the
+        reservations are consumed (on an error their pages are given back: reserve
+        and fill again) and their windows are gone."""
+        try:
+            _check(self.client.lib.zcfs_pflush_commit(self.client.h, self.t), "pflush_commit")
+        finally:
+            for r in self.reservations:
+                r._end()
+            self.reservations = []
+            self.n = 0
 
     def free(self):
         if self.t:

@@ -21,8 +21,7 @@ use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use zcfs_samehost::client::{Client, NO_NEW_SIZE};
-use zcfs_samehost::ring::Placement;
+use zcfs_samehost::client::{Client, Place, NO_NEW_SIZE};
 use zcfs_samehost::{Service, ServiceConfig, StatsSnapshot};
 use zcfs_volume::{Cred, MkfsOptions, Volume, VolumeConfig, ROOT_INO};
 
@@ -236,14 +235,12 @@ pub fn client(sock: &Path, p: Params) -> Result<()> {
                     })?,
                     _ => measure(&p, path, opname, size, || {
                         let off = rand_off(&mut x, file, size);
-                        let r = c.reserve(size / 4096)?;
-                        let mut w = c.window(&r)?;
-                        w.fill(&src[..size]);
-                        drop(w);
-                        c.commit(&[Placement {
+                        let mut r = c.reserve(size / 4096)?;
+                        r.window().fill(&src[..size]);
+                        c.commit(vec![Place {
                             handle: out.handle,
                             file_offset: off,
-                            reservation: r.id,
+                            reservation: r,
                             new_size: NO_NEW_SIZE,
                         }])?;
                         Ok(())

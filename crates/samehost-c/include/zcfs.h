@@ -7,9 +7,11 @@
 #include <stddef.h>
 
 /*
- Most placements one transaction holds (what one COMMIT carries).
+ Most placements one transaction holds: each names its own reservation, and the
+ server lets a connection hold at most 1024 reservations at once (and take at most
+ 4096 placements in one COMMIT).
  */
-#define ZCFS_PFLUSH_MAX 8192
+#define ZCFS_PFLUSH_MAX 1024
 
 /*
  `new_size` of `zcfs_pflush_add`: the file grows to the end of the last page.
@@ -256,13 +258,24 @@ int zcfs_zcopy_release(struct zcfs_client *h, uint64_t lease);
  the blocks are adjacent, else NULL. Then place them with `zcfs_pflush_add` and
  `zcfs_pflush_commit`, or give them back with `zcfs_zcopy_abort`.
 
+ The window's pointers (`*out_data` and every `zcfs_zcopy_page` of this id) may be
+ written only while the reservation is held: until `zcfs_pflush_commit` of a
+ transaction naming it (whatever it returns), `zcfs_zcopy_abort` of it, or
+ `zcfs_disconnect`. After that the blocks are a file's or free (and soon another
+ file's): a write through an old pointer changes file data in place, outside the
+ log. The library cannot catch it: the pointers stay mapped and writable (they are
+ views into one writable mapping of the image), only `zcfs_zcopy_page` of the id
+ returns NULL. Drop every copy of them when the reservation ends.
+
  # Safety
  As [`client`]; `out_id` writable; `out_data` NULL or writable.
  */
 int zcfs_zcopy_from(struct zcfs_client *h, size_t pages, uint64_t *out_id, uint8_t **out_data);
 
 /*
- Page `i` (4096 bytes, writable) of reservation `id`; NULL if there is none.
+ Page `i` (4096 bytes, writable while the reservation is held: see
+ `zcfs_zcopy_from`) of reservation `id`; NULL if there is none, or the reservation
+ was committed or given back.
 
  # Safety
  As [`client`].
@@ -270,7 +283,8 @@ int zcfs_zcopy_from(struct zcfs_client *h, size_t pages, uint64_t *out_id, uint8
 uint8_t *zcfs_zcopy_page(struct zcfs_client *h, uint64_t id, size_t i);
 
 /*
- Give reservation `id` back unused.
+ Give reservation `id` back unused (-EINVAL if this connection does not hold it).
+ Its window's pointers must not be written after (see `zcfs_zcopy_from`).
 
  # Safety
  As [`client`].
@@ -306,10 +320,15 @@ int zcfs_pflush_add(struct zcfs_pflush *t,
 
 /*
  FLAC pflush: place all of `t`'s reservations into their files in one atomic commit
- (after a crash all are in their files or none is). On success `t` is emptied; the
- reservations' window pointers then name the files' blocks and must not be written
- any more (a write would change the file in place, outside the log). On failure `t`
- is left as it was.
+ (after a crash all are in their files or none is).
+
+ Whatever it returns (but -EINVAL for a NULL `h` or `t`), `t` is emptied and every
+ reservation it names that this connection holds is consumed: on 0 their blocks
+ are the files'; on an error (a reservation not held or named twice: -EINVAL; the
+ server's checks; the volume out of log or space; the connection lost) they are
+ given back, so reserve and fill again. Either way their window pointers must not
+ be written any more: a write would change a file in place, outside the log, or a
+ freed block. `zcfs_zcopy_page` returns NULL for them.
 
  # Safety
  As [`client`]; `t` is NULL or a live transaction.

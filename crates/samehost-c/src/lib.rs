@@ -12,7 +12,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_char, c_int, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use zcfs_samehost::client::{Client, Error, Window};
+use zcfs_samehost::client::{Client, Error, Place, Reservation};
 use zcfs_samehost::ring::{Cqe, Placement, Sqe};
 
 /// A connection (opaque).
@@ -20,8 +20,9 @@ pub struct zcfs_client {
     c: Client,
     /// Completions `zcfs_wait` reaped beyond what the caller had room for.
     pending: VecDeque<Cqe>,
-    /// Writable windows of reservations not yet committed or released.
-    windows: HashMap<u64, Window>,
+    /// Reservations not yet committed or given back: only these have writable pages
+    /// (`zcfs_zcopy_page`), and only these can be committed or aborted.
+    reservations: HashMap<u64, Reservation>,
 }
 
 /// A placement transaction collected by `zcfs_pflush_add` (opaque).
@@ -29,11 +30,11 @@ pub struct zcfs_pflush {
     placements: Vec<Placement>,
 }
 
-/// Most placements one transaction holds (what one COMMIT carries).
-pub const ZCFS_PFLUSH_MAX: usize = 8192;
-const _: () = assert!(
-    ZCFS_PFLUSH_MAX == zcfs_samehost::client::SCRATCH_LEN / zcfs_samehost::ring::PLACEMENT_SIZE
-);
+/// Most placements one transaction holds: each names its own reservation, and the
+/// server lets a connection hold at most 1024 reservations at once (and take at most
+/// 4096 placements in one COMMIT).
+pub const ZCFS_PFLUSH_MAX: usize = 1024;
+const _: () = assert!(ZCFS_PFLUSH_MAX == zcfs_samehost::client::MAX_PLACEMENTS_PER_COMMIT);
 /// `new_size` of `zcfs_pflush_add`: the file grows to the end of the last page.
 pub const ZCFS_NO_NEW_SIZE: u64 = 0xFFFF_FFFF_FFFF_FFFF;
 const _: () = assert!(ZCFS_NO_NEW_SIZE == zcfs_samehost::ring::NO_NEW_SIZE);
@@ -181,7 +182,7 @@ pub unsafe extern "C" fn zcfs_connect(path: *const c_char) -> *mut zcfs_client {
         Ok(Ok(c)) => Box::into_raw(Box::new(zcfs_client {
             c,
             pending: VecDeque::new(),
-            windows: HashMap::new(),
+            reservations: HashMap::new(),
         })),
         Ok(Err(e)) => {
             set_errno(e.errno());
@@ -565,6 +566,15 @@ pub unsafe extern "C" fn zcfs_zcopy_release(h: *mut zcfs_client, lease: u64) -> 
 /// the blocks are adjacent, else NULL. Then place them with `zcfs_pflush_add` and
 /// `zcfs_pflush_commit`, or give them back with `zcfs_zcopy_abort`.
 ///
+/// The window's pointers (`*out_data` and every `zcfs_zcopy_page` of this id) may be
+/// written only while the reservation is held: until `zcfs_pflush_commit` of a
+/// transaction naming it (whatever it returns), `zcfs_zcopy_abort` of it, or
+/// `zcfs_disconnect`. After that the blocks are a file's or free (and soon another
+/// file's): a write through an old pointer changes file data in place, outside the
+/// log. The library cannot catch it: the pointers stay mapped and writable (they are
+/// views into one writable mapping of the image), only `zcfs_zcopy_page` of the id
+/// returns NULL. Drop every copy of them when the reservation ends.
+///
 /// # Safety
 /// As [`client`]; `out_id` writable; `out_data` NULL or writable.
 #[no_mangle]
@@ -583,23 +593,18 @@ pub unsafe extern "C" fn zcfs_zcopy_from(
         if let Err(e) = h.c.direct_map() {
             return neg(&e);
         }
-        let r = match h.c.reserve(pages) {
+        let mut r = match h.c.reserve(pages) {
             Ok(r) => r,
             Err(e) => return neg(&e),
         };
-        let mut w = match h.c.window(&r) {
-            Ok(w) => w,
-            Err(e) => {
-                let _ = h.c.release_reservation(r.id);
-                return neg(&e);
-            }
-        };
-        let whole = w
+        let whole = r
+            .window()
             .as_mut_slice()
             .map_or(std::ptr::null_mut(), |s| s.as_mut_ptr());
-        h.windows.insert(r.id, w);
+        let id = r.id();
+        h.reservations.insert(id, r);
         // SAFETY: non-NULL and writable per the contract.
-        unsafe { out_id.write(r.id) };
+        unsafe { out_id.write(id) };
         if !out_data.is_null() {
             // SAFETY: non-NULL and writable per the contract.
             unsafe { out_data.write(whole) };
@@ -608,7 +613,9 @@ pub unsafe extern "C" fn zcfs_zcopy_from(
     })
 }
 
-/// Page `i` (4096 bytes, writable) of reservation `id`; NULL if there is none.
+/// Page `i` (4096 bytes, writable while the reservation is held: see
+/// `zcfs_zcopy_from`) of reservation `id`; NULL if there is none, or the reservation
+/// was committed or given back.
 ///
 /// # Safety
 /// As [`client`].
@@ -617,13 +624,14 @@ pub unsafe extern "C" fn zcfs_zcopy_page(h: *mut zcfs_client, id: u64, i: usize)
     let r = catch_unwind(AssertUnwindSafe(|| {
         // SAFETY: per this function's contract.
         let h = unsafe { client(h) }.ok()?;
-        let w = h.windows.get_mut(&id)?;
-        (i < w.pages()).then(|| w.page_mut(i).as_mut_ptr())
+        let r = h.reservations.get_mut(&id)?;
+        (i < r.pages()).then(|| r.window().page_mut(i).as_mut_ptr())
     }));
     r.ok().flatten().unwrap_or(std::ptr::null_mut())
 }
 
-/// Give reservation `id` back unused.
+/// Give reservation `id` back unused (-EINVAL if this connection does not hold it).
+/// Its window's pointers must not be written after (see `zcfs_zcopy_from`).
 ///
 /// # Safety
 /// As [`client`].
@@ -632,8 +640,10 @@ pub unsafe extern "C" fn zcfs_zcopy_abort(h: *mut zcfs_client, id: u64) -> c_int
     guard_int(|| {
         // SAFETY: per this function's contract.
         let h = try_ffi!(unsafe { client(h) });
-        h.windows.remove(&id);
-        h.c.release_reservation(id).map_or_else(|e| neg(&e), |_| 0)
+        let Some(r) = h.reservations.remove(&id) else {
+            return EINVAL;
+        };
+        h.c.release_reservation(r).map_or_else(|e| neg(&e), |_| 0)
     })
 }
 
@@ -693,10 +703,15 @@ pub unsafe extern "C" fn zcfs_pflush_add(
 }
 
 /// FLAC pflush: place all of `t`'s reservations into their files in one atomic commit
-/// (after a crash all are in their files or none is). On success `t` is emptied; the
-/// reservations' window pointers then name the files' blocks and must not be written
-/// any more (a write would change the file in place, outside the log). On failure `t`
-/// is left as it was.
+/// (after a crash all are in their files or none is).
+///
+/// Whatever it returns (but -EINVAL for a NULL `h` or `t`), `t` is emptied and every
+/// reservation it names that this connection holds is consumed: on 0 their blocks
+/// are the files'; on an error (a reservation not held or named twice: -EINVAL; the
+/// server's checks; the volume out of log or space; the connection lost) they are
+/// given back, so reserve and fill again. Either way their window pointers must not
+/// be written any more: a write would change a file in place, outside the log, or a
+/// freed block. `zcfs_zcopy_page` returns NULL for them.
 ///
 /// # Safety
 /// As [`client`]; `t` is NULL or a live transaction.
@@ -709,13 +724,26 @@ pub unsafe extern "C" fn zcfs_pflush_commit(h: *mut zcfs_client, t: *mut zcfs_pf
         let Some(t) = (unsafe { t.as_mut() }) else {
             return EINVAL;
         };
-        if let Err(e) = h.c.commit(&t.placements) {
-            return neg(&e);
-        }
+        let mut places = Vec::with_capacity(t.placements.len());
+        let mut all_held = true;
         for p in t.placements.drain(..) {
-            h.windows.remove(&p.reservation);
+            match h.reservations.remove(&p.reservation) {
+                Some(r) => places.push(Place {
+                    handle: p.handle,
+                    file_offset: p.file_offset,
+                    reservation: r,
+                    new_size: p.new_size,
+                }),
+                None => all_held = false,
+            }
         }
-        0
+        if !all_held || places.is_empty() {
+            for p in places {
+                let _ = h.c.release_reservation(p.reservation);
+            }
+            return EINVAL;
+        }
+        h.c.commit(places).map_or_else(|e| neg(&e), |_| 0)
     })
 }
 

@@ -279,8 +279,7 @@ fn killing_the_server_mid_save_leaves_the_previous_checkpoint() {
 /// (this file's crash test found it through a checkpoint's manifest).
 #[test]
 fn a_commit_that_returned_survives_the_server_killed_right_after() {
-    use zcfs_samehost::client::{Client, NO_NEW_SIZE};
-    use zcfs_samehost::ring::Placement;
+    use zcfs_samehost::client::{Client, Place, NO_NEW_SIZE};
     if common::child_arg().is_some() {
         return;
     }
@@ -294,16 +293,16 @@ fn a_commit_that_returned_survives_the_server_killed_right_after() {
     let mut c = Client::connect(&sock).unwrap();
     c.direct_map().unwrap();
     let f = c.open("/d", libc::O_RDWR | libc::O_CREAT, 0o644).unwrap();
-    let r = c.reserve(2).unwrap();
+    let mut r = c.reserve(2).unwrap();
     {
-        let mut w = c.window(&r).unwrap();
+        let mut w = r.window();
         w.page_mut(0).fill(b'Q');
         w.page_mut(1).fill(b'R');
     }
-    c.commit(&[Placement {
+    c.commit(vec![Place {
         handle: f.handle,
         file_offset: 0,
-        reservation: r.id,
+        reservation: r,
         new_size: NO_NEW_SIZE,
     }])
     .unwrap();

@@ -7,8 +7,7 @@
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use zcfs_samehost::client::{Client, NO_NEW_SIZE};
-use zcfs_samehost::ring::Placement;
+use zcfs_samehost::client::{Client, Place, NO_NEW_SIZE};
 use zcfs_samehost::{Service, ServiceConfig};
 use zcfs_volume::{Cred, MkfsOptions, Volume, VolumeConfig};
 
@@ -70,20 +69,19 @@ fn client(sock: &str) {
     let mut parts = [Duration::ZERO; 4];
     for i in 0..COMMITS {
         let t0 = Instant::now();
-        let r = c.reserve(256).unwrap();
+        let mut r = c.reserve(256).unwrap();
         let t1 = Instant::now();
-        let mut w = c.window(&r).unwrap();
+        let mut w = r.window();
         let t2 = Instant::now();
         w.fill(&src);
-        drop(w);
         let t3 = Instant::now();
         parts[0] += t1 - t0;
         parts[1] += t2 - t1;
         parts[2] += t3 - t2;
-        c.commit(&[Placement {
+        c.commit(vec![Place {
             handle: out.handle,
             file_offset: (i as u64 % 64) << 20,
-            reservation: r.id,
+            reservation: r,
             new_size: NO_NEW_SIZE,
         }])
         .unwrap();
@@ -92,7 +90,7 @@ fn client(sock: &str) {
     let e = s.elapsed().as_secs_f64();
     let us = |d: Duration| d.as_secs_f64() * 1e6 / COMMITS as f64;
     println!(
-        "  per 1MiB: reserve {:.0} us, window {:.0} us, fill+unmap {:.0} us, commit {:.0} us",
+        "  per 1MiB: reserve {:.0} us, window {:.0} us, fill {:.0} us, commit {:.0} us",
         us(parts[0]),
         us(parts[1]),
         us(parts[2]),

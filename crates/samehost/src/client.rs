@@ -29,7 +29,7 @@ use std::collections::HashMap;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::{fence, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub use crate::ring::{DEFAULT_RING_ENTRIES, NO_NEW_SIZE};
@@ -46,6 +46,14 @@ pub const SCRATCH_LEN: usize = 256 << 10;
 pub const MAX_EXTENTS_PER_CALL: usize = SCRATCH_LEN / ring::EXTENT_DESC_SIZE;
 /// Most pages one `reserve` takes (what the scratch buffer holds offsets for).
 pub const MAX_RESERVE_PER_CALL: usize = SCRATCH_LEN / 8;
+/// Most placements one [`Client::commit`] carries: each names its own reservation, and
+/// the server lets a connection hold at most `MAX_RESERVATIONS` (1024) at once and take
+/// at most `MAX_PLACEMENTS` (4096) in one COMMIT.
+pub const MAX_PLACEMENTS_PER_COMMIT: usize = crate::server::MAX_RESERVATIONS;
+const _: () = assert!(
+    MAX_PLACEMENTS_PER_COMMIT as u64 <= crate::server::MAX_PLACEMENTS
+        && MAX_PLACEMENTS_PER_COMMIT * ring::PLACEMENT_SIZE <= SCRATCH_LEN
+);
 
 /// A failed call. [`Error::errno`] gives the errno the C layer returns (negated).
 #[derive(Debug, thiserror::Error)]
@@ -139,40 +147,131 @@ pub struct LeaseView {
     pub bytes: u64,
 }
 
-/// Fresh blocks to fill (see `reserve`, `window`, `commit`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Fresh blocks this connection holds until it commits them into files
+/// ([`Client::commit`]) or gives them back ([`Client::release_reservation`], or by
+/// dropping it): the only way to write them is its [`Window`], which borrows it.
+///
+/// It is a token, not plain data: it cannot be made or cloned outside this module, and
+/// commit and release consume it, so once its blocks are a file's (or free again) no
+/// window of it is left to write them. It also keeps the connection open: a server
+/// gives a connection's reservations back to the allocator when the connection closes,
+/// so a reservation outliving its [`Client`] holds the socket until it is dropped.
+///
+/// A write through a window after its reservation is committed does not compile (the
+/// commit moves the reservation the window borrows):
+///
+/// ```compile_fail,E0505
+/// # use zcfs_samehost::client::{Client, Place, NO_NEW_SIZE};
+/// # fn f(c: &mut Client, handle: u32) -> zcfs_samehost::client::Result<()> {
+/// let mut r = c.reserve(1)?;
+/// let mut w = r.window();
+/// w.page_mut(0).fill(b'a');
+/// c.commit(vec![Place { handle, file_offset: 0, reservation: r, new_size: NO_NEW_SIZE }])?;
+/// w.page_mut(0).fill(b'Z'); // the file's block now: refused by the borrow checker
+/// # Ok(()) }
+/// ```
+///
+/// The same without the late write compiles:
+///
+/// ```no_run
+/// # use zcfs_samehost::client::{Client, Place, NO_NEW_SIZE};
+/// # fn f(c: &mut Client, handle: u32) -> zcfs_samehost::client::Result<()> {
+/// let mut r = c.reserve(1)?;
+/// let mut w = r.window();
+/// w.page_mut(0).fill(b'a');
+/// c.commit(vec![Place { handle, file_offset: 0, reservation: r, new_size: NO_NEW_SIZE }])?;
+/// # Ok(()) }
+/// ```
 pub struct Reservation {
-    pub id: u64,
-    /// Byte offset of each page in the image.
-    pub offsets: Vec<u64>,
-}
-
-/// The writable pages of a reservation: views into the client's one writable mapping
-/// of the image (made once, at `direct_map`), so a window costs no mmap, no munmap and
-/// no page faults on blocks this process has written before.
-pub struct Window {
-    map: Arc<Mapping>,
-    /// Image offset of each page (checked inside the data area and the mapping).
+    id: u64,
+    /// Byte offset of each page in the image, checked at `reserve` to be whole pages
+    /// inside the data area and inside `map`.
     offsets: Vec<u64>,
+    /// The client's writable mapping of the image.
+    map: Arc<Mapping>,
+    /// The connection that holds the blocks (kept open while this lives).
+    conn: Arc<Conn>,
+    /// False once committed or released (then `Drop` has nothing to give back).
+    held: bool,
 }
 
-impl Window {
+impl std::fmt::Debug for Reservation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reservation")
+            .field("id", &self.id)
+            .field("offsets", &self.offsets)
+            .finish()
+    }
+}
+
+impl Reservation {
+    /// The server's id of the reservation (per connection).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
     pub fn pages(&self) -> usize {
         self.offsets.len()
     }
-    /// Page `i` of the reservation, to fill.
-    pub fn page_mut(&mut self, i: usize) -> &mut [u8] {
-        assert!(
-            i < self.offsets.len(),
-            "page {i} of a {}-page window",
-            self.offsets.len()
-        );
-        // SAFETY: `window` checked the page inside the mapping; it is a reserved block,
-        // which the server does not write and no other window of this client names
-        // until it is committed; `&mut self` keeps the view unique in this process.
-        unsafe {
-            std::slice::from_raw_parts_mut(self.map.as_ptr().add(self.offsets[i] as usize), 4096)
+    /// Byte offset of each page in the image, in order.
+    pub fn offsets(&self) -> &[u64] {
+        &self.offsets
+    }
+    /// The writable pages: views into the client's one writable mapping of the image
+    /// (made once, at `direct_map`), so a window costs no mmap, no munmap and no page
+    /// faults on blocks this process has written before. It borrows the reservation,
+    /// so it cannot outlive it, and no other view of these pages exists meanwhile.
+    pub fn window(&mut self) -> Window<'_> {
+        Window { r: self }
+    }
+    /// Committed or released: nothing left to give back. Returns the id.
+    fn consumed(mut self) -> u64 {
+        self.held = false;
+        self.id
+    }
+    /// Tests: put the pages in reverse order (still this reservation's own blocks, so
+    /// the window's guarantee holds; it shows each page is the one its offset names).
+    #[doc(hidden)]
+    pub fn reverse_pages_for_tests(&mut self) {
+        self.offsets.reverse();
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if self.held {
+            // Given back by the client's next `reserve` or `release_reservation` (or
+            // by the server when the connection closes).
+            if let Ok(mut q) = self.conn.dropped.lock() {
+                q.push(self.id);
+            }
         }
+    }
+}
+
+/// The writable pages of a [`Reservation`], borrowed from it (see
+/// [`Reservation::window`]).
+pub struct Window<'r> {
+    r: &'r mut Reservation,
+}
+
+impl Window<'_> {
+    pub fn pages(&self) -> usize {
+        self.r.offsets.len()
+    }
+    /// Page `i` of the reservation, to fill (panics when `i` is not below `pages()`, as
+    /// slice indexing does).
+    pub fn page_mut(&mut self, i: usize) -> &mut [u8] {
+        let o = self.r.offsets[i];
+        // SAFETY: `reserve` checked the page inside the mapping, which the reservation
+        // keeps alive (`map`). While the reservation exists the server holds the block
+        // for this connection and neither writes it nor hands it out: only consuming
+        // the reservation (commit, release), an `unsafe` raw entry, or closing the
+        // connection, which the reservation keeps open, ends that (the server process
+        // ending is outside this contract: docs/samehost.md). This window borrows the
+        // reservation mutably and the returned slice borrows the window mutably, so
+        // the view is unique in this process and ends before the reservation can be
+        // consumed.
+        unsafe { std::slice::from_raw_parts_mut(self.r.map.as_ptr().add(o as usize), 4096) }
     }
     /// Fill the pages in order from `data` (at most `pages * 4096` bytes); the rest of
     /// a partly filled last page is left as it is (zero).
@@ -183,8 +282,9 @@ impl Window {
     }
     /// The window as one slice, when the reservation is one run of adjacent blocks.
     pub fn as_mut_slice(&mut self) -> Option<&mut [u8]> {
-        let first = *self.offsets.first()?;
+        let first = *self.r.offsets.first()?;
         let contiguous = self
+            .r
             .offsets
             .iter()
             .enumerate()
@@ -192,14 +292,37 @@ impl Window {
         if !contiguous {
             return None;
         }
-        // SAFETY: as in `page_mut`, for the whole run of adjacent reserved pages.
+        // SAFETY: as in `page_mut`, for the whole run of adjacent reserved pages (each
+        // checked inside the mapping at `reserve`).
         Some(unsafe {
             std::slice::from_raw_parts_mut(
-                self.map.as_ptr().add(first as usize),
-                self.offsets.len() * 4096,
+                self.r.map.as_ptr().add(first as usize),
+                self.r.offsets.len() * 4096,
             )
         })
     }
+}
+
+/// One placement of a [`Client::commit`]: the reservation's pages go to 4 KiB-aligned
+/// `file_offset` of `handle`; the file grows to `new_size` (inside the last page) or,
+/// with [`NO_NEW_SIZE`], to the end of the last page.
+#[derive(Debug)]
+pub struct Place {
+    pub handle: Handle,
+    pub file_offset: u64,
+    pub reservation: Reservation,
+    pub new_size: u64,
+}
+
+/// Whether pages `offsets` are whole pages inside the data area of `g` and inside a
+/// mapping of `map_len` bytes (what a window's views need).
+fn pages_inside(g: &MapGeometry, map_len: usize, offsets: &[u64]) -> bool {
+    offsets.iter().all(|&o| {
+        o.is_multiple_of(4096)
+            && o >= g.data_start
+            && o.checked_add(4096).is_some_and(|e| e <= g.data_end)
+            && o.checked_add(4096).is_some_and(|e| e <= map_len as u64)
+    })
 }
 
 /// The image, mapped read-only, and its read-write descriptor.
@@ -228,9 +351,17 @@ struct Buffer {
     map: Mapping,
 }
 
+/// The control socket, shared by the client and its reservations (see
+/// [`Reservation`]): the server keeps a connection's reservations while it is open.
+struct Conn {
+    sock: UnixStream,
+    /// Ids of reservations dropped unused, to give back.
+    dropped: Mutex<Vec<u64>>,
+}
+
 /// A connection to the same-host service.
 pub struct Client {
-    sock: UnixStream,
+    conn: Arc<Conn>,
     rings: Rings,
     sq_tail: u32,
     cq_head: u32,
@@ -286,7 +417,10 @@ impl Client {
             ));
         }
         Ok(Client {
-            sock,
+            conn: Arc::new(Conn {
+                sock,
+                dropped: Mutex::new(Vec::new()),
+            }),
             rings,
             sq_tail: 0,
             cq_head: 0,
@@ -329,7 +463,7 @@ impl Client {
     pub fn register_fd(&mut self, fd: rustix::fd::BorrowedFd<'_>, len: usize) -> Result<BufferId> {
         let map = Mapping::map(fd, 0, len, true)?;
         match call(
-            &self.sock,
+            &self.conn.sock,
             &Request::RegisterBuffer { len: len as u64 },
             &[fd],
         )? {
@@ -378,14 +512,14 @@ impl Client {
             flags,
             mode,
         };
-        match call(&self.sock, &req, &[])? {
+        match call(&self.conn.sock, &req, &[])? {
             (Reply::Opened { handle, size }, _) => Ok(File { handle, size }),
             (r, _) => Err(unexpected(r)),
         }
     }
 
     pub fn close(&mut self, handle: Handle) -> Result<()> {
-        match call(&self.sock, &Request::Close { handle }, &[])? {
+        match call(&self.conn.sock, &Request::Close { handle }, &[])? {
             (Reply::Done, _) => Ok(()),
             (r, _) => Err(unexpected(r)),
         }
@@ -393,7 +527,7 @@ impl Client {
 
     /// The service's counters.
     pub fn stats(&mut self) -> Result<StatsSnapshot> {
-        match call(&self.sock, &Request::Stats, &[])? {
+        match call(&self.conn.sock, &Request::Stats, &[])? {
             (Reply::Stats { json }, _) => {
                 serde_json::from_slice(&json).map_err(|e| Error::Invalid(format!("stats: {e}")))
             }
@@ -404,7 +538,25 @@ impl Client {
     /// Put entries on the submission ring (all or none: [`Error::RingFull`]) and ring
     /// the server's doorbell if it sleeps. A `user_data` with the
     /// [`CALL_USER_DATA`] bit is refused (EINVAL): those name the library's own calls.
+    /// So are COMMIT and RESERVATION_RELEASE (EINVAL): they end reservations, which
+    /// only [`Client::commit`] and [`Client::release_reservation`] may do, as they
+    /// consume the [`Reservation`] and so its window.
     pub fn submit(&mut self, sqes: &[Sqe]) -> Result<()> {
+        if let Some(s) = sqes.iter().find(|s| ends_reservations(s.op)) {
+            return Err(ends_reservations_error(s.op));
+        }
+        // SAFETY: no entry ends a reservation (checked above).
+        unsafe { self.submit_unchecked(sqes) }
+    }
+
+    /// [`Client::submit`] without the refusal of COMMIT and RESERVATION_RELEASE (tests
+    /// of the server's handling of hostile entries).
+    ///
+    /// # Safety
+    /// An entry that commits or releases a reservation whose [`Reservation`] still
+    /// exists leaves that reservation's window writable over blocks that are a file's
+    /// or free: the caller must not write through such a window afterwards.
+    pub unsafe fn submit_unchecked(&mut self, sqes: &[Sqe]) -> Result<()> {
         if let Some(s) = sqes.iter().find(|s| s.user_data & CALL_USER_DATA != 0) {
             return Err(Error::Invalid(format!(
                 "user_data {:#x} has bit 63 set, which names the library's own calls",
@@ -497,7 +649,7 @@ impl Client {
         if !ready(self) {
             let mut fds = [
                 PollFd::new(&self.bell_out, PollFlags::IN),
-                PollFd::new(&self.sock, PollFlags::IN),
+                PollFd::new(&self.conn.sock, PollFlags::IN),
             ];
             match rustix::event::poll(&mut fds, None) {
                 Ok(_) | Err(rustix::io::Errno::INTR) => {}
@@ -515,8 +667,25 @@ impl Client {
     }
 
     /// Submit one entry and wait for its completion; an error completion becomes
-    /// [`Error::Errno`].
-    pub fn call(&mut self, mut sqe: Sqe) -> Result<Cqe> {
+    /// [`Error::Errno`]. COMMIT and RESERVATION_RELEASE are refused (EINVAL), as by
+    /// [`Client::submit`].
+    pub fn call(&mut self, sqe: Sqe) -> Result<Cqe> {
+        if ends_reservations(sqe.op) {
+            return Err(ends_reservations_error(sqe.op));
+        }
+        self.run(sqe)
+    }
+
+    /// [`Client::call`] without the refusal of COMMIT and RESERVATION_RELEASE.
+    ///
+    /// # Safety
+    /// As [`Client::submit_unchecked`].
+    pub unsafe fn call_unchecked(&mut self, sqe: Sqe) -> Result<Cqe> {
+        self.run(sqe)
+    }
+
+    /// Submit one entry (any op: the library's own calls) and wait for it.
+    fn run(&mut self, mut sqe: Sqe) -> Result<Cqe> {
         self.next_user_data += 1;
         let ud = self.next_user_data;
         sqe.user_data = ud;
@@ -550,7 +719,7 @@ impl Client {
         buf_off: u64,
         len: u64,
     ) -> Result<usize> {
-        let c = self.call(Sqe {
+        let c = self.run(Sqe {
             op: op::READ,
             handle: h,
             offset: off,
@@ -571,7 +740,7 @@ impl Client {
         buf_off: u64,
         len: u64,
     ) -> Result<usize> {
-        let c = self.call(Sqe {
+        let c = self.run(Sqe {
             op: op::WRITE,
             handle: h,
             offset: off,
@@ -584,7 +753,7 @@ impl Client {
     }
 
     pub fn fsync(&mut self, h: Handle) -> Result<()> {
-        self.call(Sqe {
+        self.run(Sqe {
             op: op::FSYNC,
             handle: h,
             ..Default::default()
@@ -594,7 +763,7 @@ impl Client {
 
     /// FLAC `pfree`: release the pages of `[off, off+len)` (a hole remains).
     pub fn pfree(&mut self, h: Handle, off: u64, len: u64) -> Result<()> {
-        self.call(Sqe {
+        self.run(Sqe {
             op: op::PFREE,
             handle: h,
             offset: off,
@@ -619,7 +788,7 @@ impl Client {
     /// only; [`Error::Server`] with EPERM otherwise).
     pub fn direct_map(&mut self) -> Result<&DirectMap> {
         if self.direct.is_none() {
-            let (g, mut fds) = match call(&self.sock, &Request::DirectMap, &[])? {
+            let (g, mut fds) = match call(&self.conn.sock, &Request::DirectMap, &[])? {
                 (Reply::DirectMap(g), fds) => (g, fds),
                 (r, _) => return Err(unexpected(r)),
             };
@@ -650,7 +819,7 @@ impl Client {
             return Err(Error::NoDirectMap);
         }
         let s = self.scratch()?;
-        let c = self.call(Sqe {
+        let c = self.run(Sqe {
             op: op::READ_EXTENTS,
             handle: h,
             offset: off,
@@ -677,7 +846,7 @@ impl Client {
 
     /// End a lease.
     pub fn release(&mut self, lease: u64) -> Result<()> {
-        self.call(Sqe {
+        self.run(Sqe {
             op: op::LEASE_RELEASE,
             aux: lease,
             ..Default::default()
@@ -685,86 +854,119 @@ impl Client {
         .map(|_| ())
     }
 
-    /// Direct map: reserve `pages` fresh zeroed blocks.
+    /// Direct map: reserve `pages` fresh zeroed blocks, to fill through
+    /// [`Reservation::window`]. (First gives back reservations dropped unused.)
     pub fn reserve(&mut self, pages: usize) -> Result<Reservation> {
-        if self.direct.is_none() {
-            return Err(Error::NoDirectMap);
-        }
+        let rw_map = match &self.direct {
+            Some(d) => d.rw_map.clone(),
+            None => return Err(Error::NoDirectMap),
+        };
         if pages == 0 || pages > MAX_RESERVE_PER_CALL {
             return Err(Error::Invalid(format!(
                 "reserve {pages} pages (1..={MAX_RESERVE_PER_CALL} per call)"
             )));
         }
+        self.give_back_dropped();
         let s = self.scratch()?;
-        let c = self.call(Sqe {
+        let c = self.run(Sqe {
             op: op::RESERVE,
             len: pages as u64,
             buf: s,
             ..Default::default()
         })?;
         let b = self.buffer(s)?;
-        let offsets = (0..pages)
+        let offsets: Vec<u64> = (0..pages)
             .map(|i| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap()))
             .collect();
-        Ok(Reservation {
+        let r = Reservation {
             id: c.extra,
             offsets,
-        })
-    }
-
-    /// A writable mapping of just the reservation's blocks (through the image's
-    /// read-write descriptor).
-    pub fn window(&self, r: &Reservation) -> Result<Window> {
-        let d = self.direct.as_ref().ok_or(Error::NoDirectMap)?;
-        let g = d.geometry;
-        for &o in &r.offsets {
-            if !o.is_multiple_of(4096)
-                || o < g.data_start
-                || o + 4096 > g.data_end
-                || d.rw_map.range(o, 4096).is_none()
-            {
-                return Err(Error::Invalid(format!(
-                    "page offset {o} outside the data area"
-                )));
-            }
+            map: rw_map,
+            conn: self.conn.clone(),
+            held: true,
+        };
+        // The window's views rest on this check (the server is another process).
+        let g = self.direct.as_ref().expect("checked above").geometry;
+        if !pages_inside(&g, r.map.len(), &r.offsets) {
+            let _ = self.release_reservation(r);
+            return Err(Error::Invalid(
+                "the server reserved a page outside the data area".into(),
+            ));
         }
-        Ok(Window {
-            map: d.rw_map.clone(),
-            offsets: r.offsets.clone(),
-        })
+        Ok(r)
     }
 
     /// Direct map: place reservations into files, all in one atomic commit (after a
-    /// crash all of them are in their files or none is).
-    pub fn commit(&mut self, placements: &[Placement]) -> Result<()> {
+    /// crash all of them are in their files or none is). At most
+    /// [`MAX_PLACEMENTS_PER_COMMIT`].
+    ///
+    /// The reservations are consumed either way. On success their blocks are the
+    /// files'; on failure they are given back: the server keeps a reservation it
+    /// refused at its checks but gives back those the volume refused, and the error
+    /// does not say which, so the client gives back the rest (reserve and fill again).
+    pub fn commit(&mut self, places: Vec<Place>) -> Result<()> {
+        match self.send_commit(&places) {
+            Ok(()) => {
+                for p in places {
+                    p.reservation.consumed();
+                }
+                Ok(())
+            }
+            Err(e) => {
+                // Each reservation's drop queues it on its own connection.
+                drop(places);
+                self.give_back_dropped();
+                Err(e)
+            }
+        }
+    }
+
+    fn send_commit(&mut self, places: &[Place]) -> Result<()> {
         if self.direct.is_none() {
             return Err(Error::NoDirectMap);
         }
-        if placements.is_empty() || placements.len() * ring::PLACEMENT_SIZE > SCRATCH_LEN {
+        if places.is_empty() || places.len() > MAX_PLACEMENTS_PER_COMMIT {
             return Err(Error::Invalid(format!(
-                "commit of {} placements (1..={})",
-                placements.len(),
-                SCRATCH_LEN / ring::PLACEMENT_SIZE
+                "commit of {} placements (1..={MAX_PLACEMENTS_PER_COMMIT})",
+                places.len()
             )));
+        }
+        if places
+            .iter()
+            .any(|p| !Arc::ptr_eq(&p.reservation.conn, &self.conn))
+        {
+            return Err(Error::Invalid("a reservation of another connection".into()));
         }
         let s = self.scratch()?;
         let b = self.buffer_mut(s)?;
-        for (i, p) in placements.iter().enumerate() {
+        for (i, p) in places.iter().enumerate() {
+            let wire = Placement {
+                handle: p.handle,
+                file_offset: p.file_offset,
+                reservation: p.reservation.id,
+                new_size: p.new_size,
+            };
             b[i * ring::PLACEMENT_SIZE..(i + 1) * ring::PLACEMENT_SIZE]
-                .copy_from_slice(&p.encode());
+                .copy_from_slice(&wire.encode());
         }
-        self.call(Sqe {
+        self.run(Sqe {
             op: op::COMMIT,
-            len: placements.len() as u64,
+            len: places.len() as u64,
             buf: s,
             ..Default::default()
         })
         .map(|_| ())
     }
 
-    /// Give a reservation back unused.
-    pub fn release_reservation(&mut self, id: u64) -> Result<()> {
-        self.call(Sqe {
+    /// Give a reservation back unused (consumed even when the call fails: the server
+    /// gives it back when the connection ends, if not before).
+    pub fn release_reservation(&mut self, r: Reservation) -> Result<()> {
+        if !Arc::ptr_eq(&r.conn, &self.conn) {
+            // Dropped: its own client gives it back.
+            return Err(Error::Invalid("a reservation of another connection".into()));
+        }
+        let id = r.consumed();
+        self.run(Sqe {
             op: op::RESERVATION_RELEASE,
             aux: id,
             ..Default::default()
@@ -772,9 +974,42 @@ impl Client {
         .map(|_| ())
     }
 
-    /// The rings (tests: to damage them on purpose).
+    /// Give back the reservations dropped unused. An errno means the server does not
+    /// hold that one any more (given back already); any other failure (a full ring, a
+    /// lost connection) keeps the rest queued for the next try (on a lost connection
+    /// the server gave them all back).
+    fn give_back_dropped(&mut self) {
+        let mut ids =
+            std::mem::take(&mut *self.conn.dropped.lock().unwrap_or_else(|e| e.into_inner()));
+        while let Some(id) = ids.pop() {
+            let r = self.run(Sqe {
+                op: op::RESERVATION_RELEASE,
+                aux: id,
+                ..Default::default()
+            });
+            if let Err(e) = r {
+                if !matches!(e, Error::Errno(_)) {
+                    ids.push(id);
+                    let mut q = self.conn.dropped.lock().unwrap_or_else(|e| e.into_inner());
+                    q.extend(ids);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Reservations dropped unused and not yet given back (tests).
     #[doc(hidden)]
-    pub fn rings_for_tests(&self) -> &Rings {
+    pub fn dropped_reservations_for_tests(&self) -> usize {
+        self.conn.dropped.lock().map_or(0, |q| q.len())
+    }
+
+    /// The rings (tests: to damage them on purpose).
+    ///
+    /// # Safety
+    /// As [`Client::submit_unchecked`]: entries written here are not checked.
+    #[doc(hidden)]
+    pub unsafe fn rings_for_tests(&self) -> &Rings {
         &self.rings
     }
 
@@ -783,6 +1018,18 @@ impl Client {
     pub fn doorbell_for_tests(&self) {
         ring::ring_bell(self.bell_in.as_fd());
     }
+}
+
+/// COMMIT and RESERVATION_RELEASE end reservations: only the typed calls send them.
+fn ends_reservations(op: u8) -> bool {
+    op == op::COMMIT || op == op::RESERVATION_RELEASE
+}
+
+fn ends_reservations_error(op: u8) -> Error {
+    Error::Invalid(format!(
+        "op {op} ends a reservation: use Client::commit or Client::release_reservation, \
+         which consume it and so its window"
+    ))
 }
 
 fn unexpected(r: Reply) -> Error {
@@ -822,5 +1069,35 @@ fn disconnected(e: std::io::Error) -> Error {
         | std::io::ErrorKind::ConnectionReset
         | std::io::ErrorKind::UnexpectedEof => Error::Disconnected,
         _ => Error::Io(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_window_takes_only_whole_pages_inside_the_data_area_and_the_mapping() {
+        let g = MapGeometry {
+            data_start: 1 << 20,
+            data_end: 4 << 20,
+            block_size: 4096,
+            image_size: 4 << 20,
+        };
+        let map = 4 << 20;
+        assert!(pages_inside(&g, map, &[1 << 20, (4 << 20) - 4096]));
+        assert!(pages_inside(&g, map, &[]));
+        for bad in [
+            0,
+            (1 << 20) - 4096,
+            (1 << 20) + 1,
+            4 << 20,
+            u64::MAX - 4095,
+            u64::MAX,
+        ] {
+            assert!(!pages_inside(&g, map, &[1 << 20, bad]), "{bad}");
+        }
+        // Inside the data area but past a (short) mapping.
+        assert!(!pages_inside(&g, 2 << 20, &[3 << 20]));
     }
 }

@@ -449,6 +449,9 @@ impl<'s> Conn<'s> {
     fn serve(&mut self) -> Result<(), Close> {
         let hello_by = Instant::now() + CONTROL_TIMEOUT;
         loop {
+            if self.sh.stop.load(Ordering::Acquire) {
+                return Ok(());
+            }
             let (sock_ready, bell_ready) = {
                 let mut fds = vec![PollFd::new(&self.sock, PollFlags::IN)];
                 if let Some(r) = &self.ring {
@@ -805,6 +808,11 @@ impl<'s> Conn<'s> {
         let spin = self.sh.cfg.spin;
         let mut last = Instant::now();
         loop {
+            // Shutting down: stop here, however busy the ring (`serve` then finds the
+            // socket shut down and ends the connection).
+            if self.sh.stop.load(Ordering::Acquire) {
+                return Ok(());
+            }
             if self.drain()? > 0 {
                 last = Instant::now();
                 continue;
@@ -1067,8 +1075,10 @@ impl<'s> Conn<'s> {
 
     /// COMMIT: check every placement (handle writable, reservation ours and named
     /// once, offset aligned, size inside the last page), then place them all in one
-    /// pflush commit. A commit refused by the checks changes nothing; one the volume
-    /// refuses (no room in the log, no space for map nodes) gives its reservations back.
+    /// pflush commit. A commit refused by the checks changes nothing; past them every
+    /// named reservation is consumed: one the volume refuses (no room in the log, no
+    /// space for map nodes), or that fails anywhere after the checks, gives all its
+    /// reservations back.
     fn commit(&mut self, e: &Sqe) -> Result<(i64, u64, u64), i32> {
         let n = e.len;
         if n == 0 || n > MAX_PLACEMENTS {
@@ -1099,13 +1109,20 @@ impl<'s> Conn<'s> {
             }
         }
         let vol = self.sh.vol.clone();
-        let mut txn = PflushTxn::default().written_by(&self.cred);
-        let mut bytes = 0;
+        // Past the checks every named reservation is consumed, whatever fails next
+        // (their blocks go back to the allocator as they drop): taken out all at once,
+        // so a failure part way through cannot leave some consumed and some held.
+        let mut taken = Vec::with_capacity(list.len());
         for p in &list {
-            let ino = self.files[&p.handle].ino;
             let pages = self.reservations.remove(&p.reservation).expect("checked");
             self.reserved_blocks -= pages.pages() as u64;
             sub(&self.sh.counters.reservations_active, 1);
+            taken.push(pages);
+        }
+        let mut txn = PflushTxn::default().written_by(&self.cred);
+        let mut bytes = 0;
+        for (p, pages) in list.iter().zip(taken) {
+            let ino = self.files[&p.handle].ino;
             bytes += pages.pages() as u64 * bs;
             let pb = pages.into_page_buf(&vol).map_err(|e| e.errno())?;
             let size = (p.new_size != ring::NO_NEW_SIZE).then_some(p.new_size);

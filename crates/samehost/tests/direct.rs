@@ -4,7 +4,7 @@
 mod common;
 use common::*;
 use std::io::BufRead;
-use zcfs_samehost::client::{Client, NO_NEW_SIZE};
+use zcfs_samehost::client::{Client, Place, NO_NEW_SIZE};
 use zcfs_samehost::ring::Placement;
 use zcfs_samehost::server::{MAX_LEASED_BLOCKS, MAX_LEASES, MAX_RESERVATIONS, MAX_RESERVED_BLOCKS};
 
@@ -96,31 +96,39 @@ fn a_commit_places_pages_of_several_files_at_once_or_none() {
         })
         .collect();
     let mut placements = Vec::new();
+    let mut reservations = Vec::new();
     for (i, f) in files.iter().enumerate() {
-        let r = c.reserve(i + 1).unwrap();
-        let mut w = c.window(&r).unwrap();
+        let mut r = c.reserve(i + 1).unwrap();
+        let mut w = r.window();
         for p in 0..=i {
             w.page_mut(p).fill(b'a' + i as u8);
         }
-        drop(w);
         placements.push(Placement {
             handle: f.handle,
             file_offset: 0,
-            reservation: r.id,
+            reservation: r.id(),
             new_size: if i == 2 { 2 * 4096 + 10 } else { NO_NEW_SIZE },
         });
+        reservations.push(r);
     }
-    // One bad placement (unaligned offset) refuses the whole commit, changing nothing.
+    // The server's checks, by raw COMMIT entries naming the reservations by id: one
+    // bad placement (unaligned offset) refuses the whole commit, changing nothing.
+    let pbuf = c.register_buffer(4096).unwrap();
     let mut bad = placements.clone();
     bad[1].file_offset = 100;
-    assert_eq!(c.commit(&bad).unwrap_err().errno(), libc::EINVAL);
+    // SAFETY (each raw_commit): refused, so no reservation ends; the windows above are
+    // not used again.
+    let e = unsafe { raw_commit(&mut c, pbuf, &bad) }.unwrap_err();
+    assert_eq!(e.errno(), libc::EINVAL);
     // A reservation named twice, or not ours: refused too.
     let mut twice = placements.clone();
     twice[2].reservation = twice[0].reservation;
-    assert_eq!(c.commit(&twice).unwrap_err().errno(), libc::EINVAL);
+    let e = unsafe { raw_commit(&mut c, pbuf, &twice) }.unwrap_err();
+    assert_eq!(e.errno(), libc::EINVAL);
     let mut foreign = placements.clone();
     foreign[0].reservation = 999_999;
-    assert_eq!(c.commit(&foreign).unwrap_err().errno(), libc::EINVAL);
+    let e = unsafe { raw_commit(&mut c, pbuf, &foreign) }.unwrap_err();
+    assert_eq!(e.errno(), libc::EINVAL);
     for i in 0..3 {
         let ino = s
             .vol
@@ -128,7 +136,19 @@ fn a_commit_places_pages_of_several_files_at_once_or_none() {
             .unwrap();
         assert_eq!(ino.size, 0, "a refused commit changed c{i}");
     }
-    c.commit(&placements).unwrap();
+    assert_eq!(c.stats().unwrap().reservations_active, 3);
+    // The typed commit takes the reservations themselves.
+    let places = placements
+        .iter()
+        .zip(reservations)
+        .map(|(p, r)| Place {
+            handle: p.handle,
+            file_offset: p.file_offset,
+            reservation: r,
+            new_size: p.new_size,
+        })
+        .collect();
+    c.commit(places).unwrap();
     let buf = c.register_buffer(3 * 4096).unwrap();
     for (i, f) in files.iter().enumerate() {
         let want = if i == 2 {
@@ -142,7 +162,9 @@ fn a_commit_places_pages_of_several_files_at_once_or_none() {
             .all(|&b| b == b'a' + i as u8));
     }
     // Placed reservations are gone.
-    assert_eq!(c.commit(&placements).unwrap_err().errno(), libc::EINVAL);
+    // SAFETY: refused (the reservations are committed); no window is left.
+    let e = unsafe { raw_commit(&mut c, pbuf, &placements) }.unwrap_err();
+    assert_eq!(e.errno(), libc::EINVAL);
     let st = c.stats().unwrap();
     assert_eq!(st.direct_commit_ops, 1);
     assert_eq!(st.direct_copied_bytes, 0);
@@ -219,27 +241,30 @@ fn reservations_are_bounded_and_given_back_when_the_connection_ends() {
     // Blocks: up to MAX_RESERVED_BLOCKS held at once (the image holds them).
     let per = zcfs_samehost::client::MAX_RESERVE_PER_CALL as u64;
     let mut held = 0;
-    let mut ids = Vec::new();
+    let mut held_r = Vec::new();
     while held < MAX_RESERVED_BLOCKS {
         let n = per.min(MAX_RESERVED_BLOCKS - held);
-        ids.push(c.reserve(n as usize).unwrap().id);
+        held_r.push(c.reserve(n as usize).unwrap());
         held += n;
     }
     assert_eq!(c.reserve(1).unwrap_err().errno(), libc::ENOBUFS);
-    c.release_reservation(ids.pop().unwrap()).unwrap();
-    let extra = c.reserve(1).unwrap().id;
+    c.release_reservation(held_r.pop().unwrap()).unwrap();
+    let extra = c.reserve(1).unwrap();
     c.release_reservation(extra).unwrap();
     // Count: MAX_RESERVATIONS one-page reservations.
-    for id in ids {
-        c.release_reservation(id).unwrap();
+    for r in held_r {
+        c.release_reservation(r).unwrap();
     }
-    let mut ids = Vec::new();
+    let mut held_r = Vec::new();
     for _ in 0..MAX_RESERVATIONS {
-        ids.push(c.reserve(1).unwrap().id);
+        held_r.push(c.reserve(1).unwrap());
     }
     assert_eq!(c.reserve(1).unwrap_err().errno(), libc::ENOBUFS);
     assert!(s.vol.statfs().bfree < free0);
+    // The reservations hold the connection open (see the review tests); the last one
+    // dropped closes it.
     drop(c);
+    drop(held_r);
     eventually("the connection closes", || {
         s.svc.stats().connections_open == 0
     });
@@ -315,21 +340,20 @@ fn child_committer() {
     for g in 1..100_000u32 {
         let mut ps = Vec::new();
         for f in &files {
-            let r = c.reserve(8).unwrap();
-            let mut w = c.window(&r).unwrap();
+            let mut r = c.reserve(8).unwrap();
+            let mut w = r.window();
             for p in 0..8 {
                 w.page_mut(p).fill(g as u8);
                 w.page_mut(p)[..4].copy_from_slice(&g.to_le_bytes());
             }
-            drop(w);
-            ps.push(Placement {
+            ps.push(Place {
                 handle: f.handle,
                 file_offset: 0,
-                reservation: r.id,
+                reservation: r,
                 new_size: NO_NEW_SIZE,
             });
         }
-        c.commit(&ps).unwrap();
+        c.commit(ps).unwrap();
         println!("committed {g}");
     }
 }

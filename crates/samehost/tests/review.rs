@@ -8,7 +8,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use zcfs_samehost::client::{Client, Options, NO_NEW_SIZE};
+use zcfs_samehost::client::{Client, Error, Options, Place, NO_NEW_SIZE};
 use zcfs_samehost::ring::{op, Placement, Sqe};
 use zcfs_samehost::server::MAX_CONNECTIONS;
 
@@ -20,11 +20,10 @@ fn nop() -> Sqe {
 }
 
 /// An application that keeps its ring busy (submit, reap, submit...) must not keep
-/// the service from shutting down: `run_rings` never looks at the stop flag or the
-/// socket while entries keep coming.
-/// (Sound here: the thread leaves `run_rings` at the first gap of DEFAULT_SPIN
-/// between entries and then sees the shut-down socket; on a dedicated core with no
-/// gap it would not, as `run_rings` does not look at the stop flag.)
+/// the service from shutting down. (`run_rings` now looks at the stop flag on every
+/// round; before, this passed only because the thread left `run_rings` at the first
+/// gap of DEFAULT_SPIN between entries: see the spinning test below, which needs no
+/// gap.)
 #[test]
 fn a_flooding_application_does_not_block_shutdown() {
     let mut s = serve("flood");
@@ -38,7 +37,8 @@ fn a_flooding_application_does_not_block_shutdown() {
         // is zero (a NOP); the tail stays exactly `entries` past the published head and
         // every completion is "reaped" at once, all within the rules.
         let c = Client::connect(&sock).unwrap();
-        let r = c.rings_for_tests();
+        // SAFETY: only all-zero entries (NOPs) are submitted; no reservation exists.
+        let r = unsafe { c.rings_for_tests() };
         let deadline = Instant::now() + Duration::from_secs(40);
         for i in 0..u64::MAX {
             if i % 4096 == 0 && (Instant::now() > deadline || d3.load(Ordering::Relaxed)) {
@@ -137,38 +137,197 @@ fn a_dripped_control_message_is_cut_off() {
     );
 }
 
-/// A Window stays writable after its reservation was committed: safe Rust code
-/// changes a committed file's bytes in place, outside the log (and under any lease
-/// of those blocks), through `Window::page_mut`.
+/// (Review finding rv8 #3, fixed.) A Window stayed writable after its reservation was
+/// committed (or released): safe Rust code changed a committed file's bytes in place,
+/// outside the log and under any lease of those blocks, through `Window::page_mut`.
+/// Now a window borrows its `Reservation` and commit and release consume it, so the
+/// write after the commit does not compile: the `compile_fail,E0505` doctest of
+/// `client::Reservation` is that check. What is left to check at run time is every
+/// other safe path that could end a reservation under a live window: a COMMIT or a
+/// RESERVATION_RELEASE entry by `call` or `submit` (the old code sent them, and the
+/// window then wrote the file's block).
 #[test]
-#[ignore = "finding: client::Window outlives its reservation; after COMMIT (or release) safe code writes the file's (or a freed) block in place"]
 fn a_window_cannot_write_after_its_reservation_is_committed() {
-    let s = serve("window");
+    let mut s = serve("window");
     let mut c = Client::connect(&s.sock).unwrap();
     c.direct_map().unwrap();
     let f = c.open("/w", libc::O_RDWR | libc::O_CREAT, 0o644).unwrap();
-    let r = c.reserve(1).unwrap();
-    let mut w = c.window(&r).unwrap();
+    let pbuf = c.register_buffer(4096).unwrap();
+    let mut r = c.reserve(1).unwrap();
+    let id = r.id();
+    let mut w = r.window();
     w.page_mut(0).fill(b'a');
-    c.commit(&[Placement {
+    let wire = Placement {
         handle: f.handle,
         file_offset: 0,
-        reservation: r.id,
+        reservation: id,
+        new_size: NO_NEW_SIZE,
+    };
+    c.buffer_mut(pbuf).unwrap()[..32].copy_from_slice(&wire.encode());
+    let commit = Sqe {
+        op: op::COMMIT,
+        len: 1,
+        buf: pbuf,
+        ..Default::default()
+    };
+    let release = Sqe {
+        op: op::RESERVATION_RELEASE,
+        aux: id,
+        ..Default::default()
+    };
+    for e in [commit, release] {
+        assert_eq!(c.call(e).unwrap_err().errno(), libc::EINVAL, "{e:?}");
+        assert_eq!(c.submit(&[e]).unwrap_err().errno(), libc::EINVAL, "{e:?}");
+    }
+    // Nothing reached the server: the block is still only reserved.
+    assert_eq!(c.stats().unwrap().reservations_active, 1);
+    let ino = s.vol.lookup(&zcfs_volume::Cred::ROOT, 1, b"w").unwrap();
+    assert_eq!(
+        ino.size, 0,
+        "a COMMIT got past the client under a live window"
+    );
+    w.page_mut(0).fill(b'b');
+    c.commit(vec![Place {
+        handle: f.handle,
+        file_offset: 0,
+        reservation: r,
         new_size: NO_NEW_SIZE,
     }])
     .unwrap();
     let l = c.read_extents(f.handle, 0, 4096).unwrap();
-    // After the commit: the block is the file's now.
-    w.page_mut(0).fill(b'Z');
     let buf = c.register_buffer(4096).unwrap();
     assert_eq!(c.read(f.handle, 0, buf, 0, 4096).unwrap(), 4096);
     let now = c.buffer(buf).unwrap()[0];
     let leased = c.mapped().unwrap().bytes(&l.extents[0]).unwrap()[0];
+    assert_eq!((now, leased), (b'b', b'b'));
+    c.release(l.id).unwrap();
+    drop(c);
+    s.stop_and_check();
+}
+
+/// A reservation outlives its client without its blocks going back to the allocator
+/// under its window: it holds the connection open, and the server gives the blocks
+/// back when the last reservation goes. (The old code closed the connection with the
+/// client; the server freed the blocks the window could still write.)
+#[test]
+fn a_reservation_holds_its_connection_open_after_the_client_is_dropped() {
+    let mut s = serve("outlive");
+    let free0 = s.vol.statfs().bfree;
+    let mut c = Client::connect(&s.sock).unwrap();
+    c.direct_map().unwrap();
+    let mut r = c.reserve(3).unwrap();
+    drop(c);
+    std::thread::sleep(Duration::from_millis(300));
+    let st = s.svc.stats();
+    assert_eq!((st.connections_open, st.reservations_active), (1, 1));
+    r.window().fill(&[7u8; 3 * 4096]);
+    drop(r);
+    eventually("the connection closes", || {
+        s.svc.stats().connections_open == 0
+    });
+    assert_eq!(s.svc.stats().reservations_active, 0);
     assert_eq!(
-        (now, leased),
-        (b'a', b'a'),
-        "a committed (and leased) block was changed through the old window"
+        s.vol.statfs().bfree,
+        free0,
+        "reserved blocks not given back"
     );
+    s.stop_and_check();
+}
+
+/// A reservation dropped unused is given back by the client's next `reserve` (it
+/// cannot be named any more, so it would stay held until the connection ended).
+#[test]
+fn a_reservation_dropped_unused_is_given_back() {
+    let mut s = serve("dropped");
+    let mut c = Client::connect(&s.sock).unwrap();
+    c.direct_map().unwrap();
+    let r = c.reserve(2).unwrap();
+    drop(r);
+    assert_eq!(c.dropped_reservations_for_tests(), 1);
+    let r = c.reserve(1).unwrap();
+    assert_eq!(c.dropped_reservations_for_tests(), 0);
+    assert_eq!(c.stats().unwrap().reservations_active, 1);
+    c.release_reservation(r).unwrap();
+    assert_eq!(c.stats().unwrap().reservations_active, 0);
+    // With the ring full of the application's own entries the give-back cannot be
+    // sent: it stays queued (not forgotten) for the next reserve.
+    let mut small = Client::connect_with(
+        &s.sock,
+        &Options {
+            entries: 2,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    small.direct_map().unwrap();
+    let r = small.reserve(1).unwrap();
+    drop(r);
+    small.submit(&[nop(); 2]).unwrap();
+    assert!(matches!(small.reserve(1), Err(Error::RingFull)));
+    assert_eq!(small.dropped_reservations_for_tests(), 1);
+    small.wait(2).unwrap();
+    let r = small.reserve(1).unwrap();
+    assert_eq!(small.dropped_reservations_for_tests(), 0);
+    small.release_reservation(r).unwrap();
+    assert_eq!(c.stats().unwrap().reservations_active, 0);
+    drop((c, small));
+    s.stop_and_check();
+}
+
+/// (Review note, fixed.) A COMMIT that failed part way consumed some of its
+/// reservations and kept others, and the client could not tell which. A failed
+/// commit now consumes all of them: the server takes every named reservation out
+/// before it builds the transaction, and the client gives back any the server kept
+/// (those it refused at its checks). Nothing is left held, the file is unchanged and
+/// no block is lost.
+#[test]
+fn a_failed_commit_consumes_all_its_reservations() {
+    let mut s = serve("failedcommit");
+    let mut c = Client::connect(&s.sock).unwrap();
+    c.direct_map().unwrap();
+    let f = c.open("/fc", libc::O_RDWR | libc::O_CREAT, 0o644).unwrap();
+    let free0 = s.vol.statfs().bfree;
+    let places: Vec<Place> = [0, 100, 8192]
+        .into_iter()
+        .map(|file_offset| {
+            let mut r = c.reserve(1).unwrap();
+            r.window().fill(b"x");
+            Place {
+                handle: f.handle,
+                file_offset,
+                reservation: r,
+                new_size: NO_NEW_SIZE,
+            }
+        })
+        .collect();
+    assert_eq!(c.stats().unwrap().reservations_active, 3);
+    // The middle placement is unaligned: the server refuses the whole commit.
+    assert_eq!(c.commit(places).unwrap_err().errno(), libc::EINVAL);
+    assert_eq!(c.stats().unwrap().reservations_active, 0);
+    let ino = s.vol.lookup(&zcfs_volume::Cred::ROOT, 1, b"fc").unwrap();
+    assert_eq!(ino.size, 0);
+    assert_eq!(s.vol.statfs().bfree, free0, "blocks lost");
+    drop(c);
+    s.stop_and_check();
+}
+
+/// (Review note, fixed.) `run_rings` never looked at the stop flag: a connection
+/// thread inside it (draining, or spinning for more entries) kept `Service::run` from
+/// returning after `shutdown` for as long as entries kept coming or the spin lasted.
+/// Here the spin is a minute, so the old code held shutdown ~60 s.
+#[test]
+fn shutdown_ends_a_connection_whose_thread_spins_on_the_ring() {
+    let mut s = serve_with("spinstop", |c| c.spin = Duration::from_secs(60));
+    let mut c = Client::connect(&s.sock).unwrap();
+    c.call(nop()).unwrap();
+    let t = Instant::now();
+    s.stop();
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "shutdown took {:?} with a spinning connection",
+        t.elapsed()
+    );
+    drop(c);
 }
 
 /// Extreme offsets and lengths in every op: an errno or a sane count, never a crash,
@@ -300,7 +459,9 @@ fn extreme_fields_get_errnos_and_leave_the_volume_clean() {
     ];
     let mut leases = Vec::new();
     for (i, e) in cases.iter().enumerate() {
-        match c.call(*e) {
+        // SAFETY: no reservation of this client exists yet (the COMMIT and
+        // RESERVATION_RELEASE cases name none).
+        match unsafe { c.call_unchecked(*e) } {
             Ok(r) => {
                 assert!(r.result >= 0 && r.result <= 1 << 16, "case {i}: {r:?}");
                 if e.op == op::READ_EXTENTS {
@@ -316,21 +477,19 @@ fn extreme_fields_get_errnos_and_leave_the_volume_clean() {
     // Two placements of the same file range in one commit: the first's block is
     // replaced by the second's and must be freed, not leaked.
     let r1 = c.reserve(1).unwrap();
-    let r2 = c.reserve(1).unwrap();
-    let mut w = c.window(&r2).unwrap();
-    w.page_mut(0).fill(b'2');
-    drop(w);
-    c.commit(&[
-        Placement {
+    let mut r2 = c.reserve(1).unwrap();
+    r2.window().page_mut(0).fill(b'2');
+    c.commit(vec![
+        Place {
             handle: h,
             file_offset: 4096,
-            reservation: r1.id,
+            reservation: r1,
             new_size: NO_NEW_SIZE,
         },
-        Placement {
+        Place {
             handle: h,
             file_offset: 4096,
-            reservation: r2.id,
+            reservation: r2,
             new_size: NO_NEW_SIZE,
         },
     ])
@@ -366,28 +525,56 @@ fn another_connections_handles_leases_and_reservations_are_out_of_reach() {
         libc::EBADF
     );
     assert_eq!(b.release(la.id).unwrap_err().errno(), libc::EINVAL);
-    assert_eq!(
-        b.release_reservation(ra.id).unwrap_err().errno(),
-        libc::EINVAL
-    );
     let place = |handle, reservation| Placement {
         handle,
         file_offset: 0,
         reservation,
         new_size: NO_NEW_SIZE,
     };
+    let release = Sqe {
+        op: op::RESERVATION_RELEASE,
+        aux: ra.id(),
+        ..Default::default()
+    };
+    // SAFETY (these raw entries of B): refused, so A's reservation stays held.
+    let e = unsafe { b.call_unchecked(release) }.unwrap_err();
+    assert_eq!(e.errno(), libc::EINVAL);
+    let e = unsafe { raw_commit(&mut b, bbuf, &[place(fb.handle, ra.id())]) }.unwrap_err();
+    assert_eq!(e.errno(), libc::EINVAL);
+    let e = unsafe { raw_commit(&mut b, bbuf, &[place(fa.handle, ra.id())]) }.unwrap_err();
+    assert_eq!(e.errno(), libc::EBADF);
+    assert!(b.close(fa.handle).is_err());
+    // The typed calls refuse A's reservation before sending (ids are per connection:
+    // B's own reservation of the same number would be the one committed); it goes
+    // back to A, whose next reserve gives it back.
+    let ra2 = a.reserve(1).unwrap();
+    let foreign = Place {
+        handle: fb.handle,
+        file_offset: 0,
+        reservation: ra2,
+        new_size: NO_NEW_SIZE,
+    };
+    assert_eq!(b.commit(vec![foreign]).unwrap_err().errno(), libc::EINVAL);
+    assert_eq!(a.dropped_reservations_for_tests(), 1);
+    let ra3 = a.reserve(1).unwrap();
     assert_eq!(
-        b.commit(&[place(fb.handle, ra.id)]).unwrap_err().errno(),
+        b.release_reservation(ra3).unwrap_err().errno(),
         libc::EINVAL
     );
-    assert_eq!(
-        b.commit(&[place(fa.handle, ra.id)]).unwrap_err().errno(),
-        libc::EBADF
-    );
-    assert!(b.close(fa.handle).is_err());
     // A's are intact.
     a.release(la.id).unwrap();
-    a.commit(&[place(fa.handle, ra.id)]).unwrap();
+    a.commit(vec![Place {
+        handle: fa.handle,
+        file_offset: 0,
+        reservation: ra,
+        new_size: NO_NEW_SIZE,
+    }])
+    .unwrap();
+    a.reserve(1)
+        .map(|r| a.release_reservation(r))
+        .unwrap()
+        .unwrap();
+    assert_eq!(a.stats().unwrap().reservations_active, 0);
     drop((a, b));
     s.stop_and_check();
 }
@@ -502,12 +689,12 @@ fn child_trusted_member() {
     assert!(c.trusted(), "a member of the trust group is trusted");
     c.direct_map().unwrap();
     let f = c.open("/suid", libc::O_RDWR, 0).unwrap();
-    let r = c.reserve(1).unwrap();
-    c.window(&r).unwrap().page_mut(0).fill(b'x');
-    c.commit(&[Placement {
+    let mut r = c.reserve(1).unwrap();
+    r.window().page_mut(0).fill(b'x');
+    c.commit(vec![Place {
         handle: f.handle,
         file_offset: 0,
-        reservation: r.id,
+        reservation: r,
         new_size: NO_NEW_SIZE,
     }])
     .unwrap();

@@ -136,3 +136,29 @@ pub fn eventually(what: &str, mut f: impl FnMut() -> bool) {
     }
     panic!("{what}: not within 20 s");
 }
+
+/// A COMMIT entry sent as is, naming reservations by id (the typed `Client::commit`
+/// takes the reservations themselves): tests of the server's own checks. `buf` is a
+/// registered buffer of at least 32 bytes per placement.
+///
+/// # Safety
+/// As `Client::call_unchecked`: no window of a reservation it commits is written after.
+pub unsafe fn raw_commit(
+    c: &mut zcfs_samehost::client::Client,
+    buf: u32,
+    placements: &[zcfs_samehost::ring::Placement],
+) -> zcfs_samehost::client::Result<()> {
+    use zcfs_samehost::ring::{op, Sqe, PLACEMENT_SIZE};
+    let b = c.buffer_mut(buf)?;
+    for (i, p) in placements.iter().enumerate() {
+        b[i * PLACEMENT_SIZE..(i + 1) * PLACEMENT_SIZE].copy_from_slice(&p.encode());
+    }
+    let e = Sqe {
+        op: op::COMMIT,
+        len: placements.len() as u64,
+        buf,
+        ..Default::default()
+    };
+    // SAFETY: per this function's contract.
+    unsafe { c.call_unchecked(e) }.map(|_| ())
+}
