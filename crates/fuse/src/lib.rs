@@ -230,8 +230,12 @@ impl Filesystem for FuseFs {
         let _ = config.set_max_background(64);
         // ASYNC_DIO: without it the kernel serializes O_DIRECT I/O of one file, so
         // queue depth buys nothing (libfuse asks for it by default too).
+        // Not FUSE_ATOMIC_O_TRUNC: with it the kernel marks the size of every file
+        // opened with O_TRUNC stale, a newly created one too, and fetches it again at
+        // the first write (a GETATTR round trip per `open(O_CREAT|O_TRUNC)` + write).
+        // Without it, a new file costs LOOKUP and CREATE only, and an existing one OPEN
+        // and the kernel's SETATTR of size 0 (as NFSv3 truncates on open).
         let mut want = InitFlags::FUSE_PARALLEL_DIROPS
-            | InitFlags::FUSE_ATOMIC_O_TRUNC
             // The backend drops set-id bits on write, truncate and chown itself, as the
             // caller's identity says (the kernel would otherwise send a chmod as the
             // writer, which a backend checking permissions refuses).
@@ -347,7 +351,20 @@ impl Filesystem for FuseFs {
             mtime: mtime.map(set_time),
         };
         let fh = fh.map_or(0, |f| f.0);
-        self.attr(reply, self.backend.setattr(&self.ctx(req), ino.0, &set, fh))
+        let c = self.ctx(req);
+        let r = match self.backend.setattr(&c, ino.0, &set, fh) {
+            // open(O_RDONLY|O_TRUNC): the kernel truncates through the read-only handle
+            // it just opened, which gives no right to change the size. The size then
+            // changes as truncate(2) by the caller would, which the backend allows only
+            // with the caller's write permission. Any other SETATTR of the size through
+            // a handle comes from ftruncate(2), which the kernel refuses on a read-only
+            // descriptor before asking us.
+            Err(e) if e.errno == libc::EBADF && fh != 0 && set.size.is_some() => {
+                self.backend.setattr(&c, ino.0, &set, 0)
+            }
+            r => r,
+        };
+        self.attr(reply, r)
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
@@ -488,25 +505,8 @@ impl Filesystem for FuseFs {
         };
         match opened {
             Ok(fh) => {
-                // FUSE_ATOMIC_O_TRUNC: the truncation is ours to do.
-                if flags.0 & libc::O_TRUNC != 0 {
-                    let set = SetAttr {
-                        size: Some(0),
-                        ..Default::default()
-                    };
-                    // A read-only handle gives no right to change the size (a server
-                    // refuses it): O_RDONLY|O_TRUNC truncates as its caller, whose
-                    // write permission the open already needed.
-                    let size_fh = if flags.0 & libc::O_ACCMODE == libc::O_RDONLY {
-                        0
-                    } else {
-                        fh
-                    };
-                    if let Err(e) = self.backend.setattr(&c, ino.0, &set, size_fh) {
-                        let _ = self.backend.release(ino.0, fh);
-                        return reply.fail(errno(&e));
-                    }
-                }
+                // O_TRUNC never comes here (no FUSE_ATOMIC_O_TRUNC, see `init`): the
+                // kernel truncates with a SETATTR after the open.
                 self.revalidate(ino.0);
                 reply.opened(FileHandle(fh), self.open_flags())
             }
