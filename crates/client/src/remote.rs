@@ -46,8 +46,8 @@ use zcfs_protocol::{
     StatfsReq, StatsReq, SymlinkReq, SyncAllReq, TmpFileReq, UnlinkReq, WriteReq,
 };
 use zcfs_protocol::{
-    AttrReply, Cred, EntryReply, ForgetItem, ForgetReq, List, LookupName, Name, NodeRef, Operation,
-    ProtoError, RenameFlags, Request, SymlinkTarget, Wire, XattrName, XattrValue, MAX_DATA,
+    Cred, ForgetItem, ForgetReq, List, LookupName, MadeReply, Name, NodeRef, Operation, ProtoError,
+    RemovedReply, RenameFlags, Request, SymlinkTarget, Wire, XattrName, XattrValue, MAX_DATA,
     MAX_ENTRIES, MAX_FORGET_ITEMS,
 };
 
@@ -407,7 +407,7 @@ impl RemoteFs {
 
     /// Make name `n` in `parent` (mknod, mkdir, symlink): the entry the server made is
     /// the caller's, and the parent's cached name and attributes are stale.
-    fn made<O: Operation<Reply = EntryReply>>(
+    fn made<O: Operation<Reply = MadeReply>>(
         &self,
         ctx: &Ctx,
         parent: u64,
@@ -416,12 +416,14 @@ impl RemoteFs {
     ) -> Result<Attr> {
         self.forget_name(parent, n);
         let (r, epoch) = self.call_in(ctx, req, &[])?;
-        Ok(self.entry(r.attr, epoch, Some((parent, n)), true))
+        let a = self.entry(r.attr, epoch, Some((parent, n)), true);
+        self.dir_changed(parent, r.parent);
+        Ok(a)
     }
 
     /// Remove name `n` from `parent` (unlink, rmdir): `req` makes the request of the
     /// parent and the checked name.
-    fn remove<O: Operation<Reply = AttrReply>>(
+    fn remove<O: Operation<Reply = RemovedReply>>(
         &self,
         ctx: &Ctx,
         parent: u64,
@@ -432,6 +434,7 @@ impl RemoteFs {
         self.forget_name(parent, n);
         let r = self.call(ctx, req)?;
         self.removed(&r.attr);
+        self.dir_changed(parent, r.parent);
         Ok(r.attr)
     }
 
@@ -684,7 +687,9 @@ impl Backend for RemoteFs {
         self.forget_attr(ino);
         self.forget_name(newparent, newname);
         let (r, epoch) = self.call_in(ctx, req, &[])?;
-        Ok(self.entry(r.attr, epoch, Some((newparent, newname)), true))
+        let a = self.entry(r.attr, epoch, Some((newparent, newname)), true);
+        self.dir_changed(newparent, r.parent);
+        Ok(a)
     }
 
     fn open(&self, ctx: &Ctx, ino: u64, flags: i32) -> Result<u64> {
@@ -721,6 +726,7 @@ impl Backend for RemoteFs {
         self.forget_name(parent, n);
         let (r, epoch) = self.call_in(ctx, req, &[])?;
         let a = self.entry(r.attr, epoch, Some((parent, n)), true);
+        self.dir_changed(parent, r.parent);
         let fh = self.track(
             ctx,
             a.ino,

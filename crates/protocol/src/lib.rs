@@ -43,7 +43,10 @@ pub use wire::{Reader, Wire};
 /// secret (`channel`: a MAC trailer after each body, optionally a payload MAC) and
 /// binds the handshake proofs to its whole transcript. Version 8 adds `L2Setup` (the
 /// layer-2 lane, `l2`); version 9 `L2Release` (the lane's fence, so writes may ride it).
-pub const VERSION: u8 = 9;
+/// Version 10: the replies of operations that change a directory carry its attributes
+/// after the change (`MadeReply`, `RemovedReply`, `CreateReply::parent`), as NFS's
+/// post-operation attributes, so a client need not ask for them again.
+pub const VERSION: u8 = 10;
 pub const REQ_MAGIC: u16 = 0x515a; // "ZQ"
 pub const RESP_MAGIC: u16 = 0x525a; // "ZR"
 /// Size of the fixed request header.

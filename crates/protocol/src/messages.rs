@@ -372,6 +372,26 @@ wire_struct! {
 }
 
 wire_struct! {
+    /// An inode made or linked into a directory (mknod, mkdir, symlink, link): its
+    /// entry (with a reference, as `EntryReply`) and the directory's attributes after
+    /// the change (None: the server could not read them; the client asks when it
+    /// needs them).
+    pub struct MadeReply {
+        pub attr: Attr,
+        pub parent: Option<Attr>,
+    }
+}
+
+wire_struct! {
+    /// A name removed (unlink, rmdir): the inode's attributes as they are now, and the
+    /// directory's after the change (None: unknown).
+    pub struct RemovedReply {
+        pub attr: Attr,
+        pub parent: Option<Attr>,
+    }
+}
+
+wire_struct! {
     pub struct ReadlinkReply {
         pub target: SymlinkTarget,
     }
@@ -388,10 +408,12 @@ wire_struct! {
 }
 
 wire_struct! {
-    /// An entry (with a reference) and a handle.
+    /// An entry (with a reference) and a handle; for a create, the directory's
+    /// attributes after it (None for a tmpfile, which names nothing, or unknown).
     pub struct CreateReply {
         pub attr: Attr,
         pub fh: u64,
+        pub parent: Option<Attr>,
     }
 }
 

@@ -119,12 +119,31 @@ impl<'a> Lane<'a> {
         EntryReply { attr }
     }
 
+    /// An inode made in (or linked into) `parent`: its entry and the directory's
+    /// attributes after the change.
+    fn made(&self, attr: zcfs_backend::Attr, parent: u64) -> MadeReply {
+        let EntryReply { attr } = self.entry(attr);
+        MadeReply {
+            attr,
+            parent: self.dir_after(parent),
+        }
+    }
+
+    /// A directory's attributes after an operation changed it, for the client to cache
+    /// (it need not ask again). The operation is done whatever this finds: a
+    /// directory that cannot be read now is sent as unknown.
+    fn dir_after(&self, dir: u64) -> Option<zcfs_backend::Attr> {
+        self.shared.backend.getattr(dir).ok()
+    }
+
     /// A new inode the backend made and opened (create, tmpfile): the session keeps
     /// its handle and the entry's reference; a refused handle gives the reference back.
+    /// `parent`: the directory a create named it in (None: a tmpfile).
     fn created(
         &self,
         (attr, backend_fh): (zcfs_backend::Attr, u64),
         flags: i32,
+        parent: Option<u64>,
     ) -> Result<CreateReply> {
         let fh = self
             .add_handle(Handle {
@@ -135,7 +154,11 @@ impl<'a> Lane<'a> {
             })
             .inspect_err(|_| self.shared.backend.forget(attr.ino, 1))?;
         let EntryReply { attr } = self.entry(attr);
-        Ok(CreateReply { attr, fh })
+        Ok(CreateReply {
+            attr,
+            fh,
+            parent: parent.and_then(|p| self.dir_after(p)),
+        })
     }
 
     /// Register a handle the backend opened; on refusal (too many) close it again.
@@ -210,29 +233,32 @@ impl<'a> Lane<'a> {
                     r.mode,
                     r.rdev,
                 )?;
-                Reply::Mknod(self.entry(a))
+                Reply::Mknod(self.made(a, r.parent.ino))
             }
             Request::Mkdir(r) => {
                 let _g = self.hold([r.parent])?;
                 let c = creator(ctx, r.umask);
-                Reply::Mkdir(self.entry(b.mkdir(&c, r.parent.ino, &r.name, r.mode)?))
+                let a = b.mkdir(&c, r.parent.ino, &r.name, r.mode)?;
+                Reply::Mkdir(self.made(a, r.parent.ino))
             }
             Request::Unlink(r) => {
                 let _g = self.hold([r.parent])?;
-                Reply::Unlink(AttrReply {
+                Reply::Unlink(RemovedReply {
                     attr: b.unlink(ctx, r.parent.ino, &r.name)?,
+                    parent: self.dir_after(r.parent.ino),
                 })
             }
             Request::Rmdir(r) => {
                 let _g = self.hold([r.parent])?;
-                Reply::Rmdir(AttrReply {
+                Reply::Rmdir(RemovedReply {
                     attr: b.rmdir(ctx, r.parent.ino, &r.name)?,
+                    parent: self.dir_after(r.parent.ino),
                 })
             }
             Request::Symlink(r) => {
                 let _g = self.hold([r.parent])?;
                 let a = b.symlink(ctx, r.parent.ino, &r.name, &r.target)?;
-                Reply::Symlink(self.entry(a))
+                Reply::Symlink(self.made(a, r.parent.ino))
             }
             Request::Rename(r) => {
                 let _g = self.hold([r.parent, r.new_parent])?;
@@ -249,7 +275,7 @@ impl<'a> Lane<'a> {
             Request::Link(r) => {
                 let _g = self.hold([r.node, r.new_parent])?;
                 let a = b.link(ctx, r.node.ino, r.new_parent.ino, &r.new_name)?;
-                Reply::Link(self.entry(a))
+                Reply::Link(self.made(a, r.new_parent.ino))
             }
             Request::Open(r) => {
                 let write =
@@ -278,7 +304,7 @@ impl<'a> Lane<'a> {
                 self.session.has_room()?;
                 let c = creator(ctx, r.umask);
                 let made = b.create(&c, r.parent.ino, &r.name, r.mode, r.flags)?;
-                Reply::Create(self.created(made, r.flags)?)
+                Reply::Create(self.created(made, r.flags, Some(r.parent.ino))?)
             }
             Request::TmpFile(r) => {
                 // As create: the session keeps the handle and the entry's reference,
@@ -287,7 +313,7 @@ impl<'a> Lane<'a> {
                 self.session.has_room()?;
                 let c = creator(ctx, r.umask);
                 let made = b.tmpfile(&c, r.parent.ino, r.mode, r.flags)?;
-                Reply::TmpFile(self.created(made, r.flags)?)
+                Reply::TmpFile(self.created(made, r.flags, None)?)
             }
             Request::Flush(r) => {
                 let (bfh, _g) = self.handle_for(ctx, r.node, r.fh, Access::Any)?;

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use zcfs_backend::*;
 use zcfs_protocol::{
-    Cred, EntryReply, FallocateReq, GetattrReq, MkdirReq, Name, NodeRef, OpenReply, OpenReq,
+    Cred, FallocateReq, GetattrReq, MadeReply, MkdirReq, Name, NodeRef, OpenReply, OpenReq,
     ReadReq, Request, Wire, WriteReq,
 };
 use zcfs_server::{ServerConfig, REPLY_CACHE_ENTRIES};
@@ -44,7 +44,7 @@ fn a_resent_request_is_answered_from_the_reply_cache() {
     let mut a = srv.raw(0x5e55);
     let first = call_id(&mut a, 7, mkdir("d"));
     assert_eq!(first.status, 0);
-    let d = EntryReply::decode(&first.body).unwrap().attr;
+    let d = MadeReply::decode(&first.body).unwrap().attr;
     drop(a);
     let mut b = srv.raw(0x5e55);
     let again = call_id(&mut b, 7, mkdir("d"));

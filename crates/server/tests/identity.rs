@@ -164,7 +164,7 @@ fn owner_of_mkdir(map: IdentityMap, c: Cred, groups: &[u32]) -> (u32, u32) {
         &[],
     );
     assert_eq!(r.status, 0);
-    let a = EntryReply::decode(&r.body).unwrap().attr;
+    let a = MadeReply::decode(&r.body).unwrap().attr;
     (a.uid, a.gid)
 }
 

@@ -524,7 +524,7 @@ fn device_nodes_and_file_capabilities_need_privilege() {
         owner,
     );
     assert_eq!(file.status, 0);
-    let tool = EntryReply::decode(&file.body).unwrap().attr.ino;
+    let tool = MadeReply::decode(&file.body).unwrap().attr.ino;
     // VFS_CAP_REVISION_2 with CAP_SETUID (7) permitted and effective.
     let mut cap = vec![0u8; 20];
     cap[..4].copy_from_slice(&(0x0200_0001u32).to_le_bytes());

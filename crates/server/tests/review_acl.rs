@@ -58,7 +58,7 @@ fn a_chmod_and_size_setattr_on_an_acl_directory_does_not_take_the_server_down() 
     };
     let made = mkdir(&mut raw, "d");
     assert_eq!(made.status, 0);
-    let d = EntryReply::decode(&made.body).unwrap().attr.ino;
+    let d = MadeReply::decode(&made.body).unwrap().attr.ino;
     let set = raw.call_by(
         SetxattrReq {
             node: NodeRef::ino(d),

@@ -47,7 +47,7 @@ fn shared_dir(raw: &mut Raw) -> u64 {
         ALICE,
     );
     assert_eq!(made.status, 0);
-    EntryReply::decode(&made.body).unwrap().attr.ino
+    MadeReply::decode(&made.body).unwrap().attr.ino
 }
 
 /// Alice's O_TMPFILE file (mode 0666, linkable) is reachable only through her open

@@ -396,3 +396,79 @@ fn a_readers_close_needs_no_round_trip_and_a_writers_commits() {
         fs.release(a.ino, wfh).unwrap();
     });
 }
+
+/// Operations that change a directory bring its attributes after the change (protocol
+/// 10), so the directory's attributes are known without a GETATTR round trip (the
+/// kernel asks for them after every create, to check the next path walk) and are
+/// exactly what the server holds, after each kind of change.
+#[test]
+fn a_changed_directory_is_known_from_the_reply_without_a_round_trip() {
+    let net = Net::new();
+    let srv = Served::new(&net, "dirattr", &[]);
+    net.in_cli(|| {
+        let fs = srv.client(&net, Duration::from_secs(5));
+        let c = ctx();
+        let d = fs.mkdir(&c, ROOT, b"d", 0o755).unwrap();
+        let (f, fh) = fs
+            .create(&c, d.ino, b"f", libc::S_IFREG | 0o644, libc::O_RDWR)
+            .unwrap();
+        fs.release(f.ino, fh).unwrap();
+        // What the server holds, asked by a client with nothing cached.
+        let truth = |ino| {
+            let fresh = srv.client(&net, Duration::from_secs(5));
+            fresh.getattr(ino).unwrap()
+        };
+        let steps: Vec<(&str, Box<dyn Fn()>)> = vec![
+            ("create", {
+                let fs = &fs;
+                Box::new(move || {
+                    let (g, fh) = fs
+                        .create(&ctx(), d.ino, b"g", libc::S_IFREG | 0o644, libc::O_RDWR)
+                        .unwrap();
+                    fs.release(g.ino, fh).unwrap();
+                })
+            }),
+            (
+                "mkdir",
+                Box::new(|| drop(fs.mkdir(&ctx(), d.ino, b"sub", 0o700).unwrap())),
+            ),
+            (
+                "symlink",
+                Box::new(|| drop(fs.symlink(&ctx(), d.ino, b"s", b"f").unwrap())),
+            ),
+            ("mknod", {
+                Box::new(|| {
+                    drop(
+                        fs.mknod(&ctx(), d.ino, b"p", libc::S_IFIFO | 0o600, 0)
+                            .unwrap(),
+                    )
+                })
+            }),
+            (
+                "link",
+                Box::new(|| drop(fs.link(&ctx(), f.ino, d.ino, b"f2").unwrap())),
+            ),
+            (
+                "unlink",
+                Box::new(|| drop(fs.unlink(&ctx(), d.ino, b"f2").unwrap())),
+            ),
+            (
+                "rmdir",
+                Box::new(|| drop(fs.rmdir(&ctx(), d.ino, b"sub").unwrap())),
+            ),
+        ];
+        for (what, step) in steps {
+            let before = served(&fs, "getattr");
+            // Server clocks tick; a change in the same instant would not show.
+            std::thread::sleep(Duration::from_millis(2));
+            step();
+            let known = fs.getattr(d.ino).unwrap();
+            assert_eq!(served(&fs, "getattr"), before, "{what}: asked the server");
+            assert_eq!(
+                known,
+                truth(d.ino),
+                "{what}: the directory as the server has it"
+            );
+        }
+    });
+}

@@ -97,6 +97,24 @@ impl Meta {
     }
 
     /// Drop what we know of `ino` (its names and attributes too).
+    /// See `RemoteFs::dir_changed`.
+    fn dir_changed(&mut self, dir: u64, after: Option<Attr>, caching: bool) {
+        let Some(a) = after.filter(|a| a.ino == dir && caching) else {
+            self.attrs.remove(&dir);
+            return;
+        };
+        match self.attrs.get(&dir) {
+            Some((cached, _)) if cached.ctime > a.ctime => {}
+            Some((cached, _)) if cached.ctime == a.ctime && *cached != a => {
+                self.attrs.remove(&dir);
+            }
+            _ => {
+                self.nodes.entry(dir).or_default().gen = a.generation;
+                self.attrs.insert(dir, (a, Instant::now()));
+            }
+        }
+    }
+
     pub(super) fn drop_node(&mut self, ino: u64) {
         let Some(node) = self.nodes.remove(&ino) else {
             return;
@@ -141,6 +159,14 @@ impl RemoteFs {
         if self.caching() {
             m.attrs.insert(a.ino, (a.clone(), Instant::now()));
         }
+    }
+
+    /// Directory `dir` was changed by an operation of ours whose reply says what it is
+    /// now (None: unknown, so it is forgotten and asked for when needed). Kept unless
+    /// what is cached is newer (the reply of a later operation came first): a newer
+    /// ctime wins; equal ctimes with different attributes leave neither.
+    pub(super) fn dir_changed(&self, dir: u64, after: Option<Attr>) {
+        lock(&self.meta).dir_changed(dir, after, self.caching());
     }
 
     pub(super) fn forget_attr(&self, ino: u64) {
@@ -231,6 +257,51 @@ mod tests {
     use super::*;
 
     const ACL: &[u8] = b"system.posix_acl_access";
+
+    fn dir(ctime: i64, size: u64) -> Attr {
+        Attr {
+            ino: 9,
+            size,
+            ctime: zcfs_backend::Time {
+                sec: ctime,
+                nsec: 0,
+            },
+            ..Default::default()
+        }
+    }
+
+    /// Replies of two operations on one directory may be handled in either order: the
+    /// later change's attributes stay; equal ctimes that disagree leave nothing
+    /// cached; an unknown or wrong directory, or no caching, leaves nothing either.
+    #[test]
+    fn a_directorys_attributes_from_replies_keep_the_newest() {
+        let cached = |m: &Meta| m.attrs.get(&9).map(|(a, _)| a.size);
+        let mut m = Meta::default();
+        m.dir_changed(9, Some(dir(10, 1)), true);
+        assert_eq!(cached(&m), Some(1));
+        m.dir_changed(9, Some(dir(12, 3)), true);
+        m.dir_changed(9, Some(dir(11, 2)), true);
+        assert_eq!(cached(&m), Some(3), "an older reply replaced a newer");
+        m.dir_changed(9, Some(dir(12, 3)), true);
+        assert_eq!(cached(&m), Some(3));
+        m.dir_changed(9, Some(dir(12, 4)), true);
+        assert_eq!(cached(&m), None, "same ctime, other attributes");
+        m.dir_changed(9, Some(dir(13, 5)), true);
+        m.dir_changed(9, None, true);
+        assert_eq!(cached(&m), None, "unknown after the change");
+        m.dir_changed(9, Some(dir(14, 6)), true);
+        m.dir_changed(
+            9,
+            Some(Attr {
+                ino: 8,
+                ..dir(15, 7)
+            }),
+            true,
+        );
+        assert_eq!(cached(&m), None, "another inode's attributes");
+        m.dir_changed(9, Some(dir(16, 8)), false);
+        assert_eq!(cached(&m), None, "cached without caching");
+    }
 
     #[test]
     fn an_absent_xattr_counts_in_the_age_of_its_inode_until_forgotten() {

@@ -342,6 +342,13 @@ fn request_for(op: Op) -> BoxedStrategy<Request> {
 fn reply_for(op: Op) -> BoxedStrategy<Reply> {
     let entry_reply = || attr().prop_map(|attr| EntryReply { attr });
     let attr_reply = || attr().prop_map(|attr| AttrReply { attr });
+    let made_reply = || {
+        (attr(), proptest::option::of(attr())).prop_map(|(attr, parent)| MadeReply { attr, parent })
+    };
+    let removed_reply = || {
+        (attr(), proptest::option::of(attr()))
+            .prop_map(|(attr, parent)| RemovedReply { attr, parent })
+    };
     match op {
         Op::Lookup => entry_reply().prop_map(Reply::Lookup).boxed(),
         Op::Getattr => attr_reply().prop_map(Reply::Getattr).boxed(),
@@ -349,21 +356,27 @@ fn reply_for(op: Op) -> BoxedStrategy<Reply> {
         Op::Readlink => target()
             .prop_map(|target| Reply::Readlink(ReadlinkReply { target }))
             .boxed(),
-        Op::Mknod => entry_reply().prop_map(Reply::Mknod).boxed(),
-        Op::Mkdir => entry_reply().prop_map(Reply::Mkdir).boxed(),
-        Op::Unlink => attr_reply().prop_map(Reply::Unlink).boxed(),
-        Op::Rmdir => attr_reply().prop_map(Reply::Rmdir).boxed(),
-        Op::Symlink => entry_reply().prop_map(Reply::Symlink).boxed(),
+        Op::Mknod => made_reply().prop_map(Reply::Mknod).boxed(),
+        Op::Mkdir => made_reply().prop_map(Reply::Mkdir).boxed(),
+        Op::Unlink => removed_reply().prop_map(Reply::Unlink).boxed(),
+        Op::Rmdir => removed_reply().prop_map(Reply::Rmdir).boxed(),
+        Op::Symlink => made_reply().prop_map(Reply::Symlink).boxed(),
         Op::Rename => Just(Reply::Rename(EmptyReply {})).boxed(),
-        Op::Link => entry_reply().prop_map(Reply::Link).boxed(),
+        Op::Link => made_reply().prop_map(Reply::Link).boxed(),
         Op::Open => (1u64.., attr())
             .prop_map(|(fh, attr)| Reply::Open(OpenReply { fh, attr }))
             .boxed(),
-        Op::Create => (attr(), 1u64..)
-            .prop_map(|(attr, fh)| Reply::Create(CreateReply { attr, fh }))
+        Op::Create => (attr(), 1u64.., proptest::option::of(attr()))
+            .prop_map(|(attr, fh, parent)| Reply::Create(CreateReply { attr, fh, parent }))
             .boxed(),
         Op::TmpFile => (attr(), 1u64..)
-            .prop_map(|(attr, fh)| Reply::TmpFile(CreateReply { attr, fh }))
+            .prop_map(|(attr, fh)| {
+                Reply::TmpFile(CreateReply {
+                    attr,
+                    fh,
+                    parent: None,
+                })
+            })
             .boxed(),
         Op::Read => Just(Reply::Read(EmptyReply {})).boxed(),
         Op::Write => any::<u32>()
