@@ -701,7 +701,6 @@ fn the_stats_show_the_lane_and_the_requests_per_path() {
 /// request (here a statfs held 4 s) rather than L2_REPLY_TIMEOUT and a TCP resend.
 /// Before the fence such a read went to TCP at once; only writes and lseek need it.
 #[test]
-#[ignore = "finding (rv9): passes only when the read's connection is not one the server holds for the fence or the stalled request's resend (see tcp_requests_after_the_lane_fell_...)"]
 fn a_read_on_a_falling_lane_is_not_held_behind_the_fence() {
     if !l2_ready() {
         return;
@@ -894,7 +893,6 @@ fn a_mkdir_lost_with_the_lane_is_not_run_again_in_a_new_session() {
 /// the client timeout, which breaks the connection, and the redial waits too). Here
 /// reads of a file after the lane went down, during a statfs held at the server.
 #[test]
-#[ignore = "finding: after the lane falls, TCP requests queue behind the fence and the stalled request's resend on the server's one-by-one connections"]
 fn tcp_requests_after_the_lane_fell_are_not_held_behind_the_fence_on_their_connection() {
     if !l2_ready() {
         return;
