@@ -607,12 +607,23 @@ fn execute(r: &mut Run, lane: &Lane<'_>, q: &L2Request<'_>, t: Instant) -> Optio
     };
     let mut claim = None;
     if h.op.cached() {
-        match lane.session.begin(h.id, h.op) {
-            Begin::Replay(reply) => {
+        match lane.session.begin_until(h.id, h.op, Instant::now()) {
+            Some(Begin::Replay(reply)) => {
                 stats.replies_replayed.fetch_add(1, Ordering::Relaxed);
                 return Some(reply.to_vec());
             }
-            Begin::Run(c) => claim = Some(c),
+            Some(Begin::Run(c)) => claim = Some(c),
+            // Its resend on TCP runs now: the client sends one only after it gave this
+            // copy up, so no one waits for this answer. Dropped, rather than waited for
+            // on the service thread, which every lane request needs.
+            None => {
+                tracing::debug!(
+                    op = h.op.name(),
+                    id = h.id,
+                    "layer-2 copy of a request running on TCP dropped"
+                );
+                return None;
+            }
         }
     }
     let ctx = lane.caller(h, groups);

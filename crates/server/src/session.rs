@@ -216,6 +216,8 @@ impl Session {
     /// A request with session side effects (`Op::cached`) arrived: answer it from the
     /// reply cache if this id was executed before (with this operation), wait for it if
     /// it is executing now (a resend that overtook the first attempt), or claim it.
+    /// (Tests: the server's requests wait with a deadline, `begin_until`.)
+    #[cfg(test)]
     pub fn begin(&self, id: u64, op: Op) -> Begin<'_> {
         loop {
             if let Some(b) = self.begin_until(id, op, Instant::now() + Duration::from_secs(1)) {
