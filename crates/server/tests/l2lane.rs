@@ -41,7 +41,14 @@ fn l2_ready() -> bool {
 /// The image the server's data socket maps: a /dev/shm file (removed from the
 /// directory at once).
 fn shm_image(label: &str, len: usize) -> std::fs::File {
-    let path = format!("/dev/shm/zcfs-l2lane-{}-{label}", std::process::id());
+    // One name per image: tests running at once in this process each make one (with
+    // the same label, one removed the other's name before it did).
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let path = format!(
+        "/dev/shm/zcfs-l2lane-{}-{}-{label}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    );
     let f = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -609,7 +616,11 @@ fn a_write_resent_on_tcp_after_a_lane_timeout_is_not_executed_again_later() {
             std::thread::sleep(L2_RETRY_AFTER + Duration::from_millis(200));
             let before = l2_count(&c, Op::Read);
             assert_eq!(read(&c, &f, 0, 4), b"BBBB");
-            assert!(c.l2_status().unwrap().0, "the lane is up again");
+            assert!(
+                c.l2_status().is_some_and(|s| s.0),
+                "the lane is up again: {:?}",
+                c.lane_report()
+            );
             write(&c, &f, 0, b"CCCC");
             assert_eq!(read(&c, &f, 0, 4), b"CCCC");
             assert!(l2_count(&c, Op::Read) > before, "reads ride the new lane");
@@ -874,10 +885,17 @@ fn a_mkdir_lost_with_the_lane_is_not_run_again_in_a_new_session() {
     let r = mkdir.join().unwrap();
     match r {
         Ok(_) => {}
+        // Any error of the link (the client's `is_transport`): "may or may not have
+        // run". ECONNREFUSED too: the fence or the resend dialled while the server was
+        // restarting (seen in about 1 of 30 runs under load).
         Err(e) => assert!(
             matches!(
                 e.errno,
-                libc::ETIMEDOUT | libc::ENOTCONN | libc::ECONNRESET | libc::EPIPE
+                libc::ETIMEDOUT
+                    | libc::ENOTCONN
+                    | libc::ECONNRESET
+                    | libc::EPIPE
+                    | libc::ECONNREFUSED
             ),
             "the mkdir ran twice: it made the directory, then failed with {e:?}"
         ),
