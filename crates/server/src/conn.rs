@@ -311,13 +311,14 @@ impl Out {
     }
 }
 
-/// A connection's place for a waiting reply, given back when dropped (the reply sent,
-/// or its thread never started).
-struct WaitingPlace<'a>(&'a Out);
+/// A connection's place for a waiting reply (counted in the server's
+/// `replies_waiting` too), given back when dropped: its thread ended, or never started.
+struct WaitingPlace<'a>(&'a Out, &'a crate::ServerStats);
 
 impl Drop for WaitingPlace<'_> {
     fn drop(&mut self) {
         self.0.waiting.fetch_sub(1, Ordering::SeqCst);
+        self.1.replies_waiting.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -738,7 +739,11 @@ impl<'a> Conn<'a> {
             .is_ok();
         if placed {
             // Given back with the job, run or not.
-            let place = WaitingPlace(out);
+            self.shared
+                .stats
+                .replies_waiting
+                .fetch_add(1, Ordering::Relaxed);
+            let place = WaitingPlace(out, &self.shared.stats);
             let (lane, h2, what2) = (self.lane.clone(), *h, what.clone());
             let job = Box::new(move || {
                 let _place = place;

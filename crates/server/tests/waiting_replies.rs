@@ -181,6 +181,7 @@ fn resends_of_a_running_request_wait_off_their_connection_up_to_the_bound() {
             .expect("a ping after the waiting resends was held behind them");
         assert_eq!((got, r.status), (1000 + round, 0));
         assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+        assert_eq!(srv.report().replies_waiting, MAX_WAITING_REPLIES);
         let mut resends = MAX_WAITING_REPLIES;
         if round == 0 {
             // At the bound: this one waits on the connection's thread.
@@ -190,6 +191,7 @@ fn resends_of_a_running_request_wait_off_their_connection_up_to_the_bound() {
                 receive_within(&mut b, Duration::from_millis(500)).is_none(),
                 "a resend over the bound did not wait on its connection's thread"
             );
+            assert_eq!(srv.report().replies_waiting, MAX_WAITING_REPLIES);
             resends += 1;
         }
         gate.set_open(true);
@@ -222,6 +224,10 @@ fn resends_of_a_running_request_wait_off_their_connection_up_to_the_bound() {
             resends,
             "{ids:?}"
         );
+        // Their threads end just after their replies went out: the places are free.
+        eventually(Duration::from_secs(5), "the places were given back", || {
+            srv.report().replies_waiting == 0
+        });
     }
     let r = srv.report();
     assert_eq!(r.ops["mkdir"].count, 2, "each mkdir ran once");
@@ -278,6 +284,7 @@ fn a_connection_ending_with_waiting_replies_ends_at_once() {
     eventually(Duration::from_secs(2), "b's connection ended", || {
         srv.report().connections_active == 1
     });
+    assert_eq!(srv.report().replies_waiting, 0, "ended with the connection");
     gate.set_open(true);
     assert_eq!(a.receive(7).status, 0);
 }
