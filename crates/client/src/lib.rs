@@ -754,9 +754,20 @@ impl Client {
         self.conn(i)
     }
 
-    /// Send a request (and write data) without waiting for the reply.
+    /// Send a request (and write data) without waiting for the reply. It goes on TCP,
+    /// but after the lane's fence as `call`'s requests do (`l2_unfenced`): with the lane
+    /// down and not yet fenced at the server, a lane request the caller was told had
+    /// failed may still run there, and must not overtake this one (review rv9: a
+    /// write-behind write was overwritten by a lane write that had failed before it).
     pub fn submit(&self, req: &Request, cred: Caller<'_>, data: &[&[u8]]) -> Result<Ticket, Error> {
         cred.check()?;
+        if let Some(lane) = self.l2_down_unfenced() {
+            if l2::free_of_effects(req.op()) {
+                self.l2_fence_start(&lane, false);
+            } else {
+                self.l2_fence(&lane)?;
+            }
+        }
         let conn = self.pick()?;
         let id = self.ids.fetch_add(1, Ordering::Relaxed);
         self.submit_on(conn, id, req, cred, data, true)
@@ -1009,6 +1020,15 @@ impl Client {
         match sent_in {
             Some(epoch) => L2Try::FellOff(epoch),
             None => L2Try::Tcp,
+        }
+    }
+
+    /// The lane, if it is down and the server has not answered its fence yet (what
+    /// `l2_lane` calls `Unfenced`, without setting a lane up).
+    fn l2_down_unfenced(&self) -> Option<Arc<l2::L2Lane>> {
+        match &*lock(&self.l2) {
+            L2State::Up(l) if !l.is_up() && l.fenced_at().is_none() => Some(l.clone()),
+            _ => None,
         }
     }
 

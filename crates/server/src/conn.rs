@@ -3,15 +3,22 @@
 //! Once a message has begun to arrive, each receive of the rest must get bytes within
 //! the peer timeout (SO_RCVTIMEO), and each send of a reply must make progress within it
 //! (SO_SNDTIMEO): a peer that stalls longer is dropped.
+//!
+//! A connection's requests run one by one on its thread, except a reply that waits for
+//! something the requests after it need not wait for (`Awaited`: the layer-2 fence, a
+//! resend whose first attempt still runs). Such a reply waits on a thread of its own
+//! (at most `MAX_WAITING_REPLIES` per connection) and goes out when it is ready; the
+//! client matches replies by id. Every reply is written whole under the connection's
+//! writer lock (`Out`), so tags follow wire order.
 
 use crate::dispatch::Held;
-use crate::session::{Access, Begin, Claim, Session};
+use crate::session::{lock, Access, Begin, Claim, Session};
 use crate::{PeerRule, Shared};
 use std::io::{IoSlice, IoSliceMut, Read};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use zcfs_backend::{payload_to_vec, Ctx, Error, WritePayload, R_OK, W_OK};
 use zcfs_protocol::channel::{Mac, MacError, MessageMac, TAG_LEN};
 use zcfs_protocol::{
@@ -22,6 +29,14 @@ use zcfs_transport::{
     message_time, read_exact_vectored, read_message_start, write_all_vectored, Patient, Start,
     Stream,
 };
+
+/// Most replies one connection has waiting off its thread at once (`Awaited`). A
+/// client has one fence and a few resends out at a time; beyond the bound such a reply
+/// waits on the connection's own thread (correct, but the requests after it on the
+/// connection wait too), so a peer cannot make the server start threads without end.
+pub const MAX_WAITING_REPLIES: usize = 8;
+/// How often a waiting reply looks whether its connection ended (no one to answer).
+const WAIT_SLICE: Duration = Duration::from_millis(50);
 
 /// Why a connection ended.
 #[derive(Debug, thiserror::Error)]
@@ -138,7 +153,22 @@ impl<'a> Lane<'a> {
     }
 }
 
+/// Starts a waiting reply's thread (scoped to the connection's: it ends before the
+/// connection gives its lane and session back).
+pub(crate) type Spawn<'a> = dyn Fn(Box<dyn FnOnce() + Send + 'a>) -> std::io::Result<()> + 'a;
+
+/// The `Spawn` of a connection served inside `scope`.
+pub(crate) fn spawner<'s, 'e>(scope: &'s std::thread::Scope<'s, 'e>) -> Box<Spawn<'s>> {
+    Box::new(move |job| {
+        std::thread::Builder::new()
+            .name("zcfs-reply-wait".into())
+            .spawn_scoped(scope, job)
+            .map(drop)
+    })
+}
+
 pub(crate) struct Conn<'a> {
+    /// The socket requests are read from (replies go out through `out`).
     pub s: Stream,
     pub lane: Lane<'a>,
     /// The session (`lane.session`), to hand to the layer-2 lane.
@@ -148,11 +178,227 @@ pub(crate) struct Conn<'a> {
     pub l2_hold: Option<crate::l2::Hold>,
     /// Some of the current request's reply went out (after a panic no answer fits).
     pub replying: bool,
-    /// The channel's MACs (send, receive) when authenticated.
-    pub tx: Option<Mac>,
+    /// The channel's receive MAC when authenticated (the send MAC is in `out`).
     pub rx: Option<Mac>,
     /// The message being received: its deadline and what is left of its payload.
     pub inbound: Inbound,
+    /// Where replies are written, by this thread and the waiting replies' threads.
+    pub out: &'a Out,
+    pub spawn: Box<Spawn<'a>>,
+}
+
+/// The sending side of a connection: the socket and its send MAC, held together (a
+/// reply's tag is computed in the order it goes on the wire), shared by the
+/// connection's thread and its waiting replies. The lock is held for one reply's
+/// write, which the send timeout bounds, and only this connection's replies wait for
+/// it: it is the connection's own socket.
+pub(crate) struct Out {
+    w: Mutex<Writer>,
+    /// The same socket, to shut it down without waiting for the writer.
+    control: Stream,
+    /// The connection ended: waiting replies stop waiting.
+    closed: AtomicBool,
+    /// Replies waiting on threads of their own now (at most `MAX_WAITING_REPLIES`).
+    waiting: AtomicUsize,
+}
+
+struct Writer {
+    s: Stream,
+    tx: Option<Mac>,
+    /// A write failed part way: the stream is out of step, nothing more goes out.
+    broken: bool,
+}
+
+impl Out {
+    pub fn new(s: &Stream, tx: Option<Mac>) -> std::io::Result<Out> {
+        Ok(Out {
+            w: Mutex::new(Writer {
+                s: s.try_clone()?,
+                tx,
+                broken: false,
+            }),
+            control: s.try_clone()?,
+            closed: AtomicBool::new(false),
+            waiting: AtomicUsize::new(0),
+        })
+    }
+
+    /// The connection ended (or must): waiting replies stop, a write in progress fails
+    /// now, and the connection's thread stops reading.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        let _ = self.control.shutdown(std::net::Shutdown::Both);
+    }
+
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
+    /// Write one reply with `f`, which gets the socket and the send MAC, under the
+    /// writer's lock. After a failed write nothing more is sent and the connection
+    /// ends: the stream is out of step.
+    fn write(
+        &self,
+        f: impl FnOnce(&mut Stream, Option<&mut Mac>) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        let mut w = lock(&self.w);
+        if w.broken || self.is_closed() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::BrokenPipe,
+                "the connection's replies ended",
+            ));
+        }
+        let Writer { s, tx, .. } = &mut *w;
+        let r = f(s, tx.as_mut());
+        if r.is_err() {
+            w.broken = true;
+            drop(w);
+            self.close();
+        }
+        r
+    }
+
+    /// Send a reply's header and body, with their tag on an authenticated connection.
+    fn send_parts(&self, rh: &[u8], body: &[u8]) -> Result<(), ConnEnd> {
+        self.write(|s, tx| {
+            let tag = tx.map(|tx| tx.begin(rh, body).tag());
+            let tag: &[u8] = tag.as_ref().map_or(&[], |t| t);
+            write_all_vectored(
+                s,
+                &mut [IoSlice::new(rh), IoSlice::new(body), IoSlice::new(tag)],
+            )
+        })
+        .map_err(|e| ConnEnd::io("sending a reply", e))
+    }
+
+    /// Send an encoded reply (header and body).
+    fn send(&self, msg: &[u8]) -> Result<(), ConnEnd> {
+        self.send_parts(&msg[..RESP_HDR], &msg[RESP_HDR..])
+    }
+
+    /// Answer `h` with `r`; with a claim, the reply is kept in the session's reply
+    /// cache (before it is sent, so a resend racing it finds it).
+    fn reply(
+        &self,
+        h: &ReqHeader,
+        r: Result<Reply, Error>,
+        claim: Option<Claim<'_>>,
+    ) -> Result<(), ConnEnd> {
+        let (rh, body) = match r.map(|rep| rep.encode()) {
+            Ok(body) if body.len() <= MAX_BODY => {
+                (RespHeader::ok(h.op, h.id, body.len() as u32, 0), body)
+            }
+            Ok(body) => {
+                tracing::warn!(
+                    op = h.op.name(),
+                    len = body.len(),
+                    "reply body over the limit"
+                );
+                (RespHeader::error(h.op, h.id, libc::EIO), Vec::new())
+            }
+            Err(e) => (RespHeader::error(h.op, h.id, e.errno), Vec::new()),
+        };
+        let rh = rh.encode();
+        if let Some(claim) = claim {
+            let mut msg = Vec::with_capacity(RESP_HDR + body.len());
+            msg.extend_from_slice(&rh);
+            msg.extend_from_slice(&body);
+            let msg: Arc<[u8]> = msg.into();
+            claim.finish(msg.clone());
+            return self.send(&msg);
+        }
+        self.send_parts(&rh, &body)
+    }
+}
+
+/// A connection's place for a waiting reply (counted in the server's
+/// `replies_waiting` too), given back when dropped: its thread ended, or never started.
+struct WaitingPlace<'a>(&'a Out, &'a crate::ServerStats);
+
+impl Drop for WaitingPlace<'_> {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::SeqCst);
+        self.1.replies_waiting.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// What a reply waits for that the requests after it on its connection need not.
+#[derive(Clone)]
+enum Awaited {
+    /// The fence (`L2Release`): until no layer-2 request of the session runs.
+    Fence,
+    /// A resend (same id) of a cached request whose first attempt still runs (on the
+    /// lane, or on a connection the client gave up on): until that attempt's reply is
+    /// in the cache. Should it end without one (it panicked), this one runs.
+    Resend { req: Request, groups: Vec<u32> },
+}
+
+/// Wait for `what`, at most the peer timeout from the request's arrival `t`, and answer
+/// `h` (ETIMEDOUT when it is not there by then: the client asks again). Returns early,
+/// unanswered, once the connection ended: no one is left to answer.
+fn answer_awaited(
+    lane: &Lane<'_>,
+    out: &Out,
+    h: &ReqHeader,
+    t: Instant,
+    what: Awaited,
+) -> Result<(), ConnEnd> {
+    let shared = lane.shared;
+    let patience = shared.cfg.peer_timeout;
+    let deadline = t + patience;
+    let slice = || (Instant::now() + WAIT_SLICE).min(deadline);
+    let timed_out = |what: &str| {
+        shared.stats.record(h.op, false, 0, t);
+        Err(Error::new(
+            libc::ETIMEDOUT,
+            format!("{what} still runs after {patience:?}"),
+        ))
+    };
+    match what {
+        Awaited::Fence => loop {
+            if out.is_closed() {
+                return Ok(());
+            }
+            let quiet = shared
+                .l2
+                .get()
+                .is_none_or(|svc| svc.wait_quiet(lane.session, slice()));
+            if quiet {
+                shared.stats.record(Op::L2Release, true, 0, t);
+                return out.reply(h, Ok(Reply::L2Release(EmptyReply {})), None);
+            }
+            if Instant::now() >= deadline {
+                return out.reply(h, timed_out("a layer-2 request of this session"), None);
+            }
+        },
+        Awaited::Resend { req, groups } => loop {
+            if out.is_closed() {
+                return Ok(());
+            }
+            match lane.session.begin_until(h.id, h.op, slice()) {
+                Some(Begin::Replay(reply)) => {
+                    shared
+                        .stats
+                        .replies_replayed
+                        .fetch_add(1, Ordering::Relaxed);
+                    return out.send(&reply);
+                }
+                Some(Begin::Run(claim)) => {
+                    // Cached requests carry no payload and are none of read, write or
+                    // the lane's own: `dispatch` runs them all.
+                    let r = lane
+                        .caller(h, groups)
+                        .and_then(|ctx| lane.dispatch(&ctx, req));
+                    shared.stats.record(h.op, r.is_ok(), 0, t);
+                    return out.reply(h, r, Some(claim));
+                }
+                None if Instant::now() >= deadline => {
+                    return out.reply(h, timed_out("its first attempt"), None);
+                }
+                None => {}
+            }
+        },
+    }
 }
 
 /// The rest of the message being received after its header and body: one deadline for
@@ -337,9 +583,10 @@ impl<'a> Conn<'a> {
             // A request with session side effects is executed once per id: a resend
             // (after a lost connection) is answered from the session's reply cache.
             let mut claim = None;
+            let mut first_runs = false;
             if h.op.cached() {
-                match session.begin(h.id, h.op) {
-                    Begin::Replay(reply) => {
+                match session.begin_until(h.id, h.op, Instant::now()) {
+                    Some(Begin::Replay(reply)) => {
                         self.shared
                             .stats
                             .replies_replayed
@@ -352,14 +599,21 @@ impl<'a> Conn<'a> {
                         self.send(&reply)?;
                         continue;
                     }
-                    Begin::Run(c) => claim = Some(c),
+                    Some(Begin::Run(c)) => claim = Some(c),
+                    None => first_runs = true,
                 }
             }
             // A panic (a bug reached by this request) ends this connection only: it is
             // answered with EIO if nothing of its reply went out yet, and the caller's
             // guards give back the slot, the socket and the session.
             let r = catch_unwind(AssertUnwindSafe(|| {
-                self.handle(&h, req, groups, t, &mut claim)
+                if first_runs {
+                    // Its first attempt is still running: the reply waits for it off
+                    // this thread, so the requests after it here do not.
+                    self.wait_then_answer(&h, t, Awaited::Resend { req, groups })
+                } else {
+                    self.handle(&h, req, groups, t, &mut claim)
+                }
             }));
             match r {
                 Ok(r) => r?,
@@ -421,12 +675,17 @@ impl<'a> Conn<'a> {
                 self.reply(h, Ok(Reply::L2Setup(reply)), claim.take())
             }
             Request::L2Release(_) => {
-                // The fence: returns once no lane request of this session runs, and
-                // none will (the lane is the session's no more).
-                if let Some(svc) = self.shared.l2.get() {
-                    svc.release(&self.attached);
-                }
+                // The fence: the lane is the session's no more at once; answered once
+                // no lane request of this session runs (at once when none does).
+                let quiet = self
+                    .shared
+                    .l2
+                    .get()
+                    .is_none_or(|svc| svc.release(self.lane.session));
                 self.l2_hold = None;
+                if !quiet {
+                    return self.wait_then_answer(h, t, Awaited::Fence);
+                }
                 self.shared.stats.record(Op::L2Release, true, 0, t);
                 self.reply(h, Ok(Reply::L2Release(EmptyReply {})), claim.take())
             }
@@ -445,58 +704,86 @@ impl<'a> Conn<'a> {
         self.inbound.discard(&mut self.s, patience)
     }
 
-    /// Send an encoded reply (header and body), with its tag on an authenticated
-    /// connection.
+    /// Send an encoded reply (header and body).
     fn send(&mut self, msg: &[u8]) -> Result<(), ConnEnd> {
         self.replying = true;
-        let tag = self
-            .tx
-            .as_mut()
-            .map(|tx| tx.begin(&msg[..RESP_HDR], &msg[RESP_HDR..]).tag());
-        let tag: &[u8] = tag.as_ref().map_or(&[], |t| t);
-        write_all_vectored(&mut self.s, &mut [IoSlice::new(msg), IoSlice::new(tag)])
-            .map_err(|e| ConnEnd::io("sending a reply", e))
+        self.out.send(msg)
     }
 
-    /// Answer `h` with `r`; with a claim, the reply is kept in the session's reply
-    /// cache (before it is sent, so a resend racing it finds it).
+    /// Answer `h` with `r` (`Out::reply`).
     fn reply(
         &mut self,
         h: &ReqHeader,
         r: Result<Reply, Error>,
         claim: Option<Claim<'_>>,
     ) -> Result<(), ConnEnd> {
-        let (rh, body) = match r.map(|rep| rep.encode()) {
-            Ok(body) if body.len() <= MAX_BODY => {
-                (RespHeader::ok(h.op, h.id, body.len() as u32, 0), body)
-            }
-            Ok(body) => {
-                tracing::warn!(
+        self.replying = true;
+        self.out.reply(h, r, claim)
+    }
+
+    /// Answer `h` once `what` is there, on a thread of its own while the connection
+    /// has fewer than `MAX_WAITING_REPLIES` waiting (else, or with no thread to be
+    /// had, here: the requests after it wait too, as they all did before).
+    fn wait_then_answer(
+        &mut self,
+        h: &ReqHeader,
+        t: Instant,
+        what: Awaited,
+    ) -> Result<(), ConnEnd> {
+        let out = self.out;
+        let placed = out
+            .waiting
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < MAX_WAITING_REPLIES).then_some(n + 1)
+            })
+            .is_ok();
+        if placed {
+            // Given back with the job, run or not.
+            self.shared
+                .stats
+                .replies_waiting
+                .fetch_add(1, Ordering::Relaxed);
+            let place = WaitingPlace(out, &self.shared.stats);
+            let (lane, h2, what2) = (self.lane.clone(), *h, what.clone());
+            let job = Box::new(move || {
+                let _place = place;
+                let r = catch_unwind(AssertUnwindSafe(|| {
+                    answer_awaited(&lane, out, &h2, t, what2)
+                }));
+                match r {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        tracing::debug!(op = h2.op.name(), "a waiting reply failed: {e}");
+                        out.close();
+                    }
+                    Err(p) => {
+                        // As a panic on the connection's thread: the connection ends.
+                        lane.shared.stats.panics.fetch_add(1, Ordering::Relaxed);
+                        tracing::error!(
+                            op = h2.op.name(),
+                            "a waiting reply panicked: {}",
+                            panic_message(&*p)
+                        );
+                        out.close();
+                    }
+                }
+            });
+            match (self.spawn)(job) {
+                Ok(()) => return Ok(()),
+                Err(e) => tracing::warn!(
                     op = h.op.name(),
-                    len = body.len(),
-                    "reply body over the limit"
-                );
-                (RespHeader::error(h.op, h.id, libc::EIO), Vec::new())
+                    "no thread for a waiting reply, it waits on its connection's: {e}"
+                ),
             }
-            Err(e) => (RespHeader::error(h.op, h.id, e.errno), Vec::new()),
-        };
-        let rh = rh.encode();
-        if let Some(claim) = claim {
-            let mut msg = Vec::with_capacity(RESP_HDR + body.len());
-            msg.extend_from_slice(&rh);
-            msg.extend_from_slice(&body);
-            let msg: Arc<[u8]> = msg.into();
-            claim.finish(msg.clone());
-            return self.send(&msg);
+        } else {
+            tracing::debug!(
+                op = h.op.name(),
+                limit = MAX_WAITING_REPLIES,
+                "replies waiting at the bound: this one waits on its connection's thread"
+            );
         }
         self.replying = true;
-        let tag = self.tx.as_mut().map(|tx| tx.begin(&rh, &body).tag());
-        let tag: &[u8] = tag.as_ref().map_or(&[], |t| t);
-        write_all_vectored(
-            &mut self.s,
-            &mut [IoSlice::new(&rh), IoSlice::new(&body), IoSlice::new(tag)],
-        )
-        .map_err(|e| ConnEnd::io("sending a reply", e))
+        answer_awaited(&self.lane, out, h, t, what)
     }
 
     fn read(&mut self, ctx: &Ctx, h: &ReqHeader, r: ReadReq, t: Instant) -> Result<(), ConnEnd> {
@@ -509,7 +796,7 @@ impl<'a> Conn<'a> {
                 return self.reply(h, Err(e), None);
             }
         };
-        let (s, replying, tx) = (&mut self.s, &mut self.replying, &mut self.tx);
+        let (out, replying) = (self.out, &mut self.replying);
         let mut sent = false;
         let mut send_err: Option<std::io::Error> = None;
         let mut n = 0u64;
@@ -525,29 +812,33 @@ impl<'a> Conn<'a> {
                     return Err(Error::new(libc::EIO, "backend returned more than asked"));
                 }
                 let rh = RespHeader::ok(Op::Read, h.id, 0, n as u32).encode();
-                // The tags: over the header, and (full mode) over the data too, hashed
-                // where it lies (no copy).
-                let (mut tag, mut data_tag) = ([0u8; TAG_LEN], None);
-                if let Some(tx) = tx.as_mut() {
-                    let mut m = tx.begin(&rh, &[]);
-                    tag = m.tag();
-                    if tx.data_tagged(n as usize) {
-                        slices.iter().for_each(|x| m.data(x));
-                        data_tag = Some(m.data_tag());
-                    }
-                }
-                let mut iov: Vec<IoSlice<'_>> = Vec::with_capacity(slices.len() + 3);
-                iov.push(IoSlice::new(&rh));
-                if tx.is_some() {
-                    iov.push(IoSlice::new(&tag));
-                }
-                iov.extend(slices.iter().map(|x| IoSlice::new(x)));
-                if let Some(t) = &data_tag {
-                    iov.push(IoSlice::new(t));
-                }
                 sent = true;
                 *replying = true;
-                write_all_vectored(s, &mut iov).map_err(|e| {
+                out.write(|s, tx| {
+                    // The tags: over the header, and (full mode) over the data too,
+                    // hashed where it lies (no copy).
+                    let tagged = tx.is_some();
+                    let (mut tag, mut data_tag) = ([0u8; TAG_LEN], None);
+                    if let Some(tx) = tx {
+                        let mut m = tx.begin(&rh, &[]);
+                        tag = m.tag();
+                        if tx.data_tagged(n as usize) {
+                            slices.iter().for_each(|x| m.data(x));
+                            data_tag = Some(m.data_tag());
+                        }
+                    }
+                    let mut iov: Vec<IoSlice<'_>> = Vec::with_capacity(slices.len() + 3);
+                    iov.push(IoSlice::new(&rh));
+                    if tagged {
+                        iov.push(IoSlice::new(&tag));
+                    }
+                    iov.extend(slices.iter().map(|x| IoSlice::new(x)));
+                    if let Some(t) = &data_tag {
+                        iov.push(IoSlice::new(t));
+                    }
+                    write_all_vectored(s, &mut iov)
+                })
+                .map_err(|e| {
                     let m = e.to_string();
                     send_err = Some(e);
                     Error::new(libc::EIO, m)

@@ -22,7 +22,7 @@
 use std::fs::File;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use zcfs_backend::Error;
@@ -167,6 +167,29 @@ struct Owner {
     key: Vec<u8>,
 }
 
+/// Who holds the interface, and whose lane request runs now (one at a time, on the
+/// service thread). One lock for both, held for these fields only (never across a
+/// request or a frame): the service thread checks the owner and marks its request
+/// running in one step, and the fence gives the lane up and sees whether a request
+/// of the session still runs in one step.
+#[derive(Default)]
+struct Tenancy {
+    owner: Option<Owner>,
+    /// The session whose lane request runs now.
+    running: Option<Arc<Session>>,
+}
+
+/// Marks the service thread's current request as running until dropped (a panic
+/// included), then wakes the fences waiting for it.
+struct Running<'a>(&'a L2Service);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        lock(&self.0.state).running = None;
+        self.0.idle.notify_all();
+    }
+}
+
 /// Counters of the lane (the server's `zcfs stat`).
 pub struct L2Counters {
     /// Requests executed from layer-2 commands, per operation code.
@@ -185,7 +208,9 @@ pub(crate) struct L2Service {
     pub ifname: String,
     pub mac: [u8; 6],
     pub mode: BindMode,
-    owner: Mutex<Option<Owner>>,
+    state: Mutex<Tenancy>,
+    /// Signalled when a lane request ends (`Tenancy::running` cleared).
+    idle: Condvar,
     next_generation: AtomicU64,
     pub counters: L2Counters,
     stop: AtomicBool,
@@ -204,9 +229,13 @@ pub(crate) struct Hold {
 
 impl Drop for Hold {
     fn drop(&mut self) {
-        let mut o = lock(&self.service.owner);
-        if o.as_ref().is_some_and(|o| o.generation == self.generation) {
-            *o = None;
+        let mut st = lock(&self.service.state);
+        if st
+            .owner
+            .as_ref()
+            .is_some_and(|o| o.generation == self.generation)
+        {
+            st.owner = None;
             tracing::info!(ifname = %self.service.ifname, "layer-2 lane released");
         }
     }
@@ -258,15 +287,49 @@ impl L2Service {
         r
     }
 
-    /// The fence of `L2Release`: the lane is `session`'s no more. Returns once no lane
-    /// request runs (they run under the owner's lock); after it, the service thread
-    /// drops the session's lane requests, so a request the client sends again on TCP
-    /// cannot also run late from the lane (what kept writes off the lane before).
-    pub fn release(&self, session: &Arc<Session>) {
-        let mut o = lock(&self.owner);
-        if o.as_ref().is_some_and(|o| Arc::ptr_eq(&o.session, session)) {
-            *o = None;
+    /// The fence of `L2Release`: the lane is `session`'s no more (from now on the
+    /// service thread drops the session's lane requests, so a request the client sends
+    /// again on TCP cannot also run late from the lane). Returns whether no lane
+    /// request of the session runs now; if one does, the fence is answered once it
+    /// ended (`wait_quiet`), without blocking the connection it came by.
+    pub fn release(&self, session: &Session) -> bool {
+        let mut st = lock(&self.state);
+        if st
+            .owner
+            .as_ref()
+            .is_some_and(|o| std::ptr::eq(&*o.session, session))
+        {
+            st.owner = None;
             tracing::info!(ifname = %self.ifname, "layer-2 lane released by its session");
+        }
+        // Whether or not the session still owned the lane: one released earlier (its
+        // connection ended, an earlier fence) may still be running a request.
+        !st.running
+            .as_ref()
+            .is_some_and(|s| std::ptr::eq(&**s, session))
+    }
+
+    /// Wait until no lane request of `session` runs, at most until `until`; whether
+    /// none does.
+    pub fn wait_quiet(&self, session: &Session, until: Instant) -> bool {
+        let mut st = lock(&self.state);
+        loop {
+            if !st
+                .running
+                .as_ref()
+                .is_some_and(|s| std::ptr::eq(&**s, session))
+            {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= until {
+                return false;
+            }
+            st = self
+                .idle
+                .wait_timeout(st, until - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
     }
 
@@ -292,22 +355,22 @@ impl L2Service {
                 req.cmd_queue, req.data_queue
             ));
         }
-        let mut o = lock(&self.owner);
-        if let Some(cur) = o.as_ref() {
+        let mut st = lock(&self.state);
+        if let Some(cur) = st.owner.as_ref() {
             if hold.as_ref().is_none_or(|h| h.generation != cur.generation) {
                 return refuse(format!("busy: {} serves another session", self.ifname));
             }
         }
         let nonce: [u8; L2_NONCE_LEN] = rand::random();
         let generation = self.next_generation.fetch_add(1, Ordering::SeqCst) + 1;
-        *o = Some(Owner {
+        st.owner = Some(Owner {
             generation,
             session,
             rule,
             peer_mac: mac_from_u64(req.mac),
             key: tag_key_material(secret, &nonce),
         });
-        drop(o);
+        drop(st);
         // A repeated setup on the same connection replaces its own hold.
         let old = hold.replace(Hold {
             service: self.clone(),
@@ -355,7 +418,8 @@ pub(crate) fn start(
         ifname: port.ifname.clone(),
         mac: port.mac,
         mode: port.mode,
-        owner: Mutex::new(None),
+        state: Mutex::new(Tenancy::default()),
+        idle: Condvar::new(),
         next_generation: AtomicU64::new(0),
         counters: L2Counters {
             requests: std::array::from_fn(|_| AtomicU64::new(0)),
@@ -397,11 +461,11 @@ fn run(port: L2Port, shared: &Shared, service: &L2Service, busy: bool) {
     while !service.stop.load(Ordering::SeqCst) {
         // A new owner (or none): new key and peer; the old session's transfers end.
         {
-            let o = lock(&service.owner);
-            let g = o.as_ref().map_or(0, |o| o.generation);
+            let st = lock(&service.state);
+            let g = st.owner.as_ref().map_or(0, |o| o.generation);
             if g != r.generation {
                 r.generation = g;
-                match o.as_ref() {
+                match st.owner.as_ref() {
                     Some(o) => r.port.ep.rekey_peer(&o.key, o.peer_mac),
                     None => r.port.ep.rekey_peer(&rand::random::<[u8; 32]>(), [0; 6]),
                 }
@@ -413,7 +477,7 @@ fn run(port: L2Port, shared: &Shared, service: &L2Service, busy: bool) {
                 tracing::error!(ifname = %service.ifname, "layer-2 endpoint failed, lane stopped: {e}");
                 *lock(&service.reason) = format!("the endpoint failed: {e}");
                 service.running.store(false, Ordering::SeqCst);
-                *lock(&service.owner) = None;
+                lock(&service.state).owner = None;
                 return;
             }
         };
@@ -421,16 +485,25 @@ fn run(port: L2Port, shared: &Shared, service: &L2Service, busy: bool) {
         for ev in events {
             match ev {
                 Event::Command(bytes) => {
-                    // Executed under the owner's lock, and only for the owner the
-                    // endpoint is keyed for: `L2Service::release` (the fence) waits for
-                    // a request running now and none of the session runs after it.
-                    let o = lock(&service.owner);
-                    match o.as_ref().filter(|o| o.generation == r.generation) {
-                        Some(o) => {
+                    // Executed only for the owner the endpoint is keyed for, marked
+                    // running in the same step: `L2Service::release` (the fence) waits
+                    // for a request running now and none of the session runs after it.
+                    let taken = {
+                        let mut st = lock(&service.state);
+                        let o = st.owner.as_ref().filter(|o| o.generation == r.generation);
+                        let taken = o.map(|o| (o.session.clone(), o.rule.clone()));
+                        if let Some((session, _)) = &taken {
+                            st.running = Some(session.clone());
+                        }
+                        taken
+                    };
+                    match taken {
+                        Some((session, rule)) => {
+                            let _running = Running(service);
                             let lane = Lane {
-                                rule: o.rule.clone(),
+                                rule,
                                 shared,
-                                session: &o.session,
+                                session: &session,
                             };
                             command(&mut r, &lane, service, &bytes);
                         }
@@ -534,12 +607,23 @@ fn execute(r: &mut Run, lane: &Lane<'_>, q: &L2Request<'_>, t: Instant) -> Optio
     };
     let mut claim = None;
     if h.op.cached() {
-        match lane.session.begin(h.id, h.op) {
-            Begin::Replay(reply) => {
+        match lane.session.begin_until(h.id, h.op, Instant::now()) {
+            Some(Begin::Replay(reply)) => {
                 stats.replies_replayed.fetch_add(1, Ordering::Relaxed);
                 return Some(reply.to_vec());
             }
-            Begin::Run(c) => claim = Some(c),
+            Some(Begin::Run(c)) => claim = Some(c),
+            // Its resend on TCP runs now: the client sends one only after it gave this
+            // copy up, so no one waits for this answer. Dropped, rather than waited for
+            // on the service thread, which every lane request needs.
+            None => {
+                tracing::debug!(
+                    op = h.op.name(),
+                    id = h.id,
+                    "layer-2 copy of a request running on TCP dropped"
+                );
+                return None;
+            }
         }
     }
     let ctx = lane.caller(h, groups);

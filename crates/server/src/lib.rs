@@ -2,7 +2,9 @@
 //! (docs/protocol.md).
 //!
 //! Each connection is served by one thread, in order, so many requests may be in flight
-//! on it (the client pipelines; TCP carries the queue). Data paths:
+//! on it (the client pipelines; TCP carries the queue). A reply that waits for another
+//! attempt (the layer-2 fence, a resend whose first attempt still runs) waits on a
+//! thread of its own, so the requests after it are not held (`conn.rs`). Data paths:
 //! - read: the backend hands out borrowed slices (PM blocks for a local volume) and the
 //!   reply is one writev of header and slices: no user-space copy;
 //! - write: the header and body name target and size, the backend reserves the
@@ -38,6 +40,7 @@ pub mod l2;
 mod session;
 mod stats;
 
+pub use conn::MAX_WAITING_REPLIES;
 pub use identity::{IdentityMap, PeerRule, Squash, DEFAULT_ANON_ID};
 pub use session::{REPLY_CACHE_BYTES, REPLY_CACHE_ENTRIES};
 pub use stats::{BucketCount, OpReport, ServerStats, StatsReport};
@@ -587,21 +590,37 @@ fn connection(mut s: Stream, who: Peer, peer: &str, shared: &Shared, slot: &mut 
                 stats.sessions_resumed.fetch_add(1, Ordering::Relaxed);
             }
             tracing::info!(%peer, session = format!("{:016x}", session.id), resumed, "client connected");
-            let mut conn = Conn {
-                s,
-                lane: conn::Lane {
-                    rule,
-                    shared,
-                    session,
-                },
-                attached: a.session.clone(),
-                l2_hold: None,
-                replying: false,
-                tx,
-                rx,
-                inbound: conn::Inbound::new(),
+            let out = match conn::Out::new(&s, tx) {
+                Ok(o) => o,
+                Err(e) => {
+                    tracing::warn!(%peer, "dropping client: {e}");
+                    return;
+                }
             };
-            match conn.serve() {
+            // Replies that wait off this thread (`conn::Awaited`) run in this scope: the
+            // connection gives its lane and session back only after they ended.
+            let end = std::thread::scope(|scope| {
+                let mut conn = Conn {
+                    s,
+                    lane: conn::Lane {
+                        rule,
+                        shared,
+                        session,
+                    },
+                    attached: a.session.clone(),
+                    l2_hold: None,
+                    replying: false,
+                    rx,
+                    inbound: conn::Inbound::new(),
+                    out: &out,
+                    spawn: conn::spawner(scope),
+                };
+                let end = conn.serve();
+                // No one is left to answer: waiting replies stop now.
+                out.close();
+                end
+            });
+            match end {
                 Ok(()) | Err(ConnEnd::Closed) => tracing::info!(%peer, "client disconnected"),
                 Err(ConnEnd::Malformed(e)) => {
                     stats.rejected_malformed.fetch_add(1, Ordering::Relaxed);

@@ -216,12 +216,24 @@ impl Session {
     /// A request with session side effects (`Op::cached`) arrived: answer it from the
     /// reply cache if this id was executed before (with this operation), wait for it if
     /// it is executing now (a resend that overtook the first attempt), or claim it.
+    /// (Tests: the server's requests wait with a deadline, `begin_until`.)
+    #[cfg(test)]
     pub fn begin(&self, id: u64, op: Op) -> Begin<'_> {
+        loop {
+            if let Some(b) = self.begin_until(id, op, Instant::now() + Duration::from_secs(1)) {
+                return b;
+            }
+        }
+    }
+
+    /// `begin`, waiting for a running attempt no longer than `until`: None if it is
+    /// still running then (`until` now or past: do not wait).
+    pub fn begin_until(&self, id: u64, op: Op, until: Instant) -> Option<Begin<'_>> {
         let mut c = lock(&self.replies);
         loop {
             if let Some((was, reply)) = c.done.get(&id) {
                 if *was == op {
-                    return Begin::Replay(reply.clone());
+                    return Some(Begin::Replay(reply.clone()));
                 }
                 // The id named another operation (a client breaking the rule that
                 // ids are unique): this one is new.
@@ -230,15 +242,23 @@ impl Session {
             if !c.running.contains(&id) {
                 break;
             }
-            c = self.replied.wait(c).unwrap_or_else(|e| e.into_inner());
+            let now = Instant::now();
+            if now >= until {
+                return None;
+            }
+            c = self
+                .replied
+                .wait_timeout(c, until - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
         c.running.insert(id);
-        Begin::Run(Claim {
+        Some(Begin::Run(Claim {
             session: self,
             id,
             op,
             done: false,
-        })
+        }))
     }
 
     /// Replies cached (tests and stats): count, bytes.

@@ -40,6 +40,9 @@ pub struct ServerStats {
     pub dropped_idle: AtomicU64,
     /// Resent requests answered from a session's reply cache (not executed again).
     pub replies_replayed: AtomicU64,
+    /// Replies waiting off their connection's thread now (for the lane's fence, or a
+    /// resend for its first attempt; at most `MAX_WAITING_REPLIES` per connection).
+    pub replies_waiting: AtomicUsize,
     /// Requests that panicked (answered with EIO; their connection dropped).
     pub panics: AtomicU64,
     /// Connections that joined a session the server still had.
@@ -73,6 +76,7 @@ impl Default for ServerStats {
             rejected_forged: AtomicU64::new(0),
             dropped_idle: AtomicU64::new(0),
             replies_replayed: AtomicU64::new(0),
+            replies_waiting: AtomicUsize::new(0),
             panics: AtomicU64::new(0),
             sessions_resumed: AtomicU64::new(0),
             sessions_expired: AtomicU64::new(0),
@@ -109,6 +113,9 @@ pub struct StatsReport {
     pub dropped_idle: u64,
     #[serde(default)]
     pub replies_replayed: u64,
+    /// Replies waiting off their connection's thread now.
+    #[serde(default)]
+    pub replies_waiting: usize,
     #[serde(default)]
     pub requests_panicked: u64,
     #[serde(default)]
@@ -193,6 +200,7 @@ impl ServerStats {
             rejected_forged: load(&self.rejected_forged),
             dropped_idle: load(&self.dropped_idle),
             replies_replayed: load(&self.replies_replayed),
+            replies_waiting: self.replies_waiting.load(Ordering::Relaxed),
             requests_panicked: load(&self.panics),
             sessions_active: active,
             sessions_in_grace: in_grace,
@@ -314,11 +322,16 @@ impl ServerStats {
         for (name, help, v) in counters {
             e.counter(&format!("zcfs_server_{name}"), help, v);
         }
-        let gauges: [(&str, &str, u64); 7] = [
+        let gauges: [(&str, &str, u64); 8] = [
             (
                 "connections_active",
                 "Connections open now (handshaking ones included).",
                 r.connections_active as u64,
+            ),
+            (
+                "replies_waiting",
+                "Replies waiting off their connection's thread now (the lane's fence, resends).",
+                r.replies_waiting as u64,
             ),
             (
                 "connections_handshaking",

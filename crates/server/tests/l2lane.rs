@@ -41,7 +41,14 @@ fn l2_ready() -> bool {
 /// The image the server's data socket maps: a /dev/shm file (removed from the
 /// directory at once).
 fn shm_image(label: &str, len: usize) -> std::fs::File {
-    let path = format!("/dev/shm/zcfs-l2lane-{}-{label}", std::process::id());
+    // One name per image: tests running at once in this process each make one (with
+    // the same label, one removed the other's name before it did).
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let path = format!(
+        "/dev/shm/zcfs-l2lane-{}-{}-{label}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    );
     let f = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -609,7 +616,11 @@ fn a_write_resent_on_tcp_after_a_lane_timeout_is_not_executed_again_later() {
             std::thread::sleep(L2_RETRY_AFTER + Duration::from_millis(200));
             let before = l2_count(&c, Op::Read);
             assert_eq!(read(&c, &f, 0, 4), b"BBBB");
-            assert!(c.l2_status().unwrap().0, "the lane is up again");
+            assert!(
+                c.l2_status().is_some_and(|s| s.0),
+                "the lane is up again: {:?}",
+                c.lane_report()
+            );
             write(&c, &f, 0, b"CCCC");
             assert_eq!(read(&c, &f, 0, 4), b"CCCC");
             assert!(l2_count(&c, Op::Read) > before, "reads ride the new lane");
@@ -701,7 +712,6 @@ fn the_stats_show_the_lane_and_the_requests_per_path() {
 /// request (here a statfs held 4 s) rather than L2_REPLY_TIMEOUT and a TCP resend.
 /// Before the fence such a read went to TCP at once; only writes and lseek need it.
 #[test]
-#[ignore = "finding (rv9): passes only when the read's connection is not one the server holds for the fence or the stalled request's resend (see tcp_requests_after_the_lane_fell_...)"]
 fn a_read_on_a_falling_lane_is_not_held_behind_the_fence() {
     if !l2_ready() {
         return;
@@ -875,10 +885,17 @@ fn a_mkdir_lost_with_the_lane_is_not_run_again_in_a_new_session() {
     let r = mkdir.join().unwrap();
     match r {
         Ok(_) => {}
+        // Any error of the link (the client's `is_transport`): "may or may not have
+        // run". ECONNREFUSED too: the fence or the resend dialled while the server was
+        // restarting (seen in about 1 of 30 runs under load).
         Err(e) => assert!(
             matches!(
                 e.errno,
-                libc::ETIMEDOUT | libc::ENOTCONN | libc::ECONNRESET | libc::EPIPE
+                libc::ETIMEDOUT
+                    | libc::ENOTCONN
+                    | libc::ECONNRESET
+                    | libc::EPIPE
+                    | libc::ECONNREFUSED
             ),
             "the mkdir ran twice: it made the directory, then failed with {e:?}"
         ),
@@ -894,7 +911,6 @@ fn a_mkdir_lost_with_the_lane_is_not_run_again_in_a_new_session() {
 /// the client timeout, which breaks the connection, and the redial waits too). Here
 /// reads of a file after the lane went down, during a statfs held at the server.
 #[test]
-#[ignore = "finding: after the lane falls, TCP requests queue behind the fence and the stalled request's resend on the server's one-by-one connections"]
 fn tcp_requests_after_the_lane_fell_are_not_held_behind_the_fence_on_their_connection() {
     if !l2_ready() {
         return;
@@ -1166,6 +1182,153 @@ fn a_request_that_fell_off_the_lane_does_not_run_again_after_its_reply_was_evict
                  stale lane copy: {gone:?} of {made:?} (unlinks run from the lane: \
                  {lane_unlinks}; cached requests during the stall: {went})"
             );
+        })
+        .unwrap();
+    drop(n);
+}
+
+/// A Backend whose first `write` once armed (the lane's buffered write; TCP writes
+/// come by `write_with`) waits until the gate opens (at most 30 s) before it writes.
+struct StallArmedLaneWrite {
+    inner: Arc<dyn Backend>,
+    gate: WriteGate,
+}
+
+/// (armed, stalled, released), and its condition variable.
+type WriteGate = Arc<(Mutex<(bool, bool, bool)>, Condvar)>;
+
+mod stall_write_impl {
+    use super::StallArmedLaneWrite;
+    use zcfs_backend::*;
+    impl Backend for StallArmedLaneWrite {
+        pass_on! {
+            lookup(ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr>;
+            getattr(ino: u64) -> Result<Attr>;
+            setattr(ctx: &Ctx, ino: u64, set: &SetAttr, fh: u64) -> Result<Attr>;
+            access(ctx: &Ctx, ino: u64, mask: u32) -> Result<()>;
+            opendir(ctx: &Ctx, ino: u64) -> Result<u64>;
+            readlink(ino: u64) -> Result<Vec<u8>>;
+            mknod(ctx: &Ctx, parent: u64, name: &[u8], mode: u32, rdev: u32) -> Result<Attr>;
+            mkdir(ctx: &Ctx, parent: u64, name: &[u8], mode: u32) -> Result<Attr>;
+            unlink(ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr>;
+            rmdir(ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr>;
+            symlink(ctx: &Ctx, parent: u64, name: &[u8], target: &[u8]) -> Result<Attr>;
+            rename(ctx: &Ctx, parent: u64, name: &[u8], newparent: u64, newname: &[u8], flags: u32) -> Result<()>;
+            link(ctx: &Ctx, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr>;
+            open(ctx: &Ctx, ino: u64, flags: i32) -> Result<u64>;
+            create(ctx: &Ctx, parent: u64, name: &[u8], mode: u32, flags: i32) -> Result<(Attr, u64)>;
+            tmpfile(ctx: &Ctx, parent: u64, mode: u32, flags: i32) -> Result<(Attr, u64)>;
+            read(ino: u64, fh: u64, offset: u64, size: u32, reply: &mut dyn ReadReply) -> Result<()>;
+            write_with(ctx: &Ctx, ino: u64, fh: u64, offset: u64, payload: &mut dyn WritePayload) -> Result<u32>;
+            release(ino: u64, fh: u64) -> Result<()>;
+            flush(ino: u64, fh: u64) -> Result<()>;
+            fsync(ino: u64, fh: u64, datasync: bool) -> Result<()>;
+            statfs() -> Result<StatFs>;
+            readdir(ino: u64, offset: u64, plus: bool, f: &mut dyn FnMut(DirEntry) -> bool) -> Result<()>;
+            setxattr(ctx: &Ctx, ino: u64, name: &[u8], value: &[u8], flags: i32) -> Result<()>;
+            getxattr(ctx: &Ctx, ino: u64, name: &[u8]) -> Result<Vec<u8>>;
+            listxattr(ctx: &Ctx, ino: u64) -> Result<Vec<Vec<u8>>>;
+            removexattr(ctx: &Ctx, ino: u64, name: &[u8]) -> Result<()>;
+            forget(ino: u64, n: u64) -> ();
+            hold(ino: u64, generation: u64) -> Result<Attr>;
+            releasedir(ino: u64, fh: u64) -> Result<()>;
+            lseek(ino: u64, fh: u64, offset: u64, whence: i32) -> Result<u64>;
+        }
+        fn write(&self, ctx: &Ctx, ino: u64, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
+            let (m, cv) = &*self.gate;
+            let mut st = m.lock().unwrap();
+            if st.0 && !st.1 {
+                st.1 = true;
+                cv.notify_all();
+                let t = std::time::Instant::now();
+                while !st.2 && t.elapsed() < std::time::Duration::from_secs(30) {
+                    st = cv
+                        .wait_timeout(st, std::time::Duration::from_millis(50))
+                        .unwrap()
+                        .0;
+                }
+            }
+            drop(st);
+            self.inner.write(ctx, ino, fh, offset, data)
+        }
+    }
+}
+
+/// (Review rv9, suspected: `Client::submit` skips the lane's fence.) A small write on
+/// the lane stalls at the server and fails at the client once its fence cannot be had
+/// (each attempt times out): "may or may not have run", while its lane copy still
+/// runs. A later write to the same bytes must not be overtaken by it: one sent with
+/// `call` waits for the fence (and fails with it while the stall lasts). One sent with
+/// `submit` (the FUSE mount's write-behind and pipelined writes) went to TCP at once,
+/// succeeded, and was then overwritten by the stale lane write.
+#[test]
+fn a_submitted_write_is_not_overtaken_by_a_failed_lane_write() {
+    if !l2_ready() {
+        return;
+    }
+    let gate: WriteGate = Arc::new((Mutex::new((false, false, false)), Condvar::new()));
+    let backend: Arc<dyn Backend> = Arc::new(StallArmedLaneWrite {
+        inner: memory_fs(32 << 20),
+        gate: gate.clone(),
+    });
+    let n = net_with("submitfence", backend, true);
+    let addr = n.addr.clone();
+    n.pair
+        .cli
+        .run(move || {
+            let mut cfg = client_cfg(&addr, CLI_IF);
+            // Each fence attempt gives up after this: the write fails in seconds.
+            cfg.timeout = Duration::from_secs(2);
+            let c = Arc::new(Client::new(cfg));
+            c.connect().unwrap();
+            assert!(c.l2_status().expect("the lane was set up").0);
+            let f = create(&c, "f");
+            write(&c, &f, 0, b"old!");
+            assert_eq!(l2_count(&c, Op::Write), 1, "a small write rides the lane");
+            gate.0.lock().unwrap().0 = true;
+            let node = NodeRef::new(f.attr.ino, f.attr.generation);
+            let req = |size| -> Request {
+                WriteReq {
+                    node,
+                    fh: f.fh,
+                    offset: 0,
+                    size,
+                }
+                .into()
+            };
+            let t = Instant::now();
+            let stale = c.call(&req(4), me(), &[b"AAAA"]);
+            assert!(
+                gate.0.lock().unwrap().1,
+                "the lane write stalled at the server"
+            );
+            let e = stale.expect_err("the lane write fails while its fence cannot be had");
+            assert!(
+                t.elapsed() < Duration::from_secs(15),
+                "{:?}: {e:?}",
+                t.elapsed()
+            );
+            // The caller goes on: newer bytes at the same place, not waited for.
+            let newer = c
+                .submit(&req(4), me(), &[b"BBBB"])
+                .and_then(|ticket| ticket.wait());
+            {
+                let (m, cv) = &*gate;
+                m.lock().unwrap().2 = true;
+                cv.notify_all();
+            }
+            // Time for the stalled lane write to finish.
+            std::thread::sleep(Duration::from_millis(500));
+            let now = String::from_utf8_lossy(&read(&c, &f, 0, 4)).into_owned();
+            match newer {
+                Ok(_) => assert_eq!(
+                    now, "BBBB",
+                    "a write submitted after the lane write failed succeeded, and the \
+                     stale lane write overwrote it"
+                ),
+                // Refused while the fence could not be had: the stale write landed.
+                Err(e) => assert_eq!(now, "AAAA", "{e:?}"),
+            }
         })
         .unwrap();
     drop(n);

@@ -228,6 +228,16 @@ fn a_resend_waits_for_the_running_attempt() {
         let resend = scope.spawn(|| replayed(&s, 5, Op::Create));
         std::thread::sleep(Duration::from_millis(100));
         assert!(!resend.is_finished(), "the resend did not wait");
+        // Waited for with a deadline: still running then, None (and nothing claimed).
+        let t0 = std::time::Instant::now();
+        assert!(s
+            .begin_until(5, Op::Create, t0 + Duration::from_millis(30))
+            .is_none());
+        assert!(t0.elapsed() >= Duration::from_millis(30));
+        assert!(
+            s.begin_until(5, Op::Create, t0).is_none(),
+            "a past deadline"
+        );
         first.finish(reply(8, 7));
         assert_eq!(&*resend.join().unwrap().unwrap(), &[7u8; 8][..]);
     });

@@ -254,19 +254,29 @@ impl Raw {
     }
 
     pub fn receive(&mut self, id: u64) -> RawReply {
+        let (got, r) = self.receive_any();
+        assert_eq!(got, id, "replies come in order on one connection");
+        r
+    }
+
+    /// The next reply, whichever request it answers (a reply that waits for another
+    /// request's attempt comes when it is ready): its id and the reply.
+    pub fn receive_any(&mut self) -> (u64, RawReply) {
         let mut hb = [0u8; RESP_HDR];
         self.s.read_exact(&mut hb).unwrap();
         let h = RespHeader::decode(&hb).unwrap();
-        assert_eq!(h.id, id, "replies come in order on one connection");
         let mut body = vec![0u8; h.body_len as usize];
         self.s.read_exact(&mut body).unwrap();
         let mut data = vec![0u8; h.data_len as usize];
         self.s.read_exact(&mut data).unwrap();
-        RawReply {
-            status: h.status,
-            body,
-            data,
-        }
+        (
+            h.id,
+            RawReply {
+                status: h.status,
+                body,
+                data,
+            },
+        )
     }
 }
 
