@@ -418,50 +418,41 @@ fn a_changed_directory_is_known_from_the_reply_without_a_round_trip() {
             let fresh = srv.client(&net, Duration::from_secs(5));
             fresh.getattr(ino).unwrap()
         };
-        let steps: Vec<(&str, Box<dyn Fn()>)> = vec![
-            ("create", {
-                let fs = &fs;
-                Box::new(move || {
-                    let (g, fh) = fs
-                        .create(&ctx(), d.ino, b"g", libc::S_IFREG | 0o644, libc::O_RDWR)
-                        .unwrap();
-                    fs.release(g.ino, fh).unwrap();
-                })
-            }),
-            (
-                "mkdir",
-                Box::new(|| drop(fs.mkdir(&ctx(), d.ino, b"sub", 0o700).unwrap())),
-            ),
-            (
-                "symlink",
-                Box::new(|| drop(fs.symlink(&ctx(), d.ino, b"s", b"f").unwrap())),
-            ),
-            ("mknod", {
-                Box::new(|| {
-                    drop(
-                        fs.mknod(&ctx(), d.ino, b"p", libc::S_IFIFO | 0o600, 0)
-                            .unwrap(),
-                    )
-                })
-            }),
-            (
-                "link",
-                Box::new(|| drop(fs.link(&ctx(), f.ino, d.ino, b"f2").unwrap())),
-            ),
-            (
-                "unlink",
-                Box::new(|| drop(fs.unlink(&ctx(), d.ino, b"f2").unwrap())),
-            ),
-            (
-                "rmdir",
-                Box::new(|| drop(fs.rmdir(&ctx(), d.ino, b"sub").unwrap())),
-            ),
-        ];
-        for (what, step) in steps {
+        let step = |what: &str| match what {
+            "create" => {
+                let (g, fh) = fs
+                    .create(&ctx(), d.ino, b"g", libc::S_IFREG | 0o644, libc::O_RDWR)
+                    .unwrap();
+                fs.release(g.ino, fh).unwrap();
+            }
+            "mkdir" => {
+                fs.mkdir(&ctx(), d.ino, b"sub", 0o700).unwrap();
+            }
+            "symlink" => {
+                fs.symlink(&ctx(), d.ino, b"s", b"f").unwrap();
+            }
+            "mknod" => {
+                fs.mknod(&ctx(), d.ino, b"p", libc::S_IFIFO | 0o600, 0)
+                    .unwrap();
+            }
+            "link" => {
+                fs.link(&ctx(), f.ino, d.ino, b"f2").unwrap();
+            }
+            "unlink" => {
+                fs.unlink(&ctx(), d.ino, b"f2").unwrap();
+            }
+            "rmdir" => {
+                fs.rmdir(&ctx(), d.ino, b"sub").unwrap();
+            }
+            other => unreachable!("{other}"),
+        };
+        for what in [
+            "create", "mkdir", "symlink", "mknod", "link", "unlink", "rmdir",
+        ] {
             let before = served(&fs, "getattr");
             // Server clocks tick; a change in the same instant would not show.
             std::thread::sleep(Duration::from_millis(2));
-            step();
+            step(what);
             let known = fs.getattr(d.ino).unwrap();
             assert_eq!(served(&fs, "getattr"), before, "{what}: asked the server");
             assert_eq!(
