@@ -14,7 +14,7 @@
 use crate::{lock, Response, Slot};
 use std::collections::HashMap;
 use std::io::Read;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::{Arc, Condvar, Mutex, Weak};
@@ -23,7 +23,7 @@ use zcfs_backend::Error;
 use zcfs_protocol::channel::{Mac, TAG_LEN};
 use zcfs_protocol::handshake::Welcome;
 use zcfs_protocol::{Op, Request, RespHeader, RESP_HDR};
-use zcfs_transport::Stream;
+use zcfs_transport::{recv_into_vec_with, Stream};
 
 /// A request sent without waiting for its reply (a forget), kept until the reply
 /// comes, to send again (with its id) if its connection is lost first.
@@ -210,17 +210,12 @@ enum Led {
 /// Read replies until the one for `own` comes, handing the others to their waiters.
 fn lead(conn: &Conn, rd: &mut Reader, own: u64, deadline: Instant) -> Led {
     conn.leads.fetch_add(1, Ordering::Relaxed);
-    let Some(left) = deadline
-        .checked_duration_since(Instant::now())
-        .filter(|d| !d.is_zero())
-    else {
+    if Instant::now() >= deadline {
         return Led::TimedOut;
-    };
-    // A read that waits past the caller's deadline is the caller's timeout; one that
-    // fails to set it leaves an earlier holder's (bounded too).
-    let _ = rd.s.set_read_timeout(Some(left));
+    }
     loop {
-        let r = match recv_reply(&mut rd.s, &mut rd.mac) {
+        // The whole reply is due by the caller's deadline, however slowly it comes.
+        let r = match recv_reply(&mut rd.s, &mut rd.mac, Some(deadline)) {
             Ok(r) => r,
             Err(f) if f.timed_out => return Led::TimedOut,
             Err(f) => {
@@ -274,13 +269,29 @@ impl Ticket {
         if lock(&self.conn.pending).len() > 1 {
             self.conn.wake_background();
         } else if let Some(mut rd) = self.conn.take_reader() {
-            let led = lead(&self.conn, &mut rd, self.id, deadline);
-            self.conn.give_back(rd);
-            match led {
-                Led::Own(resp) => return Ok(resp),
-                Led::TimedOut => return Err(self.timed_out()),
-                // The break failed every waiter: our channel holds why.
-                Led::Ended => {}
+            // Our reply may have been handed to our channel since we looked there (by
+            // the reader's last holder): then there is nothing to read for us (review
+            // finding: we read until our timeout). No one can take it from `pending`
+            // while we hold the reader, so one look suffices.
+            if !lock(&self.conn.pending).contains_key(&self.id) {
+                self.conn.give_back(rd);
+            } else {
+                let led = lead(&self.conn, &mut rd, self.id, deadline);
+                match led {
+                    Led::Own(resp) => {
+                        self.conn.give_back(rd);
+                        return Ok(resp);
+                    }
+                    Led::TimedOut => {
+                        // Broken before the reader goes back: what we left half read
+                        // must not be read by anyone as the start of a reply.
+                        let e = self.timed_out();
+                        self.conn.give_back(rd);
+                        return Err(e);
+                    }
+                    // The break failed every waiter: our channel holds why.
+                    Led::Ended => self.conn.give_back(rd),
+                }
             }
         }
         let left = deadline.saturating_duration_since(Instant::now());
@@ -349,10 +360,22 @@ impl RecvFail {
     }
 }
 
-/// Receive one reply (header, body, tag, data, data tag) and check its tags.
-pub(crate) fn recv_reply(s: &mut Stream, mac: &mut Option<Mac>) -> Result<Received, RecvFail> {
+/// Receive one reply (header, body, tag, data, data tag) and check its tags. `until`:
+/// the reply must have arrived whole by then (a reader waiting for its own reply),
+/// else each read waits at most the socket's timeout.
+pub(crate) fn recv_reply(
+    s: &mut Stream,
+    mac: &mut Option<Mac>,
+    until: Option<Instant>,
+) -> Result<Received, RecvFail> {
+    let fd = s.as_raw_fd();
+    let mut clock = until.map(|at| Deadline::new(fd, at));
+    let mut before = || match clock.as_mut() {
+        Some(c) => c.before(fd),
+        None => Ok(()),
+    };
     let mut hb = [0u8; RESP_HDR];
-    s.read_exact(&mut hb).map_err(RecvFail::io)?;
+    read_exact_with(s, &mut hb, &mut before).map_err(RecvFail::io)?;
     let h = RespHeader::decode(&hb)
         .map_err(|e| RecvFail::bad(format!("malformed reply: {e}"), None))?;
     let tag_len = if mac.is_some() { TAG_LEN } else { 0 };
@@ -361,7 +384,7 @@ pub(crate) fn recv_reply(s: &mut Stream, mac: &mut Option<Mac>) -> Result<Receiv
         Vec::with_capacity(h.body_len as usize + tag_len),
         Vec::with_capacity(h.data_len as usize + tag_len),
     );
-    zcfs_transport::recv_into_vec(s, &mut body, h.body_len as usize + tag_len)
+    recv_into_vec_with(s, &mut body, h.body_len as usize + tag_len, &mut before)
         .map_err(RecvFail::io)?;
     let mut m = None;
     if let Some(mac) = mac.as_mut() {
@@ -376,15 +399,98 @@ pub(crate) fn recv_reply(s: &mut Stream, mac: &mut Option<Mac>) -> Result<Receiv
             m = Some(mm);
         }
     }
-    zcfs_transport::recv_into_vec(s, &mut data, h.data_len as usize).map_err(RecvFail::io)?;
+    recv_into_vec_with(s, &mut data, h.data_len as usize, &mut before).map_err(RecvFail::io)?;
     if let Some(mut mm) = m {
         let mut tag = [0u8; TAG_LEN];
-        s.read_exact(&mut tag).map_err(RecvFail::io)?;
+        read_exact_with(s, &mut tag, &mut before).map_err(RecvFail::io)?;
         mm.data(&data);
         mm.verify_data(&tag)
             .map_err(|e| RecvFail::bad(e.to_string(), Some(h.id)))?;
     }
     Ok((h, body, data))
+}
+
+/// `read_exact`, calling `before` ahead of every read.
+fn read_exact_with(
+    s: &mut Stream,
+    mut buf: &mut [u8],
+    before: &mut dyn FnMut() -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        before()?;
+        match s.read(buf) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => buf = &mut buf[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// How much later than its deadline a reader waiting for its own reply may give up:
+/// the socket's timeout is shortened only when it is this much past the time left, so
+/// a reply that arrives whole costs no extra system call.
+pub const DEADLINE_SLACK: Duration = Duration::from_millis(1);
+
+/// A deadline for a whole reply: before each read, the time left, and the socket's
+/// timeout shortened to it (each read waits at most that long).
+struct Deadline {
+    at: Instant,
+    /// The socket's read timeout as last set.
+    set: Duration,
+}
+
+impl Deadline {
+    fn new(fd: RawFd, at: Instant) -> Deadline {
+        let left = at
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_micros(1));
+        // A timeout that cannot be set leaves an earlier holder's (bounded too), and
+        // `before` still ends the reply at the deadline.
+        let _ = set_read_timeout(fd, left);
+        Deadline { at, set: left }
+    }
+
+    fn before(&mut self, fd: RawFd) -> std::io::Result<()> {
+        let left = self.at.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the reply did not arrive whole within the caller's timeout",
+            ));
+        }
+        if left + DEADLINE_SLACK < self.set {
+            set_read_timeout(fd, left)?;
+            self.set = left;
+        }
+        Ok(())
+    }
+}
+
+/// SO_RCVTIMEO of the socket `fd` (not 0: that would mean no timeout).
+fn set_read_timeout(fd: RawFd, d: Duration) -> std::io::Result<()> {
+    let d = d.max(Duration::from_micros(1));
+    let tv = libc::timeval {
+        tv_sec: libc::time_t::try_from(d.as_secs()).unwrap_or(libc::time_t::MAX),
+        tv_usec: libc::suseconds_t::from(d.subsec_micros().max(u32::from(d.as_secs() == 0))),
+    };
+    // SAFETY: `fd` is the open socket of the reader this thread holds (it outlives the
+    // call), and `tv` is a valid timeval whose size is passed with it.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// Whether `fd` has something to read (or hung up) within `wait`.
@@ -462,7 +568,7 @@ fn serve_owed(conn: &Conn, rd: &mut Reader) {
 /// Read and hand on one reply (within the read timeout set); a failure ends the
 /// connection.
 fn read_one(conn: &Conn, rd: &mut Reader) {
-    match recv_reply(&mut rd.s, &mut rd.mac) {
+    match recv_reply(&mut rd.s, &mut rd.mac, None) {
         Ok(r) => {
             if let Err(why) = dispatch(conn, r, None) {
                 conn.break_with(&why);

@@ -415,9 +415,10 @@ impl RemoteFs {
         req: O,
     ) -> Result<Attr> {
         self.forget_name(parent, n);
+        let token = self.inval_token();
         let (r, epoch) = self.call_in(ctx, req, &[])?;
-        let a = self.entry(r.attr, epoch, Some((parent, n)), true);
-        self.dir_changed(parent, r.parent);
+        let a = self.entry(r.attr, epoch, Some((parent, n)), false);
+        self.dir_changed(parent, r.parent, token);
         Ok(a)
     }
 
@@ -432,9 +433,10 @@ impl RemoteFs {
     ) -> Result<Attr> {
         let req = req(self.node(parent), name(n)?);
         self.forget_name(parent, n);
+        let token = self.inval_token();
         let r = self.call(ctx, req)?;
         self.removed(&r.attr);
-        self.dir_changed(parent, r.parent);
+        self.dir_changed(parent, r.parent, token);
         Ok(r.attr)
     }
 
@@ -459,7 +461,7 @@ impl RemoteFs {
         self.behind.retire(ino);
         let mut m = lock(&self.meta);
         if m.attrs.get(&ino).is_some_and(|(a, _)| a.nlink == 0) {
-            m.attrs.remove(&ino);
+            m.invalidate(ino);
         }
     }
 
@@ -566,13 +568,14 @@ impl Backend for RemoteFs {
                 return Ok(a.clone());
             }
         }
+        let token = self.inval_token();
         let r = self.call(
             &own(),
             GetattrReq {
                 node: self.node(ino),
             },
         )?;
-        self.remember(&r.attr);
+        self.remember_since(&r.attr, token);
         Ok(r.attr)
     }
 
@@ -673,7 +676,11 @@ impl Backend for RemoteFs {
         // Names, parents and the inodes involved all change: start afresh (what we
         // know of each inode's generation and references stays true).
         lock(&self.meta).drop_caches();
-        self.call(ctx, req).map(|_| ())
+        let r = self.call(ctx, req).map(|_| ());
+        // And again once done: a reply of a request sent before ours and answered
+        // after it carries what was true before the rename (see `after_change`).
+        lock(&self.meta).drop_caches();
+        r
     }
 
     fn link(&self, ctx: &Ctx, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr> {
@@ -686,9 +693,10 @@ impl Backend for RemoteFs {
         // reply's.
         self.forget_attr(ino);
         self.forget_name(newparent, newname);
+        let token = self.inval_token();
         let (r, epoch) = self.call_in(ctx, req, &[])?;
-        let a = self.entry(r.attr, epoch, Some((newparent, newname)), true);
-        self.dir_changed(newparent, r.parent);
+        let a = self.entry(r.attr, epoch, Some((newparent, newname)), false);
+        self.dir_changed(newparent, r.parent, token);
         Ok(a)
     }
 
@@ -724,9 +732,10 @@ impl Backend for RemoteFs {
             umask: ctx.cred.umask,
         };
         self.forget_name(parent, n);
+        let token = self.inval_token();
         let (r, epoch) = self.call_in(ctx, req, &[])?;
-        let a = self.entry(r.attr, epoch, Some((parent, n)), true);
-        self.dir_changed(parent, r.parent);
+        let a = self.entry(r.attr, epoch, Some((parent, n)), false);
+        self.dir_changed(parent, r.parent, token);
         let fh = self.track(
             ctx,
             a.ino,
@@ -1023,10 +1032,12 @@ impl Backend for RemoteFs {
         };
         {
             let mut m = lock(&self.meta);
-            m.attrs.remove(&ino);
+            m.invalidate(ino);
             m.forget_xattr_absent(ino, n);
         }
-        self.call(ctx, req).map(|_| ())
+        let r = self.call(ctx, req).map(|_| ());
+        self.after_change(ino);
+        r
     }
 
     fn getxattr(&self, ctx: &Ctx, ino: u64, n: &[u8]) -> Result<Vec<u8>> {
@@ -1079,7 +1090,9 @@ impl Backend for RemoteFs {
             name: XattrName::new(n).map_err(invalid)?,
         };
         self.forget_attr(ino);
-        self.call(ctx, req).map(|_| ())
+        let r = self.call(ctx, req).map(|_| ());
+        self.after_change(ino);
+        r
     }
 
     fn fallocate(

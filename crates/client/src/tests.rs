@@ -407,7 +407,6 @@ fn an_idle_connection_closed_by_the_server_is_noticed_without_a_call() {
 /// timeout bounds each read, not the whole reply. Before leader/follower the caller
 /// waited on its channel with its deadline and got ETIMEDOUT in time.
 #[test]
-#[ignore = "finding: a leader reading a trickling reply waits past its timeout (SO_RCVTIMEO bounds each read, not the reply)"]
 fn a_leader_gives_up_at_its_deadline_while_its_reply_trickles_in() {
     let f = Scripted::new();
     let timeout = Duration::from_millis(300);
@@ -446,7 +445,6 @@ fn a_leader_gives_up_at_its_deadline_while_its_reply_trickles_in() {
 /// call may take anywhere near the timeout. (Fails within seconds: the caller times
 /// out with its reply in its channel, and the connection is broken for everyone.)
 #[test]
-#[ignore = "finding: a caller whose reply is handed to its channel between its try_recv and taking the reader leads for a reply that never comes, until its timeout (ETIMEDOUT, connection broken)"]
 fn no_caller_leads_for_a_reply_already_handed_to_it() {
     let f = Scripted::new();
     let timeout = Duration::from_secs(2);
@@ -472,7 +470,7 @@ fn no_caller_leads_for_a_reply_already_handed_to_it() {
         let callers: Vec<_> = (0..2)
             .map(|_| {
                 s.spawn(|| {
-                    let t_end = std::time::Instant::now() + Duration::from_secs(60);
+                    let t_end = std::time::Instant::now() + Duration::from_secs(20);
                     while std::time::Instant::now() < t_end && lock(&slow).is_empty() {
                         let t0 = std::time::Instant::now();
                         let t = match c.submit(&ping(), Caller::default(), &[]) {

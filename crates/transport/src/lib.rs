@@ -81,10 +81,23 @@ pub fn read_exact_vectored(
 /// Append exactly `n` bytes from a socket to `buf`, receiving straight into its spare
 /// capacity: no zero-fill, and recv asks for everything still missing each time.
 pub fn recv_into_vec(s: &impl AsRawFd, buf: &mut Vec<u8>, n: usize) -> std::io::Result<()> {
+    recv_into_vec_with(s, buf, n, &mut || Ok(()))
+}
+
+/// `recv_into_vec`, calling `before` ahead of every recv (a reader with a deadline for
+/// the whole message checks it there and shortens the socket's timeout); its error
+/// ends the receive. On any error, `buf` keeps its length (the bytes are lost).
+pub fn recv_into_vec_with(
+    s: &impl AsRawFd,
+    buf: &mut Vec<u8>,
+    n: usize,
+    before: &mut dyn FnMut() -> std::io::Result<()>,
+) -> std::io::Result<()> {
     buf.reserve(n);
     let start = buf.len();
     let mut got = 0;
     while got < n {
+        before()?;
         // SAFETY: `start + n <= capacity` (reserved above); recv writes at most
         // `n - got` bytes through the raw pointer into spare capacity, and no
         // reference to uninitialized memory is created.

@@ -506,7 +506,7 @@ fn unmount_then_mount_again_at_once_keeps_the_new_mount() {
     fs::write(m.path("f"), "kept").unwrap();
     let image = m.image.clone().unwrap();
     let mut old = m.child.take().unwrap();
-    run_ok(Command::new("umount").arg(&m.mp));
+    umount_retrying(&m.mp);
     run_ok(zcfs().arg("mount").arg("--daemon").arg(&image).arg(&m.mp));
     // The old process has finished by now or finishes soon; the new mount outlives it.
     let t = Instant::now();

@@ -101,7 +101,6 @@ fn race(b_op: &str) -> Vec<String> {
 }
 
 #[test]
-#[ignore = "finding: a create/mkdir reply handled after a concurrent setxattr dropped the directory's attributes caches the pre-setxattr attributes (no_xattrs too: the ACL just set reads as absent) for the attribute timeout"]
 fn a_directorys_attributes_from_a_reply_do_not_outlive_a_concurrent_setxattr() {
     let stale = race("setxattr");
     assert!(
@@ -113,7 +112,6 @@ fn a_directorys_attributes_from_a_reply_do_not_outlive_a_concurrent_setxattr() {
 }
 
 #[test]
-#[ignore = "finding: a create/mkdir reply handled after a concurrent rename dropped the caches caches the pre-rename directory attributes for the attribute timeout"]
 fn a_directorys_attributes_from_a_reply_do_not_outlive_a_concurrent_rename() {
     let stale = race("rename");
     assert!(
@@ -130,7 +128,6 @@ fn a_directorys_attributes_from_a_reply_do_not_outlive_a_concurrent_rename() {
 /// for a reply that was handed to its channel in between: it times out with the reply
 /// in its channel (the write was done), and the connection breaks for everyone.
 #[test]
-#[ignore = "finding: a pipelined write waited shortly after its submit can time out with its reply already in its channel (leader for a reply already dispatched)"]
 fn pipelined_writes_waited_later_never_time_out() {
     let net = Net::new();
     let srv = Served::new(&net, "lf-pipe", &[]);
@@ -149,7 +146,7 @@ fn pipelined_writes_waited_later_never_time_out() {
             for t in 0..2u64 {
                 let (fs, buf, slow) = (&fs, &buf, &slow);
                 s.spawn(move || {
-                    let end = std::time::Instant::now() + Duration::from_secs(60);
+                    let end = std::time::Instant::now() + Duration::from_secs(15);
                     let mut i = 0u64;
                     while std::time::Instant::now() < end && slow.lock().unwrap().is_empty() {
                         let t0 = std::time::Instant::now();

@@ -34,13 +34,50 @@ pub(super) struct Meta {
     pub(super) nodes: HashMap<u64, Node>,
     /// The session epoch `server_refs` count in (the client's, set by revalidation).
     pub(super) epoch: u64,
+    /// Invalidations of cached attributes so far, and the count at each inode's last
+    /// one (`invalidated_all`: at the last of every inode). A reply's attributes of an
+    /// inode are cached only if it was not invalidated since the request went out (as
+    /// the kernel's attr_version): ctimes alone cannot tell that newer attributes were
+    /// seen and dropped meanwhile (review finding: a concurrent setxattr's or
+    /// rename's drop was undone by an older create reply).
+    invalidations: u64,
+    invalidated: HashMap<u64, u64>,
+    invalidated_all: u64,
 }
+
+/// Most inodes whose last invalidation is remembered; past this every earlier token
+/// counts as invalidated (replies then fall back to asking the server).
+pub const INVALIDATED_MAX: usize = 65536;
 
 impl Meta {
     pub(super) fn drop_caches(&mut self) {
         self.attrs.clear();
         self.names.clear();
         self.no_xattr.clear();
+        self.invalidations += 1;
+        self.invalidated.clear();
+        self.invalidated_all = self.invalidations;
+    }
+
+    /// Drop `ino`'s cached attributes, and count it.
+    pub(super) fn invalidate(&mut self, ino: u64) {
+        self.attrs.remove(&ino);
+        self.invalidations += 1;
+        if self.invalidated.len() >= INVALIDATED_MAX {
+            self.invalidated.clear();
+            self.invalidated_all = self.invalidations;
+        }
+        self.invalidated.insert(ino, self.invalidations);
+    }
+
+    /// Where the invalidations stand (taken when a request goes out).
+    pub(super) fn token(&self) -> u64 {
+        self.invalidations
+    }
+
+    /// Whether `ino` was invalidated after `token` was taken.
+    fn invalidated_since(&self, ino: u64, token: u64) -> bool {
+        self.invalidated_all > token || self.invalidated.get(&ino).is_some_and(|&at| at > token)
     }
 
     /// How old the oldest copy of `ino`'s attributes, names or absent extended
@@ -98,8 +135,12 @@ impl Meta {
 
     /// Drop what we know of `ino` (its names and attributes too).
     /// See `RemoteFs::dir_changed`.
-    fn dir_changed(&mut self, dir: u64, after: Option<Attr>, caching: bool) {
-        let Some(a) = after.filter(|a| a.ino == dir && caching) else {
+    fn dir_changed(&mut self, dir: u64, after: Option<Attr>, token: u64, caching: bool) {
+        // What is dropped here needs no count: our request's own invalidation (before
+        // it went out) already stops replies older than it, and dropping never makes
+        // the cache staler.
+        let fresh = !self.invalidated_since(dir, token);
+        let Some(a) = after.filter(|a| a.ino == dir && caching && fresh) else {
             self.attrs.remove(&dir);
             return;
         };
@@ -124,7 +165,7 @@ impl Meta {
                 self.names.remove(&key);
             }
         }
-        self.attrs.remove(&ino);
+        self.invalidate(ino);
         self.no_xattr.remove(&ino);
     }
 
@@ -154,6 +195,17 @@ impl RemoteFs {
         self.remember_locked(&mut m, a);
     }
 
+    /// `remember`, unless `a.ino` was invalidated since `token` (the reply may be
+    /// older than a change made meanwhile: see `after_change`).
+    pub(super) fn remember_since(&self, a: &Attr, token: u64) {
+        let mut m = lock(&self.meta);
+        if m.invalidated_since(a.ino, token) {
+            m.nodes.entry(a.ino).or_default().gen = a.generation;
+            return;
+        }
+        self.remember_locked(&mut m, a);
+    }
+
     pub(super) fn remember_locked(&self, m: &mut Meta, a: &Attr) {
         m.nodes.entry(a.ino).or_default().gen = a.generation;
         if self.caching() {
@@ -162,22 +214,41 @@ impl RemoteFs {
     }
 
     /// Directory `dir` was changed by an operation of ours whose reply says what it is
-    /// now (None: unknown, so it is forgotten and asked for when needed). Kept unless
+    /// now (None: unknown, so it is forgotten and asked for when needed). `token`: the
+    /// invalidations when the request went out (`inval_token`). Kept unless the
+    /// directory was invalidated since (a concurrent change dropped what we knew), or
     /// what is cached is newer (the reply of a later operation came first): a newer
     /// ctime wins; equal ctimes with different attributes leave neither.
-    pub(super) fn dir_changed(&self, dir: u64, after: Option<Attr>) {
-        lock(&self.meta).dir_changed(dir, after, self.caching());
+    pub(super) fn dir_changed(&self, dir: u64, after: Option<Attr>, token: u64) {
+        lock(&self.meta).dir_changed(dir, after, token, self.caching());
+    }
+
+    /// Where invalidations stand, to take just before sending a request whose reply
+    /// brings attributes (after the request's own invalidations).
+    pub(super) fn inval_token(&self) -> u64 {
+        lock(&self.meta).token()
+    }
+
+    /// A change of `ino` that brings no attributes back (setxattr, removexattr) is
+    /// done: its attributes are dropped, and counted, once more. A request sent before
+    /// it may be answered after it with what was true before the change (its
+    /// reply is older than ours though handled later); invalidating before sending
+    /// alone would not stop that reply from being cached, since it went out after
+    /// that invalidation (the kernel's FUSE client likewise bumps attr_version after
+    /// such a change).
+    pub(super) fn after_change(&self, ino: u64) {
+        lock(&self.meta).invalidate(ino);
     }
 
     pub(super) fn forget_attr(&self, ino: u64) {
-        lock(&self.meta).attrs.remove(&ino);
+        lock(&self.meta).invalidate(ino);
     }
 
     /// A name in `parent` changed: drop it and the parent's attributes.
     pub(super) fn forget_name(&self, parent: u64, name: &[u8]) {
         let mut m = lock(&self.meta);
         m.names.remove(&(parent, name.to_vec()));
-        m.attrs.remove(&parent);
+        m.invalidate(parent);
     }
 
     /// An entry the server sent in session `epoch` (it holds a reference for us there),
@@ -207,7 +278,7 @@ impl RemoteFs {
                 m.names.insert(key, (a.ino, Instant::now()));
             }
             if changed {
-                m.attrs.remove(&parent);
+                m.invalidate(parent);
             }
         }
         a
@@ -272,35 +343,65 @@ mod tests {
 
     /// Replies of two operations on one directory may be handled in either order: the
     /// later change's attributes stay; equal ctimes that disagree leave nothing
-    /// cached; an unknown or wrong directory, or no caching, leaves nothing either.
+    /// cached; an unknown or wrong directory, or no caching, leaves nothing either; nor
+    /// does a reply to a request sent before the directory was invalidated.
     #[test]
     fn a_directorys_attributes_from_replies_keep_the_newest() {
         let cached = |m: &Meta| m.attrs.get(&9).map(|(a, _)| a.size);
         let mut m = Meta::default();
-        m.dir_changed(9, Some(dir(10, 1)), true);
+        let t = m.token();
+        m.dir_changed(9, Some(dir(10, 1)), t, true);
         assert_eq!(cached(&m), Some(1));
-        m.dir_changed(9, Some(dir(12, 3)), true);
-        m.dir_changed(9, Some(dir(11, 2)), true);
+        let t = m.token();
+        m.dir_changed(9, Some(dir(12, 3)), t, true);
+        let t = m.token();
+        m.dir_changed(9, Some(dir(11, 2)), t, true);
         assert_eq!(cached(&m), Some(3), "an older reply replaced a newer");
-        m.dir_changed(9, Some(dir(12, 3)), true);
+        let t = m.token();
+        m.dir_changed(9, Some(dir(12, 3)), t, true);
         assert_eq!(cached(&m), Some(3));
-        m.dir_changed(9, Some(dir(12, 4)), true);
+        let t = m.token();
+        m.dir_changed(9, Some(dir(12, 4)), t, true);
         assert_eq!(cached(&m), None, "same ctime, other attributes");
-        m.dir_changed(9, Some(dir(13, 5)), true);
-        m.dir_changed(9, None, true);
+        let t = m.token();
+        m.dir_changed(9, Some(dir(13, 5)), t, true);
+        let t = m.token();
+        m.dir_changed(9, None, t, true);
         assert_eq!(cached(&m), None, "unknown after the change");
-        m.dir_changed(9, Some(dir(14, 6)), true);
+        let t = m.token();
+        m.dir_changed(9, Some(dir(14, 6)), t, true);
+        let t = m.token();
         m.dir_changed(
             9,
             Some(Attr {
                 ino: 8,
                 ..dir(15, 7)
             }),
+            t,
             true,
         );
         assert_eq!(cached(&m), None, "another inode's attributes");
-        m.dir_changed(9, Some(dir(16, 8)), false);
+        let t = m.token();
+        m.dir_changed(9, Some(dir(16, 8)), t, false);
         assert_eq!(cached(&m), None, "cached without caching");
+        // A reply to a request sent before a concurrent invalidation (a setxattr, a
+        // rename) is not cached, however new its ctime.
+        let t = m.token();
+        m.dir_changed(9, Some(dir(17, 9)), t, true);
+        let sent = m.token();
+        m.invalidate(9);
+        m.dir_changed(9, Some(dir(18, 10)), sent, true);
+        assert_eq!(cached(&m), None, "attributes from before an invalidation");
+        m.drop_caches();
+        m.dir_changed(9, Some(dir(19, 11)), sent, true);
+        assert_eq!(
+            cached(&m),
+            None,
+            "attributes from before dropping every cache"
+        );
+        let t = m.token();
+        m.dir_changed(9, Some(dir(20, 12)), t, true);
+        assert_eq!(cached(&m), Some(12));
     }
 
     #[test]

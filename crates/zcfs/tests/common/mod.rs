@@ -33,6 +33,29 @@ pub fn run_ok(cmd: &mut Command) -> std::process::Output {
     out
 }
 
+/// `umount MP`, again while it is busy for up to `UMOUNT_BUSY_PATIENCE`: a child that
+/// another test thread forks (to act as another user) inherits every descriptor open
+/// at that moment, one on this mount too, and holds it until it exits.
+pub fn umount_retrying(mp: &std::path::Path) {
+    let t = std::time::Instant::now();
+    loop {
+        let out = Command::new("umount").arg(mp).output().unwrap();
+        if out.status.success() {
+            return;
+        }
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(
+            err.contains("busy") && t.elapsed() < UMOUNT_BUSY_PATIENCE,
+            "umount {}: {err}",
+            mp.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// How long `umount_retrying` waits out a busy mount.
+pub const UMOUNT_BUSY_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Spawn `cmd` (a `zcfs serve`) with its stdout piped and return it with the first line
 /// it printed (`serving IMAGE on ADDRESS` once it serves).
 pub fn spawn_serving(cmd: &mut Command) -> (std::process::Child, String) {
