@@ -508,3 +508,80 @@ fn no_caller_leads_for_a_reply_already_handed_to_it() {
         calls.load(Ordering::Relaxed)
     );
 }
+
+impl Scripted {
+    /// Reply to `(op, id)` with `body`.
+    fn answer_body(&self, (op, id): (Op, u64), body: &[u8]) {
+        let mut w = lock(&self.socket);
+        let s = w.as_mut().unwrap();
+        std::io::Write::write_all(s, &RespHeader::ok(op, id, body.len() as u32, 0).encode())
+            .unwrap();
+        std::io::Write::write_all(s, body).unwrap();
+    }
+}
+
+/// Review of c88a07e (3): only getattr and the directory attributes of a dir-op reply
+/// check the invalidation token; a lookup's entry (like readdirplus, setattr, hold,
+/// unlink's `removed`) caches its attributes unconditionally. A lookup that the server
+/// ran before a setxattr, whose reply is handled after the setxattr returned (its
+/// thread was slow, or the replies came in another order), caches the attributes from
+/// before the setxattr, `no_xattrs` included: the ACL just set is then answered
+/// ENODATA from the cache, without asking, for the attribute timeout.
+#[test]
+#[ignore = "finding: a lookup (or readdirplus, setattr) reply older than a setxattr is cached after it, no_xattrs included (only getattr checks the invalidation token)"]
+fn a_lookup_reply_older_than_a_setxattr_does_not_hide_the_xattr_set() {
+    use zcfs_backend::{Attr, Backend, Ctx, Time, ROOT};
+    use zcfs_protocol::{EntryReply, Reply};
+    let f = Scripted::new();
+    let mut cfg = ClientConfig::new(&f.addr.to_string());
+    cfg.connections = 1;
+    cfg.timeout = Duration::from_secs(5);
+    cfg.attr_ttl = Duration::from_secs(30);
+    let fs = crate::RemoteFs::connect(cfg).unwrap();
+    let ctx = Ctx::user(0, 0);
+    let before = Attr {
+        ino: 5,
+        generation: 1,
+        mode: libc::S_IFREG | 0o644,
+        nlink: 1,
+        ctime: Time { sec: 100, nsec: 0 },
+        no_xattrs: true,
+        ..Default::default()
+    };
+    const ACL: &[u8] = b"system.posix_acl_access";
+    std::thread::scope(|s| {
+        // The lookup goes out first and the server runs it first ...
+        let look = s.spawn(|| fs.lookup(&ctx, ROOT, b"f"));
+        let lreq = f.next();
+        assert_eq!(lreq.0, Op::Lookup);
+        let set = s.spawn(|| fs.setxattr(&ctx, 5, ACL, b"\x02\0\0\0", 0));
+        let sreq = f.next();
+        assert_eq!(sreq.0, Op::Setxattr);
+        // ... but its reply is handled after the setxattr is done.
+        f.answer_body(sreq, &[]);
+        set.join().unwrap().unwrap();
+        let body = Reply::Lookup(EntryReply {
+            attr: before.clone(),
+        })
+        .encode();
+        f.answer_body(lreq, &body);
+        look.join().unwrap().unwrap();
+        // What a getxattr should now ask the server for (answered if it does).
+        let get = s.spawn(|| fs.getxattr(&ctx, 5, ACL));
+        if let Ok(r) = lock(&f.requests).recv_timeout(Duration::from_millis(500)) {
+            assert_eq!(r.0, Op::Getxattr);
+            f.answer_body(
+                r,
+                &Reply::Getxattr(zcfs_protocol::GetxattrReply {
+                    value: zcfs_protocol::XattrValue::new(b"\x02\0\0\0").unwrap(),
+                })
+                .encode(),
+            );
+        }
+        let got = get.join().unwrap();
+        assert!(
+            got.is_ok(),
+            "the ACL just set is answered {got:?} from attributes older than the setxattr"
+        );
+    });
+}
