@@ -417,7 +417,7 @@ impl RemoteFs {
         self.forget_name(parent, n);
         let token = self.inval_token();
         let (r, epoch) = self.call_in(ctx, req, &[])?;
-        let a = self.entry(r.attr, epoch, Some((parent, n)), false);
+        let a = self.entry(r.attr, epoch, Some((parent, n)), false, token);
         self.dir_changed(parent, r.parent, token);
         Ok(a)
     }
@@ -435,7 +435,7 @@ impl RemoteFs {
         self.forget_name(parent, n);
         let token = self.inval_token();
         let r = self.call(ctx, req)?;
-        self.removed(&r.attr);
+        self.removed(&r.attr, token);
         self.dir_changed(parent, r.parent, token);
         Ok(r.attr)
     }
@@ -443,10 +443,10 @@ impl RemoteFs {
     /// After unlink/rmdir: the inode's attributes as they are now. Kept while we have
     /// it open (fstat of an open unlinked file shows nlink 0); an inode without names
     /// and not open is gone, so its attributes are dropped.
-    fn removed(&self, a: &Attr) {
+    fn removed(&self, a: &Attr, token: u64) {
         let open_here = lock(&self.open).has_ino(a.ino);
         if a.nlink > 0 || open_here {
-            self.remember(a);
+            self.changed_to(a, token);
         } else {
             self.forget_attr(a.ino);
         }
@@ -511,6 +511,7 @@ impl Backend for RemoteFs {
         if let Some(a) = self.cached_lookup(parent, name) {
             return Ok(a);
         }
+        let token = self.inval_token();
         let (r, epoch) = self.call_in(
             ctx,
             LookupReq {
@@ -519,7 +520,7 @@ impl Backend for RemoteFs {
             },
             &[],
         )?;
-        let a = self.entry(r.attr, epoch, Some((parent, name)), false);
+        let a = self.entry(r.attr, epoch, Some((parent, name)), false, token);
         Ok(self.after_writes(a))
     }
 
@@ -536,6 +537,7 @@ impl Backend for RemoteFs {
 
     /// The server takes the reference (a lookup of "." names any node itself).
     fn hold(&self, ino: u64, generation: u64) -> Result<Attr> {
+        let token = self.inval_token();
         let (r, epoch) = self.call_in(
             &own(),
             LookupReq {
@@ -544,7 +546,7 @@ impl Backend for RemoteFs {
             },
             &[],
         )?;
-        Ok(self.entry(r.attr, epoch, None, false))
+        Ok(self.entry(r.attr, epoch, None, false, token))
     }
 
     fn forget(&self, ino: u64, n: u64) {
@@ -583,6 +585,7 @@ impl Backend for RemoteFs {
         self.behind.settle(ino, Report::Keep)?;
         self.forget_attr(ino);
         let fh = if fh == 0 { 0 } else { self.server_fh(fh)? };
+        let token = self.inval_token();
         let r = self.call(
             ctx,
             SetattrReq {
@@ -590,9 +593,13 @@ impl Backend for RemoteFs {
                 set: set.clone(),
                 fh,
             },
-        )?;
-        self.remember(&r.attr);
-        Ok(r.attr)
+        );
+        // Counted as a change either way (see `Meta::replace`).
+        match &r {
+            Ok(r) => self.changed_to(&r.attr, token),
+            Err(_) => self.forget_attr(ino),
+        }
+        Ok(r?.attr)
     }
 
     fn access(&self, ctx: &Ctx, ino: u64, mask: u32) -> Result<()> {
@@ -695,7 +702,7 @@ impl Backend for RemoteFs {
         self.forget_name(newparent, newname);
         let token = self.inval_token();
         let (r, epoch) = self.call_in(ctx, req, &[])?;
-        let a = self.entry(r.attr, epoch, Some((newparent, newname)), false);
+        let a = self.entry(r.attr, epoch, Some((newparent, newname)), false, token);
         self.dir_changed(newparent, r.parent, token);
         Ok(a)
     }
@@ -705,11 +712,12 @@ impl Backend for RemoteFs {
             self.forget_attr(ino);
         }
         let node = self.node(ino);
+        let token = self.inval_token();
         let (r, epoch) = self.call_in(ctx, OpenReq { node, flags }, &[])?;
         // Close-to-open: what the file is now replaces whatever we had cached, unless
         // a write of ours may have been in flight when the server answered (see
         // `after_writes`): then the next getattr waits for the writes and asks.
-        self.remember(&r.attr);
+        self.remember_since(&r.attr, token);
         if self.behind.tracks(ino) {
             self.forget_attr(ino);
         }
@@ -734,7 +742,7 @@ impl Backend for RemoteFs {
         self.forget_name(parent, n);
         let token = self.inval_token();
         let (r, epoch) = self.call_in(ctx, req, &[])?;
-        let a = self.entry(r.attr, epoch, Some((parent, n)), false);
+        let a = self.entry(r.attr, epoch, Some((parent, n)), false, token);
         self.dir_changed(parent, r.parent, token);
         let fh = self.track(
             ctx,
@@ -755,8 +763,9 @@ impl Backend for RemoteFs {
             flags,
         };
         // No name is made and the parent does not change: nothing cached goes stale.
+        let token = self.inval_token();
         let (r, epoch) = self.call_in(ctx, req, &[])?;
-        let a = self.entry(r.attr, epoch, None, false);
+        let a = self.entry(r.attr, epoch, None, false, token);
         // Re-opened (after a lost session) as a plain open; the orphan will be gone
         // then, like any unlinked open file, and the handle stale.
         let fh = self.track(
@@ -973,6 +982,7 @@ impl Backend for RemoteFs {
                 plus,
                 max_entries,
             };
+            let token = self.inval_token();
             let (r, epoch) = self.call_in(&own(), req, &[])?;
             let mut es = r.entries.into_vec();
             for e in es.iter_mut() {
@@ -990,7 +1000,11 @@ impl Backend for RemoteFs {
                 let counted = m.epoch == epoch;
                 for e in &es {
                     if let Some(a) = &e.attr {
-                        self.remember_locked(&mut m, a);
+                        if m.invalidated_since(a.ino, token) {
+                            m.nodes.entry(a.ino).or_default().gen = a.generation;
+                        } else {
+                            self.remember_locked(&mut m, a);
+                        }
                     }
                     if counted {
                         let node = m.nodes.entry(e.ino).or_default();

@@ -528,7 +528,6 @@ impl Scripted {
 /// before the setxattr, `no_xattrs` included: the ACL just set is then answered
 /// ENODATA from the cache, without asking, for the attribute timeout.
 #[test]
-#[ignore = "finding: a lookup (or readdirplus, setattr) reply older than a setxattr is cached after it, no_xattrs included (only getattr checks the invalidation token)"]
 fn a_lookup_reply_older_than_a_setxattr_does_not_hide_the_xattr_set() {
     use zcfs_backend::{Attr, Backend, Ctx, Time, ROOT};
     use zcfs_protocol::{EntryReply, Reply};

@@ -76,7 +76,7 @@ impl Meta {
     }
 
     /// Whether `ino` was invalidated after `token` was taken.
-    fn invalidated_since(&self, ino: u64, token: u64) -> bool {
+    pub(super) fn invalidated_since(&self, ino: u64, token: u64) -> bool {
         self.invalidated_all > token || self.invalidated.get(&ino).is_some_and(|&at| at > token)
     }
 
@@ -134,24 +134,19 @@ impl Meta {
     }
 
     /// Drop what we know of `ino` (its names and attributes too).
-    /// See `RemoteFs::dir_changed`.
-    fn dir_changed(&mut self, dir: u64, after: Option<Attr>, token: u64, caching: bool) {
-        // What is dropped here needs no count: our request's own invalidation (before
-        // it went out) already stops replies older than it, and dropping never makes
-        // the cache staler.
-        let fresh = !self.invalidated_since(dir, token);
-        let Some(a) = after.filter(|a| a.ino == dir && caching && fresh) else {
-            self.attrs.remove(&dir);
-            return;
-        };
-        match self.attrs.get(&dir) {
-            Some((cached, _)) if cached.ctime > a.ctime => {}
-            Some((cached, _)) if cached.ctime == a.ctime && *cached != a => {
-                self.attrs.remove(&dir);
-            }
-            _ => {
-                self.nodes.entry(dir).or_default().gen = a.generation;
-                self.attrs.insert(dir, (a, Instant::now()));
+    /// A change of ours to `ino` was answered with its attributes after the change
+    /// (`after`; None: unknown). They replace what is cached only if `ino` was not
+    /// invalidated since the request went out (`token`); either way the change counts
+    /// as an invalidation, so a reply to a request sent before it and handled after it
+    /// (which carries what was true before) is refused in turn. This is the kernel's
+    /// attr_version rule: every reply is judged by the invalidations since its request.
+    pub(super) fn replace(&mut self, ino: u64, after: Option<&Attr>, token: u64, caching: bool) {
+        let fresh = !self.invalidated_since(ino, token);
+        self.invalidate(ino);
+        if let Some(a) = after.filter(|a| a.ino == ino) {
+            self.nodes.entry(ino).or_default().gen = a.generation;
+            if fresh && caching {
+                self.attrs.insert(ino, (a.clone(), Instant::now()));
             }
         }
     }
@@ -189,12 +184,6 @@ impl Meta {
 }
 
 impl RemoteFs {
-    /// Attributes received: remember the generation, cache them.
-    pub(super) fn remember(&self, a: &Attr) {
-        let mut m = lock(&self.meta);
-        self.remember_locked(&mut m, a);
-    }
-
     /// `remember`, unless `a.ino` was invalidated since `token` (the reply may be
     /// older than a change made meanwhile: see `after_change`).
     pub(super) fn remember_since(&self, a: &Attr, token: u64) {
@@ -215,12 +204,14 @@ impl RemoteFs {
 
     /// Directory `dir` was changed by an operation of ours whose reply says what it is
     /// now (None: unknown, so it is forgotten and asked for when needed). `token`: the
-    /// invalidations when the request went out (`inval_token`). Kept unless the
-    /// directory was invalidated since (a concurrent change dropped what we knew), or
-    /// what is cached is newer (the reply of a later operation came first): a newer
-    /// ctime wins; equal ctimes with different attributes leave neither.
+    /// invalidations when the request went out (`inval_token`). See `Meta::replace`.
     pub(super) fn dir_changed(&self, dir: u64, after: Option<Attr>, token: u64) {
-        lock(&self.meta).dir_changed(dir, after, token, self.caching());
+        lock(&self.meta).replace(dir, after.as_ref(), token, self.caching());
+    }
+
+    /// `ino` changed by a request of ours sent at `token`, answered with `a`.
+    pub(super) fn changed_to(&self, a: &Attr, token: u64) {
+        lock(&self.meta).replace(a.ino, Some(a), token, self.caching());
     }
 
     /// Where invalidations stand, to take just before sending a request whose reply
@@ -260,9 +251,14 @@ impl RemoteFs {
         epoch: u64,
         name: Option<(u64, &[u8])>,
         changed: bool,
+        token: u64,
     ) -> Attr {
         let mut m = lock(&self.meta);
-        self.remember_locked(&mut m, &a);
+        if m.invalidated_since(a.ino, token) {
+            m.nodes.entry(a.ino).or_default().gen = a.generation;
+        } else {
+            self.remember_locked(&mut m, &a);
+        }
         let current = m.epoch == epoch;
         let node = m.nodes.entry(a.ino).or_default();
         if current {
@@ -341,67 +337,71 @@ mod tests {
         }
     }
 
-    /// Replies of two operations on one directory may be handled in either order: the
-    /// later change's attributes stay; equal ctimes that disagree leave nothing
-    /// cached; an unknown or wrong directory, or no caching, leaves nothing either; nor
-    /// does a reply to a request sent before the directory was invalidated.
+    /// Replies of two changes of one directory, sent one after the other and handled
+    /// in either order: the one handled second is refused (it may be the older), and
+    /// nothing older than a change already handled is ever cached; a reply after an
+    /// invalidation, an unknown or wrong directory, or no caching leave nothing.
     #[test]
-    fn a_directorys_attributes_from_replies_keep_the_newest() {
+    fn a_directorys_attributes_from_replies_are_judged_by_the_invalidations_since() {
         let cached = |m: &Meta| m.attrs.get(&9).map(|(a, _)| a.size);
         let mut m = Meta::default();
         let t = m.token();
-        m.dir_changed(9, Some(dir(10, 1)), t, true);
+        m.replace(9, Some(&dir(10, 1)), t, true);
         assert_eq!(cached(&m), Some(1));
-        let t = m.token();
-        m.dir_changed(9, Some(dir(12, 3)), t, true);
-        let t = m.token();
-        m.dir_changed(9, Some(dir(11, 2)), t, true);
-        assert_eq!(cached(&m), Some(3), "an older reply replaced a newer");
-        let t = m.token();
-        m.dir_changed(9, Some(dir(12, 3)), t, true);
+        // Two in flight: the newer's reply handled first, then the older's.
+        let (older, newer) = (m.token(), m.token());
+        m.replace(9, Some(&dir(12, 3)), newer, true);
         assert_eq!(cached(&m), Some(3));
-        let t = m.token();
-        m.dir_changed(9, Some(dir(12, 4)), t, true);
-        assert_eq!(cached(&m), None, "same ctime, other attributes");
-        let t = m.token();
-        m.dir_changed(9, Some(dir(13, 5)), t, true);
-        let t = m.token();
-        m.dir_changed(9, None, t, true);
-        assert_eq!(cached(&m), None, "unknown after the change");
-        let t = m.token();
-        m.dir_changed(9, Some(dir(14, 6)), t, true);
-        let t = m.token();
-        m.dir_changed(
-            9,
-            Some(Attr {
-                ino: 8,
-                ..dir(15, 7)
-            }),
-            t,
-            true,
-        );
-        assert_eq!(cached(&m), None, "another inode's attributes");
-        let t = m.token();
-        m.dir_changed(9, Some(dir(16, 8)), t, false);
-        assert_eq!(cached(&m), None, "cached without caching");
+        m.replace(9, Some(&dir(11, 2)), older, true);
+        assert_eq!(cached(&m), None, "an older reply handled after a newer one");
         // A reply to a request sent before a concurrent invalidation (a setxattr, a
         // rename) is not cached, however new its ctime.
-        let t = m.token();
-        m.dir_changed(9, Some(dir(17, 9)), t, true);
         let sent = m.token();
         m.invalidate(9);
-        m.dir_changed(9, Some(dir(18, 10)), sent, true);
+        m.replace(9, Some(&dir(18, 10)), sent, true);
         assert_eq!(cached(&m), None, "attributes from before an invalidation");
+        let t = m.token();
         m.drop_caches();
-        m.dir_changed(9, Some(dir(19, 11)), sent, true);
+        m.replace(9, Some(&dir(19, 11)), t, true);
         assert_eq!(
             cached(&m),
             None,
             "attributes from before dropping every cache"
         );
         let t = m.token();
-        m.dir_changed(9, Some(dir(20, 12)), t, true);
-        assert_eq!(cached(&m), Some(12));
+        m.replace(9, None, t, true);
+        assert_eq!(cached(&m), None, "unknown after the change");
+        let t = m.token();
+        let other = Attr {
+            ino: 8,
+            ..dir(20, 12)
+        };
+        m.replace(9, Some(&other), t, true);
+        assert_eq!(cached(&m), None, "another inode's attributes");
+        let t = m.token();
+        m.replace(9, Some(&dir(21, 13)), t, false);
+        assert_eq!(cached(&m), None, "cached without caching");
+        let t = m.token();
+        m.replace(9, Some(&dir(22, 14)), t, true);
+        assert_eq!(cached(&m), Some(14));
+    }
+
+    /// Past `INVALIDATED_MAX` remembered inodes every earlier token counts as
+    /// invalidated (never as fresh).
+    #[test]
+    fn past_the_bound_every_earlier_token_is_invalidated() {
+        let mut m = Meta::default();
+        let t = m.token();
+        for ino in 100..=100 + INVALIDATED_MAX as u64 {
+            m.invalidate(ino);
+        }
+        assert!(m.invalidated.len() <= INVALIDATED_MAX);
+        assert!(
+            m.invalidated_since(7, t),
+            "an inode never invalidated, after the bound"
+        );
+        let t = m.token();
+        assert!(!m.invalidated_since(7, t));
     }
 
     #[test]
