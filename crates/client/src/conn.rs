@@ -428,9 +428,9 @@ fn read_exact_with(
     Ok(())
 }
 
-/// How much later than its deadline a reader waiting for its own reply may give up:
-/// the socket's timeout is shortened only when it is this much past the time left, so
-/// a reply that arrives whole costs no extra system call.
+/// How much past the time left the socket's timeout may be before it is shortened, so
+/// that a reply arriving whole costs no extra system call. (The kernel rounds the
+/// timeout up to a jiffy, so a trickled reply ends a few ms past its deadline.)
 pub const DEADLINE_SLACK: Duration = Duration::from_millis(1);
 
 /// A deadline for a whole reply: before each read, the time left, and the socket's
@@ -473,7 +473,8 @@ fn set_read_timeout(fd: RawFd, d: Duration) -> std::io::Result<()> {
     let d = d.max(Duration::from_micros(1));
     let tv = libc::timeval {
         tv_sec: libc::time_t::try_from(d.as_secs()).unwrap_or(libc::time_t::MAX),
-        tv_usec: libc::suseconds_t::from(d.subsec_micros().max(u32::from(d.as_secs() == 0))),
+        // Under 10^6: fits suseconds_t on every target (i32 on 32-bit Linux).
+        tv_usec: d.subsec_micros().max(u32::from(d.as_secs() == 0)) as libc::suseconds_t,
     };
     // SAFETY: `fd` is the open socket of the reader this thread holds (it outlives the
     // call), and `tv` is a valid timeval whose size is passed with it.
