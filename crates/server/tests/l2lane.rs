@@ -1201,38 +1201,12 @@ mod stall_write_impl {
     use super::StallArmedLaneWrite;
     use zcfs_backend::*;
     impl Backend for StallArmedLaneWrite {
+        pass_on_all_but_write!();
         pass_on! {
             lookup(ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr>;
-            getattr(ino: u64) -> Result<Attr>;
-            setattr(ctx: &Ctx, ino: u64, set: &SetAttr, fh: u64) -> Result<Attr>;
-            access(ctx: &Ctx, ino: u64, mask: u32) -> Result<()>;
-            opendir(ctx: &Ctx, ino: u64) -> Result<u64>;
-            readlink(ino: u64) -> Result<Vec<u8>>;
-            mknod(ctx: &Ctx, parent: u64, name: &[u8], mode: u32, rdev: u32) -> Result<Attr>;
-            mkdir(ctx: &Ctx, parent: u64, name: &[u8], mode: u32) -> Result<Attr>;
-            unlink(ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr>;
-            rmdir(ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr>;
-            symlink(ctx: &Ctx, parent: u64, name: &[u8], target: &[u8]) -> Result<Attr>;
-            rename(ctx: &Ctx, parent: u64, name: &[u8], newparent: u64, newname: &[u8], flags: u32) -> Result<()>;
-            link(ctx: &Ctx, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr>;
-            open(ctx: &Ctx, ino: u64, flags: i32) -> Result<u64>;
-            create(ctx: &Ctx, parent: u64, name: &[u8], mode: u32, flags: i32) -> Result<(Attr, u64)>;
-            tmpfile(ctx: &Ctx, parent: u64, mode: u32, flags: i32) -> Result<(Attr, u64)>;
-            read(ino: u64, fh: u64, offset: u64, size: u32, reply: &mut dyn ReadReply) -> Result<()>;
             write_with(ctx: &Ctx, ino: u64, fh: u64, offset: u64, payload: &mut dyn WritePayload) -> Result<u32>;
-            release(ino: u64, fh: u64) -> Result<()>;
             flush(ino: u64, fh: u64) -> Result<()>;
-            fsync(ino: u64, fh: u64, datasync: bool) -> Result<()>;
             statfs() -> Result<StatFs>;
-            readdir(ino: u64, offset: u64, plus: bool, f: &mut dyn FnMut(DirEntry) -> bool) -> Result<()>;
-            setxattr(ctx: &Ctx, ino: u64, name: &[u8], value: &[u8], flags: i32) -> Result<()>;
-            getxattr(ctx: &Ctx, ino: u64, name: &[u8]) -> Result<Vec<u8>>;
-            listxattr(ctx: &Ctx, ino: u64) -> Result<Vec<Vec<u8>>>;
-            removexattr(ctx: &Ctx, ino: u64, name: &[u8]) -> Result<()>;
-            forget(ino: u64, n: u64) -> ();
-            hold(ino: u64, generation: u64) -> Result<Attr>;
-            releasedir(ino: u64, fh: u64) -> Result<()>;
-            lseek(ino: u64, fh: u64, offset: u64, whence: i32) -> Result<u64>;
         }
         fn write(&self, ctx: &Ctx, ino: u64, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
             let (m, cv) = &*self.gate;

@@ -439,6 +439,28 @@ macro_rules! pass_on_the_rest {
 #[allow(unused_macros)]
 macro_rules! pass_on_all_but_mkdir {
     () => {
+        pass_on_all_but_mkdir_and_write!();
+        pass_on! {
+            write(ctx: &Ctx, ino: u64, fh: u64, offset: u64, data: &[u8]) -> Result<u32>;
+        }
+    };
+}
+
+/// `pass_on_the_rest!` without write, for a wrapper that changes write too.
+#[allow(unused_macros)]
+macro_rules! pass_on_all_but_write {
+    () => {
+        pass_on_all_but_mkdir_and_write!();
+        pass_on! {
+            mkdir(ctx: &Ctx, parent: u64, name: &[u8], mode: u32) -> Result<Attr>;
+        }
+    };
+}
+
+/// What `pass_on_all_but_mkdir!` and `pass_on_all_but_write!` share.
+#[allow(unused_macros)]
+macro_rules! pass_on_all_but_mkdir_and_write {
+    () => {
         pass_on! {
             getattr(ino: u64) -> Result<Attr>;
             setattr(ctx: &Ctx, ino: u64, set: &SetAttr, fh: u64) -> Result<Attr>;
@@ -455,7 +477,6 @@ macro_rules! pass_on_all_but_mkdir {
             create(ctx: &Ctx, parent: u64, name: &[u8], mode: u32, flags: i32) -> Result<(Attr, u64)>;
             tmpfile(ctx: &Ctx, parent: u64, mode: u32, flags: i32) -> Result<(Attr, u64)>;
             read(ino: u64, fh: u64, offset: u64, size: u32, reply: &mut dyn ReadReply) -> Result<()>;
-            write(ctx: &Ctx, ino: u64, fh: u64, offset: u64, data: &[u8]) -> Result<u32>;
             release(ino: u64, fh: u64) -> Result<()>;
             fsync(ino: u64, fh: u64, datasync: bool) -> Result<()>;
             readdir(ino: u64, offset: u64, plus: bool, f: &mut dyn FnMut(DirEntry) -> bool) -> Result<()>;
