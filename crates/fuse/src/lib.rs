@@ -351,20 +351,7 @@ impl Filesystem for FuseFs {
             mtime: mtime.map(set_time),
         };
         let fh = fh.map_or(0, |f| f.0);
-        let c = self.ctx(req);
-        let r = match self.backend.setattr(&c, ino.0, &set, fh) {
-            // open(O_RDONLY|O_TRUNC): the kernel truncates through the read-only handle
-            // it just opened, which gives no right to change the size. The size then
-            // changes as truncate(2) by the caller would, which the backend allows only
-            // with the caller's write permission. Any other SETATTR of the size through
-            // a handle comes from ftruncate(2), which the kernel refuses on a read-only
-            // descriptor before asking us.
-            Err(e) if e.errno == libc::EBADF && fh != 0 && set.size.is_some() => {
-                self.backend.setattr(&c, ino.0, &set, 0)
-            }
-            r => r,
-        };
-        self.attr(reply, r)
+        self.attr(reply, self.backend.setattr(&self.ctx(req), ino.0, &set, fh))
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
