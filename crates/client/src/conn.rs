@@ -13,8 +13,7 @@
 
 use crate::{lock, Response, Slot};
 use std::collections::HashMap;
-use std::io::Read;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::{Arc, Condvar, Mutex, Weak};
@@ -23,7 +22,7 @@ use zcfs_backend::Error;
 use zcfs_protocol::channel::{Mac, TAG_LEN};
 use zcfs_protocol::handshake::Welcome;
 use zcfs_protocol::{Op, Request, RespHeader, RESP_HDR};
-use zcfs_transport::{recv_into_vec_with, Stream};
+use zcfs_transport::{recv_exact_with, recv_into_vec_with, Stream};
 
 /// A request sent without waiting for its reply (a forget), kept until the reply
 /// comes, to send again (with its id) if its connection is lost first.
@@ -215,7 +214,7 @@ fn lead(conn: &Conn, rd: &mut Reader, own: u64, deadline: Instant) -> Led {
     }
     loop {
         // The whole reply is due by the caller's deadline, however slowly it comes.
-        let r = match recv_reply(&mut rd.s, &mut rd.mac, Some(deadline)) {
+        let r = match recv_reply(&rd.s, &mut rd.mac, Some(deadline)) {
             Ok(r) => r,
             Err(f) if f.timed_out => return Led::TimedOut,
             Err(f) => {
@@ -364,18 +363,17 @@ impl RecvFail {
 /// the reply must have arrived whole by then (a reader waiting for its own reply),
 /// else each read waits at most the socket's timeout.
 pub(crate) fn recv_reply(
-    s: &mut Stream,
+    s: &Stream,
     mac: &mut Option<Mac>,
     until: Option<Instant>,
 ) -> Result<Received, RecvFail> {
-    let fd = s.as_raw_fd();
-    let mut clock = until.map(|at| Deadline::new(fd, at));
+    let mut clock = until.map(|at| Deadline::new(s, at));
     let mut before = || match clock.as_mut() {
-        Some(c) => c.before(fd),
+        Some(c) => c.before(s),
         None => Ok(()),
     };
     let mut hb = [0u8; RESP_HDR];
-    read_exact_with(s, &mut hb, &mut before).map_err(RecvFail::io)?;
+    recv_exact_with(s, &mut hb, &mut before).map_err(RecvFail::io)?;
     let h = RespHeader::decode(&hb)
         .map_err(|e| RecvFail::bad(format!("malformed reply: {e}"), None))?;
     let tag_len = if mac.is_some() { TAG_LEN } else { 0 };
@@ -402,30 +400,12 @@ pub(crate) fn recv_reply(
     recv_into_vec_with(s, &mut data, h.data_len as usize, &mut before).map_err(RecvFail::io)?;
     if let Some(mut mm) = m {
         let mut tag = [0u8; TAG_LEN];
-        read_exact_with(s, &mut tag, &mut before).map_err(RecvFail::io)?;
+        recv_exact_with(s, &mut tag, &mut before).map_err(RecvFail::io)?;
         mm.data(&data);
         mm.verify_data(&tag)
             .map_err(|e| RecvFail::bad(e.to_string(), Some(h.id)))?;
     }
     Ok((h, body, data))
-}
-
-/// `read_exact`, calling `before` ahead of every read.
-fn read_exact_with(
-    s: &mut Stream,
-    mut buf: &mut [u8],
-    before: &mut dyn FnMut() -> std::io::Result<()>,
-) -> std::io::Result<()> {
-    while !buf.is_empty() {
-        before()?;
-        match s.read(buf) {
-            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-            Ok(n) => buf = &mut buf[n..],
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
 
 /// How much past the time left the socket's timeout may be before it is shortened, so
@@ -442,17 +422,18 @@ struct Deadline {
 }
 
 impl Deadline {
-    fn new(fd: RawFd, at: Instant) -> Deadline {
+    fn new(s: &Stream, at: Instant) -> Deadline {
+        // Not zero: that would mean no timeout.
         let left = at
             .saturating_duration_since(Instant::now())
             .max(Duration::from_micros(1));
         // A timeout that cannot be set leaves an earlier holder's (bounded too), and
         // `before` still ends the reply at the deadline.
-        let _ = set_read_timeout(fd, left);
+        let _ = s.set_read_timeout(Some(left));
         Deadline { at, set: left }
     }
 
-    fn before(&mut self, fd: RawFd) -> std::io::Result<()> {
+    fn before(&mut self, s: &Stream) -> std::io::Result<()> {
         let left = self.at.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(std::io::Error::new(
@@ -461,36 +442,10 @@ impl Deadline {
             ));
         }
         if left + DEADLINE_SLACK < self.set {
-            set_read_timeout(fd, left)?;
+            s.set_read_timeout(Some(left))?;
             self.set = left;
         }
         Ok(())
-    }
-}
-
-/// SO_RCVTIMEO of the socket `fd` (not 0: that would mean no timeout).
-fn set_read_timeout(fd: RawFd, d: Duration) -> std::io::Result<()> {
-    let d = d.max(Duration::from_micros(1));
-    let tv = libc::timeval {
-        tv_sec: libc::time_t::try_from(d.as_secs()).unwrap_or(libc::time_t::MAX),
-        // Under 10^6: fits suseconds_t on every target (i32 on 32-bit Linux).
-        tv_usec: d.subsec_micros().max(u32::from(d.as_secs() == 0)) as libc::suseconds_t,
-    };
-    // SAFETY: `fd` is the open socket of the reader this thread holds (it outlives the
-    // call), and `tv` is a valid timeval whose size is passed with it.
-    let r = unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&tv as *const libc::timeval).cast(),
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
     }
 }
 
@@ -569,7 +524,7 @@ fn serve_owed(conn: &Conn, rd: &mut Reader) {
 /// Read and hand on one reply (within the read timeout set); a failure ends the
 /// connection.
 fn read_one(conn: &Conn, rd: &mut Reader) {
-    match recv_reply(&mut rd.s, &mut rd.mac, None) {
+    match recv_reply(&rd.s, &mut rd.mac, None) {
         Ok(r) => {
             if let Err(why) = dispatch(conn, r, None) {
                 conn.break_with(&why);

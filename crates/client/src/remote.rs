@@ -417,7 +417,7 @@ impl RemoteFs {
         self.forget_name(parent, n);
         let token = self.inval_token();
         let (r, epoch) = self.call_in(ctx, req, &[])?;
-        let a = self.entry(r.attr, epoch, Some((parent, n)), false, token);
+        let a = self.entry(r.attr, epoch, Some((parent, n)), token);
         self.dir_changed(parent, r.parent, token);
         Ok(a)
     }
@@ -520,7 +520,7 @@ impl Backend for RemoteFs {
             },
             &[],
         )?;
-        let a = self.entry(r.attr, epoch, Some((parent, name)), false, token);
+        let a = self.entry(r.attr, epoch, Some((parent, name)), token);
         Ok(self.after_writes(a))
     }
 
@@ -546,7 +546,7 @@ impl Backend for RemoteFs {
             },
             &[],
         )?;
-        Ok(self.entry(r.attr, epoch, None, false, token))
+        Ok(self.entry(r.attr, epoch, None, token))
     }
 
     fn forget(&self, ino: u64, n: u64) {
@@ -702,7 +702,7 @@ impl Backend for RemoteFs {
         self.forget_name(newparent, newname);
         let token = self.inval_token();
         let (r, epoch) = self.call_in(ctx, req, &[])?;
-        let a = self.entry(r.attr, epoch, Some((newparent, newname)), false, token);
+        let a = self.entry(r.attr, epoch, Some((newparent, newname)), token);
         self.dir_changed(newparent, r.parent, token);
         Ok(a)
     }
@@ -742,7 +742,7 @@ impl Backend for RemoteFs {
         self.forget_name(parent, n);
         let token = self.inval_token();
         let (r, epoch) = self.call_in(ctx, req, &[])?;
-        let a = self.entry(r.attr, epoch, Some((parent, n)), false, token);
+        let a = self.entry(r.attr, epoch, Some((parent, n)), token);
         self.dir_changed(parent, r.parent, token);
         let fh = self.track(
             ctx,
@@ -765,7 +765,7 @@ impl Backend for RemoteFs {
         // No name is made and the parent does not change: nothing cached goes stale.
         let token = self.inval_token();
         let (r, epoch) = self.call_in(ctx, req, &[])?;
-        let a = self.entry(r.attr, epoch, None, false, token);
+        let a = self.entry(r.attr, epoch, None, token);
         // Re-opened (after a lost session) as a plain open; the orphan will be gone
         // then, like any unlinked open file, and the handle stale.
         let fh = self.track(
@@ -1000,11 +1000,7 @@ impl Backend for RemoteFs {
                 let counted = m.epoch == epoch;
                 for e in &es {
                     if let Some(a) = &e.attr {
-                        if m.invalidated_since(a.ino, token) {
-                            m.nodes.entry(a.ino).or_default().gen = a.generation;
-                        } else {
-                            self.remember_locked(&mut m, a);
-                        }
+                        self.remember_locked_since(&mut m, a, token);
                     }
                     if counted {
                         let node = m.nodes.entry(e.ino).or_default();
@@ -1017,6 +1013,7 @@ impl Backend for RemoteFs {
                     epoch: counted.then_some(epoch),
                     inos: es.iter().map(|e| e.ino).collect(),
                     next: 0,
+                    token,
                 }
             });
             for e in es {

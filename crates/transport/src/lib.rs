@@ -95,20 +95,42 @@ pub fn recv_into_vec_with(
 ) -> std::io::Result<()> {
     buf.reserve(n);
     let start = buf.len();
+    // SAFETY: `start + n <= capacity` (reserved above): the `n` bytes from `start` are
+    // spare capacity of `buf`, written only through the raw pointer.
+    unsafe { recv_exact_raw(s, buf.as_mut_ptr().add(start), n, before)? };
+    // SAFETY: the `n` bytes after `start` were written by recv above.
+    unsafe { buf.set_len(start + n) };
+    Ok(())
+}
+
+/// Fill `buf` exactly from a socket, calling `before` ahead of every recv (as
+/// `recv_into_vec_with`).
+pub fn recv_exact_with(
+    s: &impl AsRawFd,
+    buf: &mut [u8],
+    before: &mut dyn FnMut() -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    // SAFETY: `buf` is valid for `buf.len()` bytes of writes.
+    unsafe { recv_exact_raw(s, buf.as_mut_ptr(), buf.len(), before) }
+}
+
+/// recv until `n` bytes have arrived at `dst`.
+///
+/// # Safety
+/// `dst` must be valid for `n` bytes of writes, and nothing may read those bytes
+/// through a reference while this runs.
+unsafe fn recv_exact_raw(
+    s: &impl AsRawFd,
+    dst: *mut u8,
+    n: usize,
+    before: &mut dyn FnMut() -> std::io::Result<()>,
+) -> std::io::Result<()> {
     let mut got = 0;
     while got < n {
         before()?;
-        // SAFETY: `start + n <= capacity` (reserved above); recv writes at most
-        // `n - got` bytes through the raw pointer into spare capacity, and no
-        // reference to uninitialized memory is created.
-        let r = unsafe {
-            libc::recv(
-                s.as_raw_fd(),
-                buf.as_mut_ptr().add(start + got) as *mut libc::c_void,
-                n - got,
-                0,
-            )
-        };
+        // SAFETY: `got < n`, so `dst + got` and the `n - got` bytes after it are within
+        // what the caller vouched for; no reference to them is created.
+        let r = unsafe { libc::recv(s.as_raw_fd(), dst.add(got).cast(), n - got, 0) };
         match r {
             0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
             r if r > 0 => got += r as usize,
@@ -120,8 +142,6 @@ pub fn recv_into_vec_with(
             }
         }
     }
-    // SAFETY: the `n` bytes after `start` were written by recv above.
-    unsafe { buf.set_len(start + n) };
     Ok(())
 }
 

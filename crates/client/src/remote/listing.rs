@@ -15,6 +15,8 @@ pub(super) struct Listing<'a> {
     pub(super) epoch: Option<u64>,
     pub(super) inos: Vec<u64>,
     pub(super) next: usize,
+    /// The invalidations when the readdir went out (its attributes are judged by it).
+    pub(super) token: u64,
 }
 
 impl Listing<'_> {
@@ -27,7 +29,7 @@ impl Listing<'_> {
         if self.epoch != Some(m.epoch) {
             // The session is gone (and its references with it): the caller's only.
             if let Some(a) = &e.attr {
-                self.fs.remember_locked(&mut m, a);
+                self.fs.remember_locked_since(&mut m, a, self.token);
             }
             m.nodes.entry(e.ino).or_default().caller_refs += 1;
             return;

@@ -37,9 +37,8 @@ pub(super) struct Meta {
     /// Invalidations of cached attributes so far, and the count at each inode's last
     /// one (`invalidated_all`: at the last of every inode). A reply's attributes of an
     /// inode are cached only if it was not invalidated since the request went out (as
-    /// the kernel's attr_version): ctimes alone cannot tell that newer attributes were
-    /// seen and dropped meanwhile (review finding: a concurrent setxattr's or
-    /// rename's drop was undone by an older create reply).
+    /// the kernel's attr_version): otherwise an older reply handled after a concurrent
+    /// change would undo the change's drop (review findings rv-lf 3, rv-lf2 F1-F2).
     invalidations: u64,
     invalidated: HashMap<u64, u64>,
     invalidated_all: u64,
@@ -184,17 +183,25 @@ impl Meta {
 }
 
 impl RemoteFs {
-    /// `remember`, unless `a.ino` was invalidated since `token` (the reply may be
-    /// older than a change made meanwhile: see `after_change`).
+    /// Attributes received in reply to a request sent at `token`: remember the
+    /// generation, and cache them unless `a.ino` was invalidated since (the reply may be
+    /// older than a change made meanwhile: see `Meta::replace`).
     pub(super) fn remember_since(&self, a: &Attr, token: u64) {
         let mut m = lock(&self.meta);
-        if m.invalidated_since(a.ino, token) {
-            m.nodes.entry(a.ino).or_default().gen = a.generation;
-            return;
-        }
-        self.remember_locked(&mut m, a);
+        self.remember_locked_since(&mut m, a, token);
     }
 
+    /// `remember_since` with the lock held.
+    pub(super) fn remember_locked_since(&self, m: &mut Meta, a: &Attr, token: u64) {
+        if m.invalidated_since(a.ino, token) {
+            m.nodes.entry(a.ino).or_default().gen = a.generation;
+        } else {
+            self.remember_locked(m, a);
+        }
+    }
+
+    /// Remember the generation and cache `a` as it is (a caller that knows it is
+    /// current: see `remember_locked_since`).
     pub(super) fn remember_locked(&self, m: &mut Meta, a: &Attr) {
         m.nodes.entry(a.ino).or_default().gen = a.generation;
         if self.caching() {
@@ -244,21 +251,16 @@ impl RemoteFs {
 
     /// An entry the server sent in session `epoch` (it holds a reference for us there),
     /// handed to our caller (one reference for it). `name`: where it was found, to
-    /// cache; `changed`: the parent directory was modified.
+    /// cache; `token`: the invalidations when the request went out (`inval_token`).
     pub(super) fn entry(
         &self,
         a: Attr,
         epoch: u64,
         name: Option<(u64, &[u8])>,
-        changed: bool,
         token: u64,
     ) -> Attr {
         let mut m = lock(&self.meta);
-        if m.invalidated_since(a.ino, token) {
-            m.nodes.entry(a.ino).or_default().gen = a.generation;
-        } else {
-            self.remember_locked(&mut m, &a);
-        }
+        self.remember_locked_since(&mut m, &a, token);
         let current = m.epoch == epoch;
         let node = m.nodes.entry(a.ino).or_default();
         if current {
@@ -272,9 +274,6 @@ impl RemoteFs {
                     node.names.push(key.clone());
                 }
                 m.names.insert(key, (a.ino, Instant::now()));
-            }
-            if changed {
-                m.invalidate(parent);
             }
         }
         a
