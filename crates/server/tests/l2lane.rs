@@ -784,12 +784,7 @@ mod stall_mkdir_impl {
     use zcfs_backend::*;
     impl Backend for StallAfterFirstMkdir {
         pass_on_all_but_mkdir!();
-        pass_on! {
-            lookup(ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr>;
-            write_with(ctx: &Ctx, ino: u64, fh: u64, offset: u64, payload: &mut dyn WritePayload) -> Result<u32>;
-            statfs() -> Result<StatFs>;
-            flush(ino: u64, fh: u64) -> Result<()>;
-        }
+        pass_on_lookup_and_io!();
         fn mkdir(&self, ctx: &Ctx, parent: u64, name: &[u8], mode: u32) -> Result<Attr> {
             let r = self.inner.mkdir(ctx, parent, name, mode);
             let (m, cv) = &*self.gate;
@@ -1202,12 +1197,7 @@ mod stall_write_impl {
     use zcfs_backend::*;
     impl Backend for StallArmedLaneWrite {
         pass_on_all_but_write!();
-        pass_on! {
-            lookup(ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr>;
-            write_with(ctx: &Ctx, ino: u64, fh: u64, offset: u64, payload: &mut dyn WritePayload) -> Result<u32>;
-            flush(ino: u64, fh: u64) -> Result<()>;
-            statfs() -> Result<StatFs>;
-        }
+        pass_on_lookup_and_io!();
         fn write(&self, ctx: &Ctx, ino: u64, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
             let (m, cv) = &*self.gate;
             let mut st = m.lock().unwrap();

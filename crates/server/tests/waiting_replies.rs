@@ -61,12 +61,7 @@ mod stall_impl {
     use zcfs_backend::*;
     impl Backend for StallMkdir {
         pass_on_all_but_mkdir!();
-        pass_on! {
-            lookup(ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr>;
-            write_with(ctx: &Ctx, ino: u64, fh: u64, offset: u64, payload: &mut dyn WritePayload) -> Result<u32>;
-            statfs() -> Result<StatFs>;
-            flush(ino: u64, fh: u64) -> Result<()>;
-        }
+        pass_on_lookup_and_io!();
         fn mkdir(&self, ctx: &Ctx, parent: u64, name: &[u8], mode: u32) -> Result<Attr> {
             let g = &self.gate;
             let mut st = g.m.lock().unwrap();

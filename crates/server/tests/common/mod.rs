@@ -457,6 +457,20 @@ macro_rules! pass_on_all_but_write {
     };
 }
 
+/// With `pass_on_all_but_mkdir!` or `pass_on_all_but_write!`: the methods the other
+/// test wrappers change (lookup, write_with, statfs, flush), passed on.
+#[allow(unused_macros)]
+macro_rules! pass_on_lookup_and_io {
+    () => {
+        pass_on! {
+            lookup(ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr>;
+            write_with(ctx: &Ctx, ino: u64, fh: u64, offset: u64, payload: &mut dyn WritePayload) -> Result<u32>;
+            statfs() -> Result<StatFs>;
+            flush(ino: u64, fh: u64) -> Result<()>;
+        }
+    };
+}
+
 /// What `pass_on_all_but_mkdir!` and `pass_on_all_but_write!` share.
 #[allow(unused_macros)]
 macro_rules! pass_on_all_but_mkdir_and_write {
