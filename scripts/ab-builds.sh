@@ -29,10 +29,11 @@ serve() {   # serve NAME BIN_DIR PORT -> PID in SPID
   for _ in $(seq 100); do grep -q serving "$W/$1.out" 2>/dev/null && break; sleep 0.05; done
 }
 PORT=$((21000 + $$ % 20000))
+declare -A MPORT=([A]=$PORT [B]=$((PORT + 1)))
 for n in A B; do
-  d=${!n}; serve "$n" "$d" $((PORT + ${#PIDS[@]}))
+  d=${!n}; serve "$n" "$d" "${MPORT[$n]}"
   mkdir -p "$W/mnt-$n"
-  "$d/zcfs" mount "127.0.0.1:$((PORT + ${#PIDS[@]} - 1))" "$W/mnt-$n" 2>/dev/null & PIDS+=($!); MNTS+=("$W/mnt-$n")
+  "$d/zcfs" mount "127.0.0.1:${MPORT[$n]}" "$W/mnt-$n" 2>/dev/null & PIDS+=($!); MNTS+=("$W/mnt-$n")
   for _ in $(seq 200); do mountpoint -q "$W/mnt-$n" && break; sleep 0.05; done
   dd if=/dev/urandom of="$W/mnt-$n/fio.dat" bs=1M count=64 conv=fsync status=none
 done
