@@ -534,6 +534,76 @@ mod stall_impl {
     }
 }
 
+/// Review finding (review3): since 280453d a connection's `l2::Hold` gives the lane up
+/// without waiting for the lane request that runs now (the old owner lock made the
+/// connection's end wait for it). So at shutdown `Server::run` joins the connections
+/// and releases every session (`Sessions::stop`: handles and references back to the
+/// backend) while the service thread still executes a lane request of one of them
+/// (and the same at the end of a session's grace): it then runs against a session
+/// already released, and a handle it creates (open, create) is never given back.
+/// Here: a lane statfs stalls at the server, the server is shut down, and
+/// `Server::run` returns while the statfs still runs.
+#[test]
+#[ignore = "finding: Server::run returns (sessions released) while a lane request of a session still runs"]
+fn the_server_releases_its_sessions_only_after_their_lane_requests_ended() {
+    if !l2_ready() {
+        return;
+    }
+    let gate = Arc::new((Mutex::new((false, false)), Condvar::new()));
+    let backend: Arc<dyn Backend> = Arc::new(StallFirstStatfs {
+        inner: memory_fs(32 << 20),
+        gate: gate.clone(),
+    });
+    let mut n = net_with("stopwait", backend, true);
+    let addr = n.addr.clone();
+    let client = n
+        .pair
+        .cli
+        .spawn(move || {
+            let c = Arc::new(Client::new(client_cfg(&addr, CLI_IF)));
+            c.connect().unwrap();
+            assert!(c.l2_status().expect("the lane was set up").0);
+            // Rides the lane and stalls at the server; fails once the server is gone.
+            let _ = c.call(&StatfsReq {}.into(), me(), &[]);
+            std::thread::sleep(Duration::from_secs(1));
+        })
+        .unwrap();
+    {
+        let (m, cv) = &*gate;
+        let mut st = m.lock().unwrap();
+        let t = Instant::now();
+        while !st.0 {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "statfs never arrived"
+            );
+            st = cv.wait_timeout(st, Duration::from_millis(20)).unwrap().0;
+        }
+    }
+    // Shut down before the lane reply times out (1 s): the lane is still owned.
+    let server = n.server();
+    n.pair.srv.run(move || server.shutdown()).unwrap();
+    let run = n.thread.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let joiner = std::thread::spawn(move || {
+        let _ = run.join();
+        let _ = tx.send(());
+    });
+    let returned_while_running = rx.recv_timeout(Duration::from_secs(2)).is_ok();
+    {
+        let (m, cv) = &*gate;
+        m.lock().unwrap().1 = true;
+        cv.notify_all();
+    }
+    joiner.join().unwrap();
+    let _ = client.join();
+    drop(n);
+    assert!(
+        !returned_while_running,
+        "Server::run returned (every session released) while a lane request still ran"
+    );
+}
+
 /// (From the review of the lane.) A request whose lane reply does not come within
 /// L2_REPLY_TIMEOUT (the server's service thread busy with an earlier lane request) is
 /// sent again on TCP with the same id, while its lane copy may still be queued at the

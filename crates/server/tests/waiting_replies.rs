@@ -284,6 +284,51 @@ fn a_connection_ending_with_waiting_replies_ends_at_once() {
     assert_eq!(a.receive(7).status, 0);
 }
 
+/// Review finding (review3): a resend over the bound waits on its connection's own
+/// thread (`wait_then_answer`'s inline path), and that wait looks only at
+/// `Out::is_closed`, which is set by the connection's thread once `serve` returns: by
+/// itself. So when the peer goes away (or `Server::shutdown` shuts the socket down) the
+/// connection is not ended at once, as it is with every resend below the bound, but
+/// lasts until the first attempt ends or the peer timeout (30 s by default) passes,
+/// holding its session, its slot, and `Server::run`'s join at shutdown.
+#[test]
+#[ignore = "finding: an inline (over-the-bound) waiting reply does not notice its connection ending"]
+fn a_connection_ending_with_a_reply_waiting_inline_ends_at_once() {
+    let (srv, gate) = stalling_server(config());
+    let mut a = srv.raw(SESSION);
+    send(&mut a, 7, &mkdir("d"));
+    gate.until_stalled(1);
+    let mut b = srv.raw(SESSION);
+    for _ in 0..MAX_WAITING_REPLIES {
+        send(&mut b, 7, &mkdir("d"));
+    }
+    send(&mut b, 8, &ping());
+    assert_eq!(b.receive_any().0, 8);
+    assert_eq!(srv.report().replies_waiting, MAX_WAITING_REPLIES);
+    // One over the bound: it waits on b's connection thread.
+    send(&mut b, 7, &mkdir("d"));
+    send(&mut b, 9, &ping());
+    assert!(
+        receive_within(&mut b, Duration::from_millis(300)).is_none(),
+        "the resend over the bound did not wait inline"
+    );
+    assert_eq!(srv.report().connections_active, 2);
+    drop(b);
+    let t = Instant::now();
+    let ended = (0..100).any(|_| {
+        std::thread::sleep(Duration::from_millis(20));
+        srv.report().connections_active == 1
+    });
+    let waited = t.elapsed();
+    gate.set_open(true);
+    assert_eq!(a.receive(7).status, 0);
+    assert!(
+        ended,
+        "b's connection did not end within {waited:?} of its peer leaving: its inline \
+         waiting reply held it until the first attempt ended"
+    );
+}
+
 const SECRET: &[u8] = b"waiting-replies-test-secret";
 
 /// A connection with MACs, driven by hand.
