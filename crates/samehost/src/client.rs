@@ -966,30 +966,37 @@ impl Client {
             return Err(Error::Invalid("a reservation of another connection".into()));
         }
         let id = r.consumed();
-        self.run(Sqe {
+        self.release_id(id)
+    }
+
+    /// Send RESERVATION_RELEASE for `id`. An errno means the server does not hold it
+    /// any more (given back already); any other failure (a full ring, a lost
+    /// connection) queues it with the ones dropped unused, for the next try (review
+    /// finding: a release on a full ring forgot it until the connection closed).
+    fn release_id(&mut self, id: u64) -> Result<()> {
+        let r = self.run(Sqe {
             op: op::RESERVATION_RELEASE,
             aux: id,
             ..Default::default()
-        })
-        .map(|_| ())
+        });
+        if let Err(e) = &r {
+            if !matches!(e, Error::Errno(_)) {
+                let mut q = self.conn.dropped.lock().unwrap_or_else(|e| e.into_inner());
+                q.push(id);
+            }
+        }
+        r.map(|_| ())
     }
 
-    /// Give back the reservations dropped unused. An errno means the server does not
-    /// hold that one any more (given back already); any other failure (a full ring, a
-    /// lost connection) keeps the rest queued for the next try (on a lost connection
-    /// the server gave them all back).
+    /// Give back the reservations dropped unused (`release_id`); at the first that
+    /// cannot be sent, the rest stay queued for the next try (on a lost connection the
+    /// server gave them all back).
     fn give_back_dropped(&mut self) {
         let mut ids =
             std::mem::take(&mut *self.conn.dropped.lock().unwrap_or_else(|e| e.into_inner()));
         while let Some(id) = ids.pop() {
-            let r = self.run(Sqe {
-                op: op::RESERVATION_RELEASE,
-                aux: id,
-                ..Default::default()
-            });
-            if let Err(e) = r {
+            if let Err(e) = self.release_id(id) {
                 if !matches!(e, Error::Errno(_)) {
-                    ids.push(id);
                     let mut q = self.conn.dropped.lock().unwrap_or_else(|e| e.into_inner());
                     q.extend(ids);
                     return;

@@ -281,7 +281,6 @@ fn a_reservation_dropped_unused_is_given_back() {
 /// held until the connection ends, and the caller has nothing left to retry with.
 /// The C ABI's `zcfs_zcopy_abort` and `zcfs_pflush_commit`'s refusal path go through it.
 #[test]
-#[ignore = "finding: release_reservation on a full ring forgets the reservation (held until disconnect)"]
 fn a_reservation_released_on_a_full_ring_is_not_forgotten() {
     let mut s = serve("releasefull");
     let mut c = Client::connect_with(
