@@ -221,10 +221,19 @@ pub(crate) struct L2Service {
     reason: Mutex<String>,
 }
 
-/// A connection's hold of the interface: given back when the connection ends.
+/// How long a connection's end waits for a lane request of its session that still runs
+/// (`Hold`'s drop): its session may be released right after, and a request running
+/// against a released session would leak what it creates.
+pub const HOLD_QUIET_WAIT: Duration = Duration::from_secs(30);
+
+/// A connection's hold of the interface: given back when the connection ends, which
+/// then waits (at most `HOLD_QUIET_WAIT`) until no lane request of its session runs.
 pub(crate) struct Hold {
     service: Arc<L2Service>,
     generation: u64,
+    /// The session it was taken for (None: replaced by a newer hold of the same
+    /// connection, which waits instead).
+    session: Option<Arc<Session>>,
 }
 
 impl Drop for Hold {
@@ -237,6 +246,19 @@ impl Drop for Hold {
         {
             st.owner = None;
             tracing::info!(ifname = %self.service.ifname, "layer-2 lane released");
+        }
+        drop(st);
+        // Whether or not it still owned the lane (a fence may have given it up): a
+        // request of its session may run now (review finding: sessions were released
+        // under a running lane request at shutdown).
+        if let Some(session) = &self.session {
+            let until = Instant::now() + HOLD_QUIET_WAIT;
+            if !self.service.wait_quiet(session, until) {
+                tracing::warn!(
+                    ifname = %self.service.ifname,
+                    "a layer-2 request still runs {HOLD_QUIET_WAIT:?} after its connection ended"
+                );
+            }
         }
     }
 }
@@ -365,7 +387,7 @@ impl L2Service {
         let generation = self.next_generation.fetch_add(1, Ordering::SeqCst) + 1;
         st.owner = Some(Owner {
             generation,
-            session,
+            session: session.clone(),
             rule,
             peer_mac: mac_from_u64(req.mac),
             key: tag_key_material(secret, &nonce),
@@ -375,9 +397,11 @@ impl L2Service {
         let old = hold.replace(Hold {
             service: self.clone(),
             generation,
+            session: Some(session),
         });
         if let Some(mut old) = old {
             old.generation = 0;
+            old.session = None;
         }
         self.counters.accepted.fetch_add(1, Ordering::Relaxed);
         tracing::info!(ifname = %self.ifname, mode = ?self.mode, "layer-2 lane accepted");

@@ -544,7 +544,6 @@ mod stall_impl {
 /// Here: a lane statfs stalls at the server, the server is shut down, and
 /// `Server::run` returns while the statfs still runs.
 #[test]
-#[ignore = "finding: Server::run returns (sessions released) while a lane request of a session still runs"]
 fn the_server_releases_its_sessions_only_after_their_lane_requests_ended() {
     if !l2_ready() {
         return;
