@@ -244,6 +244,12 @@ pub struct Ticket {
 }
 
 impl Ticket {
+    /// Whether both requests went out on the same connection (the server runs them in
+    /// the order they were sent).
+    pub fn same_connection(&self, other: &Ticket) -> bool {
+        Arc::ptr_eq(&self.conn, &other.conn)
+    }
+
     pub fn wait(self) -> Result<Response, Error> {
         let resp = self.receive()?;
         if resp.hdr.status != 0 {

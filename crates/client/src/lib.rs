@@ -773,6 +773,28 @@ impl Client {
         self.submit_on(conn, id, req, cred, data, true)
     }
 
+    /// `submit` on the connection `after` went out on, so the server runs it after
+    /// `after`'s request (it runs one connection's requests in order): a close's FLUSH
+    /// sent behind the file's writes in flight. ENOTCONN when that connection is down
+    /// or the lane's fence is still owed (the caller then waits and sends as usual).
+    pub fn submit_behind(
+        &self,
+        after: &Ticket,
+        req: &Request,
+        cred: Caller<'_>,
+        data: &[&[u8]],
+    ) -> Result<Ticket, Error> {
+        cred.check()?;
+        if self.l2_down_unfenced().is_some() || !after.conn.is_up() {
+            return Err(Error::new(
+                libc::ENOTCONN,
+                "the connection to send behind is down (or the lane not fenced yet)",
+            ));
+        }
+        let id = self.ids.fetch_add(1, Ordering::Relaxed);
+        self.submit_on(after.conn.clone(), id, req, cred, data, true)
+    }
+
     /// Send a request without waiting for its reply, as part of session `epoch` (what
     /// the caller counted it against). It goes out on a connection of that session that
     /// is up, or, with none up, on the next one made; one lost with its connection goes

@@ -29,7 +29,7 @@ mod pipelined;
 
 pub use pipelined::{ReadTicket, WriteTicket};
 
-use crate::{lock, Caller, Client, ClientConfig};
+use crate::{lock, Caller, Client, ClientConfig, Ticket};
 pub use behind::WRITE_BEHIND_MAX;
 use behind::{Report, WriteBehind};
 use listing::Listing;
@@ -114,6 +114,8 @@ pub struct RemoteFs {
     next_fh: AtomicU64,
     read_bytes: AtomicU64,
     written_bytes: AtomicU64,
+    /// Flushes and fsyncs sent behind the writes they cover (`durable_behind_writes`).
+    flushes_behind: AtomicU64,
     behind: WriteBehind,
 }
 
@@ -171,6 +173,7 @@ impl RemoteFs {
             next_fh: AtomicU64::new(1),
             read_bytes: AtomicU64::new(0),
             written_bytes: AtomicU64::new(0),
+            flushes_behind: AtomicU64::new(0),
             behind: WriteBehind::default(),
         };
         let (open, meta) = (fs.open.clone(), fs.meta.clone());
@@ -350,6 +353,56 @@ impl RemoteFs {
         self.written_bytes
             .fetch_add(data.len() as u64, Ordering::Relaxed);
         Ok(n)
+    }
+
+    /// A flush (`fsync` None) or fsync of `fh` sent behind `ino`'s writes in flight, on
+    /// their connection, before their replies are collected: the server runs it after
+    /// them, so a close after a write costs one round trip. None: not sent (no write of
+    /// `ino` in flight, or on several connections); the caller settles and sends.
+    fn durable_behind_writes(&self, ino: u64, fh: u64, fsync: Option<bool>) -> Option<Result<()>> {
+        let sfh = self.server_fh(fh).ok()?;
+        let node = self.node(ino);
+        let req: Request = match fsync {
+            None => FlushReq { node, fh: sfh }.into(),
+            Some(datasync) => FsyncReq {
+                node,
+                fh: sfh,
+                datasync,
+            }
+            .into(),
+        };
+        let report = match fsync {
+            None => Report::Handle(fh),
+            Some(_) => Report::Fsync(fh),
+        };
+        let me = own();
+        let (settled, (mark, sent)) = self.behind.settle_behind(ino, report, |newest| {
+            // Every write of `ino` sent so far is in flight ahead of this request (the
+            // queue is locked): what its success makes durable.
+            let mark = self.written_mark(fh);
+            (
+                mark,
+                self.client.submit_behind(newest, &req, cred(&me), &[]),
+            )
+        })?;
+        // A write's error is the answer (the request's reply, dropped, changes nothing).
+        if let Err(e) = settled {
+            return Some(Err(e));
+        }
+        self.flushes_behind.fetch_add(1, Ordering::Relaxed);
+        let r = match sent.and_then(Ticket::wait) {
+            Ok(_) => Ok(()),
+            // The writes were answered, so they ran: any flush sent now covers them.
+            Err(e) if crate::is_transport(&e) => self.client.call(&req, cred(&me), &[]).map(|_| ()),
+            Err(e) => Err(e),
+        };
+        Some(self.made_durable(fh, mark, fsync.is_some(), r))
+    }
+
+    /// How many flushes and fsyncs went out behind the writes they cover, without
+    /// waiting for those writes' replies first.
+    pub fn flushes_sent_behind(&self) -> u64 {
+        self.flushes_behind.load(Ordering::Relaxed)
     }
 
     /// How many writes through `fh` had left the client: taken as an fsync or flush of
@@ -894,6 +947,9 @@ impl Backend for RemoteFs {
     /// server commits). A close when no handle of the inode here has written since its
     /// last fsync or flush (a reader's, say) has nothing to make durable: no round trip.
     fn flush(&self, ino: u64, fh: u64) -> Result<()> {
+        if let Some(r) = self.durable_behind_writes(ino, fh, None) {
+            return r;
+        }
         self.behind.settle(ino, Report::Handle(fh))?;
         let clean = {
             let open = lock(&self.open);
@@ -944,6 +1000,9 @@ impl Backend for RemoteFs {
     }
 
     fn fsync(&self, ino: u64, fh: u64, datasync: bool) -> Result<()> {
+        if let Some(r) = self.durable_behind_writes(ino, fh, Some(datasync)) {
+            return r;
+        }
         self.behind.settle(ino, Report::Fsync(fh))?;
         let mark = self.written_mark(fh);
         let sfh = self.server_fh(fh).unwrap_or(0);

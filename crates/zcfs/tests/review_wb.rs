@@ -577,3 +577,94 @@ fn a_read_right_after_an_early_answer_sees_the_write() {
         fs.release(f.ino, fh).unwrap();
     });
 }
+
+/// A close after buffered writes sends its FLUSH behind them, on the connection of the
+/// newest (the server runs one connection's requests in order), before their replies
+/// are in: one round trip instead of two. What such a flush said is durable must be:
+/// the server is killed (SIGKILL) right after the flush returns, before its group
+/// commit's delay would have committed a write the flush overtook, and every byte is
+/// there after it starts again. Rounds write 1 to 4 pieces, so the writes of one file
+/// go out on both connections.
+#[test]
+fn a_flush_sent_behind_the_writes_makes_them_durable() {
+    const KILL_ROUNDS: usize = 24;
+    let net = Net::new();
+    let mut srv = Served::new(&net, "wb-flush-behind", &[]);
+    let pieces = |round: usize| 1 + round % 4;
+    let piece = |round: usize, i: usize| fill((round * 4 + i) as u8 + 1, 4096);
+    for round in 0..KILL_ROUNDS {
+        let name = format!("f{round}");
+        net.in_cli(|| {
+            let fs = srv.client(&net, Duration::from_secs(10));
+            let c = ctx();
+            let (f, fh) = fs
+                .create(
+                    &c,
+                    ROOT,
+                    name.as_bytes(),
+                    libc::S_IFREG | 0o644,
+                    libc::O_WRONLY,
+                )
+                .unwrap();
+            // Made durable first: only the writes below are at stake.
+            fs.fsync(f.ino, fh, false).unwrap();
+            for i in 0..pieces(round) {
+                let off = (i * 4096) as u64;
+                let n = fs.write_behind(&c, f.ino, fh, off, &piece(round, i));
+                assert_eq!(n.unwrap(), 4096);
+            }
+            let before = fs.flushes_sent_behind();
+            fs.flush(f.ino, fh).unwrap();
+            assert_eq!(
+                fs.flushes_sent_behind(),
+                before + 1,
+                "round {round}: the flush waited for the writes' replies first"
+            );
+            srv.kill(libc::SIGKILL);
+        });
+        srv.start(&net, &[]);
+        net.in_cli(|| {
+            let fs = srv.client(&net, Duration::from_secs(10));
+            let a = fs.lookup(&ctx(), ROOT, name.as_bytes()).unwrap();
+            assert_eq!(a.size, (pieces(round) * 4096) as u64, "round {round}");
+            for i in 0..pieces(round) {
+                assert!(
+                    read_all(&fs, a.ino, 0, (i * 4096) as u64, 4096) == piece(round, i),
+                    "round {round}: piece {i} lost after a flush that said 0"
+                );
+            }
+        });
+    }
+    srv.kill(libc::SIGTERM);
+    srv.fsck();
+}
+
+/// A write refused by the server (the volume full) while the close's FLUSH went out
+/// behind it: the close reports the write's error, not the flush's success.
+#[test]
+fn a_flush_sent_behind_a_refused_write_reports_its_error() {
+    let net = Net::new();
+    let srv = Served::sized(&net, "wb-flush-enospc", "64M", &[]);
+    net.in_cli(|| {
+        let fs = srv.client(&net, Duration::from_secs(10));
+        let c = ctx();
+        let (f, fh) = fs
+            .create(&c, ROOT, b"big", libc::S_IFREG | 0o644, libc::O_WRONLY)
+            .unwrap();
+        let piece = fill(7, 1 << 20);
+        // 128 MiB into a 64 MiB volume: a write fails, but is answered as written.
+        let mut refused_at_once = false;
+        for i in 0..128u64 {
+            if fs.write_behind(&c, f.ino, fh, i << 20, &piece).is_err() {
+                refused_at_once = true;
+                break;
+            }
+        }
+        let r = fs.flush(f.ino, fh);
+        assert!(
+            refused_at_once || r.is_err(),
+            "a close after writes the volume had no room for said 0"
+        );
+        let _ = fs.release(f.ino, fh);
+    });
+}

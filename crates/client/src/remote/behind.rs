@@ -8,7 +8,9 @@
 //!   requests in order, but a client spreads requests over several connections, so two
 //!   overlapping writes in flight could land in either order; disjoint ones commute);
 //! - flush (close(2)), fsync, release, getattr, setattr, fallocate and lseek of the
-//!   inode, and sync_all: every write of the inode.
+//!   inode, and sync_all: every write of the inode. A flush or fsync is sent before
+//!   the replies are collected, behind the writes on the connection they went out on
+//!   (`settle_behind`): the server runs one connection's requests in order.
 //!
 //! An error (ENOSPC, a short write, a lost connection) is kept with the handle that
 //! wrote and reported by that handle's next flush or fsync, as NFS does (another
@@ -181,24 +183,39 @@ impl WriteBehind {
         };
         let mut g = lock(&q);
         while collect_front(self, &mut g) {}
-        let e = match report {
-            Report::Keep => None,
-            Report::Handle(fh) => g.errors.get_mut(&fh).map(|(e, reported)| {
-                *reported = true;
-                e.clone()
-            }),
-            Report::Fsync(fh) => g
-                .errors
-                .remove(&fh)
-                .map(|(e, _)| e)
-                .or_else(|| g.errors.values().next().map(|(e, _)| e.clone())),
-            Report::All => {
-                let mut all: Vec<(u64, (Error, bool))> = g.errors.drain().collect();
-                all.sort_by_key(|(fh, _)| *fh);
-                all.into_iter().next().map(|(_, (e, _))| e)
+        reported(&mut g, report)
+    }
+
+    /// `send` a request behind the writes of `ino` in flight, then `settle` as asked.
+    /// The writes that went out on another connection than the newest one are waited
+    /// for first (being older, they are mostly answered by then); `send` then gets the
+    /// newest one's ticket, to send on that connection, whose requests the server runs
+    /// in order: the request runs after every write of `ino`. A close's FLUSH so costs
+    /// one round trip instead of two (the writes' replies, then the flush's). `send`
+    /// runs with the inode's queue locked: no write of `ino` is sent between it and the
+    /// settle. None (nothing sent, nothing waited for): no write of `ino` in flight.
+    pub fn settle_behind<T>(
+        &self,
+        ino: u64,
+        report: Report,
+        send: impl FnOnce(&Ticket) -> T,
+    ) -> Option<(Result<()>, T)> {
+        let q = self.queue_of(ino)?;
+        let mut g = lock(&q);
+        // The newest is never collected here: the loop ends when all are on its
+        // connection, which it is.
+        while let Some(newest) = g.inflight.back() {
+            if g.inflight
+                .iter()
+                .all(|p| p.ticket.same_connection(&newest.ticket))
+            {
+                break;
             }
-        };
-        e.map_or(Ok(()), Err)
+            collect_front(self, &mut g);
+        }
+        let sent = send(&g.inflight.back()?.ticket);
+        while collect_front(self, &mut g) {}
+        Some((reported(&mut g, report), sent))
     }
 
     /// Handle `fh` of `ino` is closed: an error kept for it has no one left to report
@@ -248,6 +265,28 @@ impl WriteBehind {
     pub fn held(&self) -> usize {
         self.held.load(Ordering::Acquire)
     }
+}
+
+/// The first error kept for the handles `report` names (see `Report`).
+fn reported(g: &mut Queue, report: Report) -> Result<()> {
+    let e = match report {
+        Report::Keep => None,
+        Report::Handle(fh) => g.errors.get_mut(&fh).map(|(e, reported)| {
+            *reported = true;
+            e.clone()
+        }),
+        Report::Fsync(fh) => g
+            .errors
+            .remove(&fh)
+            .map(|(e, _)| e)
+            .or_else(|| g.errors.values().next().map(|(e, _)| e.clone())),
+        Report::All => {
+            let mut all: Vec<(u64, (Error, bool))> = g.errors.drain().collect();
+            all.sort_by_key(|(fh, _)| *fh);
+            all.into_iter().next().map(|(_, (e, _))| e)
+        }
+    };
+    e.map_or(Ok(()), Err)
 }
 
 /// Collect the oldest write of the queue: false if it has none.
