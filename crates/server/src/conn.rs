@@ -7,14 +7,16 @@
 //! A connection's requests run one by one on its thread, except a reply that waits for
 //! something the requests after it need not wait for (`Awaited`: the layer-2 fence, a
 //! resend whose first attempt still runs). Such a reply waits on a thread of its own
-//! (at most `MAX_WAITING_REPLIES` per connection) and goes out when it is ready; the
-//! client matches replies by id. Every reply is written whole under the connection's
+//! (at most `MAX_WAITING_REPLIES` per connection; beyond, on the connection's thread,
+//! watching the socket for the connection's end since nothing reads it meanwhile) and
+//! goes out when it is ready; the client matches replies by id. Every reply is written whole under the connection's
 //! writer lock (`Out`), so tags follow wire order.
 
 use crate::dispatch::Held;
 use crate::session::{lock, Access, Begin, Claim, Session};
 use crate::{PeerRule, Shared};
 use std::io::{IoSlice, IoSliceMut, Read};
+use std::os::fd::AsRawFd;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -333,16 +335,76 @@ enum Awaited {
     Resend { req: Request, groups: Vec<u32> },
 }
 
+/// Whether the socket `s` was hung up: the peer shut its side down or reset it, or this
+/// server shut it down (`Server::shutdown`, a lane's fence), with the reason the
+/// connection ends. Only looks (a poll that does not wait): nothing is read, so the
+/// bytes of a request after the one waiting stay where they are.
+fn hung_up(s: &Stream) -> Option<ConnEnd> {
+    let mut p = libc::pollfd {
+        fd: s.as_raw_fd(),
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: `p` is one valid pollfd that lives across the call, the count is 1, and
+    // the descriptor is this connection's socket, open for as long as `s` is.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    if n <= 0 {
+        // Nothing (or the poll failed, EINTR say): looked at again in a slice, and
+        // the wait stays bounded by its deadline whatever poll says.
+        return None;
+    }
+    if p.revents & libc::POLLERR != 0 {
+        let e = match s {
+            Stream::Tcp(t) => t.take_error(),
+            Stream::Unix(u) => u.take_error(),
+        };
+        let e = match e {
+            Ok(Some(e)) | Err(e) => e,
+            Ok(None) => std::io::Error::other("the socket reported an error"),
+        };
+        return Some(ConnEnd::io("waiting for a reply", e));
+    }
+    (p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLNVAL) != 0).then_some(ConnEnd::Closed)
+}
+
+/// How a waiting reply learns that its connection ended.
+#[derive(Clone, Copy)]
+enum Watch<'s> {
+    /// On a thread of its own: the connection's thread reads on, meets the end and
+    /// closes `Out`.
+    Closed,
+    /// On the connection's thread (over the bound): no one reads, so the wait watches
+    /// the socket itself (`hung_up`) besides `Out`, and the connection ends with it.
+    Socket(&'s Stream),
+}
+
 /// Wait for `what`, at most the peer timeout from the request's arrival `t`, and answer
 /// `h` (ETIMEDOUT when it is not there by then: the client asks again). Returns early,
-/// unanswered, once the connection ended: no one is left to answer.
+/// unanswered, once the connection ended: no one is left to answer (with the reason
+/// when it waits on the connection's thread, `Watch::Socket`, whose connection then
+/// ends: nothing after it is read).
 fn answer_awaited(
     lane: &Lane<'_>,
     out: &Out,
     h: &ReqHeader,
     t: Instant,
     what: Awaited,
+    watch: Watch<'_>,
 ) -> Result<(), ConnEnd> {
+    // Ok(()) once the connection ended (no one to answer), or the end, for the wait on
+    // the connection's thread.
+    let ended = || -> Option<Result<(), ConnEnd>> {
+        match watch {
+            Watch::Closed => out.is_closed().then_some(Ok(())),
+            Watch::Socket(s) => {
+                if out.is_closed() {
+                    // A waiting reply's write failed, or a panic: the socket is shut.
+                    return Some(Err(ConnEnd::Closed));
+                }
+                hung_up(s).map(Err)
+            }
+        }
+    };
     let shared = lane.shared;
     let patience = shared.cfg.peer_timeout;
     let deadline = t + patience;
@@ -356,8 +418,8 @@ fn answer_awaited(
     };
     match what {
         Awaited::Fence => loop {
-            if out.is_closed() {
-                return Ok(());
+            if let Some(end) = ended() {
+                return end;
             }
             let quiet = shared
                 .l2
@@ -372,8 +434,8 @@ fn answer_awaited(
             }
         },
         Awaited::Resend { req, groups } => loop {
-            if out.is_closed() {
-                return Ok(());
+            if let Some(end) = ended() {
+                return end;
             }
             match lane.session.begin_until(h.id, h.op, slice()) {
                 Some(Begin::Replay(reply)) => {
@@ -748,7 +810,7 @@ impl<'a> Conn<'a> {
             let job = Box::new(move || {
                 let _place = place;
                 let r = catch_unwind(AssertUnwindSafe(|| {
-                    answer_awaited(&lane, out, &h2, t, what2)
+                    answer_awaited(&lane, out, &h2, t, what2, Watch::Closed)
                 }));
                 match r {
                     Ok(Ok(())) => {}
@@ -783,7 +845,7 @@ impl<'a> Conn<'a> {
             );
         }
         self.replying = true;
-        answer_awaited(&self.lane, out, h, t, what)
+        answer_awaited(&self.lane, out, h, t, what, Watch::Socket(&self.s))
     }
 
     fn read(&mut self, ctx: &Ctx, h: &ReqHeader, r: ReadReq, t: Instant) -> Result<(), ConnEnd> {

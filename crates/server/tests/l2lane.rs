@@ -16,8 +16,8 @@ use zcfs_client::l2::{L2Options, L2Poll, L2_RETRY_AFTER};
 use zcfs_client::{Caller, Client, ClientConfig};
 use zcfs_netns::{owned_name, Pair, CLI_IF, SRV_IF};
 use zcfs_protocol::{
-    CreateReply, CreateReq, GetattrReq, LookupName, LookupReq, Name, NodeRef, Op, ReadReq, Reply,
-    Request, StatfsReq, WriteReq,
+    CreateReply, CreateReq, ForgetItem, ForgetReq, GetattrReq, List, LookupName, LookupReq, Name,
+    NodeRef, Op, ReadReq, ReleaseReq, Reply, Request, StatfsReq, WriteReq,
 };
 use zcfs_server::l2::L2Port;
 use zcfs_server::Server;
@@ -1362,6 +1362,165 @@ fn a_submitted_write_is_not_overtaken_by_a_failed_lane_write() {
                 // Refused while the fence could not be had: the stale write landed.
                 Err(e) => assert_eq!(now, "AAAA", "{e:?}"),
             }
+        })
+        .unwrap();
+    drop(n);
+}
+
+/// (Review rv-s3 notes: `Client::post` skips the lane's fence, unlike `submit`; no harm
+/// found, pinned here.) The client posts forget, and a release it could not send (the
+/// only posted requests); neither rides the lane, and neither waits for its fence. Here
+/// a lookup and a read of a file sit on the lane behind a stalled statfs when it falls,
+/// and go again on TCP at once (free of effects), their lane copies still queued;
+/// while the lane is down and its fence waits for the statfs, the client posts the
+/// forget of every reference it counted and the release of the handle. Both are
+/// answered at once, whatever the stall; once the fence is had the session holds no
+/// reference and no handle, and the lookup ran once. (The fence, sent as the lane
+/// fell, reaches the server first and drops the queued copies. A copy that ran after
+/// a posted request, when the fence cannot be had, would meet only what it undid: a
+/// lookup's reference is counted by the client only from a reply, so its copy is
+/// answered from the reply cache; one on the handle gets EBADF, handles are never
+/// numbered again in a session.)
+#[test]
+fn posted_forget_and_release_skip_the_lane_fence_and_undo_nothing() {
+    if !l2_ready() {
+        return;
+    }
+    let gate = Arc::new((Mutex::new((false, false)), Condvar::new()));
+    let backend: Arc<dyn Backend> = Arc::new(StallFirstStatfs {
+        inner: memory_fs(32 << 20),
+        gate: gate.clone(),
+    });
+    let n = net_with("postfence", backend, true);
+    let addr = n.addr.clone();
+    let srv = n.server();
+    n.pair
+        .cli
+        .run(move || {
+            let c = Arc::new(Client::new(client_cfg(&addr, CLI_IF)));
+            c.connect().unwrap();
+            assert!(c.l2_status().expect("the lane was set up").0);
+            let f = create(&c, "f");
+            write(&c, &f, 0, b"data");
+            let (node, fh) = (NodeRef::new(f.attr.ino, f.attr.generation), f.fh);
+            assert_eq!(srv.report().references_held, 1, "create's reference");
+            assert_eq!(srv.report().handles_open, 1);
+            let fell_back = || c.l2_counters.fell_back.load(Ordering::Relaxed);
+            let fell = fell_back();
+            let c2 = c.clone();
+            let stalled = std::thread::spawn(move || {
+                c2.call(&StatfsReq {}.into(), me(), &[]).unwrap();
+            });
+            {
+                let (m, cv) = &*gate;
+                let mut st = m.lock().unwrap();
+                let t = Instant::now();
+                while !st.0 && t.elapsed() < Duration::from_secs(10) {
+                    st = cv.wait_timeout(st, Duration::from_millis(50)).unwrap().0;
+                }
+                assert!(st.0, "statfs never arrived");
+            }
+            // On the lane behind the statfs: they time out with it and go again on
+            // TCP at once (free of effects), their lane copies still queued.
+            let c3 = c.clone();
+            let lookup = std::thread::spawn(move || {
+                c3.call(
+                    &LookupReq {
+                        parent: NodeRef::ino(ROOT),
+                        name: LookupName::new("f").unwrap(),
+                    }
+                    .into(),
+                    me(),
+                    &[],
+                )
+                .unwrap();
+            });
+            let c4 = c.clone();
+            let reader = std::thread::spawn(move || read(&c4, &f, 0, 4));
+            lookup.join().unwrap();
+            assert_eq!(reader.join().unwrap(), b"data");
+            assert_eq!(
+                fell_back() - fell,
+                3,
+                "the statfs, the lookup and the read fell off the lane"
+            );
+            assert!(
+                !c.l2_status().expect("a lane").0,
+                "the lane fell with the stalled statfs"
+            );
+            assert_eq!(srv.report().references_held, 2, "create's and the lookup's");
+            // The kernel forgets both references and closes the file; the release is
+            // posted as when it could not be sent.
+            let t = Instant::now();
+            let forget: Request = ForgetReq {
+                items: List::new(vec![ForgetItem {
+                    ino: node.ino,
+                    count: 2,
+                }])
+                .unwrap(),
+            }
+            .into();
+            c.post(&forget, me(), c.epoch());
+            c.post(&ReleaseReq { node, fh }.into(), me(), c.epoch());
+            while c.posted_unanswered() > 0 && t.elapsed() < Duration::from_secs(5) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let took = t.elapsed();
+            let held = *gate.0.lock().unwrap();
+            assert_eq!(
+                (c.posted_unanswered(), held),
+                (0, (true, false)),
+                "the posted requests were held {took:?}, behind the fence"
+            );
+            let r = srv.report();
+            assert_eq!((r.references_held, r.handles_open), (0, 0));
+            // Let the stale lane copies run (the stall ends, then the fence is had).
+            {
+                let (m, cv) = &*gate;
+                m.lock().unwrap().1 = true;
+                cv.notify_all();
+            }
+            stalled.join().unwrap();
+            // The fence is answered once the statfs ends (no lane request of the
+            // session runs after it), and the lane comes back after L2_RETRY_AFTER.
+            let t = Instant::now();
+            while !c.l2_status().expect("a lane").0 && t.elapsed() < Duration::from_secs(15) {
+                c.call(
+                    &GetattrReq {
+                        node: NodeRef::ino(ROOT),
+                    }
+                    .into(),
+                    me(),
+                    &[],
+                )
+                .unwrap();
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            assert!(c.l2_status().unwrap().0, "the lane did not come back");
+            let r = srv.report();
+            assert_eq!(
+                (r.references_held, r.handles_open),
+                (0, 0),
+                "a stale lane copy put back what a posted request gave back"
+            );
+            assert_eq!(
+                r.ops["lookup"].count, 1,
+                "the lookup ran once (its lane copy was not run again)"
+            );
+            // And the file is as it was: a fresh lookup holds one reference again.
+            let again = c
+                .call(
+                    &LookupReq {
+                        parent: NodeRef::ino(ROOT),
+                        name: LookupName::new("f").unwrap(),
+                    }
+                    .into(),
+                    me(),
+                    &[],
+                )
+                .unwrap();
+            assert_eq!(again.hdr.status, 0);
+            assert_eq!(srv.report().references_held, 1);
         })
         .unwrap();
     drop(n);

@@ -1,8 +1,10 @@
 //! Replies that wait for something the requests after them need not (review rv9 #1): a
 //! resend whose first attempt still runs waits for that attempt off its connection's
 //! thread, at most `MAX_WAITING_REPLIES` per connection, and at most the peer timeout.
-//! Replies then come out of request order, each whole, their tags in wire order. (The
-//! other such reply, the lane's fence `L2Release`, is tested in tests/l2lane.rs.)
+//! Replies then come out of request order, each whole, their tags in wire order. One
+//! over the bound waits on the connection's thread, watching the socket: the
+//! connection still ends at once however it ends. (The other such reply, the lane's
+//! fence `L2Release`, is tested in tests/l2lane.rs.)
 
 #[macro_use]
 mod common;
@@ -284,42 +286,55 @@ fn a_connection_ending_with_waiting_replies_ends_at_once() {
     assert_eq!(a.receive(7).status, 0);
 }
 
-/// Review finding (review3): a resend over the bound waits on its connection's own
-/// thread (`wait_then_answer`'s inline path), and that wait looks only at
-/// `Out::is_closed`, which is set by the connection's thread once `serve` returns: by
-/// itself. So when the peer goes away (or `Server::shutdown` shuts the socket down) the
-/// connection is not ended at once, as it is with every resend below the bound, but
-/// lasts until the first attempt ends or the peer timeout (30 s by default) passes,
-/// holding its session, its slot, and `Server::run`'s join at shutdown.
-#[test]
-#[ignore = "finding: an inline (over-the-bound) waiting reply does not notice its connection ending"]
-fn a_connection_ending_with_a_reply_waiting_inline_ends_at_once() {
-    let (srv, gate) = stalling_server(config());
-    let mut a = srv.raw(SESSION);
-    send(&mut a, 7, &mkdir("d"));
+/// Put a reply over the bound on `b`'s connection thread: `a` runs a mkdir (stalled at
+/// the gate), `b` sends `MAX_WAITING_REPLIES` resends of it (each waiting on a thread of
+/// its own) and a ping (answered), then one more resend (waiting on b's connection
+/// thread) and a ping behind it, which gets no answer while the resend waits.
+fn wait_inline(srv: &Running, gate: &Gate, a: &mut Raw, b: &mut Raw) {
+    send(a, 7, &mkdir("d"));
     gate.until_stalled(1);
-    let mut b = srv.raw(SESSION);
     for _ in 0..MAX_WAITING_REPLIES {
-        send(&mut b, 7, &mkdir("d"));
+        send(b, 7, &mkdir("d"));
     }
-    send(&mut b, 8, &ping());
+    send(b, 8, &ping());
     assert_eq!(b.receive_any().0, 8);
     assert_eq!(srv.report().replies_waiting, MAX_WAITING_REPLIES);
     // One over the bound: it waits on b's connection thread.
-    send(&mut b, 7, &mkdir("d"));
-    send(&mut b, 9, &ping());
+    send(b, 7, &mkdir("d"));
+    send(b, 9, &ping());
     assert!(
-        receive_within(&mut b, Duration::from_millis(300)).is_none(),
+        receive_within(b, Duration::from_millis(300)).is_none(),
         "the resend over the bound did not wait inline"
     );
     assert_eq!(srv.report().connections_active, 2);
-    drop(b);
+}
+
+/// Whether the server comes down to `n` active connections within `limit` (looked at
+/// every 20 ms), and how long it took.
+fn active_within(srv: &Running, n: usize, limit: Duration) -> (bool, Duration) {
     let t = Instant::now();
-    let ended = (0..100).any(|_| {
+    let ended = (0..limit.as_millis() / 20).any(|_| {
         std::thread::sleep(Duration::from_millis(20));
-        srv.report().connections_active == 1
+        srv.report().connections_active == n
     });
-    let waited = t.elapsed();
+    (ended, t.elapsed())
+}
+
+/// Review finding (review3), fixed: a resend over the bound waits on its connection's
+/// own thread (`wait_then_answer`'s inline path), which reads nothing meanwhile, so it
+/// used to look only at `Out::is_closed` (set by that very thread once `serve`
+/// returns). When the peer went away the connection lasted until the first attempt
+/// ended or the peer timeout (30 s by default) passed, holding its session, its slot,
+/// and `Server::run`'s join at shutdown. The inline wait now watches the socket too
+/// (a poll for POLLRDHUP/POLLHUP, nothing read).
+#[test]
+fn a_connection_ending_with_a_reply_waiting_inline_ends_at_once() {
+    let (srv, gate) = stalling_server(config());
+    let mut a = srv.raw(SESSION);
+    let mut b = srv.raw(SESSION);
+    wait_inline(&srv, &gate, &mut a, &mut b);
+    drop(b);
+    let (ended, waited) = active_within(&srv, 1, Duration::from_secs(2));
     gate.set_open(true);
     assert_eq!(a.receive(7).status, 0);
     assert!(
@@ -327,6 +342,102 @@ fn a_connection_ending_with_a_reply_waiting_inline_ends_at_once() {
         "b's connection did not end within {waited:?} of its peer leaving: its inline \
          waiting reply held it until the first attempt ended"
     );
+    eventually(Duration::from_secs(2), "the places were given back", || {
+        srv.report().replies_waiting == 0
+    });
+    assert_eq!(srv.report().ops["mkdir"].count, 1, "the mkdir ran once");
+}
+
+/// A peer that shuts down its sending side ends its connection, as its end of stream
+/// does when the connection's thread reads it: an inline wait ends it too (nothing
+/// more is read, the ping queued after the resend is not answered), rather than
+/// keeping it until the first attempt ends.
+#[test]
+fn a_peer_shutting_its_side_down_ends_an_inline_wait() {
+    let (srv, gate) = stalling_server(config());
+    let mut a = srv.raw(SESSION);
+    let mut b = srv.raw(SESSION);
+    wait_inline(&srv, &gate, &mut a, &mut b);
+    b.s.shutdown(std::net::Shutdown::Write).unwrap();
+    let (ended, waited) = active_within(&srv, 1, Duration::from_secs(2));
+    gate.set_open(true);
+    assert_eq!(a.receive(7).status, 0);
+    assert!(
+        ended,
+        "b's connection lasted {waited:?} after its peer's FIN"
+    );
+    // The server closed its side: end of stream, no reply to the ping behind it.
+    let mut rest = Vec::new();
+    b.s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    b.s.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty(), "{} bytes came after the FIN", rest.len());
+}
+
+/// The same over the Unix socket (its poll reports the peer's end as TCP's does).
+#[test]
+fn a_unix_connection_ending_with_a_reply_waiting_inline_ends_at_once() {
+    let path = std::env::temp_dir().join(format!("zcfs-waiting-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let (srv, gate) = stalling_server(ServerConfig {
+        listen: zcfs_transport::Address::Unix(path.clone()),
+        ..config()
+    });
+    let mut a = Raw::connect_unix(&path, SESSION);
+    let mut b = Raw::connect_unix(&path, SESSION);
+    wait_inline(&srv, &gate, &mut a, &mut b);
+    drop(b);
+    let (ended, waited) = active_within(&srv, 1, Duration::from_secs(2));
+    gate.set_open(true);
+    assert_eq!(a.receive(7).status, 0);
+    drop(srv);
+    let _ = std::fs::remove_file(&path);
+    assert!(
+        ended,
+        "b's connection lasted {waited:?} after its peer left"
+    );
+}
+
+/// `Server::shutdown` shuts every socket down: a connection waiting inline ends at once
+/// (before, it waited for the first attempt, holding `Server::run`'s join).
+#[test]
+fn a_server_shutdown_ends_a_connection_waiting_inline_at_once() {
+    let (srv, gate) = stalling_server(config());
+    let mut a = srv.raw(SESSION);
+    let mut b = srv.raw(SESSION);
+    wait_inline(&srv, &gate, &mut a, &mut b);
+    srv.server.shutdown();
+    // a's thread is inside the stalled mkdir; b's has nothing running.
+    let (ended, waited) = active_within(&srv, 1, Duration::from_secs(2));
+    gate.set_open(true);
+    assert!(ended, "b's connection lasted {waited:?} after the shutdown");
+    let t = Instant::now();
+    srv.stop();
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+}
+
+/// A new connection on the lane of one waiting inline fences it (shuts its socket
+/// down and waits for its thread): the wait ends at once, so the new connection is
+/// welcomed rather than refused busy after the handshake timeout.
+#[test]
+fn a_lane_taken_over_from_a_connection_waiting_inline_is_handed_over_at_once() {
+    let lane = |generation| zcfs_protocol::handshake::Lane {
+        index: 1,
+        generation,
+    };
+    let (srv, gate) = stalling_server(config());
+    let mut a = srv.raw(SESSION);
+    let mut b = Raw::connect_on_lane(srv.addr(), SESSION, lane(1)).unwrap();
+    wait_inline(&srv, &gate, &mut a, &mut b);
+    let t = Instant::now();
+    let c = Raw::connect_on_lane(srv.addr(), SESSION, lane(2));
+    let took = t.elapsed();
+    let mut c = c.unwrap_or_else(|e| panic!("refused after {took:?}: {e}"));
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    send(&mut c, 10, &ping());
+    assert_eq!(c.receive(10).status, 0);
+    gate.set_open(true);
+    assert_eq!(a.receive(7).status, 0);
+    drop(b);
 }
 
 const SECRET: &[u8] = b"waiting-replies-test-secret";
