@@ -10,7 +10,9 @@ pub mod null;
 
 use std::fmt;
 
-pub use zcfs_types::{errno_name, Attr, Cred, Error, Result, SetAttr, SetTime, StatFs, Time, ROOT};
+pub use zcfs_types::{
+    errno_name, Attr, Cred, DirState, Error, Result, SetAttr, SetTime, StatFs, Time, ROOT,
+};
 
 /// Who is asking (the caller of the system call behind the request): the identity the
 /// backend checks permissions against, and its process (0 when unknown).
@@ -182,6 +184,12 @@ pub fn payload_to_vec(p: &mut dyn WritePayload) -> Result<Vec<u8>> {
 pub trait Backend: Send + Sync {
     /// Find `name` in directory `parent` ("." and ".." included). Gives a reference.
     fn lookup(&self, ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr>;
+    /// How long a "no such name" answer of `lookup` in `parent` may be kept (None: as
+    /// long as an entry). A backend that answers from what it knows of a directory's
+    /// names gives what is left of that knowledge's time.
+    fn negative_ttl(&self, _parent: u64) -> Option<std::time::Duration> {
+        None
+    }
     /// Give back `n` references to `ino` (see the trait's notes on references). More
     /// than are held is not an error: the count stops at zero.
     fn forget(&self, _ino: u64, _n: u64) {}
@@ -202,6 +210,11 @@ pub trait Backend: Send + Sync {
     }
     /// Attributes of `ino`.
     fn getattr(&self, ino: u64) -> Result<Attr>;
+    /// Directory `ino`'s name-set version and entry count, read together (see
+    /// `DirState`). ENOSYS from a backend that counts no versions.
+    fn dir_state(&self, _ino: u64) -> Result<DirState> {
+        Err(Error::errno(libc::ENOSYS))
+    }
     /// Change attributes (chmod, chown, truncate, utimes) as one step; returns the new
     /// attributes. `fh` is the handle the change comes through (ftruncate, futimens),
     /// 0 for none: a size change through a handle opened for writing needs no write

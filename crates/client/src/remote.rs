@@ -22,6 +22,7 @@
 //!   an inode refreshes (from its reply) or drops every cached copy of it.
 
 mod behind;
+mod known_dirs;
 mod listing;
 mod meta;
 mod open;
@@ -32,6 +33,7 @@ pub use pipelined::{ReadTicket, WriteTicket};
 use crate::{lock, Caller, Client, ClientConfig, Ticket};
 pub use behind::WRITE_BEHIND_MAX;
 use behind::{Report, WriteBehind};
+use known_dirs::{Change, KnownDirs};
 use listing::Listing;
 use meta::Meta;
 use open::OpenFiles;
@@ -116,6 +118,10 @@ pub struct RemoteFs {
     written_bytes: AtomicU64,
     /// Flushes and fsyncs sent behind the writes they cover (`durable_behind_writes`).
     flushes_behind: AtomicU64,
+    /// Directories whose every name we know (lookups of other names answered here).
+    known: Mutex<KnownDirs>,
+    /// Lookups answered "no such name" from `known`.
+    lookups_answered_here: AtomicU64,
     behind: WriteBehind,
 }
 
@@ -174,6 +180,8 @@ impl RemoteFs {
             read_bytes: AtomicU64::new(0),
             written_bytes: AtomicU64::new(0),
             flushes_behind: AtomicU64::new(0),
+            known: Mutex::new(KnownDirs::default()),
+            lookups_answered_here: AtomicU64::new(0),
             behind: WriteBehind::default(),
         };
         let (open, meta) = (fs.open.clone(), fs.meta.clone());
@@ -469,10 +477,40 @@ impl RemoteFs {
     ) -> Result<Attr> {
         self.forget_name(parent, n);
         let token = self.inval_token();
-        let (r, epoch) = self.call_in(ctx, req, &[])?;
+        let (r, epoch) = self.known_change(parent, self.call_in(ctx, req, &[]))?;
+        {
+            let (mut k, now) = (lock(&self.known), Instant::now());
+            let change = Change::Added(n);
+            k.changed(
+                parent,
+                epoch,
+                r.parent.as_ref(),
+                r.parent_state,
+                change,
+                now,
+            );
+            if r.attr.is_dir() {
+                k.made(&r.attr, epoch, r.made_state, now);
+            }
+        }
         let a = self.entry(r.attr, epoch, Some((parent, n)), token);
         self.dir_changed(parent, r.parent, token);
         Ok(a)
+    }
+
+    /// The outcome of a change of ours in directory `dir`: an error forgets what we
+    /// knew of its names (EEXIST: someone made the name we took as absent).
+    fn known_change<T>(&self, dir: u64, r: Result<T>) -> Result<T> {
+        if r.is_err() {
+            lock(&self.known).forget(dir);
+        }
+        r
+    }
+
+    /// Lookups answered "no such name" without asking the server, because we know
+    /// every name of the directory (see `known_dirs`).
+    pub fn lookups_answered_here(&self) -> u64 {
+        self.lookups_answered_here.load(Ordering::Relaxed)
     }
 
     /// Remove name `n` from `parent` (unlink, rmdir): `req` makes the request of the
@@ -487,7 +525,22 @@ impl RemoteFs {
         let req = req(self.node(parent), name(n)?);
         self.forget_name(parent, n);
         let token = self.inval_token();
-        let r = self.call(ctx, req)?;
+        let (r, epoch) = self.known_change(parent, self.call_in(ctx, req, &[]))?;
+        {
+            let (mut k, now) = (lock(&self.known), Instant::now());
+            let change = Change::Removed(n);
+            k.changed(
+                parent,
+                epoch,
+                r.parent.as_ref(),
+                r.parent_state,
+                change,
+                now,
+            );
+            if r.attr.is_dir() {
+                k.forget(r.attr.ino);
+            }
+        }
         self.removed(&r.attr, token);
         self.dir_changed(parent, r.parent, token);
         Ok(r.attr)
@@ -564,17 +617,36 @@ impl Backend for RemoteFs {
         if let Some(a) = self.cached_lookup(parent, name) {
             return Ok(a);
         }
+        let ttl = self.client.config().attr_ttl;
+        let epoch_now = self.client.epoch();
+        if lock(&self.known)
+            .absent_for(parent, name, epoch_now, ttl, Instant::now())
+            .is_some()
+        {
+            self.lookups_answered_here.fetch_add(1, Ordering::Relaxed);
+            return Err(Error::errno(libc::ENOENT));
+        }
         let token = self.inval_token();
-        let (r, epoch) = self.call_in(
+        let r = self.call_in(
             ctx,
             LookupReq {
                 parent: self.node(parent),
                 name: n,
             },
             &[],
-        )?;
+        );
+        // The server found no name we know is there: someone else removed it.
+        if r.as_ref().is_err_and(|e| e.errno == libc::ENOENT) {
+            lock(&self.known).forget(parent);
+        }
+        let (r, epoch) = r?;
         let a = self.entry(r.attr, epoch, Some((parent, name)), token);
         Ok(self.after_writes(a))
+    }
+
+    fn negative_ttl(&self, parent: u64) -> Option<std::time::Duration> {
+        let ttl = self.client.config().attr_ttl;
+        lock(&self.known).negative_ttl(parent, ttl, Instant::now())
     }
 
     fn lseek(&self, ino: u64, fh: u64, offset: u64, whence: i32) -> Result<u64> {
@@ -635,6 +707,8 @@ impl Backend for RemoteFs {
     }
 
     fn setattr(&self, ctx: &Ctx, ino: u64, set: &SetAttr, fh: u64) -> Result<Attr> {
+        // A directory's mode may stop letting everyone search it.
+        lock(&self.known).forget(ino);
         self.behind.settle(ino, Report::Keep)?;
         self.forget_attr(ino);
         let fh = if fh == 0 { 0 } else { self.server_fh(fh)? };
@@ -736,10 +810,20 @@ impl Backend for RemoteFs {
         // Names, parents and the inodes involved all change: start afresh (what we
         // know of each inode's generation and references stays true).
         lock(&self.meta).drop_caches();
+        {
+            let mut k = lock(&self.known);
+            k.forget(parent);
+            k.forget(newparent);
+        }
         let r = self.call(ctx, req).map(|_| ());
         // And again once done: a reply of a request sent before ours and answered
         // after it carries what was true before the rename (see `after_change`).
         lock(&self.meta).drop_caches();
+        {
+            let mut k = lock(&self.known);
+            k.forget(parent);
+            k.forget(newparent);
+        }
         r
     }
 
@@ -754,7 +838,15 @@ impl Backend for RemoteFs {
         self.forget_attr(ino);
         self.forget_name(newparent, newname);
         let token = self.inval_token();
-        let (r, epoch) = self.call_in(ctx, req, &[])?;
+        let (r, epoch) = self.known_change(newparent, self.call_in(ctx, req, &[]))?;
+        lock(&self.known).changed(
+            newparent,
+            epoch,
+            r.parent.as_ref(),
+            r.parent_state,
+            Change::Added(newname),
+            Instant::now(),
+        );
         let a = self.entry(r.attr, epoch, Some((newparent, newname)), token);
         self.dir_changed(newparent, r.parent, token);
         Ok(a)
@@ -794,7 +886,15 @@ impl Backend for RemoteFs {
         };
         self.forget_name(parent, n);
         let token = self.inval_token();
-        let (r, epoch) = self.call_in(ctx, req, &[])?;
+        let (r, epoch) = self.known_change(parent, self.call_in(ctx, req, &[]))?;
+        lock(&self.known).changed(
+            parent,
+            epoch,
+            r.parent.as_ref(),
+            r.parent_state,
+            Change::Added(n),
+            Instant::now(),
+        );
         let a = self.entry(r.attr, epoch, Some((parent, n)), token);
         self.dir_changed(parent, r.parent, token);
         let fh = self.track(
@@ -1094,6 +1194,8 @@ impl Backend for RemoteFs {
     }
 
     fn setxattr(&self, ctx: &Ctx, ino: u64, n: &[u8], value: &[u8], flags: i32) -> Result<()> {
+        // An ACL may stop letting everyone search a directory.
+        lock(&self.known).forget(ino);
         let req = SetxattrReq {
             node: self.node(ino),
             name: XattrName::new(n).map_err(invalid)?,
@@ -1155,6 +1257,7 @@ impl Backend for RemoteFs {
     }
 
     fn removexattr(&self, ctx: &Ctx, ino: u64, n: &[u8]) -> Result<()> {
+        lock(&self.known).forget(ino);
         let req = RemovexattrReq {
             node: self.node(ino),
             name: XattrName::new(n).map_err(invalid)?,

@@ -303,10 +303,19 @@ impl Filesystem for FuseFs {
                 &self.shown_attr(&a),
                 Generation(a.generation),
             ),
-            // A negative entry is cached as long as a positive one.
+            // A negative entry is cached as long as a positive one, or as long as the
+            // backend's knowledge that the name is absent lasts.
             Err(e) if e.errno == libc::ENOENT && !self.ttl.is_zero() => {
                 metrics::note_error();
-                reply.entry(&self.ttl, &negative_attr(), Generation(0))
+                let ttl = self
+                    .backend
+                    .negative_ttl(parent.0)
+                    .map_or(self.ttl, |t| t.min(self.ttl));
+                if ttl.is_zero() {
+                    reply.fail(errno(&e))
+                } else {
+                    reply.entry(&ttl, &negative_attr(), Generation(0))
+                }
             }
             Err(e) => reply.fail(errno(&e)),
         }

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 use zcfs_backend::{
-    Attr, Backend, CopyStats, Ctx, DirEntry, Error, ReadReply, Result, SetAttr, StatFs,
+    Attr, Backend, CopyStats, Ctx, DirEntry, DirState, Error, ReadReply, Result, SetAttr, StatFs,
     WritePayload,
 };
 use zcfs_volume::perm::{open_mask, MAY_READ};
@@ -138,6 +138,9 @@ impl Backend for LocalFs {
     }
     fn getattr(&self, ino: u64) -> Result<Attr> {
         self.vol.getattr(ino).map_err(err)
+    }
+    fn dir_state(&self, ino: u64) -> Result<DirState> {
+        self.vol.dir_state(ino).map_err(err)
     }
     fn setattr(&self, ctx: &Ctx, ino: u64, set: &SetAttr, fh: u64) -> Result<Attr> {
         let right = if fh != 0 && fh & Handle::WRITE != 0 {

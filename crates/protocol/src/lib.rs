@@ -45,8 +45,11 @@ pub use wire::{Reader, Wire};
 /// layer-2 lane, `l2`); version 9 `L2Release` (the lane's fence, so writes may ride it).
 /// Version 10: the replies of operations that change a directory carry its attributes
 /// after the change (`MadeReply`, `RemovedReply`, `CreateReply::parent`), as NFS's
-/// post-operation attributes, so a client need not ask for them again.
-pub const VERSION: u8 = 10;
+/// post-operation attributes, so a client need not ask for them again. Version 11: they
+/// also carry the directory's name-set version (`DirState`; mkdir the new directory's
+/// too), so a client that knows every name of a directory answers a lookup of another
+/// name itself.
+pub const VERSION: u8 = 11;
 pub const REQ_MAGIC: u16 = 0x515a; // "ZQ"
 pub const RESP_MAGIC: u16 = 0x525a; // "ZR"
 /// Size of the fixed request header.

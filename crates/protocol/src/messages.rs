@@ -4,7 +4,7 @@
 
 use crate::wire::wire_struct;
 use crate::*;
-use zcfs_backend::{Attr, DirEntry, SetAttr, StatFs};
+use zcfs_backend::{Attr, DirEntry, DirState, SetAttr, StatFs};
 
 /// `offset` and `offset + len` at or below 2^63 - 1 (off_t).
 fn check_range(offset: u64, len: u64) -> Result<()> {
@@ -375,10 +375,13 @@ wire_struct! {
     /// An inode made or linked into a directory (mknod, mkdir, symlink, link): its
     /// entry (with a reference, as `EntryReply`) and the directory's attributes after
     /// the change (None: the server could not read them; the client asks when it
-    /// needs them).
+    /// needs them), the directory's name-set version read after the change, and for
+    /// a mkdir the new directory's (None: not known, or not a mkdir).
     pub struct MadeReply {
         pub attr: Attr,
         pub parent: Option<Attr>,
+        pub parent_state: Option<DirState>,
+        pub made_state: Option<DirState>,
     }
 }
 
@@ -388,6 +391,7 @@ wire_struct! {
     pub struct RemovedReply {
         pub attr: Attr,
         pub parent: Option<Attr>,
+        pub parent_state: Option<DirState>,
     }
 }
 
@@ -414,6 +418,7 @@ wire_struct! {
         pub attr: Attr,
         pub fh: u64,
         pub parent: Option<Attr>,
+        pub parent_state: Option<DirState>,
     }
 }
 

@@ -6,7 +6,7 @@
 use crate::wire::{wire_struct, Reader, Wire};
 use crate::*;
 use std::ops::Deref;
-use zcfs_backend::{Attr, DirEntry, SetAttr, SetTime, StatFs, Time};
+use zcfs_backend::{Attr, DirEntry, DirState, SetAttr, SetTime, StatFs, Time};
 
 wire_struct! {
     /// An inode as a request names it: its number and, when the sender knows it, its
@@ -225,6 +225,19 @@ impl Wire for Time {
             return Err(ProtoError::Invalid("nanoseconds of 1e9 or more"));
         }
         Ok(Time { sec, nsec })
+    }
+}
+
+impl Wire for DirState {
+    fn put(&self, out: &mut Vec<u8>) {
+        self.version.put(out);
+        self.entries.put(out);
+    }
+    fn get(r: &mut Reader<'_>) -> Result<Self> {
+        Ok(DirState {
+            version: u64::get(r)?,
+            entries: u64::get(r)?,
+        })
     }
 }
 

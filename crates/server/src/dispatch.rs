@@ -3,7 +3,7 @@
 
 use crate::conn::{ro, Lane};
 use crate::session::{Access, Handle};
-use zcfs_backend::{Backend, Ctx, DirEntry, Error, Result};
+use zcfs_backend::{Backend, Ctx, DirEntry, DirState, Error, Result};
 use zcfs_protocol::*;
 
 /// ESTALE for a node whose generation no longer matches.
@@ -122,18 +122,34 @@ impl<'a> Lane<'a> {
     /// An inode made in (or linked into) `parent`: its entry and the directory's
     /// attributes after the change.
     fn made(&self, attr: zcfs_backend::Attr, parent: u64) -> MadeReply {
+        // A new directory's state, read before anything else could change it much:
+        // the client takes it as "every name known" only if it is still empty.
+        let made_state = if attr.is_dir() {
+            self.shared.backend.dir_state(attr.ino).ok()
+        } else {
+            None
+        };
         let EntryReply { attr } = self.entry(attr);
+        let (parent, parent_state) = self.dir_after(parent);
         MadeReply {
             attr,
-            parent: self.dir_after(parent),
+            parent,
+            parent_state,
+            made_state,
         }
     }
 
-    /// A directory's attributes after an operation changed it, for the client to cache
-    /// (it need not ask again). The operation is done whatever this finds: a
-    /// directory that cannot be read now is sent as unknown.
-    fn dir_after(&self, dir: u64) -> Option<zcfs_backend::Attr> {
-        self.shared.backend.getattr(dir).ok()
+    /// A directory's attributes and name-set version after an operation changed it,
+    /// for the client to cache (it need not ask again). Read after the change, not with
+    /// it: a version more than one past what the client knew tells it someone else
+    /// changed the directory too. The operation is done whatever this finds: what
+    /// cannot be read now is sent as unknown.
+    fn dir_after(&self, dir: u64) -> (Option<zcfs_backend::Attr>, Option<DirState>) {
+        let b = &self.shared.backend;
+        // The version first: a change between the two reads then shows in the version
+        // (which the client checks) rather than only in the attributes.
+        let state = b.dir_state(dir).ok();
+        (b.getattr(dir).ok(), state)
     }
 
     /// A new inode the backend made and opened (create, tmpfile): the session keeps
@@ -154,10 +170,12 @@ impl<'a> Lane<'a> {
             })
             .inspect_err(|_| self.shared.backend.forget(attr.ino, 1))?;
         let EntryReply { attr } = self.entry(attr);
+        let (parent, parent_state) = parent.map_or((None, None), |p| self.dir_after(p));
         Ok(CreateReply {
             attr,
             fh,
-            parent: parent.and_then(|p| self.dir_after(p)),
+            parent,
+            parent_state,
         })
     }
 
@@ -243,16 +261,22 @@ impl<'a> Lane<'a> {
             }
             Request::Unlink(r) => {
                 let _g = self.hold([r.parent])?;
+                let attr = b.unlink(ctx, r.parent.ino, &r.name)?;
+                let (parent, parent_state) = self.dir_after(r.parent.ino);
                 Reply::Unlink(RemovedReply {
-                    attr: b.unlink(ctx, r.parent.ino, &r.name)?,
-                    parent: self.dir_after(r.parent.ino),
+                    attr,
+                    parent,
+                    parent_state,
                 })
             }
             Request::Rmdir(r) => {
                 let _g = self.hold([r.parent])?;
+                let attr = b.rmdir(ctx, r.parent.ino, &r.name)?;
+                let (parent, parent_state) = self.dir_after(r.parent.ino);
                 Reply::Rmdir(RemovedReply {
-                    attr: b.rmdir(ctx, r.parent.ino, &r.name)?,
-                    parent: self.dir_after(r.parent.ino),
+                    attr,
+                    parent,
+                    parent_state,
                 })
             }
             Request::Symlink(r) => {

@@ -74,6 +74,16 @@ impl Attr {
     }
 }
 
+/// A directory's name set as of one moment: the count of its changes (`version`, from
+/// a start of the server's choosing) and how many names it held then. A client that
+/// saw it empty at one version, and after each change of its own exactly one version
+/// more, knows every name in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DirState {
+    pub version: u64,
+    pub entries: u64,
+}
+
 /// A time to set: now, or a given one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SetTime {

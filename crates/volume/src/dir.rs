@@ -14,7 +14,7 @@ pub struct Entry {
     pub pos: u32,
 }
 
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Clone)]
 pub struct Dir {
     by_name: HashMap<Box<[u8]>, Entry>,
     by_pos: BTreeMap<u32, Box<[u8]>>,
@@ -22,6 +22,38 @@ pub struct Dir {
     used: Vec<u128>,
     /// Lowest block that may have room (hint).
     hint: usize,
+    /// Counts every change of the name set (an entry added, removed or pointed at
+    /// another inode) by one, from a start that differs between openings of the
+    /// volume: a client that knows every name of the directory at one version and sees
+    /// the version one higher after its own change knows no one else changed it
+    /// (NFSv4's change attribute, for names only). Kept in DRAM only.
+    version: u64,
+}
+
+impl Default for Dir {
+    fn default() -> Dir {
+        Dir {
+            by_name: HashMap::new(),
+            by_pos: BTreeMap::new(),
+            used: Vec::new(),
+            hint: 0,
+            version: version_base(),
+        }
+    }
+}
+
+/// Where the versions of this process's directories start: a value from the clock and
+/// the process id, so a version seen before a restart is not met again by chance after
+/// it (clients also forget what they knew with the session).
+fn version_base() -> u64 {
+    static BASE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *BASE.get_or_init(|| {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        // Leave room below 2^63 for the counts.
+        (t ^ u64::from(std::process::id()).rotate_left(32)) >> 2
+    })
 }
 
 fn run_mask(unit: usize, units: usize) -> u128 {
@@ -61,6 +93,10 @@ impl Dir {
     pub fn get(&self, name: &[u8]) -> Option<Entry> {
         self.by_name.get(name).copied()
     }
+    /// The count of name-set changes (see the field).
+    pub fn version(&self) -> u64 {
+        self.version
+    }
 
     /// Record an entry found at mount (or placed by `place`).
     pub fn insert(&mut self, name: &[u8], e: Entry) -> bool {
@@ -78,6 +114,7 @@ impl Dir {
         self.used[blk] |= m;
         self.by_pos.insert(e.pos, name.into());
         self.by_name.insert(name.into(), e);
+        self.version += 1;
         true
     }
 
@@ -90,6 +127,7 @@ impl Dir {
         );
         self.used[blk] &= !run_mask(unit, dirent_units(name.len()));
         self.hint = self.hint.min(blk);
+        self.version += 1;
         Some(e)
     }
 
@@ -98,6 +136,7 @@ impl Dir {
         let e = self.by_name.get_mut(name)?;
         e.ino = ino;
         e.dtype = dtype;
+        self.version += 1;
         Some(*e)
     }
 
@@ -179,5 +218,27 @@ mod tests {
                 pos
             }
         ));
+    }
+
+    #[test]
+    fn every_change_of_the_name_set_counts_one_and_nothing_else_counts() {
+        let mut d = Dir::default();
+        let v0 = d.version();
+        let e = |ino, pos| Entry { ino, dtype: 8, pos };
+        assert!(d.insert(b"a", e(2, 0)));
+        assert_eq!(d.version(), v0 + 1);
+        // Refused: a name taken, a place taken.
+        assert!(!d.insert(b"a", e(3, 1)));
+        assert!(!d.insert(b"b", e(3, 0)));
+        assert_eq!(d.version(), v0 + 1);
+        assert!(d.retarget(b"a", 4, 8).is_some());
+        assert!(d.retarget(b"missing", 4, 8).is_none());
+        assert_eq!(d.version(), v0 + 2);
+        assert!(d.remove(b"missing").is_none());
+        assert!(d.remove(b"a").is_some());
+        assert_eq!(d.version(), v0 + 3);
+        // Looking does not count.
+        let _ = (d.get(b"a"), d.find_room(1), d.len());
+        assert_eq!(d.version(), v0 + 3);
     }
 }

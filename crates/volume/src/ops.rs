@@ -189,6 +189,16 @@ impl Volume {
         Ok(attr_of(self.read_state().inode(ino)?))
     }
 
+    /// A directory's name-set version and entry count, read together.
+    pub fn dir_state(&self, ino: u64) -> Result<zcfs_types::DirState> {
+        let st = self.read_state();
+        let d = st.dir(ino)?;
+        Ok(zcfs_types::DirState {
+            version: d.version(),
+            entries: d.len() as u64,
+        })
+    }
+
     /// May `cred` access `ino` for `mask` (`perm::MAY_*` bits; 0 asks only whether it
     /// exists)? access(2), and the check an open makes.
     pub fn access(&self, cred: &Cred, ino: u64, mask: u32) -> Result<()> {

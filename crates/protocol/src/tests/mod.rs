@@ -3,7 +3,7 @@
 
 use crate::*;
 use proptest::prelude::*;
-use zcfs_backend::{Attr, DirEntry, SetAttr, SetTime, StatFs, Time};
+use zcfs_backend::{Attr, DirEntry, DirState, SetAttr, SetTime, StatFs, Time};
 
 fn name_bytes() -> impl Strategy<Value = Vec<u8>> {
     prop::collection::vec(
@@ -342,12 +342,34 @@ fn request_for(op: Op) -> BoxedStrategy<Request> {
 fn reply_for(op: Op) -> BoxedStrategy<Reply> {
     let entry_reply = || attr().prop_map(|attr| EntryReply { attr });
     let attr_reply = || attr().prop_map(|attr| AttrReply { attr });
-    let made_reply = || {
-        (attr(), proptest::option::of(attr())).prop_map(|(attr, parent)| MadeReply { attr, parent })
+    let dir_state = || {
+        proptest::option::of(
+            (any::<u64>(), any::<u64>())
+                .prop_map(|(version, entries)| DirState { version, entries }),
+        )
     };
-    let removed_reply = || {
-        (attr(), proptest::option::of(attr()))
-            .prop_map(|(attr, parent)| RemovedReply { attr, parent })
+    let made_reply = move || {
+        (
+            attr(),
+            proptest::option::of(attr()),
+            dir_state(),
+            dir_state(),
+        )
+            .prop_map(|(attr, parent, parent_state, made_state)| MadeReply {
+                attr,
+                parent,
+                parent_state,
+                made_state,
+            })
+    };
+    let removed_reply = move || {
+        (attr(), proptest::option::of(attr()), dir_state()).prop_map(
+            |(attr, parent, parent_state)| RemovedReply {
+                attr,
+                parent,
+                parent_state,
+            },
+        )
     };
     match op {
         Op::Lookup => entry_reply().prop_map(Reply::Lookup).boxed(),
@@ -366,8 +388,15 @@ fn reply_for(op: Op) -> BoxedStrategy<Reply> {
         Op::Open => (1u64.., attr())
             .prop_map(|(fh, attr)| Reply::Open(OpenReply { fh, attr }))
             .boxed(),
-        Op::Create => (attr(), 1u64.., proptest::option::of(attr()))
-            .prop_map(|(attr, fh, parent)| Reply::Create(CreateReply { attr, fh, parent }))
+        Op::Create => (attr(), 1u64.., proptest::option::of(attr()), dir_state())
+            .prop_map(|(attr, fh, parent, parent_state)| {
+                Reply::Create(CreateReply {
+                    attr,
+                    fh,
+                    parent,
+                    parent_state,
+                })
+            })
             .boxed(),
         Op::TmpFile => (attr(), 1u64..)
             .prop_map(|(attr, fh)| {
@@ -375,6 +404,7 @@ fn reply_for(op: Op) -> BoxedStrategy<Reply> {
                     attr,
                     fh,
                     parent: None,
+                    parent_state: None,
                 })
             })
             .boxed(),
