@@ -96,6 +96,7 @@ fn measure(
                                 fh: 0,
                                 offset,
                                 size: size as u32,
+                                commit: false,
                             };
                             (w.into(), vec![&data])
                         } else {

@@ -167,6 +167,7 @@ pub(crate) fn zcfs_bench(
                 fh: 0,
                 offset,
                 size: size as u32,
+                commit: false,
             }
             .into()
         } else {

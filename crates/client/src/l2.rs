@@ -717,6 +717,7 @@ mod lane_safety_tests {
                 fh: 1,
                 offset: 0,
                 size,
+                commit: false,
             }
             .into()
         };

@@ -22,7 +22,7 @@ pub mod l2;
 mod remote;
 
 pub use conn::Ticket;
-pub use remote::{ReadTicket, RemoteFs, WriteTicket, WRITE_BEHIND_MAX};
+pub use remote::{ReadTicket, RemoteFs, WriteTicket, COMMIT_WRITE_MAX, WRITE_BEHIND_MAX};
 
 use conn::{background_reader, Conn, Posted, PostedTable, Reader, Writer};
 

@@ -58,6 +58,11 @@ use zcfs_protocol::{
 /// FUSE reply holds.
 const READDIRPLUS_BATCH: u32 = 128;
 
+/// The largest write-behind write sent with `commit` (made durable before its reply):
+/// a close after small writes then needs no FLUSH round trip. Larger writes leave the
+/// commit to the close, which costs one round trip for many bytes.
+pub const COMMIT_WRITE_MAX: usize = 64 << 10;
+
 /// Who opened a file: uid and gid, supplementary groups.
 type Opener = (Cred, Vec<u32>);
 
@@ -84,6 +89,11 @@ struct OpenFile {
     /// previous instance answered may be gone, so the next fsync or flush reports EIO
     /// (as an NFS client learns from the write verifier).
     lost: bool,
+    /// Writes begun through it not known to be committed: every one counts until its
+    /// reply says the server committed it (`WriteReq::commit`), or a flush or fsync
+    /// covering every write sent makes it 0. At 0 (and nothing being sent), a close
+    /// needs no FLUSH round trip.
+    uncommitted: u64,
     /// The server restarted while another handle of the file had writes not durable:
     /// the next fsync through this one reports EIO (fsync is of the file; under the
     /// writeback cache the kernel writes through any handle). Once.
@@ -104,6 +114,7 @@ impl OpenFile {
             sent: 0,
             durable: 0,
             lost: false,
+            uncommitted: 0,
             peer_lost: false,
         }
     }
@@ -118,6 +129,9 @@ pub struct RemoteFs {
     written_bytes: AtomicU64,
     /// Flushes and fsyncs sent behind the writes they cover (`durable_behind_writes`).
     flushes_behind: AtomicU64,
+    /// Flushes and fsyncs that needed no round trip: every write was committed
+    /// (`durable_by_commits`).
+    durable_by_commits: AtomicU64,
     /// Directories whose every name we know (lookups of other names answered here).
     known: Mutex<KnownDirs>,
     /// Lookups answered "no such name" from `known`.
@@ -180,6 +194,7 @@ impl RemoteFs {
             read_bytes: AtomicU64::new(0),
             written_bytes: AtomicU64::new(0),
             flushes_behind: AtomicU64::new(0),
+            durable_by_commits: AtomicU64::new(0),
             known: Mutex::new(KnownDirs::default()),
             lookups_answered_here: AtomicU64::new(0),
             behind: WriteBehind::default(),
@@ -309,6 +324,7 @@ impl RemoteFs {
     pub(super) fn written_through(&self, fh: u64) -> Sending<'_> {
         if let Some(f) = lock(&self.open).get_mut(fh) {
             f.written += 1;
+            f.uncommitted += 1;
         }
         Sending { fs: self, fh }
     }
@@ -341,26 +357,83 @@ impl RemoteFs {
                 a(n)
             }
         });
-        let sent = self.behind.send(limit, ino, fh, offset, end, early, || {
-            self.forget_attr(ino);
-            let req: Request = WriteReq {
-                node,
-                fh: sfh,
-                offset,
-                size: n,
-            }
-            .into();
-            // Counted as sent before the ticket is kept, so a flush that collects it
-            // (after taking the inode's queue) finds it counted.
-            let _sending = self.written_through(fh);
-            self.client.submit(&req, cred(ctx), &[data])
-        })?;
+        // Small writes are committed before their reply: a close after them (a small
+        // file saved) then needs no FLUSH round trip. Larger ones leave it to the
+        // close's FLUSH, sent behind them.
+        let commit = data.len() <= COMMIT_WRITE_MAX;
+        let sent = self
+            .behind
+            .send(limit, ino, fh, offset, end, commit, early, || {
+                self.forget_attr(ino);
+                let req: Request = WriteReq {
+                    node,
+                    fh: sfh,
+                    offset,
+                    size: n,
+                    commit,
+                }
+                .into();
+                // Counted as sent before the ticket is kept, so a flush that collects it
+                // (after taking the inode's queue) finds it counted.
+                let _sending = self.written_through(fh);
+                self.client.submit(&req, cred(ctx), &[data])
+            })?;
         if !sent {
             return self.write(ctx, ino, fh, offset, data);
         }
         self.written_bytes
             .fetch_add(data.len() as u64, Ordering::Relaxed);
         Ok(n)
+    }
+
+    /// A flush or fsync with nothing left to commit: `ino`'s writes in flight are
+    /// collected, and if every write begun through a handle of it here is sent and
+    /// known committed (their replies said so), all are durable without a FLUSH or
+    /// FSYNC round trip. None: some write is not known committed (or the server
+    /// restarted meanwhile, or no write of `ino` went through write-behind); the
+    /// caller makes them durable as usual.
+    fn durable_by_commits(&self, ino: u64, report: Report) -> Option<Result<()>> {
+        let (settled, all_committed) =
+            self.behind.settle_taking_commits(ino, report, |commits| {
+                let mut open = lock(&self.open);
+                for (&h, &n) in commits {
+                    if let Some(f) = open.get_mut(h) {
+                        f.uncommitted = f.uncommitted.saturating_sub(n);
+                    }
+                }
+                let fhs = open.handles_of(ino);
+                let all = fhs.iter().all(|&h| {
+                    open.get(h).is_some_and(|f| {
+                        !f.lost
+                            && f.written == f.sent
+                            && (f.uncommitted == 0 || f.written == f.durable)
+                    })
+                });
+                if all {
+                    for h in fhs {
+                        if let Some(f) = open.get_mut(h) {
+                            f.durable = f.sent;
+                            f.uncommitted = 0;
+                        }
+                    }
+                }
+                all
+            })?;
+        // A write's error is the answer either way (kept for the handle, as settle).
+        if let Err(e) = settled {
+            return Some(Err(e));
+        }
+        if !all_committed {
+            return None;
+        }
+        self.durable_by_commits.fetch_add(1, Ordering::Relaxed);
+        Some(Ok(()))
+    }
+
+    /// How many flushes and fsyncs needed no round trip, every write they cover having
+    /// been committed before its reply.
+    pub fn durable_without_round_trip(&self) -> u64 {
+        self.durable_by_commits.load(Ordering::Relaxed)
     }
 
     /// A flush (`fsync` None) or fsync of `fh` sent behind `ino`'s writes in flight, on
@@ -434,6 +507,10 @@ impl RemoteFs {
             lost |= std::mem::take(&mut f.peer_lost);
         }
         f.durable = f.durable.max(mark);
+        if f.sent == mark && f.written == mark {
+            // Every write begun is covered: none is left uncommitted.
+            f.uncommitted = 0;
+        }
         if lost {
             return Err(Error::new(
                 libc::EIO,
@@ -460,6 +537,7 @@ impl RemoteFs {
                 sent: 0,
                 durable: 0,
                 lost: false,
+                uncommitted: 0,
                 peer_lost: false,
             },
         );
@@ -992,6 +1070,7 @@ impl Backend for RemoteFs {
                 fh: sfh,
                 offset: offset + done as u64,
                 size: chunk.len() as u32,
+                commit: false,
             };
             let written = match self.call_with(ctx, req, &[chunk]) {
                 Ok(r) => r.written as usize,
@@ -1047,6 +1126,9 @@ impl Backend for RemoteFs {
     /// server commits). A close when no handle of the inode here has written since its
     /// last fsync or flush (a reader's, say) has nothing to make durable: no round trip.
     fn flush(&self, ino: u64, fh: u64) -> Result<()> {
+        if let Some(r) = self.durable_by_commits(ino, Report::Handle(fh)) {
+            return r;
+        }
         if let Some(r) = self.durable_behind_writes(ino, fh, None) {
             return r;
         }
@@ -1100,6 +1182,9 @@ impl Backend for RemoteFs {
     }
 
     fn fsync(&self, ino: u64, fh: u64, datasync: bool) -> Result<()> {
+        if let Some(r) = self.durable_by_commits(ino, Report::Fsync(fh)) {
+            return r;
+        }
         if let Some(r) = self.durable_behind_writes(ino, fh, Some(datasync)) {
             return r;
         }

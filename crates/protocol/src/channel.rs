@@ -365,6 +365,7 @@ mod tests {
             fh: 0,
             offset: 0,
             size: data_len,
+            commit: false,
         }
         .into()
     }

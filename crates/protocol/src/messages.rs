@@ -184,11 +184,14 @@ wire_struct! {
 
 wire_struct! {
     /// `size` bytes of data follow the body; `size` equals the header's data length.
+    /// `commit`: make the write durable (commit the volume's log) before the reply, so
+    /// a close after it needs no FLUSH round trip (the reply says whether it did).
     pub struct WriteReq {
         pub node: NodeRef,
         pub fh: u64,
         pub offset: u64,
         pub size: u32,
+        pub commit: bool,
     }
     check(r) {
         check_data_size(r.size)?;
@@ -425,6 +428,8 @@ wire_struct! {
 wire_struct! {
     pub struct WriteReply {
         pub written: u32,
+        /// The write was made durable before the reply (asked with `commit`).
+        pub committed: bool,
     }
 }
 

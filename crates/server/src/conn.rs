@@ -990,6 +990,7 @@ impl<'a> Conn<'a> {
             // The payload drops here: what the backend did not take is discarded (its
             // tag checked all the same), so the stream stays in step.
         };
+        let committed = recv_err.is_none() && commit_if_asked(shared, &w, bfh, &r);
         drop(held);
         if let Some(e) = recv_err {
             return Err(e);
@@ -1002,8 +1003,29 @@ impl<'a> Conn<'a> {
         );
         self.reply(
             h,
-            r.map(|written| Reply::Write(WriteReply { written })),
+            r.map(|written| Reply::Write(WriteReply { written, committed })),
             None,
         )
+    }
+}
+
+/// A write that asked to be made durable before its reply (`WriteReq::commit`) and
+/// took bytes: commit now, as a FLUSH would. False if not asked, nothing was written,
+/// or the commit failed (the client then sends a FLUSH at close, which reports it).
+pub(crate) fn commit_if_asked(
+    shared: &Shared,
+    w: &WriteReq,
+    bfh: u64,
+    r: &zcfs_backend::Result<u32>,
+) -> bool {
+    if !w.commit || !matches!(r, Ok(n) if *n > 0) {
+        return false;
+    }
+    match shared.backend.flush(w.node.ino, bfh) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::debug!(ino = w.node.ino, "commit after a write failed: {e:?}");
+            false
+        }
     }
 }

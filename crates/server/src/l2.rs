@@ -672,18 +672,20 @@ fn execute(r: &mut Run, lane: &Lane<'_>, q: &L2Request<'_>, t: Instant) -> Optio
                 Err(crate::conn::ro())
             } else {
                 lane.resolve_held(&ctx, w.node, w.fh, Access::Write)
-                    .and_then(|(bfh, held)| {
+                    .map(|(bfh, held)| {
                         let n = lane
                             .shared
                             .backend
                             .write(&ctx, w.node.ino, bfh, w.offset, q.data);
+                        let committed = crate::conn::commit_if_asked(lane.shared, &w, bfh, &n);
                         drop(held);
-                        n
+                        n.map(|written| (written, committed))
                     })
+                    .and_then(|r| r)
             };
-            let n = *res.as_ref().unwrap_or(&0) as u64;
+            let n = res.as_ref().map_or(0, |(n, _)| *n) as u64;
             (
-                res.map(|written| Reply::Write(WriteReply { written })),
+                res.map(|(written, committed)| Reply::Write(WriteReply { written, committed })),
                 0,
                 n,
             )

@@ -406,6 +406,7 @@ fn full_integrity_catches_a_flipped_payload_both_ways() {
         fh: 0,
         offset: 0,
         size: 8192,
+        commit: false,
     }
     .into();
     let hooks = Hooks {
@@ -510,6 +511,7 @@ fn slow_and_stalled_peers_delay_no_one() {
         fh: 0,
         offset: 8 << 20,
         size: 1 << 20,
+        commit: false,
     }
     .into();
     let m2 = seal_request(&mut tx2, &w, 1, cred(), &vec![1u8; 1 << 20]);

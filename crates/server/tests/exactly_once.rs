@@ -248,6 +248,7 @@ fn a_handle_does_only_what_it_was_opened_for() {
         fh: wo,
         offset: 0,
         size: 3,
+        commit: false,
     };
     assert_eq!(raw.call_with(write, b"new").status, 0);
     let r = raw.call(read(rw));

@@ -198,6 +198,7 @@ fn write(c: &Client, f: &CreateReply, offset: u64, data: &[u8]) {
         fh: f.fh,
         offset,
         size: data.len() as u32,
+        commit: false,
     }
     .into();
     c.call(&req, me(), &[data]).unwrap();
@@ -1326,6 +1327,7 @@ fn a_submitted_write_is_not_overtaken_by_a_failed_lane_write() {
                     fh: f.fh,
                     offset: 0,
                     size,
+                    commit: false,
                 }
                 .into()
             };

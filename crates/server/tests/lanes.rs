@@ -27,6 +27,7 @@ fn write_req(ino: u64, len: usize) -> Request {
         fh: 0,
         offset: 0,
         size: len as u32,
+        commit: false,
     }
     .into()
 }

@@ -506,6 +506,7 @@ fn a_handle_opened_read_only_does_not_write() {
             fh: rofh,
             offset: 0,
             size: 8,
+            commit: false,
         },
         b"CHANGED!",
     );

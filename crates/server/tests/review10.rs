@@ -99,6 +99,7 @@ fn write_without_a_handle_is_authorized_like_open() {
             fh: 0,
             offset: 0,
             size: evil.len() as u32,
+            commit: false,
         },
         cred(1001, 1001),
         &[],

@@ -50,6 +50,7 @@ fn an_invalid_body_is_answered_and_the_same_connection_goes_on() {
             fh: 0,
             offset: 0,
             size: 4096,
+            commit: false,
         }
         .encode();
         body[24..32].copy_from_slice(&u64::MAX.to_le_bytes());
@@ -155,6 +156,7 @@ fn a_client_cannot_release_or_use_another_clients_handle() {
             fh,
             offset: 0,
             size: 3,
+            commit: false,
         };
         assert_eq!(b.call_with(write, b"abc").status, libc::EBADF);
         assert_eq!(
@@ -311,6 +313,7 @@ fn a_stale_generation_gets_estale() {
                 fh: 0,
                 offset: 0,
                 size: 3,
+                commit: false,
             },
             b"old",
         ),

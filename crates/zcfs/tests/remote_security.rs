@@ -150,6 +150,7 @@ fn hostile_peers_and_wrong_secrets_are_dropped() {
             fh: 0,
             offset: 0,
             size: 5,
+            commit: false,
         }
         .encode();
         let h = ReqHeader::new(Op::Write, 12, body.len() as u32, 7000, Cred::default());
@@ -168,6 +169,7 @@ fn hostile_peers_and_wrong_secrets_are_dropped() {
             fh: 0,
             offset: 0,
             size: 1 << 20,
+            commit: false,
         })
         .encode(1, Cred::default());
         s.write_all(&h).unwrap();

@@ -578,20 +578,21 @@ fn a_read_right_after_an_early_answer_sees_the_write() {
     });
 }
 
-/// A close after buffered writes sends its FLUSH behind them, on the connection of the
-/// newest (the server runs one connection's requests in order), before their replies
-/// are in: one round trip instead of two. What such a flush said is durable must be:
-/// the server is killed (SIGKILL) right after the flush returns, before its group
-/// commit's delay would have committed a write the flush overtook, and every byte is
-/// there after it starts again. Rounds write 1 to 4 pieces, so the writes of one file
-/// go out on both connections.
-#[test]
-fn a_flush_sent_behind_the_writes_makes_them_durable() {
+/// What a close said is durable must be, when the server is killed (SIGKILL) right
+/// after it returns, before its group commit's delay would have committed anything
+/// left: every byte is there after it starts again. Two ways a close gets there:
+/// - small writes (up to `COMMIT_WRITE_MAX`) are committed before their replies, so
+///   the close collects the replies and sends no FLUSH at all;
+/// - after larger ones, the FLUSH goes behind them on the connection of the newest (the
+///   server runs one connection's requests in order), before their replies are in.
+///
+/// Rounds write 1 to 4 pieces, so the writes of one file go out on both connections.
+fn close_makes_durable_rounds(tag: &str, piece_len: usize, by_commits: bool) {
     const KILL_ROUNDS: usize = 24;
     let net = Net::new();
-    let mut srv = Served::new(&net, "wb-flush-behind", &[]);
+    let mut srv = Served::new(&net, tag, &[]);
     let pieces = |round: usize| 1 + round % 4;
-    let piece = |round: usize, i: usize| fill((round * 4 + i) as u8 + 1, 4096);
+    let piece = |round: usize, i: usize| fill((round * 4 + i) as u8 + 1, piece_len);
     for round in 0..KILL_ROUNDS {
         let name = format!("f{round}");
         net.in_cli(|| {
@@ -609,16 +610,20 @@ fn a_flush_sent_behind_the_writes_makes_them_durable() {
             // Made durable first: only the writes below are at stake.
             fs.fsync(f.ino, fh, false).unwrap();
             for i in 0..pieces(round) {
-                let off = (i * 4096) as u64;
+                let off = (i * piece_len) as u64;
                 let n = fs.write_behind(&c, f.ino, fh, off, &piece(round, i));
-                assert_eq!(n.unwrap(), 4096);
+                assert_eq!(n.unwrap(), piece_len as u32);
             }
-            let before = fs.flushes_sent_behind();
+            let (behind, committed) = (fs.flushes_sent_behind(), fs.durable_without_round_trip());
             fs.flush(f.ino, fh).unwrap();
+            let got = (
+                fs.flushes_sent_behind() - behind,
+                fs.durable_without_round_trip() - committed,
+            );
+            let want = if by_commits { (0, 1) } else { (1, 0) };
             assert_eq!(
-                fs.flushes_sent_behind(),
-                before + 1,
-                "round {round}: the flush waited for the writes' replies first"
+                got, want,
+                "round {round}: (flushes sent behind, closes without one)"
             );
             srv.kill(libc::SIGKILL);
         });
@@ -626,17 +631,29 @@ fn a_flush_sent_behind_the_writes_makes_them_durable() {
         net.in_cli(|| {
             let fs = srv.client(&net, Duration::from_secs(10));
             let a = fs.lookup(&ctx(), ROOT, name.as_bytes()).unwrap();
-            assert_eq!(a.size, (pieces(round) * 4096) as u64, "round {round}");
+            assert_eq!(a.size, (pieces(round) * piece_len) as u64, "round {round}");
             for i in 0..pieces(round) {
+                let off = (i * piece_len) as u64;
                 assert!(
-                    read_all(&fs, a.ino, 0, (i * 4096) as u64, 4096) == piece(round, i),
-                    "round {round}: piece {i} lost after a flush that said 0"
+                    read_all(&fs, a.ino, 0, off, piece_len as u32) == piece(round, i),
+                    "round {round}: piece {i} lost after a close that said 0"
                 );
             }
         });
     }
     srv.kill(libc::SIGTERM);
     srv.fsck();
+}
+
+#[test]
+fn a_close_after_small_writes_needs_no_flush_and_they_are_durable() {
+    close_makes_durable_rounds("wb-commit", 4096, true);
+}
+
+#[test]
+fn a_flush_sent_behind_larger_writes_makes_them_durable() {
+    let len = zcfs_client::COMMIT_WRITE_MAX + 4096;
+    close_makes_durable_rounds("wb-flush-behind", len, false);
 }
 
 /// A write refused by the server (the volume full) while the close's FLUSH went out

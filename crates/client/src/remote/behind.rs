@@ -39,6 +39,8 @@ struct Pending {
     start: u64,
     end: u64,
     fh: u64,
+    /// Sent with `WriteReq::commit` (made durable before its reply).
+    commit: bool,
     ticket: Ticket,
 }
 
@@ -48,6 +50,9 @@ struct Queue {
     /// Per handle, the first error of a write through it collected since its last
     /// fsync, and whether a flush has reported it.
     errors: HashMap<u64, (Error, bool)>,
+    /// Per handle, writes collected whose replies said they were committed, not yet
+    /// taken (`settle_taking_commits`).
+    committed: HashMap<u64, u64>,
 }
 
 /// Whose kept errors a settle gives back.
@@ -88,6 +93,8 @@ impl WriteBehind {
     /// this inode's oldest write when every slot is held). Ok(false): no slot, nothing
     /// sent (the caller sends and waits itself).
     ///
+    /// `commit`: the write asks to be committed before its reply.
+    ///
     /// `answer`, when given, is called once the slot is taken and before `send`: the
     /// writer is told "written" while the bytes leave. A failed `send` is then kept
     /// for the handle's flush or fsync like a failed reply (Ok(true)); without
@@ -102,6 +109,7 @@ impl WriteBehind {
         fh: u64,
         start: u64,
         end: u64,
+        commit: bool,
         answer: Option<impl FnOnce()>,
         send: impl FnOnce() -> Result<Ticket>,
     ) -> Result<bool> {
@@ -134,6 +142,7 @@ impl WriteBehind {
                     start,
                     end,
                     fh,
+                    commit,
                     ticket,
                 });
                 Ok(true)
@@ -184,6 +193,28 @@ impl WriteBehind {
         let mut g = lock(&q);
         while collect_front(self, &mut g) {}
         reported(&mut g, report)
+    }
+
+    /// When every write of `ino` in flight asked to be committed: `settle`, then,
+    /// with the queue still locked (no write of `ino` sent between), hand `take` the
+    /// count of writes per handle whose replies said they were committed since it was
+    /// last called. None (nothing waited for): `ino` has no queue here, or a write in
+    /// flight did not ask (a FLUSH is needed; `settle_behind` sends it behind them).
+    pub fn settle_taking_commits<T>(
+        &self,
+        ino: u64,
+        report: Report,
+        take: impl FnOnce(&HashMap<u64, u64>) -> T,
+    ) -> Option<(Result<()>, T)> {
+        let q = self.queue_of(ino)?;
+        let mut g = lock(&q);
+        if !g.inflight.iter().all(|p| p.commit) {
+            return None;
+        }
+        while collect_front(self, &mut g) {}
+        let settled = reported(&mut g, report);
+        let commits = std::mem::take(&mut g.committed);
+        Some((settled, take(&commits)))
     }
 
     /// `send` a request behind the writes of `ino` in flight, then `settle` as asked.
@@ -298,6 +329,9 @@ fn collect_front(wb: &WriteBehind, q: &mut Queue) -> bool {
     let r = p.ticket.wait().and_then(|resp| {
         let reply = <WriteReq as Operation>::Reply::decode(&resp.body)
             .map_err(|e| Error::new(libc::EIO, format!("malformed write reply: {e}")))?;
+        if u64::from(reply.written) == want && reply.committed {
+            *q.committed.entry(p.fh).or_default() += 1;
+        }
         if u64::from(reply.written) != want {
             return Err(Error::new(
                 libc::ENOSPC,

@@ -54,6 +54,11 @@ impl OpenFiles {
         self.by_ino.contains_key(&ino)
     }
 
+    /// The handles of `ino` open here.
+    pub(super) fn handles_of(&self, ino: u64) -> Vec<u64> {
+        self.by_ino.get(&ino).cloned().unwrap_or_default()
+    }
+
     /// The open files of `ino`.
     pub(super) fn of_ino(&self, ino: u64) -> impl Iterator<Item = &OpenFile> {
         self.by_ino

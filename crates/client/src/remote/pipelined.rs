@@ -70,6 +70,7 @@ impl RemoteFs {
             fh: self.server_fh(fh)?,
             offset,
             size: data.len() as u32,
+            commit: false,
         }
         .into();
         let ticket = self.client.submit(&req, cred(ctx), &[data])?;

@@ -246,6 +246,7 @@ fn data_sizes_and_offsets_at_the_bound() {
         fh: 0,
         offset: 0,
         size: 100,
+        commit: false,
     }
     .encode();
     assert!(Request::decode(&raw_header(Op::Write, body.len(), 100), &body).is_ok());

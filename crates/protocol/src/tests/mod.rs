@@ -228,13 +228,14 @@ fn request_for(op: Op) -> BoxedStrategy<Request> {
                 .into()
             })
             .boxed(),
-        Op::Write => (node(), any::<u64>(), span())
-            .prop_map(|(node, fh, (offset, size))| {
+        Op::Write => (node(), any::<u64>(), span(), any::<bool>())
+            .prop_map(|(node, fh, (offset, size), commit)| {
                 WriteReq {
                     node,
                     fh,
                     offset,
                     size,
+                    commit,
                 }
                 .into()
             })
@@ -409,8 +410,8 @@ fn reply_for(op: Op) -> BoxedStrategy<Reply> {
             })
             .boxed(),
         Op::Read => Just(Reply::Read(EmptyReply {})).boxed(),
-        Op::Write => any::<u32>()
-            .prop_map(|written| Reply::Write(WriteReply { written }))
+        Op::Write => (any::<u32>(), any::<bool>())
+            .prop_map(|(written, committed)| Reply::Write(WriteReply { written, committed }))
             .boxed(),
         Op::Flush => Just(Reply::Flush(EmptyReply {})).boxed(),
         Op::Release => Just(Reply::Release(EmptyReply {})).boxed(),
