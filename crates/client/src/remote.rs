@@ -402,12 +402,11 @@ impl RemoteFs {
                     }
                 }
                 let fhs = open.handles_of(ino);
+                // Every handle: nothing being sent, nothing begun that a commit did
+                // not cover (a write whose reply said committed, or a flush since).
                 let all = fhs.iter().all(|&h| {
-                    open.get(h).is_some_and(|f| {
-                        !f.lost
-                            && f.written == f.sent
-                            && (f.uncommitted == 0 || f.written == f.durable)
-                    })
+                    open.get(h)
+                        .is_some_and(|f| !f.lost && f.written == f.sent && f.uncommitted == 0)
                 });
                 if all {
                     for h in fhs {
@@ -428,6 +427,19 @@ impl RemoteFs {
         }
         self.durable_by_commits.fetch_add(1, Ordering::Relaxed);
         Some(Ok(()))
+    }
+
+    /// `ino` is changed other than by a write (truncate, chmod, times, xattrs,
+    /// fallocate): not committed by the server before the reply, so the next flush or
+    /// fsync of any handle of it here must send its round trip (counted as a write not
+    /// known committed, before the request goes out).
+    fn changed_uncommitted(&self, ino: u64) {
+        let mut open = lock(&self.open);
+        for h in open.handles_of(ino) {
+            if let Some(f) = open.get_mut(h) {
+                f.uncommitted += 1;
+            }
+        }
     }
 
     /// How many flushes and fsyncs needed no round trip, every write they cover having
@@ -787,6 +799,7 @@ impl Backend for RemoteFs {
     fn setattr(&self, ctx: &Ctx, ino: u64, set: &SetAttr, fh: u64) -> Result<Attr> {
         // A directory's mode may stop letting everyone search it.
         lock(&self.known).forget(ino);
+        self.changed_uncommitted(ino);
         self.behind.settle(ino, Report::Keep)?;
         self.forget_attr(ino);
         let fh = if fh == 0 { 0 } else { self.server_fh(fh)? };
@@ -1281,6 +1294,7 @@ impl Backend for RemoteFs {
     fn setxattr(&self, ctx: &Ctx, ino: u64, n: &[u8], value: &[u8], flags: i32) -> Result<()> {
         // An ACL may stop letting everyone search a directory.
         lock(&self.known).forget(ino);
+        self.changed_uncommitted(ino);
         let req = SetxattrReq {
             node: self.node(ino),
             name: XattrName::new(n).map_err(invalid)?,
@@ -1343,6 +1357,7 @@ impl Backend for RemoteFs {
 
     fn removexattr(&self, ctx: &Ctx, ino: u64, n: &[u8]) -> Result<()> {
         lock(&self.known).forget(ino);
+        self.changed_uncommitted(ino);
         let req = RemovexattrReq {
             node: self.node(ino),
             name: XattrName::new(n).map_err(invalid)?,
@@ -1362,6 +1377,7 @@ impl Backend for RemoteFs {
         len: u64,
         mode: i32,
     ) -> Result<()> {
+        self.changed_uncommitted(ino);
         self.behind.settle(ino, Report::Keep)?;
         self.forget_attr(ino);
         let req = FallocateReq {

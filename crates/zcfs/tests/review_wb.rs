@@ -685,3 +685,60 @@ fn a_flush_sent_behind_a_refused_write_reports_its_error() {
         let _ = fs.release(f.ino, fh);
     });
 }
+
+/// A close after small writes needs no FLUSH only if nothing else changed the file
+/// since: a truncate (or chmod, times, xattr, fallocate) after them is not committed by
+/// its reply, so the close must still send one. The server is killed right after the
+/// close, and the file must have the size the truncate gave it.
+#[test]
+fn a_truncate_after_small_writes_is_durable_at_close() {
+    const KILL_ROUNDS: usize = 12;
+    let net = Net::new();
+    let mut srv = Served::new(&net, "wb-trunc", &[]);
+    for round in 0..KILL_ROUNDS {
+        let name = format!("t{round}");
+        net.in_cli(|| {
+            let fs = srv.client(&net, Duration::from_secs(10));
+            let c = ctx();
+            let (f, fh) = fs
+                .create(
+                    &c,
+                    ROOT,
+                    name.as_bytes(),
+                    libc::S_IFREG | 0o644,
+                    libc::O_WRONLY,
+                )
+                .unwrap();
+            fs.fsync(f.ino, fh, false).unwrap();
+            for i in 0..3u64 {
+                let n = fs.write_behind(&c, f.ino, fh, i * 4096, &fill(9, 4096));
+                assert_eq!(n.unwrap(), 4096);
+            }
+            let shrink = zcfs_backend::SetAttr {
+                size: Some(4096 + round as u64),
+                ..Default::default()
+            };
+            fs.setattr(&c, f.ino, &shrink, fh).unwrap();
+            let committed = fs.durable_without_round_trip();
+            fs.flush(f.ino, fh).unwrap();
+            assert_eq!(
+                fs.durable_without_round_trip(),
+                committed,
+                "round {round}: a close after a truncate skipped its FLUSH"
+            );
+            srv.kill(libc::SIGKILL);
+        });
+        srv.start(&net, &[]);
+        net.in_cli(|| {
+            let fs = srv.client(&net, Duration::from_secs(10));
+            let a = fs.lookup(&ctx(), ROOT, name.as_bytes()).unwrap();
+            assert_eq!(
+                a.size,
+                4096 + round as u64,
+                "round {round}: the truncate was lost"
+            );
+        });
+    }
+    srv.kill(libc::SIGTERM);
+    srv.fsck();
+}
