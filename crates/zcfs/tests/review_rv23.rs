@@ -1,0 +1,101 @@
+//! Review rv23 of two changes: a close's FLUSH (and fsync) sent behind the file's writes
+//! in flight (7d4712e), and directories whose every name the client knows (protocol 11,
+//! 53f5355). Findings as tests, and guards for properties found holding.
+//! Root required (network namespaces), as in CI.
+
+mod common;
+use common::remote::*;
+use std::time::Duration;
+use zcfs_backend::{Backend, Ctx, ROOT};
+use zcfs_client::RemoteFs;
+
+fn lookup_errno(fs: &RemoteFs, ctx: &Ctx, dir: u64, name: &str) -> i32 {
+    match fs.lookup(ctx, dir, name.as_bytes()) {
+        Ok(a) => {
+            fs.forget(a.ino, 1);
+            0
+        }
+        Err(e) => e.errno,
+    }
+}
+
+/// A caller the server refuses a lookup in a directory (it lacks search permission:
+/// the owner or group class of the mode has no x, though "others" has) must get
+/// EACCES, not a "no such name" answered by the client from what it knows of the
+/// directory. The client took any directory with o+x as searchable by everyone; Linux
+/// (and the server, perm.rs) judge the owner by the owner bits alone, and a group
+/// member by the group bits. A mount without default_permissions (the default) hands
+/// the caller the client's answer.
+#[test]
+fn a_caller_without_search_permission_gets_eacces_not_a_known_absence() {
+    let net = Net::new();
+    let srv = Served::new(&net, "rv23-perm", &[]);
+    net.in_cli(|| {
+        let a = srv.client(&net, Duration::from_secs(10));
+        let truth = srv.client(&net, Duration::from_secs(10));
+        let owner = ctx();
+        // A member of the directory's group (1000), not its owner.
+        let member = Ctx::user(2000, 1000);
+        for (name, mode, who, whom) in [
+            ("owner-no-x", 0o601, &owner, "the owner"),
+            ("group-no-x", 0o761, &member, "a group member"),
+        ] {
+            let d = a.mkdir(&owner, ROOT, name.as_bytes(), mode).unwrap();
+            assert_eq!(d.mode & 0o7777, mode, "{name}: made with the mode asked");
+            let server_says = lookup_errno(&truth, who, d.ino, "absent");
+            assert_eq!(server_says, libc::EACCES, "{name}: the server's answer");
+            let before = a.lookups_answered_here();
+            let client_says = lookup_errno(&a, who, d.ino, "absent");
+            assert_eq!(
+                client_says,
+                server_says,
+                "{name}: {whom}'s lookup in a directory it may not search was answered \
+                 {} by the client ({} answered here)",
+                zcfs_backend::errno_name(client_says),
+                a.lookups_answered_here() - before
+            );
+        }
+    });
+}
+
+/// What a client knows of a directory's names is keyed by inode number: once the
+/// directory is gone (another client removed it, our kernel forgot it) the number is
+/// reused by the next inode made, and a new directory there (another generation)
+/// was taken as the known one: a name in it reported absent to a client that never
+/// saw anything of that directory.
+#[test]
+fn a_new_directory_on_a_reused_inode_number_is_not_taken_as_known() {
+    let net = Net::new();
+    let srv = Served::new(&net, "rv23-reuse", &[]);
+    net.in_cli(|| {
+        let a = srv.client(&net, Duration::from_secs(10));
+        let b = srv.client(&net, Duration::from_secs(10));
+        let c = ctx();
+        let d = a.mkdir(&c, ROOT, b"d", 0o755).unwrap();
+        // Our kernel forgets it (its dentry evicted): the server may free the number.
+        a.forget(d.ino, 1);
+        let t = std::time::Instant::now();
+        while a.client().posted_unanswered() > 0 {
+            assert!(t.elapsed() < Duration::from_secs(5), "forget never answered");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // Another client removes it and makes a directory with a file in it.
+        b.rmdir(&c, ROOT, b"d").unwrap();
+        let x = b.mkdir(&c, ROOT, b"x", 0o755).unwrap();
+        let (f, fh) = b
+            .create(&c, x.ino, b"f", libc::S_IFREG | 0o644, libc::O_WRONLY)
+            .unwrap();
+        b.release(f.ino, fh).unwrap();
+        assert_eq!(x.ino, d.ino, "the inode number was not reused: nothing to show");
+        assert_ne!(x.generation, d.generation);
+        // Our kernel finds x and looks up f in it.
+        let xa = a.lookup(&c, ROOT, b"x").unwrap();
+        assert_eq!((xa.ino, xa.generation), (x.ino, x.generation));
+        assert_eq!(
+            lookup_errno(&a, &c, xa.ino, "f"),
+            0,
+            "a name in a directory this client never knew reported absent (taken for \
+             the removed directory whose inode number it reuses)"
+        );
+    });
+}
