@@ -76,7 +76,10 @@ fn a_new_directory_on_a_reused_inode_number_is_not_taken_as_known() {
         a.forget(d.ino, 1);
         let t = std::time::Instant::now();
         while a.client().posted_unanswered() > 0 {
-            assert!(t.elapsed() < Duration::from_secs(5), "forget never answered");
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "forget never answered"
+            );
             std::thread::sleep(Duration::from_millis(5));
         }
         // Another client removes it and makes a directory with a file in it.
@@ -86,7 +89,10 @@ fn a_new_directory_on_a_reused_inode_number_is_not_taken_as_known() {
             .create(&c, x.ino, b"f", libc::S_IFREG | 0o644, libc::O_WRONLY)
             .unwrap();
         b.release(f.ino, fh).unwrap();
-        assert_eq!(x.ino, d.ino, "the inode number was not reused: nothing to show");
+        assert_eq!(
+            x.ino, d.ino,
+            "the inode number was not reused: nothing to show"
+        );
         assert_ne!(x.generation, d.generation);
         // Our kernel finds x and looks up f in it.
         let xa = a.lookup(&c, ROOT, b"x").unwrap();
