@@ -105,3 +105,36 @@ fn a_new_directory_on_a_reused_inode_number_is_not_taken_as_known() {
         );
     });
 }
+
+/// What is known of a directory stops counting the attribute timeout after its last
+/// confirmation, but stays held: once KNOWN_DIRS_MAX (1024) directories were made here
+/// (one `tar x` or `git clone` of a larger tree), no directory made afterwards was ever
+/// known again for the life of the mount, and the memory of the expired ones (up to
+/// KNOWN_NAMES_MAX names each) was never given back. Expired knowledge must make room.
+#[test]
+fn expired_knowledge_makes_room_for_directories_made_later() {
+    const KNOWN_DIRS_MAX: usize = 1024;
+    let net = Net::new();
+    let srv = Served::new(&net, "rv23-bound", &[]);
+    net.in_cli(|| {
+        let a = srv.client(&net, Duration::from_secs(10));
+        let c = ctx();
+        let top = a.mkdir(&c, ROOT, b"top", 0o755).unwrap();
+        for i in 0..KNOWN_DIRS_MAX {
+            let d = a
+                .mkdir(&c, top.ino, format!("d{i}").as_bytes(), 0o755)
+                .unwrap();
+            a.forget(d.ino, 1);
+        }
+        // Everything known so far is past the attribute timeout (1 s).
+        std::thread::sleep(Duration::from_millis(1500));
+        let late = a.mkdir(&c, ROOT, b"late", 0o755).unwrap();
+        let before = a.lookups_answered_here();
+        assert_eq!(lookup_errno(&a, &c, late.ino, "new"), libc::ENOENT);
+        assert_eq!(
+            a.lookups_answered_here(),
+            before + 1,
+            "a directory made after {KNOWN_DIRS_MAX} others (all expired) is not known"
+        );
+    });
+}
