@@ -490,7 +490,8 @@ impl RemoteFs {
                 now,
             );
             if r.attr.is_dir() {
-                k.made(&r.attr, epoch, r.made_state, now);
+                let ttl = self.client.config().attr_ttl;
+                k.made(&r.attr, epoch, r.made_state, ttl, now);
             }
         }
         let a = self.entry(r.attr, epoch, Some((parent, n)), token);

@@ -59,11 +59,26 @@ fn searchable_by_all(a: &Attr) -> bool {
 
 impl KnownDirs {
     /// Directory `made` was made by us (mkdir in session `epoch`); `state` was read
-    /// after: known if it still held no names.
-    pub fn made(&mut self, made: &Attr, epoch: u64, state: Option<DirState>, now: Instant) {
+    /// after: known if it still held no names. At the bound, what expired (confirmed
+    /// `ttl` or longer ago: no lookup is answered from it any more) makes room first.
+    pub fn made(
+        &mut self,
+        made: &Attr,
+        epoch: u64,
+        state: Option<DirState>,
+        ttl: Duration,
+        now: Instant,
+    ) {
         let Some(state) = state else { return };
-        if state.entries != 0 || !searchable_by_all(made) || self.dirs.len() >= KNOWN_DIRS_MAX {
+        if state.entries != 0 || !searchable_by_all(made) {
             return;
+        }
+        if self.dirs.len() >= KNOWN_DIRS_MAX && !self.dirs.contains_key(&made.ino) {
+            self.dirs
+                .retain(|_, k| now.saturating_duration_since(k.confirmed) < ttl);
+            if self.dirs.len() >= KNOWN_DIRS_MAX {
+                return;
+            }
         }
         self.dirs.insert(
             made.ino,
@@ -176,7 +191,7 @@ mod tests {
     #[test]
     fn a_directory_made_empty_is_known_and_follows_our_changes() {
         let (mut k, t) = (KnownDirs::default(), Instant::now());
-        k.made(&dir(5, 0o755), 1, st(100, 0), t);
+        k.made(&dir(5, 0o755), 1, st(100, 0), TTL, t);
         assert_eq!(k.absent_for(5, 1, b"a", 1, TTL, t), Some(TTL));
         k.changed(
             5,
@@ -205,7 +220,7 @@ mod tests {
     #[test]
     fn a_change_by_anyone_else_forgets_the_directory() {
         let (mut k, t) = (KnownDirs::default(), Instant::now());
-        k.made(&dir(5, 0o755), 1, st(100, 0), t);
+        k.made(&dir(5, 0o755), 1, st(100, 0), TTL, t);
         // Someone else's create came first: two versions on.
         k.changed(
             5,
@@ -223,7 +238,7 @@ mod tests {
     fn a_count_that_disagrees_or_no_state_or_another_session_forgets_it() {
         let t = Instant::now();
         let mut k = KnownDirs::default();
-        k.made(&dir(5, 0o755), 1, st(100, 0), t);
+        k.made(&dir(5, 0o755), 1, st(100, 0), TTL, t);
         k.changed(
             5,
             1,
@@ -233,10 +248,10 @@ mod tests {
             t,
         );
         assert_eq!(k.len(), 0, "one name of ours but two on the server");
-        k.made(&dir(5, 0o755), 1, st(100, 0), t);
+        k.made(&dir(5, 0o755), 1, st(100, 0), TTL, t);
         k.changed(5, 1, Some(&dir(5, 0o755)), None, Change::Added(b"a"), t);
         assert_eq!(k.len(), 0, "no state");
-        k.made(&dir(5, 0o755), 1, st(100, 0), t);
+        k.made(&dir(5, 0o755), 1, st(100, 0), TTL, t);
         k.changed(
             5,
             2,
@@ -246,7 +261,7 @@ mod tests {
             t,
         );
         assert_eq!(k.len(), 0, "another session");
-        k.made(&dir(5, 0o755), 1, st(100, 0), t);
+        k.made(&dir(5, 0o755), 1, st(100, 0), TTL, t);
         assert_eq!(
             k.absent_for(5, 1, b"a", 2, TTL, t),
             None,
@@ -268,7 +283,7 @@ mod tests {
     fn only_directories_everyone_may_search_and_only_made_empty() {
         let t = Instant::now();
         let mut k = KnownDirs::default();
-        k.made(&dir(5, 0o750), 1, st(100, 0), t);
+        k.made(&dir(5, 0o750), 1, st(100, 0), TTL, t);
         k.made(
             &Attr {
                 no_xattrs: false,
@@ -276,13 +291,14 @@ mod tests {
             },
             1,
             st(100, 0),
+            TTL,
             t,
         );
-        k.made(&dir(7, 0o755), 1, st(101, 1), t);
-        k.made(&dir(8, 0o755), 1, None, t);
+        k.made(&dir(7, 0o755), 1, st(101, 1), TTL, t);
+        k.made(&dir(8, 0o755), 1, None, TTL, t);
         assert_eq!(k.len(), 0);
         // A chmod seen in a change's reply forgets it.
-        k.made(&dir(5, 0o755), 1, st(100, 0), t);
+        k.made(&dir(5, 0o755), 1, st(100, 0), TTL, t);
         k.changed(
             5,
             1,
@@ -300,11 +316,11 @@ mod tests {
         let mut k = KnownDirs::default();
         // The owner (0o601) or a group member (0o761) may not search: the server
         // answers them EACCES, so nothing may be answered here.
-        k.made(&dir(5, 0o601), 1, st(100, 0), t);
-        k.made(&dir(6, 0o761), 1, st(100, 0), t);
-        k.made(&dir(7, 0o716), 1, st(100, 0), t);
+        k.made(&dir(5, 0o601), 1, st(100, 0), TTL, t);
+        k.made(&dir(6, 0o761), 1, st(100, 0), TTL, t);
+        k.made(&dir(7, 0o716), 1, st(100, 0), TTL, t);
         assert_eq!(k.len(), 0);
-        k.made(&dir(5, 0o711), 1, st(100, 0), t);
+        k.made(&dir(5, 0o711), 1, st(100, 0), TTL, t);
         assert!(k.absent_for(5, 1, b"a", 1, TTL, t).is_some());
         // Another directory on the same inode number (a later generation).
         assert_eq!(k.absent_for(5, 2, b"a", 1, TTL, t), None);
@@ -320,7 +336,7 @@ mod tests {
     fn what_is_known_lasts_the_attribute_timeout_after_its_last_confirmation() {
         let t = Instant::now();
         let mut k = KnownDirs::default();
-        k.made(&dir(5, 0o755), 1, st(100, 0), t);
+        k.made(&dir(5, 0o755), 1, st(100, 0), TTL, t);
         let later = t + Duration::from_millis(600);
         assert_eq!(
             k.absent_for(5, 1, b"a", 1, TTL, later),
@@ -348,11 +364,11 @@ mod tests {
         let t = Instant::now();
         let mut k = KnownDirs::default();
         for ino in 0..KNOWN_DIRS_MAX as u64 + 5 {
-            k.made(&dir(ino, 0o755), 1, st(0, 0), t);
+            k.made(&dir(ino, 0o755), 1, st(0, 0), TTL, t);
         }
         assert_eq!(k.len(), KNOWN_DIRS_MAX);
         let mut k = KnownDirs::default();
-        k.made(&dir(5, 0o755), 1, st(0, 0), t);
+        k.made(&dir(5, 0o755), 1, st(0, 0), TTL, t);
         for i in 0..KNOWN_NAMES_MAX as u64 {
             let n = i.to_string();
             k.changed(
