@@ -138,3 +138,107 @@ fn expired_knowledge_makes_room_for_directories_made_later() {
         );
     });
 }
+
+/// Guard (7d4712e): a close's FLUSH and an fsync go out behind the file's writes while
+/// the inode's queue is locked, on the newest write's connection, so they need a slot
+/// of that connection while other writers hold slots with their writes in flight. With
+/// the fewest slots a server may give (2 and 3: write-behind then holds at most one
+/// reply), 12 threads writing and closing (and fsyncing) files at once all finish
+/// within a bound, every file is whole, and no reply is held afterwards.
+#[test]
+fn flushes_behind_writes_with_the_fewest_slots_finish() {
+    const THREADS: u64 = 12;
+    const FILES: u64 = 12;
+    const CHUNK: usize = 16 << 10;
+    for slots in ["2", "3"] {
+        let net = Net::new();
+        let srv = Served::new(
+            &net,
+            &format!("rv23-slots{slots}"),
+            &["--max-inflight", slots],
+        );
+        net.in_cli(|| {
+            let fs = srv.client(&net, Duration::from_secs(10));
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::scope(|s| {
+                for t in 0..THREADS {
+                    let (fs, tx) = (&fs, tx.clone());
+                    s.spawn(move || {
+                        let c = ctx();
+                        for i in 0..FILES {
+                            let name = format!("t{t}f{i}");
+                            let (f, fh) = fs
+                                .create(
+                                    &c,
+                                    ROOT,
+                                    name.as_bytes(),
+                                    libc::S_IFREG | 0o644,
+                                    libc::O_RDWR,
+                                )
+                                .unwrap();
+                            for w in 0..3u64 {
+                                let buf = vec![(t * 13 + i * 3 + w) as u8; CHUNK];
+                                let n = fs.write_behind(&c, f.ino, fh, w * CHUNK as u64, &buf);
+                                assert_eq!(n.unwrap(), CHUNK as u32);
+                                if w == 1 {
+                                    fs.fsync(f.ino, fh, i % 2 == 0).unwrap();
+                                }
+                            }
+                            fs.flush(f.ino, fh).unwrap();
+                            for w in 0..3u64 {
+                                let want = vec![(t * 13 + i * 3 + w) as u8; CHUNK];
+                                let got = read_all(fs, f.ino, fh, w * CHUNK as u64, CHUNK as u32);
+                                assert!(got == want, "{name} piece {w}");
+                            }
+                            fs.release(f.ino, fh).unwrap();
+                            fs.forget(f.ino, 1);
+                        }
+                        tx.send(t).unwrap();
+                    });
+                }
+                drop(tx);
+                for _ in 0..THREADS {
+                    rx.recv_timeout(Duration::from_secs(120))
+                        .expect("writers stuck: a flush behind the writes never got a slot?");
+                }
+            });
+            assert_eq!(fs.write_behind_held(), 0, "{slots} slots: replies held");
+            assert!(
+                fs.flushes_sent_behind() > 0,
+                "{slots} slots: no flush went behind"
+            );
+        });
+    }
+}
+
+/// Guard (7d4712e): writes in flight and the close's FLUSH sent behind them on a
+/// connection whose link is cut (the requests sit in the socket's queue): the close
+/// reports an error (the writes' replies never came), never 0.
+#[test]
+fn a_flush_behind_writes_on_a_cut_link_is_not_durable() {
+    let net = Net::new();
+    let srv = Served::new(&net, "rv23-cut", &[]);
+    net.in_cli(|| {
+        let fs = srv.client(&net, Duration::from_secs(2));
+        let c = ctx();
+        let (f, fh) = fs
+            .create(&c, ROOT, b"f", libc::S_IFREG | 0o644, libc::O_RDWR)
+            .unwrap();
+        fs.fsync(f.ino, fh, false).unwrap();
+        net.link(false);
+        let piece = vec![9u8; 4096];
+        for i in 0..3u64 {
+            assert_eq!(
+                fs.write_behind(&c, f.ino, fh, i * 4096, &piece).unwrap(),
+                4096
+            );
+        }
+        let r = fs.flush(f.ino, fh);
+        net.link(true);
+        assert!(
+            r.is_err(),
+            "a close said 0 while its writes were stuck on a cut link"
+        );
+        let _ = fs.release(f.ino, fh);
+    });
+}
