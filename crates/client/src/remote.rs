@@ -580,7 +580,8 @@ impl RemoteFs {
                 now,
             );
             if r.attr.is_dir() {
-                k.made(&r.attr, epoch, r.made_state, now);
+                let ttl = self.client.config().attr_ttl;
+                k.made(&r.attr, epoch, r.made_state, ttl, now);
             }
         }
         let a = self.entry(r.attr, epoch, Some((parent, n)), token);
@@ -709,8 +710,9 @@ impl Backend for RemoteFs {
         }
         let ttl = self.client.config().attr_ttl;
         let epoch_now = self.client.epoch();
+        let gen = self.node(parent).gen;
         if lock(&self.known)
-            .absent_for(parent, name, epoch_now, ttl, Instant::now())
+            .absent_for(parent, gen, name, epoch_now, ttl, Instant::now())
             .is_some()
         {
             self.lookups_answered_here.fetch_add(1, Ordering::Relaxed);

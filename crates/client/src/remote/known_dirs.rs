@@ -14,8 +14,11 @@
 //! What is known is trusted for the attribute timeout after its last confirmation, as
 //! the kernel trusts a cached negative entry: another client's new name is seen at most
 //! that late, and the kernel may keep the answer only for what is left of it
-//! (`negative_ttl`). Only for directories anyone may search (mode o+x, no ACL): the
-//! server would refuse some callers a lookup there, and the answer here must not differ.
+//! (`negative_ttl`). Only for directories anyone may search (x for owner, group and
+//! others, no ACL): the server judges the owner by the owner bits alone and a group
+//! member by the group bits (as Linux does), so o+x alone would let the client answer
+//! "no such name" where the server refuses the lookup (EACCES). A directory is known by
+//! inode number and generation: a number freed and reused is another directory.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -29,6 +32,8 @@ pub const KNOWN_NAMES_MAX: usize = 65_536;
 struct Known {
     /// The session the versions were read in.
     epoch: u64,
+    /// The directory's generation (its inode number may be reused by another).
+    gen: u64,
     version: u64,
     names: HashSet<Box<[u8]>>,
     confirmed: Instant,
@@ -46,23 +51,40 @@ pub(super) struct KnownDirs {
 }
 
 /// Whether every caller may look names up in a directory with these attributes, as far
-/// as the mode says (no ACL to say otherwise).
+/// as the mode says (no ACL to say otherwise): each class (owner, group, others) is
+/// judged by its own bits, so all three need x.
 fn searchable_by_all(a: &Attr) -> bool {
-    a.is_dir() && a.mode & 0o001 != 0 && a.no_xattrs
+    a.is_dir() && a.mode & 0o111 == 0o111 && a.no_xattrs
 }
 
 impl KnownDirs {
     /// Directory `made` was made by us (mkdir in session `epoch`); `state` was read
-    /// after: known if it still held no names.
-    pub fn made(&mut self, made: &Attr, epoch: u64, state: Option<DirState>, now: Instant) {
+    /// after: known if it still held no names. At the bound, what expired (confirmed
+    /// `ttl` or longer ago: no lookup is answered from it any more) makes room first.
+    pub fn made(
+        &mut self,
+        made: &Attr,
+        epoch: u64,
+        state: Option<DirState>,
+        ttl: Duration,
+        now: Instant,
+    ) {
         let Some(state) = state else { return };
-        if state.entries != 0 || !searchable_by_all(made) || self.dirs.len() >= KNOWN_DIRS_MAX {
+        if state.entries != 0 || !searchable_by_all(made) {
             return;
+        }
+        if self.dirs.len() >= KNOWN_DIRS_MAX && !self.dirs.contains_key(&made.ino) {
+            self.dirs
+                .retain(|_, k| now.saturating_duration_since(k.confirmed) < ttl);
+            if self.dirs.len() >= KNOWN_DIRS_MAX {
+                return;
+            }
         }
         self.dirs.insert(
             made.ino,
             Known {
                 epoch,
+                gen: made.generation,
                 version: state.version,
                 names: HashSet::new(),
                 confirmed: now,
@@ -86,7 +108,7 @@ impl KnownDirs {
         };
         let ours_alone = k.epoch == epoch
             && state.is_some_and(|s| Some(s.version) == k.version.checked_add(1))
-            && after.is_some_and(searchable_by_all);
+            && after.is_some_and(|a| searchable_by_all(a) && a.generation == k.gen);
         if !ours_alone {
             self.dirs.remove(&dir);
             return;
@@ -110,12 +132,13 @@ impl KnownDirs {
         self.dirs.remove(&dir);
     }
 
-    /// How much longer `name` may be taken as absent from `dir` (None: not known to
-    /// be): the directory is known in session `epoch`, confirmed less than `ttl` ago,
-    /// and does not hold the name.
+    /// How much longer `name` may be taken as absent from `dir` of generation `gen`
+    /// (None: not known to be): the directory is known in session `epoch`, confirmed
+    /// less than `ttl` ago, and does not hold the name.
     pub fn absent_for(
         &self,
         dir: u64,
+        gen: u64,
         name: &[u8],
         epoch: u64,
         ttl: Duration,
@@ -126,7 +149,8 @@ impl KnownDirs {
         }
         let k = self.dirs.get(&dir)?;
         let left = ttl.checked_sub(now.saturating_duration_since(k.confirmed))?;
-        (k.epoch == epoch && !left.is_zero() && !k.names.contains(name)).then_some(left)
+        (k.epoch == epoch && k.gen == gen && !left.is_zero() && !k.names.contains(name))
+            .then_some(left)
     }
 
     /// How long a "no such name" in `dir` may be kept by the kernel: what is left of
@@ -167,8 +191,8 @@ mod tests {
     #[test]
     fn a_directory_made_empty_is_known_and_follows_our_changes() {
         let (mut k, t) = (KnownDirs::default(), Instant::now());
-        k.made(&dir(5, 0o755), 1, st(100, 0), t);
-        assert_eq!(k.absent_for(5, b"a", 1, TTL, t), Some(TTL));
+        k.made(&dir(5, 0o755), 1, st(100, 0), TTL, t);
+        assert_eq!(k.absent_for(5, 1, b"a", 1, TTL, t), Some(TTL));
         k.changed(
             5,
             1,
@@ -177,8 +201,8 @@ mod tests {
             Change::Added(b"a"),
             t,
         );
-        assert_eq!(k.absent_for(5, b"a", 1, TTL, t), None, "a is there now");
-        assert!(k.absent_for(5, b"b", 1, TTL, t).is_some());
+        assert_eq!(k.absent_for(5, 1, b"a", 1, TTL, t), None, "a is there now");
+        assert!(k.absent_for(5, 1, b"b", 1, TTL, t).is_some());
         k.changed(
             5,
             1,
@@ -187,16 +211,16 @@ mod tests {
             Change::Removed(b"a"),
             t,
         );
-        assert!(k.absent_for(5, b"a", 1, TTL, t).is_some());
+        assert!(k.absent_for(5, 1, b"a", 1, TTL, t).is_some());
         // "." and ".." are always there.
-        assert_eq!(k.absent_for(5, b".", 1, TTL, t), None);
-        assert_eq!(k.absent_for(5, b"..", 1, TTL, t), None);
+        assert_eq!(k.absent_for(5, 1, b".", 1, TTL, t), None);
+        assert_eq!(k.absent_for(5, 1, b"..", 1, TTL, t), None);
     }
 
     #[test]
     fn a_change_by_anyone_else_forgets_the_directory() {
         let (mut k, t) = (KnownDirs::default(), Instant::now());
-        k.made(&dir(5, 0o755), 1, st(100, 0), t);
+        k.made(&dir(5, 0o755), 1, st(100, 0), TTL, t);
         // Someone else's create came first: two versions on.
         k.changed(
             5,
@@ -206,7 +230,7 @@ mod tests {
             Change::Added(b"a"),
             t,
         );
-        assert_eq!(k.absent_for(5, b"zzz", 1, TTL, t), None);
+        assert_eq!(k.absent_for(5, 1, b"zzz", 1, TTL, t), None);
         assert_eq!(k.len(), 0);
     }
 
@@ -214,7 +238,7 @@ mod tests {
     fn a_count_that_disagrees_or_no_state_or_another_session_forgets_it() {
         let t = Instant::now();
         let mut k = KnownDirs::default();
-        k.made(&dir(5, 0o755), 1, st(100, 0), t);
+        k.made(&dir(5, 0o755), 1, st(100, 0), TTL, t);
         k.changed(
             5,
             1,
@@ -224,10 +248,10 @@ mod tests {
             t,
         );
         assert_eq!(k.len(), 0, "one name of ours but two on the server");
-        k.made(&dir(5, 0o755), 1, st(100, 0), t);
+        k.made(&dir(5, 0o755), 1, st(100, 0), TTL, t);
         k.changed(5, 1, Some(&dir(5, 0o755)), None, Change::Added(b"a"), t);
         assert_eq!(k.len(), 0, "no state");
-        k.made(&dir(5, 0o755), 1, st(100, 0), t);
+        k.made(&dir(5, 0o755), 1, st(100, 0), TTL, t);
         k.changed(
             5,
             2,
@@ -237,9 +261,9 @@ mod tests {
             t,
         );
         assert_eq!(k.len(), 0, "another session");
-        k.made(&dir(5, 0o755), 1, st(100, 0), t);
+        k.made(&dir(5, 0o755), 1, st(100, 0), TTL, t);
         assert_eq!(
-            k.absent_for(5, b"a", 2, TTL, t),
+            k.absent_for(5, 1, b"a", 2, TTL, t),
             None,
             "asked in another session"
         );
@@ -259,7 +283,7 @@ mod tests {
     fn only_directories_everyone_may_search_and_only_made_empty() {
         let t = Instant::now();
         let mut k = KnownDirs::default();
-        k.made(&dir(5, 0o750), 1, st(100, 0), t);
+        k.made(&dir(5, 0o750), 1, st(100, 0), TTL, t);
         k.made(
             &Attr {
                 no_xattrs: false,
@@ -267,13 +291,14 @@ mod tests {
             },
             1,
             st(100, 0),
+            TTL,
             t,
         );
-        k.made(&dir(7, 0o755), 1, st(101, 1), t);
-        k.made(&dir(8, 0o755), 1, None, t);
+        k.made(&dir(7, 0o755), 1, st(101, 1), TTL, t);
+        k.made(&dir(8, 0o755), 1, None, TTL, t);
         assert_eq!(k.len(), 0);
         // A chmod seen in a change's reply forgets it.
-        k.made(&dir(5, 0o755), 1, st(100, 0), t);
+        k.made(&dir(5, 0o755), 1, st(100, 0), TTL, t);
         k.changed(
             5,
             1,
@@ -286,20 +311,42 @@ mod tests {
     }
 
     #[test]
+    fn every_class_must_may_search_and_the_generation_must_match() {
+        let t = Instant::now();
+        let mut k = KnownDirs::default();
+        // The owner (0o601) or a group member (0o761) may not search: the server
+        // answers them EACCES, so nothing may be answered here.
+        k.made(&dir(5, 0o601), 1, st(100, 0), TTL, t);
+        k.made(&dir(6, 0o761), 1, st(100, 0), TTL, t);
+        k.made(&dir(7, 0o716), 1, st(100, 0), TTL, t);
+        assert_eq!(k.len(), 0);
+        k.made(&dir(5, 0o711), 1, st(100, 0), TTL, t);
+        assert!(k.absent_for(5, 1, b"a", 1, TTL, t).is_some());
+        // Another directory on the same inode number (a later generation).
+        assert_eq!(k.absent_for(5, 2, b"a", 1, TTL, t), None);
+        let other = Attr {
+            generation: 2,
+            ..dir(5, 0o755)
+        };
+        k.changed(5, 1, Some(&other), st(101, 1), Change::Added(b"a"), t);
+        assert_eq!(k.len(), 0, "a change's reply for another generation");
+    }
+
+    #[test]
     fn what_is_known_lasts_the_attribute_timeout_after_its_last_confirmation() {
         let t = Instant::now();
         let mut k = KnownDirs::default();
-        k.made(&dir(5, 0o755), 1, st(100, 0), t);
+        k.made(&dir(5, 0o755), 1, st(100, 0), TTL, t);
         let later = t + Duration::from_millis(600);
         assert_eq!(
-            k.absent_for(5, b"a", 1, TTL, later),
+            k.absent_for(5, 1, b"a", 1, TTL, later),
             Some(Duration::from_millis(400))
         );
         assert_eq!(
             k.negative_ttl(5, TTL, later),
             Some(Duration::from_millis(400))
         );
-        assert_eq!(k.absent_for(5, b"a", 1, TTL, t + TTL), None);
+        assert_eq!(k.absent_for(5, 1, b"a", 1, TTL, t + TTL), None);
         // A change of ours confirms it again.
         k.changed(
             5,
@@ -309,7 +356,7 @@ mod tests {
             Change::Added(b"b"),
             later,
         );
-        assert!(k.absent_for(5, b"a", 1, TTL, t + TTL).is_some());
+        assert!(k.absent_for(5, 1, b"a", 1, TTL, t + TTL).is_some());
     }
 
     #[test]
@@ -317,11 +364,11 @@ mod tests {
         let t = Instant::now();
         let mut k = KnownDirs::default();
         for ino in 0..KNOWN_DIRS_MAX as u64 + 5 {
-            k.made(&dir(ino, 0o755), 1, st(0, 0), t);
+            k.made(&dir(ino, 0o755), 1, st(0, 0), TTL, t);
         }
         assert_eq!(k.len(), KNOWN_DIRS_MAX);
         let mut k = KnownDirs::default();
-        k.made(&dir(5, 0o755), 1, st(0, 0), t);
+        k.made(&dir(5, 0o755), 1, st(0, 0), TTL, t);
         for i in 0..KNOWN_NAMES_MAX as u64 {
             let n = i.to_string();
             k.changed(
