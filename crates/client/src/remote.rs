@@ -712,7 +712,7 @@ impl Backend for RemoteFs {
         let epoch_now = self.client.epoch();
         let gen = self.node(parent).gen;
         if lock(&self.known)
-            .absent_for(parent, gen, name, epoch_now, ttl, Instant::now())
+            .absent_for(parent, gen, name, &ctx.cred, epoch_now, ttl, Instant::now())
             .is_some()
         {
             self.lookups_answered_here.fetch_add(1, Ordering::Relaxed);

@@ -14,15 +14,17 @@
 //! What is known is trusted for the attribute timeout after its last confirmation, as
 //! the kernel trusts a cached negative entry: another client's new name is seen at most
 //! that late, and the kernel may keep the answer only for what is left of it
-//! (`negative_ttl`). Only for directories anyone may search (x for owner, group and
-//! others, no ACL): the server judges the owner by the owner bits alone and a group
-//! member by the group bits (as Linux does), so o+x alone would let the client answer
-//! "no such name" where the server refuses the lookup (EACCES). A directory is known by
-//! inode number and generation: a number freed and reused is another directory.
+//! (`negative_ttl`). A lookup is answered here only where the server would let the
+//! caller search the directory (`may_search`), so the answer is the server's: the
+//! caller's class by the mode bits as the server judges it (the owner by the owner bits
+//! alone, a group member by the group bits), no ACL, and for root only a directory every
+//! class may search (root may act as root or as the anonymous user, which the client
+//! cannot know). A directory is known by inode number and generation: a number freed
+//! and reused is another directory.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
-use zcfs_backend::{Attr, DirState};
+use zcfs_backend::{Attr, Cred, DirState};
 
 /// Most directories known at once; past it, no new one is taken on.
 pub const KNOWN_DIRS_MAX: usize = 1024;
@@ -37,6 +39,11 @@ struct Known {
     version: u64,
     names: HashSet<Box<[u8]>>,
     confirmed: Instant,
+    /// Who may search it: mode, owner and group as last seen (a known directory has
+    /// no ACL).
+    mode: u32,
+    uid: u32,
+    gid: u32,
 }
 
 /// A change of ours in a known directory.
@@ -50,11 +57,38 @@ pub(super) struct KnownDirs {
     dirs: HashMap<u64, Known>,
 }
 
-/// Whether every caller may look names up in a directory with these attributes, as far
-/// as the mode says (no ACL to say otherwise): each class (owner, group, others) is
-/// judged by its own bits, so all three need x.
-fn searchable_by_all(a: &Attr) -> bool {
-    a.is_dir() && a.mode & 0o111 == 0o111 && a.no_xattrs
+/// A directory whose names may be known: the mode bits alone say who may search it
+/// (an ACL would have its say too).
+fn knowable(a: &Attr) -> bool {
+    a.is_dir() && a.no_xattrs
+}
+
+/// Whether the server lets `cred` search the known directory `k`, whatever its squash
+/// policy (root squashed or not, every user squashed or not):
+/// - a caller whose permissions the kernel checked (`default_permissions`): the server
+///   does not check again, and the kernel asked only after its own check;
+/// - every class has x: whoever the server takes the caller for;
+/// - root otherwise never: it acts as root (allowed) or as the anonymous user (judged
+///   by the bits), which the client cannot tell apart;
+/// - anyone else by the bits of their class (owner, else group, else others), as the
+///   server judges it when it keeps their identity; when it squashes every user to the
+///   anonymous one, directories this client made belong to that user, whose owner bits
+///   then decide, so those must allow search too.
+fn may_search(k: &Known, cred: &Cred) -> bool {
+    if cred.checked || k.mode & 0o111 == 0o111 {
+        return true;
+    }
+    if cred.uid == 0 {
+        return false;
+    }
+    let class = if cred.uid == k.uid {
+        k.mode >> 6
+    } else if cred.gid == k.gid || cred.groups.contains(&k.gid) {
+        k.mode >> 3
+    } else {
+        k.mode
+    };
+    class & 1 != 0 && k.mode & 0o100 != 0
 }
 
 impl KnownDirs {
@@ -70,7 +104,7 @@ impl KnownDirs {
         now: Instant,
     ) {
         let Some(state) = state else { return };
-        if state.entries != 0 || !searchable_by_all(made) {
+        if state.entries != 0 || !knowable(made) {
             return;
         }
         if self.dirs.len() >= KNOWN_DIRS_MAX && !self.dirs.contains_key(&made.ino) {
@@ -88,6 +122,9 @@ impl KnownDirs {
                 version: state.version,
                 names: HashSet::new(),
                 confirmed: now,
+                mode: made.mode,
+                uid: made.uid,
+                gid: made.gid,
             },
         );
     }
@@ -108,7 +145,7 @@ impl KnownDirs {
         };
         let ours_alone = k.epoch == epoch
             && state.is_some_and(|s| Some(s.version) == k.version.checked_add(1))
-            && after.is_some_and(|a| searchable_by_all(a) && a.generation == k.gen);
+            && after.is_some_and(|a| knowable(a) && a.generation == k.gen);
         if !ours_alone {
             self.dirs.remove(&dir);
             return;
@@ -125,6 +162,9 @@ impl KnownDirs {
         }
         k.version = state.version;
         k.confirmed = now;
+        if let Some(a) = after {
+            (k.mode, k.uid, k.gid) = (a.mode, a.uid, a.gid);
+        }
     }
 
     /// Forget `dir` (a change not counted above, or one that failed).
@@ -135,11 +175,13 @@ impl KnownDirs {
     /// How much longer `name` may be taken as absent from `dir` of generation `gen`
     /// (None: not known to be): the directory is known in session `epoch`, confirmed
     /// less than `ttl` ago, and does not hold the name.
+    #[allow(clippy::too_many_arguments)]
     pub fn absent_for(
         &self,
         dir: u64,
         gen: u64,
         name: &[u8],
+        cred: &Cred,
         epoch: u64,
         ttl: Duration,
         now: Instant,
@@ -148,6 +190,9 @@ impl KnownDirs {
             return None;
         }
         let k = self.dirs.get(&dir)?;
+        if !may_search(k, cred) {
+            return None;
+        }
         let left = ttl.checked_sub(now.saturating_duration_since(k.confirmed))?;
         (k.epoch == epoch && k.gen == gen && !left.is_zero() && !k.names.contains(name))
             .then_some(left)
@@ -179,9 +224,20 @@ mod tests {
             generation: 1,
             mode: libc::S_IFDIR | mode,
             nlink: 2,
+            uid: 1000,
+            gid: 1000,
             no_xattrs: true,
             ..Attr::default()
         }
+    }
+
+    /// The test's caller: the owner of `dir`'s directories.
+    fn me() -> Cred {
+        Cred::new(1000, 1000, Vec::new())
+    }
+
+    fn someone(uid: u32, gid: u32, groups: Vec<u32>) -> Cred {
+        Cred::new(uid, gid, groups)
     }
 
     fn st(version: u64, entries: u64) -> Option<DirState> {
@@ -192,7 +248,7 @@ mod tests {
     fn a_directory_made_empty_is_known_and_follows_our_changes() {
         let (mut k, t) = (KnownDirs::default(), Instant::now());
         k.made(&dir(5, 0o755), 1, st(100, 0), TTL, t);
-        assert_eq!(k.absent_for(5, 1, b"a", 1, TTL, t), Some(TTL));
+        assert_eq!(k.absent_for(5, 1, b"a", &me(), 1, TTL, t), Some(TTL));
         k.changed(
             5,
             1,
@@ -201,8 +257,12 @@ mod tests {
             Change::Added(b"a"),
             t,
         );
-        assert_eq!(k.absent_for(5, 1, b"a", 1, TTL, t), None, "a is there now");
-        assert!(k.absent_for(5, 1, b"b", 1, TTL, t).is_some());
+        assert_eq!(
+            k.absent_for(5, 1, b"a", &me(), 1, TTL, t),
+            None,
+            "a is there now"
+        );
+        assert!(k.absent_for(5, 1, b"b", &me(), 1, TTL, t).is_some());
         k.changed(
             5,
             1,
@@ -211,10 +271,10 @@ mod tests {
             Change::Removed(b"a"),
             t,
         );
-        assert!(k.absent_for(5, 1, b"a", 1, TTL, t).is_some());
+        assert!(k.absent_for(5, 1, b"a", &me(), 1, TTL, t).is_some());
         // "." and ".." are always there.
-        assert_eq!(k.absent_for(5, 1, b".", 1, TTL, t), None);
-        assert_eq!(k.absent_for(5, 1, b"..", 1, TTL, t), None);
+        assert_eq!(k.absent_for(5, 1, b".", &me(), 1, TTL, t), None);
+        assert_eq!(k.absent_for(5, 1, b"..", &me(), 1, TTL, t), None);
     }
 
     #[test]
@@ -230,7 +290,7 @@ mod tests {
             Change::Added(b"a"),
             t,
         );
-        assert_eq!(k.absent_for(5, 1, b"zzz", 1, TTL, t), None);
+        assert_eq!(k.absent_for(5, 1, b"zzz", &me(), 1, TTL, t), None);
         assert_eq!(k.len(), 0);
     }
 
@@ -263,7 +323,7 @@ mod tests {
         assert_eq!(k.len(), 0, "another session");
         k.made(&dir(5, 0o755), 1, st(100, 0), TTL, t);
         assert_eq!(
-            k.absent_for(5, 1, b"a", 2, TTL, t),
+            k.absent_for(5, 1, b"a", &me(), 2, TTL, t),
             None,
             "asked in another session"
         );
@@ -280,10 +340,9 @@ mod tests {
     }
 
     #[test]
-    fn only_directories_everyone_may_search_and_only_made_empty() {
+    fn only_directories_without_an_acl_and_only_made_empty() {
         let t = Instant::now();
         let mut k = KnownDirs::default();
-        k.made(&dir(5, 0o750), 1, st(100, 0), TTL, t);
         k.made(
             &Attr {
                 no_xattrs: false,
@@ -297,33 +356,72 @@ mod tests {
         k.made(&dir(7, 0o755), 1, st(101, 1), TTL, t);
         k.made(&dir(8, 0o755), 1, None, TTL, t);
         assert_eq!(k.len(), 0);
-        // A chmod seen in a change's reply forgets it.
+        // A reply showing an ACL forgets it.
         k.made(&dir(5, 0o755), 1, st(100, 0), TTL, t);
-        k.changed(
-            5,
-            1,
-            Some(&dir(5, 0o700)),
-            st(101, 1),
-            Change::Added(b"a"),
-            t,
-        );
+        let acl = Attr {
+            no_xattrs: false,
+            ..dir(5, 0o755)
+        };
+        k.changed(5, 1, Some(&acl), st(101, 1), Change::Added(b"a"), t);
         assert_eq!(k.len(), 0);
     }
 
+    /// Answered only to whom the server would answer "no such name" too, whatever its
+    /// squash policy.
     #[test]
-    fn every_class_must_may_search_and_the_generation_must_match() {
+    fn answered_only_to_callers_the_server_lets_search() {
         let t = Instant::now();
         let mut k = KnownDirs::default();
-        // The owner (0o601) or a group member (0o761) may not search: the server
-        // answers them EACCES, so nothing may be answered here.
-        k.made(&dir(5, 0o601), 1, st(100, 0), TTL, t);
-        k.made(&dir(6, 0o761), 1, st(100, 0), TTL, t);
-        k.made(&dir(7, 0o716), 1, st(100, 0), TTL, t);
-        assert_eq!(k.len(), 0);
+        let absent = |k: &KnownDirs, ino, who: &Cred| k.absent_for(ino, 1, b"a", who, 1, TTL, t);
+        let (owner, member) = (me(), someone(2000, 3000, vec![1000]));
+        let (other, root) = (someone(2000, 2000, vec![]), someone(0, 0, vec![]));
+        for (ino, mode) in [(5, 0o700), (6, 0o710), (7, 0o711), (8, 0o601), (9, 0o755)] {
+            k.made(&dir(ino, mode), 1, st(100, 0), TTL, t);
+        }
+        // 0o700: the owner only; root never (it may be squashed).
+        assert!(absent(&k, 5, &owner).is_some());
+        assert!(absent(&k, 5, &member).is_none() && absent(&k, 5, &other).is_none());
+        assert!(absent(&k, 5, &root).is_none());
+        // 0o710: owner and group (a supplementary group counts).
+        assert!(absent(&k, 6, &owner).is_some() && absent(&k, 6, &member).is_some());
+        assert!(absent(&k, 6, &other).is_none());
+        // 0o711 and 0o755: everyone, root too.
+        for ino in [7, 9] {
+            for who in [&owner, &member, &other, &root] {
+                assert!(absent(&k, ino, who).is_some(), "{ino} {}", who.uid);
+            }
+        }
+        // 0o601: the owner may not search (its own bits decide); others may, but
+        // only if the owner may too (every user squashed to the owner's identity).
+        for who in [&owner, &member, &other, &root] {
+            assert!(absent(&k, 8, who).is_none(), "{}", who.uid);
+        }
+        // A caller the kernel checked: the server does not check again.
+        let checked = Cred {
+            checked: true,
+            ..other.clone()
+        };
+        assert!(absent(&k, 5, &checked).is_some());
+        // A chmod seen in a change's reply applies from then on.
+        k.changed(
+            9,
+            1,
+            Some(&dir(9, 0o700)),
+            st(101, 1),
+            Change::Added(b"b"),
+            t,
+        );
+        assert!(absent(&k, 9, &owner).is_some() && absent(&k, 9, &other).is_none());
+    }
+
+    #[test]
+    fn the_generation_must_match() {
+        let t = Instant::now();
+        let mut k = KnownDirs::default();
         k.made(&dir(5, 0o711), 1, st(100, 0), TTL, t);
-        assert!(k.absent_for(5, 1, b"a", 1, TTL, t).is_some());
+        assert!(k.absent_for(5, 1, b"a", &me(), 1, TTL, t).is_some());
         // Another directory on the same inode number (a later generation).
-        assert_eq!(k.absent_for(5, 2, b"a", 1, TTL, t), None);
+        assert_eq!(k.absent_for(5, 2, b"a", &me(), 1, TTL, t), None);
         let other = Attr {
             generation: 2,
             ..dir(5, 0o755)
@@ -339,14 +437,14 @@ mod tests {
         k.made(&dir(5, 0o755), 1, st(100, 0), TTL, t);
         let later = t + Duration::from_millis(600);
         assert_eq!(
-            k.absent_for(5, 1, b"a", 1, TTL, later),
+            k.absent_for(5, 1, b"a", &me(), 1, TTL, later),
             Some(Duration::from_millis(400))
         );
         assert_eq!(
             k.negative_ttl(5, TTL, later),
             Some(Duration::from_millis(400))
         );
-        assert_eq!(k.absent_for(5, 1, b"a", 1, TTL, t + TTL), None);
+        assert_eq!(k.absent_for(5, 1, b"a", &me(), 1, TTL, t + TTL), None);
         // A change of ours confirms it again.
         k.changed(
             5,
@@ -356,7 +454,7 @@ mod tests {
             Change::Added(b"b"),
             later,
         );
-        assert!(k.absent_for(5, 1, b"a", 1, TTL, t + TTL).is_some());
+        assert!(k.absent_for(5, 1, b"a", &me(), 1, TTL, t + TTL).is_some());
     }
 
     #[test]
