@@ -432,7 +432,9 @@ impl RemoteFs {
     /// `ino` is changed other than by a write (truncate, chmod, times, xattrs,
     /// fallocate): not committed by the server before the reply, so the next flush or
     /// fsync of any handle of it here must send its round trip (counted as a write not
-    /// known committed, before the request goes out).
+    /// known committed). Counted before the request goes out (a flush meanwhile must not
+    /// skip its round trip) and again once answered (a flush meanwhile that covered
+    /// every write cleared the first count, but may have run before the change).
     fn changed_uncommitted(&self, ino: u64) {
         let mut open = lock(&self.open);
         for h in open.handles_of(ino) {
@@ -819,6 +821,7 @@ impl Backend for RemoteFs {
             Ok(r) => self.changed_to(&r.attr, token),
             Err(_) => self.forget_attr(ino),
         }
+        self.changed_uncommitted(ino);
         Ok(r?.attr)
     }
 
@@ -1310,6 +1313,7 @@ impl Backend for RemoteFs {
         }
         let r = self.call(ctx, req).map(|_| ());
         self.after_change(ino);
+        self.changed_uncommitted(ino);
         r
     }
 
@@ -1367,6 +1371,7 @@ impl Backend for RemoteFs {
         self.forget_attr(ino);
         let r = self.call(ctx, req).map(|_| ());
         self.after_change(ino);
+        self.changed_uncommitted(ino);
         r
     }
 
@@ -1389,7 +1394,9 @@ impl Backend for RemoteFs {
             len,
             mode,
         };
-        self.call(ctx, req).map(|_| ())
+        let r = self.call(ctx, req).map(|_| ());
+        self.changed_uncommitted(ino);
+        r
     }
 
     fn copy_stats(&self) -> CopyStats {
