@@ -91,9 +91,13 @@ struct OpenFile {
     lost: bool,
     /// Writes begun through it not known to be committed: every one counts until its
     /// reply says the server committed it (`WriteReq::commit`), or a flush or fsync
-    /// covering every write sent makes it 0. At 0 (and nothing being sent), a close
-    /// needs no FLUSH round trip.
+    /// covering every write sent makes it 0; and changes of its inode other than
+    /// writes, answered without a commit. At 0 (and nothing being sent), a close needs
+    /// no FLUSH round trip.
     uncommitted: u64,
+    /// Changes of its inode other than writes (truncate, chmod, times, xattrs,
+    /// fallocate) sent and not answered yet: a flush meanwhile sends its round trip.
+    changes_pending: u64,
     /// The server restarted while another handle of the file had writes not durable:
     /// the next fsync through this one reports EIO (fsync is of the file; under the
     /// writeback cache the kernel writes through any handle). Once.
@@ -115,6 +119,7 @@ impl OpenFile {
             durable: 0,
             lost: false,
             uncommitted: 0,
+            changes_pending: 0,
             peer_lost: false,
         }
     }
@@ -405,8 +410,12 @@ impl RemoteFs {
                 // Every handle: nothing being sent, nothing begun that a commit did
                 // not cover (a write whose reply said committed, or a flush since).
                 let all = fhs.iter().all(|&h| {
-                    open.get(h)
-                        .is_some_and(|f| !f.lost && f.written == f.sent && f.uncommitted == 0)
+                    open.get(h).is_some_and(|f| {
+                        !f.lost
+                            && f.written == f.sent
+                            && f.uncommitted == 0
+                            && f.changes_pending == 0
+                    })
                 });
                 if all {
                     for h in fhs {
@@ -429,17 +438,31 @@ impl RemoteFs {
         Some(Ok(()))
     }
 
-    /// `ino` is changed other than by a write (truncate, chmod, times, xattrs,
-    /// fallocate): not committed by the server before the reply, so the next flush or
-    /// fsync of any handle of it here must send its round trip (counted as a write not
-    /// known committed). Counted before the request goes out (a flush meanwhile must not
-    /// skip its round trip) and again once answered (a flush meanwhile that covered
-    /// every write cleared the first count, but may have run before the change).
-    fn changed_uncommitted(&self, ino: u64) {
+    /// A change of `ino` other than a write (truncate, chmod, times, xattrs, fallocate)
+    /// is about to be sent: pending on the handles of `ino` here until `change_ends`
+    /// (a flush or fsync meanwhile sends its round trip). The handles counted.
+    fn change_begins(&self, ino: u64) -> Vec<u64> {
         let mut open = lock(&self.open);
-        for h in open.handles_of(ino) {
+        let handles = open.handles_of(ino);
+        for &h in &handles {
             if let Some(f) = open.get_mut(h) {
-                f.uncommitted += 1;
+                f.changes_pending += 1;
+            }
+        }
+        handles
+    }
+
+    /// The change `change_begins` counted on `handles` was answered (or failed):
+    /// unless the server committed it before answering, the next flush or fsync of
+    /// them must send its round trip (it then runs after the change).
+    fn change_ends(&self, handles: &[u64], committed: bool) {
+        let mut open = lock(&self.open);
+        for &h in handles {
+            if let Some(f) = open.get_mut(h) {
+                f.changes_pending = f.changes_pending.saturating_sub(1);
+                if !committed {
+                    f.uncommitted += 1;
+                }
             }
         }
     }
@@ -552,6 +575,7 @@ impl RemoteFs {
                 durable: 0,
                 lost: false,
                 uncommitted: 0,
+                changes_pending: 0,
                 peer_lost: false,
             },
         );
@@ -803,25 +827,28 @@ impl Backend for RemoteFs {
     fn setattr(&self, ctx: &Ctx, ino: u64, set: &SetAttr, fh: u64) -> Result<Attr> {
         // A directory's mode may stop letting everyone search it.
         lock(&self.known).forget(ino);
-        self.changed_uncommitted(ino);
         self.behind.settle(ino, Report::Keep)?;
         self.forget_attr(ino);
         let fh = if fh == 0 { 0 } else { self.server_fh(fh)? };
         let token = self.inval_token();
+        let handles = self.change_begins(ino);
         let r = self.call(
             ctx,
             SetattrReq {
                 node: self.node(ino),
                 set: set.clone(),
                 fh,
+                // A file open here is closed later: committed now, that close needs
+                // no FLUSH round trip (tar sets times, owner and mode before close).
+                commit: !handles.is_empty(),
             },
         );
+        self.change_ends(&handles, r.as_ref().is_ok_and(|r| r.committed));
         // Counted as a change either way (see `Meta::replace`).
         match &r {
             Ok(r) => self.changed_to(&r.attr, token),
             Err(_) => self.forget_attr(ino),
         }
-        self.changed_uncommitted(ino);
         Ok(r?.attr)
     }
 
@@ -1299,7 +1326,6 @@ impl Backend for RemoteFs {
     fn setxattr(&self, ctx: &Ctx, ino: u64, n: &[u8], value: &[u8], flags: i32) -> Result<()> {
         // An ACL may stop letting everyone search a directory.
         lock(&self.known).forget(ino);
-        self.changed_uncommitted(ino);
         let req = SetxattrReq {
             node: self.node(ino),
             name: XattrName::new(n).map_err(invalid)?,
@@ -1311,9 +1337,10 @@ impl Backend for RemoteFs {
             m.invalidate(ino);
             m.forget_xattr_absent(ino, n);
         }
+        let handles = self.change_begins(ino);
         let r = self.call(ctx, req).map(|_| ());
+        self.change_ends(&handles, false);
         self.after_change(ino);
-        self.changed_uncommitted(ino);
         r
     }
 
@@ -1363,15 +1390,15 @@ impl Backend for RemoteFs {
 
     fn removexattr(&self, ctx: &Ctx, ino: u64, n: &[u8]) -> Result<()> {
         lock(&self.known).forget(ino);
-        self.changed_uncommitted(ino);
         let req = RemovexattrReq {
             node: self.node(ino),
             name: XattrName::new(n).map_err(invalid)?,
         };
         self.forget_attr(ino);
+        let handles = self.change_begins(ino);
         let r = self.call(ctx, req).map(|_| ());
+        self.change_ends(&handles, false);
         self.after_change(ino);
-        self.changed_uncommitted(ino);
         r
     }
 
@@ -1384,7 +1411,6 @@ impl Backend for RemoteFs {
         len: u64,
         mode: i32,
     ) -> Result<()> {
-        self.changed_uncommitted(ino);
         self.behind.settle(ino, Report::Keep)?;
         self.forget_attr(ino);
         let req = FallocateReq {
@@ -1394,8 +1420,9 @@ impl Backend for RemoteFs {
             len,
             mode,
         };
+        let handles = self.change_begins(ino);
         let r = self.call(ctx, req).map(|_| ());
-        self.changed_uncommitted(ino);
+        self.change_ends(&handles, false);
         r
     }
 

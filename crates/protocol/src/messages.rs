@@ -44,10 +44,22 @@ wire_struct! {
 wire_struct! {
     /// `fh`: the handle the change comes through (ftruncate), 0 for none; a size change
     /// through a handle opened for writing needs no write permission on the file.
+    /// `commit`: make the change durable (commit the volume's log) before the reply,
+    /// so a close after it needs no FLUSH round trip (the reply says whether it did).
     pub struct SetattrReq {
         pub node: NodeRef,
         pub set: SetAttr,
         pub fh: u64,
+        pub commit: bool,
+    }
+}
+
+wire_struct! {
+    /// The attributes after a setattr, and whether it was committed before the reply
+    /// (asked with `commit`).
+    pub struct SetattrReply {
+        pub attr: Attr,
+        pub committed: bool,
     }
 }
 

@@ -253,7 +253,7 @@ operations! {
     // code name                   request          reply
     1  Lookup      "lookup"      : LookupReq      -> EntryReply,     mutates false, idempotent true;
     2  Getattr     "getattr"     : GetattrReq     -> AttrReply,      mutates false, idempotent true;
-    3  Setattr     "setattr"     : SetattrReq     -> AttrReply,      mutates true,  idempotent true;
+    3  Setattr     "setattr"     : SetattrReq     -> SetattrReply,   mutates true,  idempotent true;
     4  Readlink    "readlink"    : ReadlinkReq    -> ReadlinkReply,  mutates false, idempotent true;
     5  Mknod       "mknod"       : MknodReq       -> MadeReply,      mutates true,  idempotent false;
     6  Mkdir       "mkdir"       : MkdirReq       -> MadeReply,      mutates true,  idempotent false;

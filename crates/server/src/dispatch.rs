@@ -221,14 +221,19 @@ impl<'a> Lane<'a> {
                 // Through a handle (ftruncate): it must be this session's, opened for
                 // writing, and the backend is given its own handle for it.
                 let (bfh, _g) = self.handle_for(ctx, r.node, r.fh, Access::Write)?;
-                Reply::Setattr(AttrReply {
-                    attr: b.setattr(ctx, r.node.ino, &r.set, bfh)?,
+                let attr = b.setattr(ctx, r.node.ino, &r.set, bfh)?;
+                Reply::Setattr(SetattrReply {
+                    attr,
+                    committed: r.commit && b.flush(r.node.ino, bfh).is_ok(),
                 })
             }
             Request::Setattr(r) => {
                 let _g = self.hold([r.node])?;
-                Reply::Setattr(AttrReply {
-                    attr: b.setattr(ctx, r.node.ino, &r.set, 0)?,
+                let attr = b.setattr(ctx, r.node.ino, &r.set, 0)?;
+                Reply::Setattr(SetattrReply {
+                    attr,
+                    // As a FLUSH would: the backend commits the whole log.
+                    committed: r.commit && b.flush(r.node.ino, 0).is_ok(),
                 })
             }
             Request::Access(r) => {

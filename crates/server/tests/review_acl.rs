@@ -78,6 +78,7 @@ fn a_chmod_and_size_setattr_on_an_acl_directory_does_not_take_the_server_down() 
                 ..Default::default()
             },
             fh: 0,
+            commit: false,
         },
         owner,
     );

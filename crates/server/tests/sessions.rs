@@ -296,6 +296,7 @@ fn a_stale_generation_gets_estale() {
                 ..Default::default()
             },
             fh: 0,
+            commit: false,
         }),
         raw.call(OpenReq {
             node: old,

@@ -126,8 +126,16 @@ fn request_for(op: Op) -> BoxedStrategy<Request> {
             .prop_map(|(parent, name)| LookupReq { parent, name }.into())
             .boxed(),
         Op::Getattr => node().prop_map(|node| GetattrReq { node }.into()).boxed(),
-        Op::Setattr => (node(), setattr(), any::<u64>())
-            .prop_map(|(node, set, fh)| SetattrReq { node, set, fh }.into())
+        Op::Setattr => (node(), setattr(), any::<u64>(), any::<bool>())
+            .prop_map(|(node, set, fh, commit)| {
+                SetattrReq {
+                    node,
+                    set,
+                    fh,
+                    commit,
+                }
+                .into()
+            })
             .boxed(),
         Op::Readlink => node().prop_map(|node| ReadlinkReq { node }.into()).boxed(),
         Op::Mknod => (node(), name(), any::<u32>(), any::<u32>())
@@ -375,7 +383,9 @@ fn reply_for(op: Op) -> BoxedStrategy<Reply> {
     match op {
         Op::Lookup => entry_reply().prop_map(Reply::Lookup).boxed(),
         Op::Getattr => attr_reply().prop_map(Reply::Getattr).boxed(),
-        Op::Setattr => attr_reply().prop_map(Reply::Setattr).boxed(),
+        Op::Setattr => (attr(), any::<bool>())
+            .prop_map(|(attr, committed)| Reply::Setattr(SetattrReply { attr, committed }))
+            .boxed(),
         Op::Readlink => target()
             .prop_map(|target| Reply::Readlink(ReadlinkReply { target }))
             .boxed(),
