@@ -404,9 +404,17 @@ impl RemoteFs {
                 let fhs = open.handles_of(ino);
                 // Every handle: nothing being sent, nothing begun that a commit did
                 // not cover (a write whose reply said committed, or a flush since).
+                // An fsync also reports a restart that lost another handle's writes
+                // (`peer_lost`): that takes its round trip (`made_durable`).
+                let fsync_of = match report {
+                    Report::Fsync(h) => Some(h),
+                    _ => None,
+                };
                 let all = fhs.iter().all(|&h| {
-                    open.get(h)
-                        .is_some_and(|f| !f.lost && f.written == f.sent && f.uncommitted == 0)
+                    open.get(h).is_some_and(|f| {
+                        let reports_loss = f.lost || (f.peer_lost && fsync_of == Some(h));
+                        !reports_loss && f.written == f.sent && f.uncommitted == 0
+                    })
                 });
                 if all {
                     for h in fhs {
@@ -510,19 +518,30 @@ impl RemoteFs {
     /// that lost another handle's writes to the file).
     fn made_durable(&self, fh: u64, mark: u64, fsync: bool, r: Result<()>) -> Result<()> {
         r?;
-        let mut open = lock(&self.open);
-        let Some(f) = open.get_mut(fh) else {
+        let Some(ino) = lock(&self.open).get(fh).map(|f| f.ino) else {
             return Ok(());
         };
-        let mut lost = std::mem::take(&mut f.lost);
-        if fsync {
-            lost |= std::mem::take(&mut f.peer_lost);
-        }
-        f.durable = f.durable.max(mark);
-        if f.sent == mark && f.written == mark {
-            // Every write begun is covered: none is left uncommitted.
-            f.uncommitted = 0;
-        }
+        // The inode's queue is locked first (as `durable_by_commits` does): no write of
+        // it is begun or collected between the check and dropping the counts of
+        // committed replies the round trip made moot.
+        let lost = self.behind.covered(ino, fh, |in_flight| {
+            let mut open = lock(&self.open);
+            let Some(f) = open.get_mut(fh) else {
+                return (false, false);
+            };
+            let mut lost = std::mem::take(&mut f.lost);
+            if fsync {
+                lost |= std::mem::take(&mut f.peer_lost);
+            }
+            f.durable = f.durable.max(mark);
+            // Every write begun is covered, and none is in flight (its reply's count
+            // would come later): none is left uncommitted.
+            let all = f.sent == mark && f.written == mark && !in_flight;
+            if all {
+                f.uncommitted = 0;
+            }
+            (all, lost)
+        });
         if lost {
             return Err(Error::new(
                 libc::EIO,
@@ -1150,7 +1169,12 @@ impl Backend for RemoteFs {
         self.behind.settle(ino, Report::Handle(fh))?;
         let clean = {
             let open = lock(&self.open);
-            open.contains(fh) && !open.of_ino(ino).any(|f| f.written > f.durable || f.lost)
+            // A truncate, chmod, times or xattr change (`changed_uncommitted`) is not
+            // committed by its reply either: a truncate at open, then close.
+            open.contains(fh)
+                && !open
+                    .of_ino(ino)
+                    .any(|f| f.written > f.durable || f.lost || f.uncommitted > 0)
         };
         if clean {
             return Ok(());

@@ -114,13 +114,11 @@ fn stale_count_rounds(tag: &str, by_truncate: bool) {
 }
 
 #[test]
-#[ignore = "finding: a commit count left from before an fsync makes a close skip the FLUSH a later write needs"]
 fn a_commit_count_left_from_before_an_fsync_does_not_cover_a_later_write() {
     stale_count_rounds("rv23b-stale-w", false);
 }
 
 #[test]
-#[ignore = "finding: a commit count left from before an fsync makes a close skip the FLUSH a later truncate needs"]
 fn a_commit_count_left_from_before_an_fsync_does_not_cover_a_later_truncate() {
     stale_count_rounds("rv23b-stale-t", true);
 }
@@ -131,7 +129,6 @@ fn a_commit_count_left_from_before_an_fsync_does_not_cover_a_later_truncate() {
 /// the inode (none written since its last handle here was closed), the flush's "clean"
 /// check looked at `written > durable` only and skipped it.
 #[test]
-#[ignore = "finding: a close with no write-behind queue skips its FLUSH after a truncate"]
 fn a_truncate_at_open_then_close_is_durable() {
     const ROUNDS: usize = 6;
     let net = Net::new();
@@ -180,7 +177,6 @@ fn a_truncate_at_open_then_close_is_durable() {
 /// the file, so it must report the loss too (`peer_lost`, as before ba58d82), not
 /// return 0 because B has nothing uncommitted.
 #[test]
-#[ignore = "finding: an fsync with nothing uncommitted skips the round trip and does not report peer_lost"]
 fn an_fsync_reports_a_restart_that_lost_another_handles_write() {
     let net = Net::new();
     let mut srv = Served::new(&net, "rv23b-peer", &[]);
