@@ -208,3 +208,67 @@ fn an_fsync_reports_a_restart_that_lost_another_handles_write() {
     });
     srv.kill(libc::SIGTERM);
 }
+
+/// A truncate racing a close of a dup of the descriptor (the same handle): the
+/// truncate counts against the handle before it is sent, but the close's FLUSH (a
+/// round trip: a waited-for write came before) may run on the server before the
+/// SETATTR does, and its success set the count back to 0. A later close (after the
+/// truncate returned) then needed no FLUSH by the counts and skipped it: the truncate
+/// was lost when the server was killed right after that close.
+#[test]
+#[ignore = "finding: a close's FLUSH that ran before a racing SETATTR sets its count back to 0; the next close skips its FLUSH"]
+fn a_truncate_racing_a_close_is_durable_at_the_next_close() {
+    const ROUNDS: usize = 24;
+    let net = Net::new();
+    let mut srv = Served::new(&net, "rv23b-race", &[]);
+    let mut lost = Vec::new();
+    let mut skips = 0;
+    for round in 0..ROUNDS {
+        let name = format!("r{round}");
+        let shrink_to = 1000 + round as u64;
+        let skipped = net.in_cli(|| {
+            let fs = srv.client(&net, Duration::from_secs(10));
+            let c = ctx();
+            let (ino, fh) = made(&fs, &name);
+            for i in 0..4u64 {
+                let n = fs.write_behind(&c, ino, fh, i * 4096, &fill(7, 4096));
+                assert_eq!(n.unwrap(), 4096);
+            }
+            fs.flush(ino, fh).unwrap();
+            // A write waited for (O_SYNC, say), not committed: the racing close sends
+            // a FLUSH round trip.
+            assert_eq!(fs.write(&c, ino, fh, 0, &fill(8, 512)).unwrap(), 512);
+            let set = SetAttr {
+                size: Some(shrink_to),
+                ..Default::default()
+            };
+            std::thread::scope(|s| {
+                let t = s.spawn(|| fs.flush(ino, fh));
+                std::thread::sleep(Duration::from_micros(10 * (round % 8) as u64));
+                fs.setattr(&c, ino, &set, fh).unwrap();
+                t.join().unwrap().unwrap();
+            });
+            let before = fs.durable_without_round_trip();
+            fs.flush(ino, fh).unwrap();
+            let skipped = fs.durable_without_round_trip() - before;
+            srv.kill(libc::SIGKILL);
+            skipped
+        });
+        skips += skipped;
+        srv.start(&net, &[]);
+        net.in_cli(|| {
+            let fs = srv.client(&net, Duration::from_secs(10));
+            let a = fs.lookup(&ctx(), ROOT, name.as_bytes()).unwrap();
+            if a.size != shrink_to {
+                lost.push((round, a.size, skipped));
+            }
+        });
+    }
+    srv.kill(libc::SIGTERM);
+    srv.fsck();
+    eprintln!("closes that skipped their FLUSH after the race: {skips} of {ROUNDS}");
+    assert!(
+        lost.is_empty(),
+        "truncates lost after a close that said 0 (round, size, close skipped): {lost:?}"
+    );
+}
