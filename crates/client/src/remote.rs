@@ -94,6 +94,12 @@ struct OpenFile {
     /// covering every write sent makes it 0. At 0 (and nothing being sent), a close
     /// needs no FLUSH round trip.
     uncommitted: u64,
+    /// Changes of the inode other than writes (`changed_uncommitted`) begun while it
+    /// was open, and of those how many were answered: a flush or fsync sent after a
+    /// change was answered covers it; one begun before its reply, or still being
+    /// answered, is not covered (its `uncommitted` count stays).
+    changes: u64,
+    changed: u64,
     /// The server restarted while another handle of the file had writes not durable:
     /// the next fsync through this one reports EIO (fsync is of the file; under the
     /// writeback cache the kernel writes through any handle). Once.
@@ -115,6 +121,8 @@ impl OpenFile {
             durable: 0,
             lost: false,
             uncommitted: 0,
+            changes: 0,
+            changed: 0,
             peer_lost: false,
         }
     }
@@ -166,6 +174,32 @@ impl Drop for Sending<'_> {
             f.sent += 1;
         }
     }
+}
+
+/// A change other than a write being made (`RemoteFs::changed_uncommitted`): counted
+/// as answered for the handles it was begun against when dropped.
+pub(super) struct Changing<'a> {
+    fs: &'a RemoteFs,
+    fhs: Vec<u64>,
+}
+
+impl Drop for Changing<'_> {
+    fn drop(&mut self) {
+        let mut open = lock(&self.fs.open);
+        for &h in &self.fhs {
+            if let Some(f) = open.get_mut(h) {
+                f.changed += 1;
+            }
+        }
+    }
+}
+
+/// What a flush or fsync sent now covers of a handle: the writes sent and the changes
+/// answered before it.
+#[derive(Clone, Copy)]
+struct Mark {
+    sent: u64,
+    changed: u64,
 }
 
 fn own() -> Ctx {
@@ -441,13 +475,16 @@ impl RemoteFs {
     /// fallocate): not committed by the server before the reply, so the next flush or
     /// fsync of any handle of it here must send its round trip (counted as a write not
     /// known committed, before the request goes out).
-    fn changed_uncommitted(&self, ino: u64) {
+    fn changed_uncommitted(&self, ino: u64) -> Changing<'_> {
         let mut open = lock(&self.open);
-        for h in open.handles_of(ino) {
+        let fhs = open.handles_of(ino);
+        for &h in &fhs {
             if let Some(f) = open.get_mut(h) {
                 f.uncommitted += 1;
+                f.changes += 1;
             }
         }
+        Changing { fs: self, fhs }
     }
 
     /// How many flushes and fsyncs needed no round trip, every write they cover having
@@ -508,15 +545,24 @@ impl RemoteFs {
 
     /// How many writes through `fh` had left the client: taken as an fsync or flush of
     /// it is sent, what its success makes durable.
-    fn written_mark(&self, fh: u64) -> u64 {
-        lock(&self.open).get(fh).map_or(0, |f| f.sent)
+    fn written_mark(&self, fh: u64) -> Mark {
+        lock(&self.open).get(fh).map_or(
+            Mark {
+                sent: 0,
+                changed: 0,
+            },
+            |f| Mark {
+                sent: f.sent,
+                changed: f.changed,
+            },
+        )
     }
 
     /// An fsync (`fsync`) or flush of `fh`, sent when `mark` writes had been sent
     /// through it, returned `r`: success makes those durable, unless the server
     /// restarted meanwhile (then EIO, reported once; an fsync also reports a restart
     /// that lost another handle's writes to the file).
-    fn made_durable(&self, fh: u64, mark: u64, fsync: bool, r: Result<()>) -> Result<()> {
+    fn made_durable(&self, fh: u64, mark: Mark, fsync: bool, r: Result<()>) -> Result<()> {
         r?;
         let Some(ino) = lock(&self.open).get(fh).map(|f| f.ino) else {
             return Ok(());
@@ -533,10 +579,15 @@ impl RemoteFs {
             if fsync {
                 lost |= std::mem::take(&mut f.peer_lost);
             }
-            f.durable = f.durable.max(mark);
+            f.durable = f.durable.max(mark.sent);
             // Every write begun is covered, and none is in flight (its reply's count
-            // would come later): none is left uncommitted.
-            let all = f.sent == mark && f.written == mark && !in_flight;
+            // would come later), and every change begun was answered before the
+            // round trip was sent (one begun since, or being answered then, may have
+            // run on the server after it): none is left uncommitted.
+            let all = f.sent == mark.sent
+                && f.written == mark.sent
+                && f.changes == mark.changed
+                && !in_flight;
             if all {
                 f.uncommitted = 0;
             }
@@ -569,6 +620,8 @@ impl RemoteFs {
                 durable: 0,
                 lost: false,
                 uncommitted: 0,
+                changes: 0,
+                changed: 0,
                 peer_lost: false,
             },
         );
@@ -820,7 +873,7 @@ impl Backend for RemoteFs {
     fn setattr(&self, ctx: &Ctx, ino: u64, set: &SetAttr, fh: u64) -> Result<Attr> {
         // A directory's mode may stop letting everyone search it.
         lock(&self.known).forget(ino);
-        self.changed_uncommitted(ino);
+        let _changing = self.changed_uncommitted(ino);
         self.behind.settle(ino, Report::Keep)?;
         self.forget_attr(ino);
         let fh = if fh == 0 { 0 } else { self.server_fh(fh)? };
@@ -1320,7 +1373,7 @@ impl Backend for RemoteFs {
     fn setxattr(&self, ctx: &Ctx, ino: u64, n: &[u8], value: &[u8], flags: i32) -> Result<()> {
         // An ACL may stop letting everyone search a directory.
         lock(&self.known).forget(ino);
-        self.changed_uncommitted(ino);
+        let _changing = self.changed_uncommitted(ino);
         let req = SetxattrReq {
             node: self.node(ino),
             name: XattrName::new(n).map_err(invalid)?,
@@ -1383,7 +1436,7 @@ impl Backend for RemoteFs {
 
     fn removexattr(&self, ctx: &Ctx, ino: u64, n: &[u8]) -> Result<()> {
         lock(&self.known).forget(ino);
-        self.changed_uncommitted(ino);
+        let _changing = self.changed_uncommitted(ino);
         let req = RemovexattrReq {
             node: self.node(ino),
             name: XattrName::new(n).map_err(invalid)?,
@@ -1403,7 +1456,7 @@ impl Backend for RemoteFs {
         len: u64,
         mode: i32,
     ) -> Result<()> {
-        self.changed_uncommitted(ino);
+        let _changing = self.changed_uncommitted(ino);
         self.behind.settle(ino, Report::Keep)?;
         self.forget_attr(ino);
         let req = FallocateReq {

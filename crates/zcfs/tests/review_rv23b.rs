@@ -216,7 +216,6 @@ fn an_fsync_reports_a_restart_that_lost_another_handles_write() {
 /// truncate returned) then needed no FLUSH by the counts and skipped it: the truncate
 /// was lost when the server was killed right after that close.
 #[test]
-#[ignore = "finding: a close's FLUSH that ran before a racing SETATTR sets its count back to 0; the next close skips its FLUSH"]
 fn a_truncate_racing_a_close_is_durable_at_the_next_close() {
     const ROUNDS: usize = 24;
     let net = Net::new();
