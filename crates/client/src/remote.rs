@@ -91,13 +91,15 @@ struct OpenFile {
     lost: bool,
     /// Writes begun through it not known to be committed: every one counts until its
     /// reply says the server committed it (`WriteReq::commit`), or a flush or fsync
-    /// covering every write sent makes it 0; and changes of its inode other than
-    /// writes, answered without a commit. At 0 (and nothing being sent), a close needs
-    /// no FLUSH round trip.
+    /// covering every write sent makes it 0. At 0 (and nothing being sent), a close
+    /// needs no FLUSH round trip.
     uncommitted: u64,
-    /// Changes of its inode other than writes (truncate, chmod, times, xattrs,
-    /// fallocate) sent and not answered yet: a flush meanwhile sends its round trip.
-    changes_pending: u64,
+    /// Changes of the inode other than writes (`changed_uncommitted`) begun while it
+    /// was open, and of those how many were answered: a flush or fsync sent after a
+    /// change was answered covers it; one begun before its reply, or still being
+    /// answered, is not covered (its `uncommitted` count stays).
+    changes: u64,
+    changed: u64,
     /// The server restarted while another handle of the file had writes not durable:
     /// the next fsync through this one reports EIO (fsync is of the file; under the
     /// writeback cache the kernel writes through any handle). Once.
@@ -119,7 +121,8 @@ impl OpenFile {
             durable: 0,
             lost: false,
             uncommitted: 0,
-            changes_pending: 0,
+            changes: 0,
+            changed: 0,
             peer_lost: false,
         }
     }
@@ -171,6 +174,41 @@ impl Drop for Sending<'_> {
             f.sent += 1;
         }
     }
+}
+
+/// A change other than a write being made (`RemoteFs::changed_uncommitted`): counted
+/// as answered for the handles it was begun against when dropped; if the server said
+/// it committed the change before answering (`committed`), it no longer counts as
+/// uncommitted either.
+pub(super) struct Changing<'a> {
+    fs: &'a RemoteFs,
+    fhs: Vec<u64>,
+    committed: bool,
+}
+
+impl Drop for Changing<'_> {
+    fn drop(&mut self) {
+        let mut open = lock(&self.fs.open);
+        for &h in &self.fhs {
+            if let Some(f) = open.get_mut(h) {
+                f.changed += 1;
+                // The count this change added at its start is still there: nothing
+                // clears `uncommitted` while a change is being answered (`made_durable`
+                // needs every change begun answered before its round trip).
+                if self.committed {
+                    f.uncommitted = f.uncommitted.saturating_sub(1);
+                }
+            }
+        }
+    }
+}
+
+/// What a flush or fsync sent now covers of a handle: the writes sent and the changes
+/// answered before it.
+#[derive(Clone, Copy)]
+struct Mark {
+    sent: u64,
+    changed: u64,
 }
 
 fn own() -> Ctx {
@@ -409,12 +447,16 @@ impl RemoteFs {
                 let fhs = open.handles_of(ino);
                 // Every handle: nothing being sent, nothing begun that a commit did
                 // not cover (a write whose reply said committed, or a flush since).
+                // An fsync also reports a restart that lost another handle's writes
+                // (`peer_lost`): that takes its round trip (`made_durable`).
+                let fsync_of = match report {
+                    Report::Fsync(h) => Some(h),
+                    _ => None,
+                };
                 let all = fhs.iter().all(|&h| {
                     open.get(h).is_some_and(|f| {
-                        !f.lost
-                            && f.written == f.sent
-                            && f.uncommitted == 0
-                            && f.changes_pending == 0
+                        let reports_loss = f.lost || (f.peer_lost && fsync_of == Some(h));
+                        !reports_loss && f.written == f.sent && f.uncommitted == 0
                     })
                 });
                 if all {
@@ -438,32 +480,23 @@ impl RemoteFs {
         Some(Ok(()))
     }
 
-    /// A change of `ino` other than a write (truncate, chmod, times, xattrs, fallocate)
-    /// is about to be sent: pending on the handles of `ino` here until `change_ends`
-    /// (a flush or fsync meanwhile sends its round trip). The handles counted.
-    fn change_begins(&self, ino: u64) -> Vec<u64> {
+    /// `ino` is changed other than by a write (truncate, chmod, times, xattrs,
+    /// fallocate): not committed by the server before the reply, so the next flush or
+    /// fsync of any handle of it here must send its round trip (counted as a write not
+    /// known committed, before the request goes out).
+    fn changed_uncommitted(&self, ino: u64) -> Changing<'_> {
         let mut open = lock(&self.open);
-        let handles = open.handles_of(ino);
-        for &h in &handles {
+        let fhs = open.handles_of(ino);
+        for &h in &fhs {
             if let Some(f) = open.get_mut(h) {
-                f.changes_pending += 1;
+                f.uncommitted += 1;
+                f.changes += 1;
             }
         }
-        handles
-    }
-
-    /// The change `change_begins` counted on `handles` was answered (or failed):
-    /// unless the server committed it before answering, the next flush or fsync of
-    /// them must send its round trip (it then runs after the change).
-    fn change_ends(&self, handles: &[u64], committed: bool) {
-        let mut open = lock(&self.open);
-        for &h in handles {
-            if let Some(f) = open.get_mut(h) {
-                f.changes_pending = f.changes_pending.saturating_sub(1);
-                if !committed {
-                    f.uncommitted += 1;
-                }
-            }
+        Changing {
+            fs: self,
+            fhs,
+            committed: false,
         }
     }
 
@@ -525,29 +558,54 @@ impl RemoteFs {
 
     /// How many writes through `fh` had left the client: taken as an fsync or flush of
     /// it is sent, what its success makes durable.
-    fn written_mark(&self, fh: u64) -> u64 {
-        lock(&self.open).get(fh).map_or(0, |f| f.sent)
+    fn written_mark(&self, fh: u64) -> Mark {
+        lock(&self.open).get(fh).map_or(
+            Mark {
+                sent: 0,
+                changed: 0,
+            },
+            |f| Mark {
+                sent: f.sent,
+                changed: f.changed,
+            },
+        )
     }
 
     /// An fsync (`fsync`) or flush of `fh`, sent when `mark` writes had been sent
     /// through it, returned `r`: success makes those durable, unless the server
     /// restarted meanwhile (then EIO, reported once; an fsync also reports a restart
     /// that lost another handle's writes to the file).
-    fn made_durable(&self, fh: u64, mark: u64, fsync: bool, r: Result<()>) -> Result<()> {
+    fn made_durable(&self, fh: u64, mark: Mark, fsync: bool, r: Result<()>) -> Result<()> {
         r?;
-        let mut open = lock(&self.open);
-        let Some(f) = open.get_mut(fh) else {
+        let Some(ino) = lock(&self.open).get(fh).map(|f| f.ino) else {
             return Ok(());
         };
-        let mut lost = std::mem::take(&mut f.lost);
-        if fsync {
-            lost |= std::mem::take(&mut f.peer_lost);
-        }
-        f.durable = f.durable.max(mark);
-        if f.sent == mark && f.written == mark {
-            // Every write begun is covered: none is left uncommitted.
-            f.uncommitted = 0;
-        }
+        // The inode's queue is locked first (as `durable_by_commits` does): no write of
+        // it is begun or collected between the check and dropping the counts of
+        // committed replies the round trip made moot.
+        let lost = self.behind.covered(ino, fh, |in_flight| {
+            let mut open = lock(&self.open);
+            let Some(f) = open.get_mut(fh) else {
+                return (false, false);
+            };
+            let mut lost = std::mem::take(&mut f.lost);
+            if fsync {
+                lost |= std::mem::take(&mut f.peer_lost);
+            }
+            f.durable = f.durable.max(mark.sent);
+            // Every write begun is covered, and none is in flight (its reply's count
+            // would come later), and every change begun was answered before the
+            // round trip was sent (one begun since, or being answered then, may have
+            // run on the server after it): none is left uncommitted.
+            let all = f.sent == mark.sent
+                && f.written == mark.sent
+                && f.changes == mark.changed
+                && !in_flight;
+            if all {
+                f.uncommitted = 0;
+            }
+            (all, lost)
+        });
         if lost {
             return Err(Error::new(
                 libc::EIO,
@@ -575,7 +633,8 @@ impl RemoteFs {
                 durable: 0,
                 lost: false,
                 uncommitted: 0,
-                changes_pending: 0,
+                changes: 0,
+                changed: 0,
                 peer_lost: false,
             },
         );
@@ -827,11 +886,11 @@ impl Backend for RemoteFs {
     fn setattr(&self, ctx: &Ctx, ino: u64, set: &SetAttr, fh: u64) -> Result<Attr> {
         // A directory's mode may stop letting everyone search it.
         lock(&self.known).forget(ino);
+        let mut changing = self.changed_uncommitted(ino);
         self.behind.settle(ino, Report::Keep)?;
         self.forget_attr(ino);
         let fh = if fh == 0 { 0 } else { self.server_fh(fh)? };
         let token = self.inval_token();
-        let handles = self.change_begins(ino);
         let r = self.call(
             ctx,
             SetattrReq {
@@ -840,10 +899,10 @@ impl Backend for RemoteFs {
                 fh,
                 // A file open here is closed later: committed now, that close needs
                 // no FLUSH round trip (tar sets times, owner and mode before close).
-                commit: !handles.is_empty(),
+                commit: !changing.fhs.is_empty(),
             },
         );
-        self.change_ends(&handles, r.as_ref().is_ok_and(|r| r.committed));
+        changing.committed = r.as_ref().is_ok_and(|r| r.committed);
         // Counted as a change either way (see `Meta::replace`).
         match &r {
             Ok(r) => self.changed_to(&r.attr, token),
@@ -1180,7 +1239,12 @@ impl Backend for RemoteFs {
         self.behind.settle(ino, Report::Handle(fh))?;
         let clean = {
             let open = lock(&self.open);
-            open.contains(fh) && !open.of_ino(ino).any(|f| f.written > f.durable || f.lost)
+            // A truncate, chmod, times or xattr change (`changed_uncommitted`) is not
+            // committed by its reply either: a truncate at open, then close.
+            open.contains(fh)
+                && !open
+                    .of_ino(ino)
+                    .any(|f| f.written > f.durable || f.lost || f.uncommitted > 0)
         };
         if clean {
             return Ok(());
@@ -1326,6 +1390,7 @@ impl Backend for RemoteFs {
     fn setxattr(&self, ctx: &Ctx, ino: u64, n: &[u8], value: &[u8], flags: i32) -> Result<()> {
         // An ACL may stop letting everyone search a directory.
         lock(&self.known).forget(ino);
+        let _changing = self.changed_uncommitted(ino);
         let req = SetxattrReq {
             node: self.node(ino),
             name: XattrName::new(n).map_err(invalid)?,
@@ -1337,9 +1402,7 @@ impl Backend for RemoteFs {
             m.invalidate(ino);
             m.forget_xattr_absent(ino, n);
         }
-        let handles = self.change_begins(ino);
         let r = self.call(ctx, req).map(|_| ());
-        self.change_ends(&handles, false);
         self.after_change(ino);
         r
     }
@@ -1390,14 +1453,13 @@ impl Backend for RemoteFs {
 
     fn removexattr(&self, ctx: &Ctx, ino: u64, n: &[u8]) -> Result<()> {
         lock(&self.known).forget(ino);
+        let _changing = self.changed_uncommitted(ino);
         let req = RemovexattrReq {
             node: self.node(ino),
             name: XattrName::new(n).map_err(invalid)?,
         };
         self.forget_attr(ino);
-        let handles = self.change_begins(ino);
         let r = self.call(ctx, req).map(|_| ());
-        self.change_ends(&handles, false);
         self.after_change(ino);
         r
     }
@@ -1411,6 +1473,7 @@ impl Backend for RemoteFs {
         len: u64,
         mode: i32,
     ) -> Result<()> {
+        let _changing = self.changed_uncommitted(ino);
         self.behind.settle(ino, Report::Keep)?;
         self.forget_attr(ino);
         let req = FallocateReq {
@@ -1420,10 +1483,7 @@ impl Backend for RemoteFs {
             len,
             mode,
         };
-        let handles = self.change_begins(ino);
-        let r = self.call(ctx, req).map(|_| ());
-        self.change_ends(&handles, false);
-        r
+        self.call(ctx, req).map(|_| ())
     }
 
     fn copy_stats(&self) -> CopyStats {

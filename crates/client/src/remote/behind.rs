@@ -217,6 +217,25 @@ impl WriteBehind {
         Some((settled, take(&commits)))
     }
 
+    /// A flush or fsync through `fh` succeeded: `covered` runs with `ino`'s queue locked
+    /// (no write of it sent or collected meanwhile), told whether a write through `fh`
+    /// is still in flight, and says whether every write begun through `fh` is made
+    /// durable (its `uncommitted` then 0). If so, the counts of committed replies kept
+    /// for `fh` are dropped: they are of writes that flush covered, and taken later
+    /// they would cancel a later change's count (a close then skipping its FLUSH).
+    pub fn covered<T>(&self, ino: u64, fh: u64, covered: impl FnOnce(bool) -> (bool, T)) -> T {
+        let Some(q) = self.queue_of(ino) else {
+            return covered(false).1;
+        };
+        let mut g = lock(&q);
+        let in_flight = g.inflight.iter().any(|p| p.fh == fh);
+        let (all, t) = covered(in_flight);
+        if all {
+            g.committed.remove(&fh);
+        }
+        t
+    }
+
     /// `send` a request behind the writes of `ino` in flight, then `settle` as asked.
     /// The writes that went out on another connection than the newest one are waited
     /// for first (being older, they are mostly answered by then); `send` then gets the
