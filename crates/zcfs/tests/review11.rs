@@ -124,6 +124,10 @@ fn fsync_through_another_handle_reports_writes_lost_in_a_server_restart() {
 /// How many times a test looks (1 ms apart) for a request to have left the client.
 const SENT_POLLS: usize = 5_000;
 
+/// A buffered write the server does not commit before replying (above
+/// `COMMIT_WRITE_MAX`).
+const LARGE: usize = zcfs_client::COMMIT_WRITE_MAX + 4096;
+
 /// A write sent through a handle while an fsync of it is on its way: the fsync's
 /// success says nothing of that write (the server may run it after the commit), so a
 /// server restart before the next fsync must make that one report EIO. The fsync's
@@ -154,16 +158,18 @@ fn a_write_sent_during_an_fsync_is_not_made_durable_by_it() {
                 polls += 1;
             }
             assert!(sent() > before, "the fsync never left the client");
+            // Above the bound of writes the server commits before replying: this one
+            // is durable only through a later fsync or flush.
             assert_eq!(
-                fs.write_behind(&c, f.ino, fh, 0, &fill(b'w', 4096))
+                fs.write_behind(&c, f.ino, fh, 0, &fill(b'w', LARGE))
                     .unwrap(),
-                4096
+                LARGE as u32
             );
             net.link(true);
             fsync.join().unwrap()
         });
         assert!(first.is_ok(), "the fsync across the cut: {first:?}");
-        assert_eq!(fs.getattr(f.ino).unwrap().size, 4096);
+        assert_eq!(fs.getattr(f.ino).unwrap().size, LARGE as u64);
         srv.kill(libc::SIGKILL);
         srv.start(&net, &[]);
         assert_eq!(
