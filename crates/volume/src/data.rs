@@ -150,8 +150,11 @@ impl WriteReservation<'_> {
             let e = end.min(bstart + BLOCK_U64);
             let (at, n) = ((s - bstart) as usize, (e - s) as usize);
             match out.last_mut() {
+                // The run's end is past its first block once it spans several: its
+                // address is counted from that block's start, not through `at` (which
+                // takes offsets within one block).
                 Some((j, a, l))
-                    if self.blocks[*j].no().at((*a + *l) as u64) == b.no().at(at as u64) =>
+                    if self.blocks[*j].no().at(0).off() + *a + *l == b.no().at(at as u64).off() =>
                 {
                     *l += n
                 }
@@ -303,8 +306,9 @@ impl Volume {
             let e = end.min(bstart + BLOCK_U64);
             let (a, l) = ((s - bstart) as usize, (e - s) as usize);
             match (b, runs.last_mut()) {
+                // A run's end lies past its first block once it spans several.
                 (Some(b), Some(Run::Data(b0, a0, l0)))
-                    if b0.at((*a0 + *l0) as u64) == BlockNo(b).at(a as u64) =>
+                    if b0.at(0).off() + *a0 + *l0 == BlockNo(b).at(a as u64).off() =>
                 {
                     *l0 += l
                 }
