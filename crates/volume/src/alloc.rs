@@ -24,6 +24,18 @@ pub struct BlockAlloc {
     /// Where the next-fit scan goes on (an absolute block number), for a thread that
     /// backs the blocks ahead of it with pages (`Volume::prefault_in_background`).
     frontier: Arc<AtomicU64>,
+    /// Free blocks known to hold zeros (same indexing as `bits`). Invariant: a set bit
+    /// is a free block whose bytes in the mapping are all zero. Set only by
+    /// [`BlockAlloc::mark_clean`] (a hole of the image at open, or a free block zeroed
+    /// since); cleared when the block is taken, whatever takes it. A freed block comes
+    /// back unknown (dirty). DRAM only: after a crash every free block is unknown until
+    /// shown zero again (see `Volume::note_zero_blocks`).
+    clean: Vec<u64>,
+    clean_count: u64,
+    /// Where the search for clean blocks goes on (a word index of `clean`).
+    clean_cursor: usize,
+    /// Where the search for free blocks not known clean goes on (a word index).
+    dirty_cursor: usize,
 }
 
 const RECENT_MAX: usize = 1 << 16;
@@ -44,7 +56,124 @@ impl BlockAlloc {
             cursor: 0,
             recent: Vec::new(),
             frontier: Arc::new(AtomicU64::new(start)),
+            clean: vec![0u64; count.div_ceil(64) as usize],
+            clean_count: 0,
+            clean_cursor: 0,
+            dirty_cursor: 0,
         }
+    }
+
+    /// Up to `max` free blocks not known to hold zeros (absolute numbers, ascending
+    /// within a pass), from where the last search stopped; takes nothing.
+    pub fn dirty_free(&mut self, max: usize) -> Vec<u64> {
+        let mut out = Vec::new();
+        if max == 0 || self.free == self.clean_count {
+            return out;
+        }
+        let words = self.bits.len();
+        let mut w = self.dirty_cursor.min(words.saturating_sub(1));
+        let mut seen = 0;
+        // Each word once: this takes nothing, so a second look would find the same.
+        while out.len() < max && seen < words {
+            // Free and not clean; padding past `count` is marked used.
+            let mut m = !(self.bits[w] | self.clean[w]);
+            while m != 0 && out.len() < max {
+                let bit = m.trailing_zeros() as u64;
+                m &= m - 1;
+                out.push(self.start + w as u64 * 64 + bit);
+            }
+            if out.len() < max {
+                w = (w + 1) % words;
+                seen += 1;
+            }
+        }
+        self.dirty_cursor = w;
+        out
+    }
+
+    /// Free blocks known to hold zeros.
+    pub fn clean_count(&self) -> u64 {
+        self.clean_count
+    }
+
+    /// Whether absolute block `b` is free and known to hold zeros.
+    pub fn is_clean(&self, b: u64) -> bool {
+        (self.start..self.start + self.count).contains(&b) && {
+            let i = b - self.start;
+            self.clean[(i / 64) as usize] & (1 << (i % 64)) != 0
+        }
+    }
+
+    /// Record that absolute block `b`, free, holds zeros (the caller has made sure:
+    /// a hole of the image, or zeroed while free under the state lock). Returns false,
+    /// changing nothing, for a block outside the range or not free.
+    pub fn mark_clean(&mut self, b: u64) -> bool {
+        if !self.is_free_block(b) {
+            return false;
+        }
+        let i = b - self.start;
+        let w = &mut self.clean[(i / 64) as usize];
+        let m = 1 << (i % 64);
+        if *w & m == 0 {
+            *w |= m;
+            self.clean_count += 1;
+        }
+        true
+    }
+
+    /// Tests: forget every clean block.
+    #[cfg(test)]
+    pub fn forget_clean(&mut self) {
+        self.clean.iter_mut().for_each(|w| *w = 0);
+        self.clean_count = 0;
+    }
+
+    /// Forget that relative block `i` is clean (it is being taken).
+    fn unclean(&mut self, i: u64) {
+        let w = &mut self.clean[(i / 64) as usize];
+        let m = 1 << (i % 64);
+        if *w & m != 0 {
+            *w &= !m;
+            self.clean_count -= 1;
+        }
+    }
+
+    /// Allocate `n` blocks, clean ones first (for pages handed out to be filled, which
+    /// must read as zero where they are not written): the known-zero blocks in block
+    /// order from where the last search stopped, then, when there are too few, the rest
+    /// as [`BlockAlloc::alloc`] takes them. Returns the blocks in ascending order and,
+    /// for each, whether it holds zeros already (only those not need zeroing).
+    pub fn alloc_clean_first(&mut self, n: usize) -> Result<Vec<(u64, bool)>> {
+        if (n as u64) > self.free {
+            return Err(FsError::NoSpace);
+        }
+        let mut out: Vec<(u64, bool)> = Vec::with_capacity(n);
+        let words = self.clean.len();
+        let mut w = self.clean_cursor.min(words.saturating_sub(1));
+        let mut seen = 0;
+        while out.len() < n && self.clean_count > 0 && seen <= words {
+            while self.clean[w] != 0 && out.len() < n {
+                let bit = self.clean[w].trailing_zeros() as u64;
+                let i = w as u64 * 64 + bit;
+                self.unclean(i);
+                debug_assert!(self.is_free(i), "a clean block is free");
+                self.bits[w] |= 1 << bit;
+                self.free -= 1;
+                out.push((self.start + i, true));
+            }
+            if out.len() < n {
+                w = (w + 1) % words;
+                seen += 1;
+            }
+        }
+        self.clean_cursor = w;
+        if out.len() < n {
+            // No clean block left: the rest come as any allocation's do.
+            let rest = self.alloc(n - out.len())?;
+            out.extend(rest.into_iter().map(|b| (b, false)));
+        }
+        out.sort_unstable();
+        Ok(out)
     }
 
     pub fn free_count(&self) -> u64 {
@@ -63,6 +192,7 @@ impl BlockAlloc {
         }
         *w |= m;
         self.free -= 1;
+        self.unclean(i);
         true
     }
 
@@ -83,6 +213,7 @@ impl BlockAlloc {
             let w = &mut self.bits[(i / 64) as usize];
             if *w & (1 << (i % 64)) == 0 {
                 *w |= 1 << (i % 64);
+                self.unclean(i);
                 out.push(b);
             }
         }
@@ -93,10 +224,10 @@ impl BlockAlloc {
         let mut w = self.cursor / 64;
         let mut scanned = 0u64;
         while out.len() < n && scanned <= words {
-            let word = &mut self.bits[w as usize];
-            while *word != u64::MAX && out.len() < n {
-                let bit = (!*word).trailing_zeros() as u64;
-                *word |= 1 << bit;
+            while self.bits[w as usize] != u64::MAX && out.len() < n {
+                let bit = (!self.bits[w as usize]).trailing_zeros() as u64;
+                self.bits[w as usize] |= 1 << bit;
+                self.unclean(w * 64 + bit);
                 out.push(self.start + w * 64 + bit);
             }
             if out.len() < n {
@@ -195,6 +326,7 @@ impl BlockAlloc {
                 assert!(self.is_free(i), "planned block {b} is not free");
                 self.bits[(i / 64) as usize] |= 1 << (i % 64);
                 self.free -= 1;
+                self.unclean(i);
             }
         }
         if let Some(&(_, first, k)) = plan.last() {
@@ -215,6 +347,9 @@ impl BlockAlloc {
         assert!(*w & m != 0, "block {block} freed twice");
         *w &= !m;
         self.free += 1;
+        // Taking a block cleared its bit: a freed block is unknown (it may hold a
+        // deleted file's bytes) until zeroed again.
+        debug_assert!(!self.is_clean(block), "a taken block was still clean");
         if self.recent.len() < RECENT_MAX {
             self.recent.push(block);
         }
@@ -255,6 +390,69 @@ mod tests {
         assert_eq!(a.alloc_one().unwrap(), 150);
         assert!(!a.mark_used(150));
         assert!(!a.mark_used(99));
+    }
+
+    #[test]
+    fn clean_blocks_come_first_and_only_free_blocks_are_clean() {
+        let mut a = BlockAlloc::new(100, 256);
+        let used = a.alloc(10).unwrap(); // 100..110
+        assert!(!a.mark_clean(105), "a used block is never clean");
+        assert!(!a.mark_clean(99) && !a.mark_clean(356), "outside the range");
+        for b in 200..204 {
+            assert!(a.mark_clean(b));
+        }
+        assert!(a.mark_clean(200), "marking twice is harmless");
+        assert_eq!(a.clean_count(), 4);
+        // Clean ones first, flagged; the rest as `alloc` takes them, not flagged.
+        let got = a.alloc_clean_first(6).unwrap();
+        let clean: Vec<u64> = got.iter().filter(|g| g.1).map(|g| g.0).collect();
+        assert_eq!(clean, vec![200, 201, 202, 203]);
+        assert_eq!(got.iter().filter(|g| !g.1).count(), 2);
+        assert!(got.windows(2).all(|w| w[0].0 < w[1].0), "ascending");
+        assert_eq!(a.clean_count(), 0);
+        assert_eq!(a.free_count(), 256 - 16);
+        // A freed block comes back unknown, even one handed out clean.
+        a.free(201);
+        a.free(used[0]);
+        assert!(!a.is_clean(201) && !a.is_clean(used[0]));
+        assert!(!a.alloc_clean_first(1).unwrap()[0].1);
+    }
+
+    #[test]
+    fn every_way_of_taking_a_block_forgets_that_it_was_clean() {
+        let mut a = BlockAlloc::new(0, 128);
+        for b in 0..128 {
+            assert!(a.mark_clean(b));
+        }
+        let got = a.alloc(3).unwrap();
+        assert!(got.iter().all(|&b| !a.is_clean(b)));
+        let plan = a.plan_landing(4, 32).unwrap();
+        a.take_planned(&plan);
+        for &(gap, first, k) in &plan {
+            assert!((gap..first + k).all(|b| !a.is_clean(b)));
+        }
+        assert!(!a.mark_used(got[0]));
+        assert!(a.mark_used(100));
+        assert!(!a.is_clean(100));
+        assert_eq!(a.clean_count(), a.free_count());
+    }
+
+    #[test]
+    fn dirty_free_finds_free_blocks_not_known_clean_up_to_its_bound() {
+        let mut a = BlockAlloc::new(10, 130); // padding past 130 in the last word
+        a.alloc(130).unwrap();
+        for b in [12, 75, 139] {
+            a.free(b);
+        }
+        a.mark_clean(75);
+        assert_eq!(a.dirty_free(1), vec![12]);
+        let mut rest = a.dirty_free(8);
+        rest.sort_unstable();
+        assert_eq!(rest, vec![12, 139], "never 75 (clean) nor padding");
+        a.mark_clean(12);
+        a.mark_clean(139);
+        assert!(a.dirty_free(8).is_empty());
+        assert!(a.dirty_free(0).is_empty());
     }
 
     /// Check a plan: extents of 1..=max blocks, each right behind its gap, all of them
