@@ -32,8 +32,8 @@ pub struct BlockAlloc {
     /// shown zero again (see `Volume::note_zero_blocks`).
     clean: Vec<u64>,
     clean_count: u64,
-    /// Where the search for clean blocks goes on (a word index of `clean`).
-    clean_cursor: usize,
+    /// No clean block lies in a word below this one (a word index of `clean`).
+    clean_low: usize,
     /// Where the search for free blocks not known clean goes on (a word index).
     dirty_cursor: usize,
 }
@@ -58,7 +58,7 @@ impl BlockAlloc {
             frontier: Arc::new(AtomicU64::new(start)),
             clean: vec![0u64; count.div_ceil(64) as usize],
             clean_count: 0,
-            clean_cursor: 0,
+            clean_low: 0,
             dirty_cursor: 0,
         }
     }
@@ -118,6 +118,7 @@ impl BlockAlloc {
             *w |= m;
             self.clean_count += 1;
         }
+        self.clean_low = self.clean_low.min((i / 64) as usize);
         true
     }
 
@@ -139,19 +140,25 @@ impl BlockAlloc {
     }
 
     /// Allocate `n` blocks, clean ones first (for pages handed out to be filled, which
-    /// must read as zero where they are not written): the known-zero blocks in block
-    /// order from where the last search stopped, then, when there are too few, the rest
-    /// as [`BlockAlloc::alloc`] takes them. Returns the blocks in ascending order and,
-    /// for each, whether it holds zeros already (only those not need zeroing).
+    /// must read as zero where they are not written): the lowest known-zero blocks,
+    /// then, when there are too few, the rest as [`BlockAlloc::alloc`] takes them.
+    /// Returns the blocks in ascending order and, for each, whether it holds zeros
+    /// already (only those not need zeroing).
+    ///
+    /// Lowest first: below the next-fit cursor every block was in use once, so its
+    /// page is backed (on /dev/shm a never-touched page costs its first writer a page
+    /// fault, an allocation and the kernel's clearing, 2 µs and more per page where
+    /// the application fills it); just above the cursor the prefault thread backs the
+    /// pages ahead (`Volume::prefault_in_background`). Taking blocks past the cursor
+    /// moves it (and the prefault thread's frontier) past them, as `alloc` does.
     pub fn alloc_clean_first(&mut self, n: usize) -> Result<Vec<(u64, bool)>> {
         if (n as u64) > self.free {
             return Err(FsError::NoSpace);
         }
         let mut out: Vec<(u64, bool)> = Vec::with_capacity(n);
         let words = self.clean.len();
-        let mut w = self.clean_cursor.min(words.saturating_sub(1));
-        let mut seen = 0;
-        while out.len() < n && self.clean_count > 0 && seen <= words {
+        let mut w = self.clean_low;
+        while out.len() < n && self.clean_count > 0 && w < words {
             while self.clean[w] != 0 && out.len() < n {
                 let bit = self.clean[w].trailing_zeros() as u64;
                 let i = w as u64 * 64 + bit;
@@ -161,14 +168,21 @@ impl BlockAlloc {
                 self.free -= 1;
                 out.push((self.start + i, true));
             }
-            if out.len() < n {
-                w = (w + 1) % words;
-                seen += 1;
+            if self.clean[w] == 0 {
+                w += 1;
             }
         }
-        self.clean_cursor = w;
+        self.clean_low = w;
+        if let Some(&(last, _)) = out.last() {
+            let past = (last - self.start) / 64 * 64 + 64;
+            if past > self.cursor {
+                self.cursor = past % (words as u64 * 64);
+                self.frontier
+                    .store(self.start + self.cursor, Ordering::Relaxed);
+            }
+        }
         if out.len() < n {
-            // No clean block left: the rest come as any allocation's do.
+            // Too few clean blocks: the rest come as any allocation's do.
             let rest = self.alloc(n - out.len())?;
             out.extend(rest.into_iter().map(|b| (b, false)));
         }
@@ -416,6 +430,41 @@ mod tests {
         a.free(used[0]);
         assert!(!a.is_clean(201) && !a.is_clean(used[0]));
         assert!(!a.alloc_clean_first(1).unwrap()[0].1);
+    }
+
+    #[test]
+    fn clean_blocks_are_taken_lowest_first_and_move_the_cursor_past_them() {
+        let mut a = BlockAlloc::new(0, 1024);
+        a.alloc(200).unwrap(); // cursor at 192
+        a.free(150);
+        a.free(5);
+        for b in [5, 150, 600, 601, 900] {
+            assert!(a.mark_clean(b));
+        }
+        let got: Vec<u64> = a
+            .alloc_clean_first(2)
+            .unwrap()
+            .iter()
+            .map(|g| g.0)
+            .collect();
+        assert_eq!(got, vec![5, 150], "below the cursor first");
+        assert_eq!(a.cursor, 192, "the cursor stays where it was");
+        let got: Vec<u64> = a
+            .alloc_clean_first(2)
+            .unwrap()
+            .iter()
+            .map(|g| g.0)
+            .collect();
+        assert_eq!(got, vec![600, 601]);
+        assert_eq!(
+            a.cursor, 640,
+            "next-fit goes on past the clean blocks taken"
+        );
+        assert_eq!(a.frontier().load(Ordering::Relaxed), 640);
+        // A block marked clean below the lowest one searched is found again.
+        a.free(5);
+        assert!(a.mark_clean(5));
+        assert_eq!(a.alloc_clean_first(1).unwrap()[0], (5, true));
     }
 
     #[test]
