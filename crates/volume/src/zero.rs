@@ -84,14 +84,16 @@ impl Volume {
         marked
     }
 
-    /// Zero up to `max` free blocks not known to hold zeros and remember them clean,
-    /// while fewer than [`CLEAN_TARGET`] are. Holds the write lock for those `max`
+    /// Zero `max` free blocks not known to hold zeros and remember them clean, when at
+    /// least `max` are missing from [`CLEAN_TARGET`] (so a caller that takes one block
+    /// at a time does not pay a step per block). Holds the write lock for those `max`
     /// blocks only. Returns the blocks zeroed (0: nothing to do).
     pub fn clean_free_blocks(&self, max: usize) -> Result<usize> {
         {
             let st = self.read_state();
-            if st.balloc.clean_count() >= CLEAN_TARGET
-                || st.balloc.clean_count() == st.balloc.free_count()
+            let clean = st.balloc.clean_count();
+            if CLEAN_TARGET.saturating_sub(clean) < (max as u64).max(1)
+                || clean == st.balloc.free_count()
             {
                 return Ok(0);
             }

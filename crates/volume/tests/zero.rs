@@ -266,14 +266,24 @@ fn cleaning_stops_at_its_target() {
     assert!(vol.statfs().bfree > CLEAN_TARGET + 100);
     assert_eq!(vol.clean_free_blocks(7).unwrap(), 7);
     let mut steps = 0;
-    while vol.clean_free_blocks(1000).unwrap() > 0 {
+    while vol.clean_free_blocks(64).unwrap() > 0 {
         steps += 1;
         assert!(steps < 100);
     }
+    let left = (CLEAN_TARGET - vol.clean_blocks()) as usize;
+    assert!(left < 64, "whole steps until less than one is missing");
+    assert_eq!(vol.clean_free_blocks(left).unwrap(), left);
     assert_eq!(vol.clean_blocks(), CLEAN_TARGET);
-    // Taking some lets it make up the difference, and no more.
+    assert_eq!(vol.clean_free_blocks(1).unwrap(), 0, "at the target");
+    // Taking some lets it make up the difference, a whole step at a time, no more.
     drop(vol.reserve_pages(10).unwrap());
     assert_eq!(vol.clean_blocks(), CLEAN_TARGET - 10);
-    assert_eq!(vol.clean_free_blocks(1000).unwrap(), 10);
-    assert_eq!(vol.clean_free_blocks(1000).unwrap(), 0);
+    assert_eq!(
+        vol.clean_free_blocks(11).unwrap(),
+        0,
+        "less than a step missing"
+    );
+    assert_eq!(vol.clean_free_blocks(10).unwrap(), 10);
+    assert_eq!(vol.clean_free_blocks(1).unwrap(), 0);
+    assert_eq!(vol.clean_blocks(), CLEAN_TARGET);
 }
