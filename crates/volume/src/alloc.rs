@@ -40,6 +40,14 @@ pub struct BlockAlloc {
 
 const RECENT_MAX: usize = 1 << 16;
 
+/// Smallest allocation [`BlockAlloc::alloc_clean_first`] serves from clean blocks.
+/// Smaller ones take blocks as any allocation does (recently freed first: warm in the
+/// caches and, for a same-host application, often in its page tables) and are zeroed
+/// by the caller: zeroing up to 15 pages costs a few µs, less than the page faults of
+/// blocks the application never touched (4 KiB direct write, fill p50 0.3 µs on a
+/// recently freed block, 1.9-2.2 µs on a clean one).
+pub const CLEAN_FIRST_MIN: usize = 16;
+
 impl BlockAlloc {
     /// All blocks in `[start, start+count)` free.
     pub fn new(start: u64, count: u64) -> BlockAlloc {
@@ -154,6 +162,11 @@ impl BlockAlloc {
     pub fn alloc_clean_first(&mut self, n: usize) -> Result<Vec<(u64, bool)>> {
         if (n as u64) > self.free {
             return Err(FsError::NoSpace);
+        }
+        if n < CLEAN_FIRST_MIN {
+            let mut got = self.alloc(n)?;
+            got.sort_unstable();
+            return Ok(got.into_iter().map(|b| (b, false)).collect());
         }
         let mut out: Vec<(u64, bool)> = Vec::with_capacity(n);
         let words = self.clean.len();
@@ -418,18 +431,35 @@ mod tests {
         assert!(a.mark_clean(200), "marking twice is harmless");
         assert_eq!(a.clean_count(), 4);
         // Clean ones first, flagged; the rest as `alloc` takes them, not flagged.
-        let got = a.alloc_clean_first(6).unwrap();
+        let got = a.alloc_clean_first(CLEAN_FIRST_MIN + 2).unwrap();
         let clean: Vec<u64> = got.iter().filter(|g| g.1).map(|g| g.0).collect();
         assert_eq!(clean, vec![200, 201, 202, 203]);
-        assert_eq!(got.iter().filter(|g| !g.1).count(), 2);
+        assert_eq!(got.iter().filter(|g| !g.1).count(), CLEAN_FIRST_MIN - 2);
         assert!(got.windows(2).all(|w| w[0].0 < w[1].0), "ascending");
         assert_eq!(a.clean_count(), 0);
-        assert_eq!(a.free_count(), 256 - 16);
+        assert_eq!(a.free_count(), 256 - 10 - CLEAN_FIRST_MIN as u64 - 2);
         // A freed block comes back unknown, even one handed out clean.
         a.free(201);
         a.free(used[0]);
         assert!(!a.is_clean(201) && !a.is_clean(used[0]));
-        assert!(!a.alloc_clean_first(1).unwrap()[0].1);
+        let again = a.alloc_clean_first(CLEAN_FIRST_MIN).unwrap();
+        assert!(again.iter().all(|g| !g.1));
+    }
+
+    #[test]
+    fn allocations_below_clean_first_min_take_recent_blocks_and_say_none_is_clean() {
+        let mut a = BlockAlloc::new(0, 1024);
+        a.alloc(64).unwrap();
+        a.free(7);
+        for b in 500..600 {
+            assert!(a.mark_clean(b));
+        }
+        let small = a.alloc_clean_first(CLEAN_FIRST_MIN - 1).unwrap();
+        assert_eq!(small[0], (7, false), "the recently freed block first");
+        assert!(small.iter().all(|g| !g.1), "the caller zeroes them all");
+        let big = a.alloc_clean_first(CLEAN_FIRST_MIN).unwrap();
+        assert!(big.iter().all(|g| g.1), "clean blocks at the bound");
+        assert_eq!(big[0].0, 500);
     }
 
     #[test]
@@ -438,33 +468,29 @@ mod tests {
         a.alloc(200).unwrap(); // cursor at 192
         a.free(150);
         a.free(5);
-        for b in [5, 150, 600, 601, 900] {
+        for b in [5, 150, 600, 601] {
+            assert!(a.mark_clean(b));
+        }
+        for b in 700..700 + CLEAN_FIRST_MIN as u64 {
             assert!(a.mark_clean(b));
         }
         let got: Vec<u64> = a
-            .alloc_clean_first(2)
+            .alloc_clean_first(CLEAN_FIRST_MIN)
             .unwrap()
             .iter()
             .map(|g| g.0)
             .collect();
-        assert_eq!(got, vec![5, 150], "below the cursor first");
-        assert_eq!(a.cursor, 192, "the cursor stays where it was");
-        let got: Vec<u64> = a
-            .alloc_clean_first(2)
-            .unwrap()
-            .iter()
-            .map(|g| g.0)
-            .collect();
-        assert_eq!(got, vec![600, 601]);
+        assert_eq!(got[..5], [5, 150, 600, 601, 700], "lowest first");
         assert_eq!(
-            a.cursor, 640,
+            a.cursor, 768,
             "next-fit goes on past the clean blocks taken"
         );
-        assert_eq!(a.frontier().load(Ordering::Relaxed), 640);
+        assert_eq!(a.frontier().load(Ordering::Relaxed), 768);
         // A block marked clean below the lowest one searched is found again.
         a.free(5);
         assert!(a.mark_clean(5));
-        assert_eq!(a.alloc_clean_first(1).unwrap()[0], (5, true));
+        let got = a.alloc_clean_first(CLEAN_FIRST_MIN).unwrap();
+        assert_eq!(got[0], (5, true));
     }
 
     #[test]

@@ -38,6 +38,7 @@ pub mod trace;
 mod volume;
 mod zero;
 
+pub use alloc::CLEAN_FIRST_MIN;
 pub use commit::{metadata_reserve, METADATA_RESERVE_MAX};
 pub use config::{
     CommitFault, FaultPlan, MkfsOptions, RootDir, Stats, StatsSnapshot, TraceHook, VolumeConfig,
