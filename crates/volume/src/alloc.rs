@@ -32,6 +32,11 @@ pub struct BlockAlloc {
     /// shown zero again (see `Volume::note_zero_blocks`).
     clean: Vec<u64>,
     clean_count: u64,
+    /// The clean blocks that were zeroed while free (`mark_zeroed`), not found in a
+    /// hole: their pages are backed (they were in use once), so filling them costs no
+    /// page allocation. A subset of `clean`.
+    zeroed: Vec<u64>,
+    zeroed_count: u64,
     /// No clean block lies in a word below this one (a word index of `clean`).
     clean_low: usize,
     /// Where the search for free blocks not known clean goes on (a word index).
@@ -66,6 +71,8 @@ impl BlockAlloc {
             frontier: Arc::new(AtomicU64::new(start)),
             clean: vec![0u64; count.div_ceil(64) as usize],
             clean_count: 0,
+            zeroed: vec![0u64; count.div_ceil(64) as usize],
+            zeroed_count: 0,
             clean_low: 0,
             dirty_cursor: 0,
         }
@@ -130,20 +137,45 @@ impl BlockAlloc {
         true
     }
 
+    /// `mark_clean` for a free block the caller has just zeroed (not a hole).
+    pub fn mark_zeroed(&mut self, b: u64) -> bool {
+        if !self.mark_clean(b) {
+            return false;
+        }
+        let i = b - self.start;
+        let w = &mut self.zeroed[(i / 64) as usize];
+        let m = 1 << (i % 64);
+        if *w & m == 0 {
+            *w |= m;
+            self.zeroed_count += 1;
+        }
+        true
+    }
+
+    /// Clean blocks that were zeroed while free (see `zeroed`).
+    pub fn zeroed_count(&self) -> u64 {
+        self.zeroed_count
+    }
+
     /// Tests: forget every clean block.
     #[cfg(test)]
     pub fn forget_clean(&mut self) {
         self.clean.iter_mut().for_each(|w| *w = 0);
+        self.zeroed.iter_mut().for_each(|w| *w = 0);
         self.clean_count = 0;
+        self.zeroed_count = 0;
     }
 
     /// Forget that relative block `i` is clean (it is being taken).
     fn unclean(&mut self, i: u64) {
-        let w = &mut self.clean[(i / 64) as usize];
-        let m = 1 << (i % 64);
-        if *w & m != 0 {
-            *w &= !m;
+        let (x, m) = ((i / 64) as usize, 1 << (i % 64));
+        if self.clean[x] & m != 0 {
+            self.clean[x] &= !m;
             self.clean_count -= 1;
+        }
+        if self.zeroed[x] & m != 0 {
+            self.zeroed[x] &= !m;
+            self.zeroed_count -= 1;
         }
     }
 
@@ -444,6 +476,22 @@ mod tests {
         assert!(!a.is_clean(201) && !a.is_clean(used[0]));
         let again = a.alloc_clean_first(CLEAN_FIRST_MIN).unwrap();
         assert!(again.iter().all(|g| !g.1));
+    }
+
+    #[test]
+    fn zeroed_blocks_are_counted_apart_from_holes_until_taken() {
+        let mut a = BlockAlloc::new(0, 256);
+        a.alloc(100).unwrap();
+        a.free(3);
+        assert!(a.mark_zeroed(3));
+        assert!(!a.mark_zeroed(4), "a used block");
+        assert!(a.mark_clean(200));
+        assert_eq!((a.clean_count(), a.zeroed_count()), (2, 1));
+        let got = a.alloc_clean_first(CLEAN_FIRST_MIN).unwrap();
+        assert_eq!(got[0], (3, true));
+        assert_eq!((a.clean_count(), a.zeroed_count()), (0, 0));
+        a.free(3);
+        assert_eq!(a.zeroed_count(), 0, "freed: unknown again");
     }
 
     #[test]

@@ -13,7 +13,13 @@
 //!   data area is one hole.
 //! - **zeroing while free** (`clean_free_blocks`): a caller with idle time (the
 //!   same-host service between requests) zeroes free blocks not known clean, under the
-//!   write lock, a few at a time, up to [`CLEAN_TARGET`] clean blocks.
+//!   write lock, a few at a time, keeping up to [`CLEAN_TARGET`] blocks zeroed so.
+//!
+//! `reserve_pages` takes the lowest clean blocks first: below the next-fit cursor every
+//! block was in use once and its page is backed; above it, the holes the prefault
+//! thread has backed come next. A hole whose page is not backed yet is zeroed all the
+//! same, by the kernel, on first touch: holes save the volume's zeroing, not the
+//! kernel's.
 //!
 //! Taking a block, by any path, forgets it was clean; a freed block comes back
 //! unknown. Nothing here is persistent and nothing needs to be: after a crash the
@@ -85,26 +91,29 @@ impl Volume {
     }
 
     /// Zero `max` free blocks not known to hold zeros and remember them clean, when at
-    /// least `max` are missing from [`CLEAN_TARGET`] (so a caller that takes one block
-    /// at a time does not pay a step per block). Holds the write lock for those `max`
+    /// least `max` of the blocks zeroed this way are missing from [`CLEAN_TARGET`] (so
+    /// a caller that takes one block at a time does not pay a step per block). Holes
+    /// do not count: a hole's page may not be backed yet, and its first writer pays
+    /// for that (on /dev/shm an allocation and the kernel's clearing), while a block
+    /// zeroed here was in use once and is backed. Holds the write lock for those `max`
     /// blocks only. Returns the blocks zeroed (0: nothing to do).
     pub fn clean_free_blocks(&self, max: usize) -> Result<usize> {
         {
             let st = self.read_state();
-            let clean = st.balloc.clean_count();
-            if CLEAN_TARGET.saturating_sub(clean) < (max as u64).max(1)
-                || clean == st.balloc.free_count()
+            let ready = st.balloc.zeroed_count();
+            if CLEAN_TARGET.saturating_sub(ready) < (max as u64).max(1)
+                || st.balloc.clean_count() == st.balloc.free_count()
             {
                 return Ok(0);
             }
         }
         let mut st = self.write_state()?;
         let st = &mut *st;
-        let want = (CLEAN_TARGET - st.balloc.clean_count().min(CLEAN_TARGET)) as usize;
+        let want = (CLEAN_TARGET - st.balloc.zeroed_count().min(CLEAN_TARGET)) as usize;
         let blocks = st.balloc.dirty_free(max.min(want));
         for &b in &blocks {
             self.free_zero(st, BlockNo(b));
-            let marked = st.balloc.mark_clean(b);
+            let marked = st.balloc.mark_zeroed(b);
             debug_assert!(marked, "block {b} was free");
         }
         crate::config::Stats::add(&self.stats.background_zeroed_blocks, blocks.len() as u64);
