@@ -219,9 +219,12 @@ impl BlockAlloc {
         }
         self.clean_low = w;
         if let Some(&(last, _)) = out.last() {
-            let past = (last - self.start) / 64 * 64 + 64;
+            // As `alloc` leaves it: at the word of the last block taken, so the next
+            // allocation (a commit's map nodes, say) takes the rest of that word and
+            // the next reservation's clean blocks follow them, adjacent.
+            let past = (last - self.start) / 64 * 64;
             if past > self.cursor {
-                self.cursor = past % (words as u64 * 64);
+                self.cursor = past;
                 self.frontier
                     .store(self.start + self.cursor, Ordering::Relaxed);
             }
@@ -529,11 +532,8 @@ mod tests {
             .map(|g| g.0)
             .collect();
         assert_eq!(got[..5], [5, 150, 600, 601, 700], "lowest first");
-        assert_eq!(
-            a.cursor, 768,
-            "next-fit goes on past the clean blocks taken"
-        );
-        assert_eq!(a.frontier().load(Ordering::Relaxed), 768);
+        assert_eq!(a.cursor, 704, "next-fit goes on from the last block taken");
+        assert_eq!(a.frontier().load(Ordering::Relaxed), 704);
         // A block marked clean below the lowest one searched is found again.
         a.free(5);
         assert!(a.mark_clean(5));
