@@ -300,8 +300,19 @@ impl Volume {
                 self.apply(st, r);
             }
             self.fence()?;
-            for b in std::mem::take(&mut txn.releases) {
-                st.balloc.free(b);
+            // Released blocks a reader or a lease still pins wait for a checkpoint
+            // that finds them unpinned, as with the log: a free block may be reused or
+            // zeroed ahead of need (zero.rs) at once.
+            let releases = std::mem::take(&mut txn.releases);
+            if !releases.is_empty() {
+                let read = self.readers.pinned();
+                for b in releases {
+                    if st.pins.contains_key(&b) || read.contains(b) {
+                        st.deferred_frees.push(b);
+                    } else {
+                        st.balloc.free(b);
+                    }
+                }
             }
             return Ok(());
         }
