@@ -158,6 +158,14 @@ fn median(mut runs: Vec<ShRow>) -> ShRow {
     runs.swap_remove(runs.len() / 2)
 }
 
+/// Median of step `i` of the direct writes' steps, in µs.
+fn phase_p50(phases: &[[Duration; 3]], i: usize) -> f64 {
+    let mut v: Vec<Duration> = phases.iter().map(|p| p[i]).collect();
+    v.sort_unstable();
+    v.get(v.len().saturating_sub(1) / 2)
+        .map_or(0.0, |d| d.as_secs_f64() * 1e6)
+}
+
 /// Sum of one word per cache line: the application reads the bytes in place.
 fn touch(b: &[u8]) -> u64 {
     b.chunks(64).map(|c| c[0] as u64).sum()
@@ -207,6 +215,8 @@ pub fn client(sock: &Path, p: Params) -> Result<()> {
                 ("direct", "write"),
             ] {
                 let before = c.stats()?;
+                // Direct writes: the time of each step (reserve, fill, commit).
+                let mut phases: Vec<[Duration; 3]> = Vec::new();
                 let mut r = match (path, opname) {
                     ("shared", "read") => measure(&p, path, opname, size, || {
                         let off = rand_off(&mut x, file, size);
@@ -235,14 +245,18 @@ pub fn client(sock: &Path, p: Params) -> Result<()> {
                     })?,
                     _ => measure(&p, path, opname, size, || {
                         let off = rand_off(&mut x, file, size);
+                        let t0 = Instant::now();
                         let mut r = c.reserve(size / 4096)?;
+                        let t1 = Instant::now();
                         r.window().fill(&src[..size]);
+                        let t2 = Instant::now();
                         c.commit(vec![Place {
                             handle: out.handle,
                             file_offset: off,
                             reservation: r,
                             new_size: NO_NEW_SIZE,
                         }])?;
+                        phases.push([t1 - t0, t2 - t1, t2.elapsed()]);
                         Ok(())
                     })?,
                 };
@@ -253,7 +267,13 @@ pub fn client(sock: &Path, p: Params) -> Result<()> {
                         "READ_EXTENTS (lease) + read every cache line in place + LEASE_RELEASE"
                             .into()
                     }
-                    ("direct", "write") => "RESERVE + fill the window + COMMIT (atomic)".into(),
+                    ("direct", "write") => format!(
+                        "RESERVE + fill the window + COMMIT (atomic); p50 reserve {:.1} µs, \
+                         fill {:.1} µs, commit {:.1} µs",
+                        phase_p50(&phases, 0),
+                        phase_p50(&phases, 1),
+                        phase_p50(&phases, 2)
+                    ),
                     _ => "one copy by the server between PM and the registered buffer".into(),
                 });
                 match runs.get_mut(i) {
@@ -535,6 +555,14 @@ pub fn summary(rows: &[ShRow], skipped: &[String]) -> String {
                     );
                 }
             }
+        }
+    }
+    for r in rows
+        .iter()
+        .filter(|r| r.path == "direct" && r.op == "write")
+    {
+        if let Some(n) = &r.note {
+            out += &format!("\ndirect write {}: {n}\n", crate::report::human(r.size));
         }
     }
     for s in skipped {

@@ -42,6 +42,13 @@ use std::sync::Mutex;
 /// Cache-line size used for flushing and for the crash model.
 pub const CACHE_LINE: usize = 64;
 const PAGE: usize = 4096;
+/// At a fence in `Msync` mode, flushed page ranges at most this far apart are synced
+/// with one `msync` over both and the gap between them. Each call costs a system call
+/// and a VMA walk (~1 µs here) whatever its length, and a fragmented 1 MiB pflush
+/// commit flushes ~100 separate runs of blocks. Syncing a gap only writes back pages
+/// that are dirty anyway, earlier than asked, which the persistence model allows (a
+/// stored line may become durable at any time before its flush).
+pub const MSYNC_MERGE_GAP: usize = 1 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PmemError {
@@ -511,7 +518,7 @@ impl Region {
         match self.mode {
             PersistMode::CacheLine(_) => flush::sfence(),
             PersistMode::Msync => {
-                let ranges = std::mem::take(&mut *self.msync_pending.lock().unwrap());
+                let ranges = merge_ranges(std::mem::take(&mut *self.msync_pending.lock().unwrap()));
                 let mut first_err = None;
                 for (s, e) in ranges {
                     // SAFETY: page-aligned subrange of our own mapping.
@@ -649,6 +656,20 @@ impl Prefaulter {
     }
 }
 
+/// Sort page ranges and merge those that overlap or lie at most [`MSYNC_MERGE_GAP`]
+/// apart: every byte of the input is covered by exactly one output range.
+fn merge_ranges(mut ranges: Vec<(usize, usize)>) -> Vec<(usize, usize)> {
+    ranges.sort_unstable();
+    let mut out: Vec<(usize, usize)> = Vec::with_capacity(ranges.len());
+    for (s, e) in ranges {
+        match out.last_mut() {
+            Some(last) if s <= last.1.saturating_add(MSYNC_MERGE_GAP) => last.1 = last.1.max(e),
+            _ => out.push((s, e)),
+        }
+    }
+    out
+}
+
 fn mmap(len: usize, prot: i32, flags: i32, fd: i32) -> std::io::Result<*mut u8> {
     // SAFETY: a fresh mapping at an address the kernel chooses; arguments are plain values.
     let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, fd, 0) };
@@ -764,6 +785,31 @@ mod tests {
         assert!(r.fence().is_ok());
         assert!(matches!(r.fence(), Err(PmemError::Persist { .. })));
         assert!(r.fence().is_ok());
+    }
+
+    #[test]
+    fn msync_ranges_merge_up_to_the_gap_bound_and_no_further() {
+        let g = MSYNC_MERGE_GAP;
+        // Out of order, overlapping, and exactly the bound apart: one range.
+        assert_eq!(
+            merge_ranges(vec![
+                (3 * PAGE + g, 4 * PAGE + g),
+                (0, 2 * PAGE),
+                (PAGE, 3 * PAGE)
+            ]),
+            vec![(0, 4 * PAGE + g)]
+        );
+        // One page past the bound: two ranges.
+        assert_eq!(
+            merge_ranges(vec![(0, PAGE), (2 * PAGE + g, 3 * PAGE + g)]),
+            vec![(0, PAGE), (2 * PAGE + g, 3 * PAGE + g)]
+        );
+        // A range inside another changes nothing; nothing in, nothing out.
+        assert_eq!(
+            merge_ranges(vec![(0, 8 * PAGE), (PAGE, 2 * PAGE)]),
+            vec![(0, 8 * PAGE)]
+        );
+        assert!(merge_ranges(Vec::new()).is_empty());
     }
 
     #[test]

@@ -24,9 +24,34 @@ pub struct BlockAlloc {
     /// Where the next-fit scan goes on (an absolute block number), for a thread that
     /// backs the blocks ahead of it with pages (`Volume::prefault_in_background`).
     frontier: Arc<AtomicU64>,
+    /// Free blocks known to hold zeros (same indexing as `bits`). Invariant: a set bit
+    /// is a free block whose bytes in the mapping are all zero. Set only by
+    /// [`BlockAlloc::mark_clean`] (a hole of the image at open, or a free block zeroed
+    /// since); cleared when the block is taken, whatever takes it. A freed block comes
+    /// back unknown (dirty). DRAM only: after a crash every free block is unknown until
+    /// shown zero again (see `Volume::note_zero_blocks`).
+    clean: Vec<u64>,
+    clean_count: u64,
+    /// The clean blocks that were zeroed while free (`mark_zeroed`), not found in a
+    /// hole: their pages are backed (they were in use once), so filling them costs no
+    /// page allocation. A subset of `clean`.
+    zeroed: Vec<u64>,
+    zeroed_count: u64,
+    /// No clean block lies in a word below this one (a word index of `clean`).
+    clean_low: usize,
+    /// Where the search for free blocks not known clean goes on (a word index).
+    dirty_cursor: usize,
 }
 
 const RECENT_MAX: usize = 1 << 16;
+
+/// Smallest allocation [`BlockAlloc::alloc_clean_first`] serves from clean blocks.
+/// Smaller ones take blocks as any allocation does (recently freed first: warm in the
+/// caches and, for a same-host application, often in its page tables) and are zeroed
+/// by the caller: zeroing up to 15 pages costs a few µs, less than the page faults of
+/// blocks the application never touched (4 KiB direct write, fill p50 0.3 µs on a
+/// recently freed block, 1.9-2.2 µs on a clean one).
+pub const CLEAN_FIRST_MIN: usize = 16;
 
 impl BlockAlloc {
     /// All blocks in `[start, start+count)` free.
@@ -44,7 +69,173 @@ impl BlockAlloc {
             cursor: 0,
             recent: Vec::new(),
             frontier: Arc::new(AtomicU64::new(start)),
+            clean: vec![0u64; count.div_ceil(64) as usize],
+            clean_count: 0,
+            zeroed: vec![0u64; count.div_ceil(64) as usize],
+            zeroed_count: 0,
+            clean_low: 0,
+            dirty_cursor: 0,
         }
+    }
+
+    /// Up to `max` free blocks not known to hold zeros (absolute numbers, ascending
+    /// within a pass), from where the last search stopped; takes nothing.
+    pub fn dirty_free(&mut self, max: usize) -> Vec<u64> {
+        let mut out = Vec::new();
+        if max == 0 || self.free == self.clean_count {
+            return out;
+        }
+        let words = self.bits.len();
+        let mut w = self.dirty_cursor.min(words.saturating_sub(1));
+        let mut seen = 0;
+        // Each word once: this takes nothing, so a second look would find the same.
+        while out.len() < max && seen < words {
+            // Free and not clean; padding past `count` is marked used.
+            let mut m = !(self.bits[w] | self.clean[w]);
+            while m != 0 && out.len() < max {
+                let bit = m.trailing_zeros() as u64;
+                m &= m - 1;
+                out.push(self.start + w as u64 * 64 + bit);
+            }
+            if out.len() < max {
+                w = (w + 1) % words;
+                seen += 1;
+            }
+        }
+        self.dirty_cursor = w;
+        out
+    }
+
+    /// Free blocks known to hold zeros.
+    pub fn clean_count(&self) -> u64 {
+        self.clean_count
+    }
+
+    /// Whether absolute block `b` is free and known to hold zeros.
+    pub fn is_clean(&self, b: u64) -> bool {
+        (self.start..self.start + self.count).contains(&b) && {
+            let i = b - self.start;
+            self.clean[(i / 64) as usize] & (1 << (i % 64)) != 0
+        }
+    }
+
+    /// Record that absolute block `b`, free, holds zeros (the caller has made sure:
+    /// a hole of the image, or zeroed while free under the state lock). Returns false,
+    /// changing nothing, for a block outside the range or not free.
+    pub fn mark_clean(&mut self, b: u64) -> bool {
+        if !self.is_free_block(b) {
+            return false;
+        }
+        let i = b - self.start;
+        let w = &mut self.clean[(i / 64) as usize];
+        let m = 1 << (i % 64);
+        if *w & m == 0 {
+            *w |= m;
+            self.clean_count += 1;
+        }
+        self.clean_low = self.clean_low.min((i / 64) as usize);
+        true
+    }
+
+    /// `mark_clean` for a free block the caller has just zeroed (not a hole).
+    pub fn mark_zeroed(&mut self, b: u64) -> bool {
+        if !self.mark_clean(b) {
+            return false;
+        }
+        let i = b - self.start;
+        let w = &mut self.zeroed[(i / 64) as usize];
+        let m = 1 << (i % 64);
+        if *w & m == 0 {
+            *w |= m;
+            self.zeroed_count += 1;
+        }
+        true
+    }
+
+    /// Clean blocks that were zeroed while free (see `zeroed`).
+    pub fn zeroed_count(&self) -> u64 {
+        self.zeroed_count
+    }
+
+    /// Tests: forget every clean block.
+    #[cfg(test)]
+    pub fn forget_clean(&mut self) {
+        self.clean.iter_mut().for_each(|w| *w = 0);
+        self.zeroed.iter_mut().for_each(|w| *w = 0);
+        self.clean_count = 0;
+        self.zeroed_count = 0;
+    }
+
+    /// Forget that relative block `i` is clean (it is being taken).
+    fn unclean(&mut self, i: u64) {
+        let (x, m) = ((i / 64) as usize, 1 << (i % 64));
+        if self.clean[x] & m != 0 {
+            self.clean[x] &= !m;
+            self.clean_count -= 1;
+        }
+        if self.zeroed[x] & m != 0 {
+            self.zeroed[x] &= !m;
+            self.zeroed_count -= 1;
+        }
+    }
+
+    /// Allocate `n` blocks, clean ones first (for pages handed out to be filled, which
+    /// must read as zero where they are not written): the lowest known-zero blocks,
+    /// then, when there are too few, the rest as [`BlockAlloc::alloc`] takes them.
+    /// Returns the blocks in ascending order and, for each, whether it holds zeros
+    /// already (only those not need zeroing).
+    ///
+    /// Lowest first: below the next-fit cursor every block was in use once, so its
+    /// page is backed (on /dev/shm a never-touched page costs its first writer a page
+    /// fault, an allocation and the kernel's clearing, 2 µs and more per page where
+    /// the application fills it); just above the cursor the prefault thread backs the
+    /// pages ahead (`Volume::prefault_in_background`). Taking blocks past the cursor
+    /// moves it (and the prefault thread's frontier) past them, as `alloc` does.
+    pub fn alloc_clean_first(&mut self, n: usize) -> Result<Vec<(u64, bool)>> {
+        if (n as u64) > self.free {
+            return Err(FsError::NoSpace);
+        }
+        if n < CLEAN_FIRST_MIN {
+            let mut got = self.alloc(n)?;
+            got.sort_unstable();
+            return Ok(got.into_iter().map(|b| (b, false)).collect());
+        }
+        let mut out: Vec<(u64, bool)> = Vec::with_capacity(n);
+        let words = self.clean.len();
+        let mut w = self.clean_low;
+        while out.len() < n && self.clean_count > 0 && w < words {
+            while self.clean[w] != 0 && out.len() < n {
+                let bit = self.clean[w].trailing_zeros() as u64;
+                let i = w as u64 * 64 + bit;
+                self.unclean(i);
+                debug_assert!(self.is_free(i), "a clean block is free");
+                self.bits[w] |= 1 << bit;
+                self.free -= 1;
+                out.push((self.start + i, true));
+            }
+            if self.clean[w] == 0 {
+                w += 1;
+            }
+        }
+        self.clean_low = w;
+        if let Some(&(last, _)) = out.last() {
+            // As `alloc` leaves it: at the word of the last block taken, so the next
+            // allocation (a commit's map nodes, say) takes the rest of that word and
+            // the next reservation's clean blocks follow them, adjacent.
+            let past = (last - self.start) / 64 * 64;
+            if past > self.cursor {
+                self.cursor = past;
+                self.frontier
+                    .store(self.start + self.cursor, Ordering::Relaxed);
+            }
+        }
+        if out.len() < n {
+            // Too few clean blocks: the rest come as any allocation's do.
+            let rest = self.alloc(n - out.len())?;
+            out.extend(rest.into_iter().map(|b| (b, false)));
+        }
+        out.sort_unstable();
+        Ok(out)
     }
 
     pub fn free_count(&self) -> u64 {
@@ -63,6 +254,7 @@ impl BlockAlloc {
         }
         *w |= m;
         self.free -= 1;
+        self.unclean(i);
         true
     }
 
@@ -83,6 +275,7 @@ impl BlockAlloc {
             let w = &mut self.bits[(i / 64) as usize];
             if *w & (1 << (i % 64)) == 0 {
                 *w |= 1 << (i % 64);
+                self.unclean(i);
                 out.push(b);
             }
         }
@@ -93,10 +286,10 @@ impl BlockAlloc {
         let mut w = self.cursor / 64;
         let mut scanned = 0u64;
         while out.len() < n && scanned <= words {
-            let word = &mut self.bits[w as usize];
-            while *word != u64::MAX && out.len() < n {
-                let bit = (!*word).trailing_zeros() as u64;
-                *word |= 1 << bit;
+            while self.bits[w as usize] != u64::MAX && out.len() < n {
+                let bit = (!self.bits[w as usize]).trailing_zeros() as u64;
+                self.bits[w as usize] |= 1 << bit;
+                self.unclean(w * 64 + bit);
                 out.push(self.start + w * 64 + bit);
             }
             if out.len() < n {
@@ -195,6 +388,7 @@ impl BlockAlloc {
                 assert!(self.is_free(i), "planned block {b} is not free");
                 self.bits[(i / 64) as usize] |= 1 << (i % 64);
                 self.free -= 1;
+                self.unclean(i);
             }
         }
         if let Some(&(_, first, k)) = plan.last() {
@@ -215,6 +409,9 @@ impl BlockAlloc {
         assert!(*w & m != 0, "block {block} freed twice");
         *w &= !m;
         self.free += 1;
+        // Taking a block cleared its bit: a freed block is unknown (it may hold a
+        // deleted file's bytes) until zeroed again.
+        debug_assert!(!self.is_clean(block), "a taken block was still clean");
         if self.recent.len() < RECENT_MAX {
             self.recent.push(block);
         }
@@ -255,6 +452,130 @@ mod tests {
         assert_eq!(a.alloc_one().unwrap(), 150);
         assert!(!a.mark_used(150));
         assert!(!a.mark_used(99));
+    }
+
+    #[test]
+    fn clean_blocks_come_first_and_only_free_blocks_are_clean() {
+        let mut a = BlockAlloc::new(100, 256);
+        let used = a.alloc(10).unwrap(); // 100..110
+        assert!(!a.mark_clean(105), "a used block is never clean");
+        assert!(!a.mark_clean(99) && !a.mark_clean(356), "outside the range");
+        for b in 200..204 {
+            assert!(a.mark_clean(b));
+        }
+        assert!(a.mark_clean(200), "marking twice is harmless");
+        assert_eq!(a.clean_count(), 4);
+        // Clean ones first, flagged; the rest as `alloc` takes them, not flagged.
+        let got = a.alloc_clean_first(CLEAN_FIRST_MIN + 2).unwrap();
+        let clean: Vec<u64> = got.iter().filter(|g| g.1).map(|g| g.0).collect();
+        assert_eq!(clean, vec![200, 201, 202, 203]);
+        assert_eq!(got.iter().filter(|g| !g.1).count(), CLEAN_FIRST_MIN - 2);
+        assert!(got.windows(2).all(|w| w[0].0 < w[1].0), "ascending");
+        assert_eq!(a.clean_count(), 0);
+        assert_eq!(a.free_count(), 256 - 10 - CLEAN_FIRST_MIN as u64 - 2);
+        // A freed block comes back unknown, even one handed out clean.
+        a.free(201);
+        a.free(used[0]);
+        assert!(!a.is_clean(201) && !a.is_clean(used[0]));
+        let again = a.alloc_clean_first(CLEAN_FIRST_MIN).unwrap();
+        assert!(again.iter().all(|g| !g.1));
+    }
+
+    #[test]
+    fn zeroed_blocks_are_counted_apart_from_holes_until_taken() {
+        let mut a = BlockAlloc::new(0, 256);
+        a.alloc(100).unwrap();
+        a.free(3);
+        assert!(a.mark_zeroed(3));
+        assert!(!a.mark_zeroed(4), "a used block");
+        assert!(a.mark_clean(200));
+        assert_eq!((a.clean_count(), a.zeroed_count()), (2, 1));
+        let got = a.alloc_clean_first(CLEAN_FIRST_MIN).unwrap();
+        assert_eq!(got[0], (3, true));
+        assert_eq!((a.clean_count(), a.zeroed_count()), (0, 0));
+        a.free(3);
+        assert_eq!(a.zeroed_count(), 0, "freed: unknown again");
+    }
+
+    #[test]
+    fn allocations_below_clean_first_min_take_recent_blocks_and_say_none_is_clean() {
+        let mut a = BlockAlloc::new(0, 1024);
+        a.alloc(64).unwrap();
+        a.free(7);
+        for b in 500..600 {
+            assert!(a.mark_clean(b));
+        }
+        let small = a.alloc_clean_first(CLEAN_FIRST_MIN - 1).unwrap();
+        assert_eq!(small[0], (7, false), "the recently freed block first");
+        assert!(small.iter().all(|g| !g.1), "the caller zeroes them all");
+        let big = a.alloc_clean_first(CLEAN_FIRST_MIN).unwrap();
+        assert!(big.iter().all(|g| g.1), "clean blocks at the bound");
+        assert_eq!(big[0].0, 500);
+    }
+
+    #[test]
+    fn clean_blocks_are_taken_lowest_first_and_move_the_cursor_past_them() {
+        let mut a = BlockAlloc::new(0, 1024);
+        a.alloc(200).unwrap(); // cursor at 192
+        a.free(150);
+        a.free(5);
+        for b in [5, 150, 600, 601] {
+            assert!(a.mark_clean(b));
+        }
+        for b in 700..700 + CLEAN_FIRST_MIN as u64 {
+            assert!(a.mark_clean(b));
+        }
+        let got: Vec<u64> = a
+            .alloc_clean_first(CLEAN_FIRST_MIN)
+            .unwrap()
+            .iter()
+            .map(|g| g.0)
+            .collect();
+        assert_eq!(got[..5], [5, 150, 600, 601, 700], "lowest first");
+        assert_eq!(a.cursor, 704, "next-fit goes on from the last block taken");
+        assert_eq!(a.frontier().load(Ordering::Relaxed), 704);
+        // A block marked clean below the lowest one searched is found again.
+        a.free(5);
+        assert!(a.mark_clean(5));
+        let got = a.alloc_clean_first(CLEAN_FIRST_MIN).unwrap();
+        assert_eq!(got[0], (5, true));
+    }
+
+    #[test]
+    fn every_way_of_taking_a_block_forgets_that_it_was_clean() {
+        let mut a = BlockAlloc::new(0, 128);
+        for b in 0..128 {
+            assert!(a.mark_clean(b));
+        }
+        let got = a.alloc(3).unwrap();
+        assert!(got.iter().all(|&b| !a.is_clean(b)));
+        let plan = a.plan_landing(4, 32).unwrap();
+        a.take_planned(&plan);
+        for &(gap, first, k) in &plan {
+            assert!((gap..first + k).all(|b| !a.is_clean(b)));
+        }
+        assert!(!a.mark_used(got[0]));
+        assert!(a.mark_used(100));
+        assert!(!a.is_clean(100));
+        assert_eq!(a.clean_count(), a.free_count());
+    }
+
+    #[test]
+    fn dirty_free_finds_free_blocks_not_known_clean_up_to_its_bound() {
+        let mut a = BlockAlloc::new(10, 130); // padding past 130 in the last word
+        a.alloc(130).unwrap();
+        for b in [12, 75, 139] {
+            a.free(b);
+        }
+        a.mark_clean(75);
+        assert_eq!(a.dirty_free(1), vec![12]);
+        let mut rest = a.dirty_free(8);
+        rest.sort_unstable();
+        assert_eq!(rest, vec![12, 139], "never 75 (clean) nor padding");
+        a.mark_clean(12);
+        a.mark_clean(139);
+        assert!(a.dirty_free(8).is_empty());
+        assert!(a.dirty_free(0).is_empty());
     }
 
     /// Check a plan: extents of 1..=max blocks, each right behind its gap, all of them

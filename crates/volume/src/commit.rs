@@ -220,6 +220,27 @@ impl Volume {
         Ok(())
     }
 
+    /// `reserve_blocks` for pages handed out to be filled (`reserve_pages`): known-zero
+    /// blocks first. Returns, for each block of the pool in order, whether it holds
+    /// zeros already.
+    pub(crate) fn reserve_clean_blocks(
+        &self,
+        st: &mut State,
+        txn: &mut Txn,
+        n: u64,
+    ) -> Result<Vec<bool>> {
+        self.fault_point(|| FsError::NoSpace)?;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        self.ensure_blocks_of(st, n, false)?;
+        let got = st.balloc.alloc_clean_first(n as usize)?;
+        let clean = got.iter().map(|&(_, c)| c).collect();
+        txn.pool
+            .extend(got.into_iter().map(|(b, _)| FreshBlock::from_allocator(b)));
+        Ok(clean)
+    }
+
     /// Check that an entry of at most `bound` bytes fits the log (half the ring, so a
     /// checkpoint can always make room), and remember the bound for `finish`.
     pub(crate) fn reserve_log(&self, txn: &mut Txn, bound: u64) -> Result<()> {
@@ -279,8 +300,19 @@ impl Volume {
                 self.apply(st, r);
             }
             self.fence()?;
-            for b in std::mem::take(&mut txn.releases) {
-                st.balloc.free(b);
+            // Released blocks a reader or a lease still pins wait for a checkpoint
+            // that finds them unpinned, as with the log: a free block may be reused or
+            // zeroed ahead of need (zero.rs) at once.
+            let releases = std::mem::take(&mut txn.releases);
+            if !releases.is_empty() {
+                let read = self.readers.pinned();
+                for b in releases {
+                    if st.pins.contains_key(&b) || read.contains(b) {
+                        st.deferred_frees.push(b);
+                    } else {
+                        st.balloc.free(b);
+                    }
+                }
             }
             return Ok(());
         }

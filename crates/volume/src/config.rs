@@ -192,4 +192,10 @@ counters! {
     user_copy_bytes,
     /// Bytes handed out as borrowed PM slices or attached pages (no copy).
     zero_copy_bytes,
+    /// Blocks `reserve_pages` zeroed before handing them out (not known to be zero).
+    reserve_zeroed_blocks,
+    /// Blocks `reserve_pages` handed out without zeroing (known to hold zeros).
+    reserve_clean_blocks,
+    /// Free blocks zeroed ahead of need (`clean_free_blocks`).
+    background_zeroed_blocks,
 }

@@ -2,6 +2,7 @@
 //! (`reserve_pages`, `pflush_add`, `pflush_commit`) and atomic page release (`pfree`).
 
 use crate::commit::{Sink, Txn, ENTRY_OVERHEAD, INODE_RECORD};
+use crate::config::Stats;
 use crate::data::{check_file, max_file_size};
 use crate::error::{FsError, Result};
 use crate::layout::*;
@@ -195,17 +196,28 @@ impl Volume {
 
     /// FLAC: fresh pages for the caller to fill, later placed with `pflush_commit`.
     /// They come zeroed: a recycled block must not show a deleted file's bytes where
-    /// the caller does not write.
+    /// the caller does not write. Blocks known to hold zeros (a hole of the image at
+    /// open, or zeroed while free: `clean_free_blocks`) are taken first and not zeroed
+    /// again; only the others are.
     pub fn reserve_pages(&self, n: usize) -> Result<PageBuf<'_>> {
-        let blocks = {
+        let (blocks, clean) = {
             let mut st = self.write_state()?;
             let mut txn = Txn::new(OpType::PflushCommit, 0);
-            self.reserve_blocks(&mut st, &mut txn, n as u64)?;
-            std::mem::take(&mut txn.pool)
+            let clean = self.reserve_clean_blocks(&mut st, &mut txn, n as u64)?;
+            (std::mem::take(&mut txn.pool), clean)
         };
-        for b in &blocks {
-            self.fresh_zero(b, 0, BLOCK);
+        let mut zeroed = 0;
+        for (b, clean) in blocks.iter().zip(clean) {
+            if !clean {
+                self.fresh_zero(b, 0, BLOCK);
+                zeroed += 1;
+            }
         }
+        Stats::add(&self.stats.reserve_zeroed_blocks, zeroed);
+        Stats::add(
+            &self.stats.reserve_clean_blocks,
+            blocks.len() as u64 - zeroed,
+        );
         Ok(PageBuf { vol: self, blocks })
     }
 

@@ -36,7 +36,9 @@ mod tmpfile;
 #[doc(hidden)]
 pub mod trace;
 mod volume;
+mod zero;
 
+pub use alloc::CLEAN_FIRST_MIN;
 pub use commit::{metadata_reserve, METADATA_RESERVE_MAX};
 pub use config::{
     CommitFault, FaultPlan, MkfsOptions, RootDir, Stats, StatsSnapshot, TraceHook, VolumeConfig,
@@ -61,6 +63,7 @@ pub use ops::{
 pub use volume::{RecoveryReport, Volume, VolumeInfo};
 pub use zcfs_pmem::{PersistMode, Region};
 pub use zcfs_types::Cred;
+pub use zero::{CLEAN_TARGET, HOLE_SCAN_MAX_EXTENTS};
 
 /// File type bits, re-exported for frontends.
 pub mod mode {

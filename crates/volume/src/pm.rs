@@ -11,6 +11,10 @@
 //!   ring and its words): written only with `&mut State` in hand, i.e. under the state's
 //!   write lock (or before the state is shared). Nothing borrows them at run time: reads
 //!   go through the DRAM index.
+//! - **free blocks** (zero.rs): zeroed ahead of need only with `&mut State` in hand,
+//!   so no transaction can take them meanwhile; a free block is reachable from no file,
+//!   held by no transaction or reservation and pinned by no reader (a block is freed
+//!   only once unpinned), so nothing else reads or writes it.
 //! - nothing else: live data blocks are never written in place (copy-on-write).
 //!
 //! Live data blocks are borrowed for reading with a [`Live`] proof: the state lock (a
@@ -130,6 +134,21 @@ impl Volume {
     pub(crate) unsafe fn fresh_run_mut(&self, first: BlockNo, at: usize, len: usize) -> &mut [u8] {
         // SAFETY: the caller's contract above is the region's access contract.
         unsafe { self.region.slice_mut(first.at(at as u64).off(), len) }
+    }
+
+    /// Zero a whole free block (under the write lock: `&mut State`; not written back:
+    /// what a crash leaves in a free block does not matter, only what the running
+    /// volume knows, see zero.rs).
+    pub(crate) fn free_zero(&self, st: &mut State, b: BlockNo) {
+        assert!(
+            st.balloc.is_free_block(b.0),
+            "zeroing block {} that is not free",
+            b.0
+        );
+        // SAFETY: a free block is known to no file, transaction, reservation or reader
+        // (module docs), and the write lock we hold keeps the allocator from handing it
+        // out while we store.
+        unsafe { self.region.zero(b.at(0).off(), BLOCK) }
     }
 
     /// Store a metadata home or log range (under the write lock: `&mut State`).

@@ -357,6 +357,12 @@ impl Volume {
                     "freed files that were unlinked while open before a crash"
                 );
             }
+            // After every free of the open (orphans): which free blocks are holes.
+            let clean = {
+                let mut st = vol.state.write().unwrap();
+                vol.note_zero_blocks(&mut st)
+            };
+            tracing::debug!(clean, "free blocks known to hold zeros");
             if vol.cfg.batch_ops > 1 {
                 vol.flusher.start(&vol);
             }
