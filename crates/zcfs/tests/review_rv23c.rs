@@ -133,3 +133,137 @@ fn open_root(net: &Net, srv: &Served) {
         fs.setattr(&Ctx::user(1000, 1000), ROOT, &set, 0).unwrap();
     });
 }
+
+/// A truncate of a file open here is committed before its reply (8774853), and the
+/// close after it then sends no FLUSH: also when the truncate goes by path (fh 0, as
+/// truncate(2) of an open file), and when another handle of the file, open through it,
+/// is closed last (each handle counted the change, and each took the count back). The
+/// server is killed right after the last close; the size must be the truncate's.
+#[test]
+fn a_truncate_by_path_or_through_another_handle_is_durable_at_close() {
+    const ROUNDS: usize = 8;
+    let net = Net::new();
+    let mut srv = Served::new(&net, "rv23c-trunc", &[]);
+    for round in 0..ROUNDS {
+        let name = format!("t{round}");
+        let size = 4096 + round as u64;
+        net.in_cli(|| {
+            let fs = srv.client(&net, Duration::from_secs(10));
+            let c = ctx();
+            let (f, h1) = fs
+                .create(
+                    &c,
+                    ROOT,
+                    name.as_bytes(),
+                    libc::S_IFREG | 0o644,
+                    libc::O_RDWR,
+                )
+                .unwrap();
+            fs.fsync(f.ino, h1, false).unwrap();
+            let h2 = fs.open(&c, f.ino, libc::O_WRONLY).unwrap();
+            for (i, h) in [h1, h2, h1].into_iter().enumerate() {
+                let n = fs.write_behind(&c, f.ino, h, i as u64 * 4096, &vec![7u8; 4096]);
+                assert_eq!(n.unwrap(), 4096);
+            }
+            let shrink = zcfs_backend::SetAttr {
+                size: Some(size),
+                ..Default::default()
+            };
+            let through = if round % 2 == 0 { 0 } else { h1 };
+            fs.setattr(&c, f.ino, &shrink, through).unwrap();
+            let before = fs.durable_without_round_trip();
+            fs.flush(f.ino, h1).unwrap();
+            fs.release(f.ino, h1).unwrap();
+            fs.flush(f.ino, h2).unwrap();
+            assert_eq!(
+                fs.durable_without_round_trip(),
+                before + 2,
+                "round {round}: both closes without a FLUSH (the path under test)"
+            );
+            srv.kill(libc::SIGKILL);
+        });
+        srv.start(&net, &[]);
+        net.in_cli(|| {
+            let fs = srv.client(&net, Duration::from_secs(10));
+            let a = fs.lookup(&ctx(), ROOT, name.as_bytes()).unwrap();
+            assert_eq!(a.size, size, "round {round}: the truncate was lost");
+        });
+    }
+    srv.kill(libc::SIGTERM);
+    srv.fsck();
+}
+
+/// Committed setattrs (times, mode) through one handle racing writes too large to be
+/// committed by their replies through another, on another thread: each setattr takes
+/// back only its own count, so the closes after them still make the writes durable.
+/// The server is killed right after the last close; every write must be there.
+#[test]
+fn committed_setattrs_racing_uncommitted_writes_leave_the_writes_counted() {
+    const ROUNDS: usize = 6;
+    const CHUNK: usize = 256 * 1024;
+    const CHUNKS: u64 = 6;
+    let net = Net::new();
+    let mut srv = Served::new(&net, "rv23c-race", &[]);
+    for round in 0..ROUNDS {
+        let name = format!("r{round}");
+        net.in_cli(|| {
+            let fs = srv.client(&net, Duration::from_secs(10));
+            let c = ctx();
+            let (f, h1) = fs
+                .create(
+                    &c,
+                    ROOT,
+                    name.as_bytes(),
+                    libc::S_IFREG | 0o644,
+                    libc::O_RDWR,
+                )
+                .unwrap();
+            let h2 = fs.open(&c, f.ino, libc::O_WRONLY).unwrap();
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    for i in 0..CHUNKS {
+                        let data = vec![(i + 1) as u8; CHUNK];
+                        let n = fs.write_behind(&c, f.ino, h2, i * CHUNK as u64, &data);
+                        assert_eq!(n.unwrap() as usize, CHUNK);
+                    }
+                });
+                s.spawn(|| {
+                    for i in 0..CHUNKS * 4 {
+                        let set = zcfs_backend::SetAttr {
+                            mode: Some(0o600 | (i as u32 & 0o44)),
+                            mtime: Some(zcfs_backend::SetTime::Now),
+                            ..Default::default()
+                        };
+                        let through = if i % 2 == 0 { 0 } else { h1 };
+                        fs.setattr(&c, f.ino, &set, through).unwrap();
+                    }
+                });
+            });
+            fs.flush(f.ino, h1).unwrap();
+            fs.release(f.ino, h1).unwrap();
+            fs.flush(f.ino, h2).unwrap();
+            srv.kill(libc::SIGKILL);
+        });
+        srv.start(&net, &[]);
+        net.in_cli(|| {
+            let fs = srv.client(&net, Duration::from_secs(10));
+            let a = fs.lookup(&ctx(), ROOT, name.as_bytes()).unwrap();
+            assert_eq!(
+                a.size,
+                CHUNKS * CHUNK as u64,
+                "round {round}: writes were lost"
+            );
+            let fh = fs.open(&ctx(), a.ino, libc::O_RDONLY).unwrap();
+            for i in 0..CHUNKS {
+                let got = read_all(&fs, a.ino, fh, i * CHUNK as u64, CHUNK as u32);
+                assert!(
+                    got.iter().all(|&b| b == (i + 1) as u8),
+                    "round {round}: chunk {i} lost"
+                );
+            }
+            fs.release(a.ino, fh).unwrap();
+        });
+    }
+    srv.kill(libc::SIGTERM);
+    srv.fsck();
+}
