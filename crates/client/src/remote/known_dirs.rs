@@ -65,17 +65,22 @@ fn knowable(a: &Attr) -> bool {
 
 /// Whether the server lets `cred` search the known directory `k`, whatever its squash
 /// policy (root squashed or not, every user squashed or not):
-/// - a caller whose permissions the kernel checked (`default_permissions`): the server
-///   does not check again, and the kernel asked only after its own check;
 /// - every class has x: whoever the server takes the caller for;
 /// - root otherwise never: it acts as root (allowed) or as the anonymous user (judged
 ///   by the bits), which the client cannot tell apart;
 /// - anyone else by the bits of their class (owner, else group, else others), as the
 ///   server judges it when it keeps their identity; when it squashes every user to the
 ///   anonymous one, directories this client made belong to that user, whose owner bits
-///   then decide, so those must allow search too.
+///   then decide, so those must allow search too. Root squash also maps group 0
+///   (primary or supplementary) to the anonymous group, which may be the directory's:
+///   a caller in group 0 that is not the owner may be judged as group or as others,
+///   so both must allow it.
+///
+/// Not whether the kernel checked (`Cred::checked`): that flag is not sent, and the
+/// server checks every lookup after its identity map, where the kernel let root in
+/// (CAP_DAC_OVERRIDE) and judged the others by the owner and group it was shown.
 fn may_search(k: &Known, cred: &Cred) -> bool {
-    if cred.checked || k.mode & 0o111 == 0o111 {
+    if k.mode & 0o111 == 0o111 {
         return true;
     }
     if cred.uid == 0 {
@@ -83,6 +88,8 @@ fn may_search(k: &Known, cred: &Cred) -> bool {
     }
     let class = if cred.uid == k.uid {
         k.mode >> 6
+    } else if cred.gid == 0 || cred.groups.contains(&0) {
+        (k.mode >> 3) & k.mode
     } else if cred.gid == k.gid || cred.groups.contains(&k.gid) {
         k.mode >> 3
     } else {
@@ -396,12 +403,25 @@ mod tests {
         for who in [&owner, &member, &other, &root] {
             assert!(absent(&k, 8, who).is_none(), "{}", who.uid);
         }
-        // A caller the kernel checked: the server does not check again.
-        let checked = Cred {
-            checked: true,
-            ..other.clone()
-        };
-        assert!(absent(&k, 5, &checked).is_some());
+        // A caller the kernel checked: judged all the same (the server does not know,
+        // and checks after its identity map: root squashed, say).
+        for who in [&other, &root] {
+            let checked = Cred {
+                checked: true,
+                ..who.clone()
+            };
+            assert!(absent(&k, 5, &checked).is_none(), "{}", who.uid);
+        }
+        // A member of group 0 (primary or supplementary) may be in the anonymous group
+        // at the server (root squash), the directory's or not: group and others must
+        // both allow it.
+        for g0 in [someone(2000, 0, vec![]), someone(2000, 2000, vec![0])] {
+            k.made(&dir(10, 0o701), 1, st(100, 0), TTL, t);
+            k.made(&dir(11, 0o710), 1, st(100, 0), TTL, t);
+            k.made(&dir(12, 0o711), 1, st(100, 0), TTL, t);
+            assert!(absent(&k, 10, &g0).is_none() && absent(&k, 11, &g0).is_none());
+            assert!(absent(&k, 12, &g0).is_some());
+        }
         // A chmod seen in a change's reply applies from then on.
         k.changed(
             9,

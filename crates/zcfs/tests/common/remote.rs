@@ -109,9 +109,16 @@ impl Served {
                 .arg(&self.image)
                 .args(["--listen", &net.addr(), "--secret-file"])
                 .arg(&self.secret)
-                // The tests act as root on the client.
-                .arg("--no-root-squash")
-                .args(extra)
+                // The tests act as root on the client; "--root-squash" (not an option
+                // of the server) asks for its default, root squash, and "--squash-all"
+                // excludes this.
+                .args(
+                    (!extra
+                        .iter()
+                        .any(|a| *a == "--root-squash" || *a == "--squash-all"))
+                    .then_some("--no-root-squash"),
+                )
+                .args(extra.iter().filter(|a| **a != "--root-squash"))
                 .stderr(Stdio::piped()),
         );
         assert!(line.starts_with("serving"), "server did not start: {line}");
