@@ -897,9 +897,13 @@ impl Backend for RemoteFs {
                 node: self.node(ino),
                 set: set.clone(),
                 fh,
-                // A file open here is closed later: committed now, that close needs
-                // no FLUSH round trip (tar sets times, owner and mode before close).
-                commit: !changing.fhs.is_empty(),
+                // Committed before the reply, always: a close or fsync through a handle
+                // open here needs no FLUSH round trip for it (tar sets times, owner and
+                // mode before close), and a handle opened while a truncate by path is
+                // in flight (not charged with it) cannot skip one that the truncate
+                // needed (review rv23c). A setattr is waited for anyway; the commit
+                // adds the server's few µs to it.
+                commit: true,
             },
         );
         changing.committed = r.as_ref().is_ok_and(|r| r.committed);

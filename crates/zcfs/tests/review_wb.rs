@@ -753,3 +753,52 @@ fn a_truncate_after_small_writes_is_durable_at_close() {
     srv.kill(libc::SIGTERM);
     srv.fsck();
 }
+
+/// A truncate by path of a file open nowhere here is committed before its reply too
+/// (every setattr asks): a handle opened while it is in flight is not charged with it,
+/// and its close or fsync must not be able to skip a round trip the truncate needed
+/// (review rv23c). The server is killed right after the truncate returns: the file has
+/// the size it gave.
+#[test]
+fn a_truncate_by_path_is_committed_before_its_reply() {
+    const KILL_ROUNDS: usize = 8;
+    let net = Net::new();
+    let mut srv = Served::new(&net, "wb-path-trunc", &[]);
+    for round in 0..KILL_ROUNDS {
+        let name = format!("p{round}");
+        net.in_cli(|| {
+            let fs = srv.client(&net, Duration::from_secs(10));
+            let c = ctx();
+            let (f, fh) = fs
+                .create(
+                    &c,
+                    ROOT,
+                    name.as_bytes(),
+                    libc::S_IFREG | 0o644,
+                    libc::O_WRONLY,
+                )
+                .unwrap();
+            assert_eq!(fs.write(&c, f.ino, fh, 0, &fill(3, 16384)).unwrap(), 16384);
+            fs.fsync(f.ino, fh, false).unwrap();
+            fs.release(f.ino, fh).unwrap();
+            let shrink = zcfs_backend::SetAttr {
+                size: Some(100 + round as u64),
+                ..Default::default()
+            };
+            fs.setattr(&c, f.ino, &shrink, 0).unwrap();
+            srv.kill(libc::SIGKILL);
+        });
+        srv.start(&net, &[]);
+        net.in_cli(|| {
+            let fs = srv.client(&net, Duration::from_secs(10));
+            let a = fs.lookup(&ctx(), ROOT, name.as_bytes()).unwrap();
+            assert_eq!(
+                a.size,
+                100 + round as u64,
+                "round {round}: the truncate was lost"
+            );
+        });
+    }
+    srv.kill(libc::SIGTERM);
+    srv.fsck();
+}
