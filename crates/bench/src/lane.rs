@@ -162,12 +162,17 @@ pub fn compare(
     net: &Pair,
     secs: f64,
     rounds: usize,
+    poll: L2Poll,
 ) -> Result<(Vec<Row>, serde_json::Value)> {
+    let poll_arg = match poll {
+        L2Poll::Busy => "busy",
+        L2Poll::Wait => "wait",
+    };
     let srv = start_server_with(
         zcfs,
         net,
         PORT,
-        &["--l2", SRV_IF, "--l2-poll", "wait"],
+        &["--l2", SRV_IF, "--l2-poll", poll_arg],
         "lane",
         true,
     )?;
@@ -180,7 +185,7 @@ pub fn compare(
             c.timeout = Duration::from_secs(30);
             if l2 {
                 c.l2 = Some(L2Options {
-                    poll: L2Poll::Wait,
+                    poll,
                     ..L2Options::new(CLI_IF)
                 });
             }

@@ -147,6 +147,10 @@ pub struct RemoteArgs {
     /// root and AF_XDP on the veth pair).
     #[arg(long, default_value = "tcp", value_delimiter = ',')]
     pub transport: Vec<String>,
+    /// How both ends of the layer-2 lane wait for frames (with `--transport l2`): wait
+    /// (poll(2)) or busy (spin on the rings: one core each).
+    #[arg(long, default_value = "wait")]
+    pub l2_poll: String,
 }
 
 fn main() -> Result<()> {

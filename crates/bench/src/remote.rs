@@ -473,7 +473,11 @@ pub fn run(a: &RemoteArgs) -> Result<()> {
     if with_l2 {
         let rounds = a.repeat.unwrap_or(if a.short { 3 } else { 5 }).max(1);
         eprintln!("the layer-2 lane beside TCP: {rounds} rounds");
-        match crate::lane::compare(&zcfs, &net, secs, rounds) {
+        let poll: zcfs_client::l2::L2Poll = a
+            .l2_poll
+            .parse()
+            .map_err(|e| anyhow::anyhow!("--l2-poll: {e}"))?;
+        match crate::lane::compare(&zcfs, &net, secs, rounds, poll) {
             Ok((lrows, info)) => {
                 md += "\n";
                 md += &crate::lane::summary(&lrows);
