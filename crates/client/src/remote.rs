@@ -211,6 +211,22 @@ struct Mark {
     changed: u64,
 }
 
+/// A reply of a change of a directory: its attributes and name-set state after it.
+trait DirAfter {
+    fn dir_after(&self) -> (Option<&Attr>, Option<DirState>);
+}
+
+macro_rules! dir_after {
+    ($($t:ty),*) => {$(
+        impl DirAfter for $t {
+            fn dir_after(&self) -> (Option<&Attr>, Option<DirState>) {
+                (self.parent.as_ref(), self.parent_state)
+            }
+        }
+    )*};
+}
+dir_after!(MadeReply, RemovedReply, zcfs_protocol::CreateReply);
+
 fn own() -> Ctx {
     let c = Caller::process().cred;
     Ctx::user(c.uid, c.gid)
@@ -652,33 +668,33 @@ impl RemoteFs {
     ) -> Result<Attr> {
         self.forget_name(parent, n);
         let token = self.inval_token();
-        let (r, epoch) = self.known_change(parent, self.call_in(ctx, req, &[]))?;
-        {
-            let (mut k, now) = (lock(&self.known), Instant::now());
-            let change = Change::Added(n);
-            k.changed(
-                parent,
-                epoch,
-                r.parent.as_ref(),
-                r.parent_state,
-                change,
-                now,
-            );
-            if r.attr.is_dir() {
-                let ttl = self.client.config().attr_ttl;
-                k.made(&r.attr, epoch, r.made_state, ttl, now);
-            }
+        let r = self.call_in(ctx, req, &[]);
+        let (r, epoch) = self.known_change(parent, r, Change::Added(n))?;
+        if r.attr.is_dir() {
+            let ttl = self.client.config().attr_ttl;
+            lock(&self.known).made(&r.attr, epoch, r.made_state, ttl, Instant::now());
         }
         let a = self.entry(r.attr, epoch, Some((parent, n)), token);
         self.dir_changed(parent, r.parent, token);
         Ok(a)
     }
 
-    /// The outcome of a change of ours in directory `dir`: an error forgets what we
-    /// knew of its names (EEXIST: someone made the name we took as absent).
-    fn known_change<T>(&self, dir: u64, r: Result<T>) -> Result<T> {
-        if r.is_err() {
-            lock(&self.known).forget(dir);
+    /// The outcome of `change`, ours, in directory `dir`: what we know of its names
+    /// follows the reply's version of it, and an error forgets it (EEXIST: someone made
+    /// the name we took as absent).
+    fn known_change<R: DirAfter>(
+        &self,
+        dir: u64,
+        r: Result<(R, u64)>,
+        change: Change<'_>,
+    ) -> Result<(R, u64)> {
+        let mut k = lock(&self.known);
+        match &r {
+            Ok((reply, epoch)) => {
+                let (after, state) = reply.dir_after();
+                k.changed(dir, *epoch, after, state, change, Instant::now());
+            }
+            Err(_) => k.forget(dir),
         }
         r
     }
@@ -701,21 +717,10 @@ impl RemoteFs {
         let req = req(self.node(parent), name(n)?);
         self.forget_name(parent, n);
         let token = self.inval_token();
-        let (r, epoch) = self.known_change(parent, self.call_in(ctx, req, &[]))?;
-        {
-            let (mut k, now) = (lock(&self.known), Instant::now());
-            let change = Change::Removed(n);
-            k.changed(
-                parent,
-                epoch,
-                r.parent.as_ref(),
-                r.parent_state,
-                change,
-                now,
-            );
-            if r.attr.is_dir() {
-                k.forget(r.attr.ino);
-            }
+        let r = self.call_in(ctx, req, &[]);
+        let (r, _) = self.known_change(parent, r, Change::Removed(n))?;
+        if r.attr.is_dir() {
+            lock(&self.known).forget(r.attr.ino);
         }
         self.removed(&r.attr, token);
         self.dir_changed(parent, r.parent, token);
@@ -1024,15 +1029,8 @@ impl Backend for RemoteFs {
         self.forget_attr(ino);
         self.forget_name(newparent, newname);
         let token = self.inval_token();
-        let (r, epoch) = self.known_change(newparent, self.call_in(ctx, req, &[]))?;
-        lock(&self.known).changed(
-            newparent,
-            epoch,
-            r.parent.as_ref(),
-            r.parent_state,
-            Change::Added(newname),
-            Instant::now(),
-        );
+        let r = self.call_in(ctx, req, &[]);
+        let (r, epoch) = self.known_change(newparent, r, Change::Added(newname))?;
         let a = self.entry(r.attr, epoch, Some((newparent, newname)), token);
         self.dir_changed(newparent, r.parent, token);
         Ok(a)
@@ -1072,15 +1070,8 @@ impl Backend for RemoteFs {
         };
         self.forget_name(parent, n);
         let token = self.inval_token();
-        let (r, epoch) = self.known_change(parent, self.call_in(ctx, req, &[]))?;
-        lock(&self.known).changed(
-            parent,
-            epoch,
-            r.parent.as_ref(),
-            r.parent_state,
-            Change::Added(n),
-            Instant::now(),
-        );
+        let r = self.call_in(ctx, req, &[]);
+        let (r, epoch) = self.known_change(parent, r, Change::Added(n))?;
         let a = self.entry(r.attr, epoch, Some((parent, n)), token);
         self.dir_changed(parent, r.parent, token);
         let fh = self.track(
