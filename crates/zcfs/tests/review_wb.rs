@@ -588,61 +588,44 @@ fn a_read_right_after_an_early_answer_sees_the_write() {
 ///
 /// Rounds write 1 to 4 pieces, so the writes of one file go out on both connections.
 fn close_makes_durable_rounds(tag: &str, piece_len: usize, by_commits: bool) {
-    const KILL_ROUNDS: usize = 24;
-    let net = Net::new();
-    let mut srv = Served::new(&net, tag, &[]);
     let pieces = |round: usize| 1 + round % 4;
     let piece = |round: usize, i: usize| fill((round * 4 + i) as u8 + 1, piece_len);
-    for round in 0..KILL_ROUNDS {
-        let name = format!("f{round}");
-        net.in_cli(|| {
-            let fs = srv.client(&net, Duration::from_secs(10));
-            let c = ctx();
-            let (f, fh) = fs
-                .create(
-                    &c,
-                    ROOT,
-                    name.as_bytes(),
-                    libc::S_IFREG | 0o644,
-                    libc::O_WRONLY,
-                )
-                .unwrap();
-            // Made durable first: only the writes below are at stake.
-            fs.fsync(f.ino, fh, false).unwrap();
-            for i in 0..pieces(round) {
-                let off = (i * piece_len) as u64;
-                let n = fs.write_behind(&c, f.ino, fh, off, &piece(round, i));
-                assert_eq!(n.unwrap(), piece_len as u32);
-            }
-            let (behind, committed) = (fs.flushes_sent_behind(), fs.durable_without_round_trip());
-            fs.flush(f.ino, fh).unwrap();
-            let got = (
-                fs.flushes_sent_behind() - behind,
-                fs.durable_without_round_trip() - committed,
+    let act = |fs: &zcfs_client::RemoteFs, round: usize| {
+        let c = ctx();
+        let (f, fh) = create_file(fs, &format!("f{round}"), libc::O_WRONLY);
+        // Made durable first: only the writes below are at stake.
+        fs.fsync(f.ino, fh, false).unwrap();
+        for i in 0..pieces(round) {
+            let off = (i * piece_len) as u64;
+            let n = fs.write_behind(&c, f.ino, fh, off, &piece(round, i));
+            assert_eq!(n.unwrap(), piece_len as u32);
+        }
+        let (behind, committed) = (fs.flushes_sent_behind(), fs.durable_without_round_trip());
+        fs.flush(f.ino, fh).unwrap();
+        let got = (
+            fs.flushes_sent_behind() - behind,
+            fs.durable_without_round_trip() - committed,
+        );
+        let want = if by_commits { (0, 1) } else { (1, 0) };
+        assert_eq!(
+            got, want,
+            "round {round}: (flushes sent behind, closes without one)"
+        );
+    };
+    let check = |fs: &zcfs_client::RemoteFs, round: usize| {
+        let a = fs
+            .lookup(&ctx(), ROOT, format!("f{round}").as_bytes())
+            .unwrap();
+        assert_eq!(a.size, (pieces(round) * piece_len) as u64, "round {round}");
+        for i in 0..pieces(round) {
+            let off = (i * piece_len) as u64;
+            assert!(
+                read_all(fs, a.ino, 0, off, piece_len as u32) == piece(round, i),
+                "round {round}: piece {i} lost after a close that said 0"
             );
-            let want = if by_commits { (0, 1) } else { (1, 0) };
-            assert_eq!(
-                got, want,
-                "round {round}: (flushes sent behind, closes without one)"
-            );
-            srv.kill(libc::SIGKILL);
-        });
-        srv.start(&net, &[]);
-        net.in_cli(|| {
-            let fs = srv.client(&net, Duration::from_secs(10));
-            let a = fs.lookup(&ctx(), ROOT, name.as_bytes()).unwrap();
-            assert_eq!(a.size, (pieces(round) * piece_len) as u64, "round {round}");
-            for i in 0..pieces(round) {
-                let off = (i * piece_len) as u64;
-                assert!(
-                    read_all(&fs, a.ino, 0, off, piece_len as u32) == piece(round, i),
-                    "round {round}: piece {i} lost after a close that said 0"
-                );
-            }
-        });
-    }
-    srv.kill(libc::SIGTERM);
-    srv.fsck();
+        }
+    };
+    killed_after_each(tag, 24, act, check);
 }
 
 #[test]
@@ -693,65 +676,45 @@ fn a_flush_sent_behind_a_refused_write_reports_its_error() {
 /// file must have the size the truncate gave it (and the xattr set).
 #[test]
 fn a_truncate_after_small_writes_is_durable_at_close() {
-    const KILL_ROUNDS: usize = 12;
-    let net = Net::new();
-    let mut srv = Served::new(&net, "wb-trunc", &[]);
-    for round in 0..KILL_ROUNDS {
-        let name = format!("t{round}");
-        net.in_cli(|| {
-            let fs = srv.client(&net, Duration::from_secs(10));
-            let c = ctx();
-            let (f, fh) = fs
-                .create(
-                    &c,
-                    ROOT,
-                    name.as_bytes(),
-                    libc::S_IFREG | 0o644,
-                    libc::O_WRONLY,
-                )
-                .unwrap();
-            fs.fsync(f.ino, fh, false).unwrap();
-            for i in 0..3u64 {
-                let n = fs.write_behind(&c, f.ino, fh, i * 4096, &fill(9, 4096));
-                assert_eq!(n.unwrap(), 4096);
-            }
-            let shrink = zcfs_backend::SetAttr {
-                size: Some(4096 + round as u64),
-                ..Default::default()
-            };
-            fs.setattr(&c, f.ino, &shrink, fh).unwrap();
-            if round % 2 == 1 {
-                // Not committed by its reply: the close must send its FLUSH.
-                fs.setxattr(&c, f.ino, b"user.k", b"v", 0).unwrap();
-                let committed = fs.durable_without_round_trip();
-                fs.flush(f.ino, fh).unwrap();
-                assert_eq!(
-                    fs.durable_without_round_trip(),
-                    committed,
-                    "round {round}: a close after a setxattr skipped its FLUSH"
-                );
-            } else {
-                fs.flush(f.ino, fh).unwrap();
-            }
-            srv.kill(libc::SIGKILL);
-        });
-        srv.start(&net, &[]);
-        net.in_cli(|| {
-            let fs = srv.client(&net, Duration::from_secs(10));
-            let a = fs.lookup(&ctx(), ROOT, name.as_bytes()).unwrap();
+    let size = |round: usize| 4096 + round as u64;
+    let act = |fs: &zcfs_client::RemoteFs, round: usize| {
+        let c = ctx();
+        let (f, fh) = create_file(fs, &format!("t{round}"), libc::O_WRONLY);
+        fs.fsync(f.ino, fh, false).unwrap();
+        for i in 0..3u64 {
+            let n = fs.write_behind(&c, f.ino, fh, i * 4096, &fill(9, 4096));
+            assert_eq!(n.unwrap(), 4096);
+        }
+        let shrink = zcfs_backend::SetAttr {
+            size: Some(size(round)),
+            ..Default::default()
+        };
+        fs.setattr(&c, f.ino, &shrink, fh).unwrap();
+        if round % 2 == 1 {
+            // Not committed by its reply: the close must send its FLUSH.
+            fs.setxattr(&c, f.ino, b"user.k", b"v", 0).unwrap();
+            let committed = fs.durable_without_round_trip();
+            fs.flush(f.ino, fh).unwrap();
             assert_eq!(
-                a.size,
-                4096 + round as u64,
-                "round {round}: the truncate was lost"
+                fs.durable_without_round_trip(),
+                committed,
+                "round {round}: a close after a setxattr skipped its FLUSH"
             );
-            if round % 2 == 1 {
-                let v = fs.getxattr(&ctx(), a.ino, b"user.k").unwrap();
-                assert_eq!(v, b"v", "round {round}: the xattr was lost");
-            }
-        });
-    }
-    srv.kill(libc::SIGTERM);
-    srv.fsck();
+        } else {
+            fs.flush(f.ino, fh).unwrap();
+        }
+    };
+    let check = |fs: &zcfs_client::RemoteFs, round: usize| {
+        let a = fs
+            .lookup(&ctx(), ROOT, format!("t{round}").as_bytes())
+            .unwrap();
+        assert_eq!(a.size, size(round), "round {round}: the truncate was lost");
+        if round % 2 == 1 {
+            let v = fs.getxattr(&ctx(), a.ino, b"user.k").unwrap();
+            assert_eq!(v, b"v", "round {round}: the xattr was lost");
+        }
+    };
+    killed_after_each("wb-trunc", 12, act, check);
 }
 
 /// A truncate by path of a file open nowhere here is committed before its reply too
@@ -761,44 +724,24 @@ fn a_truncate_after_small_writes_is_durable_at_close() {
 /// the size it gave.
 #[test]
 fn a_truncate_by_path_is_committed_before_its_reply() {
-    const KILL_ROUNDS: usize = 8;
-    let net = Net::new();
-    let mut srv = Served::new(&net, "wb-path-trunc", &[]);
-    for round in 0..KILL_ROUNDS {
-        let name = format!("p{round}");
-        net.in_cli(|| {
-            let fs = srv.client(&net, Duration::from_secs(10));
-            let c = ctx();
-            let (f, fh) = fs
-                .create(
-                    &c,
-                    ROOT,
-                    name.as_bytes(),
-                    libc::S_IFREG | 0o644,
-                    libc::O_WRONLY,
-                )
-                .unwrap();
-            assert_eq!(fs.write(&c, f.ino, fh, 0, &fill(3, 16384)).unwrap(), 16384);
-            fs.fsync(f.ino, fh, false).unwrap();
-            fs.release(f.ino, fh).unwrap();
-            let shrink = zcfs_backend::SetAttr {
-                size: Some(100 + round as u64),
-                ..Default::default()
-            };
-            fs.setattr(&c, f.ino, &shrink, 0).unwrap();
-            srv.kill(libc::SIGKILL);
-        });
-        srv.start(&net, &[]);
-        net.in_cli(|| {
-            let fs = srv.client(&net, Duration::from_secs(10));
-            let a = fs.lookup(&ctx(), ROOT, name.as_bytes()).unwrap();
-            assert_eq!(
-                a.size,
-                100 + round as u64,
-                "round {round}: the truncate was lost"
-            );
-        });
-    }
-    srv.kill(libc::SIGTERM);
-    srv.fsck();
+    let size = |round: usize| 100 + round as u64;
+    let act = |fs: &zcfs_client::RemoteFs, round: usize| {
+        let c = ctx();
+        let (f, fh) = create_file(fs, &format!("p{round}"), libc::O_WRONLY);
+        assert_eq!(fs.write(&c, f.ino, fh, 0, &fill(3, 16384)).unwrap(), 16384);
+        fs.fsync(f.ino, fh, false).unwrap();
+        fs.release(f.ino, fh).unwrap();
+        let shrink = zcfs_backend::SetAttr {
+            size: Some(size(round)),
+            ..Default::default()
+        };
+        fs.setattr(&c, f.ino, &shrink, 0).unwrap();
+    };
+    let check = |fs: &zcfs_client::RemoteFs, round: usize| {
+        let a = fs
+            .lookup(&ctx(), ROOT, format!("p{round}").as_bytes())
+            .unwrap();
+        assert_eq!(a.size, size(round), "round {round}: the truncate was lost");
+    };
+    killed_after_each("wb-path-trunc", 8, act, check);
 }

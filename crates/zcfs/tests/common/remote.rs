@@ -328,3 +328,41 @@ pub fn stat_json(net: &Net, srv: &Served, target: &str) -> serde_json::Value {
     );
     serde_json::from_slice(&out.stdout).unwrap()
 }
+
+/// Durability rounds against a server of its own (`tag`): each round, `act(fs, round)`
+/// runs with a fresh client in the client namespace and the server is killed with
+/// SIGKILL right after it (before the group commit's delay could commit what `act`
+/// left uncommitted); after a restart, `check(fs, round)` runs with another fresh
+/// client. fsck of the image at the end.
+pub fn killed_after_each(
+    tag: &str,
+    rounds: usize,
+    act: impl Fn(&RemoteFs, usize) + Sync,
+    check: impl Fn(&RemoteFs, usize) + Sync,
+) {
+    let net = Net::new();
+    let mut srv = Served::new(&net, tag, &[]);
+    for round in 0..rounds {
+        net.in_cli(|| {
+            act(&srv.client(&net, Duration::from_secs(10)), round);
+            srv.kill(libc::SIGKILL);
+        });
+        srv.start(&net, &[]);
+        net.in_cli(|| check(&srv.client(&net, Duration::from_secs(10)), round));
+    }
+    srv.kill(libc::SIGTERM);
+    srv.fsck();
+}
+
+/// A new file `name` in the root (mode 0644) opened with `flags`: its attributes and
+/// handle.
+pub fn create_file(fs: &RemoteFs, name: &str, flags: i32) -> (zcfs_backend::Attr, u64) {
+    fs.create(
+        &ctx(),
+        zcfs_backend::ROOT,
+        name.as_bytes(),
+        libc::S_IFREG | 0o644,
+        flags,
+    )
+    .unwrap()
+}
