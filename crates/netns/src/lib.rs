@@ -464,8 +464,15 @@ mod tests {
             .spawn()
             .unwrap();
         // spawn returns after the exec, so the child is inside by now. Another test's
-        // create may sweep first.
+        // create (or another process's) may be sweeping it at the same time: this sweep's
+        // teardown then finds it half gone and leaves it to that one, so the removal is
+        // waited for (bounded).
         sweep();
+        let removed_by = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while path_of(&orphan).exists() && std::time::Instant::now() < removed_by {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            sweep();
+        }
         assert!(!path_of(&orphan).exists());
         assert!(
             !inside.wait().unwrap().success(),
