@@ -661,7 +661,8 @@ fn leased_bytes_survive_truncate_unlink_close_and_reuse() {
 }
 
 /// The direct map's read-only descriptor cannot write; on a read-only service the
-/// "read-write" one cannot either.
+/// "read-write" one cannot either; the change counters' one never can (an application
+/// that could store to them would hide other files' changes from other readers).
 #[test]
 fn the_read_only_image_descriptor_cannot_write() {
     use rustix::fd::AsFd;
@@ -680,7 +681,25 @@ fn the_read_only_image_descriptor_cannot_write() {
         });
         let (rep, fds) = ask(Request::DirectMap);
         assert!(matches!(rep, Reply::DirectMap(_)), "{rep:?}");
-        assert_eq!(fds.len(), 2);
+        assert_eq!(fds.len(), 3);
+        assert!(rustix::io::pwrite(fds[2].as_fd(), b"x", 0).is_err());
+        // SAFETY: asking for a writable shared mapping of the counters; checked, and
+        // unmapped if the kernel wrongly gave one.
+        let w = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                std::os::fd::AsRawFd::as_raw_fd(&fds[2]),
+                0,
+            )
+        };
+        if w != libc::MAP_FAILED {
+            // SAFETY: the mapping just made.
+            unsafe { libc::munmap(w, 4096) };
+            panic!("the change counters could be mapped writable");
+        }
         let mode = |i: usize| rustix::fs::fcntl_getfl(fds[i].as_fd()).unwrap();
         assert!(!mode(0).contains(rustix::fs::OFlags::WRONLY));
         assert!(!mode(0).contains(rustix::fs::OFlags::RDWR));

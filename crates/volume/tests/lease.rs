@@ -198,7 +198,7 @@ fn an_unchanged_counter_means_the_leased_extents_are_the_file() {
                 assert_eq!(leased_bytes(&image_of(&v), &lease), bytes, "step {step}");
                 kept.push((lease, now, bytes));
                 if kept.len() > 8 {
-                    kept.remove(0);
+                    drop(kept.remove(0));
                 }
             }
         }
