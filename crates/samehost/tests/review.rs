@@ -924,7 +924,6 @@ fn child_counters_reopener() {
 /// changes from every other mapped reader) or resize the memfd (shrunk, the server's
 /// next raise faults: SIGBUS takes the file system down).
 #[test]
-#[ignore = "finding: the counters memfd reopened through /proc is writable and resizable"]
 fn the_change_counters_cannot_be_reopened_for_writing() {
     let s = serve_with("ctr-reopen", |c| {
         c.read_only = true;
