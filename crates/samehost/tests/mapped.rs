@@ -387,7 +387,6 @@ fn a_lease_too_long_for_any_room_evicts_nothing() {
 /// server, after a restart) changes the file without raising them: a mapped read must
 /// then fail (its server is gone), not serve the file's old blocks as its bytes.
 #[test]
-#[ignore = "finding: after the volume closes, kept chunks serve the old bytes of a changed file"]
 fn kept_chunks_do_not_outlive_their_volume() {
     use zcfs_samehost::{Service, ServiceConfig};
     use zcfs_types::identity::{IdentityMap, Squash};

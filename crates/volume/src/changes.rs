@@ -104,6 +104,16 @@ impl ChangeCounters {
         self.slot(change_slot(ino)).fetch_add(1, Ordering::Release);
     }
 
+    /// Raise every counter once: the volume closes. Another opening of the image has
+    /// counters of its own, so a reader checking these would otherwise go on trusting
+    /// extents it no longer holds (its leases ended with the volume) while the image
+    /// changes under them.
+    pub(crate) fn retire(&self) {
+        for i in 0..CHANGE_SLOTS {
+            self.slot(i).fetch_add(1, Ordering::Release);
+        }
+    }
+
     /// The counter of `ino`'s slot.
     pub fn count(&self, ino: u64) -> u64 {
         self.slot(change_slot(ino)).load(Ordering::Acquire)
