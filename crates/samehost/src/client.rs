@@ -1009,6 +1009,8 @@ impl Client {
             let g = &self.direct.as_ref().expect("checked above").geometry;
             let most = crate::server::MAX_LEASED_BLOCKS * g.block_size as u64;
             let l = self.read_extents(h, off, len.min(most))?;
+            // Given back by the next call, whatever happens below.
+            self.transient = Some(l.id);
             transient = Some(l);
         }
         let map = self.direct.as_ref().expect("checked above");
@@ -1052,7 +1054,6 @@ impl Client {
             }
         }
         // (Leases stop at the end of the file, so the pieces do.)
-        self.transient = transient.map(|l| l.id);
         Ok(pieces)
     }
 
