@@ -393,6 +393,14 @@ fn kept_chunks_do_not_outlive_their_volume() {
     let image = std::path::PathBuf::from(format!("/dev/shm/{tag}.img"));
     let sock = std::env::temp_dir().join(format!("{tag}.sock"));
     let _ = std::fs::remove_file(&image);
+    // Removed however the test ends.
+    struct Gone(std::path::PathBuf);
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let _gone = Gone(image.clone());
     Volume::mkfs(&image, IMAGE_SIZE, &MkfsOptions::default()).unwrap();
     let vol = open_retrying_busy(&image);
     let mut cfg = ServiceConfig::new(&sock);
@@ -429,5 +437,4 @@ fn kept_chunks_do_not_outlive_their_volume() {
     );
     drop(c);
     drop(v2);
-    let _ = std::fs::remove_file(&image);
 }
