@@ -909,6 +909,12 @@ impl Client {
     /// writers do to the file, until [`Client::release`].
     pub fn read_extents(&mut self, h: Handle, off: u64, len: u64) -> Result<LeaseView> {
         self.release_transient()?;
+        // Longer than the server leases at all: no room made would help.
+        if let Some(g) = self.direct.as_ref().map(|d| &d.geometry) {
+            if len > crate::server::MAX_LEASED_BLOCKS * g.block_size as u64 {
+                return Err(Error::Errno(libc::ENOBUFS));
+            }
+        }
         loop {
             match self.lease_extents(h, off, len) {
                 // The server's bound on leases: chunks kept for mapped reads (none of a
@@ -972,13 +978,22 @@ impl Client {
         }
         self.mapped_reads += 1;
         let this_read = self.mapped_reads;
-        let chunks = off / MAPPED_CHUNK..end.div_ceil(MAPPED_CHUNK);
+        let first = off / MAPPED_CHUNK;
+        let mut chunks = first..first;
         let mut transient = None;
         let mut consistent = false;
         for _ in 0..MAPPED_ATTEMPTS {
             let now = self.change_count(slot)?;
-            for i in chunks.clone() {
+            // Up to the chunk that holds the end of the file (short: its extents stop
+            // there), in the state of `now` like the others: none past it is leased.
+            chunks = first..first;
+            for i in first..end.div_ceil(MAPPED_CHUNK) {
                 self.ensure_chunk(h, i, now, this_read)?;
+                chunks.end = i + 1;
+                let covered: u64 = self.mapped[&(h, i)].extents.iter().map(|e| e.len).sum();
+                if covered < MAPPED_CHUNK {
+                    break;
+                }
             }
             // One chunk is one state whatever happened; several are if the counter
             // did not move while they were made sure of (every chunk then has `now`).
@@ -989,8 +1004,13 @@ impl Client {
         }
         if !consistent {
             // The file keeps changing under a read of several chunks: one lease of
-            // the range gives one state.
-            let l = self.read_extents(h, off, len)?;
+            // the range gives one state (as long a range as the server leases: the
+            // chunks were fewer than MAPPED_CHUNKS_MAX).
+            let g = &self.direct.as_ref().expect("checked above").geometry;
+            let most = crate::server::MAX_LEASED_BLOCKS * g.block_size as u64;
+            let l = self.read_extents(h, off, len.min(most))?;
+            // Given back by the next call, whatever happens below.
+            self.transient = Some(l.id);
             transient = Some(l);
         }
         let map = self.direct.as_ref().expect("checked above");
@@ -1034,7 +1054,6 @@ impl Client {
             }
         }
         // (Leases stop at the end of the file, so the pieces do.)
-        self.transient = transient.map(|l| l.id);
         Ok(pieces)
     }
 

@@ -64,8 +64,8 @@ fn a_mapped_read_asks_once_then_serves_in_place_until_the_file_changes() {
     let asked2 = c.stats().unwrap().direct_read_ops;
     assert_eq!(
         asked2 - asked,
-        3,
-        "chunks 1, 2 and 3 (past the end, empty) leased once each"
+        2,
+        "chunks 1 and 2 leased once each (none past the end of the file)"
     );
     for i in 0..100u64 {
         let off = i * 30_000;
@@ -79,7 +79,7 @@ fn a_mapped_read_asks_once_then_serves_in_place_until_the_file_changes() {
         asked2,
         "no call while unchanged"
     );
-    assert_eq!(c.mapped_chunks(), 4);
+    assert_eq!(c.mapped_chunks(), 3);
 
     // A change through another connection: seen by the next read.
     let mut w = Client::connect(&s.sock).unwrap();
@@ -293,4 +293,148 @@ fn kept_chunks_stay_bounded_and_give_way_to_explicit_leases() {
     assert_eq!(c.stats().unwrap().leases_active, 0);
     drop(c);
     s.stop_and_check();
+}
+
+/// (Review finding.) A read whose length reaches far past the end of the file is short
+/// at the end, as any read: it does not lease (empty) chunks past the end one by one
+/// until the bound is hit and fail with ENOBUFS, giving back every other kept chunk on
+/// the way. Huge offsets read nothing.
+#[test]
+fn a_long_read_past_the_end_is_short_and_keeps_no_chunks_past_it() {
+    let mut s = serve("mapped-eof");
+    let mut c = Client::connect(&s.sock).unwrap();
+    let buf = c.register_buffer(MAPPED_CHUNK as usize + 100).unwrap();
+    let f = c.open("/e", libc::O_RDWR | libc::O_CREAT, 0o644).unwrap();
+    let g = c.open("/o", libc::O_RDWR | libc::O_CREAT, 0o644).unwrap();
+    let data = pattern(MAPPED_CHUNK as usize + 100, 5);
+    write(&mut c, f.handle, buf, 0, &data);
+    write(&mut c, g.handle, buf, 0, &data[..4096]);
+    c.direct_map().unwrap();
+    // Another file's kept chunk: nothing here needs its room.
+    assert_eq!(read(&mut c, g.handle, 0, 4096), data[..4096]);
+    let long = (MAPPED_CHUNKS_MAX as u64 + 44) * MAPPED_CHUNK;
+    let got = c
+        .read_mapped(f.handle, 0, long)
+        .map(|p| bytes_of(&p))
+        .map_err(|e| e.errno());
+    match got {
+        Ok(b) => assert!(
+            b == data,
+            "a read past the end: {} bytes, not the file",
+            b.len()
+        ),
+        Err(e) => panic!("a read past the end failed with errno {e}"),
+    }
+    assert!(
+        c.mapped_chunks() <= 3,
+        "{} chunks kept for a file of two",
+        c.mapped_chunks()
+    );
+    assert_eq!(read(&mut c, g.handle, 0, 4096), data[..4096]);
+    // Offsets at the end of the range: nothing to read, no failure.
+    assert_eq!(read(&mut c, f.handle, u64::MAX - 5, 5), b"");
+    assert_eq!(
+        read(
+            &mut c,
+            f.handle,
+            u64::MAX - MAPPED_CHUNK * 3,
+            MAPPED_CHUNK * 2
+        ),
+        b""
+    );
+    assert!(c.mapped_chunks() <= 5, "one empty chunk each");
+    c.forget_mapped(None).unwrap();
+    assert_eq!(c.stats().unwrap().leases_active, 0);
+    drop(c);
+    s.stop_and_check();
+}
+
+/// (Review finding.) An explicit lease the server refuses whatever room it has (longer
+/// than its bound) gives back no kept chunk.
+#[test]
+fn a_lease_too_long_for_any_room_evicts_nothing() {
+    let mut s = serve("mapped-toolong");
+    let mut c = Client::connect(&s.sock).unwrap();
+    let buf = c.register_buffer(4 * MAPPED_CHUNK as usize).unwrap();
+    let f = c.open("/t", libc::O_RDWR | libc::O_CREAT, 0o644).unwrap();
+    write(
+        &mut c,
+        f.handle,
+        buf,
+        0,
+        &pattern(4 * MAPPED_CHUNK as usize, 6),
+    );
+    c.direct_map().unwrap();
+    read(&mut c, f.handle, 0, 4 * MAPPED_CHUNK);
+    assert_eq!(c.mapped_chunks(), 4);
+    let asked = c.stats().unwrap().direct_read_ops;
+    let too_long = MAX_LEASED_BLOCKS * 4096 + 4096;
+    assert_eq!(
+        c.read_extents(f.handle, 0, too_long).unwrap_err().errno(),
+        libc::ENOBUFS
+    );
+    assert_eq!(c.mapped_chunks(), 4, "kept chunks given back for nothing");
+    read(&mut c, f.handle, 0, 4 * MAPPED_CHUNK);
+    assert_eq!(c.stats().unwrap().direct_read_ops, asked);
+    drop(c);
+    s.stop_and_check();
+}
+
+/// (Review finding.) Kept chunks are checked against the counters of the volume that
+/// served them. Once that volume is closed, another opening of the image (another
+/// server, after a restart) changes the file without raising them: a mapped read must
+/// then fail (its server is gone), not serve the file's old blocks as its bytes.
+#[test]
+fn kept_chunks_do_not_outlive_their_volume() {
+    use zcfs_samehost::{Service, ServiceConfig};
+    use zcfs_types::identity::{IdentityMap, Squash};
+    use zcfs_volume::{MkfsOptions, Volume};
+    let tag = format!("zcfs-sh-{}-mapped-reopen", std::process::id());
+    let image = std::path::PathBuf::from(format!("/dev/shm/{tag}.img"));
+    let sock = std::env::temp_dir().join(format!("{tag}.sock"));
+    let _ = std::fs::remove_file(&image);
+    // Removed however the test ends.
+    struct Gone(std::path::PathBuf);
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let _gone = Gone(image.clone());
+    Volume::mkfs(&image, IMAGE_SIZE, &MkfsOptions::default()).unwrap();
+    let vol = open_retrying_busy(&image);
+    let mut cfg = ServiceConfig::new(&sock);
+    cfg.identity = IdentityMap {
+        squash: Squash::None,
+        ..Default::default()
+    };
+    let svc = Arc::new(Service::bind(vol.clone(), cfg).unwrap());
+    let run = svc.clone();
+    let thread = std::thread::spawn(move || run.run());
+    let mut c = Client::connect(&sock).unwrap();
+    let buf = c.register_buffer(8192).unwrap();
+    let f = c.open("/f", libc::O_RDWR | libc::O_CREAT, 0o644).unwrap();
+    write(&mut c, f.handle, buf, 0, &[b'a'; 8192]);
+    c.direct_map().unwrap();
+    assert_eq!(read(&mut c, f.handle, 0, 8192), vec![b'a'; 8192]);
+    // The server stops and its volume closes; the application stays.
+    svc.shutdown();
+    thread.join().unwrap();
+    drop(svc);
+    drop(vol);
+    // Another opening of the image rewrites the file.
+    let v2 = open_retrying_busy(&image);
+    let ino = v2.lookup(&Cred::ROOT, ROOT_INO, b"f").unwrap().ino;
+    v2.write(&Cred::ROOT, ino, 0, &[b'b'; 8192]).unwrap();
+    v2.checkpoint_now().unwrap();
+    let got = c
+        .read_mapped(f.handle, 0, 8192)
+        .map(|p| bytes_of(&p))
+        .map_err(|e| e.errno());
+    assert!(
+        got != Ok(vec![b'a'; 8192]),
+        "a mapped read served the file's old blocks"
+    );
+    drop(c);
+    drop(v2);
 }

@@ -9,6 +9,11 @@
 //!
 //! The counters live from the first `Volume::change_counters` call (nothing is counted
 //! before: no one can hold a lease validated by them then).
+//!
+//! Only this mapping writes them: the memfd is sealed against writes other than through
+//! mappings that exist already (`F_SEAL_FUTURE_WRITE`) and against resizing, so a reader
+//! that opens it again through /proc (a memfd is mode 0777) still cannot store to it or
+//! shrink it under our mapping (the next raise would fault).
 
 use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -39,7 +44,12 @@ impl ChangeCounters {
     /// A fresh table: every counter 0.
     pub fn new() -> std::io::Result<ChangeCounters> {
         // SAFETY: a NUL-terminated name and valid flags; the result is checked.
-        let raw = unsafe { libc::memfd_create(c"zcfs-changes".as_ptr(), libc::MFD_CLOEXEC) };
+        let raw = unsafe {
+            libc::memfd_create(
+                c"zcfs-changes".as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+            )
+        };
         if raw < 0 {
             return Err(std::io::Error::last_os_error());
         }
@@ -64,10 +74,20 @@ impl ChangeCounters {
         if p == libc::MAP_FAILED {
             return Err(std::io::Error::last_os_error());
         }
-        Ok(ChangeCounters {
+        let c = ChangeCounters {
             fd,
             base: p as *const AtomicU64,
-        })
+        };
+        // Our writable mapping stays writable; no other write, writable mapping or
+        // resize is possible any more, whoever opens the memfd.
+        let seals =
+            libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        // SAFETY: a valid descriptor and seal flags; the result is checked (on failure
+        // `c` is dropped, which unmaps).
+        if unsafe { libc::fcntl(raw, libc::F_ADD_SEALS, seals) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(c)
     }
 
     fn slot(&self, i: usize) -> &AtomicU64 {
@@ -82,6 +102,16 @@ impl ChangeCounters {
     /// before sees the old counter.
     pub(crate) fn raise(&self, ino: u64) {
         self.slot(change_slot(ino)).fetch_add(1, Ordering::Release);
+    }
+
+    /// Raise every counter once: the volume closes. Another opening of the image has
+    /// counters of its own, so a reader checking these would otherwise go on trusting
+    /// extents it no longer holds (its leases ended with the volume) while the image
+    /// changes under them.
+    pub(crate) fn retire(&self) {
+        for i in 0..CHANGE_SLOTS {
+            self.slot(i).fetch_add(1, Ordering::Release);
+        }
     }
 
     /// The counter of `ino`'s slot.
@@ -118,6 +148,41 @@ mod tests {
         assert_eq!(c.count(5), 2, "inodes alike modulo the slots share one");
         assert_eq!(c.count(6), 0);
         assert_eq!(c.count(CHANGE_SLOTS as u64 - 1), 1);
+    }
+
+    #[test]
+    fn the_memfd_opened_again_cannot_write_or_resize() {
+        use std::os::fd::AsRawFd;
+        let c = ChangeCounters::new().unwrap();
+        let path = format!("/proc/self/fd/{}", c.fd().as_raw_fd());
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .unwrap();
+        use std::os::unix::fs::FileExt;
+        assert!(f.write_at(&[1], 0).is_err(), "written");
+        assert!(f.set_len(0).is_err(), "shrunk");
+        assert!(f.set_len(CHANGE_TABLE_BYTES as u64 * 2).is_err(), "grown");
+        // SAFETY: asking for a writable shared mapping; checked, unmapped if made.
+        let w = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        if w != libc::MAP_FAILED {
+            // SAFETY: the mapping just made.
+            unsafe { libc::munmap(w, 4096) };
+            panic!("mapped writable");
+        }
+        // Our own mapping still counts.
+        c.raise(3);
+        assert_eq!(c.count(3), 1);
     }
 
     #[test]

@@ -683,6 +683,10 @@ impl Flusher {
 
 impl Drop for Volume {
     fn drop(&mut self) {
+        // First, before the image can be opened again: every kept lease is invalid.
+        if let Some(c) = self.changes.get() {
+            c.retire();
+        }
         self.flusher.stop();
         if self.abandoned.load(Ordering::SeqCst) || self.cfg.read_only || self.has_failed() {
             return;
