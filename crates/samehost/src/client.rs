@@ -146,6 +146,12 @@ pub const MAPPED_CHUNK: u64 = 1 << 20;
 /// connection's leased blocks (`MAX_LEASED_BLOCKS`). A lease asked for when the server's
 /// bound is reached gives kept chunks back first, least recently read first.
 pub const MAPPED_CHUNKS_MAX: usize = 256;
+/// How long mapped reads trust the server that leased their kept chunks to be alive
+/// without looking (its control socket hung up: a server that dies cannot raise the
+/// counters, and another opening of the image changes files unseen). A stale read
+/// would need another server to open the image and change a file within this time of
+/// the first one's death.
+pub const MAPPED_ALIVE_CHECK: Duration = Duration::from_millis(1);
 /// Attempts of a read over several chunks to find them all of one state of the file
 /// while it changes; after them it leases its range in one call.
 pub const MAPPED_ATTEMPTS: usize = 4;
@@ -436,6 +442,8 @@ pub struct Client {
     mapped: HashMap<(Handle, u64), MappedChunk>,
     /// Reads through `mapped` so far (the chunks' `used`).
     mapped_reads: u64,
+    /// When a mapped read last found the server alive (`MAPPED_ALIVE_CHECK`).
+    alive_checked: Instant,
     /// A lease a mapped read took for its range alone (a file changing under it),
     /// given back by the next call that can.
     transient: Option<u64>,
@@ -501,6 +509,7 @@ impl Client {
             slots: HashMap::new(),
             mapped: HashMap::new(),
             mapped_reads: 0,
+            alive_checked: Instant::now(),
             transient: None,
             next_user_data: CALL_USER_DATA,
             stash: Vec::new(),
@@ -976,6 +985,9 @@ impl Client {
         if len == 0 {
             return Ok(Vec::new());
         }
+        if self.alive_checked.elapsed() >= MAPPED_ALIVE_CHECK {
+            self.check_alive()?;
+        }
         self.mapped_reads += 1;
         let this_read = self.mapped_reads;
         let first = off / MAPPED_CHUNK;
@@ -1055,6 +1067,34 @@ impl Client {
         }
         // (Leases stop at the end of the file, so the pieces do.)
         Ok(pieces)
+    }
+
+    /// Whether the server is still there (its end of the control socket open): if not,
+    /// the kept chunks are forgotten (their leases went with it) and the read fails.
+    fn check_alive(&mut self) -> Result<()> {
+        let mut fds = [PollFd::new(
+            &self.conn.sock,
+            PollFlags::IN | PollFlags::RDHUP,
+        )];
+        let zero = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        match rustix::event::poll(&mut fds, Some(&zero)) {
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        }
+        // The server sends nothing unasked on the control socket: readable means its
+        // end closed.
+        let r = fds[0].revents();
+        if r.intersects(PollFlags::HUP | PollFlags::RDHUP | PollFlags::ERR | PollFlags::IN) {
+            self.mapped.clear();
+            self.transient = None;
+            return Err(Error::Disconnected);
+        }
+        self.alive_checked = Instant::now();
+        Ok(())
     }
 
     /// The counter of `slot` (the direct map is there).

@@ -438,3 +438,75 @@ fn kept_chunks_do_not_outlive_their_volume() {
     drop(c);
     drop(v2);
 }
+
+/// Child: serve the image and socket named in the argument ("IMAGE SOCK") until killed.
+#[test]
+fn child_serving() {
+    let Some(arg) = child_arg() else { return };
+    let (image, sock) = arg.split_once(' ').unwrap();
+    let vol = open_retrying_busy(std::path::Path::new(image));
+    let mut cfg = zcfs_samehost::ServiceConfig::new(sock);
+    cfg.identity = zcfs_types::identity::IdentityMap {
+        squash: zcfs_types::identity::Squash::None,
+        ..Default::default()
+    };
+    let svc = zcfs_samehost::Service::bind(vol, cfg).unwrap();
+    svc.run();
+}
+
+/// A server killed outright cannot raise the counters; another opening of the image
+/// then changes files unseen by them. A mapped read after that fails (its server is
+/// gone) rather than serve the old blocks: kept chunks are trusted only while the
+/// control socket is open, looked at every `MAPPED_ALIVE_CHECK`.
+#[test]
+fn kept_chunks_do_not_outlive_a_killed_server() {
+    use zcfs_volume::{MkfsOptions, Volume};
+    let tag = format!("zcfs-sh-{}-mapped-killed", std::process::id());
+    let image = std::path::PathBuf::from(format!("/dev/shm/{tag}.img"));
+    let sock = std::env::temp_dir().join(format!("{tag}.sock"));
+    struct Gone(std::path::PathBuf);
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let _gone = Gone(image.clone());
+    let _ = std::fs::remove_file(&sock);
+    Volume::mkfs(&image, IMAGE_SIZE, &MkfsOptions::default()).unwrap();
+    let mut child = spawn_child(
+        "child_serving",
+        &format!("{} {}", image.display(), sock.display()),
+    );
+    let mut c = None;
+    eventually("the child serving", || {
+        c = Client::connect(&sock).ok();
+        c.is_some()
+    });
+    let mut c = c.unwrap();
+    let buf = c.register_buffer(8192).unwrap();
+    let f = c.open("/f", libc::O_RDWR | libc::O_CREAT, 0o644).unwrap();
+    write(&mut c, f.handle, buf, 0, &[b'a'; 8192]);
+    c.fsync(f.handle).unwrap();
+    c.direct_map().unwrap();
+    assert_eq!(read(&mut c, f.handle, 0, 8192), vec![b'a'; 8192]);
+    // SAFETY: signalling the child started above.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    child.wait().unwrap();
+    let v2 = open_retrying_busy(&image);
+    let ino = v2.lookup(&Cred::ROOT, ROOT_INO, b"f").unwrap().ino;
+    v2.write(&Cred::ROOT, ino, 0, &[b'b'; 8192]).unwrap();
+    v2.checkpoint_now().unwrap();
+    // (The first byte only: 'a' is the old block, served unseen.)
+    let got = c
+        .read_mapped(f.handle, 0, 8192)
+        .map(|p| bytes_of(&p).first().copied())
+        .map_err(|e| e.errno());
+    assert_eq!(
+        got,
+        Err(libc::ECONNRESET),
+        "a mapped read after its server died"
+    );
+    assert_eq!(c.mapped_chunks(), 0, "the dead server's chunks forgotten");
+    drop((c, v2));
+    let _ = std::fs::remove_file(&sock);
+}
