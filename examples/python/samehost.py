@@ -56,6 +56,14 @@ def main(sock):
                 ro = all(v is None or not v.flags.writeable for v in lease.views)
                 print(f"zcopy_to covered={lease.covered} extents={len(lease.extents)} match={int(ok)} readonly={int(ro)}")
 
+            # read_mapped: the same bytes in place, the leases kept for the next read.
+            pieces = c.read_mapped(fh, 0, LEN)
+            got = np.concatenate([v if v is not None else np.zeros(0, np.uint8) for _, v in pieces])
+            ok = np.array_equal(got[:LEN], pattern[:LEN])
+            del pieces, got
+            c.forget_mapped(fh)
+            print(f"read_mapped match={int(ok)}")
+
             # zcopy_from: fill two fresh pages in place, place them at 64 KiB, commit.
             r = c.zcopy_from(2)
             for p in range(2):

@@ -76,6 +76,8 @@ def load(path=None):
         "zcfs_pfree": (ctypes.c_int, [vp, u32, u64, u64]),
         "zcfs_zcopy_to": (i64, [vp, u32, u64, u64, P(Extent), sz, P(sz), P(u64)]),
         "zcfs_zcopy_release": (ctypes.c_int, [vp, u64]),
+        "zcfs_read_mapped": (i64, [vp, u32, u64, u64, P(Extent), sz, P(sz)]),
+        "zcfs_forget_mapped": (ctypes.c_int, [vp, u32]),
         "zcfs_zcopy_from": (ctypes.c_int, [vp, sz, P(u64), P(vp)]),
         "zcfs_zcopy_page": (vp, [vp, u64, sz]),
         "zcfs_zcopy_abort": (ctypes.c_int, [vp, u64]),
@@ -235,6 +237,26 @@ class Client:
                 continue
             _check(r, "zcopy_to")
             return Lease(self, lease.value, r, ext[: got.value])
+
+    def read_mapped(self, fh, off, n, cap=64):
+        """[off, off+n) of fh as (file offset, read-only numpy view or None for a hole)
+        pieces in the direct map, without a copy and, while the file is unchanged,
+        without asking the server (the leases are kept). The views are valid only until
+        the next call on this client: drop them before."""
+        while True:
+            ext = (Extent * cap)()
+            got = ctypes.c_size_t()
+            r = self.lib.zcfs_read_mapped(self.h, fh, off, n, ext, cap, ctypes.byref(got))
+            if r == -_errno.ENOBUFS and got.value > cap:
+                cap = got.value
+                continue
+            _check(r, "read_mapped")
+            return [(e.file_offset, None if not e.data else view(e.data, e.len, False))
+                    for e in ext[: got.value]]
+
+    def forget_mapped(self, fh=None):
+        """Give back the leases read_mapped keeps (of fh, or of every file)."""
+        _check(self.lib.zcfs_forget_mapped(self.h, 0xFFFFFFFF if fh is None else fh), "forget_mapped")
 
     def zcopy_from(self, pages):
         rid, whole = ctypes.c_uint64(), ctypes.c_void_p()

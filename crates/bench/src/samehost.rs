@@ -21,7 +21,7 @@ use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use zcfs_samehost::client::{Client, Place, NO_NEW_SIZE};
+use zcfs_samehost::client::{Client, Piece, Place, NO_NEW_SIZE};
 use zcfs_samehost::{Service, ServiceConfig, StatsSnapshot};
 use zcfs_volume::{Cred, MkfsOptions, Volume, VolumeConfig, ROOT_INO};
 
@@ -211,6 +211,7 @@ pub fn client(sock: &Path, p: Params) -> Result<()> {
             for (path, opname) in [
                 ("shared", "read"),
                 ("direct", "read"),
+                ("mapped", "read"),
                 ("shared", "write"),
                 ("direct", "write"),
             ] {
@@ -243,6 +244,20 @@ pub fn client(sock: &Path, p: Params) -> Result<()> {
                         c.release(l.id)?;
                         Ok(())
                     })?,
+                    ("mapped", "read") => measure(&p, path, opname, size, || {
+                        let off = rand_off(&mut x, file, size);
+                        let mut n = 0;
+                        for piece in c.read_mapped(f.handle, off, size as u64)? {
+                            if let Piece::Data(b) = piece {
+                                sink = sink.wrapping_add(touch(b));
+                            }
+                            n += piece.len();
+                        }
+                        if n != size as u64 {
+                            bail!("short mapped read {n}");
+                        }
+                        Ok(())
+                    })?,
                     _ => measure(&p, path, opname, size, || {
                         let off = rand_off(&mut x, file, size);
                         let t0 = Instant::now();
@@ -261,12 +276,23 @@ pub fn client(sock: &Path, p: Params) -> Result<()> {
                     })?,
                 };
                 let after = c.stats()?;
-                r.copies_per_byte = copies(&before, &after, path == "direct");
+                r.copies_per_byte = match path {
+                    // In place: nothing is copied (the leases it takes count no bytes
+                    // copied either).
+                    "mapped" => Some(0.0),
+                    _ => copies(&before, &after, path == "direct"),
+                };
                 r.note = Some(match (path, opname) {
                     ("direct", "read") => {
                         "READ_EXTENTS (lease) + read every cache line in place + LEASE_RELEASE"
                             .into()
                     }
+                    ("mapped", "read") => format!(
+                        "read_mapped: the 1 MiB chunks' leases kept, checked by one load of \
+                         the file's change counter; read every cache line in place \
+                         ({} chunks kept)",
+                        c.mapped_chunks()
+                    ),
                     ("direct", "write") => format!(
                         "RESERVE + fill the window + COMMIT (atomic); p50 reserve {:.1} µs, \
                          fill {:.1} µs, commit {:.1} µs",
@@ -503,12 +529,10 @@ pub fn run(p: Params, zcfs: Option<PathBuf>) -> Result<(Vec<ShRow>, Vec<String>)
     if !status.success() {
         bail!("the same-host client failed ({status})");
     }
-    let mut rows: Vec<ShRow> = sh_rows
-        .iter()
-        .filter(|r| r.path == "direct")
-        .cloned()
-        .collect();
-    rows.extend(sh_rows.iter().filter(|r| r.path == "shared").cloned());
+    let mut rows: Vec<ShRow> = Vec::new();
+    for path in ["direct", "mapped", "shared"] {
+        rows.extend(sh_rows.iter().filter(|r| r.path == path).cloned());
+    }
     // FUSE on a local mount of another image of the same kind.
     let zcfs = match zcfs {
         Some(z) => z,
@@ -539,7 +563,7 @@ pub fn summary(rows: &[ShRow], skipped: &[String]) -> String {
     out += "| op | size | path | p50 µs | p99 µs | MB/s | copies per byte |\n|---|---:|---|---:|---:|---:|---:|\n";
     for op in ["read", "write"] {
         for size in SIZES {
-            for path in ["direct", "shared", "fuse-local", "in-process"] {
+            for path in ["direct", "mapped", "shared", "fuse-local", "in-process"] {
                 if let Some(r) = rows
                     .iter()
                     .find(|r| r.path == path && r.op == op && r.size == size)

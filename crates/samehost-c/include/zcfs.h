@@ -24,6 +24,11 @@
 #define ZCFS_RESERVE_MAX 32768
 
 /*
+ `zcfs_forget_mapped`'s "every file".
+ */
+#define ZCFS_ALL_FILES 4294967295u
+
+/*
  Operation codes of a [`zcfs_sqe`].
  */
 #define ZCFS_OP_NOP 0
@@ -242,6 +247,36 @@ int64_t zcfs_zcopy_to(struct zcfs_client *h,
                       size_t cap,
                       size_t *out_n,
                       uint64_t *out_lease);
+
+/*
+ Mapped read (direct map, trusted applications): `[off, off+len)` of `file` as
+ pieces in place in the read-only direct map, written to `out` (up to `cap`; a hole
+ has `data` NULL), their count to `*out_n`. The leases behind them are kept, so
+ reading the same chunks again asks the server nothing while the file is unchanged
+ (one load of its change counter). Returns the bytes covered (short at the end of the
+ file), or -errno: -EPERM untrusted, -ENOBUFS when more than `cap` pieces are needed
+ (`*out_n` says how many). The pointers stay valid until the next call on this
+ client (any `zcfs_*` function taking it): a later call may give the leases back.
+
+ # Safety
+ As [`client`]; `out` has room for `cap` entries; `out_n` writable.
+ */
+int64_t zcfs_read_mapped(struct zcfs_client *h,
+                         uint32_t file,
+                         uint64_t off,
+                         uint64_t len,
+                         struct zcfs_extent *out,
+                         size_t cap,
+                         size_t *out_n);
+
+/*
+ Give back the leases `zcfs_read_mapped` keeps: of `file`, or of every file when
+ `file` is `ZCFS_ALL_FILES` (UINT32_MAX). 0 or -errno.
+
+ # Safety
+ As [`client`].
+ */
+int zcfs_forget_mapped(struct zcfs_client *h, uint32_t file);
 
 /*
  End a lease of `zcfs_zcopy_to` (its pointers must not be used after).

@@ -41,6 +41,8 @@ const _: () = assert!(ZCFS_NO_NEW_SIZE == zcfs_samehost::ring::NO_NEW_SIZE);
 /// Most pages one `zcfs_zcopy_from` reserves.
 pub const ZCFS_RESERVE_MAX: usize = 32768;
 const _: () = assert!(ZCFS_RESERVE_MAX == zcfs_samehost::client::MAX_RESERVE_PER_CALL);
+/// `zcfs_forget_mapped`'s "every file".
+pub const ZCFS_ALL_FILES: u32 = 0xFFFF_FFFF;
 
 /// Operation codes of a [`zcfs_sqe`].
 pub const ZCFS_OP_NOP: u8 = 0;
@@ -544,6 +546,78 @@ pub unsafe extern "C" fn zcfs_zcopy_to(
         // SAFETY: non-NULL and writable per the contract.
         unsafe { out_lease.write(lv.id) };
         lv.bytes as i64
+    })
+}
+
+/// Mapped read (direct map, trusted applications): `[off, off+len)` of `file` as
+/// pieces in place in the read-only direct map, written to `out` (up to `cap`; a hole
+/// has `data` NULL), their count to `*out_n`. The leases behind them are kept, so
+/// reading the same chunks again asks the server nothing while the file is unchanged
+/// (one load of its change counter). Returns the bytes covered (short at the end of the
+/// file), or -errno: -EPERM untrusted, -ENOBUFS when more than `cap` pieces are needed
+/// (`*out_n` says how many). The pointers stay valid until the next call on this
+/// client (any `zcfs_*` function taking it): a later call may give the leases back.
+///
+/// # Safety
+/// As [`client`]; `out` has room for `cap` entries; `out_n` writable.
+#[no_mangle]
+pub unsafe extern "C" fn zcfs_read_mapped(
+    h: *mut zcfs_client,
+    file: u32,
+    off: u64,
+    len: u64,
+    out: *mut zcfs_extent,
+    cap: usize,
+    out_n: *mut usize,
+) -> i64 {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let h = try_ffi!(unsafe { client(h) });
+        if out.is_null() || out_n.is_null() {
+            return EINVAL;
+        }
+        if let Err(e) = h.c.direct_map() {
+            return neg(&e);
+        }
+        let pieces = match h.c.read_mapped(file, off, len) {
+            Ok(p) => p,
+            Err(e) => return neg(&e),
+        };
+        // SAFETY: non-NULL and writable per the contract.
+        unsafe { out_n.write(pieces.len()) };
+        if pieces.len() > cap {
+            return -(libc::ENOBUFS as i64);
+        }
+        let mut at = off;
+        for (i, p) in pieces.iter().enumerate() {
+            let d = zcfs_extent {
+                file_offset: at,
+                len: p.len(),
+                data: match p {
+                    zcfs_samehost::client::Piece::Data(b) => b.as_ptr(),
+                    zcfs_samehost::client::Piece::Hole(_) => std::ptr::null(),
+                },
+            };
+            at += p.len();
+            // SAFETY: i < pieces <= cap, inside the caller's array.
+            unsafe { out.add(i).write(d) };
+        }
+        (at - off) as i64
+    })
+}
+
+/// Give back the leases `zcfs_read_mapped` keeps: of `file`, or of every file when
+/// `file` is `ZCFS_ALL_FILES` (UINT32_MAX). 0 or -errno.
+///
+/// # Safety
+/// As [`client`].
+#[no_mangle]
+pub unsafe extern "C" fn zcfs_forget_mapped(h: *mut zcfs_client, file: u32) -> c_int {
+    guard_int(|| {
+        // SAFETY: per this function's contract.
+        let h = try_ffi!(unsafe { client(h) });
+        let which = (file != ZCFS_ALL_FILES).then_some(file);
+        h.c.forget_mapped(which).map_or_else(|e| neg(&e), |_| 0)
     })
 }
 

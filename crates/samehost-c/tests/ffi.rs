@@ -169,3 +169,73 @@ fn a_transaction_holds_at_most_zcfs_pflush_max_placements() {
         zcfs_pflush_free(t);
     }
 }
+
+#[test]
+fn mapped_reads_describe_the_bytes_in_place_and_keep_their_leases_until_forgotten() {
+    let s = common::serve("mapped");
+    let sock = CString::new(s.sock.to_str().unwrap()).unwrap();
+    // SAFETY: `h` is live until zcfs_disconnect; the piece array has room for `cap`
+    // entries; the pieces' pointers are read before the next call on `h`.
+    unsafe {
+        let h = zcfs_connect(sock.as_ptr());
+        assert!(!h.is_null());
+        let mut buf = 0u32;
+        assert_eq!(zcfs_register_buffer(h, 12288, &mut buf), 0);
+        let data = zcfs_buffer_ptr(h, buf, null_mut());
+        for i in 0..12288usize {
+            data.add(i).write((i % 251) as u8);
+        }
+        let p = CString::new("/m").unwrap();
+        let mut fh = 0u32;
+        let flags = libc::O_RDWR | libc::O_CREAT;
+        assert_eq!(
+            zcfs_open(h, p.as_ptr(), flags, 0o600, &mut fh, null_mut()),
+            0
+        );
+        assert_eq!(zcfs_write(h, fh, 0, buf, 0, 12288), 12288);
+        assert_eq!(zcfs_pfree(h, fh, 4096, 4096), 0);
+        let mut out = [zcfs_extent {
+            file_offset: 0,
+            len: 0,
+            data: null(),
+        }; 8];
+        let mut n = 0usize;
+        assert_eq!(
+            zcfs_read_mapped(h, fh, 100, 20_000, null_mut(), 8, &mut n),
+            -(libc::EINVAL as i64)
+        );
+        // Too little room: -ENOBUFS, and how many are needed.
+        let r = zcfs_read_mapped(h, fh, 100, 20_000, out.as_mut_ptr(), 1, &mut n);
+        assert_eq!((r, n), (-(libc::ENOBUFS as i64), 3));
+        let r = zcfs_read_mapped(h, fh, 100, 20_000, out.as_mut_ptr(), 8, &mut n);
+        assert_eq!((r, n), (12288 - 100, 3), "to the end of the file");
+        let mut got = Vec::new();
+        for e in &out[..n] {
+            assert_eq!(e.file_offset, 100 + got.len() as u64);
+            if e.data.is_null() {
+                got.extend(std::iter::repeat_n(0u8, e.len as usize));
+            } else {
+                got.extend_from_slice(std::slice::from_raw_parts(e.data, e.len as usize));
+            }
+        }
+        let want: Vec<u8> = (100..12288usize)
+            .map(|i| {
+                if (4096..8192).contains(&i) {
+                    0
+                } else {
+                    (i % 251) as u8
+                }
+            })
+            .collect();
+        assert_eq!(got, want);
+        assert_eq!(s.svc.stats().leases_active, 1, "the chunk's lease is kept");
+        assert_eq!(zcfs_forget_mapped(h, ZCFS_ALL_FILES), 0);
+        assert_eq!(s.svc.stats().leases_active, 0);
+        assert_eq!(zcfs_close(h, fh), 0);
+        assert_eq!(
+            zcfs_read_mapped(h, fh, 0, 1, out.as_mut_ptr(), 8, &mut n),
+            -(libc::EBADF as i64)
+        );
+        zcfs_disconnect(h);
+    }
+}

@@ -46,12 +46,13 @@ fn the_python_example_writes_reads_and_zero_copies_through_numpy_views() {
         "{}",
         lines[4]
     );
+    assert_eq!(lines[5], "read_mapped match=1");
     // Two pages placed at 64 KiB, size 64 KiB + 8000: from 64 KiB + 4095, 3905 bytes.
-    assert_eq!(lines[5], "pflush read=3905 bytes=AB");
+    assert_eq!(lines[6], "pflush read=3905 bytes=AB");
     // After the commit the reservation has no window and hands out no page.
-    assert_eq!(lines[6], "after commit window=None page_refused=1");
-    assert_eq!(lines[7], "closed");
-    assert_eq!(lines.len(), 8);
+    assert_eq!(lines[7], "after commit window=None page_refused=1");
+    assert_eq!(lines[8], "closed");
+    assert_eq!(lines.len(), 9);
     // The server sees what the example wrote, through the shared buffer and in place.
     let cred = zcfs_volume::Cred::ROOT;
     let ino = s.vol.lookup(&cred, 1, b"hello-py").unwrap().ino;

@@ -136,6 +136,58 @@ pub struct File {
     pub handle: Handle,
     /// Its size when opened.
     pub size: u64,
+    /// Its counter in the direct map's change counters ([`DirectMap::change_count`]).
+    pub change_slot: u32,
+}
+
+/// Bytes of a file one kept lease of [`Client::read_mapped`] covers (aligned to it).
+pub const MAPPED_CHUNK: u64 = 1 << 20;
+/// Most chunks [`Client::read_mapped`] keeps leased: 256 MiB, the server's bound on a
+/// connection's leased blocks (`MAX_LEASED_BLOCKS`). A lease asked for when the server's
+/// bound is reached gives kept chunks back first, least recently read first.
+pub const MAPPED_CHUNKS_MAX: usize = 256;
+/// How long mapped reads trust the server that leased their kept chunks to be alive
+/// without looking (its control socket hung up: a server that dies cannot raise the
+/// counters, and another opening of the image changes files unseen). A stale read
+/// would need another server to open the image and change a file within this time of
+/// the first one's death.
+pub const MAPPED_ALIVE_CHECK: Duration = Duration::from_millis(1);
+/// Attempts of a read over several chunks to find them all of one state of the file
+/// while it changes; after them it leases its range in one call.
+pub const MAPPED_ATTEMPTS: usize = 4;
+
+/// A chunk kept leased for mapped reads.
+struct MappedChunk {
+    lease: u64,
+    extents: Vec<ExtentDesc>,
+    /// The file's change counter read before the lease was asked for: while the counter
+    /// still says this, the extents are the file's.
+    count: u64,
+    /// The last read that used it (for eviction; a chunk of the read under way is
+    /// never given back).
+    used: u64,
+}
+
+/// A piece of a mapped read, in file order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Piece<'a> {
+    /// The file's bytes in place in the image.
+    Data(&'a [u8]),
+    /// A hole of this many bytes (reads as zeros).
+    Hole(u64),
+}
+
+impl Piece<'_> {
+    pub fn len(&self) -> u64 {
+        match self {
+            Piece::Data(b) => b.len() as u64,
+            Piece::Hole(n) => *n,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// Leased extents of a file (see `read_extents`); release with [`Client::release`].
@@ -328,6 +380,8 @@ fn pages_inside(g: &MapGeometry, map_len: usize, offsets: &[u64]) -> bool {
 /// The image, mapped read-only, and its read-write descriptor.
 pub struct DirectMap {
     map: Mapping,
+    /// The change counters, read-only (`geometry.change_slots` of them).
+    changes: Mapping,
     /// The image mapped writable, shared by every window (pages are faulted in on
     /// first use and stay mapped).
     rw_map: Arc<Mapping>,
@@ -335,6 +389,16 @@ pub struct DirectMap {
 }
 
 impl DirectMap {
+    /// The change counter at `slot` ([`File::change_slot`]): it moves whenever a file
+    /// of that slot changes. None for a slot the server does not have.
+    pub fn change_count(&self, slot: u32) -> Option<u64> {
+        (slot < self.geometry.change_slots).then(|| {
+            self.changes
+                .atomic_u64(slot as usize * 8)
+                .load(Ordering::Acquire)
+        })
+    }
+
     /// The image's bytes at an extent (`None` for a hole or a range outside the image).
     pub fn bytes(&self, e: &ExtentDesc) -> Option<&[u8]> {
         if e.is_hole() {
@@ -372,6 +436,17 @@ pub struct Client {
     bufs: HashMap<BufferId, Buffer>,
     scratch: Option<BufferId>,
     direct: Option<DirectMap>,
+    /// Change slots of the open files, by handle.
+    slots: HashMap<Handle, u32>,
+    /// Chunks kept leased for mapped reads, by handle and chunk index.
+    mapped: HashMap<(Handle, u64), MappedChunk>,
+    /// Reads through `mapped` so far (the chunks' `used`).
+    mapped_reads: u64,
+    /// When a mapped read last found the server alive (`MAPPED_ALIVE_CHECK`).
+    alive_checked: Instant,
+    /// A lease a mapped read took for its range alone (a file changing under it),
+    /// given back by the next call that can.
+    transient: Option<u64>,
     next_user_data: u64,
     /// Completions reaped while waiting for another.
     stash: Vec<Cqe>,
@@ -431,6 +506,11 @@ impl Client {
             bufs: HashMap::new(),
             scratch: None,
             direct: None,
+            slots: HashMap::new(),
+            mapped: HashMap::new(),
+            mapped_reads: 0,
+            alive_checked: Instant::now(),
+            transient: None,
             next_user_data: CALL_USER_DATA,
             stash: Vec::new(),
             in_flight: 0,
@@ -513,12 +593,28 @@ impl Client {
             mode,
         };
         match call(&self.conn.sock, &req, &[])? {
-            (Reply::Opened { handle, size }, _) => Ok(File { handle, size }),
+            (
+                Reply::Opened {
+                    handle,
+                    size,
+                    change_slot,
+                },
+                _,
+            ) => {
+                self.slots.insert(handle, change_slot);
+                Ok(File {
+                    handle,
+                    size,
+                    change_slot,
+                })
+            }
             (r, _) => Err(unexpected(r)),
         }
     }
 
     pub fn close(&mut self, handle: Handle) -> Result<()> {
+        self.forget_mapped(Some(handle))?;
+        self.slots.remove(&handle);
         match call(&self.conn.sock, &Request::Close { handle }, &[])? {
             (Reply::Done, _) => Ok(()),
             (r, _) => Err(unexpected(r)),
@@ -792,13 +888,19 @@ impl Client {
                 (Reply::DirectMap(g), fds) => (g, fds),
                 (r, _) => return Err(unexpected(r)),
             };
+            let changes = fds.pop().expect("count checked");
             let rw = fds.pop().expect("count checked");
             let ro = fds.pop().expect("count checked");
+            if g.change_slots == 0 {
+                return Err(Error::Invalid("the server gave no change counters".into()));
+            }
+            let changes = Mapping::map(changes.as_fd(), 0, g.change_slots as usize * 8, false)?;
             let map = Mapping::map(ro.as_fd(), 0, g.image_size as usize, false)?;
             let rw_map = Arc::new(Mapping::map(rw.as_fd(), 0, g.image_size as usize, true)?);
             drop(rw);
             self.direct = Some(DirectMap {
                 map,
+                changes,
                 rw_map,
                 geometry: g,
             });
@@ -815,6 +917,24 @@ impl Client {
     /// the image (read them with [`DirectMap::bytes`]). They stay as they are, whatever
     /// writers do to the file, until [`Client::release`].
     pub fn read_extents(&mut self, h: Handle, off: u64, len: u64) -> Result<LeaseView> {
+        self.release_transient()?;
+        // Longer than the server leases at all: no room made would help.
+        if let Some(g) = self.direct.as_ref().map(|d| &d.geometry) {
+            if len > crate::server::MAX_LEASED_BLOCKS * g.block_size as u64 {
+                return Err(Error::Errno(libc::ENOBUFS));
+            }
+        }
+        loop {
+            match self.lease_extents(h, off, len) {
+                // The server's bound on leases: chunks kept for mapped reads (none of a
+                // read under way: `read_extents` is not called during one) make room.
+                Err(Error::Errno(libc::ENOBUFS)) if self.evict_mapped(u64::MAX)? => {}
+                r => return r,
+            }
+        }
+    }
+
+    fn lease_extents(&mut self, h: Handle, off: u64, len: u64) -> Result<LeaseView> {
         if self.direct.is_none() {
             return Err(Error::NoDirectMap);
         }
@@ -842,6 +962,225 @@ impl Client {
             extents,
             bytes: c.extra2,
         })
+    }
+
+    /// Direct map, kept leases: `[off, off+len)` of `h` as pieces in place in the
+    /// image (short at the end of the file), zero copies and, while the file does not
+    /// change, no call to the server: the chunks of [`MAPPED_CHUNK`] bytes a read
+    /// touches are leased once and kept, and each later read checks the file's change
+    /// counter with one load ([`DirectMap::change_count`]). A changed counter (the
+    /// file, or one sharing its slot, changed) leases the chunk again. The pieces are
+    /// one state of the file: that of the counter's load, or of the lease if one was
+    /// taken. Kept chunks are given back at `close`, at [`Client::forget_mapped`], when
+    /// [`MAPPED_CHUNKS_MAX`] are kept, or when an explicit lease needs the room.
+    pub fn read_mapped(&mut self, h: Handle, off: u64, len: u64) -> Result<Vec<Piece<'_>>> {
+        self.release_transient()?;
+        let slot = *self.slots.get(&h).ok_or(Error::Errno(libc::EBADF))?;
+        let end = off
+            .checked_add(len)
+            .ok_or_else(|| Error::Invalid("a read past the largest offset".into()))?;
+        if self.direct.is_none() {
+            return Err(Error::NoDirectMap);
+        }
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        if self.alive_checked.elapsed() >= MAPPED_ALIVE_CHECK {
+            self.check_alive()?;
+        }
+        self.mapped_reads += 1;
+        let this_read = self.mapped_reads;
+        let first = off / MAPPED_CHUNK;
+        let mut chunks = first..first;
+        let mut transient = None;
+        let mut consistent = false;
+        for _ in 0..MAPPED_ATTEMPTS {
+            let now = self.change_count(slot)?;
+            // Up to the chunk that holds the end of the file (short: its extents stop
+            // there), in the state of `now` like the others: none past it is leased.
+            chunks = first..first;
+            for i in first..end.div_ceil(MAPPED_CHUNK) {
+                self.ensure_chunk(h, i, now, this_read)?;
+                chunks.end = i + 1;
+                let covered: u64 = self.mapped[&(h, i)].extents.iter().map(|e| e.len).sum();
+                if covered < MAPPED_CHUNK {
+                    break;
+                }
+            }
+            // One chunk is one state whatever happened; several are if the counter
+            // did not move while they were made sure of (every chunk then has `now`).
+            if chunks.end - chunks.start == 1 || self.change_count(slot)? == now {
+                consistent = true;
+                break;
+            }
+        }
+        if !consistent {
+            // The file keeps changing under a read of several chunks: one lease of
+            // the range gives one state (as long a range as the server leases: the
+            // chunks were fewer than MAPPED_CHUNKS_MAX).
+            let g = &self.direct.as_ref().expect("checked above").geometry;
+            let most = crate::server::MAX_LEASED_BLOCKS * g.block_size as u64;
+            let l = self.read_extents(h, off, len.min(most))?;
+            // Given back by the next call, whatever happens below.
+            self.transient = Some(l.id);
+            transient = Some(l);
+        }
+        let map = self.direct.as_ref().expect("checked above");
+        let mut pieces = Vec::new();
+        let mut push = |e: &ExtentDesc, from: u64, to: u64| -> Result<()> {
+            let (start, stop) = (from.max(e.file_offset), to.min(e.file_offset + e.len));
+            if start >= stop {
+                return Ok(());
+            }
+            let part = ExtentDesc {
+                file_offset: start,
+                image_offset: e.image_offset + (start - e.file_offset),
+                len: stop - start,
+                flags: e.flags,
+            };
+            pieces.push(match map.bytes(&part) {
+                Some(b) => Piece::Data(b),
+                None if part.is_hole() => Piece::Hole(part.len),
+                None => {
+                    return Err(Error::Invalid(format!(
+                        "an extent outside the image: {} + {}",
+                        part.image_offset, part.len
+                    )))
+                }
+            });
+            Ok(())
+        };
+        match &transient {
+            Some(l) => {
+                for e in &l.extents {
+                    push(e, off, end)?;
+                }
+            }
+            None => {
+                for i in chunks {
+                    let c = &self.mapped[&(h, i)];
+                    for e in &c.extents {
+                        push(e, off, end)?;
+                    }
+                }
+            }
+        }
+        // (Leases stop at the end of the file, so the pieces do.)
+        Ok(pieces)
+    }
+
+    /// Whether the server is still there (its end of the control socket open): if not,
+    /// the kept chunks are forgotten (their leases went with it) and the read fails.
+    fn check_alive(&mut self) -> Result<()> {
+        let mut fds = [PollFd::new(
+            &self.conn.sock,
+            PollFlags::IN | PollFlags::RDHUP,
+        )];
+        let zero = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        match rustix::event::poll(&mut fds, Some(&zero)) {
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        }
+        // The server sends nothing unasked on the control socket: readable means its
+        // end closed.
+        let r = fds[0].revents();
+        if r.intersects(PollFlags::HUP | PollFlags::RDHUP | PollFlags::ERR | PollFlags::IN) {
+            self.mapped.clear();
+            self.transient = None;
+            return Err(Error::Disconnected);
+        }
+        self.alive_checked = Instant::now();
+        Ok(())
+    }
+
+    /// The counter of `slot` (the direct map is there).
+    fn change_count(&self, slot: u32) -> Result<u64> {
+        self.direct
+            .as_ref()
+            .ok_or(Error::NoDirectMap)?
+            .change_count(slot)
+            .ok_or_else(|| Error::Invalid(format!("the server gave change slot {slot}")))
+    }
+
+    /// Make sure chunk `i` of `h` is kept leased as of counter `now`, for read
+    /// `this_read`.
+    fn ensure_chunk(&mut self, h: Handle, i: u64, now: u64, this_read: u64) -> Result<()> {
+        if let Some(c) = self.mapped.get_mut(&(h, i)) {
+            if c.count == now {
+                c.used = this_read;
+                return Ok(());
+            }
+            let c = self.mapped.remove(&(h, i)).expect("found above");
+            self.release(c.lease)?;
+        }
+        if self.mapped.len() >= MAPPED_CHUNKS_MAX && !self.evict_mapped(this_read)? {
+            return Err(Error::Errno(libc::ENOBUFS));
+        }
+        let l = loop {
+            match self.lease_extents(h, i * MAPPED_CHUNK, MAPPED_CHUNK) {
+                Err(Error::Errno(libc::ENOBUFS)) if self.evict_mapped(this_read)? => {}
+                r => break r?,
+            }
+        };
+        self.mapped.insert(
+            (h, i),
+            MappedChunk {
+                lease: l.id,
+                extents: l.extents,
+                count: now,
+                used: this_read,
+            },
+        );
+        Ok(())
+    }
+
+    /// Give back the least recently read kept chunk not used by read `keep` (or by
+    /// any later one). Whether there was one.
+    fn evict_mapped(&mut self, keep: u64) -> Result<bool> {
+        let Some(&key) = self
+            .mapped
+            .iter()
+            .filter(|(_, c)| c.used < keep)
+            .min_by_key(|(_, c)| c.used)
+            .map(|(k, _)| k)
+        else {
+            return Ok(false);
+        };
+        let c = self.mapped.remove(&key).expect("found above");
+        self.release(c.lease)?;
+        Ok(true)
+    }
+
+    /// Give back the chunks kept for mapped reads: of `handle`, or all.
+    pub fn forget_mapped(&mut self, handle: Option<Handle>) -> Result<()> {
+        self.release_transient()?;
+        let keys: Vec<_> = self
+            .mapped
+            .keys()
+            .filter(|(h, _)| handle.is_none_or(|x| x == *h))
+            .copied()
+            .collect();
+        for k in keys {
+            let c = self.mapped.remove(&k).expect("listed above");
+            self.release(c.lease)?;
+        }
+        Ok(())
+    }
+
+    /// Chunks kept leased for mapped reads.
+    pub fn mapped_chunks(&self) -> usize {
+        self.mapped.len()
+    }
+
+    fn release_transient(&mut self) -> Result<()> {
+        if let Some(id) = self.transient.take() {
+            self.release(id)?;
+        }
+        Ok(())
     }
 
     /// End a lease.
@@ -1090,6 +1429,7 @@ mod tests {
             data_end: 4 << 20,
             block_size: 4096,
             image_size: 4 << 20,
+            change_slots: 4096,
         };
         let map = 4 << 20;
         assert!(pages_inside(&g, map, &[1 << 20, (4 << 20) - 4096]));

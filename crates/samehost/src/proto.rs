@@ -16,7 +16,7 @@ use std::mem::MaybeUninit;
 use std::os::unix::net::UnixStream;
 
 /// Version of this protocol (Hello).
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 /// Largest message body (a path of [`MAX_PATH`] bytes and its fields fit).
 pub const MAX_MESSAGE: usize = 8192;
 /// Longest path an Open names (PATH_MAX).
@@ -67,8 +67,9 @@ pub enum Request {
     },
     /// Close a handle. Reply `Done`.
     Close { handle: u32 },
-    /// Ask for the volume image (trusted peers only). Reply `DirectMap` with two
-    /// descriptors: the image read-only, and read-write.
+    /// Ask for the volume image (trusted peers only). Reply `DirectMap` with three
+    /// descriptors: the image read-only, read-write, and the change counters
+    /// (read-only; see `MapGeometry::change_slots`).
     DirectMap,
     /// The service's counters. Reply `Stats`.
     Stats,
@@ -85,19 +86,40 @@ pub struct MapGeometry {
     pub block_size: u32,
     /// Size of the image file.
     pub image_size: u64,
+    /// Counters in the change-counter memfd (`u64` each): the one at a file's
+    /// `change_slot` moves whenever the file changes (zcfs_volume's changes.rs).
+    pub change_slots: u32,
 }
 
 /// The server's reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reply {
-    Hello { version: u32, trusted: bool },
-    Rings { entries: u32, size: u64 },
-    Buffer { id: u32 },
-    Opened { handle: u32, size: u64 },
+    Hello {
+        version: u32,
+        trusted: bool,
+    },
+    Rings {
+        entries: u32,
+        size: u64,
+    },
+    Buffer {
+        id: u32,
+    },
+    /// `change_slot`: the file's counter in the direct map's change counters.
+    Opened {
+        handle: u32,
+        size: u64,
+        change_slot: u32,
+    },
     Done,
     DirectMap(MapGeometry),
-    Stats { json: Vec<u8> },
-    Error { errno: i32, message: String },
+    Stats {
+        json: Vec<u8>,
+    },
+    Error {
+        errno: i32,
+        message: String,
+    },
 }
 
 mod tag {
@@ -265,10 +287,15 @@ impl Reply {
                 o.push(tag::R_BUFFER);
                 o.extend_from_slice(&id.to_le_bytes());
             }
-            Reply::Opened { handle, size } => {
+            Reply::Opened {
+                handle,
+                size,
+                change_slot,
+            } => {
                 o.push(tag::R_OPENED);
                 o.extend_from_slice(&handle.to_le_bytes());
                 o.extend_from_slice(&size.to_le_bytes());
+                o.extend_from_slice(&change_slot.to_le_bytes());
             }
             Reply::Done => o.push(tag::R_DONE),
             Reply::DirectMap(g) => {
@@ -277,6 +304,7 @@ impl Reply {
                 o.extend_from_slice(&g.data_end.to_le_bytes());
                 o.extend_from_slice(&g.block_size.to_le_bytes());
                 o.extend_from_slice(&g.image_size.to_le_bytes());
+                o.extend_from_slice(&g.change_slots.to_le_bytes());
             }
             Reply::Stats { json } => {
                 o.push(tag::R_STATS);
@@ -310,6 +338,7 @@ impl Reply {
             tag::R_OPENED => Reply::Opened {
                 handle: r.u32()?,
                 size: r.u64()?,
+                change_slot: r.u32()?,
             },
             tag::R_DONE => Reply::Done,
             tag::R_DIRECT_MAP => Reply::DirectMap(MapGeometry {
@@ -317,6 +346,7 @@ impl Reply {
                 data_end: r.u64()?,
                 block_size: r.u32()?,
                 image_size: r.u64()?,
+                change_slots: r.u32()?,
             }),
             tag::R_STATS => Reply::Stats {
                 json: r.bytes()?.to_vec(),
@@ -335,7 +365,7 @@ impl Reply {
     pub fn fds(&self) -> usize {
         match self {
             Reply::Rings { .. } => 3,
-            Reply::DirectMap(_) => 2,
+            Reply::DirectMap(_) => 3,
             _ => 0,
         }
     }
@@ -490,13 +520,18 @@ mod tests {
                 size: 4096,
             },
             Reply::Buffer { id: 3 },
-            Reply::Opened { handle: 9, size: 5 },
+            Reply::Opened {
+                handle: 9,
+                size: 5,
+                change_slot: 4095,
+            },
             Reply::Done,
             Reply::DirectMap(MapGeometry {
                 data_start: 4096,
                 data_end: 8192,
                 block_size: 4096,
                 image_size: 8192,
+                change_slots: 4096,
             }),
             Reply::Stats {
                 json: b"{}".to_vec(),

@@ -24,7 +24,7 @@
 
 use rustix::fd::{AsFd, BorrowedFd};
 use rustix::mm::{MapFlags, ProtFlags};
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicU32, AtomicU64};
 
 pub const RING_MAGIC: u32 = u32::from_le_bytes(*b"ZCSH");
 pub const RING_VERSION: u32 = 1;
@@ -292,6 +292,18 @@ impl Mapping {
         // is only ever accessed atomically at these offsets by both sides, and an
         // AtomicU32 may alias memory another process stores to.
         unsafe { AtomicU32::from_ptr(self.ptr.add(off) as *mut u32) }
+    }
+    /// The atomic `u64` at `off` (8-aligned, inside the mapping): the change counters a
+    /// peer only loads (a plain load on this platform, fine on a read-only mapping).
+    pub fn atomic_u64(&self, off: usize) -> &AtomicU64 {
+        assert!(
+            off.is_multiple_of(8) && off + 8 <= self.len,
+            "atomic outside the mapping"
+        );
+        // SAFETY: in bounds and aligned (the mapping is page aligned); the other
+        // process only ever stores to it atomically, and an AtomicU64 may alias memory
+        // another process stores to.
+        unsafe { AtomicU64::from_ptr(self.ptr.add(off) as *mut u64) }
     }
     /// Copy bytes out of the mapping at `off` into `out` (bounds checked).
     pub fn read_into(&self, off: u64, out: &mut [u8]) -> bool {

@@ -14,7 +14,7 @@
 use crate::proto::{self, MapGeometry, Reply, Request, PROTOCOL_VERSION};
 use crate::ring::{self, op, Cqe, ExtentDesc, Mapping, Placement, Rings, Sqe};
 use rustix::event::{EventfdFlags, PollFd, PollFlags};
-use rustix::fd::{AsFd, OwnedFd};
+use rustix::fd::{AsFd, AsRawFd, OwnedFd};
 use rustix::fs::{MemfdFlags, SealFlags};
 use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
@@ -685,7 +685,15 @@ impl<'s> Conn<'s> {
                         write: acc != libc::O_RDONLY,
                     },
                 );
-                Ok((Reply::Opened { handle, size }, vec![]))
+                let change_slot = zcfs_volume::change_slot(ino) as u32;
+                Ok((
+                    Reply::Opened {
+                        handle,
+                        size,
+                        change_slot,
+                    },
+                    vec![],
+                ))
             }
             Request::Close { handle } => match self.files.remove(&handle) {
                 Some(f) => {
@@ -718,6 +726,19 @@ impl<'s> Conn<'s> {
                 };
                 let ro = open(false)?;
                 let rw = open(!self.sh.cfg.read_only)?;
+                // From here on every change of a file raises its counter: leases this
+                // peer keeps are checked against them (the client's mapped reads).
+                let counters =
+                    self.sh.vol.change_counters().map_err(|e| {
+                        Reply::error(e.errno(), format!("the change counters: {e}"))
+                    })?;
+                let changes = std::fs::OpenOptions::new()
+                    .read(true)
+                    .open(format!("/proc/self/fd/{}", counters.fd().as_raw_fd()))
+                    .map(OwnedFd::from)
+                    .map_err(|e| {
+                        Reply::error(e.raw_os_error().unwrap_or(libc::EIO), e.to_string())
+                    })?;
                 let image_size = rustix::fs::fstat(&ro).map_err(|e| io("fstat", e))?.st_size as u64;
                 let g = self.sh.vol.geometry();
                 let b = BLOCK as u64;
@@ -728,8 +749,9 @@ impl<'s> Conn<'s> {
                         data_end: (g.data_start + g.data_blocks) * b,
                         block_size: BLOCK as u32,
                         image_size,
+                        change_slots: zcfs_volume::CHANGE_SLOTS as u32,
                     }),
-                    vec![ro, rw],
+                    vec![ro, rw, changes],
                 ))
             }
             Request::Stats => {

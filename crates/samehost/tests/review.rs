@@ -661,7 +661,8 @@ fn leased_bytes_survive_truncate_unlink_close_and_reuse() {
 }
 
 /// The direct map's read-only descriptor cannot write; on a read-only service the
-/// "read-write" one cannot either.
+/// "read-write" one cannot either; the change counters' one never can (an application
+/// that could store to them would hide other files' changes from other readers).
 #[test]
 fn the_read_only_image_descriptor_cannot_write() {
     use rustix::fd::AsFd;
@@ -680,7 +681,25 @@ fn the_read_only_image_descriptor_cannot_write() {
         });
         let (rep, fds) = ask(Request::DirectMap);
         assert!(matches!(rep, Reply::DirectMap(_)), "{rep:?}");
-        assert_eq!(fds.len(), 2);
+        assert_eq!(fds.len(), 3);
+        assert!(rustix::io::pwrite(fds[2].as_fd(), b"x", 0).is_err());
+        // SAFETY: asking for a writable shared mapping of the counters; checked, and
+        // unmapped if the kernel wrongly gave one.
+        let w = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                std::os::fd::AsRawFd::as_raw_fd(&fds[2]),
+                0,
+            )
+        };
+        if w != libc::MAP_FAILED {
+            // SAFETY: the mapping just made.
+            unsafe { libc::munmap(w, 4096) };
+            panic!("the change counters could be mapped writable");
+        }
         let mode = |i: usize| rustix::fs::fcntl_getfl(fds[i].as_fd()).unwrap();
         assert!(!mode(0).contains(rustix::fs::OFlags::WRONLY));
         assert!(!mode(0).contains(rustix::fs::OFlags::RDWR));
@@ -827,4 +846,97 @@ fn one_user_gets_at_most_its_share_and_idle_connections_are_closed() {
         out.status.success() && text.contains("REFUSED") && text.contains("CHILD-OK"),
         "child: {text}"
     );
+}
+
+/// Child: as uid 65534 in the trust group, take the direct map of a read-only service
+/// through the raw protocol and try to make the change counters' descriptor writable
+/// by opening it again through /proc/self/fd (a memfd is mode 0777): print what worked.
+#[test]
+fn child_counters_reopener() {
+    let Some(sock) = child_arg() else { return };
+    use rustix::fd::AsFd;
+    use zcfs_samehost::proto::{self, Reply, Request, PROTOCOL_VERSION};
+    // SAFETY: plain system calls in a single-threaded child test process.
+    unsafe {
+        let g: [libc::gid_t; 1] = [4242];
+        assert_eq!(libc::setgroups(1, g.as_ptr()), 0);
+        assert_eq!(libc::setgid(65534), 0);
+        assert_eq!(libc::setuid(65534), 0);
+    }
+    let u = UnixStream::connect(&sock).unwrap();
+    let ask = |r: Request| {
+        proto::send(&u, &r.encode(), &[]).unwrap();
+        let (body, fds) = proto::recv(&u).unwrap().unwrap();
+        (Reply::decode(&body).unwrap(), fds)
+    };
+    ask(Request::Hello {
+        version: PROTOCOL_VERSION,
+        want_direct: true,
+    });
+    let (rep, fds) = ask(Request::DirectMap);
+    assert!(matches!(rep, Reply::DirectMap(_)), "{rep:?}");
+    let raw = std::os::fd::AsRawFd::as_raw_fd(&fds[2]);
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(format!("/proc/self/fd/{raw}"))
+    {
+        Ok(f) => {
+            println!("REOPENED-RW");
+            // The last slot's own bytes written back (changes nothing if it works).
+            let mut cur = [0u8; 8];
+            let at = (zcfs_volume::CHANGE_TABLE_BYTES - 8) as u64;
+            rustix::io::pread(fds[2].as_fd(), &mut cur, at).unwrap();
+            if rustix::io::pwrite(f.as_fd(), &cur, at).is_ok() {
+                println!("WROTE");
+            }
+            // Growing (shrinking would fault the server's mapping: SIGBUS).
+            let size = zcfs_volume::CHANGE_TABLE_BYTES as u64;
+            if rustix::fs::ftruncate(f.as_fd(), size + 4096).is_ok() {
+                println!("RESIZED");
+                let _ = rustix::fs::ftruncate(f.as_fd(), size);
+            }
+            // SAFETY: asking for a writable shared mapping; checked, unmapped at once.
+            let w = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    4096,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    std::os::fd::AsRawFd::as_raw_fd(&f),
+                    0,
+                )
+            };
+            if w != libc::MAP_FAILED {
+                println!("MAPPED-RW");
+                // SAFETY: the mapping just made.
+                unsafe { libc::munmap(w, 4096) };
+            }
+        }
+        Err(e) => println!("reopen refused: {e}"),
+    }
+    println!("CHILD-OK");
+}
+
+/// (Review finding.) The change counters' descriptor is read-only, and opening the
+/// memfd again through /proc does not make it writable: a trusted reader of a read-only
+/// service, which cannot write the image, could otherwise store to the counters (hiding
+/// changes from every other mapped reader) or resize the memfd (shrunk, the server's
+/// next raise faults: SIGBUS takes the file system down).
+#[test]
+fn the_change_counters_cannot_be_reopened_for_writing() {
+    let s = serve_with("ctr-reopen", |c| {
+        c.read_only = true;
+        c.trust_group = Some(4242);
+    });
+    let child = spawn_child("child_counters_reopener", s.sock.to_str().unwrap());
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("CHILD-OK"),
+        "child: {text}"
+    );
+    for what in ["WROTE", "RESIZED", "MAPPED-RW"] {
+        assert!(!text.contains(what), "the counters could be {what}: {text}");
+    }
 }

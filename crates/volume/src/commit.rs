@@ -274,7 +274,12 @@ impl Volume {
         for b in std::mem::take(&mut txn.pool) {
             st.balloc.free(b.publish());
         }
+        let changes = self.changes.get();
         for &ino in &txn.dirty {
+            // Under the state's write lock: a lease taken after this sees the change.
+            if let Some(c) = changes {
+                c.raise(ino);
+            }
             let bytes = match st.inodes.get(&ino) {
                 Some(i) => i.encode(),
                 None => InodeRec::free_slot(st.gens[(ino - 1) as usize]),

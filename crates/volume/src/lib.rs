@@ -9,6 +9,7 @@
 
 pub mod acl;
 mod alloc;
+mod changes;
 mod commit;
 mod config;
 mod data;
@@ -39,6 +40,7 @@ mod volume;
 mod zero;
 
 pub use alloc::CLEAN_FIRST_MIN;
+pub use changes::{change_slot, ChangeCounters, CHANGE_SLOTS, CHANGE_TABLE_BYTES};
 pub use commit::{metadata_reserve, METADATA_RESERVE_MAX};
 pub use config::{
     CommitFault, FaultPlan, MkfsOptions, RootDir, Stats, StatsSnapshot, TraceHook, VolumeConfig,

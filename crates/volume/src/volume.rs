@@ -136,6 +136,9 @@ pub struct Volume {
     pub(crate) recovery: RecoveryReport,
     /// Whether this process wrote the holder record (and clears it at close).
     holds_volume: bool,
+    /// Per-inode change counters for same-host readers, from the first
+    /// `change_counters` call on (changes.rs).
+    pub(crate) changes: std::sync::OnceLock<crate::changes::ChangeCounters>,
 }
 
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -341,6 +344,7 @@ impl Volume {
             flusher: Flusher::default(),
             recovery: report,
             holds_volume,
+            changes: std::sync::OnceLock::new(),
         });
         if !vol.cfg.read_only {
             // The ring is written over and over: back it with pages now rather than
@@ -564,6 +568,22 @@ impl Volume {
         }
     }
 
+    /// The per-inode change counters (changes.rs), made on the first call: every
+    /// transaction from then on raises the counter of each inode it rewrites.
+    pub fn change_counters(&self) -> Result<&crate::changes::ChangeCounters> {
+        if let Some(c) = self.changes.get() {
+            return Ok(c);
+        }
+        // Made under the state's write lock, so no transaction is between its first
+        // raise and a lease taken after this returns.
+        // (A read-only volume never changes: the write lock itself is enough there.)
+        let st = self.state.write().unwrap();
+        let made = crate::changes::ChangeCounters::new()?;
+        let _ = self.changes.set(made);
+        drop(st);
+        Ok(self.changes.get().expect("set above"))
+    }
+
     pub fn info(&self) -> VolumeInfo {
         let st = self.read_state();
         let sb = self.sb.lock().unwrap();
@@ -663,6 +683,10 @@ impl Flusher {
 
 impl Drop for Volume {
     fn drop(&mut self) {
+        // First, before the image can be opened again: every kept lease is invalid.
+        if let Some(c) = self.changes.get() {
+            c.retire();
+        }
         self.flusher.stop();
         if self.abandoned.load(Ordering::SeqCst) || self.cfg.read_only || self.has_failed() {
             return;

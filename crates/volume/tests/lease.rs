@@ -120,3 +120,126 @@ fn owned_pages_of_another_volume_are_refused() {
     // Given back to their own volume on the way.
     assert_fsck_clean(&v);
 }
+
+/// The file's bytes as `read` gives them (up to `max`).
+fn file_bytes(v: &Volume, ino: u64, max: usize) -> Vec<u8> {
+    let mut buf = vec![0u8; max];
+    let n = v.read(ino, 0, &mut buf).unwrap();
+    buf.truncate(n);
+    buf
+}
+
+/// What a same-host reader relies on to keep a lease and skip asking again
+/// (changes.rs): while the change counter of a file's slot stays as it was when the
+/// lease was taken, the leased extents are the file's bytes. Random changes of every
+/// kind (write, truncate, setattr size, hole punch, fallocate, pflush commit, a
+/// hard link and its removal), each followed by a check of every lease kept so far;
+/// and every change of the file's bytes is seen as a changed counter.
+#[test]
+fn an_unchanged_counter_means_the_leased_extents_are_the_file() {
+    use rand::{Rng, SeedableRng};
+    let v = vol();
+    let counters = v.change_counters().unwrap();
+    let ino = new_file(&v, ROOT_INO, b"f");
+    let other = new_file(&v, ROOT_INO, b"g");
+    let max = 24 * BLOCK;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed_c0de);
+    // (lease, counter when taken, bytes then)
+    let mut kept: Vec<(Lease, u64, Vec<u8>)> = Vec::new();
+    let mut raised = 0;
+    for step in 0..400 {
+        let before = file_bytes(&v, ino, max);
+        let count = counters.count(ino);
+        let off = rng.gen_range(0..16 * BLOCK) as u64;
+        let len = rng.gen_range(1..4 * BLOCK);
+        let what = rng.gen_range(0..9);
+        match what {
+            0 | 1 => {
+                let data = pattern(off, len, step as u8);
+                v.write(&Cred::ROOT, ino, off, &data).unwrap();
+            }
+            2 => v.truncate(&Cred::ROOT, ino, off).unwrap(),
+            3 => {
+                let set = SetAttr {
+                    size: Some(off + len as u64),
+                    ..Default::default()
+                };
+                v.setattr(&Cred::ROOT, ino, &set, SizeRight::WritableHandle)
+                    .unwrap();
+            }
+            4 => v.pfree(&Cred::ROOT, ino, off, len as u64).unwrap(),
+            5 => v
+                .fallocate(
+                    &Cred::ROOT,
+                    ino,
+                    off,
+                    len as u64,
+                    FallocMode::ZeroRange { keep_size: true },
+                )
+                .unwrap(),
+            6 => {
+                let mut pages = v.reserve_pages(1).unwrap();
+                pages.page_mut(0).fill(step as u8 | 1);
+                let mut t = PflushTxn::default();
+                t.pflush_add(ino, off / BLOCK as u64 * BLOCK as u64, pages, None)
+                    .unwrap();
+                v.pflush_commit(t).unwrap();
+            }
+            7 => {
+                // Another file's change: this file's counter may move (shared slot) or
+                // not; leases of this file stay valid either way.
+                v.write(&Cred::ROOT, other, off, &pattern(off, len, 1))
+                    .unwrap();
+            }
+            _ => {
+                let lease = v.lease(ino, 0, max).unwrap();
+                let now = counters.count(ino);
+                let bytes = file_bytes(&v, ino, max);
+                assert_eq!(leased_bytes(&image_of(&v), &lease), bytes, "step {step}");
+                kept.push((lease, now, bytes));
+                if kept.len() > 8 {
+                    drop(kept.remove(0));
+                }
+            }
+        }
+        let after = file_bytes(&v, ino, max);
+        if after != before {
+            assert_ne!(
+                counters.count(ino),
+                count,
+                "step {step}: op {what} changed the file unseen"
+            );
+            raised += 1;
+        }
+        let img = image_of(&v);
+        for (lease, at, bytes) in &kept {
+            assert_eq!(
+                &leased_bytes(&img, lease),
+                bytes,
+                "step {step}: a leased block changed"
+            );
+            if counters.count(ino) == *at {
+                assert_eq!(
+                    bytes, &after,
+                    "step {step}: counter unchanged, file changed"
+                );
+            }
+        }
+    }
+    assert!(raised > 100, "the changes were seen ({raised})");
+    // A link and its removal change the inode (nlink, ctime) too.
+    let c = counters.count(ino);
+    v.link(&Cred::ROOT, ino, ROOT_INO, b"h").unwrap();
+    assert_ne!(counters.count(ino), c);
+    let c = counters.count(ino);
+    v.unlink(&Cred::ROOT, ROOT_INO, b"h").unwrap();
+    assert_ne!(counters.count(ino), c);
+    // Reads and leases change nothing.
+    let c = counters.count(ino);
+    let _ = file_bytes(&v, ino, max);
+    drop(v.lease(ino, 0, max).unwrap());
+    v.getattr(ino).unwrap();
+    assert_eq!(counters.count(ino), c);
+    drop(kept);
+    assert_fsck_clean(&v);
+}
