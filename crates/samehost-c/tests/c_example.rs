@@ -28,7 +28,14 @@ fn the_c_example_writes_reads_and_zero_copies_through_libzcfs() {
     let mut s = common::serve("cex");
     let exe = std::env::temp_dir().join(format!("zcfs-shc-example-{}", std::process::id()));
     compile(&exe);
-    let out = Command::new(&exe).arg(&s.sock).output().unwrap();
+    // The library beside this test, whatever `cargo test` puts first on
+    // LD_LIBRARY_PATH (target/<profile>, where an older `cargo build` may have left a
+    // libzcfs.so of an earlier protocol: the server then refuses its Hello, EPROTO).
+    let out = Command::new(&exe)
+        .arg(&s.sock)
+        .env("LD_LIBRARY_PATH", common::lib_dir())
+        .output()
+        .unwrap();
     let _ = std::fs::remove_file(&exe);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
