@@ -78,3 +78,45 @@ fn a_write_still_being_sent_holds_up_only_what_must_see_it() {
         fs.release(f.ino, fh).unwrap();
     });
 }
+
+/// A writer that unwinds after its write was queued as being sent (here a panic in the
+/// answer) leaves nothing that later waits on it forever: the close reports EIO for the
+/// write it never sent, and the file goes on working.
+#[test]
+fn a_write_abandoned_before_its_send_hangs_no_one() {
+    let net = Net::new();
+    let srv = Served::new(&net, "wb-abandoned", &[]);
+    net.in_cli(|| {
+        let fs = srv.client(&net, Duration::from_secs(10));
+        let c = ctx();
+        let (f, fh) = fs
+            .create(&c, ROOT, b"f", libc::S_IFREG | 0o644, libc::O_RDWR)
+            .unwrap();
+        let small = vec![3u8; 4096];
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut answer = |_: u32| panic!("the writer's answer unwinds");
+            fs.write_behind_answering(&c, f.ino, fh, 0, &small, &mut answer)
+        }));
+        assert!(r.is_err());
+        // On a thread of its own, not scoped: if it never returns, the test fails
+        // rather than hangs.
+        let fs = std::sync::Arc::new(fs);
+        let (done_tx, done_rx) = mpsc::channel();
+        let closer = fs.clone();
+        std::thread::spawn(move || {
+            let _ = done_tx.send(closer.flush(f.ino, fh));
+        });
+        let e = done_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the close waited for a write nobody sends")
+            .unwrap_err();
+        assert_eq!(e.errno, libc::EIO, "{e:?}");
+        assert_eq!(fs.write_behind_held(), 0, "its slot given back");
+        // Every close of the handle says so until an fsync takes the error.
+        assert_eq!(fs.fsync(f.ino, fh, false).unwrap_err().errno, libc::EIO);
+        assert_eq!(fs.write_behind(&c, f.ino, fh, 0, &small).unwrap(), 4096);
+        fs.flush(f.ino, fh).unwrap();
+        assert_eq!(read_all(&*fs, f.ino, fh, 0, 4096), small);
+        fs.release(f.ino, fh).unwrap();
+    });
+}

@@ -115,6 +115,40 @@ impl InodeQueue {
     }
 }
 
+/// A write queued as being sent whose sender unwinds (a panic in `answer` or `send`)
+/// before it is sent: taken out of the queue again, its slot given back and its handle
+/// told (EIO at its flush), so that no settle of the inode waits for it forever.
+struct Unsent<'a> {
+    wb: &'a WriteBehind,
+    q: &'a InodeQueue,
+    id: u64,
+    fh: u64,
+    /// Cleared once the send returned (its result is handled as usual).
+    armed: bool,
+}
+
+impl Drop for Unsent<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let mut g = lock(&self.q.q);
+        g.sending -= 1;
+        if let Some(at) = g.inflight.iter().position(|p| p.id == self.id) {
+            g.inflight.remove(at);
+            self.wb.held.fetch_sub(1, Ordering::AcqRel);
+        }
+        g.errors.entry(self.fh).or_insert((
+            Error::new(
+                libc::EIO,
+                "a write-behind write was abandoned before it was sent",
+            ),
+            false,
+        ));
+        self.q.sent_one(&g);
+    }
+}
+
 #[derive(Default)]
 pub(super) struct WriteBehind {
     inodes: Mutex<HashMap<u64, Arc<InodeQueue>>>,
@@ -195,11 +229,19 @@ impl WriteBehind {
         });
         g.sending += 1;
         drop(g);
+        let mut unsent = Unsent {
+            wb: self,
+            q: &q,
+            id,
+            fh,
+            armed: true,
+        };
         let answered = answer.is_some();
         if let Some(answer) = answer {
             answer();
         }
         let sent = send();
+        unsent.armed = false;
         let mut g = lock(&q.q);
         g.sending -= 1;
         let at = g
