@@ -14,7 +14,6 @@ use zcfs_backend::{Backend, ROOT};
 /// file's writes is being sent. With two writers on a slow link there is no such
 /// moment: one's next write is queued while the other's is still going out.
 #[test]
-#[ignore = "finding: a settle of an inode waits for a moment with no write of it being sent, which two writers never leave"]
 fn a_stat_of_a_file_written_without_pause_is_not_starved() {
     let net = Net::new();
     net.shape("20mbit");
