@@ -55,6 +55,8 @@ struct Queue {
     sending: usize,
     /// Threads waiting for them (`InodeQueue::all_sent`): a send wakes them only then.
     awaiting: usize,
+    /// Writes held back from being queued while `awaiting` (`InodeQueue::gate`).
+    gated: usize,
     next_id: u64,
     /// Per handle, the first error of a write through it collected since its last
     /// fsync, and whether a flush has reported it.
@@ -96,6 +98,23 @@ impl InodeQueue {
             g.awaiting += 1;
             g = self.sent.wait(g).unwrap_or_else(|e| e.into_inner());
             g.awaiting -= 1;
+            if g.awaiting == 0 && g.gated > 0 {
+                self.sent.notify_all();
+            }
+        }
+        g
+    }
+
+    /// Before a write is queued: wait while someone waits for the writes being sent
+    /// (`all_sent`). Otherwise writers of the inode that keep sending (on a slow link
+    /// one's next write is queued while another's is still going out) leave it no
+    /// moment without a send, and a close, fsync, stat or read of the file waits until
+    /// they stop writing. The writes already queued are sent meanwhile: the wait ends.
+    fn gate<'a>(&self, mut g: MutexGuard<'a, Queue>) -> MutexGuard<'a, Queue> {
+        while g.awaiting > 0 {
+            g.gated += 1;
+            g = self.sent.wait(g).unwrap_or_else(|e| e.into_inner());
+            g.gated -= 1;
         }
         g
     }
@@ -193,7 +212,7 @@ impl WriteBehind {
         send: impl FnOnce() -> Result<Ticket>,
     ) -> Result<bool> {
         let q = lock(&self.inodes).entry(ino).or_default().clone();
-        let mut g = lock(&q.q);
+        let mut g = q.gate(lock(&q.q));
         if g.inflight.iter().any(|p| p.start < end && start < p.end) {
             g = q.all_sent(g);
             wait_overlapping(self, &mut g, start, end);
