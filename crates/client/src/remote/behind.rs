@@ -26,7 +26,7 @@
 use crate::{lock, Ticket};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use zcfs_backend::{Error, Result};
 use zcfs_protocol::{Operation, Wire, WriteReq};
 
@@ -41,12 +41,23 @@ struct Pending {
     fh: u64,
     /// Sent with `WriteReq::commit` (made durable before its reply).
     commit: bool,
-    ticket: Ticket,
+    /// Which write this is (`Queue::next_id`), for its sender to find it again.
+    id: u64,
+    /// None while its writer sends it, without the queue's lock (`WriteBehind::send`):
+    /// whoever needs tickets waits for `InodeQueue::sent` first (`all_sent`).
+    ticket: Option<Ticket>,
 }
 
 #[derive(Default)]
 struct Queue {
     inflight: VecDeque<Pending>,
+    /// Writes being sent now (entries of `inflight` without a ticket).
+    sending: usize,
+    /// Threads waiting for them (`InodeQueue::all_sent`): a send wakes them only then.
+    awaiting: usize,
+    /// Writes held back from being queued while `awaiting` (`InodeQueue::gate`).
+    gated: usize,
+    next_id: u64,
     /// Per handle, the first error of a write through it collected since its last
     /// fsync, and whether a flush has reported it.
     errors: HashMap<u64, (Error, bool)>,
@@ -72,9 +83,94 @@ pub(super) enum Report {
     All,
 }
 
+/// An inode's writes in flight, and the signal that one of them has been sent.
+#[derive(Default)]
+struct InodeQueue {
+    q: Mutex<Queue>,
+    sent: Condvar,
+}
+
+impl InodeQueue {
+    /// Wait until every write of the queue is sent (has its ticket). While `g` is then
+    /// held, none can be added unsent: only `send` adds them, under the lock.
+    fn all_sent<'a>(&self, mut g: MutexGuard<'a, Queue>) -> MutexGuard<'a, Queue> {
+        while g.sending > 0 {
+            g.awaiting += 1;
+            g = self.sent.wait(g).unwrap_or_else(|e| e.into_inner());
+            g.awaiting -= 1;
+            if g.awaiting == 0 && g.gated > 0 {
+                self.sent.notify_all();
+            }
+        }
+        g
+    }
+
+    /// Before a write is queued: wait while someone waits for the writes being sent
+    /// (`all_sent`). Otherwise writers of the inode that keep sending (on a slow link
+    /// one's next write is queued while another's is still going out) leave it no
+    /// moment without a send, and a close, fsync, stat or read of the file waits until
+    /// they stop writing. The writes already queued are sent meanwhile: the wait ends.
+    fn gate<'a>(&self, mut g: MutexGuard<'a, Queue>) -> MutexGuard<'a, Queue> {
+        while g.awaiting > 0 {
+            g.gated += 1;
+            g = self.sent.wait(g).unwrap_or_else(|e| e.into_inner());
+            g.gated -= 1;
+        }
+        g
+    }
+
+    /// The queue, every write in it sent.
+    fn lock_sent(&self) -> MutexGuard<'_, Queue> {
+        self.all_sent(lock(&self.q))
+    }
+
+    /// A write of the queue (held as `g`) is sent, or dropped unsent: wake whoever
+    /// waits for the sends (a condvar's notify is a system call even with no one
+    /// waiting).
+    fn sent_one(&self, g: &Queue) {
+        if g.awaiting > 0 {
+            self.sent.notify_all();
+        }
+    }
+}
+
+/// A write queued as being sent whose sender unwinds (a panic in `answer` or `send`)
+/// before it is sent: taken out of the queue again, its slot given back and its handle
+/// told (EIO at its flush), so that no settle of the inode waits for it forever.
+struct Unsent<'a> {
+    wb: &'a WriteBehind,
+    q: &'a InodeQueue,
+    id: u64,
+    fh: u64,
+    /// Cleared once the send returned (its result is handled as usual).
+    armed: bool,
+}
+
+impl Drop for Unsent<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let mut g = lock(&self.q.q);
+        g.sending -= 1;
+        if let Some(at) = g.inflight.iter().position(|p| p.id == self.id) {
+            g.inflight.remove(at);
+            self.wb.held.fetch_sub(1, Ordering::AcqRel);
+        }
+        g.errors.entry(self.fh).or_insert((
+            Error::new(
+                libc::EIO,
+                "a write-behind write was abandoned before it was sent",
+            ),
+            false,
+        ));
+        self.q.sent_one(&g);
+    }
+}
+
 #[derive(Default)]
 pub(super) struct WriteBehind {
-    inodes: Mutex<HashMap<u64, Arc<Mutex<Queue>>>>,
+    inodes: Mutex<HashMap<u64, Arc<InodeQueue>>>,
     held: AtomicUsize,
 }
 
@@ -84,7 +180,7 @@ pub(super) fn limit(max_inflight: u32) -> usize {
 }
 
 impl WriteBehind {
-    fn queue_of(&self, ino: u64) -> Option<Arc<Mutex<Queue>>> {
+    fn queue_of(&self, ino: u64) -> Option<Arc<InodeQueue>> {
         lock(&self.inodes).get(&ino).cloned()
     }
 
@@ -98,9 +194,11 @@ impl WriteBehind {
     /// `answer`, when given, is called once the slot is taken and before `send`: the
     /// writer is told "written" while the bytes leave. A failed `send` is then kept
     /// for the handle's flush or fsync like a failed reply (Ok(true)); without
-    /// `answer` it is returned. The inode's queue stays locked until the ticket is
-    /// kept, so whatever must see this write (a flush, an overlapping read) waits for
-    /// it even though the writer has been answered.
+    /// `answer` it is returned. The write is queued (as being sent) before the answer
+    /// and `send` runs without the queue's lock: the writer's next write of the inode
+    /// need not wait for this one's trip through the socket, and whatever must see this
+    /// write (a flush, an overlapping read or write) finds it queued and waits for its
+    /// send first (`InodeQueue::all_sent`).
     #[allow(clippy::too_many_arguments)]
     pub fn send(
         &self,
@@ -114,8 +212,11 @@ impl WriteBehind {
         send: impl FnOnce() -> Result<Ticket>,
     ) -> Result<bool> {
         let q = lock(&self.inodes).entry(ino).or_default().clone();
-        let mut g = lock(&q);
-        wait_overlapping(self, &mut g, start, end);
+        let mut g = q.gate(lock(&q.q));
+        if g.inflight.iter().any(|p| p.start < end && start < p.end) {
+            g = q.all_sent(g);
+            wait_overlapping(self, &mut g, start, end);
+        }
         loop {
             let held = self.held.load(Ordering::Acquire);
             if held < limit {
@@ -128,28 +229,55 @@ impl WriteBehind {
                 }
                 continue;
             }
+            if g.inflight.front().is_some_and(|p| p.ticket.is_none()) {
+                g = q.all_sent(g);
+            }
             if !collect_front(self, &mut g) {
                 return Ok(false);
             }
         }
+        let id = g.next_id;
+        g.next_id += 1;
+        g.inflight.push_back(Pending {
+            start,
+            end,
+            fh,
+            commit,
+            id,
+            ticket: None,
+        });
+        g.sending += 1;
+        drop(g);
+        let mut unsent = Unsent {
+            wb: self,
+            q: &q,
+            id,
+            fh,
+            armed: true,
+        };
         let answered = answer.is_some();
         if let Some(answer) = answer {
             answer();
         }
-        match send() {
+        let sent = send();
+        unsent.armed = false;
+        let mut g = lock(&q.q);
+        g.sending -= 1;
+        let at = g
+            .inflight
+            .iter()
+            .position(|p| p.id == id)
+            .expect("a write being sent stays queued: collecting waits for sends");
+        let r = match sent {
             Ok(ticket) => {
-                g.inflight.push_back(Pending {
-                    start,
-                    end,
-                    fh,
-                    commit,
-                    ticket,
-                });
+                g.inflight[at].ticket = Some(ticket);
                 Ok(true)
             }
             Err(e) => {
+                g.inflight.remove(at);
                 self.held.fetch_sub(1, Ordering::AcqRel);
                 if !answered {
+                    q.sent_one(&g);
                     return Err(e);
                 }
                 let e = if crate::is_transport(&e) {
@@ -167,7 +295,9 @@ impl WriteBehind {
                 g.errors.entry(fh).or_insert((e, false));
                 Ok(true)
             }
-        }
+        };
+        q.sent_one(&g);
+        r
     }
 
     /// Whether `ino` was written here since its last handle here was closed (its
@@ -179,7 +309,7 @@ impl WriteBehind {
     /// Wait for `ino`'s writes that overlap `start..end` (a read of that range).
     pub fn settle_range(&self, ino: u64, start: u64, end: u64) {
         if let Some(q) = self.queue_of(ino) {
-            let mut g = lock(&q);
+            let mut g = q.lock_sent();
             wait_overlapping(self, &mut g, start, end);
         }
     }
@@ -190,7 +320,7 @@ impl WriteBehind {
         let Some(q) = self.queue_of(ino) else {
             return Ok(());
         };
-        let mut g = lock(&q);
+        let mut g = q.lock_sent();
         while collect_front(self, &mut g) {}
         reported(&mut g, report)
     }
@@ -207,7 +337,7 @@ impl WriteBehind {
         take: impl FnOnce(&HashMap<u64, u64>) -> T,
     ) -> Option<(Result<()>, T)> {
         let q = self.queue_of(ino)?;
-        let mut g = lock(&q);
+        let mut g = q.lock_sent();
         if !g.inflight.iter().all(|p| p.commit) {
             return None;
         }
@@ -227,7 +357,7 @@ impl WriteBehind {
         let Some(q) = self.queue_of(ino) else {
             return covered(false).1;
         };
-        let mut g = lock(&q);
+        let mut g = q.lock_sent();
         let in_flight = g.inflight.iter().any(|p| p.fh == fh);
         let (all, t) = covered(in_flight);
         if all {
@@ -251,19 +381,21 @@ impl WriteBehind {
         send: impl FnOnce(&Ticket) -> T,
     ) -> Option<(Result<()>, T)> {
         let q = self.queue_of(ino)?;
-        let mut g = lock(&q);
+        let mut g = q.lock_sent();
         // The newest is never collected here: the loop ends when all are on its
         // connection, which it is.
         while let Some(newest) = g.inflight.back() {
-            if g.inflight
-                .iter()
-                .all(|p| p.ticket.same_connection(&newest.ticket))
-            {
+            let on = |p: &Pending| match (&p.ticket, &newest.ticket) {
+                (Some(a), Some(b)) => a.same_connection(b),
+                _ => unreachable!("every write is sent while the queue is held so"),
+            };
+            if g.inflight.iter().all(on) {
                 break;
             }
             collect_front(self, &mut g);
         }
-        let sent = send(&g.inflight.back()?.ticket);
+        let newest = g.inflight.back()?.ticket.as_ref();
+        let sent = send(newest.expect("every write is sent while the queue is held so"));
         while collect_front(self, &mut g) {}
         Some((reported(&mut g, report), sent))
     }
@@ -272,7 +404,7 @@ impl WriteBehind {
     /// it to (its flush did not): logged.
     pub fn closed_handle(&self, ino: u64, fh: u64) {
         if let Some(q) = self.queue_of(ino) {
-            if let Some((e, false)) = lock(&q).errors.remove(&fh) {
+            if let Some((e, false)) = lock(&q.q).errors.remove(&fh) {
                 tracing::warn!(
                     ino,
                     fh,
@@ -305,7 +437,7 @@ impl WriteBehind {
         let mut m = lock(&self.inodes);
         if let Some(q) = m.get(&ino) {
             // Only when no one else holds it (a writer through a handle opened since).
-            if Arc::strong_count(q) == 1 && lock(q).inflight.is_empty() {
+            if Arc::strong_count(q) == 1 && lock(&q.q).inflight.is_empty() {
                 m.remove(&ino);
             }
         }
@@ -340,12 +472,16 @@ fn reported(g: &mut Queue, report: Report) -> Result<()> {
 }
 
 /// Collect the oldest write of the queue: false if it has none.
+/// The caller holds the queue with every write in it sent (`InodeQueue::all_sent`).
 fn collect_front(wb: &WriteBehind, q: &mut Queue) -> bool {
     let Some(p) = q.inflight.pop_front() else {
         return false;
     };
     let want = p.end - p.start;
-    let r = p.ticket.wait().and_then(|resp| {
+    let ticket = p
+        .ticket
+        .expect("collected only while every write of the queue is sent");
+    let r = ticket.wait().and_then(|resp| {
         let reply = <WriteReq as Operation>::Reply::decode(&resp.body)
             .map_err(|e| Error::new(libc::EIO, format!("malformed write reply: {e}")))?;
         if u64::from(reply.written) == want && reply.committed {

@@ -52,6 +52,12 @@ impl Net {
         self.pair.link(up).unwrap();
     }
 
+    /// Shape both directions of the link to `rate` (e.g. "20mbit"): sends then take
+    /// time, as on a slow network.
+    pub fn shape(&self, rate: &str) {
+        self.pair.shape(rate).unwrap();
+    }
+
     /// Run `f` on a thread inside the client namespace (sockets it opens live there).
     pub fn in_cli<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
         self.pair.cli.run(f).unwrap()
