@@ -12,6 +12,12 @@
 //!   the replies are collected, behind the writes on the connection they went out on
 //!   (`settle_behind`): the server runs one connection's requests in order.
 //!
+//! A write goes out without its inode's queue held: it is queued as being sent, the
+//! writer answered, then sent, so the writer's next write of the file does not wait for
+//! this one's trip through the socket. Whatever needs replies waits for the sends first
+//! (`InodeQueue::all_sent`), and while someone waits no new write is queued
+//! (`InodeQueue::gate`), so writers that keep writing cannot starve it.
+//!
 //! An error (ENOSPC, a short write, a lost connection) is kept with the handle that
 //! wrote and reported by that handle's next flush or fsync, as NFS does (another
 //! descriptor's close must not take it from the writer); the data of a write lost with its
