@@ -75,6 +75,11 @@ fn check_tmpfile_flags(flags: i32) -> Result<()> {
 /// Attempts at ".." while the directory keeps moving between parents.
 const PARENT_TRIES: usize = 16;
 
+/// Directory entries read from the volume at a time (under its lock) by `readdir`,
+/// then passed on without it: a caller that takes few at a time (a remote reply holds
+/// about a hundred) does not make the volume list the rest of the directory each time.
+pub const READDIR_BATCH: usize = 128;
+
 impl LocalFs {
     /// ".." of `dir`, with a reference to it. The number `parent_of` gives may be
     /// reused by the time it is held (the parent removed after `dir` moved out, or
@@ -110,6 +115,40 @@ impl LocalFs {
                 "the directory kept moving while its parent was looked up",
             )),
         }
+    }
+
+    /// Hand `batch` to `f`, with attributes (and a reference each) for `plus`: false
+    /// once `f` takes no more. An entry removed since it was listed (its number
+    /// possibly reused: the generation tells) is skipped.
+    fn pass_on(
+        &self,
+        batch: Vec<zcfs_volume::DirEntry>,
+        plus: bool,
+        f: &mut dyn FnMut(DirEntry) -> bool,
+    ) -> bool {
+        for e in batch {
+            let attr = if plus {
+                // Each entry passed on with attributes holds a reference (the kernel
+                // counts a lookup for it).
+                match self.vol.hold(e.ino, e.gen) {
+                    Ok(a) => Some(a),
+                    Err(_) => continue,
+                }
+            } else {
+                None
+            };
+            let de = DirEntry {
+                name: e.name,
+                ino: e.ino,
+                kind: (e.dtype as u32) << 12,
+                next: e.next,
+                attr,
+            };
+            if !f(de) {
+                return false;
+            }
+        }
+        true
     }
 }
 
@@ -302,40 +341,29 @@ impl Backend for LocalFs {
         plus: bool,
         f: &mut dyn FnMut(DirEntry) -> bool,
     ) -> Result<()> {
-        // Collect under the volume's lock, then call back without it (the callback may
-        // look things up).
-        let mut out = Vec::new();
-        self.vol
-            .readdir(ino, offset, |e| {
-                out.push(e);
-                out.len() < 1024
-            })
-            .map_err(err)?;
-        for e in out {
-            let a = if plus {
-                // Each entry passed on with attributes holds a reference (the kernel
-                // counts a lookup for it); one removed meanwhile (its number possibly
-                // reused: the generation tells) is skipped.
-                match self.vol.hold(e.ino, e.gen) {
-                    Ok(a) => Some(a),
-                    Err(_) => continue,
-                }
-            } else {
-                None
-            };
-            let de = DirEntry {
-                name: e.name,
-                ino: e.ino,
-                kind: (e.dtype as u32) << 12,
-                next: e.next,
-                attr: a,
-            };
-            if !f(de) {
-                break;
+        // Collect a batch under the volume's lock, then call back without it (the
+        // callback may look things up); the next batch from where that one ended, while
+        // the callback takes more.
+        let mut cookie = offset;
+        loop {
+            let mut out = Vec::with_capacity(READDIR_BATCH);
+            self.vol
+                .readdir(ino, cookie, |e| {
+                    out.push(e);
+                    out.len() < READDIR_BATCH
+                })
+                .map_err(err)?;
+            let full = out.len() == READDIR_BATCH;
+            match out.last() {
+                Some(last) => cookie = last.next,
+                None => return Ok(()),
+            }
+            if !self.pass_on(out, plus, f) || !full {
+                return Ok(());
             }
         }
-        Ok(())
     }
+
     fn statfs(&self) -> Result<StatFs> {
         Ok(self.vol.statfs())
     }

@@ -208,3 +208,70 @@ fn flush_makes_the_writes_durable_under_group_commit() {
     let b = again.lookup(&ctx(), ROOT, b"kept").unwrap();
     assert_eq!(b.size, 18, "the write was not durable at close");
 }
+
+/// readdir reads the volume READDIR_BATCH entries at a time: every entry comes exactly
+/// once, in cookie order, for directories at, just past and well past the batch, and a
+/// caller that stops and goes on from the last cookie it took misses none either.
+#[test]
+fn readdir_in_batches_lists_each_entry_once_at_and_past_the_batch() {
+    use zcfs_local::READDIR_BATCH;
+    let fs = LocalFs::new({
+        let mut region = Region::anonymous(64 << 20);
+        Volume::mkfs_region(
+            &mut region,
+            &MkfsOptions {
+                inodes: Some(2048),
+                log_bytes: Some(1 << 20),
+                root: RootDir {
+                    uid: 1000,
+                    gid: 100,
+                    mode: 0o755,
+                },
+            },
+        )
+        .unwrap();
+        Volume::open_region(region, VolumeConfig::synchronous()).unwrap()
+    });
+    for (d, n) in [
+        ("at", READDIR_BATCH),
+        ("past", READDIR_BATCH + 1),
+        ("far", 3 * READDIR_BATCH + 7),
+    ] {
+        let dir = fs.mkdir(&ctx(), ROOT, d.as_bytes(), 0o755).unwrap();
+        let mut want: Vec<Vec<u8>> = (0..n).map(|i| format!("f{i:04}").into_bytes()).collect();
+        for name in &want {
+            fs.mknod(&ctx(), dir.ino, name, libc::S_IFREG | 0o644, 0)
+                .unwrap();
+            // (mknod's reference, as the kernel's lookup would count it)
+        }
+        want.sort();
+        let list = |from: u64, stop_after: usize| {
+            let mut got = Vec::new();
+            let mut last = from;
+            fs.readdir(dir.ino, from, false, &mut |e| {
+                if got.len() == stop_after {
+                    return false;
+                }
+                assert!(e.next > last, "{d}: cookies go up");
+                last = e.next;
+                got.push((e.name, e.next));
+                true
+            })
+            .unwrap();
+            got
+        };
+        let mut all: Vec<Vec<u8>> = list(0, usize::MAX).into_iter().map(|(n, _)| n).collect();
+        all.sort();
+        assert_eq!(all, want, "{d}: every entry once");
+        // Stop a few past the batch, then go on from the last cookie taken.
+        let first = list(0, READDIR_BATCH + 3);
+        assert_eq!(first.len(), (READDIR_BATCH + 3).min(n), "{d}");
+        let rest = list(first.last().unwrap().1, usize::MAX);
+        let mut both: Vec<Vec<u8>> = first.into_iter().chain(rest).map(|(n, _)| n).collect();
+        both.sort();
+        assert_eq!(
+            both, want,
+            "{d}: stopped and went on, none missed or repeated"
+        );
+    }
+}
