@@ -760,7 +760,7 @@ impl RemoteFs {
             .is_some_and(|(a, t)| a.no_xattrs && self.ttl_ok(t))
     }
 
-    /// Attributes a reply carried (lookup, readdirplus) of an inode written through
+    /// Attributes a reply carried (lookup, link, hold, readdirplus) of an inode written through
     /// write-behind here: a write answered before the request went out may still have
     /// been in flight on another connection when the server answered, so the size may
     /// predate it (the kernel would take it as the file's). Wait for the inode's writes
@@ -853,7 +853,8 @@ impl Backend for RemoteFs {
             },
             &[],
         )?;
-        Ok(self.entry(r.attr, epoch, None, token))
+        let a = self.entry(r.attr, epoch, None, token);
+        Ok(self.after_writes(a))
     }
 
     fn forget(&self, ino: u64, n: u64) {
@@ -1033,7 +1034,9 @@ impl Backend for RemoteFs {
         let (r, epoch) = self.known_change(newparent, r, Change::Added(newname))?;
         let a = self.entry(r.attr, epoch, Some((newparent, newname)), token);
         self.dir_changed(newparent, r.parent, token);
-        Ok(a)
+        // A write of the file answered before the link may still be on its way on
+        // another connection: the reply's size may predate it.
+        Ok(self.after_writes(a))
     }
 
     fn open(&self, ctx: &Ctx, ino: u64, flags: i32) -> Result<u64> {
