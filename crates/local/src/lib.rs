@@ -343,16 +343,22 @@ impl Backend for LocalFs {
     ) -> Result<()> {
         // Collect a batch under the volume's lock, then call back without it (the
         // callback may look things up); the next batch from where that one ended, while
-        // the callback takes more.
+        // the callback takes more. It fails only before anything is passed on: a later batch that cannot be read
+        // (the directory gone meanwhile) ends the listing, and the caller keeps what it
+        // took (with `plus`, a reference each); going on from there reports the error.
         let mut cookie = offset;
+        let mut first = true;
         loop {
             let mut out = Vec::with_capacity(READDIR_BATCH);
-            self.vol
-                .readdir(ino, cookie, |e| {
-                    out.push(e);
-                    out.len() < READDIR_BATCH
-                })
-                .map_err(err)?;
+            let r = self.vol.readdir(ino, cookie, |e| {
+                out.push(e);
+                out.len() < READDIR_BATCH
+            });
+            match r {
+                Err(e) if first => return Err(err(e)),
+                Err(_) => return Ok(()),
+                Ok(()) => first = false,
+            }
             let full = out.len() == READDIR_BATCH;
             match out.last() {
                 Some(last) => cookie = last.next,

@@ -275,3 +275,50 @@ fn readdir_in_batches_lists_each_entry_once_at_and_past_the_batch() {
         );
     }
 }
+
+/// readdir fails only before it passes anything on: a later batch that cannot be read
+/// (the directory gone meanwhile) ends the listing instead, as the one collection before
+/// batches did. With `plus` the caller owns a reference per entry passed, and a caller
+/// that drops the entries of a failed call (the FUSE frontend answers the error) would
+/// leak them; the next call from the last cookie reports the error.
+#[test]
+fn readdir_fails_only_before_passing_anything_on() {
+    use zcfs_local::READDIR_BATCH;
+    let fs = fs();
+    let dir = fs.mkdir(&ctx(), ROOT, b"d", 0o755).unwrap();
+    let n = READDIR_BATCH + 5;
+    let names: Vec<Vec<u8>> = (0..n).map(|i| format!("f{i:04}").into_bytes()).collect();
+    for name in &names {
+        let a = fs
+            .mknod(&ctx(), dir.ino, name, libc::S_IFREG | 0o644, 0)
+            .unwrap();
+        fs.forget(a.ino, 1);
+    }
+    let mut taken = Vec::new();
+    let r = fs.readdir(dir.ino, 0, true, &mut |e| {
+        taken.push(e.ino);
+        if taken.len() == READDIR_BATCH {
+            // The directory emptied, removed and forgotten before the next batch.
+            for name in &names {
+                fs.unlink(&ctx(), dir.ino, name).unwrap();
+            }
+            fs.rmdir(&ctx(), ROOT, b"d").unwrap();
+            fs.forget(dir.ino, 1);
+        }
+        true
+    });
+    assert_eq!(taken.len(), READDIR_BATCH);
+    assert!(r.is_ok(), "entries passed on, then {r:?}");
+    for ino in &taken {
+        fs.getattr(*ino).unwrap();
+        fs.forget(*ino, 1);
+        assert_eq!(fs.getattr(*ino).unwrap_err().errno, libc::ESTALE);
+    }
+    // Going on from there reports it.
+    assert_eq!(
+        fs.readdir(dir.ino, 0, false, &mut |_| true)
+            .unwrap_err()
+            .errno,
+        libc::ESTALE
+    );
+}
