@@ -343,9 +343,10 @@ impl Backend for LocalFs {
     ) -> Result<()> {
         // Collect a batch under the volume's lock, then call back without it (the
         // callback may look things up); the next batch from where that one ended, while
-        // the callback takes more. It fails only before anything is passed on: a later batch that cannot be read
-        // (the directory gone meanwhile) ends the listing, and the caller keeps what it
-        // took (with `plus`, a reference each); going on from there reports the error.
+        // the callback takes more. It fails only before anything is passed on: a later
+        // batch that cannot be read (the directory gone meanwhile) ends the listing, and
+        // the caller keeps what it took (with `plus`, a reference each); going on from
+        // there reports the error.
         let mut cookie = offset;
         let mut first = true;
         loop {
