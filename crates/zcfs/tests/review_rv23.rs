@@ -169,15 +169,7 @@ fn flushes_behind_writes_with_the_fewest_slots_finish() {
                         let c = ctx();
                         for i in 0..FILES {
                             let name = format!("t{t}f{i}");
-                            let (f, fh) = fs
-                                .create(
-                                    &c,
-                                    ROOT,
-                                    name.as_bytes(),
-                                    libc::S_IFREG | 0o644,
-                                    libc::O_RDWR,
-                                )
-                                .unwrap();
+                            let (f, fh) = create_file(fs, &name, libc::O_RDWR);
                             for w in 0..3u64 {
                                 let buf = vec![(t * 13 + i * 3 + w) as u8; CHUNK];
                                 let n = fs.write_behind(&c, f.ino, fh, w * CHUNK as u64, &buf);
@@ -223,9 +215,7 @@ fn a_flush_behind_writes_on_a_cut_link_is_not_durable() {
     net.in_cli(|| {
         let fs = srv.client(&net, Duration::from_secs(2));
         let c = ctx();
-        let (f, fh) = fs
-            .create(&c, ROOT, b"f", libc::S_IFREG | 0o644, libc::O_RDWR)
-            .unwrap();
+        let (f, fh) = create_file(&fs, "f", libc::O_RDWR);
         fs.fsync(f.ino, fh, false).unwrap();
         net.link(false);
         let piece = vec![9u8; 4096];

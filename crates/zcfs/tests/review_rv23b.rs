@@ -23,15 +23,7 @@ const LARGE: usize = COMMIT_WRITE_MAX + 4096;
 
 /// Make a file `name`, durable and empty, open for writing.
 fn made(fs: &RemoteFs, name: &str) -> (u64, u64) {
-    let (f, fh) = fs
-        .create(
-            &ctx(),
-            ROOT,
-            name.as_bytes(),
-            libc::S_IFREG | 0o644,
-            libc::O_RDWR,
-        )
-        .unwrap();
+    let (f, fh) = create_file(fs, name, libc::O_RDWR);
     fs.fsync(f.ino, fh, false).unwrap();
     (f.ino, fh)
 }

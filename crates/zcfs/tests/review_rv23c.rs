@@ -150,15 +150,7 @@ fn a_truncate_by_path_or_through_another_handle_is_durable_at_close() {
         net.in_cli(|| {
             let fs = srv.client(&net, Duration::from_secs(10));
             let c = ctx();
-            let (f, h1) = fs
-                .create(
-                    &c,
-                    ROOT,
-                    name.as_bytes(),
-                    libc::S_IFREG | 0o644,
-                    libc::O_RDWR,
-                )
-                .unwrap();
+            let (f, h1) = create_file(&fs, &name, libc::O_RDWR);
             fs.fsync(f.ino, h1, false).unwrap();
             let h2 = fs.open(&c, f.ino, libc::O_WRONLY).unwrap();
             for (i, h) in [h1, h2, h1].into_iter().enumerate() {
@@ -209,15 +201,7 @@ fn committed_setattrs_racing_uncommitted_writes_leave_the_writes_counted() {
         net.in_cli(|| {
             let fs = srv.client(&net, Duration::from_secs(10));
             let c = ctx();
-            let (f, h1) = fs
-                .create(
-                    &c,
-                    ROOT,
-                    name.as_bytes(),
-                    libc::S_IFREG | 0o644,
-                    libc::O_RDWR,
-                )
-                .unwrap();
+            let (f, h1) = create_file(&fs, &name, libc::O_RDWR);
             let h2 = fs.open(&c, f.ino, libc::O_WRONLY).unwrap();
             std::thread::scope(|s| {
                 s.spawn(|| {

@@ -6,7 +6,7 @@ use common::remote::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
-use zcfs_backend::{Backend, ROOT};
+use zcfs_backend::Backend;
 
 /// A getattr (stat, or a close, fsync or read: whatever settles the inode) of a file
 /// that others keep writing through write-behind is answered while they write: it waits
@@ -20,10 +20,7 @@ fn a_stat_of_a_file_written_without_pause_is_not_starved() {
     let srv = Served::new(&net, "rvwb-starve", &[]);
     net.in_cli(|| {
         let fs = Arc::new(srv.client(&net, Duration::from_secs(30)));
-        let c = ctx();
-        let (f, fh) = fs
-            .create(&c, ROOT, b"f", libc::S_IFREG | 0o644, libc::O_RDWR)
-            .unwrap();
+        let (f, fh) = create_file(&fs, "f", libc::O_RDWR);
         let stop = Arc::new(AtomicBool::new(false));
         let writers: Vec<_> = (0..2u64)
             .map(|i| {

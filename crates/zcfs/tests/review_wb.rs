@@ -33,15 +33,7 @@ fn a_waited_for_write_after_a_buffered_one_lands_last() {
         let (big, small) = (fill(b'a', MIB), fill(b'b', 4096));
         for round in 0..ROUNDS {
             let name = format!("f{round}");
-            let (f, fh) = fs
-                .create(
-                    &c,
-                    ROOT,
-                    name.as_bytes(),
-                    libc::S_IFREG | 0o644,
-                    libc::O_RDWR,
-                )
-                .unwrap();
+            let (f, fh) = create_file(&fs, &name, libc::O_RDWR);
             assert_eq!(fs.write_behind(&c, f.ino, fh, 0, &big).unwrap(), MIB as u32);
             assert_eq!(fs.write(&c, f.ino, fh, 0, &small).unwrap(), 4096);
             fs.flush(f.ino, fh).unwrap();
@@ -71,20 +63,10 @@ fn a_lookup_after_a_buffered_write_shows_its_size() {
         let fs = srv.client(&net, Duration::from_secs(10));
         let c = ctx();
         let (big, small) = (fill(b'a', 8 * MIB), fill(b'b', 4096));
-        let (x, xfh) = fs
-            .create(&c, ROOT, b"x", libc::S_IFREG | 0o644, libc::O_RDWR)
-            .unwrap();
+        let (x, xfh) = create_file(&fs, "x", libc::O_RDWR);
         for round in 0..ROUNDS {
             let name = format!("f{round}");
-            let (f, fh) = fs
-                .create(
-                    &c,
-                    ROOT,
-                    name.as_bytes(),
-                    libc::S_IFREG | 0o644,
-                    libc::O_RDWR,
-                )
-                .unwrap();
+            let (f, fh) = create_file(&fs, &name, libc::O_RDWR);
             // Connection k: the big write; k+1: statfs; k: the small write; k+1: lookup.
             assert_eq!(
                 fs.write_behind(&c, x.ino, xfh, 0, &big).unwrap(),
@@ -387,15 +369,7 @@ fn many_writers_with_a_small_max_inflight_finish_and_hold_nothing() {
                     let c = ctx();
                     for i in 0..FILES {
                         let name = format!("t{t}f{i}");
-                        let (f, fh) = fs
-                            .create(
-                                &c,
-                                ROOT,
-                                name.as_bytes(),
-                                libc::S_IFREG | 0o644,
-                                libc::O_RDWR,
-                            )
-                            .unwrap();
+                        let (f, fh) = create_file(fs, &name, libc::O_RDWR);
                         for w in 0..WRITES {
                             let buf = fill((t * 31 + i * 7 + w) as u8, CHUNK);
                             let off = w * CHUNK as u64;
@@ -464,15 +438,7 @@ fn restart_rounds(tag: &str, prefix: &str, must_report: bool, write: &WriteFn) {
         let flushed = net.in_cli(|| {
             let fs = srv.client(&net, Duration::from_secs(3));
             let c = ctx();
-            let (f, fh) = fs
-                .create(
-                    &c,
-                    ROOT,
-                    name.as_bytes(),
-                    libc::S_IFREG | 0o644,
-                    libc::O_RDWR,
-                )
-                .unwrap();
+            let (f, fh) = create_file(&fs, &name, libc::O_RDWR);
             fs.fsync(f.ino, fh, false).unwrap();
             for (i, b) in chunks.iter().enumerate() {
                 // A write that finds the connection gone fails at once: also reported.
@@ -562,9 +528,7 @@ fn a_read_right_after_an_early_answer_sees_the_write() {
     net.in_cli(|| {
         let fs = srv.client(&net, Duration::from_secs(10));
         let c = ctx();
-        let (f, fh) = fs
-            .create(&c, ROOT, b"r", libc::S_IFREG | 0o644, libc::O_RDWR)
-            .unwrap();
+        let (f, fh) = create_file(&fs, "r", libc::O_RDWR);
         for round in 0..ROUNDS as u8 {
             let b = fill(round.wrapping_add(1), 64 * 1024);
             assert_eq!(write_answered(&fs, &c, f.ino, fh, 0, &b), Ok(64 * 1024));
@@ -648,9 +612,7 @@ fn a_flush_sent_behind_a_refused_write_reports_its_error() {
     net.in_cli(|| {
         let fs = srv.client(&net, Duration::from_secs(10));
         let c = ctx();
-        let (f, fh) = fs
-            .create(&c, ROOT, b"big", libc::S_IFREG | 0o644, libc::O_WRONLY)
-            .unwrap();
+        let (f, fh) = create_file(&fs, "big", libc::O_WRONLY);
         let piece = fill(7, 1 << 20);
         // 128 MiB into a 64 MiB volume: a write fails, but is answered as written.
         let mut refused_at_once = false;

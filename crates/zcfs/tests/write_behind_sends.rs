@@ -7,7 +7,7 @@ mod common;
 use common::remote::*;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use zcfs_backend::{Backend, ROOT};
+use zcfs_backend::Backend;
 
 /// A send that blocks (the link is cut, so the socket's buffer fills) holds up neither
 /// the writer's next write of the file (answered at once) nor anything else of the
@@ -20,9 +20,7 @@ fn a_write_still_being_sent_holds_up_only_what_must_see_it() {
     net.in_cli(|| {
         let fs = srv.client(&net, Duration::from_secs(30));
         let c = ctx();
-        let (f, fh) = fs
-            .create(&c, ROOT, b"f", libc::S_IFREG | 0o644, libc::O_RDWR)
-            .unwrap();
+        let (f, fh) = create_file(&fs, "f", libc::O_RDWR);
         fs.fsync(f.ino, fh, false).unwrap();
         let big = vec![7u8; 4 << 20];
         let small = vec![9u8; 4096];
@@ -89,9 +87,7 @@ fn a_write_abandoned_before_its_send_hangs_no_one() {
     net.in_cli(|| {
         let fs = srv.client(&net, Duration::from_secs(10));
         let c = ctx();
-        let (f, fh) = fs
-            .create(&c, ROOT, b"f", libc::S_IFREG | 0o644, libc::O_RDWR)
-            .unwrap();
+        let (f, fh) = create_file(&fs, "f", libc::O_RDWR);
         let small = vec![3u8; 4096];
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let mut answer = |_: u32| panic!("the writer's answer unwinds");
