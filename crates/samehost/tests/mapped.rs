@@ -386,100 +386,36 @@ fn a_lease_too_long_for_any_room_evicts_nothing() {
 /// then fail (its server is gone), not serve the file's old blocks as its bytes.
 #[test]
 fn kept_chunks_do_not_outlive_their_volume() {
-    use zcfs_samehost::{Service, ServiceConfig};
-    use zcfs_types::identity::{IdentityMap, Squash};
-    use zcfs_volume::{MkfsOptions, Volume};
-    let tag = format!("zcfs-sh-{}-mapped-reopen", std::process::id());
-    let image = std::path::PathBuf::from(format!("/dev/shm/{tag}.img"));
-    let sock = std::env::temp_dir().join(format!("{tag}.sock"));
-    let _ = std::fs::remove_file(&image);
-    // Removed however the test ends.
-    struct Gone(std::path::PathBuf);
-    impl Drop for Gone {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.0);
-        }
-    }
-    let _gone = Gone(image.clone());
-    Volume::mkfs(&image, IMAGE_SIZE, &MkfsOptions::default()).unwrap();
-    let vol = open_retrying_busy(&image);
-    let mut cfg = ServiceConfig::new(&sock);
-    cfg.identity = IdentityMap {
-        squash: Squash::None,
-        ..Default::default()
-    };
-    let svc = Arc::new(Service::bind(vol.clone(), cfg).unwrap());
+    let img = Image::new("mapped-reopen");
+    let vol = open_retrying_busy(&img.image);
+    let svc = Arc::new(zcfs_samehost::Service::bind(vol.clone(), root_as_root(&img.sock)).unwrap());
     let run = svc.clone();
     let thread = std::thread::spawn(move || run.run());
-    let mut c = Client::connect(&sock).unwrap();
-    let buf = c.register_buffer(8192).unwrap();
-    let f = c.open("/f", libc::O_RDWR | libc::O_CREAT, 0o644).unwrap();
-    write(&mut c, f.handle, buf, 0, &[b'a'; 8192]);
-    c.direct_map().unwrap();
-    assert_eq!(read(&mut c, f.handle, 0, 8192), vec![b'a'; 8192]);
+    let (mut c, f) = a_file_read_through_kept_chunks(&img.sock);
     // The server stops and its volume closes; the application stays.
     svc.shutdown();
     thread.join().unwrap();
-    drop(svc);
-    drop(vol);
-    // Another opening of the image rewrites the file.
-    let v2 = open_retrying_busy(&image);
-    let ino = v2.lookup(&Cred::ROOT, ROOT_INO, b"f").unwrap().ino;
-    v2.write(&Cred::ROOT, ino, 0, &[b'b'; 8192]).unwrap();
-    v2.checkpoint_now().unwrap();
+    drop((svc, vol));
+    let v2 = rewritten_in_another_opening(&img.image);
     let got = c
         .read_mapped(f.handle, 0, 8192)
-        .map(|p| bytes_of(&p))
+        .map(|p| bytes_of(&p).first().copied())
         .map_err(|e| e.errno());
     assert!(
-        got != Ok(vec![b'a'; 8192]),
+        got != Ok(Some(b'a')),
         "a mapped read served the file's old blocks"
     );
-    drop(c);
-    drop(v2);
+    drop((c, v2));
 }
 
-/// Child: serve the image and socket named in the argument ("IMAGE SOCK") until killed.
-#[test]
-fn child_serving() {
-    let Some(arg) = child_arg() else { return };
-    let (image, sock) = arg.split_once(' ').unwrap();
-    let vol = open_retrying_busy(std::path::Path::new(image));
-    let mut cfg = zcfs_samehost::ServiceConfig::new(sock);
-    cfg.identity = zcfs_types::identity::IdentityMap {
-        squash: zcfs_types::identity::Squash::None,
-        ..Default::default()
-    };
-    let svc = zcfs_samehost::Service::bind(vol, cfg).unwrap();
-    svc.run();
-}
-
-/// A server killed outright cannot raise the counters; another opening of the image
-/// then changes files unseen by them. A mapped read after that fails (its server is
-/// gone) rather than serve the old blocks: kept chunks are trusted only while the
-/// control socket is open, looked at every `MAPPED_ALIVE_CHECK`.
-#[test]
-fn kept_chunks_do_not_outlive_a_killed_server() {
-    use zcfs_volume::{MkfsOptions, Volume};
-    let tag = format!("zcfs-sh-{}-mapped-killed", std::process::id());
-    let image = std::path::PathBuf::from(format!("/dev/shm/{tag}.img"));
-    let sock = std::env::temp_dir().join(format!("{tag}.sock"));
-    struct Gone(std::path::PathBuf);
-    impl Drop for Gone {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.0);
-        }
-    }
-    let _gone = Gone(image.clone());
-    let _ = std::fs::remove_file(&sock);
-    Volume::mkfs(&image, IMAGE_SIZE, &MkfsOptions::default()).unwrap();
-    let mut child = spawn_child(
-        "child_serving",
-        &format!("{} {}", image.display(), sock.display()),
-    );
+/// Connect to `sock` (waiting for the server, bounded), write 8 KiB of 'a' to /f, make
+/// it durable and read it through kept chunks.
+fn a_file_read_through_kept_chunks(
+    sock: &std::path::Path,
+) -> (Client, zcfs_samehost::client::File) {
     let mut c = None;
-    eventually("the child serving", || {
-        c = Client::connect(&sock).ok();
+    eventually("the server serving", || {
+        c = Client::connect(sock).ok();
         c.is_some()
     });
     let mut c = c.unwrap();
@@ -489,13 +425,46 @@ fn kept_chunks_do_not_outlive_a_killed_server() {
     c.fsync(f.handle).unwrap();
     c.direct_map().unwrap();
     assert_eq!(read(&mut c, f.handle, 0, 8192), vec![b'a'; 8192]);
+    (c, f)
+}
+
+/// Open `image` again (its first server gone) and rewrite /f with 'b': a change the
+/// first server's counters never see.
+fn rewritten_in_another_opening(image: &std::path::Path) -> Arc<zcfs_volume::Volume> {
+    let v = open_retrying_busy(image);
+    let ino = v.lookup(&Cred::ROOT, ROOT_INO, b"f").unwrap().ino;
+    v.write(&Cred::ROOT, ino, 0, &[b'b'; 8192]).unwrap();
+    v.checkpoint_now().unwrap();
+    v
+}
+
+/// Child: serve the image and socket named in the argument ("IMAGE SOCK") until killed.
+#[test]
+fn child_serving() {
+    let Some(arg) = child_arg() else { return };
+    let (image, sock) = arg.split_once(' ').unwrap();
+    let vol = open_retrying_busy(std::path::Path::new(image));
+    zcfs_samehost::Service::bind(vol, root_as_root(sock))
+        .unwrap()
+        .run();
+}
+
+/// A server killed outright cannot raise the counters; another opening of the image
+/// then changes files unseen by them. A mapped read after that fails (its server is
+/// gone) rather than serve the old blocks: kept chunks are trusted only while the
+/// control socket is open, looked at every `MAPPED_ALIVE_CHECK`.
+#[test]
+fn kept_chunks_do_not_outlive_a_killed_server() {
+    let img = Image::new("mapped-killed");
+    let mut child = spawn_child(
+        "child_serving",
+        &format!("{} {}", img.image.display(), img.sock.display()),
+    );
+    let (mut c, f) = a_file_read_through_kept_chunks(&img.sock);
     // SAFETY: signalling the child started above.
     unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
     child.wait().unwrap();
-    let v2 = open_retrying_busy(&image);
-    let ino = v2.lookup(&Cred::ROOT, ROOT_INO, b"f").unwrap().ino;
-    v2.write(&Cred::ROOT, ino, 0, &[b'b'; 8192]).unwrap();
-    v2.checkpoint_now().unwrap();
+    let v2 = rewritten_in_another_opening(&img.image);
     // (The first byte only: 'a' is the old block, served unseen.)
     let got = c
         .read_mapped(f.handle, 0, 8192)
@@ -508,5 +477,4 @@ fn kept_chunks_do_not_outlive_a_killed_server() {
     );
     assert_eq!(c.mapped_chunks(), 0, "the dead server's chunks forgotten");
     drop((c, v2));
-    let _ = std::fs::remove_file(&sock);
 }

@@ -666,21 +666,9 @@ fn leased_bytes_survive_truncate_unlink_close_and_reuse() {
 #[test]
 fn the_read_only_image_descriptor_cannot_write() {
     use rustix::fd::AsFd;
-    use zcfs_samehost::proto::{self, Reply, Request, PROTOCOL_VERSION};
     for read_only in [false, true] {
         let s = serve_with(&format!("rofd{read_only}"), |c| c.read_only = read_only);
-        let u = UnixStream::connect(&s.sock).unwrap();
-        let ask = |r: Request| {
-            proto::send(&u, &r.encode(), &[]).unwrap();
-            let (body, fds) = proto::recv(&u).unwrap().unwrap();
-            (Reply::decode(&body).unwrap(), fds)
-        };
-        ask(Request::Hello {
-            version: PROTOCOL_VERSION,
-            want_direct: true,
-        });
-        let (rep, fds) = ask(Request::DirectMap);
-        assert!(matches!(rep, Reply::DirectMap(_)), "{rep:?}");
+        let fds = direct_map_raw(&s.sock);
         assert_eq!(fds.len(), 3);
         assert!(rustix::io::pwrite(fds[2].as_fd(), b"x", 0).is_err());
         // SAFETY: asking for a writable shared mapping of the counters; checked, and
@@ -732,13 +720,7 @@ fn a_ring_filled_exactly_to_entries_is_served() {
 #[test]
 fn child_trusted_member() {
     let Some(sock) = child_arg() else { return };
-    // SAFETY: plain system calls in a single-threaded child test process.
-    unsafe {
-        let g: [libc::gid_t; 1] = [4242];
-        assert_eq!(libc::setgroups(1, g.as_ptr()), 0);
-        assert_eq!(libc::setgid(65534), 0);
-        assert_eq!(libc::setuid(65534), 0);
-    }
+    become_trust_group_member();
     let mut c = Client::connect(&sock).unwrap();
     assert!(c.trusted(), "a member of the trust group is trusted");
     c.direct_map().unwrap();
@@ -855,26 +837,8 @@ fn one_user_gets_at_most_its_share_and_idle_connections_are_closed() {
 fn child_counters_reopener() {
     let Some(sock) = child_arg() else { return };
     use rustix::fd::AsFd;
-    use zcfs_samehost::proto::{self, Reply, Request, PROTOCOL_VERSION};
-    // SAFETY: plain system calls in a single-threaded child test process.
-    unsafe {
-        let g: [libc::gid_t; 1] = [4242];
-        assert_eq!(libc::setgroups(1, g.as_ptr()), 0);
-        assert_eq!(libc::setgid(65534), 0);
-        assert_eq!(libc::setuid(65534), 0);
-    }
-    let u = UnixStream::connect(&sock).unwrap();
-    let ask = |r: Request| {
-        proto::send(&u, &r.encode(), &[]).unwrap();
-        let (body, fds) = proto::recv(&u).unwrap().unwrap();
-        (Reply::decode(&body).unwrap(), fds)
-    };
-    ask(Request::Hello {
-        version: PROTOCOL_VERSION,
-        want_direct: true,
-    });
-    let (rep, fds) = ask(Request::DirectMap);
-    assert!(matches!(rep, Reply::DirectMap(_)), "{rep:?}");
+    become_trust_group_member();
+    let fds = direct_map_raw(&sock);
     let raw = std::os::fd::AsRawFd::as_raw_fd(&fds[2]);
     match std::fs::OpenOptions::new()
         .read(true)
@@ -939,4 +903,23 @@ fn the_change_counters_cannot_be_reopened_for_writing() {
     for what in ["WROTE", "RESIZED", "MAPPED-RW"] {
         assert!(!text.contains(what), "the counters could be {what}: {text}");
     }
+}
+
+/// Hello (asking for the direct map), then DirectMap, through the raw control protocol
+/// on `sock`: the reply's descriptors (image read-only, read-write, change counters).
+fn direct_map_raw(sock: impl AsRef<std::path::Path>) -> Vec<std::os::fd::OwnedFd> {
+    use zcfs_samehost::proto::{self, Reply, Request, PROTOCOL_VERSION};
+    let u = UnixStream::connect(sock).unwrap();
+    let ask = |r: Request| {
+        proto::send(&u, &r.encode(), &[]).unwrap();
+        let (body, fds) = proto::recv(&u).unwrap().unwrap();
+        (Reply::decode(&body).unwrap(), fds)
+    };
+    ask(Request::Hello {
+        version: PROTOCOL_VERSION,
+        want_direct: true,
+    });
+    let (rep, fds) = ask(Request::DirectMap);
+    assert!(matches!(rep, Reply::DirectMap(_)), "{rep:?}");
+    fds
 }

@@ -44,19 +44,56 @@ pub fn open_retrying_busy(image: &std::path::Path) -> Arc<Volume> {
     }
 }
 
-/// A service on an image of `size` bytes.
-pub fn serve_sized(name: &str, size: u64, f: impl FnOnce(&mut ServiceConfig)) -> Served {
+/// The image and socket paths of a test named `name` (this process's).
+fn paths(name: &str) -> (PathBuf, PathBuf) {
     let tag = format!("zcfs-sh-{}-{name}", std::process::id());
-    let image = PathBuf::from(format!("/dev/shm/{tag}.img"));
-    let sock = std::env::temp_dir().join(format!("{tag}.sock"));
-    let _ = std::fs::remove_file(&image);
-    Volume::mkfs(&image, size, &MkfsOptions::default()).unwrap();
-    let vol = open_retrying_busy(&image);
-    let mut cfg = ServiceConfig::new(&sock);
+    (
+        PathBuf::from(format!("/dev/shm/{tag}.img")),
+        std::env::temp_dir().join(format!("{tag}.sock")),
+    )
+}
+
+/// A service's configuration on `sock` in which root acts as root.
+pub fn root_as_root(sock: impl AsRef<std::path::Path>) -> ServiceConfig {
+    let mut cfg = ServiceConfig::new(sock.as_ref());
     cfg.identity = IdentityMap {
         squash: Squash::None,
         ..Default::default()
     };
+    cfg
+}
+
+/// A new image of `IMAGE_SIZE` and a socket path named after the test, for a test
+/// that opens the image itself (and again); the image is removed when this drops.
+pub struct Image {
+    pub image: PathBuf,
+    pub sock: PathBuf,
+}
+
+impl Image {
+    pub fn new(name: &str) -> Image {
+        let (image, sock) = paths(name);
+        let _ = std::fs::remove_file(&image);
+        let _ = std::fs::remove_file(&sock);
+        Volume::mkfs(&image, IMAGE_SIZE, &MkfsOptions::default()).unwrap();
+        Image { image, sock }
+    }
+}
+
+impl Drop for Image {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.image);
+        let _ = std::fs::remove_file(&self.sock);
+    }
+}
+
+/// A service on an image of `size` bytes.
+pub fn serve_sized(name: &str, size: u64, f: impl FnOnce(&mut ServiceConfig)) -> Served {
+    let (image, sock) = paths(name);
+    let _ = std::fs::remove_file(&image);
+    Volume::mkfs(&image, size, &MkfsOptions::default()).unwrap();
+    let vol = open_retrying_busy(&image);
+    let mut cfg = root_as_root(&sock);
     f(&mut cfg);
     let svc = Arc::new(Service::bind(vol.clone(), cfg).unwrap());
     let run = svc.clone();
@@ -119,6 +156,18 @@ pub fn spawn_child(name: &str, arg: &str) -> std::process::Child {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap()
+}
+
+/// In a child: become uid and gid 65534 with the one supplementary group 4242 (the
+/// trust group the tests configure).
+pub fn become_trust_group_member() {
+    // SAFETY: plain system calls in a single-threaded child test process.
+    unsafe {
+        let g: [libc::gid_t; 1] = [4242];
+        assert_eq!(libc::setgroups(1, g.as_ptr()), 0);
+        assert_eq!(libc::setgid(65534), 0);
+        assert_eq!(libc::setuid(65534), 0);
+    }
 }
 
 /// The child's argument, when this process is a child.
