@@ -2,6 +2,8 @@
 //!
 //! - `remote` (remote.rs): the client library across a veth pair against `zcfs serve`,
 //!   beside the raw TCP limit of the same link (raw.rs); zero- against one-copy writes.
+//! - `remote-mount` (remote_mount.rs): 4 KiB QD1 reads through a remote FUSE mount (fio)
+//!   beside the client library's, over TCP and over the layer-2 lane, one server.
 //! - `local` (local.rs): the library API on a local volume; consistency and page-attach
 //!   ablations.
 //! - `samehost` (samehost.rs): the same-host interface (direct map, shared buffer)
@@ -19,6 +21,7 @@ mod local;
 mod netns;
 mod raw;
 mod remote;
+mod remote_mount;
 mod report;
 mod rows;
 mod samehost;
@@ -41,6 +44,10 @@ struct Cli {
 enum Cmd {
     /// Client library across a veth pair vs raw TCP on the same link; zero- vs one-copy.
     Remote(RemoteArgs),
+    /// 4 KiB random reads at QD1 through a remote FUSE mount (fio, O_DIRECT) beside the
+    /// client library's, over TCP and the layer-2 lane, in alternating rounds:
+    /// remote-mount.json and remote-mount.md.
+    RemoteMount(remote_mount::RemoteMountArgs),
     /// Library API on a local volume; consistency and page-attach ablations.
     Local {
         #[arg(long)]
@@ -156,6 +163,7 @@ pub struct RemoteArgs {
 fn main() -> Result<()> {
     match Cli::parse().cmd {
         Cmd::Remote(a) => remote::run(&a),
+        Cmd::RemoteMount(a) => remote_mount::run(&a),
         Cmd::L2Check => match lane::unavailable() {
             None => Ok(()),
             Some(why) => {

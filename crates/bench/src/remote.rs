@@ -100,10 +100,15 @@ fn file_size(short: bool) -> u64 {
     }
 }
 
-/// Create the test file and fill it (so reads hit data, not holes). Named after the
-/// process, so that runs one after another against one server each get their own.
+/// The name of [`prepare`]'s file in the root directory: after the process, so that runs
+/// one after another against one server each get their own.
+pub(crate) fn bench_file_name() -> String {
+    format!("bench.{}", std::process::id())
+}
+
+/// Create the test file ([`bench_file_name`]) and fill it (so reads hit data, not holes).
 pub(crate) fn prepare(fs: &RemoteFs, short: bool) -> Result<u64> {
-    let name = format!("bench.{}", std::process::id());
+    let name = bench_file_name();
     let (a, fh) = fs
         .create(
             &Ctx::default(),
