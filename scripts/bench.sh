@@ -76,6 +76,15 @@ if WHY=$("$ZB" l2-check); then TRANSPORTS=tcp,l2; else log "layer 2 skipped: $WH
 step "zcfs-bench remote ($MODE, transports $TRANSPORTS)"
 "$ZB" remote $([ $MODE = short ] && echo --short) --transport "$TRANSPORTS" --out "$OUT" 2>"$OUT/remote.log"
 grep -E '^(l2/tcp|layer 2 skipped|lane client)' "$OUT/remote.log" || true
+if [ "$TRANSPORTS" = tcp,l2 ]; then
+  # Issue 12: 4 KiB QD1 reads through a remote FUSE mount over layer 2 (and over TCP)
+  # beside the library's own on the same server, both lane poll modes, rounds alternated.
+  step "zcfs-bench remote-mount: 4 KiB QD1 through a mount beside the library, TCP and layer 2"
+  "$ZB" remote-mount --transport tcp,l2 --l2-poll wait,busy --rounds "$([ $MODE = full ] && echo 5 || echo 3)" \
+    --seconds "$([ $MODE = full ] && echo 2 || echo 1)" --out "$OUT" 2>"$OUT/remote-mount.log" >/dev/null \
+    && grep -E '^- over layer 2' "$OUT/remote-mount.md" \
+    || log "zcfs-bench remote-mount failed; see $OUT/remote-mount.log"
+fi
 if [ $TBF = 1 ]; then
   step "zcfs-bench remote over a 1 Gbit/s veth"
   mkdir -p "$OUT/tbf1g"
@@ -239,4 +248,5 @@ step "report"
 PY=/usr/bin/python3; [ -x "$PY" ] || PY=python3
 "$PY" "$REPO/scripts/bench-report.py" "$OUT" $([ $PUBLISH = 1 ] && echo --publish "$REPO/docs")
 [ -f "$OUT/mount/mount-table.md" ] && { echo; echo "The mount table (issue 11):"; cat "$OUT/mount/mount-table.md"; }
+[ -f "$OUT/remote-mount.md" ] && { echo; echo "Through a mount over layer 2 (issue 12):"; cat "$OUT/remote-mount.md"; }
 log "results in $OUT (results.md, mount/mount-table.md, plots/*.png, csv/, *.json)"
