@@ -135,6 +135,18 @@ pub struct Sample {
     /// included).
     pub reads_l2: u64,
     pub reads_tcp: u64,
+    /// A mount's own time per read (its FUSE read callback, reply included: `zcfs stat
+    /// MNT`), mean µs; the rest of fio's time is the kernel's FUSE round trip.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub daemon_read_mean_us: Option<f64>,
+}
+
+/// What one case measured: its row, the client's reads per path, the mount's own mean.
+struct Measured {
+    row: Row,
+    reads_l2: u64,
+    reads_tcp: u64,
+    daemon_read_mean_us: Option<f64>,
 }
 
 /// A case's figure: the median of its rounds (p50 and p99 each the median of theirs).
@@ -146,6 +158,10 @@ pub struct Figure {
     pub rounds: usize,
     pub p50_us: f64,
     pub p99_us: f64,
+    pub mean_us: f64,
+    /// Mounts: the mount's own mean time per read (median of the rounds).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub daemon_read_mean_us: Option<f64>,
     pub cpu_us_per_op: f64,
     pub p50_us_each_round: Vec<f64>,
 }
@@ -190,6 +206,11 @@ pub fn figures(samples: &[Sample]) -> Vec<Figure> {
                 rounds: of.len(),
                 p50_us: median(of.iter().map(|s| s.row.p50_us).collect()),
                 p99_us: median(of.iter().map(|s| s.row.p99_us).collect()),
+                mean_us: median(of.iter().map(|s| s.row.mean_us).collect()),
+                daemon_read_mean_us: {
+                    let d: Vec<f64> = of.iter().filter_map(|s| s.daemon_read_mean_us).collect();
+                    (!d.is_empty()).then(|| median(d))
+                },
                 cpu_us_per_op: median(of.iter().map(|s| s.row.cpu_us_per_op).collect()),
                 p50_us_each_round: each.into_iter().map(|x| x.1).collect(),
             }
@@ -247,6 +268,27 @@ pub fn summary(figs: &[Figure]) -> String {
                 mnt - lib,
                 if mnt - lib <= GOAL_US { "holds" } else { "not met" }
             ));
+        }
+    }
+    out += "\nWhere a mount's read goes (means, µs: the mount's own time is its FUSE read \
+            callback, reply included; the rest of fio's is the kernel's FUSE round trip):\n\n\
+            | server's lane poll | transport | library | mount's own | fio through the mount | own − library | fio − own |\n\
+            |---|---|---:|---:|---:|---:|---:|\n";
+    for (poll, transport, _, _) in differences(figs) {
+        let f = |sys: &str| {
+            figs.iter()
+                .find(|f| f.system == sys && f.transport == transport && f.l2_poll == poll)
+                .expect("listed by differences")
+        };
+        let (l, m) = (f(LIBRARY), f(MOUNT));
+        if let Some(own) = m.daemon_read_mean_us {
+            out += &format!(
+                "| {poll} | {transport} | {:.1} | {own:.1} | {:.1} | {:+.1} | {:+.1} |\n",
+                l.mean_us,
+                m.mean_us,
+                own - l.mean_us,
+                m.mean_us - own
+            );
         }
     }
     out += "\nThe poll mode is the server's (a busy server spins a core also while TCP \
@@ -342,8 +384,8 @@ fn library_case(
     case: Case,
     poll: L2Poll,
     secs: f64,
-) -> Result<(Row, u64, u64)> {
-    net.cli.run(|| -> Result<(Row, u64, u64)> {
+) -> Result<Measured> {
+    net.cli.run(|| -> Result<Measured> {
         for attempt in 1..=LANE_TRIES {
             let mut c = ClientConfig::new(addr);
             c.connections = 1;
@@ -375,7 +417,12 @@ fn library_case(
             let up = lane["up"].as_bool().unwrap_or(false);
             check_path(case, up, l2, tcp)?;
             r.transport = Some(case.transport().into());
-            return Ok((r, l2, tcp));
+            return Ok(Measured {
+                row: r,
+                reads_l2: l2,
+                reads_tcp: tcp,
+                daemon_read_mean_us: None,
+            });
         }
         unreachable!("the last attempt returns")
     })?
@@ -437,8 +484,8 @@ impl Mount {
         Ok(m)
     }
 
-    /// `zcfs stat MNT --json`'s lane report.
-    fn lane(&self, zcfs: &Path) -> Result<serde_json::Value> {
+    /// `zcfs stat MNT --json`: the mount's figures (`ops`) and lane report (`l2`).
+    fn stat(&self, zcfs: &Path) -> Result<serde_json::Value> {
         let out = Command::new(zcfs)
             .arg("stat")
             .arg(&self.mp)
@@ -451,8 +498,7 @@ impl Mount {
                 String::from_utf8_lossy(&out.stderr).trim()
             );
         }
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
-        Ok(v["l2"].clone())
+        Ok(serde_json::from_slice(&out.stdout)?)
     }
 }
 
@@ -595,7 +641,7 @@ fn mount_case(
     poll: &str,
     secs: f64,
     work: &Path,
-) -> Result<(Row, u64, u64)> {
+) -> Result<Measured> {
     let log = work.join(format!("mount-{}.log", case.transport()));
     for attempt in 1..=LANE_TRIES {
         let m = Mount::start(zcfs, net, addr, case, poll, &log)?;
@@ -603,7 +649,7 @@ fn mount_case(
         // The first requests (the lane is set up on first use).
         std::fs::metadata(&file).with_context(|| format!("{}", file.display()))?;
         if case.l2 {
-            let lane = m.lane(zcfs)?;
+            let lane = m.stat(zcfs)?["l2"].clone();
             if lane["up"] != true {
                 if attempt < LANE_TRIES {
                     drop(m);
@@ -614,15 +660,18 @@ fn mount_case(
             }
         }
         let mut r = fio(&file, secs, m.child.id(), &work.join("fio.json"))?;
-        let lane = if case.l2 {
-            m.lane(zcfs)?
-        } else {
-            serde_json::Value::Null
-        };
-        let (l2, tcp) = read_counts(&lane);
+        let st = m.stat(zcfs)?;
+        let lane = &st["l2"];
+        let (l2, tcp) = read_counts(lane);
         check_path(case, lane["up"] == true, l2, tcp)?;
         r.transport = Some(case.transport().into());
-        return Ok((r, l2, tcp));
+        return Ok(Measured {
+            row: r,
+            reads_l2: l2,
+            reads_tcp: tcp,
+            // Every read of this mount was fio's (a fresh mount; the stat reads nothing).
+            daemon_read_mean_us: st["ops"]["read"]["mean_us"].as_f64(),
+        });
     }
     unreachable!("the last attempt returns")
 }
@@ -662,18 +711,26 @@ fn block(
     for round in 0..rounds {
         let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
         for case in order(cases, round) {
-            let (row, reads_l2, reads_tcp) = if case.mount {
+            let Measured {
+                row,
+                reads_l2,
+                reads_tcp,
+                daemon_read_mean_us,
+            } = if case.mount {
                 mount_case(zcfs, net, &addr, &name, case, poll_name, a.seconds, work)?
             } else {
                 library_case(net, &addr, ino, case, poll, a.seconds)?
             };
+            let own = daemon_read_mean_us
+                .map(|d| format!(" (mean {:.1} us, the mount's own {d:.1})", row.mean_us))
+                .unwrap_or_default();
             let paths = if case.l2 {
                 format!(" (the client's reads: {reads_l2} on layer 2, {reads_tcp} on TCP)")
             } else {
                 String::new()
             };
             eprintln!(
-                "{poll_name} round {} {:<13} {:<3}: p50 {:>7.1} us, p99 {:>7.1} us, {} timed reads{paths}",
+                "{poll_name} round {} {:<13} {:<3}: p50 {:>7.1} us, p99 {:>7.1} us, {} timed reads{own}{paths}",
                 round + 1,
                 row.system,
                 case.transport(),
@@ -687,6 +744,7 @@ fn block(
                 round,
                 reads_l2,
                 reads_tcp,
+                daemon_read_mean_us,
             });
         }
         eprintln!(
@@ -826,6 +884,7 @@ mod tests {
             1,
         );
         r.p50_us = p50;
+        r.mean_us = p50 + 2.0;
         r.transport = Some(transport.into());
         Sample {
             row: r,
@@ -833,6 +892,7 @@ mod tests {
             round,
             reads_l2: 0,
             reads_tcp: 0,
+            daemon_read_mean_us: (system == MOUNT).then_some(p50 - 5.0),
         }
     }
 
@@ -853,6 +913,11 @@ mod tests {
         let md = summary(&f);
         assert!(md.contains("| wait | l2 | 30.0 | 45.0 | +15.0 |"), "{md}");
         assert!(md.contains("goal (≤ 10 µs) not met"), "{md}");
+        // Means: library 32, the mount's own 40 (of the median round 45), fio 47.
+        assert!(
+            md.contains("| wait | l2 | 32.0 | 40.0 | 47.0 | +8.0 | +7.0 |"),
+            "{md}"
+        );
     }
 
     #[test]
