@@ -25,8 +25,11 @@ pub enum NetnsCmd {
         #[arg(long)]
         tbf: Option<String>,
         /// One namespace with only its loopback.
-        #[arg(long, conflicts_with_all = ["tbf"])]
+        #[arg(long, conflicts_with_all = ["tbf", "queues"])]
         alone: bool,
+        /// RX and TX queues of each veth end (2 for the layer-2 lane: `--l2`).
+        #[arg(long, default_value_t = 1)]
+        queues: u32,
     },
     /// Run a program inside a namespace: this process enters the network namespace only
     /// (as `nsenter --net` does, so mounts stay visible) and becomes the program.
@@ -50,6 +53,7 @@ pub fn run(cmd: NetnsCmd) -> Result<()> {
             subnet,
             tbf,
             alone,
+            queues,
         } => {
             let base = owned_name(owner, &label);
             if alone {
@@ -57,7 +61,7 @@ pub fn run(cmd: NetnsCmd) -> Result<()> {
                 println!("NS={}", ns.keep());
                 return Ok(());
             }
-            let pair = Pair::create(&base, subnet)?;
+            let pair = Pair::create_with_queues(&base, subnet, queues)?;
             if let Some(rate) = &tbf {
                 pair.shape(rate)?;
             }
