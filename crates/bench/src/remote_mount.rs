@@ -481,7 +481,14 @@ impl Mount {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        Ok(m)
+        // The mount shows in mountinfo a moment before its process answers `zcfs stat`.
+        loop {
+            match m.stat(zcfs) {
+                Ok(_) => return Ok(m),
+                Err(e) if t.elapsed() > MOUNT_PATIENCE => return Err(e),
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
     }
 
     /// `zcfs stat MNT --json`: the mount's figures (`ops`) and lane report (`l2`).
