@@ -49,6 +49,7 @@ const FIO_GRACE: Duration = Duration::from_secs(30);
 /// `system` of the rows.
 pub const MOUNT: &str = "zcfs-mount";
 pub const LIBRARY: &str = "zcfs-library";
+pub const MOUNT_NULL: &str = "zcfs-mount-null";
 
 #[derive(clap::Args, Clone)]
 pub struct RemoteMountArgs {
@@ -74,43 +75,52 @@ pub struct RemoteMountArgs {
     pub l2_poll: Vec<String>,
 }
 
-/// Library or mount, and over which transport.
+/// Library or mount, and over which transport; or a mount of the null backend (`zcfs
+/// mount null`: the FUSE round trip alone, no server).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct Case {
     pub mount: bool,
     pub l2: bool,
+    pub null: bool,
 }
 
 impl Case {
     fn system(self) -> &'static str {
-        if self.mount {
-            MOUNT
-        } else {
-            LIBRARY
+        match (self.mount, self.null) {
+            (true, true) => MOUNT_NULL,
+            (true, false) => MOUNT,
+            _ => LIBRARY,
         }
     }
 
     fn transport(self) -> &'static str {
-        if self.l2 {
-            "l2"
-        } else {
-            "tcp"
+        match (self.null, self.l2) {
+            (true, _) => "none",
+            (_, true) => "l2",
+            _ => "tcp",
         }
     }
 }
 
-/// The cases of the transports asked for: the library and the mount on each.
+/// The cases of the transports asked for: the library and the mount on each, and the
+/// null backend's mount.
 pub fn cases(tcp: bool, l2: bool) -> Vec<Case> {
-    let mut v = Vec::new();
+    let mut v = vec![Case {
+        mount: true,
+        l2: false,
+        null: true,
+    }];
     for on in [false, true] {
         if (on && l2) || (!on && tcp) {
             v.push(Case {
                 mount: false,
                 l2: on,
+                null: false,
             });
             v.push(Case {
                 mount: true,
                 l2: on,
+                null: false,
             });
         }
     }
@@ -290,6 +300,16 @@ pub fn summary(figs: &[Figure]) -> String {
                 m.mean_us - own
             );
         }
+    }
+    for n in figs.iter().filter(|f| f.system == MOUNT_NULL) {
+        out += &format!(
+            "\nThe FUSE round trip alone (`zcfs mount null`, same fio job, no server; {} server \
+             running beside it): p50 {:.1} µs, mean {:.1} µs (the mount's own {:.1}).\n",
+            n.l2_poll,
+            n.p50_us,
+            n.mean_us,
+            n.daemon_read_mean_us.unwrap_or(f64::NAN)
+        );
     }
     out += "\nThe poll mode is the server's (a busy server spins a core also while TCP \
             requests run) and, on layer 2, the client's too.\n";
@@ -650,8 +670,9 @@ fn mount_case(
     work: &Path,
 ) -> Result<Measured> {
     let log = work.join(format!("mount-{}.log", case.transport()));
+    let source = if case.null { "null" } else { addr };
     for attempt in 1..=LANE_TRIES {
-        let m = Mount::start(zcfs, net, addr, case, poll, &log)?;
+        let m = Mount::start(zcfs, net, source, case, poll, &log)?;
         let file = m.mp.join(name);
         // The first requests (the lane is set up on first use).
         std::fs::metadata(&file).with_context(|| format!("{}", file.display()))?;
@@ -671,6 +692,7 @@ fn mount_case(
         let lane = &st["l2"];
         let (l2, tcp) = read_counts(lane);
         check_path(case, lane["up"] == true, l2, tcp)?;
+        r.system = case.system().into();
         r.transport = Some(case.transport().into());
         return Ok(Measured {
             row: r,
@@ -683,8 +705,114 @@ fn mount_case(
     unreachable!("the last attempt returns")
 }
 
+/// Whether other work shared the machine: every [`Others::PERIOD`] a look at the
+/// processes running (state R) that are neither this one's (by parent chain) nor the
+/// kernel's threads, and their names.
+struct Others {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    seen: std::sync::Arc<std::sync::Mutex<(u64, u64, Vec<String>)>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Others {
+    const PERIOD: Duration = Duration::from_millis(200);
+
+    fn start() -> Others {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let seen = std::sync::Arc::new(std::sync::Mutex::new((0, 0, Vec::new())));
+        let (st, se) = (stop.clone(), seen.clone());
+        let thread = std::thread::spawn(move || {
+            let me = std::process::id();
+            while !st.load(Ordering::Relaxed) {
+                let names = others_running(me);
+                let mut g = se.lock().unwrap_or_else(|e| e.into_inner());
+                g.0 += 1;
+                if !names.is_empty() {
+                    g.1 += 1;
+                }
+                for n in names {
+                    if !g.2.contains(&n) && g.2.len() < 16 {
+                        g.2.push(n);
+                    }
+                }
+                drop(g);
+                std::thread::sleep(Self::PERIOD);
+            }
+        });
+        Others {
+            stop,
+            seen,
+            thread: Some(thread),
+        }
+    }
+
+    /// Since the last call: the share of looks that found another process running, and
+    /// the names found.
+    fn take(&self) -> (f64, Vec<String>) {
+        let mut g = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let r = (g.1 as f64 / g.0.max(1) as f64, std::mem::take(&mut g.2));
+        *g = (0, 0, Vec::new());
+        r
+    }
+}
+
+impl Drop for Others {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// (state, parent, name) of a process from /proc/PID/stat.
+fn proc_stat(pid: u32) -> Option<(char, u32, String)> {
+    let st = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (head, rest) = st.rsplit_once(')')?;
+    let name = head.split_once('(')?.1.to_string();
+    let mut f = rest.split_whitespace();
+    let state = f.next()?.chars().next()?;
+    let ppid = f.next()?.parse().ok()?;
+    Some((state, ppid, name))
+}
+
+/// The names of the processes running now that are not `me` or its descendants, nor
+/// kernel threads (those under kthreadd, pid 2: they include the softirq work of our
+/// own traffic).
+fn others_running(me: u32) -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for pid in dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok()) {
+        let Some((state, mut ppid, name)) = proc_stat(pid) else {
+            continue;
+        };
+        if state != 'R' || pid == me || pid == 2 {
+            continue;
+        }
+        // Up the parent chain (bounded): ours, or the kernel's?
+        let mut ours = false;
+        for _ in 0..32 {
+            if ppid == me || ppid == 2 {
+                ours = true;
+                break;
+            }
+            match proc_stat(ppid) {
+                Some((_, p, _)) if ppid > 1 => ppid = p,
+                _ => break,
+            }
+        }
+        if !ours {
+            out.push(name);
+        }
+    }
+    out
+}
+
 /// The rounds against one server (poll mode `poll`).
 fn block(
+    shared: &mut Vec<serde_json::Value>,
     a: &RemoteMountArgs,
     zcfs: &Path,
     net: &Pair,
@@ -715,8 +843,10 @@ fn block(
     let name = bench_file_name();
     let mut out = Vec::new();
     let rounds = a.rounds.max(1);
+    let others = Others::start();
     for round in 0..rounds {
         let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+        others.take();
         for case in order(cases, round) {
             let Measured {
                 row,
@@ -754,14 +884,24 @@ fn block(
                 daemon_read_mean_us,
             });
         }
+        let (busy, names) = others.take();
+        let load = load
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ");
         eprintln!(
-            "{poll_name} round {} of {rounds} done (load at its start: {})",
+            "{poll_name} round {} of {rounds} done (load at its start: {load}; other processes \
+             running in {:.0} % of looks{}{})",
             round + 1,
-            load.split_whitespace()
-                .take(3)
-                .collect::<Vec<_>>()
-                .join(" ")
+            busy * 100.0,
+            if names.is_empty() { "" } else { ": " },
+            names.join(" ")
         );
+        shared.push(serde_json::json!({
+            "l2_poll": poll_name, "round": round, "loadavg_at_start": load,
+            "others_running_share": busy, "others": names,
+        }));
     }
     drop(srv);
     SERVER_PID.store(0, Ordering::Relaxed);
@@ -814,9 +954,10 @@ pub fn run(a: &RemoteMountArgs) -> Result<()> {
     let net = Pair::create_with_queues(&owned_name(std::process::id(), "rmount"), 203, 2)?;
     let load0 = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let mut samples = Vec::new();
+    let mut rounds_info = Vec::new();
     let mut result = Ok(());
     for &poll in &polls {
-        match block(a, &zcfs, &net, &cases, poll, &work) {
+        match block(&mut rounds_info, a, &zcfs, &net, &cases, poll, &work) {
             Ok(s) => samples.extend(s),
             Err(e) => {
                 result = Err(e);
@@ -855,6 +996,7 @@ pub fn run(a: &RemoteMountArgs) -> Result<()> {
         "loadavg_before": load0.trim(),
         "loadavg_after": load1.trim(),
         "goal_us": GOAL_US,
+        "machine_per_round": rounds_info,
         "figures": figs,
         "differences": diffs,
         "rows": samples,
@@ -869,12 +1011,12 @@ mod tests {
     #[test]
     fn every_case_runs_in_every_position_over_the_rounds() {
         let c = cases(true, true);
-        assert_eq!(c.len(), 4);
-        let firsts: Vec<Case> = (0..4).map(|r| order(&c, r)[0]).collect();
+        assert_eq!(c.len(), 5);
+        let firsts: Vec<Case> = (0..5).map(|r| order(&c, r)[0]).collect();
         for x in &c {
             assert!(firsts.contains(x), "{x:?} never first");
         }
-        assert_eq!(cases(true, false).len(), 2);
+        assert_eq!(cases(true, false).len(), 3);
         assert!(cases(true, false).iter().all(|c| !c.l2));
     }
 
@@ -932,10 +1074,12 @@ mod tests {
         let l2 = Case {
             mount: true,
             l2: true,
+            null: false,
         };
         let tcp = Case {
             mount: true,
             l2: false,
+            null: false,
         };
         assert!(check_path(l2, true, 1000, 3).is_ok());
         assert!(check_path(l2, false, 1000, 3).is_err(), "lane went down");
