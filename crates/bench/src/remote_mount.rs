@@ -73,6 +73,9 @@ pub struct RemoteMountArgs {
     /// (spin: a core each). One server per mode, its rounds one after another.
     #[arg(long, default_value = "wait", value_delimiter = ',')]
     pub l2_poll: Vec<String>,
+    /// More mount options for every mount (`-o`), e.g. threads=1.
+    #[arg(long)]
+    pub mount_options: Option<String>,
 }
 
 /// Library or mount, and over which transport; or a mount of the null backend (`zcfs
@@ -468,6 +471,7 @@ impl Mount {
         addr: &str,
         case: Case,
         poll: &str,
+        opts: Option<&str>,
         log: &Path,
     ) -> Result<Mount> {
         let mp = PathBuf::from(format!(
@@ -480,6 +484,9 @@ impl Mount {
         cmd.arg("mount").arg(addr).arg(&mp);
         if case.l2 {
             cmd.args(["--l2", CLI_IF, "-o", &format!("l2_poll={poll}")]);
+        }
+        if let Some(o) = opts {
+            cmd.args(["-o", o]);
         }
         let err = std::fs::OpenOptions::new()
             .create(true)
@@ -666,13 +673,14 @@ fn mount_case(
     name: &str,
     case: Case,
     poll: &str,
+    opts: Option<&str>,
     secs: f64,
     work: &Path,
 ) -> Result<Measured> {
     let log = work.join(format!("mount-{}.log", case.transport()));
     let source = if case.null { "null" } else { addr };
     for attempt in 1..=LANE_TRIES {
-        let m = Mount::start(zcfs, net, source, case, poll, &log)?;
+        let m = Mount::start(zcfs, net, source, case, poll, opts, &log)?;
         let file = m.mp.join(name);
         // The first requests (the lane is set up on first use).
         std::fs::metadata(&file).with_context(|| format!("{}", file.display()))?;
@@ -854,7 +862,17 @@ fn block(
                 reads_tcp,
                 daemon_read_mean_us,
             } = if case.mount {
-                mount_case(zcfs, net, &addr, &name, case, poll_name, a.seconds, work)?
+                mount_case(
+                    zcfs,
+                    net,
+                    &addr,
+                    &name,
+                    case,
+                    poll_name,
+                    a.mount_options.as_deref(),
+                    a.seconds,
+                    work,
+                )?
             } else {
                 library_case(net, &addr, ino, case, poll, a.seconds)?
             };
@@ -980,7 +998,10 @@ pub fn run(a: &RemoteMountArgs) -> Result<()> {
     let _ = std::fs::remove_dir_all(&work);
     result?;
     let figs = figures(&samples);
-    let md = summary(&figs);
+    let mut md = summary(&figs);
+    if let Some(o) = &a.mount_options {
+        md += &format!("\nEvery mount with `-o {o}`.\n");
+    }
     let diffs: Vec<serde_json::Value> = differences(&figs)
         .into_iter()
         .map(|(poll, transport, lib, mnt)| {
@@ -996,6 +1017,7 @@ pub fn run(a: &RemoteMountArgs) -> Result<()> {
         "loadavg_before": load0.trim(),
         "loadavg_after": load1.trim(),
         "goal_us": GOAL_US,
+        "mount_options": a.mount_options,
         "machine_per_round": rounds_info,
         "figures": figs,
         "differences": diffs,
