@@ -34,6 +34,7 @@ pub fn cases() -> Vec<(usize, bool, usize)> {
     for write in [false, true] {
         v.push((1 << 10, write, 1));
         v.push((4 << 10, write, 1));
+        v.push((16 << 10, write, 1));
         v.push((1 << 20, write, 1));
         v.push((1 << 20, write, 16));
     }

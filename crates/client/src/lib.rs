@@ -1009,7 +1009,7 @@ impl Client {
         let Ok((hdr, body)) = req.encode_with_groups(id, cred.cred, cred.groups) else {
             return L2Try::Tcp;
         };
-        if !l2::rides_l2(req, body.len(), n, lane.read_max()) {
+        if !l2::rides_l2(req, body.len(), n, lane.read_max(), lane.write_max()) {
             return L2Try::Tcp;
         }
         let epoch = self.epoch();

@@ -712,6 +712,19 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
         Ok(())
     }
 
+    /// Queue several commands one right after the other (the parts of one message), or
+    /// none of them: every size and the room in the queue are checked first.
+    pub fn send_commands(&mut self, parts: &[Vec<u8>]) -> Result<(), L2Error> {
+        if let Some(p) = parts.iter().find(|p| p.is_empty() || p.len() > MAX_COMMAND) {
+            return Err(L2Error::CommandSize(p.len()));
+        }
+        if self.c_queue.len() + parts.len() > MAX_QUEUED_COMMANDS {
+            return Err(L2Error::Busy);
+        }
+        self.c_queue.extend(parts.iter().cloned());
+        Ok(())
+    }
+
     /// Keep a protocol event for [`Endpoint::debug_state`].
     fn note(&mut self, what: &'static str, a: u32, b: u32) {
         if self.trace.len() >= TRACE_LEN {

@@ -15,6 +15,7 @@ use zcfs_backend::{Backend, ROOT};
 use zcfs_client::l2::{L2Options, L2Poll, L2_RETRY_AFTER};
 use zcfs_client::{Caller, Client, ClientConfig};
 use zcfs_netns::{owned_name, Pair, CLI_IF, SRV_IF};
+use zcfs_protocol::l2::MAX_WRITE;
 use zcfs_protocol::{
     CreateReply, CreateReq, ForgetItem, ForgetReq, GetattrReq, List, LookupName, LookupReq, Name,
     NodeRef, Op, ReadReq, ReleaseReq, Reply, Request, StatfsReq, WriteReq,
@@ -258,9 +259,18 @@ fn library_ops_go_over_layer_2_and_match_a_model() {
                 write(&c, &f, (i * 1024) as u64, chunk);
             }
             const OPS: usize = 3000;
+            let (mut long, mut lane_writes) = (0, 256u64);
             for _ in 0..OPS {
                 if rng.below(3) == 0 {
-                    let len = 1 + rng.below(1024) as usize;
+                    // Most writes fit one command; one in four needs parts (up to
+                    // the most a lane request carries, and a few bytes past it).
+                    let len = if rng.below(4) == 0 {
+                        long += 1;
+                        1 + rng.below(MAX_WRITE as u64 + 64) as usize
+                    } else {
+                        1 + rng.below(1024) as usize
+                    };
+                    lane_writes += (len <= MAX_WRITE as usize) as u64;
                     let off = rng.below((FILE - len) as u64) as usize;
                     let data: Vec<u8> = (0..len).map(|_| rng.below(256) as u8).collect();
                     write(&c, &f, off as u64, &data);
@@ -310,9 +320,10 @@ fn library_ops_go_over_layer_2_and_match_a_model() {
                 .unwrap_err();
             assert_eq!(e.errno, libc::ENOENT);
             assert!(l2_count(&c, Op::Read) > OPS as u64 / 2);
-            // Writes up to 1 KiB ride the lane inline (the 256 fills and the random
-            // ones); larger ones go on TCP.
-            assert!(l2_count(&c, Op::Write) >= 256);
+            // Writes up to MAX_WRITE ride the lane inline (the 256 fills and the
+            // random ones, in parts when longer than a command); larger ones go on TCP.
+            assert!(long > 100, "{long} long writes");
+            assert_eq!(l2_count(&c, Op::Write), lane_writes);
             assert!(l2_count(&c, Op::Create) == 1);
             assert!(l2_count(&c, Op::Lookup) == 2);
             assert!(l2_count(&c, Op::Getattr) == 1);
@@ -716,7 +727,8 @@ fn the_stats_show_the_lane_and_the_requests_per_path() {
             let c = Client::new(client_cfg(&addr, CLI_IF));
             c.connect().unwrap();
             let f = create(&c, "f");
-            write(&c, &f, 0, &[5u8; 4096]);
+            // One byte more than a layer-2 request carries: on TCP.
+            write(&c, &f, 0, &[5u8; MAX_WRITE as usize + 1]);
             for _ in 0..3 {
                 assert_eq!(read(&c, &f, 0, 4096), [5u8; 4096]);
             }
@@ -728,7 +740,7 @@ fn the_stats_show_the_lane_and_the_requests_per_path() {
             assert_eq!(r.reason, "");
             assert_eq!(r.requests["read"].l2, 3, "{r:?}");
             assert_eq!(r.requests["create"].l2, 1);
-            assert_eq!(r.requests["write"].l2, 0, "writes stay on TCP");
+            assert_eq!(r.requests["write"].l2, 0, "a long write stays on TCP");
             assert_eq!(r.requests["write"].tcp, 1);
             assert_eq!(r.requests["l2setup"].tcp, 1);
             assert_eq!(r.counters["fell_back"], 0);
