@@ -236,6 +236,17 @@ pub fn compare(
                 c.counters.get("fell_back").copied().unwrap_or(0)
             );
         }
+        if let Some(st) = l2.client().l2_endpoint_stats() {
+            eprintln!(
+                "lane client endpoint: {} commands sent, {} retransmitted, {} drains ({} stalled), {} groups failed, longest gap between polls {:.1} ms",
+                st.commands_sent,
+                st.command_retransmits,
+                st.drains,
+                st.drains_stalled,
+                st.groups_failed,
+                st.max_poll_gap_ns as f64 / 1e6
+            );
+        }
         let info = serde_json::json!({ "client": client, "server": server["l2"] });
         Ok((rows, info))
     })??;

@@ -309,11 +309,13 @@ pub(crate) fn open_local(o: &L2Options) -> Result<Local, String> {
 impl L2Lane {
     /// The lane over `local` with the server at `peer_mac`, frames tagged with a key
     /// from `key`.
+    /// `open_tags`: the session has no shared secret (`Config::open_tags`).
     pub(crate) fn new(
         local: Local,
         o: &L2Options,
         peer_mac: [u8; 6],
         key: &[u8],
+        open_tags: bool,
     ) -> Result<L2Lane, String> {
         let fds = [local.cmd.as_raw_fd(), local.data.as_raw_fd()];
         let mode = local.data.mode();
@@ -325,6 +327,7 @@ impl L2Lane {
             transfer_timeout_ns: TRANSFER_TIMEOUT.as_nanos() as u64,
             credit_frames: zcfs_l2::endpoint::MAX_CREDIT_FRAMES,
             tx_scratch: (local.scratch, TX_CHUNKS),
+            open_tags,
         };
         let ep = Endpoint::new(cfg, key, local.data, local.cmd).map_err(|e| e.to_string())?;
         Ok(L2Lane {

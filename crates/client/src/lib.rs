@@ -474,7 +474,15 @@ impl Client {
             ));
         }
         let key = zcfs_protocol::l2::tag_key_material(self.cfg.secret.as_deref(), &reply.nonce);
-        let lane = l2::L2Lane::new(local, o, zcfs_protocol::mac_from_u64(reply.mac), &key)?;
+        // The same condition as the key's: a secret both ends share, or none.
+        let open_tags = self.cfg.secret.is_none();
+        let lane = l2::L2Lane::new(
+            local,
+            o,
+            zcfs_protocol::mac_from_u64(reply.mac),
+            &key,
+            open_tags,
+        )?;
         tracing::info!(iface = %o.iface, mode = ?lane.mode, "layer-2 lane up");
         Ok(lane)
     }

@@ -39,6 +39,7 @@ fn config(local: [u8; 6], peer: [u8; 6], credit: usize) -> Config {
         transfer_timeout_ns: TIMEOUT,
         credit_frames: credit,
         tx_scratch: (SCRATCH, SCRATCH_CHUNKS),
+        open_tags: false,
     }
 }
 

@@ -159,6 +159,7 @@ pub fn endpoint_config(local: [u8; 6], peer: [u8; 6], scratch: u64) -> Config {
         transfer_timeout_ns: TRANSFER_TIMEOUT.as_nanos() as u64,
         credit_frames: zcfs_l2::endpoint::MAX_CREDIT_FRAMES,
         tx_scratch: (scratch, TX_CHUNKS),
+        open_tags: false,
     }
 }
 
@@ -169,6 +170,9 @@ struct Owner {
     rule: PeerRule,
     peer_mac: [u8; 6],
     key: Vec<u8>,
+    /// No shared secret: the key is known to whoever saw the set-up (frame tags cover
+    /// headers only, `zcfs_l2::TagKey::derive_open`).
+    open_tags: bool,
 }
 
 /// Who holds the interface, and whose lane request runs now (one at a time, on the
@@ -395,6 +399,7 @@ impl L2Service {
             rule,
             peer_mac: mac_from_u64(req.mac),
             key: tag_key_material(secret, &nonce),
+            open_tags: secret.is_none(),
         });
         drop(st);
         // A repeated setup on the same connection replaces its own hold.
@@ -498,8 +503,11 @@ fn run(port: L2Port, shared: &Shared, service: &L2Service, busy: bool) {
                 r.generation = g;
                 r.parts.clear();
                 match st.owner.as_ref() {
-                    Some(o) => r.port.ep.rekey_peer(&o.key, o.peer_mac),
-                    None => r.port.ep.rekey_peer(&rand::random::<[u8; 32]>(), [0; 6]),
+                    Some(o) => r.port.ep.rekey_peer(&o.key, o.peer_mac, o.open_tags),
+                    None => r
+                        .port
+                        .ep
+                        .rekey_peer(&rand::random::<[u8; 32]>(), [0; 6], false),
                 }
             }
         };

@@ -458,7 +458,7 @@ fn the_session_stays_on_tcp_when_the_lane_cannot_be_had() {
 }
 
 /// Figures for the record (run by hand with --ignored; nothing asserted on time): QD1
-/// p50 of 4 KiB reads and 1 KiB writes through the library, over layer 2 (wait mode)
+/// p50 of 4 KiB reads and 1, 4 and 16 KiB writes through the library, over layer 2 (wait mode)
 /// and over TCP, on the same veth pair in one run.
 #[test]
 #[ignore]
@@ -480,14 +480,14 @@ fn qd1_latency_over_layer_2_and_tcp() {
             for (c, f) in [(&l2, &files[0]), (&tcp, &files[1])] {
                 write(c, f, 0, &vec![7u8; 1 << 20]);
             }
-            let p50 = |c: &Client, f: &CreateReply, what: &str| {
+            let p50 = |c: &Client, f: &CreateReply, what: &str, size: usize| {
                 let mut t: Vec<u128> = (0..N)
                     .map(|i| {
                         let s = std::time::Instant::now();
                         if what == "read" {
-                            read(c, f, (i % 256) as u64 * 4096, 4096);
+                            read(c, f, (i % 256) as u64 * 4096, size as u32);
                         } else {
-                            write(c, f, (i % 256) as u64 * 4096, &[i as u8; 1024]);
+                            write(c, f, (i % 256) as u64 * 4096, &vec![i as u8; size]);
                         }
                         s.elapsed().as_nanos()
                     })
@@ -495,14 +495,27 @@ fn qd1_latency_over_layer_2_and_tcp() {
                 t.sort();
                 t[N / 2] as f64 / 1000.0
             };
-            for what in ["read", "write"] {
-                let (a, b) = (p50(&l2, &files[0], what), p50(&tcp, &files[1], what));
-                if a > 1000.0 {
-                    eprintln!("slow lane:\n{}", l2.l2_debug_state().unwrap_or_default());
-                }
+            for (what, size) in [
+                ("read", 4096),
+                ("write", 1024),
+                ("write", 4096),
+                ("write", 16384),
+            ] {
+                let (a, b) = (
+                    p50(&l2, &files[0], what, size),
+                    p50(&tcp, &files[1], what, size),
+                );
                 eprintln!(
-                    "{what}: l2 p50 {a:.1} us, tcp p50 {b:.1} us, ratio {:.2}",
+                    "{what} {size}: l2 p50 {a:.1} us, tcp p50 {b:.1} us, ratio {:.2}",
                     a / b
+                );
+                eprintln!(
+                    "{}",
+                    l2.l2_debug_state()
+                        .unwrap_or_default()
+                        .lines()
+                        .next()
+                        .unwrap_or("")
                 );
             }
         })
