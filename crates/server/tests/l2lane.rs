@@ -122,6 +122,12 @@ fn net(label: &str, l2: bool) -> Net {
 }
 
 fn net_with(label: &str, backend: Arc<dyn Backend>, l2: bool) -> Net {
+    net_secret(label, backend, l2, None)
+}
+
+/// [`net_with`], the server requiring `secret` of its clients when given.
+fn net_secret(label: &str, backend: Arc<dyn Backend>, l2: bool, secret: Option<&[u8]>) -> Net {
+    let secret = secret.map(|s| s.to_vec());
     let pair = Pair::create_with_queues(&owned_name(std::process::id(), label), 79, 2).unwrap();
     let ip = pair.srv_ip;
     let (tx, rx) = std::sync::mpsc::channel();
@@ -130,6 +136,7 @@ fn net_with(label: &str, backend: Arc<dyn Backend>, l2: bool) -> Net {
         .spawn(move || {
             let mut cfg = config();
             cfg.listen = zcfs_transport::Address::Tcp(format!("{ip}:0"));
+            cfg.secret = secret;
             let server = Arc::new(Server::bind(backend, cfg).unwrap());
             if l2 {
                 let image = shm_image("img", 4 << 20);
@@ -334,6 +341,51 @@ fn library_ops_go_over_layer_2_and_match_a_model() {
     eprintln!("client side done");
     let l2 = server.l2_requests();
     assert!(l2[Op::Read as usize] > 1000, "{:?}", &l2[..]);
+    drop(n);
+}
+
+/// A session with a shared secret tags whole frames (header and payload), one without
+/// tags headers only: both ends must choose alike, or no frame would verify. Reads and
+/// writes of one command and of several (parts) ride the lane of an authenticated
+/// session and match what was written.
+#[test]
+fn an_authenticated_lane_carries_reads_and_writes_in_parts() {
+    if !l2_ready() {
+        return;
+    }
+    const SECRET: &[u8] = b"a secret both ends share, 32 by.";
+    let n = net_secret("auth", memory_fs(64 << 20), true, Some(SECRET));
+    let addr = n.addr.clone();
+    let server = n.server();
+    n.pair
+        .cli
+        .run(move || {
+            let mut cfg = client_cfg(&addr, CLI_IF);
+            cfg.secret = Some(SECRET.to_vec());
+            let c = Client::new(cfg);
+            c.connect().unwrap();
+            assert!(c.l2_status().expect("asked for").0, "the lane is up");
+            let f = create(&c, "f");
+            let sizes = [1usize, 1000, 4096, 5000, MAX_WRITE as usize];
+            let mut at = 0u64;
+            for (i, &len) in sizes.iter().enumerate() {
+                let data: Vec<u8> = (0..len).map(|j| (i * 31 + j) as u8).collect();
+                write(&c, &f, at, &data);
+                let mut got = Vec::new();
+                while got.len() < len {
+                    let want = (len - got.len()).min(4096) as u32;
+                    got.extend(read(&c, &f, at + got.len() as u64, want));
+                }
+                assert_eq!(got, data, "{len} bytes");
+                at += len as u64;
+            }
+            assert_eq!(l2_count(&c, Op::Write), sizes.len() as u64);
+            assert_eq!(c.l2_counters.fell_back.load(Ordering::Relaxed), 0);
+            let st = c.l2_endpoint_stats().unwrap();
+            assert_eq!(st.refused, 0, "{st:?}");
+        })
+        .unwrap();
+    assert_eq!(server.l2_requests()[Op::Write as usize], 5);
     drop(n);
 }
 
