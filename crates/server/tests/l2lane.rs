@@ -1610,3 +1610,183 @@ fn posted_forget_and_release_skip_the_lane_fence_and_undo_nothing() {
         .unwrap();
     drop(n);
 }
+
+/// A backend whose first statfs stalls until released, and whose lane writes (the
+/// lane calls `write`, TCP `write_with`) stall once armed, until released.
+struct StallStatfsThenLaneWrite {
+    inner: Arc<dyn Backend>,
+    gate: PartsGate,
+}
+
+/// Statfs (stalled, released), lane write (armed, stalled, released).
+#[derive(Default)]
+struct PartsGateState {
+    statfs: (bool, bool),
+    write: (bool, bool, bool),
+}
+type PartsGate = Arc<(Mutex<PartsGateState>, Condvar)>;
+
+mod stall_parts_impl {
+    use super::StallStatfsThenLaneWrite;
+    use std::time::{Duration, Instant};
+    use zcfs_backend::*;
+    impl Backend for StallStatfsThenLaneWrite {
+        pass_on_all_but_write!();
+        pass_on! {
+            lookup(ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr>;
+            write_with(ctx: &Ctx, ino: u64, fh: u64, offset: u64, payload: &mut dyn WritePayload) -> Result<u32>;
+            flush(ino: u64, fh: u64) -> Result<()>;
+        }
+        fn statfs(&self) -> Result<StatFs> {
+            let (m, cv) = &*self.gate;
+            let mut st = m.lock().unwrap();
+            if !st.statfs.0 {
+                st.statfs.0 = true;
+                cv.notify_all();
+                let t = Instant::now();
+                while !st.statfs.1 && t.elapsed() < Duration::from_secs(30) {
+                    st = cv.wait_timeout(st, Duration::from_millis(50)).unwrap().0;
+                }
+            }
+            drop(st);
+            self.inner.statfs()
+        }
+        fn write(&self, ctx: &Ctx, ino: u64, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
+            let (m, cv) = &*self.gate;
+            let mut st = m.lock().unwrap();
+            if st.write.0 && !st.write.1 {
+                st.write.1 = true;
+                cv.notify_all();
+                let t = Instant::now();
+                while !st.write.2 && t.elapsed() < Duration::from_secs(30) {
+                    st = cv.wait_timeout(st, Duration::from_millis(50)).unwrap().0;
+                }
+            }
+            drop(st);
+            self.inner.write(ctx, ino, fh, offset, data)
+        }
+    }
+}
+
+/// (Review rvparts.) Long writes (in request parts, kind 4) caught on the lane when it
+/// falls. A statfs holds the server's service thread while three MAX_WRITE writes are
+/// queued behind it: more parts than the command window, so the third is only partly
+/// sent. Then the first write, run once the statfs ends, stalls until the lane has
+/// fallen and the server has given it up (fenced); the second completes after that and
+/// the third's first parts are gathered. None of them runs late (a newer write stays),
+/// and the gathered parts of the old lane do not spoil the next one: once it is set up
+/// again long writes ride it, whole and at their place.
+/// Wait (at most 10 s) until `f` holds of the gate's state.
+fn wait_gate(gate: &PartsGate, what: &str, f: impl Fn(&PartsGateState) -> bool) {
+    let (m, cv) = &**gate;
+    let mut st = m.lock().unwrap();
+    let t = Instant::now();
+    while !f(&st) {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "{what} never happened"
+        );
+        st = cv.wait_timeout(st, Duration::from_millis(20)).unwrap().0;
+    }
+}
+
+/// Change the gate's state and wake its waiters.
+fn set_gate(gate: &PartsGate, f: impl FnOnce(&mut PartsGateState)) {
+    let (m, cv) = &**gate;
+    f(&mut m.lock().unwrap());
+    cv.notify_all();
+}
+
+#[test]
+fn long_writes_caught_in_parts_when_the_lane_falls_neither_run_late_nor_spoil_the_next_lane() {
+    if !l2_ready() {
+        return;
+    }
+    let gate: PartsGate = Arc::default();
+    let backend: Arc<dyn Backend> = Arc::new(StallStatfsThenLaneWrite {
+        inner: memory_fs(32 << 20),
+        gate: gate.clone(),
+    });
+    let n = net_with("partsfall", backend, true);
+    let addr = n.addr.clone();
+    let server = n.server();
+    n.pair
+        .cli
+        .run(move || {
+            const LONG: usize = MAX_WRITE as usize;
+            let c = Arc::new(Client::new(client_cfg(&addr, CLI_IF)));
+            c.connect().unwrap();
+            assert!(c.l2_status().expect("the lane was set up").0);
+            let f = create(&c, "f");
+            write(&c, &f, 0, &[b'o'; LONG]);
+            assert_eq!(l2_count(&c, Op::Write), 1, "a long write rides the lane");
+            let c2 = c.clone();
+            let stalled = std::thread::spawn(move || {
+                c2.call(&StatfsReq {}.into(), me(), &[]).unwrap();
+            });
+            wait_gate(&gate, "the statfs stall", |s| s.statfs.0);
+            let writers: Vec<_> = (0..3u8)
+                .map(|i| {
+                    let (c, f) = (c.clone(), f.clone());
+                    std::thread::spawn(move || write(&c, &f, 0, &[b'A' + i; LONG]))
+                })
+                .collect();
+            // The writes' parts go (a window's worth) and go again meanwhile.
+            std::thread::sleep(Duration::from_millis(100));
+            set_gate(&gate, |s| {
+                s.write.0 = true;
+                s.statfs.1 = true;
+            });
+            wait_gate(&gate, "the first lane write's stall", |s| s.write.1);
+            let t = Instant::now();
+            while c.l2_status().unwrap().0 && t.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            assert!(!c.l2_status().unwrap().0, "the lane went down");
+            // The fence (sent as the lane fell) reaches the server; then the first
+            // write ends and the service thread goes on with the parts behind it.
+            std::thread::sleep(Duration::from_millis(100));
+            set_gate(&gate, |s| s.write.2 = true);
+            for w in writers {
+                w.join().unwrap();
+            }
+            stalled.join().unwrap();
+            write(&c, &f, 0, &[b'Z'; LONG]);
+            // Time for a stale lane copy to run, if it could.
+            std::thread::sleep(Duration::from_millis(300));
+            let now = read(&c, &f, 0, LONG as u32);
+            assert!(
+                now.iter().all(|&b| b == b'Z'),
+                "a lane write ran after the TCP resends and a newer write: {:?}...",
+                String::from_utf8_lossy(&now[..16])
+            );
+            assert_eq!(
+                server.l2_requests()[Op::Write as usize],
+                2,
+                "the first long write and the one that ran before the fence"
+            );
+            // The next lane: long writes ride it, whole and in place.
+            std::thread::sleep(L2_RETRY_AFTER + Duration::from_millis(200));
+            let _ = read(&c, &f, 0, 4);
+            assert!(
+                c.l2_status().is_some_and(|s| s.0),
+                "the lane is up again: {:?}",
+                c.lane_report()
+            );
+            let before = l2_count(&c, Op::Write);
+            for (i, b) in [b'N', b'M'].into_iter().enumerate() {
+                let off = (i * 100) as u64;
+                write(&c, &f, off, &[b; LONG]);
+                let got = read(&c, &f, off, LONG as u32);
+                assert!(
+                    got.iter().all(|&x| x == b),
+                    "write {i} on the new lane came back as {:?}...",
+                    String::from_utf8_lossy(&got[..16])
+                );
+            }
+            assert_eq!(l2_count(&c, Op::Write), before + 2, "{:?}", c.lane_report());
+            assert!(c.l2_status().is_some_and(|s| s.0), "{:?}", c.lane_report());
+        })
+        .unwrap();
+    drop(n);
+}
