@@ -48,7 +48,9 @@ pub const L2_RETRY_AFTER: Duration = Duration::from_secs(2);
 pub const FENCE_RETRY_AFTER: Duration = Duration::from_millis(100);
 /// Reads up to this many bytes go over layer 2 by default (see README: measured).
 pub const DEFAULT_L2_READ_MAX: u32 = 64 << 10;
-/// Writes up to this many bytes go over layer 2 by default (see README: measured).
+/// Writes up to this many bytes go over layer 2 by default: the most a request carries,
+/// since 16 KiB writes were faster on the lane than on TCP too (docs/benchmarks.md,
+/// "Writes on the lane in request parts").
 pub const DEFAULT_L2_WRITE_MAX: u32 = MAX_WRITE;
 /// Longest sleep in poll(2) between polls (wait mode).
 const WAIT_SLICE: Duration = Duration::from_millis(1);
@@ -110,7 +112,7 @@ pub fn rides_l2(
     let fits = request_len(body_len, data_len) <= MAX_REQUEST;
     fits && match req {
         Request::Read(r) => r.size > 0 && r.size <= read_max.min(MAX_READ),
-        Request::Write(_) => data_len <= write_max.min(MAX_WRITE) as usize,
+        Request::Write(_) => write_max > 0 && data_len <= write_max.min(MAX_WRITE) as usize,
         r => matches!(
             r.op(),
             Op::Lookup
