@@ -135,8 +135,8 @@ for op, rw in [("read", "read"), ("write", "write")]:
 out.append("")
 
 # ---------------------------------------------------------------- layer 2 beside TCP (issue 12)
-LANE_CASES = [("read", 1 * KIB, 1), ("read", 4 * KIB, 1), ("read", 1 << 20, 1), ("read", 1 << 20, 16),
-              ("write", 1 * KIB, 1), ("write", 4 * KIB, 1), ("write", 1 << 20, 1), ("write", 1 << 20, 16)]
+LANE_CASES = [(op, s, q) for op in ["read", "write"]
+              for s, q in [(1 * KIB, 1), (4 * KIB, 1), (16 * KIB, 1), (1 << 20, 1), (1 << 20, 16)]]
 
 
 def lrow(transport, op, size, qd):
@@ -153,11 +153,21 @@ if lane_cases:
     out.append(f"One `zcfs serve --l2` on the veth pair, one client on TCP and one with the lane, measured in "
                f"alternating rounds (median of the rounds); lane bind mode `{client.get('bind_mode', '?')}`, "
                f"poll `{client.get('poll', '?')}`. Ratios below 1.00x: layer 2 faster (p50) or slower (MB/s).\n")
-    out.append("| op | size | QD | TCP p50 µs | L2 p50 µs | L2/TCP p50 | TCP MB/s | L2 MB/s | L2/TCP MB/s |")
-    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    # NFS (libnfs, QD1 random I/O) in the same run, when the run measured it (--nfs, --full).
+    def nfs_p50(op, size, qd):
+        n = frow("ganesha-libnfs", "rand" + op, size) if qd == 1 else None
+        return num(n["lat_p50_us"]) if n else None
+    with_nfs = any(nfs_p50(op, s, q) for op, s, q, _, _ in lane_cases)
+    head = "| op | size | QD | TCP p50 µs | L2 p50 µs | L2/TCP p50 | TCP MB/s | L2 MB/s | L2/TCP MB/s |"
+    out.append(head + (" NFS p50 µs | L2/NFS p50 |" if with_nfs else ""))
+    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if with_nfs else ""))
     for op, size, qd, t, l in lane_cases:
-        out.append(f"| {op} | {human(size)} | {qd} | {t['p50_us']:.1f} | {l['p50_us']:.1f} | {ratio(l['p50_us'], t['p50_us'])} "
-                   f"| {t['mb_s']:.0f} | {l['mb_s']:.0f} | {ratio(l['mb_s'], t['mb_s'])} |")
+        line = (f"| {op} | {human(size)} | {qd} | {t['p50_us']:.1f} | {l['p50_us']:.1f} | {ratio(l['p50_us'], t['p50_us'])} "
+                f"| {t['mb_s']:.0f} | {l['mb_s']:.0f} | {ratio(l['mb_s'], t['mb_s'])} |")
+        if with_nfs:
+            n = nfs_p50(op, size, qd)
+            line += f" {fmt(n)} | {ratio(l['p50_us'], n) if n else '-'} |"
+        out.append(line)
     reqs = client.get("requests") or {}
     if reqs:
         per = ", ".join(f"{op} {c['l2']}/{c['tcp']}" for op, c in sorted(reqs.items()))

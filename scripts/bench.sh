@@ -5,6 +5,8 @@
 #
 #   bash scripts/bench.sh            short mode, about 8 minutes (ends with the mount table)
 #   bash scripts/bench.sh --full     full mode (adds the shared baselines: limits, tmpfs, NFS, sshfs)
+#   bash scripts/bench.sh --nfs      also the NFS baseline in short mode (the layer-2 lane's QD1 figures
+#                                    beside NFS-Ganesha's in one run, issue 12)
 #   bash scripts/bench.sh --tbf      also shape the veth to 1 Gbit/s (the RZCFS link) for a second remote run
 #   bash scripts/bench.sh --publish  also write docs/benchmarks.md and its plots from this run
 #
@@ -17,15 +19,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
-MODE=short TBF=0 PUBLISH=0
+MODE=short TBF=0 PUBLISH=0 NFS=0
 for a in "$@"; do
   case "$a" in
     --full) MODE=full ;;
     --short) MODE=short ;;
     --tbf) TBF=1 ;;
+    --nfs) NFS=1 ;;
     --publish) PUBLISH=1 ;;
     -h|--help) sed -n '2,/^set -euo/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;;
-    *) echo "usage: $0 [--full] [--tbf] [--publish] (--help for more)" >&2; exit 2 ;;
+    *) echo "usage: $0 [--full] [--nfs] [--tbf] [--publish] (--help for more)" >&2; exit 2 ;;
   esac
 done
 [ "$(id -u)" = 0 ] || { echo "run as root (namespaces, mounts, tmpfs)" >&2; exit 1; }
@@ -62,12 +65,13 @@ step() { log "== $*"; }
 wait_mount() { local i; for i in $(seq 200); do mountpoint -q "$1" && return 0; sleep 0.05; done; log "no mount at $1"; return 1; }
 
 # ------------------------------------------------------------------ 1. machine limits and baselines (full mode)
-if [ $MODE = full ]; then
-  for s in limits tmpfs nfs sshfs; do
-    step "baseline: $s.sh"
-    WITH_TBF=$TBF bash "$SHARED/$s.sh" || log "$s.sh failed; continuing"
-  done
-fi
+BASELINES=()
+[ $MODE = full ] && BASELINES=(limits tmpfs nfs sshfs)
+[ $MODE = short ] && [ $NFS = 1 ] && BASELINES=(nfs)
+for s in "${BASELINES[@]}"; do
+  step "baseline: $s.sh"
+  WITH_TBF=$TBF bash "$SHARED/$s.sh" || log "$s.sh failed; continuing"
+done
 
 # ------------------------------------------------------------------ 2. zcfs client library: remote and local
 # The layer-2 lane beside TCP in the same run (issue 12) when root and AF_XDP allow it.

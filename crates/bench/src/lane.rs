@@ -34,6 +34,7 @@ pub fn cases() -> Vec<(usize, bool, usize)> {
     for write in [false, true] {
         v.push((1 << 10, write, 1));
         v.push((4 << 10, write, 1));
+        v.push((16 << 10, write, 1));
         v.push((1 << 20, write, 1));
         v.push((1 << 20, write, 16));
     }
@@ -233,6 +234,17 @@ pub fn compare(
                 t.l2,
                 t.tcp,
                 c.counters.get("fell_back").copied().unwrap_or(0)
+            );
+        }
+        if let Some(st) = l2.client().l2_endpoint_stats() {
+            eprintln!(
+                "lane client endpoint: {} commands sent, {} retransmitted, {} drains ({} stalled), {} groups failed, longest gap between polls {:.1} ms",
+                st.commands_sent,
+                st.command_retransmits,
+                st.drains,
+                st.drains_stalled,
+                st.groups_failed,
+                st.max_poll_gap_ns as f64 / 1e6
             );
         }
         let info = serde_json::json!({ "client": client, "server": server["l2"] });

@@ -22,7 +22,10 @@ use std::time::{Duration, Instant};
 
 use zcfs_l2::endpoint::{CMD_CHUNK, CMD_REGION_LEN};
 use zcfs_l2::{Config, Endpoint, Event, Extent, SlotGeometry, BLOCK_SIZE, MAX_COMMAND};
-use zcfs_protocol::l2::{decode_reply, encode_request, request_len, L2Reply, MAX_READ};
+use zcfs_protocol::l2::{
+    decode_reply, encode_request, request_len, split_request, L2Reply, MAX_READ, MAX_REQUEST,
+    MAX_WRITE,
+};
 use zcfs_protocol::{Op, Request, RespHeader, OP_SLOTS, REQ_HDR};
 use zcfs_xsk::{bind_retrying, mac_address, BindMode, Region, XdpProgram, XskConfig, XskSocket};
 
@@ -45,6 +48,10 @@ pub const L2_RETRY_AFTER: Duration = Duration::from_secs(2);
 pub const FENCE_RETRY_AFTER: Duration = Duration::from_millis(100);
 /// Reads up to this many bytes go over layer 2 by default (see README: measured).
 pub const DEFAULT_L2_READ_MAX: u32 = 64 << 10;
+/// Writes up to this many bytes go over layer 2 by default: the most a request carries,
+/// since 16 KiB writes were faster on the lane than on TCP too (docs/benchmarks.md,
+/// "Writes on the lane in request parts").
+pub const DEFAULT_L2_WRITE_MAX: u32 = MAX_WRITE;
 /// Longest sleep in poll(2) between polls (wait mode).
 const WAIT_SLICE: Duration = Duration::from_millis(1);
 /// The flusher's sleep when nothing is deferred (it is woken when something is); also
@@ -68,6 +75,9 @@ pub struct L2Options {
     pub poll: L2Poll,
     /// Reads up to this many bytes go over layer 2 (at most `MAX_READ`).
     pub read_max: u32,
+    /// Writes up to this many bytes go over layer 2, inline in the request's commands
+    /// (at most `MAX_WRITE`).
+    pub write_max: u32,
 }
 
 impl L2Options {
@@ -76,12 +86,15 @@ impl L2Options {
             iface: iface.to_string(),
             poll: L2Poll::Wait,
             read_max: DEFAULT_L2_READ_MAX,
+            write_max: DEFAULT_L2_WRITE_MAX,
         }
     }
 }
 
-/// Whether `req` travels on the lane (request and reply fit a command): the explicit
-/// list. Reads up to `read_max` bytes; writes whose data fits the command (inline).
+/// Whether `req` travels on the lane: the explicit list, whose requests fit
+/// `MAX_REQUEST` bytes (in parts when longer than one command) and whose replies
+/// usually fit one command. Reads up to `read_max` bytes; writes up to `write_max`
+/// bytes, their data inline.
 ///
 /// A request whose lane reply times out is sent again on TCP while the lane's copy may
 /// still be queued at the server. Cached operations run once per id whichever way they
@@ -89,11 +102,17 @@ impl L2Options {
 /// did since (review finding `a_write_resent_on_tcp_after_a_lane_timeout_is_not_executed_
 /// again_later`), so no request goes again on TCP before the lane is fenced at the server
 /// (`L2Release`: answered once no lane request runs, and none runs after).
-pub fn rides_l2(req: &Request, body_len: usize, data_len: usize, read_max: u32) -> bool {
-    let fits = request_len(body_len, data_len) <= MAX_COMMAND;
+pub fn rides_l2(
+    req: &Request,
+    body_len: usize,
+    data_len: usize,
+    read_max: u32,
+    write_max: u32,
+) -> bool {
+    let fits = request_len(body_len, data_len) <= MAX_REQUEST;
     fits && match req {
         Request::Read(r) => r.size > 0 && r.size <= read_max.min(MAX_READ),
-        Request::Write(_) => true,
+        Request::Write(_) => write_max > 0 && data_len <= write_max.min(MAX_WRITE) as usize,
         r => matches!(
             r.op(),
             Op::Lookup
@@ -209,6 +228,7 @@ pub(crate) struct L2Lane {
     reason: Mutex<String>,
     poll: L2Poll,
     read_max: u32,
+    write_max: u32,
     geometry: SlotGeometry,
     region: Arc<Region>,
     fds: [i32; 2],
@@ -291,11 +311,13 @@ pub(crate) fn open_local(o: &L2Options) -> Result<Local, String> {
 impl L2Lane {
     /// The lane over `local` with the server at `peer_mac`, frames tagged with a key
     /// from `key`.
+    /// `open_tags`: the session has no shared secret (`Config::open_tags`).
     pub(crate) fn new(
         local: Local,
         o: &L2Options,
         peer_mac: [u8; 6],
         key: &[u8],
+        open_tags: bool,
     ) -> Result<L2Lane, String> {
         let fds = [local.cmd.as_raw_fd(), local.data.as_raw_fd()];
         let mode = local.data.mode();
@@ -307,6 +329,7 @@ impl L2Lane {
             transfer_timeout_ns: TRANSFER_TIMEOUT.as_nanos() as u64,
             credit_frames: zcfs_l2::endpoint::MAX_CREDIT_FRAMES,
             tx_scratch: (local.scratch, TX_CHUNKS),
+            open_tags,
         };
         let ep = Endpoint::new(cfg, key, local.data, local.cmd).map_err(|e| e.to_string())?;
         Ok(L2Lane {
@@ -322,6 +345,7 @@ impl L2Lane {
             reason: Mutex::new(String::new()),
             poll: o.poll,
             read_max: o.read_max.clamp(1, MAX_READ),
+            write_max: o.write_max.min(MAX_WRITE),
             geometry: local.geometry,
             region: local.region,
             fds,
@@ -424,6 +448,10 @@ impl L2Lane {
 
     pub(crate) fn read_max(&self) -> u32 {
         self.read_max
+    }
+
+    pub(crate) fn write_max(&self) -> u32 {
+        self.write_max
     }
 
     fn now(&self) -> u64 {
@@ -555,7 +583,13 @@ impl L2Lane {
             _ => (0, 0),
         };
         let cmd = encode_request(x, blocks, hdr, body, data);
-        if let Err(e) = inner.ep.send_command(&cmd) {
+        // Parts of one request are queued together (under the lane's lock), so the
+        // server gathers them one request at a time.
+        let sent = match split_request(cmd, MAX_COMMAND) {
+            Ok(parts) => inner.ep.send_commands(&parts).map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        if let Err(e) = sent {
             if let Some((x, _)) = xfer {
                 // Posted: its slot comes back when the transfer times out.
                 if let Some(e) = inner.xfers.get_mut(&x) {
@@ -728,13 +762,31 @@ mod lane_safety_tests {
             whence: libc::SEEK_DATA,
         }
         .into();
-        assert!(rides_l2(&write(4), 40, 4, MAX_READ), "a small write rides");
-        assert!(rides_l2(&lseek, 40, 0, MAX_READ));
-        // At the bound: the largest inline write rides, one byte more goes on TCP.
-        let most = MAX_COMMAND - request_len(40, 0);
-        assert!(rides_l2(&write(most as u32), 40, most, MAX_READ));
-        assert!(!rides_l2(&write(most as u32 + 1), 40, most + 1, MAX_READ));
+        let w = MAX_WRITE;
+        assert!(
+            rides_l2(&write(4), 40, 4, MAX_READ, w),
+            "a small write rides"
+        );
+        assert!(rides_l2(&lseek, 40, 0, MAX_READ, w));
+        // At the bound: the largest write rides (in parts), one byte more goes on TCP,
+        // as does one byte more than the lane's `write_max`.
+        let most = MAX_WRITE as usize;
+        assert!(request_len(40, most) <= MAX_REQUEST);
+        assert!(rides_l2(&write(most as u32), 40, most, MAX_READ, w));
+        assert!(!rides_l2(
+            &write(most as u32 + 1),
+            40,
+            most + 1,
+            MAX_READ,
+            w
+        ));
+        assert!(rides_l2(&write(4096), 40, 4096, MAX_READ, 4096));
+        assert!(!rides_l2(&write(4097), 40, 4097, MAX_READ, 4096));
+        assert!(
+            !rides_l2(&write(1), 40, 1, MAX_READ, 0),
+            "write_max 0: none"
+        );
         let setup: Request = zcfs_protocol::L2ReleaseReq {}.into();
-        assert!(!rides_l2(&setup, 0, 0, MAX_READ));
+        assert!(!rides_l2(&setup, 0, 0, MAX_READ, w));
     }
 }

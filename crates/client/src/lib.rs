@@ -474,7 +474,15 @@ impl Client {
             ));
         }
         let key = zcfs_protocol::l2::tag_key_material(self.cfg.secret.as_deref(), &reply.nonce);
-        let lane = l2::L2Lane::new(local, o, zcfs_protocol::mac_from_u64(reply.mac), &key)?;
+        // The same condition as the key's: a secret both ends share, or none.
+        let open_tags = self.cfg.secret.is_none();
+        let lane = l2::L2Lane::new(
+            local,
+            o,
+            zcfs_protocol::mac_from_u64(reply.mac),
+            &key,
+            open_tags,
+        )?;
         tracing::info!(iface = %o.iface, mode = ?lane.mode, "layer-2 lane up");
         Ok(lane)
     }
@@ -1009,7 +1017,7 @@ impl Client {
         let Ok((hdr, body)) = req.encode_with_groups(id, cred.cred, cred.groups) else {
             return L2Try::Tcp;
         };
-        if !l2::rides_l2(req, body.len(), n, lane.read_max()) {
+        if !l2::rides_l2(req, body.len(), n, lane.read_max(), lane.write_max()) {
             return L2Try::Tcp;
         }
         let epoch = self.epoch();

@@ -149,6 +149,9 @@ pub struct Config {
     /// Scratch memory in the data region for frames being sent: offset and number of
     /// [`CMD_CHUNK`]-byte chunks.
     pub tx_scratch: (u64, u32),
+    /// The session has no shared secret (its key is known to whoever saw the set-up):
+    /// tags cover frame headers only ([`TagKey::derive_open`]).
+    pub open_tags: bool,
 }
 
 /// What happened, for the caller.
@@ -520,7 +523,7 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
             .collect();
         let s_free = (0..n as u64).map(|i| off + i * CMD_CHUNK).collect();
         Ok(Endpoint {
-            key: TagKey::derive(session_key),
+            key: TagKey::derive_for(session_key, cfg.open_tags),
             out_macs: Macs {
                 dst: cfg.peer_mac,
                 src: cfg.local_mac,
@@ -712,6 +715,19 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
         Ok(())
     }
 
+    /// Queue several commands one right after the other (the parts of one message), or
+    /// none of them: every size and the room in the queue are checked first.
+    pub fn send_commands(&mut self, parts: &[Vec<u8>]) -> Result<(), L2Error> {
+        if let Some(p) = parts.iter().find(|p| p.is_empty() || p.len() > MAX_COMMAND) {
+            return Err(L2Error::CommandSize(p.len()));
+        }
+        if self.c_queue.len() + parts.len() > MAX_QUEUED_COMMANDS {
+            return Err(L2Error::Busy);
+        }
+        self.c_queue.extend(parts.iter().cloned());
+        Ok(())
+    }
+
     /// Keep a protocol event for [`Endpoint::debug_state`].
     fn note(&mut self, what: &'static str, a: u32, b: u32) {
         if self.trace.len() >= TRACE_LEN {
@@ -843,7 +859,8 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
     /// A new session on the same sockets with another peer (a server's interface taken
     /// over by the next client): [`Endpoint::rekey`] with the new peer's MAC, so frames
     /// are sent to it and only its frames are accepted.
-    pub fn rekey_peer(&mut self, session_key: &[u8], peer_mac: [u8; 6]) {
+    pub fn rekey_peer(&mut self, session_key: &[u8], peer_mac: [u8; 6], open_tags: bool) {
+        self.cfg.open_tags = open_tags;
         self.cfg.peer_mac = peer_mac;
         self.out_macs.dst = peer_mac;
         self.in_macs.src = peer_mac;
@@ -854,7 +871,7 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
     /// session is aborted or failed, and before anything is posted again the entries
     /// the old session left posted are drained.
     pub fn rekey(&mut self, session_key: &[u8]) {
-        self.key = TagKey::derive(session_key);
+        self.key = TagKey::derive_for(session_key, self.cfg.open_tags);
         self.c_next_seq = 0;
         self.c_unacked.clear();
         self.c_queue.clear();
@@ -1857,6 +1874,7 @@ mod tests {
             transfer_timeout_ns: 10_000,
             credit_frames: 64,
             tx_scratch: (0, layout::frames(crate::MAX_EXTENT_BLOCKS) as u32),
+            open_tags: false,
         };
         let mut ep = Endpoint::new(cfg, b"k", d, c).unwrap();
         for i in 0..TRACE_LEN as u32 {

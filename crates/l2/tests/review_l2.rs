@@ -33,6 +33,7 @@ fn config(local: [u8; 6], peer: [u8; 6]) -> Config {
         transfer_timeout_ns: TIMEOUT,
         credit_frames: 64,
         tx_scratch: (SCRATCH, SCRATCH_CHUNKS),
+        open_tags: false,
     }
 }
 
@@ -296,6 +297,7 @@ fn an_unaligned_tx_scratch_is_refused() {
     let (c, _) = SimLink::pair(CMD_REGION_LEN, CMD_REGION_LEN, Injector::none(1));
     let cfg = Config {
         tx_scratch: (SCRATCH + 1, SCRATCH_CHUNKS),
+        open_tags: false,
         ..config(MAC_A, MAC_B)
     };
     assert_eq!(SCRATCH % TX_ADDR_ALIGN, 0);

@@ -4,7 +4,9 @@
 use std::collections::HashMap;
 
 use proptest::prelude::*;
-use zcfs_l2::endpoint::{ACK_DELAY_RTO_DIVISOR, CMD_CHUNK, CMD_REGION_LEN, MAX_CREDIT_FRAMES};
+use zcfs_l2::endpoint::{
+    ACK_DELAY_RTO_DIVISOR, CMD_CHUNK, CMD_REGION_LEN, MAX_CREDIT_FRAMES, MAX_QUEUED_COMMANDS,
+};
 use zcfs_l2::frame::{build, Body, Macs, TagKey};
 use zcfs_l2::layout::frames;
 use zcfs_l2::sim::{Injector, SimEnd, SimLink};
@@ -37,6 +39,7 @@ fn config(local: [u8; 6], peer: [u8; 6], credit: usize) -> Config {
         transfer_timeout_ns: TIMEOUT,
         credit_frames: credit,
         tx_scratch: (SCRATCH, SCRATCH_CHUNKS),
+        open_tags: false,
     }
 }
 
@@ -696,6 +699,50 @@ fn commands_until(n: &mut Net, to_a: bool, want: usize) -> Vec<Vec<u8>> {
         }
     }
     panic!("{} of {want} commands arrived", got.len());
+}
+
+/// The parts of one message (a write of several frames) are queued all or none, go in
+/// one kick, and arrive in order, once, through loss, duplicates and reordering.
+#[test]
+fn a_message_in_parts_is_queued_whole_and_arrives_in_order() {
+    let mut n = net(Injector::none(2), 64, b"k");
+    let parts: Vec<Vec<u8>> = (0..12).map(|i| pattern(i, MAX_COMMAND)).collect();
+    n.a.send_commands(&parts).unwrap();
+    assert_eq!(commands_until(&mut n, false, parts.len()), parts);
+    assert_eq!(
+        n.a.stats().command_kicks,
+        1,
+        "one kick for the whole message"
+    );
+    // All or nothing: a part too long, an empty part, or no room for every part.
+    let mut bad = parts.clone();
+    bad[5] = vec![0; MAX_COMMAND + 1];
+    assert!(matches!(
+        n.a.send_commands(&bad),
+        Err(L2Error::CommandSize(_))
+    ));
+    bad[5] = Vec::new();
+    assert!(matches!(
+        n.a.send_commands(&bad),
+        Err(L2Error::CommandSize(0))
+    ));
+    for i in 0..MAX_QUEUED_COMMANDS - parts.len() + 1 {
+        n.a.send_command(&pattern(i as u64, 8)).unwrap();
+    }
+    assert!(matches!(n.a.send_commands(&parts), Err(L2Error::Busy)));
+    let mut lossy = net(Injector::rates(7, 50_000, 20_000, 20_000), 64, b"k");
+    let msgs: Vec<Vec<Vec<u8>>> = (0..40u64)
+        .map(|m| {
+            (0..3)
+                .map(|i| pattern(m * 10 + i, MAX_COMMAND - 7 * i as usize))
+                .collect()
+        })
+        .collect();
+    for m in &msgs {
+        lossy.a.send_commands(m).unwrap();
+    }
+    let want: Vec<Vec<u8>> = msgs.concat();
+    assert_eq!(commands_until(&mut lossy, false, want.len()), want);
 }
 
 /// A request and its reply cost one batch (one kick of the kernel) each way: the

@@ -48,8 +48,12 @@ pub use wire::{Reader, Wire};
 /// post-operation attributes, so a client need not ask for them again. Version 11: they
 /// also carry the directory's name-set version (`DirState`; mkdir the new directory's
 /// too), so a client that knows every name of a directory answers a lookup of another
-/// name itself.
-pub const VERSION: u8 = 11;
+/// name itself. Version 12: a layer-2 request longer than one command goes in request
+/// parts (`l2::KIND_REQUEST_PART`), so writes up to `l2::MAX_WRITE` ride the lane; a
+/// version 11 server drops every part as malformed, and the lane of a client that sends
+/// them falls at each such write; and frames of a lane without a shared secret tag their
+/// payload with a keyed SipHash (`zcfs_l2::TagKey::derive_open`).
+pub const VERSION: u8 = 12;
 pub const REQ_MAGIC: u16 = 0x515a; // "ZQ"
 pub const RESP_MAGIC: u16 = 0x525a; // "ZR"
 /// Size of the fixed request header.

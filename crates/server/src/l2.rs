@@ -15,9 +15,13 @@
 //! volume into a staging slot of the data region and sent from there (the endpoint
 //! builds each frame in its TX scratch: a second copy; sending straight from the
 //! volume's blocks needs their offsets in the image, which the backend does not hand
-//! out yet). Writes larger than fit inline stay on TCP: landing their data in the
-//! volume's blocks needs the volume's reservation of blocks with a free front, which
-//! is being built (the seam: a request command naming a client transfer for a write).
+//! out yet). A write's data rides inline, in the request's commands: up to
+//! `zcfs_protocol::l2::MAX_WRITE` bytes, in parts when longer than one command (one
+//! round trip, and commands are delivered in order, once, by the endpoint); larger
+//! writes stay on TCP. Landing a large write's data in the volume's blocks in place
+//! needs the volume's reservation of blocks with a free front
+//! (`Volume::reserve_write_landing`) and a second round trip for the grant (the seam: a
+//! request command naming a client transfer for a write).
 
 use std::fs::File;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -29,7 +33,7 @@ use zcfs_backend::Error;
 use zcfs_l2::endpoint::{CMD_CHUNK, CMD_REGION_LEN};
 use zcfs_l2::{Config, Endpoint, Event, Extent, BLOCK_SIZE, MAX_COMMAND, MAX_EXTENT_BLOCKS};
 use zcfs_protocol::l2::{
-    decode_request, encode_reply, encode_resend_tcp, tag_key_material, L2Request,
+    decode_request, encode_reply, encode_resend_tcp, tag_key_material, L2Request, Reassembly,
 };
 use zcfs_protocol::{
     mac_from_u64, mac_to_u64, Blob, L2SetupReply, L2SetupReq, Reply, ReqHeader, Request,
@@ -155,6 +159,7 @@ pub fn endpoint_config(local: [u8; 6], peer: [u8; 6], scratch: u64) -> Config {
         transfer_timeout_ns: TRANSFER_TIMEOUT.as_nanos() as u64,
         credit_frames: zcfs_l2::endpoint::MAX_CREDIT_FRAMES,
         tx_scratch: (scratch, TX_CHUNKS),
+        open_tags: false,
     }
 }
 
@@ -165,6 +170,9 @@ struct Owner {
     rule: PeerRule,
     peer_mac: [u8; 6],
     key: Vec<u8>,
+    /// No shared secret: the key is known to whoever saw the set-up (frame tags cover
+    /// headers only, `zcfs_l2::TagKey::derive_open`).
+    open_tags: bool,
 }
 
 /// Who holds the interface, and whose lane request runs now (one at a time, on the
@@ -391,6 +399,7 @@ impl L2Service {
             rule,
             peer_mac: mac_from_u64(req.mac),
             key: tag_key_material(secret, &nonce),
+            open_tags: secret.is_none(),
         });
         drop(st);
         // A repeated setup on the same connection replaces its own hold.
@@ -472,6 +481,8 @@ struct Run {
     free_slots: Vec<u32>,
     /// Transfer id -> the staging slot it is sent from.
     sending: std::collections::HashMap<u32, u32>,
+    /// The parts of a request longer than one command gathered so far (the owner's).
+    parts: Reassembly,
 }
 
 fn run(port: L2Port, shared: &Shared, service: &L2Service, busy: bool) {
@@ -481,6 +492,7 @@ fn run(port: L2Port, shared: &Shared, service: &L2Service, busy: bool) {
         generation: 0,
         free_slots: (0..READ_SLOTS).rev().collect(),
         sending: std::collections::HashMap::new(),
+        parts: Reassembly::default(),
     };
     while !service.stop.load(Ordering::SeqCst) {
         // A new owner (or none): new key and peer; the old session's transfers end.
@@ -489,9 +501,13 @@ fn run(port: L2Port, shared: &Shared, service: &L2Service, busy: bool) {
             let g = st.owner.as_ref().map_or(0, |o| o.generation);
             if g != r.generation {
                 r.generation = g;
+                r.parts.clear();
                 match st.owner.as_ref() {
-                    Some(o) => r.port.ep.rekey_peer(&o.key, o.peer_mac),
-                    None => r.port.ep.rekey_peer(&rand::random::<[u8; 32]>(), [0; 6]),
+                    Some(o) => r.port.ep.rekey_peer(&o.key, o.peer_mac, o.open_tags),
+                    None => r
+                        .port
+                        .ep
+                        .rekey_peer(&rand::random::<[u8; 32]>(), [0; 6], false),
                 }
             }
         };
@@ -509,6 +525,16 @@ fn run(port: L2Port, shared: &Shared, service: &L2Service, busy: bool) {
         for ev in events {
             match ev {
                 Event::Command(bytes) => {
+                    // A request in parts is executed when its last part is in.
+                    let bytes = match r.parts.take(bytes) {
+                        Ok(Some(whole)) => whole,
+                        Ok(None) => continue,
+                        Err(e) => {
+                            service.counters.malformed.fetch_add(1, Ordering::Relaxed);
+                            tracing::debug!(ifname = %service.ifname, "layer-2 request parts dropped: {e}");
+                            continue;
+                        }
+                    };
                     // Executed only for the owner the endpoint is keyed for, marked
                     // running in the same step: `L2Service::release` (the fence) waits
                     // for a request running now and none of the session runs after it.

@@ -176,6 +176,7 @@ pub fn peer(
         transfer_timeout_ns: timing.transfer_timeout_ns,
         credit_frames: zcfs_l2::endpoint::MAX_CREDIT_FRAMES,
         tx_scratch: (scratch, TX_CHUNKS),
+        open_tags: false,
     };
     Peer {
         ep: Endpoint::new(cfg, key, d, c).expect("endpoint"),
