@@ -139,20 +139,30 @@ LANE_CASES = [(op, s, q) for op in ["read", "write"]
               for s, q in [(1 * KIB, 1), (4 * KIB, 1), (16 * KIB, 1), (1 << 20, 1), (1 << 20, 16)]]
 
 
-def lrow(transport, op, size, qd):
-    """A row of `zcfs-bench remote --transport tcp,l2`'s comparison (system zcfs-lane)."""
+def lrow(transport, op, size, qd, poll):
+    """A row of `zcfs-bench remote --transport tcp,l2`'s comparison (system zcfs-lane) in
+    lane poll mode `poll` (rows of runs before the mode was recorded: None)."""
     return next((r for r in remote["rows"] if r["system"] == "zcfs-lane" and r.get("transport") == transport
-                 and r["op"] == op and r["size"] == size and r["qd"] == qd), None)
+                 and r["op"] == op and r["size"] == size and r["qd"] == qd and r.get("l2_poll") == poll), None)
 
 
-lane_cases = [(op, s, q, lrow("tcp", op, s, q), lrow("l2", op, s, q)) for op, s, q in LANE_CASES]
-lane_cases = [c for c in lane_cases if c[3] and c[4]]
-if lane_cases:
-    out.append("## Layer 2 beside TCP\n")
-    client = (remote.get("l2") or {}).get("client") or {}
+lane_polls = list(dict.fromkeys(r.get("l2_poll") for r in remote["rows"] if r["system"] == "zcfs-lane"))
+lane_any = False
+lane_sets = []  # (poll, cases) per lane poll mode, for the plot
+for poll in lane_polls:
+    lane_cases = [(op, s, q, lrow("tcp", op, s, q, poll), lrow("l2", op, s, q, poll)) for op, s, q in LANE_CASES]
+    lane_cases = [c for c in lane_cases if c[3] and c[4]]
+    if not lane_cases:
+        continue
+    lane_any = True
+    lane_sets.append((poll, lane_cases))
+    info = ((remote.get("l2_by_poll") or {}).get(poll) if poll else remote.get("l2")) or {}
+    client = info.get("client") or {}
+    out.append(f"## Layer 2 beside TCP (lane poll mode: {client.get('poll', poll or '?')})\n")
     out.append(f"One `zcfs serve --l2` on the veth pair, one client on TCP and one with the lane, measured in "
                f"alternating rounds (median of the rounds); lane bind mode `{client.get('bind_mode', '?')}`, "
-               f"poll `{client.get('poll', '?')}`. Ratios below 1.00x: layer 2 faster (p50) or slower (MB/s).\n")
+               f"poll `{client.get('poll', '?')}` on both ends (the TCP rows are measured beside that lane). "
+               "Ratios below 1.00x: layer 2 faster (p50) or slower (MB/s).\n")
     # NFS (libnfs, QD1 random I/O) in the same run, when the run measured it (--nfs, --full).
     def nfs_p50(op, size, qd):
         n = frow("ganesha-libnfs", "rand" + op, size) if qd == 1 else None
@@ -173,7 +183,9 @@ if lane_cases:
         per = ", ".join(f"{op} {c['l2']}/{c['tcp']}" for op, c in sorted(reqs.items()))
         out.append(f"\nRequests of the lane's client, layer 2/TCP: {per}.")
     out.append("")
-elif remote.get("l2") and remote["l2"].get("skipped"):
+# The plot shows the busy-polled lane when the run has it (the mode the lane is for).
+plot_poll, lane_cases = next(((p, c) for p, c in lane_sets if p == "busy"), lane_sets[-1] if lane_sets else (None, []))
+if not lane_any and remote.get("l2") and remote["l2"].get("skipped"):
     out.append(f"Layer 2 beside TCP: skipped ({remote['l2']['skipped']}).\n")
 
 # ---------------------------------------------------------------- remote library vs raw TCP
@@ -385,7 +397,7 @@ if plt:
                 ax.set_yscale("log")
             ax.grid(True, axis="y", alpha=0.3)
             ax.legend(fontsize=8)
-        save(fig, "tcp_vs_l2.png", "TCP vs the layer-2 lane by op and size, same server and veth pair, one run")
+        save(fig, "tcp_vs_l2.png", f"TCP vs the layer-2 lane ({plot_poll or 'one'} poll) by op and size, same server and veth pair, one run")
 
     # Consistency (CCM).
     if lrows:

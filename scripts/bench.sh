@@ -78,7 +78,7 @@ done
 TRANSPORTS=tcp
 if WHY=$("$ZB" l2-check); then TRANSPORTS=tcp,l2; else log "layer 2 skipped: $WHY"; fi
 step "zcfs-bench remote ($MODE, transports $TRANSPORTS)"
-"$ZB" remote $([ $MODE = short ] && echo --short) --transport "$TRANSPORTS" --out "$OUT" 2>"$OUT/remote.log"
+"$ZB" remote $([ $MODE = short ] && echo --short) --transport "$TRANSPORTS" --l2-poll wait,busy --out "$OUT" 2>"$OUT/remote.log"
 grep -E '^(l2/tcp|layer 2 skipped|lane client)' "$OUT/remote.log" || true
 if [ "$TRANSPORTS" = tcp,l2 ]; then
   # Issue 12: 4 KiB QD1 reads through a remote FUSE mount over layer 2 (and over TCP)

@@ -219,7 +219,7 @@ pub fn compare(
             }
         }
         for line in ratio_lines(&rows) {
-            eprintln!("{line}");
+            eprintln!("{line} ({poll_arg} poll)");
         }
         let client = l2.client().lane_report();
         let server: serde_json::Value =

@@ -155,9 +155,10 @@ pub struct RemoteArgs {
     #[arg(long, default_value = "tcp", value_delimiter = ',')]
     pub transport: Vec<String>,
     /// How both ends of the layer-2 lane wait for frames (with `--transport l2`): wait
-    /// (poll(2)) or busy (spin on the rings: one core each).
-    #[arg(long, default_value = "wait")]
-    pub l2_poll: String,
+    /// (poll(2)) or busy (spin on the rings: one core each); comma-separated for a
+    /// comparison in each mode (`wait,busy`).
+    #[arg(long, default_value = "wait", value_delimiter = ',')]
+    pub l2_poll: Vec<String>,
 }
 
 fn main() -> Result<()> {

@@ -475,36 +475,49 @@ pub fn run(a: &RemoteArgs) -> Result<()> {
     let mut rows = rows;
     let mut md = report::remote_summary(&rows, &link);
     let mut lane = serde_json::Value::Null;
+    let mut lane_by_poll = serde_json::Value::Null;
     if with_l2 {
         let rounds = a.repeat.unwrap_or(if a.short { 3 } else { 5 }).max(1);
         eprintln!("the layer-2 lane beside TCP: {rounds} rounds");
-        let poll: zcfs_client::l2::L2Poll = a
-            .l2_poll
-            .parse()
-            .map_err(|e| anyhow::anyhow!("--l2-poll: {e}"))?;
-        match crate::lane::compare(&zcfs, &net, secs, rounds, poll) {
-            Ok((lrows, info)) => {
-                md += "\n";
-                md += &crate::lane::summary(&lrows);
-                md += "\n";
-                md += &crate::lane::ratio_lines(&lrows).join("\n");
-                md += "\n";
-                rows.extend(lrows);
-                lane = info;
-            }
-            // The TCP rows stand; the run says why it has no lane rows.
-            Err(e) => {
-                eprintln!("layer 2 skipped: {e:#}");
-                lane = serde_json::json!({ "skipped": format!("{e:#}") });
+        let mut by_poll = serde_json::Map::new();
+        let mut first = None;
+        for name in &a.l2_poll {
+            let poll: zcfs_client::l2::L2Poll = name
+                .parse()
+                .map_err(|e| anyhow::anyhow!("--l2-poll {name}: {e}"))?;
+            match crate::lane::compare(&zcfs, &net, secs, rounds, poll) {
+                Ok((mut lrows, info)) => {
+                    for r in &mut lrows {
+                        r.l2_poll = Some(name.clone());
+                    }
+                    md += &format!("\nLane poll mode: {name}\n");
+                    md += &crate::lane::summary(&lrows);
+                    md += "\n";
+                    md += &crate::lane::ratio_lines(&lrows).join("\n");
+                    md += "\n";
+                    rows.extend(lrows);
+                    first.get_or_insert_with(|| info.clone());
+                    by_poll.insert(name.clone(), info);
+                }
+                // The TCP rows stand; the run says why it has no lane rows.
+                Err(e) => {
+                    eprintln!("layer 2 skipped: {e:#}");
+                    let skipped = serde_json::json!({ "skipped": format!("{e:#}") });
+                    first.get_or_insert_with(|| skipped.clone());
+                    by_poll.insert(name.clone(), skipped);
+                }
             }
         }
+        // `l2`: the first mode's lane info (as before); `l2_by_poll`: every mode's.
+        lane = first.unwrap_or(serde_json::Value::Null);
+        lane_by_poll = serde_json::Value::Object(by_poll);
     }
     for r in &mut rows {
         r.transport.get_or_insert_with(|| "tcp".into());
     }
     let json = serde_json::json!({
         "link": link, "seconds_per_measurement": secs, "repeat": repeat,
-        "user_copies_per_payload_byte": copies, "rows": rows, "l2": lane
+        "user_copies_per_payload_byte": copies, "rows": rows, "l2": lane, "l2_by_poll": lane_by_poll
     });
     report::write(&a.out, "remote", &json, &md)
 }

@@ -23,6 +23,10 @@ pub struct Row {
     /// The path of a remote row: `tcp` or `l2` (the layer-2 lane); none for local rows.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub transport: Option<String>,
+    /// The layer-2 comparison's poll mode (`wait` or `busy`), on both transports' rows
+    /// of it: TCP is measured beside a lane that spins or sleeps.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub l2_poll: Option<String>,
 }
 
 /// Run a measurement `n` times and keep the median run: by p50 latency at QD1, by
@@ -92,6 +96,7 @@ pub fn row(
         mb_s: ops as f64 * size as f64 / elapsed.as_secs_f64() / 1e6,
         cpu_us_per_op: 0.0,
         transport: None,
+        l2_poll: None,
     }
 }
 
