@@ -575,6 +575,74 @@ mod tests {
         assert_eq!(decode(&forged, M, &key), Err(FrameError::Tag));
     }
 
+    /// SipHash-2-4 as its paper gives it (Aumasson and Bernstein, 2012), to check std's
+    /// deprecated `SipHasher` against: the open tags' wire format depends on it.
+    fn siphash24_reference(k0: u64, k1: u64, m: &[u8]) -> u64 {
+        let mut v = [
+            k0 ^ 0x736f_6d65_7073_6575,
+            k1 ^ 0x646f_7261_6e64_6f6d,
+            k0 ^ 0x6c79_6765_6e65_7261,
+            k1 ^ 0x7465_6462_7974_6573,
+        ];
+        fn round(v: &mut [u64; 4]) {
+            v[0] = v[0].wrapping_add(v[1]);
+            v[1] = v[1].rotate_left(13) ^ v[0];
+            v[0] = v[0].rotate_left(32);
+            v[2] = v[2].wrapping_add(v[3]);
+            v[3] = v[3].rotate_left(16) ^ v[2];
+            v[0] = v[0].wrapping_add(v[3]);
+            v[3] = v[3].rotate_left(21) ^ v[0];
+            v[2] = v[2].wrapping_add(v[1]);
+            v[1] = v[1].rotate_left(17) ^ v[2];
+            v[2] = v[2].rotate_left(32);
+        }
+        let mut last = [0u8; 8];
+        let tail = m.chunks_exact(8).remainder();
+        last[..tail.len()].copy_from_slice(tail);
+        last[7] = m.len() as u8;
+        let words = m
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+            .chain([u64::from_le_bytes(last)]);
+        for w in words {
+            v[3] ^= w;
+            round(&mut v);
+            round(&mut v);
+            v[0] ^= w;
+        }
+        v[2] ^= 0xff;
+        for _ in 0..4 {
+            round(&mut v);
+        }
+        v[0] ^ v[1] ^ v[2] ^ v[3]
+    }
+
+    #[allow(deprecated)]
+    fn std_siphash(k0: u64, k1: u64, m: &[u8]) -> u64 {
+        use std::hash::Hasher;
+        let mut s = std::hash::SipHasher::new_with_keys(k0, k1);
+        s.write(m);
+        s.finish()
+    }
+
+    /// std's `SipHasher::new_with_keys` is SipHash-2-4: the paper's test vectors (key
+    /// 00..0f; messages 00.., 0 and 15 bytes long) and the reference above for every
+    /// length up to a full frame's payload.
+    #[test]
+    fn std_siphasher_is_siphash_2_4() {
+        let (k0, k1) = (0x0706_0504_0302_0100, 0x0f0e_0d0c_0b0a_0908);
+        let m: Vec<u8> = (0..MAX_PAYLOAD).map(|i| i as u8).collect();
+        assert_eq!(siphash24_reference(k0, k1, &m[..0]), 0x726f_db47_dd0e_0e31);
+        assert_eq!(siphash24_reference(k0, k1, &m[..15]), 0xa129_ca61_49be_45e5);
+        for n in 0..=MAX_PAYLOAD {
+            assert_eq!(
+                std_siphash(k0, k1, &m[..n]),
+                siphash24_reference(k0, k1, &m[..n]),
+                "{n} bytes"
+            );
+        }
+    }
+
     #[test]
     fn limits_are_checked_at_the_bound() {
         let key = TagKey::derive(b"k");
