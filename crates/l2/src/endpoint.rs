@@ -150,7 +150,8 @@ pub struct Config {
     /// [`CMD_CHUNK`]-byte chunks.
     pub tx_scratch: (u64, u32),
     /// The session has no shared secret (its key is known to whoever saw the set-up):
-    /// tags cover frame headers only ([`TagKey::derive_open`]).
+    /// command and control tags cover the payload's keyed SipHash instead of the payload
+    /// ([`TagKey::derive_open`]).
     pub open_tags: bool,
 }
 

@@ -16,7 +16,9 @@
 //! 26   4  data, NOP: transfer id (a drain's NOP: 0); command, control: payload length
 //! 30   4  data: index of the extent's first block in the transfer; else 0
 //! 34   4  data: CRC32C of the whole extent; command, control: CRC32C of the payload
-//! 38   8  tag: BLAKE3-keyed(tag key, bytes 0..38 | payload of command/control)[..8]
+//! 38   8  tag: BLAKE3-keyed(tag key, bytes 0..38 | P)[..8]; command, control: P = the
+//!         payload (a session with a shared secret) or its keyed SipHash-2-4 as u64 LE
+//!         (without one, [`TagKey::derive_open`]); data, NOP: P empty
 //! 46      payload
 //! ```
 //! All integers are little-endian. The tag key is derived from the session key, so a
@@ -182,11 +184,14 @@ impl TagKey {
         }
     }
 
-    fn tag(&self, head: &[u8], payload: &[u8]) -> [u8; TAG_LEN] {
+    /// The tag of `head` and, for command and control frames, `payload` (`None` for
+    /// data and NOP frames, whose tags cover the header alone in both modes).
+    fn tag(&self, head: &[u8], payload: Option<&[u8]>) -> [u8; TAG_LEN] {
         let mut h = blake3::Hasher::new_keyed(&self.key);
         h.update(head);
-        match self.sip {
-            Some((k0, k1)) => {
+        match (payload, self.sip) {
+            (None, _) => {}
+            (Some(payload), Some((k0, k1))) => {
                 // std's SipHasher is SipHash-2-4 with a caller's key; deprecated only in
                 // favour of an outside crate, which would add a dependency for this.
                 #[allow(deprecated)]
@@ -194,7 +199,7 @@ impl TagKey {
                 std::hash::Hasher::write(&mut s, payload);
                 h.update(&std::hash::Hasher::finish(&s).to_le_bytes());
             }
-            None => {
+            (Some(payload), None) => {
                 h.update(payload);
             }
         }
@@ -226,7 +231,7 @@ fn get32(b: &[u8], at: usize) -> u32 {
 
 /// Encode the header for `body` into `out`. For command and control frames `payload`
 /// is the payload (its length must be `len` and it is covered by the tag and CRC); for
-/// data and NOP frames it is ignored (the tag covers the header only).
+/// data and NOP frames it is ignored (the tag covers the header only, in both modes).
 pub fn encode(out: &mut [u8; HEADER_LEN], macs: Macs, body: &Body, payload: &[u8], key: &TagKey) {
     out.fill(0);
     out[0..6].copy_from_slice(&macs.dst);
@@ -234,7 +239,7 @@ pub fn encode(out: &mut [u8; HEADER_LEN], macs: Macs, body: &Body, payload: &[u8
     out[12..14].copy_from_slice(&body.kind().ethertype().to_be_bytes());
     out[14] = VERSION;
     out[15] = body.kind() as u8;
-    let tagged: &[u8] = match *body {
+    let tagged: Option<&[u8]> = match *body {
         Body::Data {
             seg,
             epoch,
@@ -249,7 +254,7 @@ pub fn encode(out: &mut [u8; HEADER_LEN], macs: Macs, body: &Body, payload: &[u8
             put32(out, 26, transfer);
             put32(out, 30, block);
             put32(out, 34, crc);
-            &[]
+            None
         }
         Body::Nop {
             epoch,
@@ -259,19 +264,19 @@ pub fn encode(out: &mut [u8; HEADER_LEN], macs: Macs, body: &Body, payload: &[u8
             put32(out, 18, epoch);
             put32(out, 22, group);
             put32(out, 26, transfer);
-            &[]
+            None
         }
         Body::Command { seq, ack, len } => {
             put32(out, 18, seq);
             put32(out, 22, ack);
             put32(out, 26, len);
             put32(out, 34, crc32c::crc32c(payload));
-            payload
+            Some(payload)
         }
         Body::Control { len } => {
             put32(out, 26, len);
             put32(out, 34, crc32c::crc32c(payload));
-            payload
+            Some(payload)
         }
     };
     let tag = key.tag(&out[..TAG_AT], tagged);
@@ -308,9 +313,9 @@ pub fn decode<'a>(
         }
         Body::Data { .. } | Body::Nop { .. } => rest,
     };
-    let tagged: &[u8] = match body {
-        Body::Command { .. } | Body::Control { .. } => payload,
-        _ => &[],
+    let tagged = match body {
+        Body::Command { .. } | Body::Control { .. } => Some(payload),
+        _ => None,
     };
     let want = key.tag(&frame[..TAG_AT], tagged);
     if !ct_eq(&want, &frame[TAG_AT..HEADER_LEN]) {
@@ -411,16 +416,17 @@ pub fn build(macs: Macs, body: &Body, payload: &[u8], key: &TagKey) -> Vec<u8> {
     v
 }
 
-/// For the fuzz target: decode arbitrary bytes under a fixed key and addresses; a
-/// frame that decodes must re-encode to the same header.
+/// For the fuzz target: decode arbitrary bytes under a fixed key (of each tag mode) and
+/// addresses; a frame that decodes must re-encode to the same header.
 pub fn exercise(data: &[u8]) {
-    let key = TagKey::derive(b"fuzz");
-    if let Ok((body, macs)) = decode_unauthenticated(data) {
-        let payload = &data[HEADER_LEN..];
-        let mut h = [0u8; HEADER_LEN];
-        encode(&mut h, macs, &body, payload, &key);
-        assert_eq!(h[..34], data[..34], "re-encoding changed the header");
-        let _ = decode(data, macs, &key);
+    for key in [TagKey::derive(b"fuzz"), TagKey::derive_open(b"fuzz")] {
+        if let Ok((body, macs)) = decode_unauthenticated(data) {
+            let payload = &data[HEADER_LEN..];
+            let mut h = [0u8; HEADER_LEN];
+            encode(&mut h, macs, &body, payload, &key);
+            assert_eq!(h[..34], data[..34], "re-encoding changed the header");
+            let _ = decode(data, macs, &key);
+        }
     }
 }
 
@@ -466,8 +472,8 @@ mod tests {
 
     proptest! {
         #[test]
-        fn frames_round_trip(b in body(), payload in proptest::collection::vec(any::<u8>(), 0..=MAX_PAYLOAD), secret in proptest::collection::vec(any::<u8>(), 0..40)) {
-            let key = TagKey::derive(&secret);
+        fn frames_round_trip(b in body(), payload in proptest::collection::vec(any::<u8>(), 0..=MAX_PAYLOAD), secret in proptest::collection::vec(any::<u8>(), 0..40), open in any::<bool>()) {
+            let key = TagKey::derive_for(&secret, open);
             let b = match b {
                 Body::Command { seq, ack, .. } => Body::Command { seq, ack, len: payload.len() as u32 },
                 Body::Control { .. } => Body::Control { len: payload.len() as u32 },
@@ -573,6 +579,141 @@ mod tests {
             "the forgery keeps the CRC"
         );
         assert_eq!(decode(&forged, M, &key), Err(FrameError::Tag));
+    }
+
+    /// SipHash-2-4 as its paper gives it (Aumasson and Bernstein, 2012), to check std's
+    /// deprecated `SipHasher` against: the open tags' wire format depends on it.
+    fn siphash24_reference(k0: u64, k1: u64, m: &[u8]) -> u64 {
+        let mut v = [
+            k0 ^ 0x736f_6d65_7073_6575,
+            k1 ^ 0x646f_7261_6e64_6f6d,
+            k0 ^ 0x6c79_6765_6e65_7261,
+            k1 ^ 0x7465_6462_7974_6573,
+        ];
+        fn round(v: &mut [u64; 4]) {
+            v[0] = v[0].wrapping_add(v[1]);
+            v[1] = v[1].rotate_left(13) ^ v[0];
+            v[0] = v[0].rotate_left(32);
+            v[2] = v[2].wrapping_add(v[3]);
+            v[3] = v[3].rotate_left(16) ^ v[2];
+            v[0] = v[0].wrapping_add(v[3]);
+            v[3] = v[3].rotate_left(21) ^ v[0];
+            v[2] = v[2].wrapping_add(v[1]);
+            v[1] = v[1].rotate_left(17) ^ v[2];
+            v[2] = v[2].rotate_left(32);
+        }
+        let mut last = [0u8; 8];
+        let tail = m.chunks_exact(8).remainder();
+        last[..tail.len()].copy_from_slice(tail);
+        last[7] = m.len() as u8;
+        let words = m
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+            .chain([u64::from_le_bytes(last)]);
+        for w in words {
+            v[3] ^= w;
+            round(&mut v);
+            round(&mut v);
+            v[0] ^= w;
+        }
+        v[2] ^= 0xff;
+        for _ in 0..4 {
+            round(&mut v);
+        }
+        v[0] ^ v[1] ^ v[2] ^ v[3]
+    }
+
+    #[allow(deprecated)]
+    fn std_siphash(k0: u64, k1: u64, m: &[u8]) -> u64 {
+        use std::hash::Hasher;
+        let mut s = std::hash::SipHasher::new_with_keys(k0, k1);
+        s.write(m);
+        s.finish()
+    }
+
+    /// std's `SipHasher::new_with_keys` is SipHash-2-4: the paper's test vectors (key
+    /// 00..0f; messages 00.., 0 and 15 bytes long) and the reference above for every
+    /// length up to a full frame's payload.
+    #[test]
+    fn std_siphasher_is_siphash_2_4() {
+        let (k0, k1) = (0x0706_0504_0302_0100, 0x0f0e_0d0c_0b0a_0908);
+        let m: Vec<u8> = (0..MAX_PAYLOAD).map(|i| i as u8).collect();
+        assert_eq!(siphash24_reference(k0, k1, &m[..0]), 0x726f_db47_dd0e_0e31);
+        assert_eq!(siphash24_reference(k0, k1, &m[..15]), 0xa129_ca61_49be_45e5);
+        for n in 0..=MAX_PAYLOAD {
+            assert_eq!(
+                std_siphash(k0, k1, &m[..n]),
+                siphash24_reference(k0, k1, &m[..n]),
+                "{n} bytes"
+            );
+        }
+    }
+
+    /// Every kind of frame in both modes is tagged exactly as docs/protocol.md section 11
+    /// says: `BLAKE3-keyed(K, bytes 0..38 | P)[..8]`, P the payload of a command or
+    /// control frame (with a secret) or its SipHash-2-4 under S as u64 LE (without
+    /// one), and nothing for data and NOP frames (their tags never covered a payload).
+    #[test]
+    fn tags_follow_the_documented_formula() {
+        let session: &[u8] = b"the session key material";
+        let k = blake3::derive_key("zcfs 2026 layer-2 frame tag v1", session);
+        let s = blake3::derive_key("zcfs 2026 layer-2 open payload tag v1", session);
+        let s0 = u64::from_le_bytes(s[0..8].try_into().unwrap());
+        let s1 = u64::from_le_bytes(s[8..16].try_into().unwrap());
+        let payload: Vec<u8> = (0..700).map(|i| (i * 7) as u8).collect();
+        let bodies = [
+            Body::Command {
+                seq: 9,
+                ack: 8,
+                len: 700,
+            },
+            Body::Command {
+                seq: 1,
+                ack: 0,
+                len: 0,
+            },
+            Body::Control { len: 700 },
+            Body::Data {
+                seg: 2,
+                epoch: 3,
+                group: 4,
+                transfer: 5,
+                block: 6,
+                crc: 7,
+            },
+            Body::Nop {
+                epoch: 3,
+                group: 4,
+                transfer: 5,
+            },
+        ];
+        for open in [false, true] {
+            let key = TagKey::derive_for(session, open);
+            for body in bodies {
+                let p: &[u8] = match body {
+                    Body::Command { len, .. } | Body::Control { len } => &payload[..len as usize],
+                    _ => &payload,
+                };
+                let f = build(M, &body, p, &key);
+                let mut h = blake3::Hasher::new_keyed(&k);
+                h.update(&f[..38]);
+                match body {
+                    Body::Command { .. } | Body::Control { .. } if open => {
+                        h.update(&siphash24_reference(s0, s1, p).to_le_bytes());
+                    }
+                    Body::Command { .. } | Body::Control { .. } => {
+                        h.update(p);
+                    }
+                    _ => {}
+                }
+                assert_eq!(
+                    &f[38..46],
+                    &h.finalize().as_bytes()[..8],
+                    "{body:?}, open {open}"
+                );
+                assert!(decode(&f, M, &key).is_ok(), "{body:?}, open {open}");
+            }
+        }
     }
 
     #[test]

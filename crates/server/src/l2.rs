@@ -170,8 +170,8 @@ struct Owner {
     rule: PeerRule,
     peer_mac: [u8; 6],
     key: Vec<u8>,
-    /// No shared secret: the key is known to whoever saw the set-up (frame tags cover
-    /// headers only, `zcfs_l2::TagKey::derive_open`).
+    /// No shared secret: the key is known to whoever saw the set-up (frame tags cover a
+    /// keyed SipHash of the payload, `zcfs_l2::TagKey::derive_open`).
     open_tags: bool,
 }
 

@@ -345,7 +345,8 @@ fn library_ops_go_over_layer_2_and_match_a_model() {
 }
 
 /// A session with a shared secret tags whole frames (header and payload), one without
-/// tags headers only: both ends must choose alike, or no frame would verify. Reads and
+/// tags the header and a keyed SipHash of the payload: both ends must choose alike, or
+/// no command would verify. Reads and
 /// writes of one command and of several (parts) ride the lane of an authenticated
 /// session and match what was written.
 #[test]
