@@ -157,6 +157,21 @@ fn net_secret(label: &str, backend: Arc<dyn Backend>, l2: bool, secret: Option<&
     }
 }
 
+/// A stalling backend's wait: wake the test (the call is marked stalled), then wait, at
+/// most 30 s, until the test releases it.
+fn stall_until<'a, T>(
+    cv: &Condvar,
+    mut st: std::sync::MutexGuard<'a, T>,
+    released: impl Fn(&T) -> bool,
+) -> std::sync::MutexGuard<'a, T> {
+    cv.notify_all();
+    let t = Instant::now();
+    while !released(&st) && t.elapsed() < Duration::from_secs(30) {
+        st = cv.wait_timeout(st, Duration::from_millis(50)).unwrap().0;
+    }
+    st
+}
+
 /// Both sides' poll mode: wait, or busy with `ZCFS_TEST_L2_POLL=busy` (for the figures
 /// of `qd1_latency_over_layer_2_and_tcp`).
 fn poll_mode() -> L2Poll {
@@ -172,6 +187,17 @@ fn client_cfg(addr: &str, iface: &str) -> ClientConfig {
         poll: poll_mode(),
         ..L2Options::new(iface)
     });
+    c
+}
+
+/// A client of `addr` offering the lane on [`CLI_IF`], connected, its lane up.
+fn lane_client(addr: &str) -> Client {
+    let c = Client::new(client_cfg(addr, CLI_IF));
+    c.connect().unwrap();
+    assert!(
+        c.l2_status().expect("the lane was set up").0,
+        "the lane is up"
+    );
     c
 }
 
@@ -250,10 +276,7 @@ fn library_ops_go_over_layer_2_and_match_a_model() {
     n.pair
         .cli
         .run(move || {
-            let c = Client::new(client_cfg(&addr, CLI_IF));
-            c.connect().unwrap();
-            let (up, _mode) = c.l2_status().expect("the lane was set up");
-            assert!(up);
+            let c = lane_client(&addr);
             let f = create(&c, "f");
             const FILE: usize = 256 << 10;
             let mut model = vec![0u8; FILE];
@@ -525,9 +548,7 @@ fn qd1_latency_over_layer_2_and_tcp() {
         .cli
         .run(move || {
             const N: usize = 5000;
-            let l2 = Client::new(client_cfg(&addr, CLI_IF));
-            l2.connect().unwrap();
-            assert!(l2.l2_status().unwrap().0);
+            let l2 = lane_client(&addr);
             let tcp = Client::new(ClientConfig::new(&addr));
             let files = [create(&l2, "f"), create(&tcp, "g")];
             for (c, f) in [(&l2, &files[0]), (&tcp, &files[1])] {
@@ -597,14 +618,7 @@ mod stall_impl {
             let mut st = m.lock().unwrap();
             if !st.0 {
                 st.0 = true;
-                cv.notify_all();
-                let t = std::time::Instant::now();
-                while !st.1 && t.elapsed() < std::time::Duration::from_secs(30) {
-                    st = cv
-                        .wait_timeout(st, std::time::Duration::from_millis(50))
-                        .unwrap()
-                        .0;
-                }
+                st = super::stall_until(cv, st, |st| st.1);
             }
             drop(st);
             self.inner.statfs()
@@ -637,9 +651,7 @@ fn the_server_releases_its_sessions_only_after_their_lane_requests_ended() {
         .pair
         .cli
         .spawn(move || {
-            let c = Arc::new(Client::new(client_cfg(&addr, CLI_IF)));
-            c.connect().unwrap();
-            assert!(c.l2_status().expect("the lane was set up").0);
+            let c = Arc::new(lane_client(&addr));
             // Rides the lane and stalls at the server; fails once the server is gone.
             let _ = c.call(&StatfsReq {}.into(), me(), &[]);
             std::thread::sleep(Duration::from_secs(1));
@@ -705,9 +717,7 @@ fn a_write_resent_on_tcp_after_a_lane_timeout_is_not_executed_again_later() {
     n.pair
         .cli
         .run(move || {
-            let c = Arc::new(Client::new(client_cfg(&addr, CLI_IF)));
-            c.connect().unwrap();
-            assert!(c.l2_status().expect("the lane was set up").0);
+            let c = Arc::new(lane_client(&addr));
             let f = create(&c, "f");
             write(&c, &f, 0, b"old!");
             assert_eq!(l2_count(&c, Op::Write), 1, "a small write rides the lane");
@@ -874,9 +884,7 @@ fn a_read_on_a_falling_lane_is_not_held_behind_the_fence() {
     n.pair
         .cli
         .run(move || {
-            let c = Arc::new(Client::new(client_cfg(&addr, CLI_IF)));
-            c.connect().unwrap();
-            assert!(c.l2_status().expect("the lane was set up").0);
+            let c = Arc::new(lane_client(&addr));
             let f = create(&c, "f");
             write(&c, &f, 0, b"data");
             let c2 = c.clone();
@@ -939,14 +947,7 @@ mod stall_mkdir_impl {
             let mut st = m.lock().unwrap();
             if !st.0 {
                 st.0 = true;
-                cv.notify_all();
-                let t = std::time::Instant::now();
-                while !st.1 && t.elapsed() < std::time::Duration::from_secs(30) {
-                    st = cv
-                        .wait_timeout(st, std::time::Duration::from_millis(50))
-                        .unwrap()
-                        .0;
-                }
+                drop(super::stall_until(cv, st, |st| st.1));
             }
             r
         }
@@ -1068,9 +1069,7 @@ fn tcp_requests_after_the_lane_fell_are_not_held_behind_the_fence_on_their_conne
     n.pair
         .cli
         .run(move || {
-            let c = Arc::new(Client::new(client_cfg(&addr, CLI_IF)));
-            c.connect().unwrap();
-            assert!(c.l2_status().expect("the lane was set up").0);
+            let c = Arc::new(lane_client(&addr));
             let f = create(&c, "f");
             write(&c, &f, 0, b"data");
             let c2 = c.clone();
@@ -1351,14 +1350,7 @@ mod stall_write_impl {
             let mut st = m.lock().unwrap();
             if st.0 && !st.1 {
                 st.1 = true;
-                cv.notify_all();
-                let t = std::time::Instant::now();
-                while !st.2 && t.elapsed() < std::time::Duration::from_secs(30) {
-                    st = cv
-                        .wait_timeout(st, std::time::Duration::from_millis(50))
-                        .unwrap()
-                        .0;
-                }
+                st = super::stall_until(cv, st, |st| st.2);
             }
             drop(st);
             self.inner.write(ctx, ino, fh, offset, data)
@@ -1477,9 +1469,7 @@ fn posted_forget_and_release_skip_the_lane_fence_and_undo_nothing() {
     n.pair
         .cli
         .run(move || {
-            let c = Arc::new(Client::new(client_cfg(&addr, CLI_IF)));
-            c.connect().unwrap();
-            assert!(c.l2_status().expect("the lane was set up").0);
+            let c = Arc::new(lane_client(&addr));
             let f = create(&c, "f");
             write(&c, &f, 0, b"data");
             let (node, fh) = (NodeRef::new(f.attr.ino, f.attr.generation), f.fh);
@@ -1629,7 +1619,6 @@ type PartsGate = Arc<(Mutex<PartsGateState>, Condvar)>;
 
 mod stall_parts_impl {
     use super::StallStatfsThenLaneWrite;
-    use std::time::{Duration, Instant};
     use zcfs_backend::*;
     impl Backend for StallStatfsThenLaneWrite {
         pass_on_all_but_write!();
@@ -1643,11 +1632,7 @@ mod stall_parts_impl {
             let mut st = m.lock().unwrap();
             if !st.statfs.0 {
                 st.statfs.0 = true;
-                cv.notify_all();
-                let t = Instant::now();
-                while !st.statfs.1 && t.elapsed() < Duration::from_secs(30) {
-                    st = cv.wait_timeout(st, Duration::from_millis(50)).unwrap().0;
-                }
+                st = super::stall_until(cv, st, |st| st.statfs.1);
             }
             drop(st);
             self.inner.statfs()
@@ -1657,11 +1642,7 @@ mod stall_parts_impl {
             let mut st = m.lock().unwrap();
             if st.write.0 && !st.write.1 {
                 st.write.1 = true;
-                cv.notify_all();
-                let t = Instant::now();
-                while !st.write.2 && t.elapsed() < Duration::from_secs(30) {
-                    st = cv.wait_timeout(st, Duration::from_millis(50)).unwrap().0;
-                }
+                st = super::stall_until(cv, st, |st| st.write.2);
             }
             drop(st);
             self.inner.write(ctx, ino, fh, offset, data)
@@ -1669,14 +1650,6 @@ mod stall_parts_impl {
     }
 }
 
-/// (Review rvparts.) Long writes (in request parts, kind 4) caught on the lane when it
-/// falls. A statfs holds the server's service thread while three MAX_WRITE writes are
-/// queued behind it: more parts than the command window, so the third is only partly
-/// sent. Then the first write, run once the statfs ends, stalls until the lane has
-/// fallen and the server has given it up (fenced); the second completes after that and
-/// the third's first parts are gathered. None of them runs late (a newer write stays),
-/// and the gathered parts of the old lane do not spoil the next one: once it is set up
-/// again long writes ride it, whole and at their place.
 /// Wait (at most 10 s) until `f` holds of the gate's state.
 fn wait_gate(gate: &PartsGate, what: &str, f: impl Fn(&PartsGateState) -> bool) {
     let (m, cv) = &**gate;
@@ -1698,6 +1671,14 @@ fn set_gate(gate: &PartsGate, f: impl FnOnce(&mut PartsGateState)) {
     cv.notify_all();
 }
 
+/// (Review rvparts.) Long writes (in request parts, kind 4) caught on the lane when it
+/// falls. A statfs holds the server's service thread while three MAX_WRITE writes are
+/// queued behind it: more parts than the command window, so the third is only partly
+/// sent. Then the first write, run once the statfs ends, stalls until the lane has
+/// fallen and the server has given it up (fenced); the second completes after that and
+/// the third's first parts are gathered. None of them runs late (a newer write stays),
+/// and the gathered parts of the old lane do not spoil the next one: once it is set up
+/// again long writes ride it, whole and at their place.
 #[test]
 fn long_writes_caught_in_parts_when_the_lane_falls_neither_run_late_nor_spoil_the_next_lane() {
     if !l2_ready() {
@@ -1715,9 +1696,7 @@ fn long_writes_caught_in_parts_when_the_lane_falls_neither_run_late_nor_spoil_th
         .cli
         .run(move || {
             const LONG: usize = MAX_WRITE as usize;
-            let c = Arc::new(Client::new(client_cfg(&addr, CLI_IF)));
-            c.connect().unwrap();
-            assert!(c.l2_status().expect("the lane was set up").0);
+            let c = Arc::new(lane_client(&addr));
             let f = create(&c, "f");
             write(&c, &f, 0, &[b'o'; LONG]);
             assert_eq!(l2_count(&c, Op::Write), 1, "a long write rides the lane");
