@@ -586,7 +586,7 @@ impl L2Lane {
         // Parts of one request are queued together (under the lane's lock), so the
         // server gathers them one request at a time.
         let sent = match split_request(cmd, MAX_COMMAND) {
-            Ok(parts) => inner.ep.send_commands(&parts).map_err(|e| e.to_string()),
+            Ok(parts) => inner.ep.send_commands(parts).map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),
         };
         if let Err(e) = sent {

@@ -717,15 +717,16 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
     }
 
     /// Queue several commands one right after the other (the parts of one message), or
-    /// none of them: every size and the room in the queue are checked first.
-    pub fn send_commands(&mut self, parts: &[Vec<u8>]) -> Result<(), L2Error> {
+    /// none of them: every size and the room in the queue are checked first. Taken by
+    /// value: the parts are queued as they are, not copied.
+    pub fn send_commands(&mut self, parts: Vec<Vec<u8>>) -> Result<(), L2Error> {
         if let Some(p) = parts.iter().find(|p| p.is_empty() || p.len() > MAX_COMMAND) {
             return Err(L2Error::CommandSize(p.len()));
         }
         if self.c_queue.len() + parts.len() > MAX_QUEUED_COMMANDS {
             return Err(L2Error::Busy);
         }
-        self.c_queue.extend(parts.iter().cloned());
+        self.c_queue.extend(parts);
         Ok(())
     }
 

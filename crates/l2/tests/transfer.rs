@@ -707,7 +707,7 @@ fn commands_until(n: &mut Net, to_a: bool, want: usize) -> Vec<Vec<u8>> {
 fn a_message_in_parts_is_queued_whole_and_arrives_in_order() {
     let mut n = net(Injector::none(2), 64, b"k");
     let parts: Vec<Vec<u8>> = (0..12).map(|i| pattern(i, MAX_COMMAND)).collect();
-    n.a.send_commands(&parts).unwrap();
+    n.a.send_commands(parts.clone()).unwrap();
     assert_eq!(commands_until(&mut n, false, parts.len()), parts);
     assert_eq!(
         n.a.stats().command_kicks,
@@ -718,18 +718,18 @@ fn a_message_in_parts_is_queued_whole_and_arrives_in_order() {
     let mut bad = parts.clone();
     bad[5] = vec![0; MAX_COMMAND + 1];
     assert!(matches!(
-        n.a.send_commands(&bad),
+        n.a.send_commands(bad.clone()),
         Err(L2Error::CommandSize(_))
     ));
     bad[5] = Vec::new();
     assert!(matches!(
-        n.a.send_commands(&bad),
+        n.a.send_commands(bad.clone()),
         Err(L2Error::CommandSize(0))
     ));
     for i in 0..MAX_QUEUED_COMMANDS - parts.len() + 1 {
         n.a.send_command(&pattern(i as u64, 8)).unwrap();
     }
-    assert!(matches!(n.a.send_commands(&parts), Err(L2Error::Busy)));
+    assert!(matches!(n.a.send_commands(parts), Err(L2Error::Busy)));
     let mut lossy = net(Injector::rates(7, 50_000, 20_000, 20_000), 64, b"k");
     let msgs: Vec<Vec<Vec<u8>>> = (0..40u64)
         .map(|m| {
@@ -739,7 +739,7 @@ fn a_message_in_parts_is_queued_whole_and_arrives_in_order() {
         })
         .collect();
     for m in &msgs {
-        lossy.a.send_commands(m).unwrap();
+        lossy.a.send_commands(m.clone()).unwrap();
     }
     let want: Vec<Vec<u8>> = msgs.concat();
     assert_eq!(commands_until(&mut lossy, false, want.len()), want);
