@@ -326,21 +326,32 @@ fn channel_cost(a: &RemoteArgs, zcfs: &Path, net: &Pair, secs: f64) -> Result<()
     )
 }
 
-pub fn run(a: &RemoteArgs) -> Result<()> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        bail!("zcfs-bench remote needs root (it creates network namespaces)");
-    }
-    let zcfs = match &a.zcfs {
-        Some(p) => p.clone(),
+/// The zcfs binary: `given`, else the one next to this program.
+pub(crate) fn zcfs_path(given: Option<&Path>) -> Result<PathBuf> {
+    Ok(match given {
+        Some(p) => p.to_path_buf(),
         None => std::env::current_exe()?.with_file_name("zcfs"),
-    };
+    })
+}
+
+/// [`zcfs_path`], which must exist.
+pub(crate) fn zcfs_binary(given: Option<&Path>) -> Result<PathBuf> {
+    let zcfs = zcfs_path(given)?;
     if !zcfs.exists() {
         bail!(
             "{} not found: build it with `cargo build --release` or pass --zcfs",
             zcfs.display()
         );
     }
+    Ok(zcfs)
+}
+
+pub fn run(a: &RemoteArgs) -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("zcfs-bench remote needs root (it creates network namespaces)");
+    }
+    let zcfs = zcfs_binary(a.zcfs.as_deref())?;
     let secs = a.seconds.unwrap_or(if a.short { 0.5 } else { 1.5 });
     let repeat = a.repeat.unwrap_or(if a.short { 1 } else { 3 });
     for t in &a.transport {

@@ -618,26 +618,25 @@ pub fn fio_row(txt: &str, fs_cpu: Duration) -> Result<Row> {
     let fio_cpu = (job["usr_cpu"].as_f64().unwrap_or(0.0) + job["sys_cpu"].as_f64().unwrap_or(0.0))
         / 100.0
         * secs;
-    let mut lat = Vec::new();
-    let mut r = row(
-        MOUNT,
-        "read",
-        "rand",
-        SIZE,
-        1,
-        &mut lat,
-        Duration::from_secs(1),
-        0,
-    );
-    r.ops = ops;
-    r.p50_us = p("50.000000")?;
-    r.p99_us = p("99.000000")?;
-    r.mean_us = rd["lat_ns"]["mean"].as_f64().unwrap_or(0.0) / 1e3;
-    r.mb_s = rd["bw_bytes"].as_f64().unwrap_or(0.0) / 1e6;
-    if ops > 0 {
-        r.cpu_us_per_op = (fio_cpu + fs_cpu.as_secs_f64()) * 1e6 / ops as f64;
-    }
-    Ok(r)
+    Ok(Row {
+        system: MOUNT.into(),
+        op: "read".into(),
+        pattern: "rand".into(),
+        size: SIZE,
+        qd: 1,
+        ops,
+        mean_us: rd["lat_ns"]["mean"].as_f64().unwrap_or(0.0) / 1e3,
+        p50_us: p("50.000000")?,
+        p99_us: p("99.000000")?,
+        mb_s: rd["bw_bytes"].as_f64().unwrap_or(0.0) / 1e6,
+        cpu_us_per_op: if ops > 0 {
+            (fio_cpu + fs_cpu.as_secs_f64()) * 1e6 / ops as f64
+        } else {
+            0.0
+        },
+        transport: None,
+        l2_poll: None,
+    })
 }
 
 /// One mount case: mount (with the lane if asked; again while the server still serves
@@ -908,13 +907,7 @@ pub fn run(a: &RemoteMountArgs) -> Result<()> {
     if unsafe { libc::geteuid() } != 0 {
         bail!("zcfs-bench remote-mount needs root (network namespaces, mounts)");
     }
-    let zcfs = match &a.zcfs {
-        Some(p) => p.clone(),
-        None => std::env::current_exe()?.with_file_name("zcfs"),
-    };
-    if !zcfs.exists() {
-        bail!("{} not found: build it or pass --zcfs", zcfs.display());
-    }
+    let zcfs = crate::remote::zcfs_binary(a.zcfs.as_deref())?;
     if !(0.05..=600.0).contains(&a.seconds) {
         bail!("--seconds {}: 0.05 to 600", a.seconds);
     }

@@ -534,10 +534,7 @@ pub fn run(p: Params, zcfs: Option<PathBuf>) -> Result<(Vec<ShRow>, Vec<String>)
         rows.extend(sh_rows.iter().filter(|r| r.path == path).cloned());
     }
     // FUSE on a local mount of another image of the same kind.
-    let zcfs = match zcfs {
-        Some(z) => z,
-        None => std::env::current_exe()?.with_file_name("zcfs"),
-    };
+    let zcfs = crate::remote::zcfs_path(zcfs.as_deref())?;
     if !zcfs.exists() {
         skipped.push(format!("fuse-local: {} not found", zcfs.display()));
     } else if !Path::new("/dev/fuse").exists() {
