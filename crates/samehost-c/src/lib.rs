@@ -166,6 +166,16 @@ macro_rules! try_ffi {
     };
 }
 
+/// The value of a library call, or return its error as a negative errno.
+macro_rules! try_neg {
+    ($e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(e) => return neg(&e),
+        }
+    };
+}
+
 /// Connect to the same-host socket at `path` (a NUL-terminated path). Returns NULL and
 /// sets errno on failure.
 ///
@@ -506,13 +516,8 @@ pub unsafe extern "C" fn zcfs_zcopy_to(
         if out.is_null() || out_n.is_null() || out_lease.is_null() {
             return EINVAL;
         }
-        if let Err(e) = h.c.direct_map() {
-            return neg(&e);
-        }
-        let lv = match h.c.read_extents(file, off, len) {
-            Ok(lv) => lv,
-            Err(e) => return neg(&e),
-        };
+        try_neg!(h.c.direct_map());
+        let lv = try_neg!(h.c.read_extents(file, off, len));
         // SAFETY: non-NULL and writable per the contract.
         unsafe { out_n.write(lv.extents.len()) };
         if lv.extents.len() > cap {
@@ -576,13 +581,8 @@ pub unsafe extern "C" fn zcfs_read_mapped(
         if out.is_null() || out_n.is_null() {
             return EINVAL;
         }
-        if let Err(e) = h.c.direct_map() {
-            return neg(&e);
-        }
-        let pieces = match h.c.read_mapped(file, off, len) {
-            Ok(p) => p,
-            Err(e) => return neg(&e),
-        };
+        try_neg!(h.c.direct_map());
+        let pieces = try_neg!(h.c.read_mapped(file, off, len));
         // SAFETY: non-NULL and writable per the contract.
         unsafe { out_n.write(pieces.len()) };
         if pieces.len() > cap {
@@ -664,13 +664,8 @@ pub unsafe extern "C" fn zcfs_zcopy_from(
         if out_id.is_null() || pages == 0 || pages > ZCFS_RESERVE_MAX {
             return EINVAL;
         }
-        if let Err(e) = h.c.direct_map() {
-            return neg(&e);
-        }
-        let mut r = match h.c.reserve(pages) {
-            Ok(r) => r,
-            Err(e) => return neg(&e),
-        };
+        try_neg!(h.c.direct_map());
+        let mut r = try_neg!(h.c.reserve(pages));
         let whole = r
             .window()
             .as_mut_slice()
