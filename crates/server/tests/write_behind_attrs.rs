@@ -33,8 +33,10 @@ impl Backend for HeldWrites {
     ) -> Result<u32> {
         let (m, cv) = &*self.gate;
         let mut open = m.lock().unwrap();
-        while !*open {
-            open = cv.wait(open).unwrap();
+        // Bounded: a test that fails before opening the gate must not hang the server.
+        let t = std::time::Instant::now();
+        while !*open && t.elapsed() < Duration::from_secs(30) {
+            open = cv.wait_timeout(open, Duration::from_millis(50)).unwrap().0;
         }
         drop(open);
         self.inner.write_with(c, i, fh, o, payload)
