@@ -671,23 +671,10 @@ fn the_read_only_image_descriptor_cannot_write() {
         let fds = direct_map_raw(&s.sock);
         assert_eq!(fds.len(), 3);
         assert!(rustix::io::pwrite(fds[2].as_fd(), b"x", 0).is_err());
-        // SAFETY: asking for a writable shared mapping of the counters; checked, and
-        // unmapped if the kernel wrongly gave one.
-        let w = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                4096,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                std::os::fd::AsRawFd::as_raw_fd(&fds[2]),
-                0,
-            )
-        };
-        if w != libc::MAP_FAILED {
-            // SAFETY: the mapping just made.
-            unsafe { libc::munmap(w, 4096) };
-            panic!("the change counters could be mapped writable");
-        }
+        assert!(
+            !maps_writable(fds[2].as_fd()),
+            "the change counters could be mapped writable"
+        );
         let mode = |i: usize| rustix::fs::fcntl_getfl(fds[i].as_fd()).unwrap();
         assert!(!mode(0).contains(rustix::fs::OFlags::WRONLY));
         assert!(!mode(0).contains(rustix::fs::OFlags::RDWR));
@@ -860,26 +847,35 @@ fn child_counters_reopener() {
                 println!("RESIZED");
                 let _ = rustix::fs::ftruncate(f.as_fd(), size);
             }
-            // SAFETY: asking for a writable shared mapping; checked, unmapped at once.
-            let w = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    4096,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_SHARED,
-                    std::os::fd::AsRawFd::as_raw_fd(&f),
-                    0,
-                )
-            };
-            if w != libc::MAP_FAILED {
+            if maps_writable(f.as_fd()) {
                 println!("MAPPED-RW");
-                // SAFETY: the mapping just made.
-                unsafe { libc::munmap(w, 4096) };
             }
         }
         Err(e) => println!("reopen refused: {e}"),
     }
     println!("CHILD-OK");
+}
+
+/// Whether `fd` can be mapped writable and shared (the mapping, if made, is undone).
+fn maps_writable(fd: std::os::fd::BorrowedFd<'_>) -> bool {
+    // SAFETY: asking the kernel for a new shared mapping of 4096 bytes of `fd`; nothing
+    // is read or written through it, and it is unmapped at once if made.
+    let w = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            0,
+        )
+    };
+    if w == libc::MAP_FAILED {
+        return false;
+    }
+    // SAFETY: the mapping just made, not used.
+    unsafe { libc::munmap(w, 4096) };
+    true
 }
 
 /// (Review finding.) The change counters' descriptor is read-only, and opening the
