@@ -297,19 +297,22 @@ pub fn tag_key_material(secret: Option<&[u8]>, nonce: &[u8]) -> Vec<u8> {
 /// For the fuzz target: arbitrary bytes as a stream of commands from a peer (each
 /// prefixed by a length byte), gathered and decoded as the server and the client do.
 /// Never a panic; the gathered parts never exceed [`MAX_REQUEST`], and a request they
-/// give back whole is what a sender's split of it gives.
-pub fn exercise(data: &[u8]) {
+/// give back whole is what a sender's split of it gives. Returns how many requests came
+/// back whole and decoded.
+pub fn exercise(data: &[u8]) -> usize {
     let mut r = Reassembly::default();
+    let mut requests = 0;
     let mut rest = data;
     while let Some((&n, tail)) = rest.split_first() {
         let n = (n as usize).min(tail.len());
         let (cmd, tail) = tail.split_at(n);
         rest = tail;
         let _ = decode_reply(cmd);
-        // A command that is a part: also as if it were the last one, from the parts
-        // of a fresh request.
+        // As the server takes it: a whole request (one command, or its last part) is
+        // decoded, then split and gathered again.
         if let Ok(Some(whole)) = r.take(cmd.to_vec()) {
             if let Ok(q) = decode_request(&whole) {
+                requests += 1;
                 assert_eq!(
                     whole.len(),
                     request_len(q.body.len(), q.data.len()),
@@ -326,6 +329,7 @@ pub fn exercise(data: &[u8]) {
         }
         assert!(r.buf.len() <= MAX_REQUEST);
     }
+    requests
 }
 
 #[cfg(test)]
@@ -486,7 +490,7 @@ mod tests {
         fn the_command_decoders_take_any_bytes(
             data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..4000)
         ) {
-            exercise(&data);
+            let _ = exercise(&data);
         }
     }
 
@@ -501,7 +505,11 @@ mod tests {
             stream.push(p.len() as u8);
             stream.extend_from_slice(&p);
         }
-        exercise(&stream);
+        assert_eq!(
+            exercise(&stream),
+            1,
+            "the request after the garbage comes back"
+        );
     }
 
     #[test]
