@@ -385,6 +385,24 @@ impl<'a> Node<'a> {
         }
     }
 
+    /// Whether this is a local path (not a file on a server).
+    pub fn is_local(&self) -> bool {
+        matches!(self, Node::Local(_))
+    }
+
+    /// Open this existing local device or fifo to write into it, in order, as cp does
+    /// (`/dev/null`, a pipe): neither replaced nor emptied, and its mode and times are
+    /// left as they are ([`Writer::finish`]). A file on a server: EINVAL.
+    pub fn open_write_through(&self) -> Result<Writer<'a>> {
+        match self {
+            Node::Local(p) => Ok(Writer::Stream(OpenOptions::new().write(true).open(p)?)),
+            Node::Remote(_) => Err(Error::new(
+                libc::EINVAL,
+                "a file on a server is not written through",
+            )),
+        }
+    }
+
     /// Create regular file `name` here with permission bits `mode` (masked by the
     /// umask, as a local create is).
     pub fn create(&self, name: &OsStr, mode: u32) -> Result<Writer<'a>> {
@@ -514,6 +532,8 @@ impl<'a> Source for Reader<'a> {
 pub enum Writer<'a> {
     Local(File, PathBuf),
     Remote(RemoteFile<'a>),
+    /// A local device or fifo, written in order (no offsets: a pipe has none).
+    Stream(File),
 }
 
 pub enum Written<'a> {
@@ -532,6 +552,10 @@ impl<'a> Sink for Writer<'a> {
             Writer::Remote(f) => Ok(Written::Ticket(
                 f.r.fs.submit_write(&f.r.ctx, f.ino, f.fh, offset, data)?,
             )),
+            Writer::Stream(f) => {
+                std::io::Write::write_all(f, data)?;
+                Ok(Written::Done(data.len()))
+            }
         }
     }
     fn wait(&mut self, p: Written<'a>) -> Result<usize> {
@@ -548,6 +572,8 @@ impl Writer<'_> {
     pub fn finish(self, finish: &Finish) -> Result<()> {
         match self {
             Writer::Local(f, p) => set_local(&f, &p, finish),
+            // A device's or fifo's own mode and times are not the copy's.
+            Writer::Stream(_) => Ok(()),
             Writer::Remote(f) => {
                 let set = finish.set_attr();
                 if !set.is_empty() {

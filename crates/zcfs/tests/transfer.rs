@@ -374,6 +374,59 @@ fn trees_copy_recursively_both_ways_and_between_servers() {
     );
 }
 
+/// A copy onto an existing device or fifo writes into it, as cp does (`zcfs cp SRV:/f
+/// /dev/null` to time a read): it does not unlink the node and put a regular file in
+/// its place, nor change its mode or times, even with -p. (Found when a benchmark's
+/// `zcfs cp ... /dev/null` as root replaced the machine's /dev/null.)
+#[test]
+fn a_copy_onto_a_device_or_fifo_writes_into_it_and_leaves_the_node() {
+    use std::os::unix::fs::FileTypeExt;
+    let net = Net::new();
+    let srv = Server::start(&net, "devnull", 7076, "1G", false);
+    let d = scratch("devnull");
+    let data = pattern((5 << 20) / 2 + 77, 9); // several chunks, so order matters
+    fs::write(d.join("f"), &data).unwrap();
+    ok(zcfs_in(
+        &net,
+        &srv,
+        "cp",
+        &[s(&d.join("f")), &srv.at(&net, "/f")],
+    ));
+    // A null device of our own (c 1 3), mode 0666.
+    let null = d.join("null");
+    let c = std::ffi::CString::new(s(&null)).unwrap();
+    // SAFETY: a NUL-terminated path; makes a device node, nothing else.
+    assert_eq!(
+        unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) },
+        0
+    );
+    fs::set_permissions(&null, fs::Permissions::from_mode(0o666)).unwrap();
+    let from = srv.at(&net, "/f");
+    for extra in [&[][..], &["-p"][..]] {
+        let mut args = extra.to_vec();
+        args.extend([from.as_str(), s(&null)]);
+        ok(zcfs_in(&net, &srv, "cp", &args));
+        let m = fs::symlink_metadata(&null).unwrap();
+        assert!(
+            m.file_type().is_char_device(),
+            "{extra:?}: the device was replaced"
+        );
+        assert_eq!(m.mode() & 0o7777, 0o666, "{extra:?}: its mode changed");
+    }
+    // A fifo: the bytes come out of it, in order.
+    let fifo = d.join("fifo");
+    let c = std::ffi::CString::new(s(&fifo)).unwrap();
+    // SAFETY: a NUL-terminated path; makes a fifo.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || fs::read(&fifo).unwrap())
+    };
+    ok(zcfs_in(&net, &srv, "cp", &[&from, s(&fifo)]));
+    assert!(reader.join().unwrap() == data, "the fifo's bytes differ");
+    assert!(fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo());
+}
+
 #[test]
 fn preserve_keeps_mode_and_times_and_without_it_the_umask_applies() {
     let net = Net::new();

@@ -230,6 +230,14 @@ impl<'a> Copier<'a> {
                 ))
             }
             Some((n, a)) if a.kind() == libc::S_IFREG => n.open_write()?,
+            // A local device or fifo (/dev/null, a pipe) is written into, as cp does;
+            // replacing it would put a regular file where a device node was.
+            Some((n, a))
+                if n.is_local()
+                    && matches!(a.kind(), libc::S_IFCHR | libc::S_IFBLK | libc::S_IFIFO) =>
+            {
+                n.open_write_through()?
+            }
             Some(_) => {
                 // A symlink or another kind where the file goes: replaced.
                 dir.unlink(name)?;
