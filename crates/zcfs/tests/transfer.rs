@@ -427,6 +427,136 @@ fn a_copy_onto_a_device_or_fifo_writes_into_it_and_leaves_the_node() {
     assert!(fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo());
 }
 
+/// A socket where the copy goes is not unlinked and replaced by a regular file (a
+/// daemon's /dev/log or /run/...sock as root); as cp, the copy fails (ENXIO) and the
+/// socket stays, also inside a directory a tree is copied into.
+#[test]
+fn a_copy_onto_a_socket_fails_and_leaves_it() {
+    use std::os::unix::fs::FileTypeExt;
+    let net = Net::new();
+    let srv = Server::start(&net, "sock", 7080, "1G", false);
+    let d = scratch("sock");
+    fs::write(d.join("f"), b"data").unwrap();
+    fs::create_dir(d.join("t")).unwrap();
+    fs::write(d.join("t/sock"), b"data").unwrap();
+    ok(zcfs_in(
+        &net,
+        &srv,
+        "cp",
+        &[s(&d.join("f")), &srv.at(&net, "/f")],
+    ));
+    ok(zcfs_in(
+        &net,
+        &srv,
+        "cp",
+        &["-r", s(&d.join("t")), &srv.at(&net, "/t")],
+    ));
+    fs::create_dir(d.join("into")).unwrap();
+    fs::create_dir(d.join("into/t")).unwrap();
+    let _a = std::os::unix::net::UnixListener::bind(d.join("sock")).unwrap();
+    let _b = std::os::unix::net::UnixListener::bind(d.join("into/t/sock")).unwrap();
+    let o = zcfs_in(&net, &srv, "cp", &[&srv.at(&net, "/f"), s(&d.join("sock"))]);
+    fails(o, 1, &["sock", "socket"]);
+    let o = zcfs_in(
+        &net,
+        &srv,
+        "cp",
+        &["-r", &srv.at(&net, "/t"), s(&d.join("into"))],
+    );
+    fails(o, 1, &["sock", "socket"]);
+    for p in ["sock", "into/t/sock"] {
+        let m = fs::symlink_metadata(d.join(p)).unwrap();
+        assert!(m.file_type().is_socket(), "{p}: the socket was replaced");
+    }
+}
+
+/// A source that cannot be read is found out before the destination is touched, as
+/// cp does: an existing file is not emptied, a symlink there not removed, and a fifo
+/// with no reader is not opened (the copy would wait for a reader before failing).
+#[test]
+fn an_unreadable_source_leaves_the_destination_untouched() {
+    let net = Net::new();
+    // Root is squashed to nobody: 1000's 0600 file cannot be read.
+    let srv = Server::start(&net, "unreadable", 7081, "1G", true);
+    srv.lib(&net, |fs| {
+        let (a, fh) = fs
+            .create(
+                &ctx(),
+                ROOT,
+                b"private",
+                libc::S_IFREG | 0o600,
+                libc::O_WRONLY,
+            )
+            .unwrap();
+        fs.write(&ctx(), a.ino, fh, 0, b"secret").unwrap();
+        fs.release(a.ino, fh).unwrap();
+    });
+    let private = srv.at(&net, "/private");
+    let d = scratch("unreadable");
+    fs::write(d.join("keep"), b"kept").unwrap();
+    std::os::unix::fs::symlink("keep", d.join("link")).unwrap();
+    for to in ["keep", "link", "new"] {
+        let o = zcfs_in(&net, &srv, "cp", &[&private, s(&d.join(to))]);
+        fails(o, 1, &["Permission denied"]);
+    }
+    assert_eq!(fs::read(d.join("keep")).unwrap(), b"kept", "emptied");
+    assert!(fs::symlink_metadata(d.join("link")).unwrap().is_symlink());
+    assert!(!d.join("new").exists(), "an empty file was made");
+    let fifo = d.join("fifo");
+    let c = std::ffi::CString::new(s(&fifo)).unwrap();
+    // SAFETY: a NUL-terminated path; makes a fifo.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    let mut child = net
+        .cli_command(zcfs_bin())
+        .arg("cp")
+        .arg("--secret-file")
+        .arg(&srv.secret)
+        .args([&private, s(&fifo)])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("cp of an unreadable file onto a fifo with no reader hung");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    fails(child.wait_with_output().unwrap(), 1, &["Permission denied"]);
+}
+
+/// A file and a symlink to it on another file system are the same file: a copy of one
+/// onto the other is refused, not emptied (the device compared is the followed one
+/// when the symlink was followed).
+#[test]
+fn a_copy_onto_itself_through_a_symlink_across_file_systems_is_refused() {
+    let d = scratch("selflink");
+    // /dev/shm is a tmpfs, the scratch directory another file system.
+    let shm_dir = Scratch(PathBuf::from(format!(
+        "/dev/shm/zcfs-transfer-selflink-{}",
+        std::process::id()
+    )));
+    fs::create_dir_all(&*shm_dir).unwrap();
+    let shm = shm_dir.join("f");
+    fs::write(&shm, b"precious").unwrap();
+    if fs::metadata(&*shm_dir).unwrap().dev() == fs::metadata(&*d).unwrap().dev() {
+        eprintln!("skipped: {} and /dev/shm are one file system", d.display());
+        return;
+    }
+    std::os::unix::fs::symlink(&shm, d.join("link")).unwrap();
+    for (from, to) in [(shm.clone(), d.join("link")), (d.join("link"), shm.clone())] {
+        let o = std::process::Command::new(zcfs_bin())
+            .args(["cp", s(&from), s(&to)])
+            .output()
+            .unwrap();
+        fails(o, 1, &["the same file"]);
+        assert_eq!(fs::read(&shm).unwrap(), b"precious", "{from:?} onto {to:?}");
+    }
+}
+
 #[test]
 fn preserve_keeps_mode_and_times_and_without_it_the_umask_applies() {
     let net = Net::new();

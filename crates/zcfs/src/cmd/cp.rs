@@ -27,7 +27,9 @@ receives each SRC under its own name. Without -r a directory is not copied and a
 is followed; with -r directories are copied with their contents, symlinks are made again \
 as symlinks, and other kinds (fifos, sockets, devices) are skipped with a warning. \
 Without -p a new file gets the source's permission bits less the umask, an existing file \
-keeps its own; -p sets mode and access and modification times as the source's.
+keeps its own; -p sets mode and access and modification times as the source's. An \
+existing local device or fifo where a file goes is written into, its mode and times kept \
+(also with -p); a socket there is an error, not replaced.
 
 Files are moved in chunks of the server's largest I/O (at most 1 MiB), 16 in flight. A \
 file written on a server is made durable (fsync) before cp counts it copied. Sparse files \
@@ -222,6 +224,9 @@ impl<'a> Copier<'a> {
         name: &OsStr,
         existing: Option<(Node<'a>, Attr)>,
     ) -> zcfs_backend::Result<()> {
+        // The source first, as cp: one that cannot be read leaves the destination as it
+        // was (not emptied, not replaced, a fifo with no reader not waited on).
+        let mut reader = src.open_read()?;
         let mut writer = match existing {
             Some((_, a)) if a.is_dir() => {
                 return Err(Error::new(
@@ -238,6 +243,14 @@ impl<'a> Copier<'a> {
             {
                 n.open_write_through()?
             }
+            // A local socket (/dev/log, a daemon's) cannot be written into and is not
+            // replaced by a file: cp fails there too (ENXIO).
+            Some((n, a)) if n.is_local() && a.kind() == libc::S_IFSOCK => {
+                return Err(Error::new(
+                    libc::ENXIO,
+                    "a socket is there; it is not replaced by a file",
+                ))
+            }
             Some(_) => {
                 // A symlink or another kind where the file goes: replaced.
                 dir.unlink(name)?;
@@ -245,7 +258,6 @@ impl<'a> Copier<'a> {
             }
             None => dir.create(name, sa.mode & 0o777)?,
         };
-        let mut reader = src.open_read()?;
         let chunk = CHUNK_MAX.min(src.max_io()?).min(dir.max_io()?);
         let bar = self.bar(shown, sa.size);
         copy_data(&mut reader, &mut writer, sa.size, chunk, WINDOW, &mut |n| {
@@ -397,8 +409,18 @@ fn same_file(a: (&Node<'_>, &Attr), b: (&Node<'_>, &Attr)) -> bool {
     }
     match (a.0, b.0) {
         (Node::Local(x), Node::Local(y)) => {
-            let dev = |p: &PathBuf| std::fs::symlink_metadata(p).map(|m| m.dev()).ok();
-            dev(x).is_some() && dev(x) == dev(y)
+            // The device of what the attributes describe: a symlink's own, or (it was
+            // followed) its target's, which may be on another file system.
+            let dev = |p: &PathBuf, at: &Attr| {
+                if at.kind() == libc::S_IFLNK {
+                    std::fs::symlink_metadata(p)
+                } else {
+                    std::fs::metadata(p)
+                }
+                .map(|m| m.dev())
+                .ok()
+            };
+            dev(x, a.1).is_some() && dev(x, a.1) == dev(y, b.1)
         }
         (Node::Remote(_), Node::Remote(_)) => a.0.same_server(b.0),
         _ => false,
