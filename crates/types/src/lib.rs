@@ -195,6 +195,13 @@ pub fn errno_name(e: i32) -> &'static str {
         libc::EBUSY => "EBUSY",
         libc::E2BIG => "E2BIG",
         libc::EMFILE => "EMFILE",
+        libc::ENXIO => "ENXIO",
+        libc::ENODEV => "ENODEV",
+        libc::EPIPE => "EPIPE",
+        libc::ELOOP => "ELOOP",
+        libc::ESPIPE => "ESPIPE",
+        libc::EXDEV => "EXDEV",
+        libc::ETXTBSY => "ETXTBSY",
         _ => "errno",
     }
 }
