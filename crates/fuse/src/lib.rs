@@ -131,7 +131,10 @@ impl FuseFs {
             uid: self.opts.uid.unwrap_or(a.uid),
             gid: self.opts.gid.unwrap_or(a.gid),
             rdev: a.rdev,
-            blksize: a.blksize,
+            blksize: match kind(a.mode) {
+                FileType::RegularFile => a.blksize.max(preferred_io_size(self.opts.max_write)),
+                _ => a.blksize,
+            },
             flags: 0,
         }
     }
@@ -220,6 +223,17 @@ impl FuseFs {
         answer(reply, r, |reply, a| {
             reply.attr(&self.ttl_of(a.ino), &self.shown_attr(&a))
         })
+    }
+}
+
+/// The I/O size a regular file shows as `st_blksize`: the largest power of two that one
+/// FUSE write may carry (1 MiB by default), as NFS shows its wsize. Tools size their
+/// buffers by it: `cp` wrote 128 KiB per call with the volume's 4 KiB block size, and
+/// each write through the mount is a round trip's worth of overhead.
+pub fn preferred_io_size(max_write: u32) -> u32 {
+    match max_write {
+        0 => 0,
+        n => 1 << (31 - n.leading_zeros()),
     }
 }
 
@@ -931,5 +945,21 @@ impl Filesystem for FuseFs {
             self.backend.lseek(ino.0, fh.0, off, whence),
             |reply, o| reply.offset(o as i64),
         )
+    }
+}
+
+#[cfg(test)]
+mod io_size_tests {
+    use super::preferred_io_size;
+
+    #[test]
+    fn the_preferred_io_size_is_the_largest_power_of_two_a_write_carries() {
+        assert_eq!(preferred_io_size(1 << 20), 1 << 20);
+        assert_eq!(preferred_io_size((1 << 20) - 1), 1 << 19);
+        assert_eq!(preferred_io_size(200_000), 131_072);
+        assert_eq!(preferred_io_size(4096), 4096);
+        assert_eq!(preferred_io_size(1), 1);
+        assert_eq!(preferred_io_size(0), 0);
+        assert_eq!(preferred_io_size(u32::MAX), 1 << 31);
     }
 }

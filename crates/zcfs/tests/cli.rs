@@ -122,3 +122,38 @@ fn sigkill_of_a_writer_leaves_a_recoverable_volume_with_fsynced_data() {
         let _ = std::fs::remove_file(&img);
     }
 }
+
+/// mkfs allocates a file image (and on tmpfs clears its pages now, a step of 64 MiB at a
+/// time): an image one step and a part long comes out whole, allocated and clean;
+/// `--sparse` leaves it sparse.
+#[test]
+fn mkfs_allocates_and_clears_an_image_past_one_step_and_sparse_leaves_it_sparse() {
+    use std::os::unix::fs::MetadataExt;
+    let size: u64 = (64 << 20) + (4 << 20);
+    let img = scratch("mkfs-clear");
+    run_ok(
+        zcfs()
+            .arg("mkfs")
+            .arg(&img)
+            .args(["--size", &size.to_string()]),
+    );
+    let md = std::fs::metadata(&img).unwrap();
+    assert_eq!(md.len(), size);
+    assert!(
+        md.blocks() * 512 >= size,
+        "allocated {} of {size}",
+        md.blocks() * 512
+    );
+    assert_fsck_clean(&img, "");
+    let sparse = scratch("mkfs-sparse");
+    run_ok(
+        zcfs()
+            .arg("mkfs")
+            .arg(&sparse)
+            .args(["--size", &size.to_string(), "--sparse"]),
+    );
+    assert!(std::fs::metadata(&sparse).unwrap().blocks() * 512 < size / 2);
+    assert_fsck_clean(&sparse, "");
+    let _ = std::fs::remove_file(&img);
+    let _ = std::fs::remove_file(&sparse);
+}

@@ -524,3 +524,38 @@ fn unmount_then_mount_again_at_once_keeps_the_new_mount() {
     // The daemon closes the volume cleanly once it sees the unmount.
     wait_until_closed_cleanly(&image);
 }
+
+/// A regular file shows the mount's largest write (1 MiB by default, `-o max_write=`
+/// rounded down to a power of two) as its preferred I/O size, as NFS shows its wsize, so
+/// that tools which size their buffers by `st_blksize` (cp, stdio) write in large calls;
+/// directories keep the volume's block size. `cp` then writes in 1 MiB calls.
+#[test]
+fn regular_files_show_the_largest_write_as_their_io_size() {
+    let mut m = Mount::volume("blksize", "1G", &[]);
+    fs::write(m.path("f"), b"x").unwrap();
+    fs::create_dir(m.path("d")).unwrap();
+    assert_eq!(fs::metadata(m.path("f")).unwrap().blksize(), 1 << 20);
+    assert_eq!(fs::metadata(m.path("d")).unwrap().blksize(), 4096);
+    // cp sizes its buffer by the destination's st_blksize: the mount counts its writes.
+    let writes = || -> u64 {
+        let out = run_ok(zcfs().arg("stat").arg(&m.mp).arg("--json"));
+        let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        r["ops"]["write"]["count"].as_u64().unwrap_or(0)
+    };
+    let before = writes();
+    let src = std::env::temp_dir().join(unique("blksize-src"));
+    fs::write(&src, vec![7u8; 4 << 20]).unwrap();
+    sh(&format!(
+        "cp {} {}",
+        src.display(),
+        m.path("copy").display()
+    ));
+    fs::remove_file(&src).unwrap();
+    assert_eq!(writes() - before, 4, "FUSE writes of cp's 4 MiB");
+    assert_eq!(fs::read(m.path("copy")).unwrap(), vec![7u8; 4 << 20]);
+    m.stop();
+    let mut m = Mount::volume_with("blksize-mw", "1G", &[], &["-o", "max_write=200000"]);
+    fs::write(m.path("f"), b"x").unwrap();
+    assert_eq!(fs::metadata(m.path("f")).unwrap().blksize(), 131072);
+    m.stop();
+}
