@@ -30,8 +30,7 @@ pub struct MkfsArgs {
     root_mode: Option<u32>,
     /// Leave a file image sparse: its memory is taken as it is written (by default it
     /// is allocated now, so a full /dev/shm is found here rather than by the server
-    /// getting SIGBUS on a write, and on tmpfs its pages are cleared now, so no write
-    /// pays for clearing fresh pages).
+    /// getting SIGBUS on a write, and no write pays for clearing fresh pages).
     #[arg(long)]
     sparse: bool,
 }
@@ -139,70 +138,6 @@ fn preallocate(image: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Bytes cleared per step by [`clear_on_tmpfs`]: one mapping of this size at a time keeps
-/// the page tables of the step small whatever the volume's size.
-const CLEAR_STEP: usize = 64 << 20;
-/// statfs(2)'s f_type of tmpfs (and /dev/shm).
-const TMPFS_MAGIC: i64 = 0x0102_1994;
-
-/// Have tmpfs clear the pages of a fallocated image now. tmpfs allocates pages at
-/// fallocate but clears each one at its first touch, so without this the first write to
-/// every block of a fresh volume pays for clearing its page (a tenth of a `dd` write
-/// through a mount measured on a fresh /dev/shm volume, in the server's prefault thread
-/// on the other vCPU). Other file systems are left alone: there, writing the whole file
-/// would write zeros to disk. A kernel without MADV_POPULATE_WRITE (before 5.14) leaves
-/// the clearing to the first writes, as before. Contents stay as they are (zero where
-/// mkfs wrote nothing).
-fn clear_on_tmpfs(image: &Path) -> Result<()> {
-    use std::os::unix::io::AsRawFd;
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(image)
-        .with_context(|| format!("opening {} to clear it", image.display()))?;
-    // SAFETY: statfs is plain integers, for which all zero bytes are a valid value.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: a descriptor we own and a statfs the call fills in.
-    if unsafe { libc::fstatfs(f.as_raw_fd(), &mut st) } != 0 || st.f_type as i64 != TMPFS_MAGIC {
-        return Ok(());
-    }
-    let len = f.metadata()?.len() as usize;
-    let mut off = 0;
-    while off < len {
-        let n = CLEAR_STEP.min(len - off);
-        // SAFETY: a new shared mapping of `n` bytes of our open file at `off` (a multiple
-        // of CLEAR_STEP, so page aligned), within its length; the kernel picks the address
-        // and no Rust reference to it is made.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                n,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                f.as_raw_fd(),
-                off as libc::off_t,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error())
-                .with_context(|| format!("mapping {} to clear it", image.display()));
-        }
-        // SAFETY: the mapping just made, `n` bytes long; populating writes nothing to it.
-        let rc = unsafe { libc::madvise(p, n, libc::MADV_POPULATE_WRITE) };
-        let err = std::io::Error::last_os_error();
-        // SAFETY: the mapping made above, unmapped once; nothing refers to it after.
-        unsafe { libc::munmap(p, n) };
-        if rc != 0 {
-            if err.raw_os_error() == Some(libc::EINVAL) {
-                return Ok(()); // No MADV_POPULATE_WRITE: the first writes clear.
-            }
-            return Err(err).with_context(|| format!("clearing {}", image.display()));
-        }
-        off += n;
-    }
-    Ok(())
-}
-
 pub fn run(a: &MkfsArgs) -> Result<i32> {
     let image = a.image.as_path();
     let meta = std::fs::metadata(image).ok();
@@ -250,7 +185,6 @@ pub fn run(a: &MkfsArgs) -> Result<i32> {
     .with_context(|| format!("making a volume on {}", image.display()))?;
     if is_file && !a.sparse {
         preallocate(image)?;
-        clear_on_tmpfs(image)?;
     }
     let vol = Volume::open(
         image,
