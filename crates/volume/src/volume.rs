@@ -449,9 +449,7 @@ impl Volume {
         let spawned = std::thread::Builder::new()
             .name("zcfs-prefault".into())
             .spawn(move || {
-                // SAFETY: setpriority on this thread (who 0 = the calling thread on
-                // Linux) with plain integers; no memory is passed.
-                unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 19) };
+                zcfs_pmem::run_this_thread_when_idle();
                 let mut done = data_start;
                 loop {
                     let ahead = frontier.load(std::sync::atomic::Ordering::Relaxed) * BLOCK_U64;
