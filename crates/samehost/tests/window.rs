@@ -50,3 +50,116 @@ fn a_window_writes_each_page_where_its_reservation_says() {
         );
     }
 }
+
+/// `Window::write_at` copies across page boundaries into the pages the reservation
+/// names, in the reservation's order, and refuses (writing nothing) what would pass the
+/// last page.
+#[test]
+fn write_at_fills_scattered_pages_in_the_reservations_order() {
+    let s = serve("writeat");
+    let mut c = Client::connect(&s.sock).unwrap();
+    c.direct_map().unwrap();
+    let f = c.open("/wa", libc::O_RDWR | libc::O_CREAT, 0o644).unwrap();
+    let mut r = c.reserve(3).unwrap();
+    r.reverse_pages_for_tests();
+    let data = pattern(3 * 4096, 9);
+    let mut w = r.window();
+    assert!(!w.write_at(1, &data), "one byte past the last page");
+    assert!(!w.write_at(usize::MAX, &data[..2]));
+    assert!(
+        w.page_mut(0).iter().all(|&b| b == 0),
+        "a refused write wrote"
+    );
+    assert!(w.write_at(0, &data[..5000]));
+    assert!(w.write_at(5000, &data[5000..]));
+    r.reverse_pages_for_tests();
+    // Page i of the reversed order is page 2 - i of the reservation's own: placing the
+    // reservation puts data page i at file page 2 - i.
+    c.commit(vec![Place {
+        handle: f.handle,
+        file_offset: 0,
+        reservation: r,
+        new_size: NO_NEW_SIZE,
+    }])
+    .unwrap();
+    let buf = c.register_buffer(3 * 4096).unwrap();
+    assert_eq!(c.read(f.handle, 0, buf, 0, 3 * 4096).unwrap(), 3 * 4096);
+    let b = c.buffer(buf).unwrap();
+    for i in 0..3 {
+        assert!(
+            b[(2 - i) * 4096..(3 - i) * 4096] == data[i * 4096..(i + 1) * 4096],
+            "data page {i}"
+        );
+    }
+}
+
+/// Resident bytes of this process's mapping that starts at `addr` (/proc/self/smaps).
+fn rss_of_mapping_at(addr: usize) -> u64 {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut inside = false;
+    for l in smaps.lines() {
+        if let Some((range, _)) = l.split_once(' ') {
+            if let Some((lo, _)) = range.split_once('-') {
+                if let Ok(lo) = usize::from_str_radix(lo, 16) {
+                    inside = lo == addr;
+                    continue;
+                }
+            }
+        }
+        if inside {
+            if let Some(kb) = l.strip_prefix("Rss:") {
+                return kb
+                    .trim()
+                    .trim_end_matches(" kB")
+                    .trim()
+                    .parse::<u64>()
+                    .unwrap()
+                    * 1024;
+            }
+        }
+    }
+    panic!("no mapping at {addr:#x}");
+}
+
+/// On a fully allocated image the client populates its writable mapping of the data
+/// area in the background (fills then store into mapped pages); on an image with holes
+/// it does not, so no hole gets memory from it.
+#[test]
+fn the_writable_mapping_is_populated_only_on_a_fully_allocated_image() {
+    use std::os::unix::fs::MetadataExt;
+    let s = serve("prefaulted");
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&s.image)
+        .unwrap();
+    // SAFETY: fallocate on a descriptor we own, plain integers.
+    let rc = unsafe {
+        use std::os::unix::io::AsRawFd;
+        libc::fallocate(f.as_raw_fd(), 0, 0, IMAGE_SIZE as libc::off_t)
+    };
+    assert_eq!(rc, 0);
+    let mut c = Client::connect(&s.sock).unwrap();
+    let (addr, data_bytes) = {
+        let d = c.direct_map().unwrap();
+        (
+            d.writable_base() as usize,
+            d.geometry.data_end - d.geometry.data_start,
+        )
+    };
+    eventually("the data area populated", || {
+        rss_of_mapping_at(addr) >= data_bytes
+    });
+    drop(c);
+
+    let s = serve("holes");
+    let before = std::fs::metadata(&s.image).unwrap().blocks();
+    let mut c = Client::connect(&s.sock).unwrap();
+    let addr = c.direct_map().unwrap().writable_base() as usize;
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(
+        rss_of_mapping_at(addr),
+        0,
+        "a sparse image's mapping populated"
+    );
+    assert_eq!(std::fs::metadata(&s.image).unwrap().blocks(), before);
+}
