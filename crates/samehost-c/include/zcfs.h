@@ -308,6 +308,20 @@ int zcfs_zcopy_release(struct zcfs_client *h, uint64_t lease);
 int zcfs_zcopy_from(struct zcfs_client *h, size_t pages, uint64_t *out_id, uint8_t **out_data);
 
 /*
+ Copy `len` bytes from `src` into the pages of reservation `id`, from byte `offset`
+ of the reservation on (page `offset / 4096` first), whether or not its pages are
+ adjacent in the image: one call, where filling a scattered reservation page by page
+ through `zcfs_zcopy_page` costs a call per 4 KiB (a checkpoint of 2 GiB from Python
+ filled at ~1 GB/s that way). Returns 0, or -EINVAL with nothing copied: no such
+ reservation (or it was committed or given back), `src` NULL with `len` > 0, or the
+ copy would go past the last page.
+
+ # Safety
+ As [`client`]; `src` readable for `len` bytes and not inside the reservation's pages.
+ */
+int zcfs_zcopy_fill(struct zcfs_client *h, uint64_t id, size_t offset, const uint8_t *src, size_t len);
+
+/*
  Page `i` (4096 bytes, writable while the reservation is held: see
  `zcfs_zcopy_from`) of reservation `id`; NULL if there is none, or the reservation
  was committed or given back.

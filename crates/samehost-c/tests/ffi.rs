@@ -239,3 +239,62 @@ fn mapped_reads_describe_the_bytes_in_place_and_keep_their_leases_until_forgotte
         zcfs_disconnect(h);
     }
 }
+
+/// `zcfs_zcopy_fill` copies into a reservation's pages from any byte of it on, across
+/// page boundaries, and what it wrote is what the file holds once placed; a copy past
+/// the last page, from NULL, or into a reservation not held is -EINVAL and writes
+/// nothing.
+#[test]
+fn zcopy_fill_writes_across_pages_and_refuses_what_does_not_fit() {
+    let s = common::serve("zfill");
+    let sock = CString::new(s.sock.to_str().unwrap()).unwrap();
+    let ei = -libc::EINVAL;
+    let data: Vec<u8> = (0..3 * 4096u32).map(|i| (i % 253) as u8).collect();
+    // SAFETY: `h` is live until zcfs_disconnect, `t` until zcfs_pflush_free; `data` and
+    // the read buffer outlive the calls that use them.
+    unsafe {
+        let h = zcfs_connect(sock.as_ptr());
+        assert!(!h.is_null());
+        let p = CString::new("/zf").unwrap();
+        let mut fh = 0u32;
+        let flags = libc::O_RDWR | libc::O_CREAT;
+        assert_eq!(
+            zcfs_open(h, p.as_ptr(), flags, 0o600, &mut fh, null_mut()),
+            0
+        );
+        let mut id = 0u64;
+        assert_eq!(zcfs_zcopy_from(h, 3, &mut id, null_mut()), 0);
+        // Past the end (by one byte), NULL with a length, an id not held: nothing.
+        assert_eq!(zcfs_zcopy_fill(h, id, 1, data.as_ptr(), data.len()), ei);
+        assert_eq!(zcfs_zcopy_fill(h, id, 3 * 4096, data.as_ptr(), 1), ei);
+        assert_eq!(zcfs_zcopy_fill(h, id, usize::MAX, data.as_ptr(), 2), ei);
+        assert_eq!(zcfs_zcopy_fill(h, id, 0, null(), 1), ei);
+        assert_eq!(zcfs_zcopy_fill(h, id + 1000, 0, data.as_ptr(), 1), ei);
+        assert_eq!(zcfs_zcopy_fill(null_mut(), id, 0, data.as_ptr(), 1), ei);
+        assert_eq!(*zcfs_zcopy_page(h, id, 0), 0, "a refused fill wrote");
+        // Nothing, then the whole window up to its last byte in two pieces that meet
+        // inside page 1.
+        assert_eq!(zcfs_zcopy_fill(h, id, 5, null(), 0), 0);
+        assert_eq!(zcfs_zcopy_fill(h, id, 0, data.as_ptr(), 6000), 0);
+        assert_eq!(
+            zcfs_zcopy_fill(h, id, 6000, data[6000..].as_ptr(), data.len() - 6000),
+            0
+        );
+        let t = zcfs_pflush_new();
+        assert_eq!(zcfs_pflush_add(t, fh, 0, id, ZCFS_NO_NEW_SIZE), 0);
+        assert_eq!(zcfs_pflush_commit(h, t), 0);
+        zcfs_pflush_free(t);
+        // Committed: the reservation is gone, and so is filling it.
+        assert_eq!(zcfs_zcopy_fill(h, id, 0, data.as_ptr(), 1), ei);
+        let mut buf = 0u32;
+        assert_eq!(zcfs_register_buffer(h, data.len(), &mut buf), 0);
+        assert_eq!(
+            zcfs_read(h, fh, 0, buf, 0, data.len() as u64),
+            data.len() as i64
+        );
+        let got = std::slice::from_raw_parts(zcfs_buffer_ptr(h, buf, null_mut()), data.len());
+        assert!(got == &data[..], "the file holds what was filled");
+        assert_eq!(zcfs_close(h, fh), 0);
+        zcfs_disconnect(h);
+    }
+}
