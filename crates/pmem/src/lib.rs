@@ -616,6 +616,24 @@ impl Drop for Region {
     }
 }
 
+/// Whether populating pages of the file `fd` ahead of use costs nothing but page
+/// tables: a file in tmpfs (/dev/shm) with storage for every byte. Not a sparse file
+/// (populating would take memory for every hole) nor one on a disk file system
+/// (populating writable pages dirties them for writeback). DAX devices are the
+/// caller's to decide.
+pub fn populating_is_free(fd: std::os::fd::BorrowedFd<'_>) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: stat and statfs are plain integers, for which all zero bytes are valid.
+    let (mut st, mut fs): (libc::stat, libc::statfs) = unsafe { std::mem::zeroed() };
+    // SAFETY: a descriptor the caller keeps open and structs the calls fill in.
+    let ok = unsafe {
+        libc::fstat(fd.as_raw_fd(), &mut st) == 0 && libc::fstatfs(fd.as_raw_fd(), &mut fs) == 0
+    };
+    ok && fs.f_type == libc::TMPFS_MAGIC
+        && (st.st_mode & libc::S_IFMT) == libc::S_IFREG
+        && (st.st_blocks as u64).saturating_mul(512) >= st.st_size as u64
+}
+
 /// Give the calling thread only CPU time nothing else wants (SCHED_IDLE), for
 /// background work such as prefaulting: any runnable thread of normal priority
 /// preempts it at once. At nice 19 instead, a prefault thread held the CPU a request
@@ -716,6 +734,58 @@ fn dax_size(path: &Path, meta: &std::fs::Metadata) -> std::io::Result<u64> {
 
 #[cfg(test)]
 mod tests {
+    /// Populating is free only for a regular tmpfs file with storage for every byte.
+    #[test]
+    fn populating_is_free_only_for_an_allocated_tmpfs_file() {
+        use std::os::fd::AsFd;
+        use std::os::unix::io::AsRawFd;
+        let allocate = |f: &std::fs::File, n: i64| {
+            // SAFETY: fallocate on a descriptor we own, plain integers.
+            assert_eq!(unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, n) }, 0);
+        };
+        let shm = format!("/dev/shm/zcfs-pmem-free-{}", std::process::id());
+        let f = std::fs::File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&shm)
+            .unwrap();
+        f.set_len(1 << 20).unwrap();
+        assert!(!super::populating_is_free(f.as_fd()), "sparse");
+        allocate(&f, (1 << 20) - 4096);
+        assert!(!super::populating_is_free(f.as_fd()), "one page short");
+        allocate(&f, 1 << 20);
+        assert!(super::populating_is_free(f.as_fd()));
+        std::fs::remove_file(&shm).unwrap();
+        // The same on a disk file system (/tmp here; where /tmp is a tmpfs, the answer
+        // is that of one).
+        let disk = std::env::temp_dir().join(format!("zcfs-populate-test-{}", std::process::id()));
+        let g = std::fs::File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&disk)
+            .unwrap();
+        g.set_len(1 << 20).unwrap();
+        allocate(&g, 1 << 20);
+        let on_tmpfs = {
+            // SAFETY: statfs is plain integers; a descriptor we own.
+            let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+            unsafe { libc::fstatfs(g.as_raw_fd(), &mut fs) };
+            fs.f_type == libc::TMPFS_MAGIC
+        };
+        assert_eq!(
+            super::populating_is_free(g.as_fd()),
+            on_tmpfs,
+            "a disk file"
+        );
+        std::fs::remove_file(&disk).unwrap();
+        let dir = std::fs::File::open("/dev/shm").unwrap();
+        assert!(!super::populating_is_free(dir.as_fd()), "a directory");
+    }
+
     #[test]
     fn a_background_thread_runs_only_when_a_cpu_is_idle() {
         let policy = std::thread::spawn(|| {

@@ -400,18 +400,12 @@ fn pages_inside(g: &MapGeometry, map_len: usize, offsets: &[u64]) -> bool {
 /// mapping is unmapped at most one step after the client lets go of it.
 pub const WINDOW_PREFAULT_STEP: usize = 1 << 20;
 
-/// Whether every byte of the image (`size` bytes) has storage: populating its pages
-/// then takes no memory the volume does not already hold.
-fn fully_allocated(fd: &OwnedFd, size: u64) -> bool {
-    rustix::fs::fstat(fd).is_ok_and(|st| (st.st_blocks as u64).saturating_mul(512) >= size)
-}
-
 /// Populate the writable mapping's page tables over the data area from a background
 /// thread that runs only when a CPU is idle, so that filling a reservation's window stores into
 /// mapped pages: a page fault per 4 KiB page held a checkpoint's fill to ~2.2 GB/s here,
 /// against ~11 GB/s into mapped pages (docs/samehost.md, "The window's page tables").
-/// Only for a fully allocated image (an image with holes would get memory for every
-/// one). The thread holds the mapping only during a step and ends when it is gone.
+/// Only for an image in tmpfs with storage for every byte (`populating_is_free`): an
+/// image with holes would get memory for each, one on disk would be written back whole. The thread holds the mapping only during a step and ends when it is gone.
 fn prefault_window(map: std::sync::Weak<Mapping>, start: u64, end: u64) {
     let page = rustix::param::page_size() as u64;
     let (start, end) = (start.next_multiple_of(page), end - end % page);
@@ -961,7 +955,7 @@ impl Client {
             let changes = Mapping::map(changes.as_fd(), 0, g.change_slots as usize * 8, false)?;
             let map = Mapping::map(ro.as_fd(), 0, g.image_size as usize, false)?;
             let rw_map = Arc::new(Mapping::map(rw.as_fd(), 0, g.image_size as usize, true)?);
-            if fully_allocated(&rw, g.image_size) {
+            if zcfs_pmem::populating_is_free(rw.as_fd()) {
                 prefault_window(Arc::downgrade(&rw_map), g.data_start, g.data_end);
             }
             drop(rw);

@@ -121,9 +121,10 @@ fn rss_of_mapping_at(addr: usize) -> u64 {
     panic!("no mapping at {addr:#x}");
 }
 
-/// On a fully allocated image the client populates its writable mapping of the data
-/// area in the background (fills then store into mapped pages); on an image with holes
-/// it does not, so no hole gets memory from it.
+/// On a fully allocated tmpfs image the client populates its writable mapping of the
+/// data area in the background (fills then store into mapped pages); on an image with
+/// holes it does not, so no hole gets memory from it. (Disk file systems: the unit test
+/// of `zcfs_pmem::populating_is_free`.)
 #[test]
 fn the_writable_mapping_is_populated_only_on_a_fully_allocated_image() {
     use std::os::unix::fs::MetadataExt;

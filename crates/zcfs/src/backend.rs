@@ -99,22 +99,13 @@ pub fn connect(cfg: ClientConfig) -> Result<RemoteFs> {
 /// owner asked for memory only as it fills) nor one on a disk file system (populating
 /// would dirty pages for writeback).
 fn worth_prefaulting(image: &Path) -> bool {
-    use std::os::unix::ffi::OsStrExt;
-    use std::os::unix::fs::{FileTypeExt, MetadataExt};
-    let Ok(m) = std::fs::metadata(image) else {
-        return false;
-    };
-    if m.file_type().is_char_device() {
-        return true;
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::File::open(image) {
+        Ok(f) => {
+            f.metadata().is_ok_and(|m| m.file_type().is_char_device())
+                || zcfs_pmem::populating_is_free(f.as_fd())
+        }
+        Err(_) => false,
     }
-    let Ok(c) = std::ffi::CString::new(image.as_os_str().as_bytes()) else {
-        return false;
-    };
-    // SAFETY: statfs is plain integers, for which all zero bytes are a valid value.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: a NUL-terminated path and a statfs the call fills in.
-    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
-        return false;
-    }
-    st.f_type == libc::TMPFS_MAGIC && m.blocks() * 512 >= m.len()
 }
