@@ -495,6 +495,17 @@ pub fn run(p: Params, zcfs: Option<PathBuf>) -> Result<(Vec<ShRow>, Vec<String>)
     let tag = format!("zcfs-bench-samehost-{}", std::process::id());
     let img = Image(PathBuf::from(format!("/dev/shm/{tag}.img")));
     Volume::mkfs(&img.0, IMAGE_BYTES, &MkfsOptions::default())?;
+    // Allocated whole, as `zcfs mkfs` makes an image by default (so the same-host
+    // client populates its mapping of it, as it would for a served image).
+    {
+        use std::os::unix::io::AsRawFd;
+        let f = std::fs::OpenOptions::new().write(true).open(&img.0)?;
+        // SAFETY: fallocate on a descriptor we own, mode 0 (allocate, keep contents
+        // and size); no memory is passed.
+        if unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, IMAGE_BYTES as libc::off_t) } != 0 {
+            return Err(std::io::Error::last_os_error()).context("allocating the image");
+        }
+    }
     let vol = Volume::open(&img.0, VolumeConfig::default())?;
     // As `zcfs serve` does: fresh blocks come already faulted in.
     vol.prefault_in_background();
