@@ -62,6 +62,19 @@ pub const MAX_CONNECTIONS_PER_USER: usize = 32;
 /// (`Volume::clean_free_blocks`, up to the volume's `CLEAN_TARGET`): 64 KiB, a few µs,
 /// which is how long a request arriving meanwhile waits at most for it.
 pub const CLEAN_STEP: usize = 16;
+/// Whether the control socket has something to read (a message, or its end), without
+/// waiting. The ring's spin and idle zeroing look at it between steps: before, an
+/// `open` or `close` sent right after ring work waited out the whole spin (50 µs) or the
+/// zeroing of up to `CLEAN_TARGET` blocks.
+fn control_waiting(sock: &UnixStream) -> bool {
+    let mut fds = [PollFd::new(sock, PollFlags::IN)];
+    let zero = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    rustix::event::poll(&mut fds, Some(&zero)).is_ok_and(|n| n > 0)
+}
+
 /// How often the accept loop looks for a shutdown.
 const ACCEPT_POLL: Duration = Duration::from_millis(100);
 
@@ -846,6 +859,12 @@ impl<'s> Conn<'s> {
             if self.drain()? > 0 {
                 last = Instant::now();
                 continue;
+            }
+            // A control message waits for nothing this loop does for the ring: go
+            // answer it (`serve` runs the ring again after it, so an entry submitted
+            // meanwhile, while the flags still say awake, is not left behind).
+            if control_waiting(&self.sock) {
+                return Ok(());
             }
             // Idle: a connection that reserves pages zeroes free blocks for its next
             // RESERVE (which then need not), a step at a time, looking at the ring
