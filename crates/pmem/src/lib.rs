@@ -145,9 +145,30 @@ pub struct Region {
     recorder: Mutex<Option<Recorder>>,
     /// Test-only fault: fences left before one reports a persistence failure.
     fence_fault: std::sync::atomic::AtomicI64,
-    /// True while mapped; set false (under its lock) before the mapping goes, so a
-    /// `Prefaulter` never touches an unmapped range.
-    live: std::sync::Arc<Mutex<bool>>,
+    /// The mapping, unmapped when its last holder lets go: this region, or a
+    /// `Prefaulter` in the middle of a step (closing never waits for one).
+    map: std::sync::Arc<MapLease>,
+}
+
+/// A mapping made at open, unmapped on drop.
+struct MapLease {
+    base: *mut u8,
+    map_len: usize,
+}
+
+// SAFETY: the lease only unmaps, once, when the last holder drops it; the bytes are
+// accessed through the region's discipline.
+unsafe impl Send for MapLease {}
+// SAFETY: as above; shared references to the lease touch nothing.
+unsafe impl Sync for MapLease {}
+
+impl Drop for MapLease {
+    fn drop(&mut self) {
+        // SAFETY: `base`/`map_len` describe the mapping created at open; its region
+        // (whose borrows end with it) and every prefaulter's step are over, since this
+        // is the last holder.
+        unsafe { libc::munmap(self.base as *mut libc::c_void, self.map_len) };
+    }
 }
 
 // SAFETY: the region is plain memory; all mutation goes through raw pointers under the
@@ -257,7 +278,7 @@ impl Region {
             recording: false.into(),
             recorder: Mutex::new(None),
             fence_fault: (-1).into(),
-            live: std::sync::Arc::new(Mutex::new(true)),
+            map: std::sync::Arc::new(MapLease { base, map_len: len }),
         })
     }
 
@@ -283,7 +304,7 @@ impl Region {
             recording: false.into(),
             recorder: Mutex::new(None),
             fence_fault: (-1).into(),
-            live: std::sync::Arc::new(Mutex::new(true)),
+            map: std::sync::Arc::new(MapLease { base, map_len: len }),
         }
     }
 
@@ -584,6 +605,18 @@ impl Region {
         }
     }
 
+    /// Whether faulting this region's pages in ahead of use costs nothing but page
+    /// tables (and can fail no way a later store could not): a DAX mapping, or a
+    /// [`populating_is_free`] file. Not an anonymous or private region.
+    pub fn populating_is_free(&self) -> bool {
+        use std::os::fd::AsFd;
+        match (&self._backing, self.mode) {
+            (_, PersistMode::Memory) | (Backing::Anon, _) => false,
+            (Backing::Mapped { .. }, PersistMode::CacheLine(_)) => true,
+            (Backing::Mapped { _file }, PersistMode::Msync) => populating_is_free(_file.as_fd()),
+        }
+    }
+
     /// A handle that populates pages of this region from another thread for as long
     /// as the region is mapped (`Prefaulter::populate`).
     pub fn prefaulter(&self) -> Prefaulter {
@@ -591,7 +624,7 @@ impl Region {
             base: self.base as usize,
             len: self.len,
             memory: self.mode == PersistMode::Memory,
-            live: self.live.clone(),
+            map: std::sync::Arc::downgrade(&self.map),
         }
     }
 
@@ -604,15 +637,30 @@ impl Region {
 
 impl Drop for Region {
     fn drop(&mut self) {
-        // Waits for a prefaulter's step in progress; none starts after this.
-        *self.live.lock().unwrap_or_else(|e| e.into_inner()) = false;
-        let map_len = match self._backing {
-            Backing::Anon => self.len.max(1).div_ceil(PAGE) * PAGE,
-            Backing::Mapped { .. } => self.len,
-        };
-        // SAFETY: `base`/`map_len` describe the mapping created at open; nothing borrows
-        // from it any more (borrows are tied to `&self`).
-        unsafe { libc::munmap(self.base as *mut libc::c_void, map_len) };
+        // A prefaulter may be in the middle of a step, holding the mapping (`map`): it
+        // is unmapped when that step ends, which under load may be long after. The
+        // image must not stay mapped that long (the mapping keeps the file open, and so
+        // its lock: opening the volume again would find it busy), so anonymous memory
+        // takes the range's place now, at the same address: a step still running
+        // touches that, not the file, and the last holder unmaps it.
+        if std::sync::Arc::weak_count(&self.map) > 0 {
+            // SAFETY: the range is exactly this region's mapping, which this process
+            // owns; the region's borrows ended with it; a prefaulter in a step only
+            // stores (a swap of a byte with itself) into whatever is mapped there.
+            let p = unsafe {
+                libc::mmap(
+                    self.map.base as *mut libc::c_void,
+                    self.map.map_len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE,
+                    -1,
+                    0,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                tracing::warn!(err = %std::io::Error::last_os_error(), "image stays mapped until the prefault step ends");
+            }
+        }
     }
 }
 
@@ -652,42 +700,67 @@ pub fn run_this_thread_when_idle() {
     }
 }
 
+/// Fault the pages of `[ptr, ptr+len)` in writable from this thread, one store fault
+/// per 4 KiB page: a compare-and-swap of the page's first byte with itself, which
+/// leaves every byte as it is whatever other threads or processes store there meanwhile
+/// (a locked read-modify-write that writes back what it read, or fails because another
+/// store came first). Not an add of zero: the compiler turns that into a load, and a
+/// load faults the page in read-only (tmpfs then maps no page at a hole at all). Unlike MADV_POPULATE_WRITE this holds no lock of the process's
+/// address space between pages: a low-priority thread preempted in the middle of a
+/// populate kept every mmap, munmap and thread creation of its process waiting (up
+/// to 0.7 s with every CPU busy; review26). A fault takes only its VMA's lock.
+///
+/// # Safety
+/// `[ptr, ptr+len)` lies inside a shared, writable mapping that stays mapped for the
+/// call, `ptr` page-aligned.
+pub unsafe fn touch_writable(ptr: *mut u8, len: usize) {
+    let mut off = 0;
+    while off < len {
+        // SAFETY: inside the mapping the caller vouches for; the memory is shared (with
+        // other processes too), so it is reached only through raw pointers and atomics,
+        // and swapping a byte for itself changes nothing.
+        let byte = unsafe { std::sync::atomic::AtomicU8::from_ptr(ptr.add(off)) };
+        let seen = byte.load(std::sync::atomic::Ordering::Relaxed);
+        let _ = byte.compare_exchange(
+            seen,
+            seen,
+            std::sync::atomic::Ordering::Relaxed,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        off += PAGE;
+    }
+}
+
 /// Populates pages of a region from another thread (see [`Region::prefaulter`]).
 pub struct Prefaulter {
     base: usize,
     len: usize,
     memory: bool,
-    live: std::sync::Arc<Mutex<bool>>,
+    map: std::sync::Weak<MapLease>,
 }
 
 impl Prefaulter {
     /// Whether the region is still mapped.
     pub fn live(&self) -> bool {
-        *self.live.lock().unwrap_or_else(|e| e.into_inner())
+        self.map.strong_count() > 0
     }
 
-    /// Back `[off, off+len)` (clamped to the region) with writable pages, as
-    /// [`Region::prefault`] does. False once the region is gone (nothing done).
+    /// Back `[off, off+len)` (clamped to the region) with writable pages
+    /// ([`touch_writable`]). False once the region is gone (nothing done). The mapping
+    /// stays while a step runs: a region dropped meanwhile is unmapped when it ends.
     pub fn populate(&self, off: usize, len: usize) -> bool {
-        let live = self.live.lock().unwrap_or_else(|e| e.into_inner());
-        if !*live {
+        let Some(_mapped) = self.map.upgrade() else {
             return false;
-        }
+        };
         if self.memory || off >= self.len || len == 0 {
             return true;
         }
         let start = off / PAGE * PAGE;
         let end = (off + len.min(self.len - off)).div_ceil(PAGE) * PAGE;
-        // SAFETY: the region is mapped while `live` is true, and its Drop sets it false
-        // under this lock before unmapping; the range is page-aligned and inside the
-        // mapping; populating does not change its contents.
-        unsafe {
-            libc::madvise(
-                (self.base + start) as *mut libc::c_void,
-                end.min(self.len.div_ceil(PAGE) * PAGE) - start,
-                libc::MADV_POPULATE_WRITE,
-            )
-        };
+        let end = end.min(self.len.div_ceil(PAGE) * PAGE);
+        // SAFETY: `_mapped` keeps the shared writable mapping (a file region: `memory`
+        // is false) mapped for the call; the range is page-aligned and inside it.
+        unsafe { touch_writable((self.base + start) as *mut u8, end - start) };
         true
     }
 }
@@ -734,6 +807,59 @@ fn dax_size(path: &Path, meta: &std::fs::Metadata) -> std::io::Result<u64> {
 
 #[cfg(test)]
 mod tests {
+    /// Minor faults of this thread so far.
+    fn minor_faults() -> i64 {
+        // SAFETY: rusage is plain integers; RUSAGE_THREAD fills it for this thread.
+        let mut r: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut r) };
+        r.ru_minflt
+    }
+
+    /// `touch_writable` leaves pages mapped writable (stores after it take no fault),
+    /// gives a hole of a shared file its page, and changes no byte.
+    #[test]
+    fn touched_pages_take_stores_without_a_fault_and_keep_their_bytes() {
+        use std::os::unix::io::AsRawFd;
+        const PAGES: usize = 64;
+        let path = format!("/dev/shm/zcfs-pmem-touch-{}", std::process::id());
+        let fd = std::fs::File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        std::fs::remove_file(&path).unwrap();
+        fd.set_len((PAGES * PAGE) as u64).unwrap();
+        let p = mmap(
+            PAGES * PAGE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+        )
+        .unwrap();
+        // SAFETY: inside the fresh mapping, which nothing else uses.
+        unsafe { p.add(5 * PAGE + 1).write(9) };
+        // SAFETY: a page-aligned shared writable mapping of PAGES pages, mapped for the call.
+        unsafe { super::touch_writable(p, PAGES * PAGE) };
+        // Every hole got its page from the touch itself (a load would have mapped none).
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(fd.metadata().unwrap().blocks() as usize * 512, PAGES * PAGE);
+        let before = minor_faults();
+        for i in 0..PAGES {
+            // SAFETY: inside the mapping.
+            unsafe { p.add(i * PAGE + 2).write(1) };
+        }
+        assert_eq!(minor_faults() - before, 0, "stores after the touch faulted");
+        // SAFETY: inside the mapping.
+        assert_eq!(unsafe { p.add(5 * PAGE + 1).read() }, 9);
+        // SAFETY: inside the mapping.
+        assert_eq!(unsafe { p.read() }, 0);
+        // SAFETY: unmapping what was mapped above.
+        unsafe { libc::munmap(p as *mut libc::c_void, PAGES * PAGE) };
+    }
+
     /// Populating is free only for a regular tmpfs file with storage for every byte.
     #[test]
     fn populating_is_free_only_for_an_allocated_tmpfs_file() {

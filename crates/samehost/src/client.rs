@@ -400,8 +400,9 @@ fn pages_inside(g: &MapGeometry, map_len: usize, offsets: &[u64]) -> bool {
 /// mapping is unmapped at most one step after the client lets go of it.
 pub const WINDOW_PREFAULT_STEP: usize = 1 << 20;
 
-/// Populate the writable mapping's page tables over the data area from a background
-/// thread that runs only when a CPU is idle, so that filling a reservation's window stores into
+/// Fault the writable mapping's pages in over the data area from a background thread
+/// that runs only when a CPU is idle (a store fault per page, no address-space lock held
+/// between pages: `Mapping::populate_writable`), so that filling a reservation's window stores into
 /// mapped pages: a page fault per 4 KiB page held a checkpoint's fill to ~2.2 GB/s here,
 /// against ~11 GB/s into mapped pages (docs/samehost.md, "The window's page tables").
 /// Only for an image in tmpfs with storage for every byte (`populating_is_free`): an
@@ -418,7 +419,7 @@ fn prefault_window(map: std::sync::Weak<Mapping>, start: u64, end: u64) {
                 let Some(m) = map.upgrade() else { return };
                 let n = (WINDOW_PREFAULT_STEP as u64).min(end - at);
                 if m.populate_writable(at as usize, n as usize).is_err() {
-                    return; // Before Linux 5.14, or no room: faults do it, as before.
+                    return; // Not a range of the mapping: nothing to do.
                 }
                 at += n;
             }

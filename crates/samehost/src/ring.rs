@@ -266,10 +266,11 @@ impl Mapping {
             writable,
         })
     }
-    /// Fill the page tables of `[off, off+len)` writable (MADV_POPULATE_WRITE), so that
-    /// stores there take no page fault; the contents do not change. `off` and `len` are
-    /// page multiples inside a writable mapping, else EINVAL (nothing done). On a file
-    /// with holes this allocates their pages.
+    /// Fault `[off, off+len)` in writable ([`zcfs_pmem::touch_writable`]: no lock of the
+    /// address space held between pages), so that stores there take no page fault; the
+    /// contents do not change. `off` and `len` are page multiples inside a writable
+    /// mapping, else EINVAL (nothing done). On a file with holes this allocates their
+    /// pages.
     pub fn populate_writable(&self, off: usize, len: usize) -> std::io::Result<()> {
         let page = rustix::param::page_size();
         if !self.writable
@@ -279,16 +280,9 @@ impl Mapping {
         {
             return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
         }
-        // SAFETY: a page-aligned range inside this live mapping (checked above);
-        // populating fills page tables and changes no byte, so no view of these pages
-        // (ours or another process's) sees anything different.
-        unsafe {
-            rustix::mm::madvise(
-                self.ptr.add(off) as *mut _,
-                len,
-                rustix::mm::Advice::LinuxPopulateWrite,
-            )?
-        };
+        // SAFETY: a page-aligned range inside this live, shared, writable mapping
+        // (checked above; `&self` keeps it mapped for the call).
+        unsafe { zcfs_pmem::touch_writable(self.ptr.add(off), len) };
         Ok(())
     }
     pub fn len(&self) -> usize {

@@ -5,6 +5,9 @@
 //! checkpoints) it is preempted mid-step and gets the CPU back only rarely, and all the
 //! while every mmap, munmap, mprotect, fork and thread creation of the application
 //! waits for it.
+//!
+//! Fixed: the thread faults pages in from user space (`zcfs_pmem::touch_writable`),
+//! holding no lock of the address space between pages.
 
 mod common;
 use common::*;
@@ -87,7 +90,6 @@ fn worst_mmap(dur: Duration) -> (Duration, u32) {
 
 /// An application whose CPUs are busy maps memory promptly after `direct_map`.
 #[test]
-#[ignore = "finding: the SCHED_IDLE window prefault thread holds mmap_lock in madvise; under CPU load the application's mmaps wait for it"]
 fn the_applications_mmap_is_prompt_while_its_window_is_prefaulted_under_load() {
     normal_priority();
     let s = serve_allocated("r26-mmap", 512 << 20);

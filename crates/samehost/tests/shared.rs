@@ -191,7 +191,7 @@ fn a_control_message_does_not_wait_out_the_rings_spin() {
         assert_eq!(c.read(f.handle, 0, buf, 0, 4096).unwrap(), 0);
         let t = std::time::Instant::now();
         let g = c
-            .open(&format!("/t{i}"), libc::O_RDWR | libc::O_CREAT, 0o644)
+            .open(format!("/t{i}"), libc::O_RDWR | libc::O_CREAT, 0o644)
             .unwrap();
         c.close(g.handle).unwrap();
         assert!(

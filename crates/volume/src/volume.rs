@@ -431,10 +431,13 @@ impl Volume {
     /// CPU priority: a write then takes no first-touch page fault (and, on /dev/shm, no
     /// page clearing) on its path. On a fresh /dev/shm volume those were a third of a
     /// server's CPU time per byte written (docs/benchmarks.md). Populating does not
-    /// change contents. The thread ends when the volume is closed; nothing for a
-    /// read-only volume.
+    /// change contents. The thread ends when the volume is closed. Nothing for a
+    /// read-only volume, an image with holes or one on a disk file system.
     pub fn prefault_in_background(&self) {
-        if self.cfg.read_only {
+        // Only where it costs page tables alone (`Region::populating_is_free`): a hole
+        // of a sparse image would take memory (and, on a full tmpfs, SIGBUS this
+        // process), a page of a file on disk would be written back.
+        if self.cfg.read_only || !self.region.populating_is_free() {
             return;
         }
         let g = self.geo;

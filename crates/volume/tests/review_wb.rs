@@ -18,6 +18,7 @@ fn closing_a_volume_while_it_is_prefaulted_is_safe_and_changes_nothing() {
     ));
     let _ = std::fs::remove_file(&path);
     Volume::mkfs(&path, 512 << 20, &MkfsOptions::default()).unwrap();
+    allocate_whole(&path); // Else no prefault thread runs.
     for round in 0..ROUNDS {
         let vol = Volume::open(&path, VolumeConfig::default()).unwrap();
         vol.prefault_in_background();
@@ -38,6 +39,35 @@ fn closing_a_volume_while_it_is_prefaulted_is_safe_and_changes_nothing() {
         assert!(got == vec![round as u8 + 1; 3 << 20], "f{round}");
     }
     assert_fsck_clean(&vol);
+    drop(vol);
+    std::fs::remove_file(&path).unwrap();
+}
+
+/// The prefault thread runs only where populating costs page tables alone: on an image
+/// with holes it takes no memory (the file's allocated blocks do not grow); on an
+/// allocated one the pages ahead of the allocator get mapped.
+#[test]
+fn prefault_leaves_a_sparse_image_sparse() {
+    use std::os::unix::fs::MetadataExt;
+    let path = std::path::PathBuf::from(format!(
+        "/dev/shm/zcfs-review-wb-sparse-{}.img",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&path);
+    Volume::mkfs(&path, 512 << 20, &MkfsOptions::default()).unwrap();
+    let before = std::fs::metadata(&path).unwrap().blocks();
+    let vol = Volume::open(&path, VolumeConfig::default()).unwrap();
+    vol.prefault_in_background();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    eprintln!(
+        "blocks before {before} after {}",
+        std::fs::metadata(&path).unwrap().blocks()
+    );
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().blocks(),
+        before,
+        "holes got memory"
+    );
     drop(vol);
     std::fs::remove_file(&path).unwrap();
 }

@@ -368,3 +368,14 @@ pub fn land_uncommitted<'v>(
     }
     Ok(r)
 }
+
+/// Allocate every byte of the image at `path` (fallocate), as `zcfs mkfs` does by
+/// default: only then does `Volume::prefault_in_background` run.
+pub fn allocate_whole(path: &std::path::Path) {
+    use std::os::unix::io::AsRawFd;
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    let len = f.metadata().unwrap().len();
+    // SAFETY: fallocate on a descriptor we own, plain integers.
+    let rc = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len as libc::off_t) };
+    assert_eq!(rc, 0, "fallocate {}", path.display());
+}
