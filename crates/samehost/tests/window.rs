@@ -4,7 +4,22 @@
 
 mod common;
 use common::*;
-use zcfs_samehost::client::{Client, Place, NO_NEW_SIZE};
+use zcfs_samehost::client::{Client, Place, Reservation, NO_NEW_SIZE};
+
+/// Place reservation `r` at offset 0 of `handle`, then read back what the file holds there.
+fn place_at_0_and_read(c: &mut Client, handle: u32, r: Reservation) -> Vec<u8> {
+    let len = r.pages() * 4096;
+    c.commit(vec![Place {
+        handle,
+        file_offset: 0,
+        reservation: r,
+        new_size: NO_NEW_SIZE,
+    }])
+    .unwrap();
+    let buf = c.register_buffer(len).unwrap();
+    assert_eq!(c.read(handle, 0, buf, 0, len as u64).unwrap(), len);
+    c.buffer(buf).unwrap()[..len].to_vec()
+}
 
 #[test]
 fn a_window_writes_each_page_where_its_reservation_says() {
@@ -31,16 +46,7 @@ fn a_window_writes_each_page_where_its_reservation_says() {
     let mut w = r.window();
     let contiguous = original.windows(2).all(|p| p[1] == p[0] + 4096);
     assert_eq!(w.as_mut_slice().is_some(), contiguous);
-    c.commit(vec![Place {
-        handle: f.handle,
-        file_offset: 0,
-        reservation: r,
-        new_size: NO_NEW_SIZE,
-    }])
-    .unwrap();
-    let buf = c.register_buffer(4 * 4096).unwrap();
-    assert_eq!(c.read(f.handle, 0, buf, 0, 4 * 4096).unwrap(), 4 * 4096);
-    let b = c.buffer(buf).unwrap();
+    let b = place_at_0_and_read(&mut c, f.handle, r);
     for p in 0..4 {
         assert!(
             b[p * 4096..(p + 1) * 4096]
@@ -75,16 +81,7 @@ fn write_at_fills_scattered_pages_in_the_reservations_order() {
     r.reverse_pages_for_tests();
     // Page i of the reversed order is page 2 - i of the reservation's own: placing the
     // reservation puts data page i at file page 2 - i.
-    c.commit(vec![Place {
-        handle: f.handle,
-        file_offset: 0,
-        reservation: r,
-        new_size: NO_NEW_SIZE,
-    }])
-    .unwrap();
-    let buf = c.register_buffer(3 * 4096).unwrap();
-    assert_eq!(c.read(f.handle, 0, buf, 0, 3 * 4096).unwrap(), 3 * 4096);
-    let b = c.buffer(buf).unwrap();
+    let b = place_at_0_and_read(&mut c, f.handle, r);
     for i in 0..3 {
         assert!(
             b[(2 - i) * 4096..(3 - i) * 4096] == data[i * 4096..(i + 1) * 4096],
