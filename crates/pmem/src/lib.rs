@@ -606,14 +606,22 @@ impl Region {
     }
 
     /// Whether faulting this region's pages in ahead of use costs nothing but page
-    /// tables (and can fail no way a later store could not): a DAX mapping, or a
-    /// [`populating_is_free`] file. Not an anonymous or private region.
+    /// tables (and can fail no way a later store could not): a DAX device, or a
+    /// [`populating_is_free`] file. Not an anonymous or private region. The persistence
+    /// mode says nothing here: cache-line flushes can be forced on any file (review 26b:
+    /// a forced `clwb` on a sparse tmpfs image had holes filled, and SIGBUS on a full
+    /// tmpfs).
     pub fn populating_is_free(&self) -> bool {
         use std::os::fd::AsFd;
+        use std::os::unix::fs::FileTypeExt;
         match (&self._backing, self.mode) {
             (_, PersistMode::Memory) | (Backing::Anon, _) => false,
-            (Backing::Mapped { .. }, PersistMode::CacheLine(_)) => true,
-            (Backing::Mapped { _file }, PersistMode::Msync) => populating_is_free(_file.as_fd()),
+            (Backing::Mapped { _file }, _) => {
+                _file
+                    .metadata()
+                    .is_ok_and(|m| m.file_type().is_char_device())
+                    || populating_is_free(_file.as_fd())
+            }
         }
     }
 

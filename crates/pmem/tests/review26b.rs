@@ -44,7 +44,10 @@ fn dropping_a_region_mid_step_releases_the_file_at_once_and_unmaps_after_the_ste
     {
         let f = std::fs::File::create(&path).unwrap();
         // SAFETY: fallocate on a descriptor we own, plain integers.
-        assert_eq!(unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, LEN as i64) }, 0);
+        assert_eq!(
+            unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, LEN as i64) },
+            0
+        );
     }
     let params = OpenParams {
         lock: LockMode::Exclusive,
@@ -78,19 +81,29 @@ fn dropping_a_region_mid_step_releases_the_file_at_once_and_unmaps_after_the_ste
         }
         std::thread::sleep(Duration::from_millis(5));
         drop(r);
-        assert_eq!(maps_naming(&path), 0, "round {round}: the image is still mapped");
+        assert_eq!(
+            maps_naming(&path),
+            0,
+            "round {round}: the image is still mapped"
+        );
         let again = Region::open(std::path::Path::new(&path), &params)
             .unwrap_or_else(|e| panic!("round {round}: reopen right after the drop: {e}"));
         drop(again);
         t.join().unwrap();
-        assert!(!mapped_at(base), "round {round}: the range stayed mapped after the step");
+        assert!(
+            !mapped_at(base),
+            "round {round}: the range stayed mapped after the step"
+        );
     }
     let bytes = std::fs::read(&path).unwrap();
     for round in 0..3usize {
         assert_eq!(bytes[round * 4096 + 7], round as u8 + 1);
     }
     assert!(
-        bytes.iter().enumerate().all(|(i, &b)| b == 0 || (i % 4096 == 7 && i < 3 * 4096)),
+        bytes
+            .iter()
+            .enumerate()
+            .all(|(i, &b)| b == 0 || (i % 4096 == 7 && i < 3 * 4096)),
         "the step changed bytes of the file"
     );
 }

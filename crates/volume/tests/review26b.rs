@@ -34,7 +34,6 @@ fn forced_cacheline() -> VolumeConfig {
 /// The documented contract of `prefault_in_background` ("Nothing for ... an image with
 /// holes"): with `--persist clflush` on a sparse /dev/shm image the holes get memory.
 #[test]
-#[ignore = "finding: Region::populating_is_free is true for any CacheLine-mode mapping (forced --persist clflush), so the prefault thread fills a sparse tmpfs image's holes"]
 fn prefault_with_forced_cacheline_flushes_leaves_a_sparse_image_sparse() {
     let img = Img(std::path::PathBuf::from(format!(
         "/dev/shm/zcfs-review26b-sparse-{}.img",
@@ -85,7 +84,6 @@ fn idle_volume_on_a_full_tmpfs(dir: &std::path::Path) {
 /// An idle volume (no write at all) whose image has holes on a full tmpfs is killed by
 /// SIGBUS from its own prefault thread.
 #[test]
-#[ignore = "finding: with forced CacheLine mode the prefault thread's touch_writable stores into holes of a full tmpfs: SIGBUS kills an idle server"]
 fn an_idle_volume_on_a_full_tmpfs_survives_its_prefault_thread() {
     if let Ok(dir) = std::env::var(CHILD) {
         idle_volume_on_a_full_tmpfs(std::path::Path::new(&dir));
@@ -131,7 +129,11 @@ fn an_idle_volume_on_a_full_tmpfs_survives_its_prefault_thread() {
         String::from_utf8_lossy(&out.stderr)
     );
     use std::os::unix::process::ExitStatusExt;
-    assert_ne!(out.status.signal(), Some(libc::SIGBUS), "the idle volume was killed by SIGBUS");
+    assert_ne!(
+        out.status.signal(),
+        Some(libc::SIGBUS),
+        "the idle volume was killed by SIGBUS"
+    );
     assert!(out.status.success() && stdout.contains("child survived"));
 }
 
@@ -156,13 +158,24 @@ fn writes_racing_the_prefault_touch_and_quick_reopens_lose_nothing() {
     Volume::mkfs(&img.0, 512 << 20, &MkfsOptions::default()).unwrap();
     {
         use std::os::unix::io::AsRawFd;
-        let f = std::fs::OpenOptions::new().write(true).open(&img.0).unwrap();
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&img.0)
+            .unwrap();
         // SAFETY: fallocate on a descriptor we own, plain integers.
-        assert_eq!(unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, 512 << 20) }, 0);
+        assert_eq!(
+            unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, 512 << 20) },
+            0
+        );
     }
     let data = |round: u8| -> Vec<u8> {
         (0..LEN)
-            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(round.wrapping_mul(7)) | 1)
+            .map(|i| {
+                (i as u8)
+                    .wrapping_mul(31)
+                    .wrapping_add(round.wrapping_mul(7))
+                    | 1
+            })
             .collect()
     };
     let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
@@ -183,12 +196,19 @@ fn writes_racing_the_prefault_touch_and_quick_reopens_lose_nothing() {
             })
             .collect();
         let f = vol
-            .create(&Cred::ROOT, ROOT_INO, format!("f{round}").as_bytes(), 0o644, 0)
+            .create(
+                &Cred::ROOT,
+                ROOT_INO,
+                format!("f{round}").as_bytes(),
+                0o644,
+                0,
+            )
             .unwrap();
         let d = data(round);
         for (i, c) in d.chunks(64 << 10).enumerate() {
             assert_eq!(
-                vol.write(&Cred::ROOT, f.ino, (i * (64 << 10)) as u64, c).unwrap(),
+                vol.write(&Cred::ROOT, f.ino, (i * (64 << 10)) as u64, c)
+                    .unwrap(),
                 c.len()
             );
         }
