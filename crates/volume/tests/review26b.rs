@@ -52,7 +52,7 @@ fn prefault_with_forced_cacheline_flushes_leaves_a_sparse_image_sparse() {
         after,
         before,
         "the prefault thread gave the sparse image's holes {} MiB of memory",
-        (after - before) * 512 >> 20
+        ((after - before) * 512) >> 20
     );
 }
 
