@@ -666,7 +666,8 @@ impl Drop for Region {
                 )
             };
             if p == libc::MAP_FAILED {
-                tracing::warn!(err = %std::io::Error::last_os_error(), "image stays mapped until the prefault step ends");
+                let err = std::io::Error::last_os_error();
+                tracing::warn!(%err, "image stays mapped until the prefault step ends");
             }
         }
     }
@@ -694,7 +695,7 @@ pub fn populating_is_free(fd: std::os::fd::BorrowedFd<'_>) -> bool {
 /// background work such as prefaulting: any runnable thread of normal priority
 /// preempts it at once. At nice 19 instead, a prefault thread held the CPU a request
 /// thread had just been woken on for up to a scheduler slice (a same-host client's
-/// close took 0.5 ms instead of 0.08 while two such threads ran). Falls back to nice 19
+/// close took ~0.5 ms instead of ~0.1 while two such threads ran). Falls back to nice 19
 /// where SCHED_IDLE is refused.
 pub fn run_this_thread_when_idle() {
     // SAFETY: sched_param is a plain integer struct; all zero is valid (priority 0,
@@ -713,10 +714,11 @@ pub fn run_this_thread_when_idle() {
 /// leaves every byte as it is whatever other threads or processes store there meanwhile
 /// (a locked read-modify-write that writes back what it read, or fails because another
 /// store came first). Not an add of zero: the compiler turns that into a load, and a
-/// load faults the page in read-only (tmpfs then maps no page at a hole at all). Unlike MADV_POPULATE_WRITE this holds no lock of the process's
-/// address space between pages: a low-priority thread preempted in the middle of a
-/// populate kept every mmap, munmap and thread creation of its process waiting (up
-/// to 0.7 s with every CPU busy; review26). A fault takes only its VMA's lock.
+/// load faults the page in read-only (tmpfs then maps no page at a hole at all).
+/// Unlike MADV_POPULATE_WRITE this holds no lock of the process's address space between
+/// pages: a low-priority thread preempted in the middle of a populate kept every mmap,
+/// munmap and thread creation of its process waiting (up to 0.7 s with every CPU busy;
+/// review 26). A fault takes only its VMA's lock.
 ///
 /// # Safety
 /// `[ptr, ptr+len)` lies inside a shared, writable mapping that stays mapped for the

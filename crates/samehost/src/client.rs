@@ -402,11 +402,13 @@ pub const WINDOW_PREFAULT_STEP: usize = 1 << 20;
 
 /// Fault the writable mapping's pages in over the data area from a background thread
 /// that runs only when a CPU is idle (a store fault per page, no address-space lock held
-/// between pages: `Mapping::populate_writable`), so that filling a reservation's window stores into
-/// mapped pages: a page fault per 4 KiB page held a checkpoint's fill to ~2.2 GB/s here,
-/// against ~11 GB/s into mapped pages (docs/samehost.md, "The window's page tables").
-/// Only for an image in tmpfs with storage for every byte (`populating_is_free`): an
-/// image with holes would get memory for each, one on disk would be written back whole. The thread holds the mapping only during a step and ends when it is gone.
+/// between pages: `Mapping::populate_writable`), so that filling a reservation's window
+/// stores into mapped pages: a page fault per 4 KiB page held a checkpoint's fill to
+/// ~2.2 GB/s here, against ~11 GB/s into mapped pages (docs/samehost.md, "The window's
+/// page tables"). Only for an image in tmpfs with storage for every byte
+/// (`populating_is_free`): an image with holes would get memory for each, one on disk
+/// would be written back whole. The thread holds the mapping only during a step and
+/// ends when the mapping is gone.
 fn prefault_window(map: std::sync::Weak<Mapping>, start: u64, end: u64) {
     let page = rustix::param::page_size() as u64;
     let (start, end) = (start.next_multiple_of(page), end - end % page);
