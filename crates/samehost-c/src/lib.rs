@@ -709,6 +709,14 @@ pub unsafe extern "C" fn zcfs_zcopy_fill(
         let Some(r) = h.reservations.get_mut(&id) else {
             return EINVAL;
         };
+        // Checked before the slice is made: no slice of more than the window's bytes
+        // (and so never one longer than isize::MAX) exists.
+        if offset
+            .checked_add(len)
+            .is_none_or(|end| end > r.pages() * 4096)
+        {
+            return EINVAL;
+        }
         let data = if len == 0 {
             &[][..]
         } else {

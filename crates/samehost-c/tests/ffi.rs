@@ -268,6 +268,11 @@ fn zcopy_fill_writes_across_pages_and_refuses_what_does_not_fit() {
         assert_eq!(zcfs_zcopy_fill(h, id, 1, data.as_ptr(), data.len()), ei);
         assert_eq!(zcfs_zcopy_fill(h, id, 3 * 4096, data.as_ptr(), 1), ei);
         assert_eq!(zcfs_zcopy_fill(h, id, usize::MAX, data.as_ptr(), 2), ei);
+        assert_eq!(
+            zcfs_zcopy_fill(h, id, 0, data.as_ptr(), usize::MAX),
+            ei,
+            "a length no buffer has"
+        );
         assert_eq!(zcfs_zcopy_fill(h, id, 0, null(), 1), ei);
         assert_eq!(zcfs_zcopy_fill(h, id + 1000, 0, data.as_ptr(), 1), ei);
         assert_eq!(zcfs_zcopy_fill(null_mut(), id, 0, data.as_ptr(), 1), ei);
