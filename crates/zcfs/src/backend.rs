@@ -61,9 +61,9 @@ impl OpenedBackend {
                 r => break r.with_context(|| format!("opening the volume {}", image.display()))?,
             }
         };
-        if worth_prefaulting(image) {
-            vol.prefault_in_background();
-        }
+        // Only where populating costs page tables alone (the volume checks: a DAX
+        // device, or an allocated tmpfs image as mkfs makes it).
+        vol.prefault_in_background();
         Ok(OpenedBackend {
             backend: Arc::new(zcfs_local::LocalFs::new(vol.clone())),
             volume: Some(vol),
@@ -91,21 +91,4 @@ pub fn client_config(addr: &str, secret_file: Option<&Path>) -> Result<ClientCon
 
 pub fn connect(cfg: ClientConfig) -> Result<RemoteFs> {
     RemoteFs::connect(cfg).map_err(|e| anyhow!("{e}"))
-}
-
-/// Whether to keep pages ahead of the allocator (`Volume::prefault_in_background`): for a
-/// DAX device, and for an image in tmpfs (/dev/shm) that mkfs allocated whole, where
-/// populating only maps pages the file already has. Not for a `--sparse` image (its
-/// owner asked for memory only as it fills) nor one on a disk file system (populating
-/// would dirty pages for writeback).
-fn worth_prefaulting(image: &Path) -> bool {
-    use std::os::fd::AsFd;
-    use std::os::unix::fs::FileTypeExt;
-    match std::fs::File::open(image) {
-        Ok(f) => {
-            f.metadata().is_ok_and(|m| m.file_type().is_char_device())
-                || zcfs_pmem::populating_is_free(f.as_fd())
-        }
-        Err(_) => false,
-    }
 }
