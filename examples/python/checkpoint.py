@@ -369,12 +369,18 @@ def bench(a):
         with zcfs.Client(sock) as c:
             if not c.trusted:
                 raise RuntimeError("the direct map needs a trusted process (root or the image's owner)")
+            # Setup, once per process, as an application would at start: the image's
+            # pages mapped now, so no save's fill takes page faults. Timed and reported.
+            t0 = time.perf_counter()
+            done = c.prefault()
+            prefault_s = round(time.perf_counter() - t0, 3)
+            print(f"direct  prefault of the image's mapping: {prefault_s} s (done={done})", file=sys.stderr, flush=True)
             for g, t in enumerate(gens, 1):
                 st = Stats()
                 s = save_direct(c, t, g, stats=st)
                 rows.append(row("direct", "save", total, len(files), s, rep=g, fill_s=round(st.fill_s, 3),
                                 calls_s=round(st.calls_s, 3), commits=st.commits + 1,
-                                paged_fallbacks=st.paged_fallbacks))
+                                paged_fallbacks=st.paged_fallbacks, prefault_s=prefault_s))
                 t0 = time.perf_counter()
                 m, n = restore_direct(c, {g: t})
                 rows.append(row("direct", "restore", n, len(files), time.perf_counter() - t0, rep=g))
@@ -451,6 +457,10 @@ def table(rows):
             ratio = f"{m['seconds'] / r['seconds']:.2f}x" if m else ""
             out.append(f"| {t} | {op} | {r['bytes'] / 2**20:.0f} MiB | {r['files']} | {r['seconds']:.3f} | "
                        f"{r['mb_s']:.0f} | {ratio} |")
+    pf = next((r["prefault_s"] for r in rows if "prefault_s" in r), None)
+    if pf is not None:
+        out.append("")
+        out.append(f"direct: the image's mapping was faulted in once at connect ({pf} s), before the saves.")
     return "\n".join(out) + "\n"
 
 

@@ -66,6 +66,7 @@ def load(path=None):
         "zcfs_connect": (vp, [ctypes.c_char_p]),
         "zcfs_disconnect": (None, [vp]),
         "zcfs_trusted": (ctypes.c_int, [vp]),
+        "zcfs_prefault": (ctypes.c_int, [vp]),
         "zcfs_register_buffer": (ctypes.c_int, [vp, sz, P(u32)]),
         "zcfs_buffer_ptr": (vp, [vp, u32, P(sz)]),
         "zcfs_open": (ctypes.c_int, [vp, ctypes.c_char_p, ctypes.c_int, u32, P(u32), P(u64)]),
@@ -192,6 +193,12 @@ class Client:
     @property
     def trusted(self):
         return _check(self.lib.zcfs_trusted(self.h), "trusted") == 1
+
+    def prefault(self):
+        """Fault the image into the direct map now (a setup cost paid once), so that no
+        fill takes a page fault later. True when done; False where it is not free (an
+        image with holes, or on disk)."""
+        return _check(self.lib.zcfs_prefault(self.h), "prefault") == 1
 
     def register_buffer(self, n):
         """A shared buffer of n bytes: (id, numpy uint8 array over it)."""

@@ -21,6 +21,7 @@ fn null_pointers_are_einval() {
         assert_eq!(errno(), libc::EINVAL);
         zcfs_disconnect(null_mut());
         assert_eq!(zcfs_trusted(null_mut()), ei);
+        assert_eq!(zcfs_prefault(null_mut()), ei);
         let mut id = 0u32;
         assert_eq!(zcfs_register_buffer(null_mut(), 4096, &mut id), ei);
         assert!(zcfs_buffer_ptr(null_mut(), 0, null_mut()).is_null());

@@ -440,6 +440,8 @@ pub struct DirectMap {
     /// the background on a fully allocated image, else faulted in on first use; pages
     /// stay mapped).
     rw_map: Arc<Mapping>,
+    /// Whether faulting the image in costs page tables alone (`Client::prefault_window`).
+    populating_is_free: bool,
     pub geometry: MapGeometry,
 }
 
@@ -958,7 +960,8 @@ impl Client {
             let changes = Mapping::map(changes.as_fd(), 0, g.change_slots as usize * 8, false)?;
             let map = Mapping::map(ro.as_fd(), 0, g.image_size as usize, false)?;
             let rw_map = Arc::new(Mapping::map(rw.as_fd(), 0, g.image_size as usize, true)?);
-            if zcfs_pmem::populating_is_free(rw.as_fd()) {
+            let populating_is_free = zcfs_pmem::populating_is_free(rw.as_fd());
+            if populating_is_free {
                 prefault_window(Arc::downgrade(&rw_map), g.data_start, g.data_end);
             }
             drop(rw);
@@ -966,10 +969,35 @@ impl Client {
                 map,
                 changes,
                 rw_map,
+                populating_is_free,
                 geometry: g,
             });
         }
         Ok(self.direct.as_ref().expect("set"))
+    }
+
+    /// Direct map: fault the whole data area of the writable mapping in now, from the
+    /// calling thread, so that no fill of a reservation takes a page fault: a cost paid
+    /// once per process at setup (~1 µs per 4 KiB page here: 1.3 s for 5 GiB) instead of
+    /// in the first writes to each block (a 2 GiB checkpoint's first save took 1.3-1.6 s
+    /// instead of 0.5 s). True when done; false, nothing done, where populating is not
+    /// free (`zcfs_pmem::populating_is_free`: an image with holes, or on disk).
+    pub fn prefault_window(&mut self) -> Result<bool> {
+        let d = self.direct_map()?;
+        if !d.populating_is_free {
+            return Ok(false);
+        }
+        let page = rustix::param::page_size() as u64;
+        let g = d.geometry;
+        let (start, end) = (
+            g.data_start.next_multiple_of(page),
+            g.data_end - g.data_end % page,
+        );
+        if end > start {
+            d.rw_map
+                .populate_now(start as usize, (end - start) as usize, WINDOW_PREFAULT_STEP)?;
+        }
+        Ok(true)
     }
 
     /// The direct map, once granted.

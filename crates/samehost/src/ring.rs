@@ -285,6 +285,38 @@ impl Mapping {
         unsafe { zcfs_pmem::touch_writable(self.ptr.add(off), len) };
         Ok(())
     }
+    /// Fill the page tables of `[off, off+len)` writable now, from this thread
+    /// (MADV_POPULATE_WRITE, `step` bytes per call so that the address-space lock is
+    /// let go between calls). Faster per page than faulting (~1 µs against ~2 here), for
+    /// a caller at normal priority that wants the cost paid now. Same checks and errors
+    /// as [`Mapping::populate_writable`].
+    pub fn populate_now(&self, off: usize, len: usize, step: usize) -> std::io::Result<()> {
+        let page = rustix::param::page_size();
+        if !self.writable
+            || !off.is_multiple_of(page)
+            || !len.is_multiple_of(page)
+            || off.checked_add(len).is_none_or(|end| end > self.len)
+            || step == 0
+            || !step.is_multiple_of(page)
+        {
+            return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        let mut at = off;
+        while at < off + len {
+            let n = step.min(off + len - at);
+            // SAFETY: a page-aligned range inside this live, shared, writable mapping
+            // (checked above); populating changes no byte.
+            unsafe {
+                rustix::mm::madvise(
+                    self.ptr.add(at) as *mut _,
+                    n,
+                    rustix::mm::Advice::LinuxPopulateWrite,
+                )?
+            };
+            at += n;
+        }
+        Ok(())
+    }
     pub fn len(&self) -> usize {
         self.len
     }

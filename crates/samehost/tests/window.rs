@@ -161,3 +161,33 @@ fn the_writable_mapping_is_populated_only_on_a_fully_allocated_image() {
     );
     assert_eq!(std::fs::metadata(&s.image).unwrap().blocks(), before);
 }
+
+/// `Client::prefault_window` faults the whole data area in before it returns on a fully
+/// allocated tmpfs image, and does nothing (false) on an image with holes.
+#[test]
+fn prefault_window_maps_the_data_area_now_or_says_it_did_nothing() {
+    use std::os::unix::fs::MetadataExt;
+    let s = serve("prefaultnow");
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&s.image)
+        .unwrap();
+    // SAFETY: fallocate on a descriptor we own, plain integers.
+    let rc = unsafe {
+        use std::os::unix::io::AsRawFd;
+        libc::fallocate(f.as_raw_fd(), 0, 0, IMAGE_SIZE as libc::off_t)
+    };
+    assert_eq!(rc, 0);
+    let mut c = Client::connect(&s.sock).unwrap();
+    assert!(c.prefault_window().unwrap());
+    let d = c.mapped().unwrap();
+    let data_bytes = d.geometry.data_end - d.geometry.data_start;
+    assert!(rss_of_mapping_at(d.writable_base() as usize) >= data_bytes);
+    drop(c);
+
+    let s = serve("prefaultholes");
+    let before = std::fs::metadata(&s.image).unwrap().blocks();
+    let mut c = Client::connect(&s.sock).unwrap();
+    assert!(!c.prefault_window().unwrap(), "an image with holes");
+    assert_eq!(std::fs::metadata(&s.image).unwrap().blocks(), before);
+}
