@@ -239,9 +239,9 @@ pub unsafe extern "C" fn zcfs_trusted(h: *mut zcfs_client) -> c_int {
 /// Direct map (trusted applications): fault the image's data area into this process's
 /// writable mapping now, from the calling thread, so that no `zcfs_zcopy_from` fill
 /// takes a page fault later: a setup cost paid once (~1 µs per 4 KiB page here).
-/// Returns 1 when done, 0 when populating is not free there (an image with holes, or on
-/// a disk file system: nothing done), or a negative errno (-EPERM without the direct
-/// map).
+/// Returns 1 when done, 0 when populating is not known to be free there (an image with
+/// holes, on a disk file system, or a DAX device: nothing done), or a negative errno
+/// (-EPERM without the direct map).
 ///
 /// # Safety
 /// As [`client`].

@@ -981,7 +981,8 @@ impl Client {
     /// once per process at setup (~1 µs per 4 KiB page here: 1.3 s for 5 GiB) instead of
     /// in the first writes to each block (a 2 GiB checkpoint's first save took 1.3-1.6 s
     /// instead of 0.5 s). True when done; false, nothing done, where populating is not
-    /// free (`zcfs_pmem::populating_is_free`: an image with holes, or on disk).
+    /// known to be free (`zcfs_pmem::populating_is_free`: an image with holes, on disk,
+    /// or a DAX device, which the client does not check for).
     pub fn prefault_window(&mut self) -> Result<bool> {
         let d = self.direct_map()?;
         if !d.populating_is_free {
