@@ -79,7 +79,10 @@ fn prefault_window_twice_between_fills_keeps_the_bytes() {
     }])
     .unwrap();
     let buf = c.register_buffer(data.len()).unwrap();
-    assert_eq!(c.read(f.handle, 0, buf, 0, data.len() as u64).unwrap(), data.len());
+    assert_eq!(
+        c.read(f.handle, 0, buf, 0, data.len() as u64).unwrap(),
+        data.len()
+    );
     assert!(c.buffer(buf).unwrap()[..data.len()] == data[..]);
 }
 
