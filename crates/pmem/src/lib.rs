@@ -695,7 +695,7 @@ pub fn populating_is_free(fd: std::os::fd::BorrowedFd<'_>) -> bool {
 /// background work such as prefaulting: any runnable thread of normal priority
 /// preempts it at once. At nice 19 instead, a prefault thread held the CPU a request
 /// thread had just been woken on for up to a scheduler slice (a same-host client's
-/// close took ~0.5 ms instead of ~0.1 while two such threads ran). Falls back to nice 19
+/// close took 0.5-0.8 ms instead of 0.2-0.3 while two such threads ran). Falls back to nice 19
 /// where SCHED_IDLE is refused.
 pub fn run_this_thread_when_idle() {
     // SAFETY: sched_param is a plain integer struct; all zero is valid (priority 0,

@@ -281,12 +281,7 @@ fn reservations_are_bounded_and_given_back_when_the_connection_ends() {
 #[test]
 fn child_untrusted() {
     let Some(sock) = child_arg() else { return };
-    // SAFETY: plain system calls in a single-threaded child test process.
-    unsafe {
-        assert_eq!(libc::setgroups(0, std::ptr::null()), 0);
-        assert_eq!(libc::setgid(65534), 0);
-        assert_eq!(libc::setuid(65534), 0);
-    }
+    become_nobody();
     let mut c = Client::connect(&sock).unwrap();
     assert!(!c.trusted());
     let e = c.direct_map().err().unwrap();

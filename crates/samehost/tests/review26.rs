@@ -48,16 +48,7 @@ fn cpus() -> usize {
 /// the window prefault thread).
 fn serve_allocated(name: &str, size: u64) -> Served {
     let s = serve_sized(name, size, |_| {});
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .open(&s.image)
-        .unwrap();
-    // SAFETY: fallocate on a descriptor we own, plain integers.
-    let rc = unsafe {
-        use std::os::unix::io::AsRawFd;
-        libc::fallocate(f.as_raw_fd(), 0, 0, size as libc::off_t)
-    };
-    assert_eq!(rc, 0);
+    allocate_whole(&s.image);
     s
 }
 

@@ -3,15 +3,7 @@
 
 mod common;
 use common::*;
-use std::os::unix::io::AsRawFd;
 use zcfs_samehost::client::Client;
-
-fn allocate_whole(image: &std::path::Path) {
-    let f = std::fs::OpenOptions::new().write(true).open(image).unwrap();
-    // SAFETY: fallocate on a descriptor we own, plain integers.
-    let rc = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, IMAGE_SIZE as libc::off_t) };
-    assert_eq!(rc, 0);
-}
 
 /// Wait (bounded: 10 s) until this process has no `zcfs-window-prefault` thread.
 fn no_window_prefault_thread() {
@@ -37,12 +29,7 @@ fn run_child(name: &str, arg: &str) {
 #[test]
 fn child_untrusted_prefault() {
     let Some(sock) = child_arg() else { return };
-    // SAFETY: plain system calls in a single-threaded child test process.
-    unsafe {
-        assert_eq!(libc::setgroups(0, std::ptr::null()), 0);
-        assert_eq!(libc::setgid(65534), 0);
-        assert_eq!(libc::setuid(65534), 0);
-    }
+    become_nobody();
     let mut c = Client::connect(&sock).unwrap();
     assert_eq!(c.prefault_window().unwrap_err().errno(), libc::EPERM);
     assert_eq!(c.prefault_window().unwrap_err().errno(), libc::EPERM);

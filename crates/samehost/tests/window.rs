@@ -126,16 +126,7 @@ fn rss_of_mapping_at(addr: usize) -> u64 {
 fn the_writable_mapping_is_populated_only_on_a_fully_allocated_image() {
     use std::os::unix::fs::MetadataExt;
     let s = serve("prefaulted");
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .open(&s.image)
-        .unwrap();
-    // SAFETY: fallocate on a descriptor we own, plain integers.
-    let rc = unsafe {
-        use std::os::unix::io::AsRawFd;
-        libc::fallocate(f.as_raw_fd(), 0, 0, IMAGE_SIZE as libc::off_t)
-    };
-    assert_eq!(rc, 0);
+    allocate_whole(&s.image);
     let mut c = Client::connect(&s.sock).unwrap();
     let (addr, data_bytes) = {
         let d = c.direct_map().unwrap();
@@ -168,16 +159,7 @@ fn the_writable_mapping_is_populated_only_on_a_fully_allocated_image() {
 fn prefault_window_maps_the_data_area_now_or_says_it_did_nothing() {
     use std::os::unix::fs::MetadataExt;
     let s = serve("prefaultnow");
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .open(&s.image)
-        .unwrap();
-    // SAFETY: fallocate on a descriptor we own, plain integers.
-    let rc = unsafe {
-        use std::os::unix::io::AsRawFd;
-        libc::fallocate(f.as_raw_fd(), 0, 0, IMAGE_SIZE as libc::off_t)
-    };
-    assert_eq!(rc, 0);
+    allocate_whole(&s.image);
     let mut c = Client::connect(&s.sock).unwrap();
     assert!(c.prefault_window().unwrap());
     let d = c.mapped().unwrap();

@@ -53,6 +53,23 @@ impl Server {
         }
     }
 
+    /// `/private`: "secret", 1000's and 0600 (a client squashed to nobody cannot read it).
+    fn write_private(&self, net: &Net) {
+        self.lib(net, |fs| {
+            let (a, fh) = fs
+                .create(
+                    &ctx(),
+                    ROOT,
+                    b"private",
+                    libc::S_IFREG | 0o600,
+                    libc::O_WRONLY,
+                )
+                .unwrap();
+            fs.write(&ctx(), a.ino, fh, 0, b"secret").unwrap();
+            fs.release(a.ino, fh).unwrap();
+        });
+    }
+
     /// `HOST:PORT:path` of this server.
     fn at(&self, net: &Net, path: &str) -> String {
         format!("{}:{}:{path}", srv_ip(net), self.port)
@@ -478,19 +495,7 @@ fn an_unreadable_source_leaves_the_destination_untouched() {
     let net = Net::new();
     // Root is squashed to nobody: 1000's 0600 file cannot be read.
     let srv = Server::start(&net, "unreadable", 7081, "1G", true);
-    srv.lib(&net, |fs| {
-        let (a, fh) = fs
-            .create(
-                &ctx(),
-                ROOT,
-                b"private",
-                libc::S_IFREG | 0o600,
-                libc::O_WRONLY,
-            )
-            .unwrap();
-        fs.write(&ctx(), a.ino, fh, 0, b"secret").unwrap();
-        fs.release(a.ino, fh).unwrap();
-    });
+    srv.write_private(&net);
     let private = srv.at(&net, "/private");
     let d = scratch("unreadable");
     fs::write(d.join("keep"), b"kept").unwrap();
@@ -770,19 +775,7 @@ fn permission_denied_and_root_squash_are_reported() {
     let net = Net::new();
     // Root on the client is squashed to nobody; the root directory is 1000's, 0755.
     let srv = Server::start(&net, "squash", 7070, "1G", true);
-    srv.lib(&net, |fs| {
-        let (a, fh) = fs
-            .create(
-                &ctx(),
-                ROOT,
-                b"private",
-                libc::S_IFREG | 0o600,
-                libc::O_WRONLY,
-            )
-            .unwrap();
-        fs.write(&ctx(), a.ino, fh, 0, b"secret").unwrap();
-        fs.release(a.ino, fh).unwrap();
-    });
+    srv.write_private(&net);
     let d = scratch("squash");
     fs::write(d.join("f"), b"data").unwrap();
     let o = zcfs_in(&net, &srv, "cp", &[s(&d.join("f")), &srv.at(&net, "/f")]);

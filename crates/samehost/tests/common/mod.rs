@@ -211,3 +211,25 @@ pub unsafe fn raw_commit(
     // SAFETY: per this function's contract.
     unsafe { c.call_unchecked(e) }.map(|_| ())
 }
+
+/// Allocate every byte of `image` (fallocate), as `zcfs mkfs` makes an image by default:
+/// only then do the client and the volume fault it in ahead of use.
+pub fn allocate_whole(image: &std::path::Path) {
+    use std::os::unix::io::AsRawFd;
+    let f = std::fs::OpenOptions::new().write(true).open(image).unwrap();
+    let len = f.metadata().unwrap().len();
+    // SAFETY: fallocate on a descriptor we own, plain integers.
+    let rc = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len as libc::off_t) };
+    assert_eq!(rc, 0, "fallocate {}", image.display());
+}
+
+/// Become uid and gid 65534 with no supplementary groups (a child test process:
+/// single-threaded, so the credentials of every thread change).
+pub fn become_nobody() {
+    // SAFETY: plain system calls with plain integers.
+    unsafe {
+        assert_eq!(libc::setgroups(0, std::ptr::null()), 0);
+        assert_eq!(libc::setgid(65534), 0);
+        assert_eq!(libc::setuid(65534), 0);
+    }
+}
