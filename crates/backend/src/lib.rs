@@ -102,6 +102,10 @@ impl<F: FnMut(&[&[u8]]) -> Result<()>> ReadReply for F {
     }
 }
 
+/// Where the outcome of [`Backend::read_then`] goes: the bytes read (fewer at end of
+/// file, none past it) or why not.
+pub type ReadDone = Box<dyn FnOnce(Result<Vec<u8>>) + Send>;
+
 /// A write's payload, still at its source (a socket, a buffer): a backend moves it
 /// straight into the memory that will hold it (the zero-copy write path).
 ///
@@ -290,6 +294,22 @@ pub trait Backend: Send + Sync {
         size: u32,
         reply: &mut dyn ReadReply,
     ) -> Result<()>;
+    /// Whether [`Backend::read_then`] answers without holding the calling thread for
+    /// the read (a network backend). A frontend then calls it instead of `read`.
+    fn reads_then(&self) -> bool {
+        false
+    }
+    /// `read`, its outcome handed to `done` (exactly once, on any thread; it must not
+    /// block). A backend that [`reads_then`](Backend::reads_then) returns before the
+    /// data is in. The default reads here and calls `done` before it returns.
+    fn read_then(&self, ino: u64, fh: u64, offset: u64, size: u32, done: ReadDone) {
+        let mut data = None;
+        let r = self.read(ino, fh, offset, size, &mut |slices: &[&[u8]]| {
+            data = Some(slices.concat());
+            Ok(())
+        });
+        done(r.map(|()| data.unwrap_or_default()))
+    }
     /// Write `data` at `offset`; returns the bytes written (fewer only when the
     /// volume runs out of room part way, as POSIX allows). A write by an unprivileged
     /// `ctx` drops the file's set-user-ID bit (and set-group-ID, as Linux does).

@@ -11,7 +11,7 @@
 //! their channel, or to posted requests no one waits for), and watches an idle socket
 //! so that a server that goes away is noticed before the next request is sent.
 
-use crate::{lock, Response, Slot};
+use crate::{is_transport, lock, Caller, Client, Completion, Response, Slot};
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -95,18 +95,38 @@ impl Conn {
     pub(crate) fn close(&self, why: &str) {
         self.broken.store(true, Ordering::SeqCst);
         let _ = self.control.shutdown(std::net::Shutdown::Both);
-        for (_, (_, slot)) in lock(&self.pending).drain() {
-            if let Some(slot) = slot {
-                let _ = slot.try_send(Err(Error::new(
-                    libc::ENOTCONN,
-                    format!("connection to the server lost: {why}"),
-                )));
-            }
+        // Taken out first: a `Then` runs its completion with no lock held.
+        let failed: Vec<Slot> = lock(&self.pending)
+            .drain()
+            .filter_map(|(_, (_, slot))| slot)
+            .collect();
+        for slot in failed {
+            slot.deliver(Err(Error::new(
+                libc::ENOTCONN,
+                format!("connection to the server lost: {why}"),
+            )));
         }
     }
 
     pub(crate) fn is_up(&self) -> bool {
         !self.broken.load(Ordering::SeqCst)
+    }
+
+    /// Take one of the connection's in-flight slots, waiting while all are taken
+    /// (given back by the `Ticket`'s drop, or by a `Then` when it runs).
+    pub(crate) fn take_inflight_slot(&self) {
+        let (m, cv) = &self.inflight;
+        let mut n = lock(m);
+        while *n >= self.welcome.max_inflight {
+            n = cv.wait(n).unwrap_or_else(|e| e.into_inner());
+        }
+        *n += 1;
+    }
+
+    fn give_inflight_slot(&self) {
+        let (m, cv) = &self.inflight;
+        *lock(m) -= 1;
+        cv.notify_one();
     }
 
     fn take_reader(&self) -> Option<Reader> {
@@ -126,7 +146,7 @@ impl Conn {
 
     /// Make the background reader look for replies owed now (it is reading already
     /// when the reader is taken: nothing to do then).
-    fn wake_background(&self) {
+    pub(crate) fn wake_background(&self) {
         if lock(&self.reader).is_none() {
             return;
         }
@@ -171,9 +191,7 @@ fn dispatch(conn: &Conn, r: Received, own: Option<u64>) -> Result<Dispatched, St
         return Ok(Dispatched::Own(resp));
     }
     match slot {
-        Some(slot) => {
-            let _ = slot.try_send(Ok(resp));
-        }
+        Some(slot) => slot.deliver(Ok(resp)),
         // A posted request answered: nothing to send again.
         None => {
             lock(&conn.posted).remove(&resp.hdr.id);
@@ -187,8 +205,9 @@ fn dispatch(conn: &Conn, r: Received, own: Option<u64>) -> Result<Dispatched, St
 /// with), and the connection ends.
 fn receive_failed(conn: &Conn, f: RecvFail) {
     if let Some(id) = f.forged {
-        if let Some((_, Some(slot))) = lock(&conn.pending).remove(&id) {
-            let _ = slot.try_send(Err(Error::new(
+        let owed = lock(&conn.pending).remove(&id);
+        if let Some((_, Some(slot))) = owed {
+            slot.deliver(Err(Error::new(
                 libc::EIO,
                 format!("the reply failed its integrity check: {}", f.why),
             )));
@@ -326,9 +345,96 @@ impl Ticket {
 impl Drop for Ticket {
     /// Release the in-flight slot, waited for or not.
     fn drop(&mut self) {
-        let (m, cv) = &self.conn.inflight;
-        *lock(m) -= 1;
-        cv.notify_one();
+        self.conn.give_inflight_slot();
+    }
+}
+
+/// A request sent by `Client::call_then`: its completion, run once with the outcome by
+/// whoever reads the reply, and its connection's in-flight slot, held until then.
+pub(crate) struct Then {
+    done: Option<Completion>,
+    /// The connection whose in-flight slot it holds (weak: the connection holds this).
+    conn: Weak<Conn>,
+    /// To send the request again through `call` after a lost connection.
+    client: Weak<Client>,
+    req: Request,
+}
+
+impl Then {
+    /// The in-flight slot must have been taken (`Conn::take_inflight_slot`).
+    pub(crate) fn new(
+        conn: &Arc<Conn>,
+        client: Weak<Client>,
+        req: Request,
+        done: Completion,
+    ) -> Then {
+        Then {
+            done: Some(done),
+            conn: Arc::downgrade(conn),
+            client,
+            req,
+        }
+    }
+
+    /// The outcome as `call` gives it: a reply with an error status is that error; a
+    /// lost connection sends the request again through `call`, on a thread of its own
+    /// (this one may be the connection's reader).
+    pub(crate) fn run(mut self, r: Result<Response, Error>) {
+        let Some(done) = self.done.take() else { return };
+        self.release();
+        let r = r.and_then(|resp| match resp.hdr.status {
+            0 => Ok(resp),
+            status => Err(Error::errno(status)),
+        });
+        match r {
+            Err(e) if is_transport(&e) => {
+                let (client, req) = (self.client.clone(), self.req.clone());
+                // `done` moves into the thread only if it starts; else it runs here.
+                let slot = Arc::new(Mutex::new(Some(done)));
+                let theirs = slot.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("zcfs-resend".into())
+                    .spawn(move || {
+                        let Some(done) = lock(&theirs).take() else {
+                            return;
+                        };
+                        match client.upgrade() {
+                            Some(c) => done(c.call(&req, Caller::process(), &[])),
+                            None => done(Err(e)),
+                        }
+                    });
+                if let Err(spawn) = spawned {
+                    if let Some(done) = lock(&slot).take() {
+                        done(Err(Error::new(
+                            libc::EAGAIN,
+                            format!("cannot start a thread to send the request again: {spawn}"),
+                        )));
+                    }
+                }
+            }
+            r => done(r),
+        }
+    }
+
+    /// Gives the connection's in-flight slot back (once).
+    fn release(&mut self) {
+        if let Some(conn) = std::mem::take(&mut self.conn).upgrade() {
+            conn.give_inflight_slot();
+        }
+    }
+}
+
+impl Drop for Then {
+    /// Dropped without running (a reply no one should get): the slot goes back, and
+    /// the caller hears of it rather than waiting for ever.
+    fn drop(&mut self) {
+        self.release();
+        if let Some(done) = self.done.take() {
+            done(Err(Error::new(
+                libc::EIO,
+                "the request was dropped unanswered",
+            )));
+        }
     }
 }
 

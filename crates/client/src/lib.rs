@@ -147,7 +147,29 @@ pub struct Response {
     pub epoch: u64,
 }
 
-type Slot = SyncSender<Result<Response, Error>>;
+/// Where a request's outcome goes when its reply is read (or its connection lost).
+pub(crate) enum Slot {
+    /// A caller waits for it on the channel (`Ticket`).
+    Waiter(SyncSender<Result<Response, Error>>),
+    /// `Client::call_then`: run by whoever reads the reply.
+    Then(conn::Then),
+}
+
+impl Slot {
+    /// Hands the outcome on; run with no lock of the connection held (a `Then` runs
+    /// its caller's completion).
+    pub(crate) fn deliver(self, r: Result<Response, Error>) {
+        match self {
+            Slot::Waiter(tx) => {
+                let _ = tx.try_send(r);
+            }
+            Slot::Then(then) => then.run(r),
+        }
+    }
+}
+
+/// What `Client::call_then` calls with the outcome `call` would have returned.
+pub type Completion = Box<dyn FnOnce(Result<Response, Error>) + Send>;
 
 /// Run when a (re)connection found the session gone (before that connection is handed
 /// out to anyone): the server no longer holds this client's handles and references.
@@ -870,22 +892,51 @@ impl Client {
         let (hdr, body) = req
             .encode_with_groups(id, cred.cred, cred.groups)
             .map_err(|e| Error::new(e.errno(), e.to_string()))?;
-        {
-            let (m, cv) = &conn.inflight;
-            let mut n = lock(m);
-            while *n >= conn.welcome.max_inflight {
-                n = cv.wait(n).unwrap_or_else(|e| e.into_inner());
-            }
-            *n += 1;
-        }
+        conn.take_inflight_slot();
         let (tx, rx) = sync_channel(1);
-        lock(&conn.pending).insert(id, (req.op(), wait.then_some(tx)));
+        let r = self.send_on(
+            &conn,
+            id,
+            req,
+            &hdr,
+            &body,
+            data,
+            wait.then_some(Slot::Waiter(tx)),
+        );
+        let ticket = Ticket {
+            rx,
+            conn: conn.clone(),
+            id,
+            timeout: self.cfg.timeout,
+            addr: self.cfg.addr.clone(),
+        };
+        // A failed send broke the connection: the ticket holds the ENOTCONN the break
+        // delivered.
+        let _ = r;
+        Ok(ticket)
+    }
+
+    /// Register `slot` for request `id` (its in-flight slot taken) and send the
+    /// request. Err: the send failed and broke the connection (the slot has had
+    /// ENOTCONN).
+    #[allow(clippy::too_many_arguments)]
+    fn send_on(
+        &self,
+        conn: &Arc<Conn>,
+        id: u64,
+        req: &Request,
+        hdr: &[u8],
+        body: &[u8],
+        data: &[&[u8]],
+        slot: Option<Slot>,
+    ) -> Result<(), ()> {
+        lock(&conn.pending).insert(id, (req.op(), slot));
         let mut w = lock(&conn.writer);
         // The tags (with a secret): over header and body, and in full mode over the
         // data too (hashed where the caller has it).
         let (mut tag, mut data_tag) = ([0u8; TAG_LEN], None);
         if let Some(mac) = w.mac.as_mut() {
-            let mut m = mac.begin(&hdr, &body);
+            let mut m = mac.begin(hdr, body);
             tag = m.tag();
             let n: usize = data.iter().map(|d| d.len()).sum();
             if mac.data_tagged(n) {
@@ -894,8 +945,8 @@ impl Client {
             }
         }
         let mut iov = Vec::with_capacity(4 + data.len());
-        iov.push(IoSlice::new(&hdr));
-        iov.push(IoSlice::new(&body));
+        iov.push(IoSlice::new(hdr));
+        iov.push(IoSlice::new(body));
         if w.mac.is_some() {
             iov.push(IoSlice::new(&tag));
         }
@@ -906,21 +957,50 @@ impl Client {
         let n: usize = iov.iter().map(|s| s.len()).sum();
         let r = write_all_vectored(&mut w.s, &mut iov);
         drop(w);
-        let ticket = Ticket {
-            rx,
-            conn: conn.clone(),
-            id,
-            timeout: self.cfg.timeout,
-            addr: self.cfg.addr.clone(),
-        };
         if let Err(e) = r {
             conn.break_with(&format!("send failed: {e}"));
-            // The ticket now holds the ENOTCONN the break delivered.
-            return Ok(ticket);
+            return Err(());
         }
         self.bytes_sent.fetch_add(n as u64, Ordering::Relaxed);
         self.tcp_requests[req.op() as usize].fetch_add(1, Ordering::Relaxed);
-        Ok(ticket)
+        Ok(())
+    }
+
+    /// `call` without waiting: `done` gets what `call` would have returned, on the
+    /// thread that reads the reply (the connection's reader, or a caller reading its
+    /// own), so it must not block. A FUSE read so frees its thread for the next request
+    /// while the server works: no thread waits per request, and no hand-off wakes one
+    /// (at queue depth 16 most of the mount's CPU was that switching).
+    ///
+    /// Sent as the process (`Caller::process`). Only for idempotent requests on TCP:
+    /// with the layer-2 lane configured, or a request that must not run twice, it is
+    /// `call` on this thread. A lost connection sends it again through `call` on a
+    /// thread of its own (the reader must not wait for a reconnection).
+    pub fn call_then(self: &Arc<Self>, req: Request, done: Completion) {
+        if self.cfg.l2.is_some() || !req.op().idempotent() {
+            return done(self.call(&req, Caller::process(), &[]));
+        }
+        let cred = Caller::process();
+        if let Err(e) = cred.check() {
+            return done(Err(e));
+        }
+        let conn = match self.pick() {
+            Ok(c) => c,
+            // No connection to be had: `call` would have failed the same way.
+            Err(e) => return done(Err(e)),
+        };
+        let id = self.ids.fetch_add(1, Ordering::Relaxed);
+        let (hdr, body) = match req.encode_with_groups(id, cred.cred, cred.groups) {
+            Ok(e) => e,
+            Err(e) => return done(Err(Error::new(e.errno(), e.to_string()))),
+        };
+        conn.take_inflight_slot();
+        let then = conn::Then::new(&conn, Arc::downgrade(self), req.clone(), done);
+        let sent = self.send_on(&conn, id, &req, &hdr, &body, &[], Some(Slot::Then(then)));
+        if sent.is_ok() {
+            // No caller waits to read the reply: the reader thread does.
+            conn.wake_background();
+        }
     }
 
     fn attempt(

@@ -63,6 +63,18 @@ const READDIRPLUS_BATCH: u32 = 128;
 /// commit to the close, which costs one round trip for many bytes.
 pub const COMMIT_WRITE_MAX: usize = 64 << 10;
 
+/// A read's reply carries at most what was asked for: more is a broken (or, without
+/// MACs, forged) reply, never handed on.
+fn checked_read(data: &[u8], size: u32) -> Result<()> {
+    if data.len() > size as usize {
+        return Err(Error::new(
+            libc::EIO,
+            format!("the server sent {} bytes for a read of {size}", data.len()),
+        ));
+    }
+    Ok(())
+}
+
 /// Who opened a file: uid and gid, supplementary groups.
 type Opener = (Cred, Vec<u32>);
 
@@ -133,7 +145,7 @@ pub struct RemoteFs {
     meta: Arc<Mutex<Meta>>,
     open: Arc<Mutex<OpenFiles>>,
     next_fh: AtomicU64,
-    read_bytes: AtomicU64,
+    read_bytes: Arc<AtomicU64>,
     written_bytes: AtomicU64,
     /// Flushes and fsyncs sent behind the writes they cover (`durable_behind_writes`).
     flushes_behind: AtomicU64,
@@ -250,7 +262,7 @@ impl RemoteFs {
             meta: Arc::new(Mutex::new(Meta::default())),
             open: Arc::new(Mutex::new(OpenFiles::default())),
             next_fh: AtomicU64::new(1),
-            read_bytes: AtomicU64::new(0),
+            read_bytes: Arc::new(AtomicU64::new(0)),
             written_bytes: AtomicU64::new(0),
             flushes_behind: AtomicU64::new(0),
             durable_by_commits: AtomicU64::new(0),
@@ -1135,18 +1147,44 @@ impl Backend for RemoteFs {
         self.client
             .bytes_received
             .fetch_add(r.data.len() as u64, Ordering::Relaxed);
-        if r.data.len() > size as usize {
-            // More than asked for is a broken (or, without MACs, forged) reply: never
-            // hand it on.
-            return Err(Error::new(
-                libc::EIO,
-                format!(
-                    "the server sent {} bytes for a read of {size}",
-                    r.data.len()
-                ),
-            ));
-        }
+        checked_read(&r.data, size)?;
         reply.send(&[&r.data])
+    }
+
+    fn reads_then(&self) -> bool {
+        self.client.config().l2.is_none()
+    }
+
+    /// `read` through `Client::call_then`: the caller's thread is free once the
+    /// request is sent.
+    fn read_then(&self, ino: u64, fh: u64, offset: u64, size: u32, done: ReadDone) {
+        self.behind
+            .settle_range(ino, offset, offset.saturating_add(u64::from(size)));
+        let sfh = match self.server_fh(fh) {
+            Ok(f) => f,
+            Err(e) => return done(Err(e)),
+        };
+        let req: Request = ReadReq {
+            node: self.node(ino),
+            fh: sfh,
+            offset,
+            size: size.min(MAX_DATA as u32),
+        }
+        .into();
+        let (client, read_bytes) = (self.client.clone(), self.read_bytes.clone());
+        self.client.call_then(
+            req,
+            Box::new(move |r| {
+                done(r.and_then(|r| {
+                    checked_read(&r.data, size)?;
+                    read_bytes.fetch_add(r.data.len() as u64, Ordering::Relaxed);
+                    client
+                        .bytes_received
+                        .fetch_add(r.data.len() as u64, Ordering::Relaxed);
+                    Ok(r.data)
+                }))
+            }),
+        );
     }
 
     /// Sent in requests of at most MAX_DATA bytes, in order. A short reply ends the

@@ -237,6 +237,12 @@ impl Scripted {
         std::io::Write::write_all(s, &id.to_le_bytes()).unwrap();
     }
 
+    fn answer_error(&self, (op, id): (Op, u64), errno: i32) {
+        let mut w = lock(&self.socket);
+        let s = w.as_mut().unwrap();
+        std::io::Write::write_all(s, &RespHeader::error(op, id, errno).encode()).unwrap();
+    }
+
     fn close(&self) {
         if let Some(s) = lock(&self.socket).take() {
             let _ = s.shutdown(std::net::Shutdown::Both);
@@ -583,4 +589,165 @@ fn a_lookup_reply_older_than_a_setxattr_does_not_hide_the_xattr_set() {
             "the ACL just set is answered {got:?} from attributes older than the setxattr"
         );
     });
+}
+
+/// What `call_then` completions received, and on which threads they ran.
+type Outcomes = Arc<Mutex<Vec<(Result<Vec<u8>, i32>, std::thread::ThreadId)>>>;
+
+fn collect(outcomes: &Outcomes) -> Completion {
+    let o = outcomes.clone();
+    Box::new(move |r: Result<Response, Error>| {
+        lock(&o).push((
+            r.map(|r| r.body).map_err(|e| e.errno),
+            std::thread::current().id(),
+        ))
+    })
+}
+
+fn wait_for(outcomes: &Outcomes, n: usize) -> Vec<(Result<Vec<u8>, i32>, std::thread::ThreadId)> {
+    let t0 = std::time::Instant::now();
+    while lock(outcomes).len() < n && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    lock(outcomes).clone()
+}
+
+/// `call_then` returns once the request is sent; the reader thread completes each
+/// request with its own reply, in whatever order they come, an error status as that
+/// error, and gives every in-flight slot back.
+#[test]
+fn call_then_completes_each_request_with_its_reply_off_the_callers_thread() {
+    let f = Scripted::new();
+    let c = Arc::new(client_of(f.addr, Duration::from_secs(5)));
+    let conn = the_conn(&c);
+    let outcomes: Outcomes = Default::default();
+    for _ in 0..6 {
+        c.call_then(ping(), collect(&outcomes));
+    }
+    assert!(lock(&outcomes).is_empty(), "completed before any reply");
+    assert_eq!(*lock(&conn.inflight.0), 6, "each holds an in-flight slot");
+    let mut reqs: Vec<_> = (0..6).map(|_| f.next()).collect();
+    reqs.reverse();
+    let failed = reqs.pop().unwrap();
+    f.answer_error(failed, libc::EACCES);
+    for r in &reqs {
+        f.answer(*r);
+    }
+    let got = wait_for(&outcomes, 6);
+    assert_eq!(got.len(), 6);
+    let me = std::thread::current().id();
+    assert!(
+        got.iter().all(|(_, t)| *t != me),
+        "ran on the caller's thread"
+    );
+    let mut bodies: Vec<Vec<u8>> = got.iter().filter_map(|(r, _)| r.clone().ok()).collect();
+    bodies.sort();
+    let mut want: Vec<Vec<u8>> = reqs
+        .iter()
+        .map(|(_, id)| id.to_le_bytes().to_vec())
+        .collect();
+    want.sort();
+    assert_eq!(bodies, want, "each request's own reply");
+    assert_eq!(
+        got.iter().filter(|(r, _)| *r == Err(libc::EACCES)).count(),
+        1,
+        "an error status is that error"
+    );
+    assert_eq!(*lock(&conn.inflight.0), 0, "every slot given back");
+    assert!(lock(&conn.pending).is_empty());
+}
+
+/// With the in-flight slots all taken, `call_then` waits for one to come back (it
+/// bounds what is outstanding, as `call` does).
+#[test]
+fn call_then_waits_for_a_free_in_flight_slot() {
+    let f = Scripted::new();
+    let c = Arc::new(client_of(f.addr, Duration::from_secs(5)));
+    let conn = the_conn(&c);
+    let max = conn.welcome.max_inflight as usize;
+    let outcomes: Outcomes = Default::default();
+    for _ in 0..max {
+        c.call_then(ping(), collect(&outcomes));
+    }
+    let reqs: Vec<_> = (0..max).map(|_| f.next()).collect();
+    let (sent, was_sent) = std::sync::mpsc::channel();
+    let (c2, o2) = (c.clone(), outcomes.clone());
+    // Not joined: a slot never given back would leave it waiting for good.
+    std::thread::spawn(move || {
+        c2.call_then(ping(), collect(&o2));
+        let _ = sent.send(());
+    });
+    assert!(
+        was_sent.recv_timeout(Duration::from_millis(100)).is_err(),
+        "sent past the in-flight bound"
+    );
+    f.answer(reqs[0]);
+    was_sent
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the slot given back by a completion was not reused");
+    let last = f.next();
+    for r in reqs[1..].iter().chain([&last]) {
+        f.answer(*r);
+    }
+    assert_eq!(wait_for(&outcomes, max + 1).len(), max + 1);
+    assert!(wait_for(&outcomes, max + 1).iter().all(|(r, _)| r.is_ok()));
+    assert_eq!(*lock(&conn.inflight.0), 0);
+}
+
+/// A request whose connection is lost is sent again (through `call`, which
+/// reconnects) and completes with the answer; it is completed once.
+#[test]
+fn call_then_sends_a_request_lost_with_its_connection_again() {
+    let f = fake(false, Some(Op::Ping));
+    let c = Arc::new(client(&f));
+    c.connect().unwrap();
+    let outcomes: Outcomes = Default::default();
+    c.call_then(ping(), collect(&outcomes));
+    let got = wait_for(&outcomes, 1);
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(lock(&outcomes).len(), 1, "completed twice");
+    assert!(got[0].0.is_ok(), "{:?}", got[0].0);
+    let pings = lock(&f.seen)
+        .iter()
+        .filter(|(op, _)| *op == Op::Ping)
+        .count();
+    assert_eq!(pings, 2, "sent once, lost, sent again");
+}
+
+/// A request that must not run twice goes through `call` on the caller's thread
+/// (its resend rules stay `call`'s): complete when `call_then` returns.
+#[test]
+fn call_then_of_a_request_that_is_not_idempotent_is_a_call() {
+    let f = fake(false, None);
+    let c = Arc::new(client(&f));
+    c.connect().unwrap();
+    let outcomes: Outcomes = Default::default();
+    c.call_then(mkdir(), collect(&outcomes));
+    let got = lock(&outcomes).clone();
+    assert_eq!(got.len(), 1);
+    assert!(got[0].0.is_ok());
+    assert_eq!(got[0].1, std::thread::current().id());
+}
+
+/// A server that goes away with requests outstanding: each completes (with the
+/// error `call` gives after its own resend fails), none hangs.
+#[test]
+fn call_then_completes_when_the_server_is_gone() {
+    let f = Scripted::new();
+    let c = Arc::new(client_of(f.addr, Duration::from_secs(2)));
+    let outcomes: Outcomes = Default::default();
+    for _ in 0..3 {
+        c.call_then(ping(), collect(&outcomes));
+    }
+    for _ in 0..3 {
+        f.next();
+    }
+    f.close();
+    let t0 = std::time::Instant::now();
+    while lock(&outcomes).len() < 3 && t0.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let got = lock(&outcomes).clone();
+    assert_eq!(got.len(), 3, "a completion never ran");
+    assert!(got.iter().all(|(r, _)| r.is_err()));
 }

@@ -109,6 +109,13 @@ impl Drop for Timed<'_> {
     }
 }
 
+/// Records a request answered elsewhere than in its callback (a read answered when the
+/// backend's reply comes), timed from `start`.
+pub(crate) fn record_since(op: &OpMetrics, start: Instant, ok: bool) {
+    let ns = start.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+    op.record(ns, ok, 0);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
