@@ -10,6 +10,10 @@
 //! when a caller gives the reader back with replies still owed (to callers that wait on
 //! their channel, or to posted requests no one waits for), and watches an idle socket
 //! so that a server that goes away is noticed before the next request is sent.
+//!
+//! A request sent by `Client::call_then` has no waiter: its completion runs on the
+//! thread that reads its reply (usually the background reader, woken when it is sent),
+//! and a lost connection hands it to a thread of its own that sends it again.
 
 use crate::{is_transport, lock, Caller, Client, Completion, Response, Slot};
 use std::collections::HashMap;
