@@ -1,0 +1,262 @@
+//! The layer-2 lane on an interface of its own (issue 12; docs/benchmarks.md, "What the
+//! lane's XDP program costs bulk TCP on the same veth"): the server and client
+//! namespaces are joined by two veth pairs, TCP on the first (veth-srv, veth-cli: the
+//! only one with addresses), the lane on the second (veth-lane-srv, veth-lane-cli, no
+//! addresses), so zcfs's XDP program sees no TCP segment. Root and zcfs's XDP program;
+//! skipped otherwise unless ZCFS_REQUIRE_L2=1. Every loop is bounded.
+
+mod common;
+use common::remote::*;
+use common::*;
+use std::fs;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use zcfs_backend::Backend;
+use zcfs_client::l2::DEFAULT_L2_READ_MAX;
+use zcfs_protocol::l2::MAX_WRITE;
+use zcfs_protocol::Op;
+use zcfs_xsk::BindMode;
+
+/// The first pair carries TCP and no XDP program; the second has zcfs's program on
+/// both ends.
+fn assert_xdp_only_on_the_lane_pair(net: &Net) {
+    for (srv, dev) in [(true, L2_SRV_IF), (false, L2_CLI_IF)] {
+        let link = net.link_show(srv, dev);
+        assert!(
+            !link.contains("xdp"),
+            "an XDP program on TCP's {dev}: {link}"
+        );
+    }
+    for (srv, dev) in [(true, LANE_SRV_IF), (false, LANE_CLI_IF)] {
+        let link = net.link_show(srv, dev);
+        assert!(
+            link.contains("prog/xdp") && link.contains("zcfs_xdp"),
+            "zcfs's XDP program is not on the lane's {dev}: {link}"
+        );
+    }
+}
+
+/// Bytes of a test file: position-dependent, so a block read from the wrong place or
+/// a shifted copy does not match.
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// A session whose TCP connection runs over one veth pair and whose lane runs over a
+/// second: the client library gets the lane (copy mode, on the lane's interface);
+/// writes up to `MAX_WRITE` and reads up to the read limit ride it, larger ones TCP,
+/// as the per-path counters of both ends show exactly; every byte read back matches
+/// the model; only the lane's pair has an XDP program, and only the first pair has an
+/// IP route.
+#[test]
+fn a_lane_on_a_veth_pair_of_its_own_carries_reads_and_writes_beside_tcp() {
+    if !l2_ready() {
+        return;
+    }
+    // One queue on TCP's pair: it could not even hold a lane.
+    let net = Net::with_lane_pair(1);
+    let mut srv = Served::new(&net, "ownpair-lib", &["--l2", LANE_SRV_IF]);
+    // TCP can only take the first pair: the route to the server is there, and the
+    // lane's pair has no IPv4 address.
+    let route = net.ip(false, &["route", "get", &srv_ip(&net)]);
+    assert!(route.contains(&format!("dev {L2_CLI_IF} ")), "{route}");
+    for (srv_side, dev) in [(true, LANE_SRV_IF), (false, LANE_CLI_IF)] {
+        assert_eq!(
+            net.ip(srv_side, &["-4", "-o", "addr", "show", "dev", dev]),
+            ""
+        );
+    }
+    const FILE: usize = 1 << 20;
+    let (lane_writes, tcp_writes, lane_reads, tcp_reads) = net.in_cli(|| {
+        let fs = client_l2_on(&net, LANE_CLI_IF, Duration::from_secs(10));
+        let c = fs.client().clone();
+        assert_eq!(
+            c.l2_status(),
+            Some((true, BindMode::Copy)),
+            "the lane is up, in copy mode (veth): {:?}",
+            c.lane_report()
+        );
+        let r = c.lane_report().unwrap();
+        assert_eq!(
+            (r.iface.as_str(), r.bind_mode.as_str()),
+            (LANE_CLI_IF, "copy")
+        );
+        // With the lane held at both ends.
+        assert_xdp_only_on_the_lane_pair(&net);
+        let (f, fh) = create_file(&fs, "f", libc::O_RDWR);
+        // The whole file first, in one write (on TCP: past MAX_WRITE).
+        let mut model = pattern(u64::MAX, FILE);
+        assert_eq!(
+            fs.write(&ctx(), f.ino, fh, 0, &model).unwrap() as usize,
+            FILE
+        );
+        let (mut lane_writes, mut tcp_writes) = (0u64, 1u64);
+        // Writes of 1 byte to 40 KiB at odd places: those up to MAX_WRITE ride the lane
+        // inline (in parts past one command), the larger go on TCP.
+        let mut at = 0usize;
+        for i in 0..400u64 {
+            let len = match i % 8 {
+                0 => 40 << 10,
+                1 => MAX_WRITE as usize,
+                2 => MAX_WRITE as usize + 1,
+                n => 1 + (i as usize * 977 * n as usize) % 6000,
+            };
+            let off = (at + i as usize * 4099) % (FILE - len);
+            let data = pattern(i, len);
+            assert_eq!(
+                fs.write(&ctx(), f.ino, fh, off as u64, &data).unwrap() as usize,
+                len
+            );
+            model[off..off + len].copy_from_slice(&data);
+            if len <= MAX_WRITE as usize {
+                lane_writes += 1;
+            } else {
+                tcp_writes += 1;
+            }
+            at = off + len;
+        }
+        fs.fsync(f.ino, fh, false).unwrap();
+        // Reads of 4 KiB and 64 KiB (the lane's default limit) ride it, 100 KiB and
+        // 1 MiB go on TCP (the last, short 100 KiB one rides it); each pass covers the
+        // whole file, every read checked.
+        let (mut lane_reads, mut tcp_reads) = (0u64, 0u64);
+        for size in [4096usize, 64 << 10, 100 << 10, FILE] {
+            let mut off = 0;
+            while off < FILE {
+                let n = size.min(FILE - off);
+                let got = read_all(&fs, f.ino, fh, off as u64, n as u32);
+                assert!(got == model[off..off + n], "{size}-byte read at {off}");
+                if n <= DEFAULT_L2_READ_MAX as usize {
+                    lane_reads += 1;
+                } else {
+                    tcp_reads += 1;
+                }
+                off += n;
+            }
+        }
+        fs.release(f.ino, fh).unwrap();
+        let count = |op: Op| c.l2_counters.requests[op as usize].load(Ordering::SeqCst);
+        let tcp = |op: Op| c.tcp_requests[op as usize].load(Ordering::SeqCst);
+        assert_eq!(count(Op::Write), lane_writes, "writes over layer 2");
+        assert_eq!(tcp(Op::Write), tcp_writes, "writes over TCP");
+        assert_eq!(count(Op::Read), lane_reads, "reads over layer 2");
+        assert_eq!(tcp(Op::Read), tcp_reads, "reads over TCP");
+        assert_eq!(count(Op::Create), 1);
+        assert_eq!(tcp(Op::L2Setup), 1, "one offer");
+        assert_eq!(c.l2_counters.fell_back.load(Ordering::SeqCst), 0);
+        assert!(c.l2_status().unwrap().0, "the lane stayed up");
+        (lane_writes, tcp_writes, lane_reads, tcp_reads)
+    });
+    // 300 small writes, 100 large and the first; 256 + 16 + 1 reads on the lane, 10 + 1
+    // on TCP.
+    assert_eq!(
+        (lane_writes, tcp_writes, lane_reads, tcp_reads),
+        (300, 101, 273, 11)
+    );
+    // The server's side of the same: its lane on its own pair, the same counts.
+    let s = stat_json(&net, &srv, &net.addr());
+    let l2 = &s["l2"];
+    assert_eq!(l2["iface"], LANE_SRV_IF, "{l2}");
+    assert_eq!(l2["bind_mode"], "copy", "{l2}");
+    assert_eq!(l2["requests"]["write"]["l2"], lane_writes, "{l2}");
+    assert_eq!(l2["requests"]["write"]["tcp"], tcp_writes, "{l2}");
+    assert_eq!(l2["requests"]["read"]["l2"], lane_reads, "{l2}");
+    assert_eq!(l2["counters"]["accepted"], 1, "{l2}");
+    srv.kill(libc::SIGTERM);
+    srv.fsck();
+}
+
+/// The server's address (the first pair's server end).
+fn srv_ip(net: &Net) -> String {
+    net.addr().rsplit_once(':').unwrap().0.to_string()
+}
+
+/// The same through `zcfs mount --l2 veth-lane-cli`: a file written through the mount
+/// reads back whole with O_DIRECT 4 KiB reads that ride the lane (the mount's and the
+/// server's counters say so), small O_DIRECT writes ride it too, and only the lane's
+/// pair has an XDP program while the mount holds the lane.
+#[test]
+fn a_mount_whose_lane_has_a_veth_pair_of_its_own() {
+    if !l2_ready() {
+        return;
+    }
+    let net = Net::with_lane_pair(1);
+    let mut srv = Served::new(&net, "ownpair-mnt", &["--l2", LANE_SRV_IF]);
+    let mut m = RemoteMount::new(&net, &srv, "ownpair-mp", &["--l2", LANE_CLI_IF]);
+    const LEN: usize = 256 << 10;
+    let data = pattern(7, LEN);
+    fs::write(m.path("f"), &data).unwrap();
+    let direct = || {
+        fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(m.path("f"))
+            .unwrap()
+    };
+    // Overwrite every 8th block with O_DIRECT 4 KiB writes (one request each).
+    let mut model = data.clone();
+    let mut buf = AlignedBlock::new();
+    let mut f = direct();
+    for b in (0..LEN / 4096).step_by(8) {
+        let block = pattern(1000 + b as u64, 4096);
+        buf.0.copy_from_slice(&block);
+        f.seek(SeekFrom::Start((b * 4096) as u64)).unwrap();
+        f.write_all(&buf.0).unwrap();
+        model[b * 4096..(b + 1) * 4096].copy_from_slice(&block);
+    }
+    drop(f);
+    // Read it all back with O_DIRECT 4 KiB reads (past the page cache: each a request).
+    let mut f = direct();
+    for b in 0..LEN / 4096 {
+        f.seek(SeekFrom::Start((b * 4096) as u64)).unwrap();
+        f.read_exact(&mut buf.0).unwrap();
+        assert!(
+            buf.0[..] == model[b * 4096..(b + 1) * 4096],
+            "block {b} through the mount"
+        );
+    }
+    drop(f);
+    assert_xdp_only_on_the_lane_pair(&net);
+    let mount = stat_json(&net, &srv, m.mp.to_str().unwrap());
+    let lane = &mount["l2"];
+    assert_eq!(lane["up"], true, "the mount's lane: {lane}");
+    assert_eq!(lane["iface"], LANE_CLI_IF, "{lane}");
+    assert_eq!(lane["bind_mode"], "copy", "{lane}");
+    let on_lane = |op: &str| lane["requests"][op]["l2"].as_u64().unwrap_or(0);
+    assert!(on_lane("read") >= (LEN / 4096) as u64, "{lane}");
+    assert!(on_lane("write") >= (LEN / 4096 / 8) as u64, "{lane}");
+    assert_eq!(lane["counters"]["fell_back"], 0, "{lane}");
+    let server = stat_json(&net, &srv, &net.addr());
+    let sl = &server["l2"];
+    assert_eq!(sl["iface"], LANE_SRV_IF, "{sl}");
+    assert!(
+        sl["requests"]["read"]["l2"].as_u64().unwrap_or(0) >= (LEN / 4096) as u64,
+        "{sl}"
+    );
+    m.stop(libc::SIGTERM);
+    assert!(!mounted(&m.mp), "SIGTERM left the mount behind");
+    fs::remove_dir(&m.mp).unwrap();
+    srv.kill(libc::SIGTERM);
+    srv.fsck();
+}
+
+/// A 4 KiB buffer aligned for O_DIRECT.
+#[repr(C, align(4096))]
+struct AlignedBlock([u8; 4096]);
+
+impl AlignedBlock {
+    fn new() -> Box<AlignedBlock> {
+        Box::new(AlignedBlock([0; 4096]))
+    }
+}
