@@ -12,9 +12,9 @@ use std::fs;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
-use zcfs_backend::Backend;
-use zcfs_client::l2::DEFAULT_L2_READ_MAX;
+use std::time::{Duration, Instant};
+use zcfs_backend::{Backend, ROOT};
+use zcfs_client::l2::{DEFAULT_L2_READ_MAX, L2_REPLY_TIMEOUT, L2_RETRY_AFTER};
 use zcfs_protocol::l2::MAX_WRITE;
 use zcfs_protocol::Op;
 use zcfs_xsk::BindMode;
@@ -259,4 +259,127 @@ impl AlignedBlock {
     fn new() -> Box<AlignedBlock> {
         Box::new(AlignedBlock([0; 4096]))
     }
+}
+
+/// The client's `--l2` names an interface that does not reach the server's lane (the
+/// first pair's end, two queues: the lane opens there, is accepted by the server on
+/// the second pair, and its frames go nowhere). The set-up's probe gets no reply: the
+/// session stays on TCP from connect on, with one offer and one release (the server's
+/// interface is free again for a client on the right one), no request stalls later
+/// and none falls back; a `zcfs mount` so configured logs exactly one line about the
+/// lane and works. Before the probe such a lane was set up again every
+/// L2_RETRY_AFTER, each time stalling a request for L2_REPLY_TIMEOUT and logging.
+#[test]
+fn a_lane_on_an_interface_that_does_not_reach_the_servers_is_given_up_at_set_up() {
+    if !l2_ready() {
+        return;
+    }
+    let net = Net::with_lane_pair(2);
+    let mut srv = Served::new(&net, "ownpair-wrong", &["--l2", LANE_SRV_IF]);
+    net.in_cli(|| {
+        let t = Instant::now();
+        let fs = client_l2_on(&net, L2_CLI_IF, Duration::from_secs(10));
+        let c = fs.client().clone();
+        assert!(
+            t.elapsed() < L2_REPLY_TIMEOUT + Duration::from_secs(5),
+            "connect took {:?}",
+            t.elapsed()
+        );
+        assert_eq!(c.l2_status(), None, "no lane: {:?}", c.lane_report());
+        let r = c.lane_report().unwrap();
+        assert!(!r.up);
+        assert!(
+            r.reason.contains("no reply over layer 2") && r.reason.contains(L2_CLI_IF),
+            "the reason: {:?}",
+            r.reason
+        );
+        // The client's program is gone with the lane it gave up.
+        assert!(!net.link_show(false, L2_CLI_IF).contains("xdp"));
+        // Work for longer than a retry would take to come and fail: all on TCP, none
+        // held for L2_REPLY_TIMEOUT.
+        let (f, fh) = create_file(&fs, "f", libc::O_RDWR);
+        let until = Instant::now() + 2 * (L2_RETRY_AFTER + L2_REPLY_TIMEOUT);
+        let mut i = 0u64;
+        let mut slowest = Duration::ZERO;
+        while Instant::now() < until {
+            let t = Instant::now();
+            let data = pattern(i, 4096);
+            fs.write(&ctx(), f.ino, fh, (i % 64) * 4096, &data).unwrap();
+            assert!(read_all(&fs, f.ino, fh, (i % 64) * 4096, 4096) == data);
+            fs.getattr(f.ino).unwrap();
+            slowest = slowest.max(t.elapsed());
+            i += 1;
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        fs.release(f.ino, fh).unwrap();
+        assert!(
+            slowest < L2_REPLY_TIMEOUT,
+            "a request was held {slowest:?} (a lane set up again and silent)"
+        );
+        let tcp = |op: Op| c.tcp_requests[op as usize].load(Ordering::SeqCst);
+        assert_eq!(tcp(Op::L2Setup), 1, "the lane was offered once");
+        assert_eq!(tcp(Op::L2Release), 1, "and given back once");
+        assert!(tcp(Op::Read) >= i && tcp(Op::Write) >= i);
+        for op in zcfs_protocol::ALL_OPS {
+            assert_eq!(
+                c.l2_counters.requests[*op as usize].load(Ordering::SeqCst),
+                0
+            );
+        }
+        assert_eq!(c.l2_counters.fell_back.load(Ordering::SeqCst), 0);
+        // The server's interface is free: a client on the right one gets the lane while
+        // the first is still connected.
+        let right = client_l2_on(&net, LANE_CLI_IF, Duration::from_secs(10));
+        assert_eq!(
+            right.client().l2_status(),
+            Some((true, BindMode::Copy)),
+            "{:?}",
+            right.client().lane_report()
+        );
+        let a = right.lookup(&ctx(), ROOT, b"f").unwrap();
+        let rfh = right.open(&ctx(), a.ino, libc::O_RDONLY).unwrap();
+        assert_eq!(read_all(&right, a.ino, rfh, 0, 4096).len(), 4096);
+        right.release(a.ino, rfh).unwrap();
+        let rc = right.client();
+        assert!(rc.l2_counters.requests[Op::Read as usize].load(Ordering::SeqCst) == 1);
+        drop(right);
+        drop(fs);
+    });
+    // A mount so configured: one line about the lane in its log, and it works.
+    let log = std::env::temp_dir().join(format!("zcfs-ownpair-wrong-{}.log", std::process::id()));
+    let mut m = RemoteMount::logged(
+        &net,
+        &srv,
+        "ownpair-wrong-mp",
+        &["--l2", L2_CLI_IF],
+        fs::File::create(&log).unwrap(),
+    );
+    let until = Instant::now() + 2 * (L2_RETRY_AFTER + L2_REPLY_TIMEOUT);
+    let mut n = 0;
+    while Instant::now() < until {
+        let data = pattern(100 + n, 8192);
+        fs::write(m.path(&format!("g{n}")), &data).unwrap();
+        assert!(fs::read(m.path(&format!("g{n}"))).unwrap() == data);
+        let _ = fs::metadata(m.path("f")).unwrap();
+        n += 1;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mount = stat_json(&net, &srv, m.mp.to_str().unwrap());
+    assert_eq!(mount["l2"]["up"], false, "{}", mount["l2"]);
+    m.stop(libc::SIGTERM);
+    let text = fs::read_to_string(&log).unwrap();
+    fs::remove_file(&log).unwrap();
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains("layer-2")).collect();
+    assert_eq!(lines.len(), 1, "the mount's log:\n{text}");
+    assert!(
+        lines[0].contains("not used") && lines[0].contains("no reply over layer 2"),
+        "{}",
+        lines[0]
+    );
+    assert!(!mounted(&m.mp), "SIGTERM left the mount behind");
+    fs::remove_dir(&m.mp).unwrap();
+    // Nothing of the lane is left attached anywhere but the server's own interface.
+    assert!(!net.link_show(false, L2_CLI_IF).contains("xdp"));
+    srv.kill(libc::SIGTERM);
+    srv.fsck();
 }
