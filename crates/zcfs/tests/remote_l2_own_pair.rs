@@ -14,7 +14,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use zcfs_backend::{Backend, ROOT};
-use zcfs_client::l2::{DEFAULT_L2_READ_MAX, L2_REPLY_TIMEOUT, L2_RETRY_AFTER};
+use zcfs_client::l2::{DEFAULT_L2_READ_MAX, L2_REPLY_TIMEOUT, L2_RETRY_AFTER, L2_SILENT_RETRIES};
 use zcfs_protocol::l2::MAX_WRITE;
 use zcfs_protocol::Op;
 use zcfs_xsk::BindMode;
@@ -380,6 +380,101 @@ fn a_lane_on_an_interface_that_does_not_reach_the_servers_is_given_up_at_set_up(
     fs::remove_dir(&m.mp).unwrap();
     // Nothing of the lane is left attached anywhere but the server's own interface.
     assert!(!net.link_show(false, L2_CLI_IF).contains("xdp"));
+    srv.kill(libc::SIGTERM);
+    srv.fsck();
+}
+
+/// A lane that worked, then the server restarted with its lane on the other pair (one
+/// this client's interface does not reach): the lost lane fails over to TCP, the lane
+/// set up again is silent and tried again only `L2_SILENT_RETRIES` times, each after
+/// `L2_RETRY_AFTER`; then the session stays on TCP: no more offers, no request held
+/// for `L2_REPLY_TIMEOUT` any longer, every read still right.
+#[test]
+fn a_lane_that_worked_and_then_went_silent_is_tried_again_a_bounded_number_of_times() {
+    if !l2_ready() {
+        return;
+    }
+    let net = Net::with_lane_pair(2);
+    let mut srv = Served::new(&net, "ownpair-moved", &["--l2", LANE_SRV_IF]);
+    net.in_cli(|| {
+        let fs = client_l2_on(&net, LANE_CLI_IF, Duration::from_secs(10));
+        let c = fs.client().clone();
+        assert_eq!(c.l2_status(), Some((true, BindMode::Copy)));
+        let (f, fh) = create_file(&fs, "f", libc::O_RDWR);
+        let data = pattern(3, 4096);
+        fs.write(&ctx(), f.ino, fh, 0, &data).unwrap();
+        fs.release(f.ino, fh).unwrap();
+        // A fresh handle each time (a restart's handles are reopened, but a fresh one
+        // needs no hook): open, 4 KiB read, release, all of which ride a lane.
+        let read_once = || -> Result<Vec<u8>, zcfs_backend::Error> {
+            let fh = fs.open(&ctx(), f.ino, libc::O_RDONLY)?;
+            let mut out = Vec::new();
+            fs.read(f.ino, fh, 0, 4096, &mut |s: &[&[u8]]| {
+                out.extend(s.iter().flat_map(|x| x.iter()));
+                Ok(())
+            })?;
+            fs.release(f.ino, fh)?;
+            Ok(out)
+        };
+        assert_eq!(read_once().unwrap(), data);
+        let count = |op: Op| c.l2_counters.requests[op as usize].load(Ordering::SeqCst);
+        assert!(count(Op::Read) >= 1, "the first lane carried reads");
+        // The server comes back with its lane on the first pair.
+        srv.kill(libc::SIGTERM);
+        srv.start(&net, &["--l2", L2_SRV_IF]);
+        let lane_reads = count(Op::Read);
+        // Until the client gives the lane up (bounded: one loss, then four silent
+        // set-ups of at most L2_REPLY_TIMEOUT each, L2_RETRY_AFTER apart).
+        let t = Instant::now();
+        let patience = (L2_RETRY_AFTER + L2_REPLY_TIMEOUT) * (L2_SILENT_RETRIES + 2) * 2;
+        while c.l2_status().is_some() {
+            assert!(
+                t.elapsed() < patience,
+                "the lane still tried after {:?}: {:?}",
+                t.elapsed(),
+                c.lane_report()
+            );
+            match read_once() {
+                Ok(got) => assert_eq!(got, data),
+                // Right after the restart: the session being found gone.
+                Err(e) => assert!(
+                    t.elapsed() < Duration::from_secs(10)
+                        && [
+                            libc::ENOTCONN,
+                            libc::ECONNREFUSED,
+                            libc::ECONNRESET,
+                            libc::EBADF
+                        ]
+                        .contains(&e.errno),
+                    "{e}"
+                ),
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let tcp = |op: Op| c.tcp_requests[op as usize].load(Ordering::SeqCst);
+        // The first lane, then the lane set up again L2_SILENT_RETRIES + 1 times.
+        assert_eq!(
+            tcp(Op::L2Setup),
+            2 + u64::from(L2_SILENT_RETRIES),
+            "{:?}",
+            c.lane_report()
+        );
+        let r = c.lane_report().unwrap();
+        assert!(r.reason.contains("no reply over layer 2"), "{r:?}");
+        assert_eq!(count(Op::Read), lane_reads, "no read rode a silent lane");
+        // From now on: TCP only, without stalls, and no further offer.
+        let until = Instant::now() + 2 * (L2_RETRY_AFTER + L2_REPLY_TIMEOUT);
+        let mut slowest = Duration::ZERO;
+        while Instant::now() < until {
+            let t = Instant::now();
+            assert_eq!(read_once().unwrap(), data);
+            slowest = slowest.max(t.elapsed());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(slowest < L2_REPLY_TIMEOUT, "a request was held {slowest:?}");
+        assert_eq!(tcp(Op::L2Setup), 2 + u64::from(L2_SILENT_RETRIES));
+        assert_eq!(c.l2_status(), None);
+    });
     srv.kill(libc::SIGTERM);
     srv.fsck();
 }
