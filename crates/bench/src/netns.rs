@@ -4,13 +4,14 @@
 use anyhow::{bail, Result};
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
-use zcfs_netns::{owned_name, teardown, Netns, Pair};
+use zcfs_netns::{owned_name, teardown, Netns, Pair, LANE_CLI_IF, LANE_SRV_IF};
 
 #[derive(clap::Subcommand)]
 pub enum NetnsCmd {
     /// Create two namespaces joined by a veth pair (or one with --alone) and print shell
-    /// assignments for `eval`: SRV, CLI, SRV_IP, CLI_IP (NS with --alone). They stay until
-    /// `down`, or until a `sweep` (or the next namespace made) after OWNER has exited.
+    /// assignments for `eval`: SRV, CLI, SRV_IP, CLI_IP (NS with --alone; with
+    /// --lane-pair also SRV_LANE_IF, CLI_LANE_IF). They stay until `down`, or until a
+    /// `sweep` (or the next namespace made) after OWNER has exited.
     Up {
         /// The pid of the process responsible for them (a script passes `$$`).
         #[arg(long)]
@@ -30,6 +31,11 @@ pub enum NetnsCmd {
         /// RX and TX queues of each veth end (2 for the layer-2 lane: `--l2`).
         #[arg(long, default_value_t = 1)]
         queues: u32,
+        /// Also a second veth pair between the two, two queues per end and no addresses,
+        /// for a layer-2 lane on an interface of its own (`--l2 veth-lane-srv` and
+        /// `--l2 veth-lane-cli`); TCP keeps to the first pair.
+        #[arg(long, conflicts_with = "alone")]
+        lane_pair: bool,
     },
     /// Run a program inside a namespace: this process enters the network namespace only
     /// (as `nsenter --net` does, so mounts stay visible) and becomes the program.
@@ -54,6 +60,7 @@ pub fn run(cmd: NetnsCmd) -> Result<()> {
             tbf,
             alone,
             queues,
+            lane_pair,
         } => {
             let base = owned_name(owner, &label);
             if alone {
@@ -65,9 +72,15 @@ pub fn run(cmd: NetnsCmd) -> Result<()> {
             if let Some(rate) = &tbf {
                 pair.shape(rate)?;
             }
+            let lane = if lane_pair {
+                pair.add_lane_link()?;
+                format!(" SRV_LANE_IF={LANE_SRV_IF} CLI_LANE_IF={LANE_CLI_IF}")
+            } else {
+                String::new()
+            };
             let (srv_ip, cli_ip) = (pair.srv_ip, pair.cli_ip);
             let (srv, cli) = pair.keep();
-            println!("SRV={srv} CLI={cli} SRV_IP={srv_ip} CLI_IP={cli_ip}");
+            println!("SRV={srv} CLI={cli} SRV_IP={srv_ip} CLI_IP={cli_ip}{lane}");
             Ok(())
         }
         NetnsCmd::Exec { name, command } => {

@@ -2,7 +2,10 @@
 //! after the handshake the client offers the lane on TCP (`L2Setup`); once accepted,
 //! the requests in [`rides_l2`] go as layer-2 commands and reads up to
 //! [`L2Options::read_max`] get their data as a layer-2 transfer into a receive slot;
-//! everything else stays on TCP.
+//! everything else stays on TCP. Before the lane is used it must carry one round trip
+//! (a `Ping`, the set-up's probe): a lane whose frames do not reach the server (the
+//! client's interface is not on the Ethernet segment of the server's `--l2` one) is
+//! given up at set-up, with one log line, instead of stalling a request later.
 //!
 //! Waiting: the caller that waits for a reply polls the endpoint itself when no one
 //! else does (leader/follower under the lane's mutex; the reply's reader is the
@@ -12,7 +15,8 @@
 //! A request without its reply within [`L2_REPLY_TIMEOUT`] means the layer-2 peer is
 //! lost: the lane goes down (one log line), every request on it fails over to TCP
 //! (sent again with the same id: the server's reply cache makes it count once) and the
-//! session stays on TCP.
+//! session stays on TCP until the lane is fenced and set up again
+//! ([`L2_RETRY_AFTER`]).
 
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
@@ -43,6 +47,10 @@ pub const TX_CHUNKS: u32 = 128;
 pub const L2_REPLY_TIMEOUT: Duration = Duration::from_secs(1);
 /// A lane lost and fenced is set up again after this long (if the server takes it).
 pub const L2_RETRY_AFTER: Duration = Duration::from_secs(2);
+/// A lane set up again (after one of this client's lanes had worked) that carries no
+/// reply is tried again this many times in a row, each after [`L2_RETRY_AFTER`]; then
+/// the session stays on TCP.
+pub const L2_SILENT_RETRIES: u32 = 3;
 /// A fence that failed (its connection lost: the server restarted, the link broke) is
 /// asked for again by the next request after this long.
 pub const FENCE_RETRY_AFTER: Duration = Duration::from_millis(100);
@@ -224,6 +232,9 @@ pub(crate) struct L2Lane {
     inner: Mutex<Inner>,
     cv: Condvar,
     up: AtomicBool,
+    /// A reply came over the lane: it reaches the server (the set-up's probe waits for
+    /// one before the lane is used).
+    answered: AtomicBool,
     /// Why the lane went down (stats; empty while up).
     reason: Mutex<String>,
     poll: L2Poll,
@@ -342,6 +353,7 @@ impl L2Lane {
             }),
             cv: Condvar::new(),
             up: AtomicBool::new(true),
+            answered: AtomicBool::new(false),
             reason: Mutex::new(String::new()),
             poll: o.poll,
             read_max: o.read_max.clamp(1, MAX_READ),
@@ -458,10 +470,23 @@ impl L2Lane {
         self.t0.elapsed().as_nanos() as u64
     }
 
-    /// The lane is lost: everyone waiting goes to TCP.
+    /// Whether a reply ever came over the lane.
+    pub(crate) fn answered(&self) -> bool {
+        self.answered.load(Ordering::SeqCst)
+    }
+
+    /// The lane is lost: everyone waiting goes to TCP. Logged if the lane had carried a
+    /// reply; one that never did is the set-up's probe failing, which the set-up
+    /// reports.
     fn down(&self, inner: &mut Inner, why: &str) {
         if self.up.swap(false, Ordering::SeqCst) {
-            tracing::warn!("layer-2 lane lost, the session stays on TCP: {why}");
+            if self.answered() {
+                tracing::warn!(
+                    "layer-2 lane lost, requests go on TCP until it is set up again: {why}"
+                );
+            } else {
+                tracing::debug!("layer-2 lane never answered: {why}");
+            }
             *lock(&self.reason) = why.to_string();
         }
         for w in inner.waiting.values_mut() {
@@ -490,11 +515,13 @@ impl L2Lane {
             match ev {
                 Event::Command(bytes) => match decode_reply(&bytes) {
                     Ok(L2Reply::Reply { header, body }) => {
+                        self.answered.store(true, Ordering::SeqCst);
                         if let Some(w) = inner.waiting.get_mut(&header.id) {
                             w.reply = Some(Ok((header, body.to_vec())));
                         }
                     }
                     Ok(L2Reply::ResendTcp { id }) => {
+                        self.answered.store(true, Ordering::SeqCst);
                         let mut cancel = None;
                         if let Some(w) = inner.waiting.get_mut(&id) {
                             w.reply = Some(Err(Fallback));

@@ -223,6 +223,12 @@ pub struct Client {
     pub tcp_requests: [AtomicU64; OP_SLOTS],
     /// Why the lane was not set up (refused, no interface; stats).
     l2_refused: Mutex<String>,
+    /// A lane of this client has carried a round trip: its interface reaches the
+    /// server's (a lane set up again later and silent is retried, not given up at
+    /// once).
+    l2_worked: AtomicBool,
+    /// Lanes set up again in a row that were silent (see [`l2::L2_SILENT_RETRIES`]).
+    l2_silent: AtomicU32,
 }
 
 /// The lane as a request finds it.
@@ -243,6 +249,23 @@ enum L2Try {
     FellOff(u64),
     /// Not sent on the lane.
     Tcp,
+}
+
+/// Why the lane was not set up.
+enum L2SetupError {
+    /// Before or at the offer, or a local failure after it.
+    Failed(String),
+    /// Set up at both ends, but no reply came over it (the probe); given back to the
+    /// server.
+    Silent(Arc<l2::L2Lane>, String),
+}
+
+impl std::fmt::Display for L2SetupError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            L2SetupError::Failed(why) | L2SetupError::Silent(_, why) => f.write_str(why),
+        }
+    }
 }
 
 enum L2State {
@@ -358,6 +381,8 @@ impl Client {
             l2_counters: l2::L2Counters::new(),
             tcp_requests: std::array::from_fn(|_| AtomicU64::new(0)),
             l2_refused: Mutex::new(String::new()),
+            l2_worked: AtomicBool::new(false),
+            l2_silent: AtomicU32::new(0),
         }
     }
 
@@ -420,9 +445,14 @@ impl Client {
     }
 
     /// The lane, set up on first use when the configuration asks for it: the local
-    /// interface opened, then the offer on TCP. Any failure or a refusal leaves the
-    /// session on TCP with one log line. A lane that went down is `Unfenced` until the
-    /// server has answered its fence, then set up again after [`l2::L2_RETRY_AFTER`].
+    /// interface opened, the offer on TCP, then one round trip over the lane (the
+    /// probe). Any failure or a refusal leaves the session on TCP with one log line;
+    /// so does a probe without an answer, unless a lane of this client worked before
+    /// (the interfaces were right: the server's lane may be busy or restarting), when
+    /// the lane is tried again after [`l2::L2_RETRY_AFTER`], at most
+    /// [`l2::L2_SILENT_RETRIES`] times in a row. A lane that went down is `Unfenced`
+    /// until the server has answered its fence, then set up again after
+    /// [`l2::L2_RETRY_AFTER`].
     fn l2_lane(&self) -> LaneNow {
         let Some(o) = self.cfg.l2.as_ref() else {
             return LaneNow::Tcp;
@@ -448,16 +478,21 @@ impl Client {
         let mut st = lock(&self.l2);
         match r {
             Ok(lane) => {
-                let lane = Arc::new(lane);
-                if let Err(e) = lane.start_flusher() {
-                    tracing::warn!(iface = %o.iface, "layer-2 lane not used, the session stays on TCP: no flusher thread: {e}");
-                    *st = L2State::Off;
-                    return LaneNow::Tcp;
-                }
+                self.l2_worked.store(true, Ordering::SeqCst);
+                self.l2_silent.store(0, Ordering::SeqCst);
                 *st = L2State::Up(lane.clone());
                 LaneNow::Up(lane)
             }
-            Err(why) => {
+            Err(L2SetupError::Silent(lane, why))
+                if self.l2_worked.load(Ordering::SeqCst)
+                    && self.l2_silent.fetch_add(1, Ordering::SeqCst) < l2::L2_SILENT_RETRIES =>
+            {
+                tracing::warn!(iface = %o.iface, "layer-2 lane set up again but silent, tried again in {:?}: {why}", l2::L2_RETRY_AFTER);
+                *st = L2State::Retry(lane, std::time::Instant::now() + l2::L2_RETRY_AFTER);
+                LaneNow::Tcp
+            }
+            Err(e) => {
+                let why = e.to_string();
                 tracing::warn!(iface = %o.iface, "layer-2 lane not used, the session stays on TCP: {why}");
                 *lock(&self.l2_refused) = why;
                 *st = L2State::Off;
@@ -466,8 +501,8 @@ impl Client {
         }
     }
 
-    fn l2_setup(&self, o: &l2::L2Options) -> Result<l2::L2Lane, String> {
-        let local = l2::open_local(o)?;
+    fn l2_setup(&self, o: &l2::L2Options) -> Result<Arc<l2::L2Lane>, L2SetupError> {
+        let local = l2::open_local(o).map_err(L2SetupError::Failed)?;
         let req: Request = zcfs_protocol::L2SetupReq {
             mac: zcfs_protocol::mac_to_u64(local.mac),
             cmd_queue: l2::CMD_QUEUE,
@@ -477,23 +512,41 @@ impl Client {
         .into();
         let r = self
             .call(&req, Caller::process(), &[])
-            .map_err(|e| format!("the offer failed: {}", e.msg()))?;
+            .map_err(|e| L2SetupError::Failed(format!("the offer failed: {}", e.msg())))?;
         let reply = match zcfs_protocol::Reply::decode(zcfs_protocol::Op::L2Setup, &r.body) {
             Ok(zcfs_protocol::Reply::L2Setup(a)) => a,
-            Ok(_) => return Err("the server answered another operation".into()),
-            Err(e) => return Err(format!("the server's answer: {e}")),
+            Ok(_) => {
+                return Err(L2SetupError::Failed(
+                    "the server answered another operation".into(),
+                ))
+            }
+            Err(e) => return Err(L2SetupError::Failed(format!("the server's answer: {e}"))),
         };
         if !reply.accepted {
-            return Err(format!(
+            return Err(L2SetupError::Failed(format!(
                 "the server refused: {}",
                 String::from_utf8_lossy(&reply.reason)
-            ));
+            )));
         }
+        // Accepted: the server holds its interface for this session from here on, so a
+        // failure below gives it back (`L2Release`) rather than leave it held until
+        // the connection ends.
+        let release = |why: String| {
+            let req: Request = zcfs_protocol::L2ReleaseReq {}.into();
+            match self.call(&req, Caller::process(), &[]) {
+                Ok(_) => why,
+                Err(e) => format!(
+                    "{why}; giving the lane back failed ({}): the server frees it when this \
+                     connection ends",
+                    e.msg()
+                ),
+            }
+        };
         if reply.cmd_queue != l2::CMD_QUEUE || reply.data_queue != l2::DATA_QUEUE {
-            return Err(format!(
+            return Err(L2SetupError::Failed(release(format!(
                 "the server's queues (command {}, data {}) differ from ours",
                 reply.cmd_queue, reply.data_queue
-            ));
+            ))));
         }
         let key = zcfs_protocol::l2::tag_key_material(self.cfg.secret.as_deref(), &reply.nonce);
         // The same condition as the key's: a secret both ends share, or none.
@@ -504,9 +557,46 @@ impl Client {
             zcfs_protocol::mac_from_u64(reply.mac),
             &key,
             open_tags,
-        )?;
+        )
+        .map_err(|why| L2SetupError::Failed(release(why)))?;
+        let lane = Arc::new(lane);
+        if let Err(e) = lane.start_flusher() {
+            return Err(L2SetupError::Failed(release(format!(
+                "no flusher thread: {e}"
+            ))));
+        }
+        if let Err(why) = self.l2_probe(&lane, &o.iface) {
+            return Err(L2SetupError::Silent(lane, release(why)));
+        }
         tracing::info!(iface = %o.iface, mode = ?lane.mode, "layer-2 lane up");
         Ok(lane)
+    }
+
+    /// One round trip over a lane just set up: a `Ping` on it, answered within
+    /// [`l2::L2_REPLY_TIMEOUT`]. Counted as a layer-2 ping when it is answered (the
+    /// server counts it so too); a probe without an answer is not a request that fell
+    /// back to TCP, and is counted nowhere.
+    fn l2_probe(&self, lane: &l2::L2Lane, iface: &str) -> Result<(), String> {
+        let id = self.ids.fetch_add(1, Ordering::Relaxed);
+        let req: Request = zcfs_protocol::PingReq {}.into();
+        let who = Caller::process();
+        let (hdr, body) = req
+            .encode_with_groups(id, who.cred, who.groups)
+            .map_err(|e| format!("the lane's probe: {e}"))?;
+        let probe = l2::L2Counters::new();
+        match lane.call(&req, &hdr, &body, &[], &probe) {
+            Ok(_) => {
+                self.l2_counters.requests[zcfs_protocol::Op::Ping as usize]
+                    .fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(l2::Fallback) if !lane.is_up() => Err(format!(
+                "no reply over layer 2 within {:?}: {iface} does not reach the server's \
+                 --l2 interface (not on its Ethernet segment?)",
+                l2::L2_REPLY_TIMEOUT
+            )),
+            Err(l2::Fallback) => Err("the lane's probe could not be sent on it".into()),
+        }
     }
 
     /// Connect now (all connections), to fail early with a clear error.

@@ -3,6 +3,8 @@
 //! - [`Pair`]: two namespaces, a server side and a client side, joined by a veth pair with
 //!   an address on each end (198.18.N.1 and 198.18.N.2, in the RFC 2544 benchmarking
 //!   range); the client end can be taken down and up, both ends shaped with `tc tbf`.
+//!   [`Pair::add_link`] joins them by a further veth pair without addresses (a layer-2
+//!   lane on an interface of its own: [`LANE_SRV_IF`], [`LANE_CLI_IF`]).
 //! - [`Netns`]: one namespace with its loopback up. Code runs inside it on a thread of its
 //!   own ([`Netns::run`], [`Netns::spawn`]: the sockets that thread opens live there); a
 //!   program runs inside it through [`Netns::command`], which moves the child into the
@@ -36,6 +38,13 @@ pub const RUN_DIR: &str = "/var/run/netns";
 pub const SRV_IF: &str = "veth-srv";
 /// The client end of a [`Pair`]'s veth, inside the client namespace.
 pub const CLI_IF: &str = "veth-cli";
+/// The server end of the second veth pair [`Pair::add_lane_link`] makes.
+pub const LANE_SRV_IF: &str = "veth-lane-srv";
+/// The client end of the second veth pair [`Pair::add_lane_link`] makes.
+pub const LANE_CLI_IF: &str = "veth-lane-cli";
+/// Queues of each end of [`Pair::add_lane_link`]'s pair: zcfs's layer-2 lane sends
+/// commands on queue 0 and data on queue 1.
+pub const LANE_QUEUES: u32 = 2;
 /// The most queues [`Pair::create_with_queues`] gives a veth end.
 pub const MAX_VETH_QUEUES: u32 = 16;
 /// The prefix of names that carry their owner's pid.
@@ -316,25 +325,10 @@ impl Pair {
     /// frame sent on TX queue q to the peer's RX queue q: the layer-2 transport keeps
     /// commands and data apart that way). At most [`MAX_VETH_QUEUES`].
     pub fn create_with_queues(base: &str, subnet: u8, queues: u32) -> io::Result<Pair> {
-        if queues == 0 || queues > MAX_VETH_QUEUES {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("a veth pair takes 1 to {MAX_VETH_QUEUES} queues, not {queues}"),
-            ));
-        }
+        check_queues(queues)?;
         let srv = Netns::create(&format!("{base}-srv"))?;
         let cli = Netns::create(&format!("{base}-cli"))?;
-        let q = queues.to_string();
-        let mut args = vec!["link", "add", SRV_IF, "netns", srv.name()];
-        let multi = ["numtxqueues", &q, "numrxqueues", &q];
-        if queues > 1 {
-            args.extend_from_slice(&multi);
-        }
-        args.extend_from_slice(&["type", "veth", "peer", "name", CLI_IF, "netns", cli.name()]);
-        if queues > 1 {
-            args.extend_from_slice(&multi);
-        }
-        ip(&args)?;
+        veth(&srv, SRV_IF, &cli, CLI_IF, queues)?;
         let pair = Pair {
             srv,
             cli,
@@ -349,6 +343,25 @@ impl Pair {
             ns.ip(&["link", "set", dev, "up"])?;
         }
         Ok(pair)
+    }
+
+    /// Join the two namespaces by one more veth pair, `srv_if` in the server namespace
+    /// and `cli_if` in the client's, `queues` queues on each end, both ends up and
+    /// without addresses: a link for raw Ethernet frames only (TCP keeps to the first
+    /// pair, the only one with an IP route). Removed with the namespaces.
+    pub fn add_link(&self, srv_if: &str, cli_if: &str, queues: u32) -> io::Result<()> {
+        check_queues(queues)?;
+        veth(&self.srv, srv_if, &self.cli, cli_if, queues)?;
+        for (ns, dev) in [(&self.srv, srv_if), (&self.cli, cli_if)] {
+            ns.ip(&["link", "set", dev, "up"])?;
+        }
+        Ok(())
+    }
+
+    /// [`Pair::add_link`] of the layer-2 lane's own pair: [`LANE_SRV_IF`] and
+    /// [`LANE_CLI_IF`], [`LANE_QUEUES`] queues each.
+    pub fn add_lane_link(&self) -> io::Result<()> {
+        self.add_link(LANE_SRV_IF, LANE_CLI_IF, LANE_QUEUES)
     }
 
     /// Take the client end of the link down (a cut cable) or bring it back up.
@@ -382,6 +395,31 @@ impl Pair {
     pub fn keep(self) -> (String, String) {
         (self.srv.keep(), self.cli.keep())
     }
+}
+
+fn check_queues(queues: u32) -> io::Result<()> {
+    if queues == 0 || queues > MAX_VETH_QUEUES {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("a veth pair takes 1 to {MAX_VETH_QUEUES} queues, not {queues}"),
+        ));
+    }
+    Ok(())
+}
+
+/// A veth pair, `a_if` created in `a` and `b_if` in `b`, `queues` queues on each end.
+fn veth(a: &Netns, a_if: &str, b: &Netns, b_if: &str, queues: u32) -> io::Result<()> {
+    let q = queues.to_string();
+    let mut args = vec!["link", "add", a_if, "netns", a.name()];
+    let multi = ["numtxqueues", &q, "numrxqueues", &q];
+    if queues > 1 {
+        args.extend_from_slice(&multi);
+    }
+    args.extend_from_slice(&["type", "veth", "peer", "name", b_if, "netns", b.name()]);
+    if queues > 1 {
+        args.extend_from_slice(&multi);
+    }
+    ip(&args)
 }
 
 #[cfg(test)]
@@ -441,6 +479,44 @@ mod tests {
         drop(pair);
         assert!(!path_of(&format!("{base}-srv")).exists());
         assert!(!path_of(&format!("{base}-cli")).exists());
+    }
+
+    /// Root only: a second link between the namespaces of a pair is up, has the queues
+    /// asked for and no IPv4 address, and the route to the server stays on the first
+    /// pair's ends.
+    #[test]
+    fn a_lane_link_joins_the_pair_without_addresses() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return;
+        }
+        let base = owned_name(std::process::id(), "lanelink");
+        let pair = Pair::create(&base, 249).unwrap();
+        pair.add_lane_link().unwrap();
+        let out = |ns: &Netns, args: &[&str]| {
+            let o = ns.command("ip").args(args).output().unwrap();
+            assert!(o.status.success(), "ip {args:?}");
+            String::from_utf8(o.stdout).unwrap()
+        };
+        for (ns, dev) in [(&pair.srv, LANE_SRV_IF), (&pair.cli, LANE_CLI_IF)] {
+            let link = out(ns, &["-d", "link", "show", dev]);
+            assert!(link.contains(",UP,"), "{dev} is up: {link}");
+            assert!(
+                link.contains(&format!(
+                    "numtxqueues {LANE_QUEUES} numrxqueues {LANE_QUEUES}"
+                )),
+                "{dev}'s queues: {link}"
+            );
+            assert_eq!(out(ns, &["-4", "-o", "addr", "show", "dev", dev]), "");
+        }
+        let route = out(&pair.cli, &["route", "get", &pair.srv_ip.to_string()]);
+        assert!(route.contains(&format!("dev {CLI_IF} ")), "{route}");
+        assert!(
+            pair.add_link("x-srv", "x-cli", 0).is_err(),
+            "a veth end takes at least one queue"
+        );
+        drop(pair);
+        assert!(!path_of(&format!("{base}-srv")).exists());
     }
 
     /// Root only: a namespace whose owner died is removed by the next sweep, with the

@@ -42,6 +42,34 @@ impl Net {
         }
     }
 
+    /// `with_queues(queues)`, and a second veth pair between the namespaces for the
+    /// layer-2 lane alone: [`LANE_SRV_IF`] and [`LANE_CLI_IF`], two queues each, no
+    /// addresses (TCP keeps to the first pair).
+    pub fn with_lane_pair(queues: u32) -> Net {
+        let net = Net::with_queues(queues);
+        net.pair.add_lane_link().unwrap();
+        net
+    }
+
+    /// `ip ARGS` in the server namespace (`srv`) or the client's; its output (it must
+    /// succeed).
+    pub fn ip(&self, srv: bool, args: &[&str]) -> String {
+        let ns = if srv { &self.pair.srv } else { &self.pair.cli };
+        let out = ns.command("ip").args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "ip {args:?} in {}: {}",
+            ns.name(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// `ip -d link show DEV` in the server namespace (`srv`) or the client's.
+    pub fn link_show(&self, srv: bool, dev: &str) -> String {
+        self.ip(srv, &["-d", "link", "show", dev])
+    }
+
     /// The address `zcfs serve` listens on in the server namespace.
     pub fn addr(&self) -> String {
         format!("{}:7070", self.pair.srv_ip)
@@ -199,6 +227,17 @@ pub struct RemoteMount {
 
 impl RemoteMount {
     pub fn new(net: &Net, srv: &Served, tag: &str, opts: &[&str]) -> RemoteMount {
+        RemoteMount::logged(net, srv, tag, opts, Stdio::null())
+    }
+
+    /// `new`, the mount process's stderr (its log) going to `stderr`.
+    pub fn logged(
+        net: &Net,
+        srv: &Served,
+        tag: &str,
+        opts: &[&str],
+        stderr: impl Into<Stdio>,
+    ) -> RemoteMount {
         let mp = std::env::temp_dir().join(format!("zcfs-remote-{tag}-{}", std::process::id()));
         fs::create_dir_all(&mp).unwrap();
         let mut child = net
@@ -209,7 +248,7 @@ impl RemoteMount {
             .arg("--secret-file")
             .arg(&srv.secret)
             .args(opts)
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .unwrap();
         wait_until_mounted(&mut child, &mp);
@@ -291,6 +330,9 @@ pub fn unmodified_programs(mp: &std::path::Path, tag: &str) {
 /// The layer-2 lane's interfaces: the server's and the client's end of the veth pair.
 pub const L2_SRV_IF: &str = SRV_IF;
 pub const L2_CLI_IF: &str = CLI_IF;
+/// The ends of the second veth pair of [`Net::with_lane_pair`] (the lane's own).
+pub const LANE_SRV_IF: &str = zcfs_netns::LANE_SRV_IF;
+pub const LANE_CLI_IF: &str = zcfs_netns::LANE_CLI_IF;
 
 /// Whether the layer-2 tests can run here (root, zcfs built with its XDP program);
 /// ZCFS_REQUIRE_L2=1 makes "no" a failure.
@@ -311,10 +353,16 @@ pub fn l2_ready() -> bool {
 /// A client with the test secret offering the layer-2 lane on the client's veth end
 /// (call from inside the client namespace).
 pub fn client_l2(net: &Net, timeout: Duration) -> RemoteFs {
+    client_l2_on(net, L2_CLI_IF, timeout)
+}
+
+/// A client with the test secret offering the layer-2 lane on `iface` (call from
+/// inside the client namespace).
+pub fn client_l2_on(net: &Net, iface: &str, timeout: Duration) -> RemoteFs {
     let mut cfg = ClientConfig::new(&net.addr());
     cfg.secret = Some(SECRET.to_vec());
     cfg.timeout = timeout;
-    cfg.l2 = Some(zcfs_client::l2::L2Options::new(L2_CLI_IF));
+    cfg.l2 = Some(zcfs_client::l2::L2Options::new(iface));
     RemoteFs::connect(cfg).unwrap()
 }
 
