@@ -649,3 +649,44 @@ fn a_read_up_to_a_write_behind_write_past_eof_sees_the_hole_not_the_old_eof() {
     });
 }
 
+
+/// fio at queue depth 64 (libaio, O_DIRECT, 4 KiB random reads; the kernel sends them as
+/// async requests), each block checked against the checksum fio wrote into it; then
+/// buffered sequential reads of the same file, checked too.
+#[test]
+fn fio_qd64_direct_random_reads_verify() {
+    if std::process::Command::new("fio").arg("--version").output().is_err() {
+        eprintln!("skipped: no fio");
+        return;
+    }
+    let net = Net::new();
+    let srv = Served::new(&net, "rev27-fio", &[]);
+    let m = MountProc::new(&net, &srv, "fio", &["-o", "timeout=5"]);
+    let file = m.path("fio.dat");
+    let common = format!(
+        "--name=j --filename={file} --size=32m --bs=4k --verify=crc32c --verify_fatal=1 --group_reporting"
+    );
+    let run = |extra: &str| {
+        let out = std::process::Command::new("timeout")
+            .arg("120")
+            .arg("sh")
+            .arg("-c")
+            .arg(format!("fio {common} {extra} --output-format=terse --terse-version=3"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "fio {extra}: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let s = String::from_utf8_lossy(&out.stdout).to_string();
+        // terse v3: field 6 is read KiB, 8 read IOPS
+        let f: Vec<&str> = s.trim().split(';').collect();
+        eprintln!("fio {extra}: read {} KiB, {} IOPS", f[5], f[7]);
+    };
+    run("--rw=write --do_verify=0 --direct=0");
+    run("--rw=randread --direct=1 --ioengine=libaio --iodepth=64 --runtime=8 --time_based=0");
+    run("--rw=read --direct=0 --ioengine=psync");
+    run("--rw=randread --direct=1 --ioengine=libaio --iodepth=64 --numjobs=2 --runtime=8");
+}
