@@ -422,9 +422,20 @@ fn reads_outstanding_at_a_cut_link_and_a_lazy_unmount_end() {
 /// file's bytes; a file open across the restart that still exists reads right.
 #[test]
 fn a_read_of_a_handle_lost_in_a_restart_fails_cleanly() {
+    read_of_a_handle_lost_in_a_restart(libc::SIGKILL);
+}
+
+/// The same with the server stopped cleanly (it lets go of the unlinked file then: the
+/// re-open fails, and reads of the handle fail with ESTALE at once).
+#[test]
+fn a_read_of_a_handle_lost_in_a_clean_restart_fails_cleanly() {
+    read_of_a_handle_lost_in_a_restart(libc::SIGTERM);
+}
+
+fn read_of_a_handle_lost_in_a_restart(sig: i32) {
     let net = Net::new();
-    let mut srv = Served::new(&net, "rev27-stale", &[]);
-    let m = MountProc::new(&net, &srv, "stale", &["-o", "timeout=2"]);
+    let mut srv = Served::new(&net, &format!("rev27-stale{sig}"), &[]);
+    let m = MountProc::new(&net, &srv, &format!("stale{sig}"), &["-o", "timeout=2"]);
     let (pa, pb) = (m.path("a"), m.path("b"));
     fill(&pa, 256 << 10, 1);
     fill(&pb, 256 << 10, 2);
@@ -435,7 +446,7 @@ fn a_read_of_a_handle_lost_in_a_restart_fails_cleanly() {
     fs::remove_file(&pa).unwrap();
     fa.read_exact_at(buf.as_mut(), BLK as u64).unwrap();
     assert_eq!(buf.as_mut()[..], pattern(BLK as u64, BLK, 1)[..]);
-    srv.kill(libc::SIGKILL);
+    srv.kill(sig);
     srv.start(&net, &[]);
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
