@@ -751,3 +751,211 @@ fn call_then_completes_when_the_server_is_gone() {
     assert_eq!(got.len(), 3, "a completion never ran");
     assert!(got.iter().all(|(r, _)| r.is_err()));
 }
+
+/// A server that echoes each request's body as its reply's, and cuts its connection
+/// (unanswered) at every `cut_every`th request it reads, whatever the connection; the
+/// session is resumed on the next connection.
+fn echo_cutting(cut_every: u64) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let seen = Arc::new(AtomicU64::new(0));
+        for (n, s) in l.incoming().enumerate() {
+            let Ok(mut s) = s else { return };
+            if zcfs_transport::server_handshake(
+                &mut s,
+                None,
+                Integrity::Headers,
+                8,
+                1,
+                Duration::from_secs(5),
+                &mut |_| Ok(n > 0),
+            )
+            .is_err()
+            {
+                continue;
+            }
+            let seen = seen.clone();
+            std::thread::spawn(move || loop {
+                let mut hb = [0u8; REQ_HDR];
+                if s.read_exact(&mut hb).is_err() {
+                    return;
+                }
+                let h = ReqHeader::decode(&hb).unwrap();
+                let mut body = vec![0u8; (h.body_len + h.data_len) as usize];
+                if s.read_exact(&mut body).is_err() {
+                    return;
+                }
+                if (seen.fetch_add(1, Ordering::SeqCst) + 1) % cut_every == 0 {
+                    let _ = s.shutdown(std::net::Shutdown::Both);
+                    return;
+                }
+                let r = RespHeader::ok(h.op, h.id, body.len() as u32, 0).encode();
+                if std::io::Write::write_all(&mut s, &[&r[..], &body[..]].concat()).is_err() {
+                    return;
+                }
+            });
+        }
+    });
+    addr
+}
+
+fn lookup_of(name: &str) -> Request {
+    LookupReq {
+        parent: NodeRef::ino(1),
+        name: LookupName::new(name).unwrap(),
+    }
+    .into()
+}
+
+/// Many `call_then`s, with sync calls leading among them, while the server cuts its
+/// connections now and then: every completion runs, with its own request's reply (or
+/// an error), and in the end every connection has its in-flight slots back and
+/// nothing pending.
+#[test]
+fn call_then_under_cut_connections_completes_each_request_once_with_its_reply() {
+    let addr = echo_cutting(13);
+    let mut cfg = ClientConfig::new(&addr.to_string());
+    cfg.connections = 2;
+    cfg.timeout = Duration::from_secs(3);
+    let c = Arc::new(Client::new(cfg));
+    c.connect().unwrap();
+    const THEN_THREADS: usize = 4;
+    const PER: usize = 300;
+    let done = Arc::new(AtomicU64::new(0));
+    let wrong = Arc::new(Mutex::new(Vec::<String>::new()));
+    let errors = Arc::new(AtomicU64::new(0));
+    std::thread::scope(|s| {
+        for t in 0..THEN_THREADS {
+            let (c, done, wrong, errors) = (c.clone(), done.clone(), wrong.clone(), errors.clone());
+            s.spawn(move || {
+                for i in 0..PER {
+                    let name = format!("t{t}-{i}");
+                    let want = lookup_of(&name);
+                    let (done, wrong, errors) = (done.clone(), wrong.clone(), errors.clone());
+                    let key = name.clone();
+                    c.call_then(
+                        want,
+                        Box::new(move |r| {
+                            match r {
+                                Ok(r) => {
+                                    if !r.body.windows(key.len()).any(|w| w == key.as_bytes()) {
+                                        lock(&wrong).push(key);
+                                    }
+                                }
+                                Err(e) => {
+                                    assert!(is_transport(&e), "{key}: {e}");
+                                    errors.fetch_add(1, Ordering::SeqCst);
+                                }
+                            }
+                            done.fetch_add(1, Ordering::SeqCst);
+                        }),
+                    );
+                }
+            });
+        }
+        for t in 0..2 {
+            let c = c.clone();
+            s.spawn(move || {
+                for i in 0..100 {
+                    let name = format!("s{t}-{i}");
+                    if let Ok(r) = c.call(&lookup_of(&name), Caller::default(), &[]) {
+                        assert!(r.body.windows(name.len()).any(|w| w == name.as_bytes()));
+                    }
+                }
+            });
+        }
+    });
+    let want = (THEN_THREADS * PER) as u64;
+    let t0 = std::time::Instant::now();
+    while done.load(Ordering::SeqCst) < want && t0.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    eprintln!(
+        "done {} of {want}, errors {}, resent {}",
+        done.load(Ordering::SeqCst),
+        errors.load(Ordering::SeqCst),
+        c.resent.load(Ordering::Relaxed)
+    );
+    assert_eq!(done.load(Ordering::SeqCst), want, "completions missing");
+    assert!(lock(&wrong).is_empty(), "another request's reply: {:?}", lock(&wrong));
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(done.load(Ordering::SeqCst), want, "completed more than once");
+    for slot in &c.conns {
+        if let Some(conn) = lock(slot).as_ref() {
+            assert_eq!(*lock(&conn.inflight.0), 0, "in-flight slots not given back");
+            assert!(lock(&conn.pending).is_empty());
+        }
+    }
+}
+
+/// A server whose every reply carries `data` (a read's reply with more than asked).
+fn answering_with_data(data: usize) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { return };
+            if zcfs_transport::server_handshake(
+                &mut s,
+                None,
+                Integrity::Headers,
+                8,
+                1,
+                Duration::from_secs(5),
+                &mut |_| Ok(false),
+            )
+            .is_err()
+            {
+                continue;
+            }
+            std::thread::spawn(move || loop {
+                let mut hb = [0u8; REQ_HDR];
+                if s.read_exact(&mut hb).is_err() {
+                    return;
+                }
+                let h = ReqHeader::decode(&hb).unwrap();
+                let mut body = vec![0u8; (h.body_len + h.data_len) as usize];
+                if s.read_exact(&mut body).is_err() {
+                    return;
+                }
+                let r = RespHeader::ok(h.op, h.id, 0, data as u32).encode();
+                let out = [&r[..], &vec![0xAB; data][..]].concat();
+                if std::io::Write::write_all(&mut s, &out).is_err() {
+                    return;
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// A read whose reply carries more bytes than asked fails (EIO) through `read_then` as
+/// through `read`; one with what was asked hands the bytes on.
+#[test]
+fn read_then_refuses_a_reply_with_more_than_asked() {
+    use zcfs_backend::Backend;
+    for (sent, want) in [(8192usize, Err(libc::EIO)), (4096, Ok(4096usize)), (100, Ok(100))] {
+        let addr = answering_with_data(sent);
+        let mut cfg = ClientConfig::new(&addr.to_string());
+        cfg.timeout = Duration::from_secs(3);
+        let fs = crate::RemoteFs::connect(cfg).unwrap();
+        assert!(fs.reads_then());
+        let (tx, rx) = std::sync::mpsc::channel();
+        fs.read_then(
+            7,
+            0,
+            0,
+            4096,
+            Box::new(move |r| {
+                let _ = tx.send(r.map(|d| d.len()).map_err(|e| e.errno));
+            }),
+        );
+        let got = rx.recv_timeout(Duration::from_secs(10)).expect("never completed");
+        assert_eq!(got, want, "read_then of 4096 answered with {sent}");
+        let sync = fs
+            .read(7, 0, 0, 4096, &mut |_: &[&[u8]]| Ok(()))
+            .map_err(|e| e.errno);
+        assert_eq!(sync.is_ok(), want.is_ok(), "read of 4096 answered with {sent}");
+    }
+}
