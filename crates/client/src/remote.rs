@@ -63,6 +63,36 @@ const READDIRPLUS_BATCH: u32 = 128;
 /// commit to the close, which costs one round trip for many bytes.
 pub const COMMIT_WRITE_MAX: usize = 64 << 10;
 
+/// The server's handle behind our handle `fh`.
+fn server_fh_of(open: &Mutex<OpenFiles>, fh: u64) -> Result<u64> {
+    match lock(open).get(fh) {
+        Some(f) => f
+            .server_fh
+            .ok_or_else(|| Error::new(libc::ESTALE, "the server restarted and this file is gone")),
+        // Handles the kernel made before we knew of them (or 0): pass through.
+        None => Ok(0),
+    }
+}
+
+/// A request carrying a server handle, refused EBADF, after the session changed since
+/// the handle was read (`epoch`): it was resent into the new session with the old
+/// session's handle, while the reconnection re-opened the file under a new one. Sent
+/// again with that one, it is answered.
+fn stale_handle(client: &Client, e: &Error, epoch: u64) -> bool {
+    e.errno == libc::EBADF && client.epoch() != epoch
+}
+
+/// A read of `size` bytes at `offset` through server handle `sfh`.
+fn read_req(node: NodeRef, sfh: u64, offset: u64, size: u32) -> Request {
+    ReadReq {
+        node,
+        fh: sfh,
+        offset,
+        size: size.min(MAX_DATA as u32),
+    }
+    .into()
+}
+
 /// A read's reply carries at most what was asked for: more is a broken (or, without
 /// MACs, forged) reply, never handed on.
 fn checked_read(data: &[u8], size: u32) -> Result<()> {
@@ -380,13 +410,7 @@ impl RemoteFs {
     }
 
     fn server_fh(&self, fh: u64) -> Result<u64> {
-        match lock(&self.open).get(fh) {
-            Some(f) => f.server_fh.ok_or_else(|| {
-                Error::new(libc::ESTALE, "the server restarted and this file is gone")
-            }),
-            // Handles the kernel made before we knew of them (or 0): pass through.
-            None => Ok(0),
-        }
+        server_fh_of(&self.open, fh)
     }
 
     /// A write through `fh` begins (marked before anything is sent: a restart after
@@ -1132,16 +1156,19 @@ impl Backend for RemoteFs {
         size: u32,
         reply: &mut dyn ReadReply,
     ) -> Result<()> {
-        self.behind
-            .settle_range(ino, offset, offset.saturating_add(u64::from(size)));
-        let req: Request = ReadReq {
-            node: self.node(ino),
-            fh: self.server_fh(fh)?,
-            offset,
-            size: size.min(MAX_DATA as u32),
-        }
-        .into();
-        let r = self.client.call(&req, Caller::process(), &[])?;
+        // Every write of the file in flight from `offset` on, not only those the range
+        // overlaps: one past it may grow the file, and a read reaching the old end
+        // must see the hole up to it, not a short count.
+        self.behind.settle_range(ino, offset, u64::MAX);
+        let epoch = self.client.epoch();
+        let req = read_req(self.node(ino), self.server_fh(fh)?, offset, size);
+        let r = match self.client.call(&req, Caller::process(), &[]) {
+            Err(e) if stale_handle(&self.client, &e, epoch) => {
+                let req = read_req(self.node(ino), self.server_fh(fh)?, offset, size);
+                self.client.call(&req, Caller::process(), &[])?
+            }
+            r => r?,
+        };
         self.read_bytes
             .fetch_add(r.data.len() as u64, Ordering::Relaxed);
         self.client
@@ -1158,31 +1185,60 @@ impl Backend for RemoteFs {
     /// `read` through `Client::call_then`: the caller's thread is free once the
     /// request is sent.
     fn read_then(&self, ino: u64, fh: u64, offset: u64, size: u32, done: ReadDone) {
-        self.behind
-            .settle_range(ino, offset, offset.saturating_add(u64::from(size)));
+        // Every write of the file in flight from `offset` on, not only those the range
+        // overlaps: one past it may grow the file, and a read reaching the old end
+        // must see the hole up to it, not a short count.
+        self.behind.settle_range(ino, offset, u64::MAX);
+        let epoch = self.client.epoch();
         let sfh = match self.server_fh(fh) {
             Ok(f) => f,
             Err(e) => return done(Err(e)),
         };
-        let req: Request = ReadReq {
-            node: self.node(ino),
-            fh: sfh,
-            offset,
-            size: size.min(MAX_DATA as u32),
-        }
-        .into();
+        let node = self.node(ino);
         let (client, read_bytes) = (self.client.clone(), self.read_bytes.clone());
+        let open = self.open.clone();
+        let finish = move |client: &Client, r: Result<crate::Response>| {
+            done(r.and_then(|r| {
+                checked_read(&r.data, size)?;
+                read_bytes.fetch_add(r.data.len() as u64, Ordering::Relaxed);
+                client
+                    .bytes_received
+                    .fetch_add(r.data.len() as u64, Ordering::Relaxed);
+                Ok(r.data)
+            }))
+        };
         self.client.call_then(
-            req,
-            Box::new(move |r| {
-                done(r.and_then(|r| {
-                    checked_read(&r.data, size)?;
-                    read_bytes.fetch_add(r.data.len() as u64, Ordering::Relaxed);
-                    client
-                        .bytes_received
-                        .fetch_add(r.data.len() as u64, Ordering::Relaxed);
-                    Ok(r.data)
-                }))
+            read_req(node.clone(), sfh, offset, size),
+            Box::new(move |r| match r {
+                Err(e) if stale_handle(&client, &e, epoch) => {
+                    // Sent again with the re-opened file's handle, from a thread of its
+                    // own: this one may be the connection's reader.
+                    // `finish` moves into the thread only if it starts; else it runs here.
+                    let slot = Arc::new(Mutex::new(Some(finish)));
+                    let retry = {
+                        let (client, theirs) = (client.clone(), slot.clone());
+                        move || {
+                            let Some(finish) = lock(&theirs).take() else {
+                                return;
+                            };
+                            let r = server_fh_of(&open, fh).and_then(|sfh| {
+                                let req = read_req(node, sfh, offset, size);
+                                client.call(&req, Caller::process(), &[])
+                            });
+                            finish(&client, r)
+                        }
+                    };
+                    if let Err(spawn) = std::thread::Builder::new()
+                        .name("zcfs-reread".into())
+                        .spawn(retry)
+                    {
+                        tracing::warn!("cannot start a thread to read again: {spawn}");
+                        if let Some(finish) = lock(&slot).take() {
+                            finish(&client, Err(e))
+                        }
+                    }
+                }
+                r => finish(&client, r),
             }),
         );
     }

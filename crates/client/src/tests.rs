@@ -878,9 +878,17 @@ fn call_then_under_cut_connections_completes_each_request_once_with_its_reply() 
         c.resent.load(Ordering::Relaxed)
     );
     assert_eq!(done.load(Ordering::SeqCst), want, "completions missing");
-    assert!(lock(&wrong).is_empty(), "another request's reply: {:?}", lock(&wrong));
+    assert!(
+        lock(&wrong).is_empty(),
+        "another request's reply: {:?}",
+        lock(&wrong)
+    );
     std::thread::sleep(Duration::from_millis(100));
-    assert_eq!(done.load(Ordering::SeqCst), want, "completed more than once");
+    assert_eq!(
+        done.load(Ordering::SeqCst),
+        want,
+        "completed more than once"
+    );
     for slot in &c.conns {
         if let Some(conn) = lock(slot).as_ref() {
             assert_eq!(*lock(&conn.inflight.0), 0, "in-flight slots not given back");
@@ -935,7 +943,11 @@ fn answering_with_data(data: usize) -> SocketAddr {
 #[test]
 fn read_then_refuses_a_reply_with_more_than_asked() {
     use zcfs_backend::Backend;
-    for (sent, want) in [(8192usize, Err(libc::EIO)), (4096, Ok(4096usize)), (100, Ok(100))] {
+    for (sent, want) in [
+        (8192usize, Err(libc::EIO)),
+        (4096, Ok(4096usize)),
+        (100, Ok(100)),
+    ] {
         let addr = answering_with_data(sent);
         let mut cfg = ClientConfig::new(&addr.to_string());
         cfg.timeout = Duration::from_secs(3);
@@ -951,11 +963,17 @@ fn read_then_refuses_a_reply_with_more_than_asked() {
                 let _ = tx.send(r.map(|d| d.len()).map_err(|e| e.errno));
             }),
         );
-        let got = rx.recv_timeout(Duration::from_secs(10)).expect("never completed");
+        let got = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("never completed");
         assert_eq!(got, want, "read_then of 4096 answered with {sent}");
         let sync = fs
             .read(7, 0, 0, 4096, &mut |_: &[&[u8]]| Ok(()))
             .map_err(|e| e.errno);
-        assert_eq!(sync.is_ok(), want.is_ok(), "read of 4096 answered with {sent}");
+        assert_eq!(
+            sync.is_ok(),
+            want.is_ok(),
+            "read of 4096 answered with {sent}"
+        );
     }
 }
