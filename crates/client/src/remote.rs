@@ -1208,7 +1208,7 @@ impl Backend for RemoteFs {
             }))
         };
         self.client.call_then(
-            read_req(node.clone(), sfh, offset, size),
+            read_req(node, sfh, offset, size),
             Box::new(move |r| match r {
                 Err(e) if stale_handle(&client, &e, epoch) => {
                     // Sent again with the re-opened file's handle, from a thread of its
