@@ -786,7 +786,7 @@ fn echo_cutting(cut_every: u64) -> SocketAddr {
                 if s.read_exact(&mut body).is_err() {
                     return;
                 }
-                if (seen.fetch_add(1, Ordering::SeqCst) + 1) % cut_every == 0 {
+                if (seen.fetch_add(1, Ordering::SeqCst) + 1).is_multiple_of(cut_every) {
                     let _ = s.shutdown(std::net::Shutdown::Both);
                     return;
                 }
