@@ -51,6 +51,11 @@ pub const L2_RETRY_AFTER: Duration = Duration::from_secs(2);
 /// reply is tried again this many times in a row, each after [`L2_RETRY_AFTER`]; then
 /// the session stays on TCP.
 pub const L2_SILENT_RETRIES: u32 = 3;
+/// A lane that stayed up this long before it went down counts as having worked: the
+/// next loss starts the count of [`L2_SILENT_RETRIES`] afresh. A lane lost sooner
+/// (one that carries the probe but not the traffic after it, say with an MTU too
+/// small for its data frames) counts as one more silent retry.
+pub const L2_HEALTHY_AFTER: Duration = Duration::from_secs(30);
 /// A fence that failed (its connection lost: the server restarted, the link broke) is
 /// asked for again by the next request after this long.
 pub const FENCE_RETRY_AFTER: Duration = Duration::from_millis(100);
@@ -468,6 +473,11 @@ impl L2Lane {
 
     fn now(&self) -> u64 {
         self.t0.elapsed().as_nanos() as u64
+    }
+
+    /// How long since the lane was set up.
+    pub(crate) fn age(&self) -> Duration {
+        self.t0.elapsed()
     }
 
     /// Whether a reply ever came over the lane.

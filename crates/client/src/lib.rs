@@ -463,6 +463,25 @@ impl Client {
                 L2State::Up(l) if l.is_up() => return LaneNow::Up(l.clone()),
                 L2State::Up(l) => match l.fenced_at() {
                     Some(at) => {
+                        // Lost soon after its set-up: one more silent retry, bounded like
+                        // those (review 27b: a lane that carried the probe but not a
+                        // read's data frames was set up again every few seconds, for
+                        // ever).
+                        if l.age() >= l2::L2_HEALTHY_AFTER {
+                            self.l2_silent.store(0, Ordering::SeqCst);
+                        } else if self.l2_silent.fetch_add(1, Ordering::SeqCst)
+                            >= l2::L2_SILENT_RETRIES
+                        {
+                            let why = format!(
+                                "the lane was lost within {:?} of its set-up {} times in a row",
+                                l2::L2_HEALTHY_AFTER,
+                                l2::L2_SILENT_RETRIES + 1
+                            );
+                            tracing::warn!(iface = %o.iface, "layer-2 lane not used any more, the session stays on TCP: {why}");
+                            *lock(&self.l2_refused) = why;
+                            *st = L2State::Off;
+                            return LaneNow::Tcp;
+                        }
                         *st = L2State::Retry(l.clone(), at + l2::L2_RETRY_AFTER);
                         return LaneNow::Tcp;
                     }
@@ -478,8 +497,8 @@ impl Client {
         let mut st = lock(&self.l2);
         match r {
             Ok(lane) => {
+                // The count of silent retries goes on until a lane stays up a while.
                 self.l2_worked.store(true, Ordering::SeqCst);
-                self.l2_silent.store(0, Ordering::SeqCst);
                 *st = L2State::Up(lane.clone());
                 LaneNow::Up(lane)
             }
