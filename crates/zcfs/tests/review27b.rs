@@ -47,7 +47,6 @@ fn threads() -> usize {
 /// count lanes that failed their first real request too (or reset only once a lane
 /// carried more than the probe).
 #[test]
-#[ignore = "finding: a lane that passes the probe but drops larger frames (MTU mismatch) is set up again for ever, a request held L2_REPLY_TIMEOUT each time; the probe resets the silent-retry count"]
 fn a_lane_that_carries_the_probe_but_not_a_reads_data_is_not_set_up_again_for_ever() {
     if !l2_ready() {
         return;
@@ -131,7 +130,6 @@ fn a_lane_that_carries_the_probe_but_not_a_reads_data_is_not_set_up_again_for_ev
 /// set-up that comes and goes logs (a warning for the loss, an info line for the fence
 /// and for the lane up): the log grows without end.
 #[test]
-#[ignore = "finding: a mount whose lane passes the probe but drops larger frames (MTU mismatch) logs a lane-lost warning every ~3 s for ever"]
 fn a_mount_whose_lane_carries_the_probe_only_logs_a_bounded_number_of_lines() {
     use std::io::{Read, Seek, SeekFrom};
     use std::os::unix::fs::OpenOptionsExt;
