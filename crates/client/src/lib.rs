@@ -893,6 +893,22 @@ impl Client {
         self.conn(i)
     }
 
+    /// Make the connections known to be lost again (the server closed them: the reader
+    /// saw it), running the session's revalidation if the server lost the session. A
+    /// caller about to read state the revalidation renews (the server handles of open
+    /// files) then reads the new session's. Err: no connection could be made (what the
+    /// caller's request would have met; it need not dial again).
+    pub fn revive_lost(&self) -> Result<(), Error> {
+        let lost = self
+            .conns
+            .iter()
+            .any(|slot| lock(slot).as_ref().is_some_and(|c| !c.is_up()));
+        if lost {
+            self.pick()?;
+        }
+        Ok(())
+    }
+
     /// Send a request (and write data) without waiting for the reply. It goes on TCP,
     /// but after the lane's fence as `call`'s requests do (`l2_unfenced`): with the lane
     /// down and not yet fenced at the server, a lane request the caller was told had

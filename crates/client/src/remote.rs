@@ -409,7 +409,12 @@ impl RemoteFs {
         }
     }
 
+    /// The server's handle behind `fh`, read once the connections the server closed
+    /// are made again: a server that restarted has the file re-opened under a new
+    /// handle by then (review 27: the first write after a restart went with the old
+    /// session's handle and was refused EBADF).
     fn server_fh(&self, fh: u64) -> Result<u64> {
+        self.client.revive_lost()?;
         server_fh_of(&self.open, fh)
     }
 
