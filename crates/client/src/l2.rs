@@ -56,6 +56,9 @@ pub const L2_SILENT_RETRIES: u32 = 3;
 /// (one that carries the probe but not the traffic after it, say with an MTU too
 /// small for its data frames) counts as one more silent retry.
 pub const L2_HEALTHY_AFTER: Duration = Duration::from_secs(30);
+/// The longest wait before a lane refused busy is offered again (the wait doubles from
+/// [`L2_RETRY_AFTER`] with each refusal in a row).
+pub const L2_BUSY_RETRY_MAX: Duration = Duration::from_secs(64);
 /// A fence that failed (its connection lost: the server restarted, the link broke) is
 /// asked for again by the next request after this long.
 pub const FENCE_RETRY_AFTER: Duration = Duration::from_millis(100);

@@ -229,6 +229,8 @@ pub struct Client {
     l2_worked: AtomicBool,
     /// Lanes set up again in a row that were silent (see [`l2::L2_SILENT_RETRIES`]).
     l2_silent: AtomicU32,
+    /// Offers refused busy in a row (their back-off).
+    l2_busy: AtomicU32,
 }
 
 /// The lane as a request finds it.
@@ -258,12 +260,17 @@ enum L2SetupError {
     /// Set up at both ends, but no reply came over it (the probe); given back to the
     /// server.
     Silent(Arc<l2::L2Lane>, String),
+    /// The server's interface serves another session's lane now (a refusal whose
+    /// reason begins `busy`): it may be free later.
+    Busy(String),
 }
 
 impl std::fmt::Display for L2SetupError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            L2SetupError::Failed(why) | L2SetupError::Silent(_, why) => f.write_str(why),
+            L2SetupError::Failed(why) | L2SetupError::Silent(_, why) | L2SetupError::Busy(why) => {
+                f.write_str(why)
+            }
         }
     }
 }
@@ -274,6 +281,8 @@ enum L2State {
     Up(Arc<l2::L2Lane>),
     /// Lost and fenced (kept for its counters): set up again from this time on.
     Retry(Arc<l2::L2Lane>, std::time::Instant),
+    /// Refused busy: offered again from this time on (no lane of ours to keep).
+    Later(std::time::Instant),
     Off,
 }
 
@@ -383,6 +392,7 @@ impl Client {
             l2_refused: Mutex::new(String::new()),
             l2_worked: AtomicBool::new(false),
             l2_silent: AtomicU32::new(0),
+            l2_busy: AtomicU32::new(0),
         }
     }
 
@@ -402,6 +412,7 @@ impl Client {
                 r.reason = l.reason();
             }
             L2State::Off => r.reason = lock(&self.l2_refused).clone(),
+            L2State::Later(_) => r.reason = lock(&self.l2_refused).clone(),
             L2State::Untried | L2State::Trying => {}
         }
         for op in zcfs_protocol::ALL_OPS {
@@ -490,6 +501,7 @@ impl Client {
                 L2State::Untried => *st = L2State::Trying,
                 // The old lane is dropped here, before the new one takes the interface.
                 L2State::Retry(_, at) if std::time::Instant::now() >= *at => *st = L2State::Trying,
+                L2State::Later(at) if std::time::Instant::now() >= *at => *st = L2State::Trying,
                 _ => return LaneNow::Tcp,
             }
         }
@@ -499,6 +511,7 @@ impl Client {
             Ok(lane) => {
                 // The count of silent retries goes on until a lane stays up a while.
                 self.l2_worked.store(true, Ordering::SeqCst);
+                self.l2_busy.store(0, Ordering::SeqCst);
                 *st = L2State::Up(lane.clone());
                 LaneNow::Up(lane)
             }
@@ -508,6 +521,20 @@ impl Client {
             {
                 tracing::warn!(iface = %o.iface, "layer-2 lane set up again but silent, tried again in {:?}: {why}", l2::L2_RETRY_AFTER);
                 *st = L2State::Retry(lane, std::time::Instant::now() + l2::L2_RETRY_AFTER);
+                LaneNow::Tcp
+            }
+            Err(L2SetupError::Busy(why)) => {
+                // Offered again later, each time twice as late (up to L2_BUSY_RETRY_MAX):
+                // the lane is used once the other session gives it back. Logged once.
+                let n = self.l2_busy.fetch_add(1, Ordering::SeqCst);
+                let wait = l2::L2_RETRY_AFTER
+                    .saturating_mul(1 << n.min(16))
+                    .min(l2::L2_BUSY_RETRY_MAX);
+                if n == 0 {
+                    tracing::warn!(iface = %o.iface, "layer-2 lane busy, requests go on TCP and the lane is offered again later: {why}");
+                }
+                *lock(&self.l2_refused) = why;
+                *st = L2State::Later(std::time::Instant::now() + wait);
                 LaneNow::Tcp
             }
             Err(e) => {
@@ -542,10 +569,13 @@ impl Client {
             Err(e) => return Err(L2SetupError::Failed(format!("the server's answer: {e}"))),
         };
         if !reply.accepted {
-            return Err(L2SetupError::Failed(format!(
-                "the server refused: {}",
-                String::from_utf8_lossy(&reply.reason)
-            )));
+            let reason = String::from_utf8_lossy(&reply.reason);
+            let why = format!("the server refused: {reason}");
+            return Err(if reason.starts_with(zcfs_protocol::l2::BUSY_REASON) {
+                L2SetupError::Busy(why)
+            } else {
+                L2SetupError::Failed(why)
+            });
         }
         // Accepted: the server holds its interface for this session from here on, so a
         // failure below gives it back (`L2Release`) rather than leave it held until

@@ -20,6 +20,10 @@
 
 use crate::{ProtoError, ReqHeader, RespHeader, Result, REQ_HDR, RESP_HDR};
 
+/// How the reason of an `L2Setup` refusal begins when the server's interface serves
+/// another session's lane at the moment: the client offers it again later.
+pub const BUSY_REASON: &str = "busy";
+
 /// Kind byte of a request command.
 pub const KIND_REQUEST: u8 = 1;
 /// Kind byte of a reply command.

@@ -375,7 +375,13 @@ impl L2Service {
     ) -> L2SetupReply {
         let refuse = |why: String| {
             self.counters.refused.fetch_add(1, Ordering::Relaxed);
-            let why = format!("{}: {why}", self.ifname);
+            // A busy refusal begins with BUSY_REASON (the client offers again later);
+            // it names the interface itself.
+            let why = if why.starts_with(zcfs_protocol::l2::BUSY_REASON) {
+                why
+            } else {
+                format!("{}: {why}", self.ifname)
+            };
             *lock(&self.reason) = format!("refused {why}");
             refusal(&why)
         };
@@ -388,7 +394,11 @@ impl L2Service {
         let mut st = lock(&self.state);
         if let Some(cur) = st.owner.as_ref() {
             if hold.as_ref().is_none_or(|h| h.generation != cur.generation) {
-                return refuse(format!("busy: {} serves another session", self.ifname));
+                return refuse(format!(
+                    "{}: {} serves another session",
+                    zcfs_protocol::l2::BUSY_REASON,
+                    self.ifname
+                ));
             }
         }
         let nonce: [u8; L2_NONCE_LEN] = rand::random();

@@ -208,7 +208,6 @@ fn a_mount_whose_lane_carries_the_probe_only_logs_a_bounded_number_of_lines() {
 /// life, so B got none either; the probe made the hold a passing one, but B's "busy"
 /// is still final.
 #[test]
-#[ignore = "finding: a client refused busy during another client's (silent) probe stays on TCP for good, though the lane is free ~1 s later"]
 fn a_client_refused_busy_during_anothers_probe_gets_the_lane_once_it_is_given_back() {
     if !l2_ready() {
         return;
