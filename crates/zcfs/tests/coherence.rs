@@ -54,15 +54,7 @@ fn two(tag: &str, opts: &[&str]) -> Two {
 
 /// `len` bytes that differ from round to round and step to step.
 fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    seeded_bytes(seed, len)
 }
 
 /// What A does to the file in one close-to-open step.

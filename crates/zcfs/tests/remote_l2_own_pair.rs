@@ -41,15 +41,7 @@ fn assert_xdp_only_on_the_lane_pair(net: &Net) {
 /// Bytes of a test file: position-dependent, so a block read from the wrong place or
 /// a shifted copy does not match.
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    seeded_bytes(seed, len)
 }
 
 /// A session whose TCP connection runs over one veth pair and whose lane runs over a

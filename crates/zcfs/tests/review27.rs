@@ -374,6 +374,30 @@ fn reads_across_a_server_kill_and_restart_are_each_answered() {
     );
 }
 
+/// What one outstanding read came back with: its result, whether the bytes were the
+/// file's, and when.
+type ReadOutcome = (Result<usize, Option<i32>>, bool, Duration);
+
+/// Block `i` of the file read through `files[i]` (O_DIRECT), each on a thread of its own,
+/// the file closed right after its read; the outcomes arrive on the channel (times from
+/// the call).
+fn read_each_block(files: Vec<fs::File>, salt: u8) -> mpsc::Receiver<ReadOutcome> {
+    let (tx, rx) = mpsc::channel();
+    let t0 = Instant::now();
+    for (i, f) in files.into_iter().enumerate() {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            let mut buf = Aligned::new(BLK);
+            let r = f.read_at(buf.as_mut(), (i * BLK) as u64);
+            let ok = matches!(r, Ok(BLK))
+                && buf.as_mut()[..] == pattern((i * BLK) as u64, BLK, salt)[..];
+            drop(f);
+            let _ = tx.send((r.map_err(|e| e.raw_os_error()), ok, t0.elapsed()));
+        });
+    }
+    rx
+}
+
 /// The link cut with reads outstanding (no reply will come), and the mount lazily
 /// unmounted meanwhile: each read returns within a bound of the client's timeout, and
 /// the mount process exits once the last file is closed.
@@ -386,20 +410,7 @@ fn reads_outstanding_at_a_cut_link_and_a_lazy_unmount_end() {
     fill(&p, 1 << 20, 5);
     let files: Vec<fs::File> = (0..8).map(|_| open_direct(&p, false)).collect();
     net.link(false);
-    let (tx, rx) = mpsc::channel();
-    let t0 = Instant::now();
-    for (i, f) in files.into_iter().enumerate() {
-        let tx = tx.clone();
-        std::thread::spawn(move || {
-            let mut buf = Aligned::new(BLK);
-            let r = f.read_at(buf.as_mut(), (i * BLK) as u64);
-            let ok =
-                matches!(r, Ok(BLK)) && buf.as_mut()[..] == pattern((i * BLK) as u64, BLK, 5)[..];
-            drop(f);
-            let _ = tx.send((r.map_err(|e| e.raw_os_error()), ok, t0.elapsed()));
-        });
-    }
-    drop(tx);
+    let rx = read_each_block(files, 5);
     std::thread::sleep(Duration::from_millis(300));
     let out = zcfs()
         .arg("umount")
@@ -603,19 +614,7 @@ fn the_mount_process_stops_with_reads_outstanding() {
     fill(&p, 1 << 20, 6);
     let files: Vec<fs::File> = (0..8).map(|_| open_direct(&p, false)).collect();
     net.link(false);
-    let (tx, rx) = mpsc::channel();
-    let t0 = Instant::now();
-    for (i, f) in files.into_iter().enumerate() {
-        let tx = tx.clone();
-        std::thread::spawn(move || {
-            let mut buf = Aligned::new(BLK);
-            let r = f.read_at(buf.as_mut(), (i * BLK) as u64);
-            let ok =
-                matches!(r, Ok(BLK)) && buf.as_mut()[..] == pattern((i * BLK) as u64, BLK, 6)[..];
-            let _ = tx.send((r.map_err(|e| e.raw_os_error()), ok, t0.elapsed()));
-        });
-    }
-    drop(tx);
+    let rx = read_each_block(files, 6);
     std::thread::sleep(Duration::from_millis(300));
     let pid = m.child.as_ref().unwrap().id() as i32;
     // SAFETY: signalling our own child.

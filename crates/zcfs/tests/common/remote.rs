@@ -420,3 +420,17 @@ pub fn create_file(fs: &RemoteFs, name: &str, flags: i32) -> (zcfs_backend::Attr
     )
     .unwrap()
 }
+
+/// `len` bytes from `seed` (xorshift): position-dependent, so a block read from the
+/// wrong place or a shifted copy does not match, and different for every seed.
+pub fn seeded_bytes(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
