@@ -536,6 +536,35 @@ fn read_then_waited(
         .expect("read_then never completed")
 }
 
+/// Files x, f and g of 8 KiB (pattern salt 4), each fsync'd.
+fn three_files(fs: &zcfs_client::RemoteFs) {
+    use zcfs_backend::Backend;
+    for name in ["x", "f", "g"] {
+        let (a, fh) = create_file(fs, name, libc::O_RDWR);
+        fs.write(&ctx(), a.ino, fh, 0, &pattern(0, 8192, 4))
+            .unwrap();
+        fs.fsync(a.ino, fh, false).unwrap();
+        fs.release(a.ino, fh).unwrap();
+    }
+}
+
+/// x, f and g opened with `flags` and x closed again: g's server handle is then one a
+/// new session of the server does not have. g's (ino, handle); f stays open.
+fn open_third(fs: &zcfs_client::RemoteFs, flags: i32) -> (u64, u64) {
+    use zcfs_backend::Backend;
+    let open = |name: &str| {
+        let a = fs
+            .lookup(&ctx(), zcfs_backend::ROOT, name.as_bytes())
+            .unwrap();
+        (a.ino, fs.open(&ctx(), a.ino, flags).unwrap())
+    };
+    let x = open("x");
+    let _f = open("f");
+    let g = open("g");
+    fs.release(x.0, x.1).unwrap();
+    g
+}
+
 /// Files open across a server restart (still there, re-opened by the client's restart
 /// hook): the first read after the restart, through `read` and through `read_then`,
 /// returns the file's bytes. (Seen through the mount: the first read of an open file
@@ -544,31 +573,15 @@ fn read_then_waited(
 /// not have.
 #[test]
 fn the_first_read_after_a_restart_reads_the_reopened_file() {
-    use zcfs_backend::{Backend, ROOT};
+    use zcfs_backend::Backend;
     let net = Net::new();
     let mut srv = Served::new(&net, "rev27-first", &[]);
-    net.in_cli(|| {
-        let fs = srv.client(&net, Duration::from_secs(2));
-        for name in ["x", "f", "g"] {
-            let (a, fh) = create_file(&fs, name, libc::O_RDWR);
-            fs.write(&ctx(), a.ino, fh, 0, &pattern(0, 8192, 4))
-                .unwrap();
-            fs.fsync(a.ino, fh, false).unwrap();
-            fs.release(a.ino, fh).unwrap();
-        }
-    });
+    net.in_cli(|| three_files(&srv.client(&net, Duration::from_secs(2))));
     let mut outcomes = Vec::new();
     for then in [false, true] {
         net.in_cli(|| {
             let fs = srv.client(&net, Duration::from_secs(2));
-            let open = |name: &str| {
-                let a = fs.lookup(&ctx(), ROOT, name.as_bytes()).unwrap();
-                (a.ino, fs.open(&ctx(), a.ino, libc::O_RDONLY).unwrap())
-            };
-            let x = open("x");
-            let _f = open("f");
-            let g = open("g");
-            fs.release(x.0, x.1).unwrap();
+            let g = open_third(&fs, libc::O_RDONLY);
             assert_eq!(read_all(&fs, g.0, g.1, 0, 4096), pattern(0, 4096, 4));
             srv.kill(libc::SIGKILL);
             srv.start(&net, &[]);
@@ -756,31 +769,15 @@ fn fio_qd64_direct_random_reads_verify() {
 /// session's handle and resent into the new one was refused EBADF.)
 #[test]
 fn the_first_handle_requests_after_a_restart_use_the_reopened_file() {
-    use zcfs_backend::{Backend, ROOT};
+    use zcfs_backend::Backend;
     let net = Net::new();
     let mut srv = Served::new(&net, "rev27-firstw", &[]);
-    net.in_cli(|| {
-        let fs = srv.client(&net, Duration::from_secs(2));
-        for name in ["x", "f", "g"] {
-            let (a, fh) = create_file(&fs, name, libc::O_RDWR);
-            fs.write(&ctx(), a.ino, fh, 0, &pattern(0, 8192, 4))
-                .unwrap();
-            fs.fsync(a.ino, fh, false).unwrap();
-            fs.release(a.ino, fh).unwrap();
-        }
-    });
+    net.in_cli(|| three_files(&srv.client(&net, Duration::from_secs(2))));
     // One restart per kind of first request.
     for first in ["write", "write_behind", "fsync", "lseek", "fallocate"] {
         net.in_cli(|| {
             let fs = srv.client(&net, Duration::from_secs(2));
-            let open = |name: &str| {
-                let a = fs.lookup(&ctx(), ROOT, name.as_bytes()).unwrap();
-                (a.ino, fs.open(&ctx(), a.ino, libc::O_RDWR).unwrap())
-            };
-            let x = open("x");
-            let _f = open("f");
-            let g = open("g");
-            fs.release(x.0, x.1).unwrap();
+            let g = open_third(&fs, libc::O_RDWR);
             assert_eq!(read_all(&fs, g.0, g.1, 0, 4096), pattern(0, 4096, 4));
             srv.kill(libc::SIGKILL);
             srv.start(&net, &[]);
