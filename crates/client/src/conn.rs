@@ -133,6 +133,13 @@ impl Conn {
         cv.notify_one();
     }
 
+    /// Whether a `call_then` request waits for its reply past its deadline.
+    fn then_overdue(&self, now: Instant) -> bool {
+        lock(&self.pending)
+            .values()
+            .any(|(_, slot)| matches!(slot, Some(Slot::Then(t)) if t.deadline <= now))
+    }
+
     fn take_reader(&self) -> Option<Reader> {
         lock(&self.reader).take()
     }
@@ -362,6 +369,10 @@ pub(crate) struct Then {
     /// To send the request again through `call` after a lost connection.
     client: Weak<Client>,
     req: Request,
+    /// When its reply is overdue: the connection is given up then, as a waiting
+    /// caller's timeout gives it up (a server answering everything but this request
+    /// must not leave it waiting for good).
+    deadline: Instant,
 }
 
 impl Then {
@@ -377,6 +388,7 @@ impl Then {
             conn: Arc::downgrade(conn),
             client,
             req,
+            deadline: Instant::now() + conn.timeout,
         }
     }
 
@@ -632,8 +644,17 @@ pub(crate) fn background_reader(conn: Arc<Conn>) {
 /// coming: a waiter that gives up breaks the connection, which ends the read.
 fn serve_owed(conn: &Conn, rd: &mut Reader) {
     let _ = rd.s.set_read_timeout(Some(conn.timeout));
+    let mut looked = Instant::now();
     while conn.is_up() && !lock(&conn.pending).is_empty() {
         read_one(conn, rd);
+        // Other replies keep coming, so no read times out: look for a `call_then`
+        // request past its deadline once a tick.
+        if looked.elapsed() >= BACKGROUND_TICK {
+            looked = Instant::now();
+            if conn.then_overdue(looked) {
+                conn.break_with("reply timed out");
+            }
+        }
     }
 }
 

@@ -977,3 +977,39 @@ fn read_then_refuses_a_reply_with_more_than_asked() {
         );
     }
 }
+
+/// A server that answers every request but one: the `call_then` left unanswered is
+/// completed (with an error) within about the client's timeout, though the connection
+/// never goes quiet; the others are answered.
+#[test]
+fn call_then_of_a_request_the_server_never_answers_completes_in_its_time() {
+    let f = Scripted::new();
+    let timeout = Duration::from_millis(500);
+    let c = Arc::new(client_of(f.addr, timeout));
+    let outcomes: Outcomes = Default::default();
+    let t0 = std::time::Instant::now();
+    c.call_then(ping(), collect(&outcomes));
+    let _never = f.next();
+    // Keep replies coming, each well inside the timeout, for four timeouts.
+    let mut answered = 0;
+    let failed = |o: &Outcomes| lock(o).iter().any(|(r, _)| r.is_err());
+    while !failed(&outcomes) && t0.elapsed() < timeout * 4 {
+        c.call_then(ping(), collect(&outcomes));
+        if let Ok(r) = lock(&f.requests).recv_timeout(Duration::from_millis(100)) {
+            f.answer(r);
+            answered += 1;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let waited = t0.elapsed();
+    let first_error = lock(&outcomes).iter().any(|(r, _)| r.is_err());
+    assert!(answered > 2, "the server answered the others");
+    assert!(
+        first_error,
+        "the unanswered request never completed ({waited:?})"
+    );
+    assert!(
+        waited < timeout * 3,
+        "it took {waited:?} with a timeout of {timeout:?}"
+    );
+}
