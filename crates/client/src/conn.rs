@@ -81,6 +81,9 @@ pub(crate) struct Conn {
     pub(crate) pending: Mutex<HashMap<u64, (Op, Option<Slot>)>>,
     pub(crate) posted: PostedTable,
     pub(crate) broken: AtomicBool,
+    /// The server closed it (end of stream, reset): its process went away or restarted,
+    /// rather than the link going quiet (`Client::revive_lost` dials only then).
+    pub(crate) peer_closed: AtomicBool,
     pub(crate) welcome: Welcome,
     /// The client's session epoch when this connection was handed out.
     pub(crate) epoch: AtomicU64,
@@ -215,6 +218,10 @@ fn dispatch(conn: &Conn, r: Received, own: Option<u64>) -> Result<Dispatched, St
 /// get data it cannot trust, nor a resend of a request whose answer was tampered
 /// with), and the connection ends.
 fn receive_failed(conn: &Conn, f: RecvFail) {
+    // Not after our own break: its shutdown reads as an end of stream too.
+    if f.peer_closed && !conn.broken.load(Ordering::SeqCst) {
+        conn.peer_closed.store(true, Ordering::SeqCst);
+    }
     if let Some(id) = f.forged {
         let owed = lock(&conn.pending).remove(&id);
         if let Some((_, Some(slot))) = owed {
@@ -463,6 +470,19 @@ pub(crate) struct RecvFail {
     why: String,
     forged: Option<u64>,
     timed_out: bool,
+    /// The server closed the connection (`Conn::peer_closed`).
+    peer_closed: bool,
+}
+
+/// Whether `e` says the other end closed the connection (not that the link went quiet).
+pub(crate) fn closed_by_peer(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::UnexpectedEof
+            | std::io::ErrorKind::ConnectionReset
+            | std::io::ErrorKind::ConnectionAborted
+            | std::io::ErrorKind::BrokenPipe
+    )
 }
 
 impl RecvFail {
@@ -475,6 +495,7 @@ impl RecvFail {
             why: format!("receive: {e}"),
             forged: None,
             timed_out,
+            peer_closed: closed_by_peer(&e),
         }
     }
 
@@ -483,6 +504,7 @@ impl RecvFail {
             why,
             forged,
             timed_out: false,
+            peer_closed: false,
         }
     }
 }

@@ -48,14 +48,9 @@ pub const L2_REPLY_TIMEOUT: Duration = Duration::from_secs(1);
 /// A lane lost and fenced is set up again after this long (if the server takes it).
 pub const L2_RETRY_AFTER: Duration = Duration::from_secs(2);
 /// A lane set up again (after one of this client's lanes had worked) that carries no
-/// reply is tried again this many times in a row, each after [`L2_RETRY_AFTER`]; then
-/// the session stays on TCP.
+/// reply, or a lane lost without having brought a read's data, is tried again this
+/// many times in a row, each after [`L2_RETRY_AFTER`]; then the session stays on TCP.
 pub const L2_SILENT_RETRIES: u32 = 3;
-/// A lane that stayed up this long before it went down counts as having worked: the
-/// next loss starts the count of [`L2_SILENT_RETRIES`] afresh. A lane lost sooner
-/// (one that carries the probe but not the traffic after it, say with an MTU too
-/// small for its data frames) counts as one more silent retry.
-pub const L2_HEALTHY_AFTER: Duration = Duration::from_secs(30);
 /// The longest wait before a lane refused busy is offered again (the wait doubles from
 /// [`L2_RETRY_AFTER`] with each refusal in a row).
 pub const L2_BUSY_RETRY_MAX: Duration = Duration::from_secs(64);
@@ -476,11 +471,6 @@ impl L2Lane {
 
     fn now(&self) -> u64 {
         self.t0.elapsed().as_nanos() as u64
-    }
-
-    /// How long since the lane was set up.
-    pub(crate) fn age(&self) -> Duration {
-        self.t0.elapsed()
     }
 
     /// Whether a reply ever came over the lane.

@@ -231,6 +231,9 @@ pub struct Client {
     l2_silent: AtomicU32,
     /// Offers refused busy in a row (their back-off).
     l2_busy: AtomicU32,
+    /// Reads answered over layer 2 when the current lane was set up: a lane lost
+    /// without one more is counted as silent.
+    l2_reads_at_setup: AtomicU64,
 }
 
 /// The lane as a request finds it.
@@ -393,6 +396,7 @@ impl Client {
             l2_worked: AtomicBool::new(false),
             l2_silent: AtomicU32::new(0),
             l2_busy: AtomicU32::new(0),
+            l2_reads_at_setup: AtomicU64::new(0),
         }
     }
 
@@ -474,18 +478,21 @@ impl Client {
                 L2State::Up(l) if l.is_up() => return LaneNow::Up(l.clone()),
                 L2State::Up(l) => match l.fenced_at() {
                     Some(at) => {
-                        // Lost soon after its set-up: one more silent retry, bounded like
-                        // those (review 27b: a lane that carried the probe but not a
-                        // read's data frames was set up again every few seconds, for
-                        // ever).
-                        if l.age() >= l2::L2_HEALTHY_AFTER {
+                        // A lane that never brought a read's data is one more silent
+                        // retry, bounded like those (review 27b: a lane that carried the
+                        // probe and small commands but not a read's full-size data
+                        // frames, an MTU mismatch, was set up again for ever; 27c: also
+                        // when it sat idle for a while first).
+                        let reads = self.l2_counters.requests[zcfs_protocol::Op::Read as usize]
+                            .load(Ordering::Relaxed);
+                        let read_over_it = reads > self.l2_reads_at_setup.load(Ordering::SeqCst);
+                        if read_over_it {
                             self.l2_silent.store(0, Ordering::SeqCst);
                         } else if self.l2_silent.fetch_add(1, Ordering::SeqCst)
                             >= l2::L2_SILENT_RETRIES
                         {
                             let why = format!(
-                                "the lane was lost within {:?} of its set-up {} times in a row",
-                                l2::L2_HEALTHY_AFTER,
+                                "{} lanes in a row were lost without bringing a read's data",
                                 l2::L2_SILENT_RETRIES + 1
                             );
                             tracing::warn!(iface = %o.iface, "layer-2 lane not used any more, the session stays on TCP: {why}");
@@ -509,9 +516,14 @@ impl Client {
         let mut st = lock(&self.l2);
         match r {
             Ok(lane) => {
-                // The count of silent retries goes on until a lane stays up a while.
+                // The count of silent retries goes on until a lane brings a read's data.
                 self.l2_worked.store(true, Ordering::SeqCst);
                 self.l2_busy.store(0, Ordering::SeqCst);
+                self.l2_reads_at_setup.store(
+                    self.l2_counters.requests[zcfs_protocol::Op::Read as usize]
+                        .load(Ordering::Relaxed),
+                    Ordering::SeqCst,
+                );
                 *st = L2State::Up(lane.clone());
                 LaneNow::Up(lane)
             }
@@ -815,6 +827,7 @@ impl Client {
             pending: Mutex::new(HashMap::new()),
             posted: self.posted.clone(),
             broken: AtomicBool::new(false),
+            peer_closed: AtomicBool::new(false),
             welcome,
             epoch: AtomicU64::new(u64::MAX),
             inflight: (Mutex::new(0), Condvar::new()),
@@ -923,16 +936,19 @@ impl Client {
         self.conn(i)
     }
 
-    /// Make the connections known to be lost again (the server closed them: the reader
-    /// saw it), running the session's revalidation if the server lost the session. A
-    /// caller about to read state the revalidation renews (the server handles of open
-    /// files) then reads the new session's. Err: no connection could be made (what the
-    /// caller's request would have met; it need not dial again).
+    /// Make the connections the server closed again (its process went away or
+    /// restarted: the reader saw the end of the stream), running the session's
+    /// revalidation if the server lost the session. A caller about to read state the
+    /// revalidation renews (the server handles of open files) then reads the new
+    /// session's. Connections lost to a quiet link are left to the next request (a dial
+    /// there would wait out a connect timeout, and the request would wait out another).
+    /// Err: no connection could be made (what the caller's request would have met).
     pub fn revive_lost(&self) -> Result<(), Error> {
-        let lost = self
-            .conns
-            .iter()
-            .any(|slot| lock(slot).as_ref().is_some_and(|c| !c.is_up()));
+        let lost = self.conns.iter().any(|slot| {
+            lock(slot)
+                .as_ref()
+                .is_some_and(|c| !c.is_up() && c.peer_closed.load(Ordering::SeqCst))
+        });
         if lost {
             self.pick()?;
         }
@@ -1113,6 +1129,9 @@ impl Client {
         let r = write_all_vectored(&mut w.s, &mut iov);
         drop(w);
         if let Err(e) = r {
+            if conn::closed_by_peer(&e) && !conn.broken.load(Ordering::SeqCst) {
+                conn.peer_closed.store(true, Ordering::SeqCst);
+            }
             conn.break_with(&format!("send failed: {e}"));
             return Err(());
         }
