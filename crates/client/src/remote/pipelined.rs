@@ -64,7 +64,8 @@ impl RemoteFs {
     ) -> Result<WriteTicket<'_>> {
         self.check_io(data.len())?;
         self.forget_attr(ino);
-        let _sending = self.written_through(fh);
+        // The handle first: a write refused here (the file gone in a restart) was never
+        // begun, so it is not counted as one a later restart may have lost.
         let req: Request = WriteReq {
             node: self.node(ino),
             fh: self.server_fh(fh)?,
@@ -73,6 +74,7 @@ impl RemoteFs {
             commit: false,
         }
         .into();
+        let _sending = self.written_through(fh);
         let ticket = self.client.submit(&req, cred(ctx), &[data])?;
         Ok(WriteTicket {
             fs: self,
