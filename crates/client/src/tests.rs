@@ -5,6 +5,17 @@ use std::net::{SocketAddr, TcpListener};
 use zcfs_protocol::Op;
 use zcfs_protocol::{LookupName, LookupReq, MkdirReq, Name, NodeRef, PingReq, ReqHeader, REQ_HDR};
 
+/// The next request on a fake server's connection: its header and its body and data.
+/// None once the client has gone.
+fn read_request(s: &mut std::net::TcpStream) -> Option<(ReqHeader, Vec<u8>)> {
+    let mut hb = [0u8; REQ_HDR];
+    s.read_exact(&mut hb).ok()?;
+    let h = ReqHeader::decode(&hb).unwrap();
+    let mut body = vec![0u8; (h.body_len + h.data_len) as usize];
+    s.read_exact(&mut body).ok()?;
+    Some((h, body))
+}
+
 /// A stand-in server: handshakes (every connection a new server instance when
 /// `restarts`, else the same one resuming the session), answers every request with
 /// an empty success, except that the first request of operation `drop_first` ends
@@ -38,13 +49,9 @@ fn fake(restarts: bool, drop_first: Option<Op>) -> Fake {
             }
             let (seen, dropped) = (seen2.clone(), dropped.clone());
             std::thread::spawn(move || loop {
-                let mut hb = [0u8; REQ_HDR];
-                if s.read_exact(&mut hb).is_err() {
+                let Some((h, _)) = read_request(&mut s) else {
                     return;
-                }
-                let h = ReqHeader::decode(&hb).unwrap();
-                let mut body = vec![0u8; (h.body_len + h.data_len) as usize];
-                s.read_exact(&mut body).unwrap();
+                };
                 lock(&seen).push((h.op, h.id));
                 if Some(h.op) == drop_first && !dropped.swap(true, Ordering::SeqCst) {
                     let _ = s.shutdown(std::net::Shutdown::Both);
@@ -203,15 +210,9 @@ impl Scripted {
             .unwrap();
             *lock(&socket2) = Some(s.try_clone().unwrap());
             loop {
-                let mut hb = [0u8; REQ_HDR];
-                if s.read_exact(&mut hb).is_err() {
+                let Some((h, _)) = read_request(&mut s) else {
                     return;
-                }
-                let h = ReqHeader::decode(&hb).unwrap();
-                let mut body = vec![0u8; (h.body_len + h.data_len) as usize];
-                if s.read_exact(&mut body).is_err() {
-                    return;
-                }
+                };
                 if tx.send((h.op, h.id)).is_err() {
                     return;
                 }
@@ -777,15 +778,9 @@ fn echo_cutting(cut_every: u64) -> SocketAddr {
             }
             let seen = seen.clone();
             std::thread::spawn(move || loop {
-                let mut hb = [0u8; REQ_HDR];
-                if s.read_exact(&mut hb).is_err() {
+                let Some((h, body)) = read_request(&mut s) else {
                     return;
-                }
-                let h = ReqHeader::decode(&hb).unwrap();
-                let mut body = vec![0u8; (h.body_len + h.data_len) as usize];
-                if s.read_exact(&mut body).is_err() {
-                    return;
-                }
+                };
                 if (seen.fetch_add(1, Ordering::SeqCst) + 1).is_multiple_of(cut_every) {
                     let _ = s.shutdown(std::net::Shutdown::Both);
                     return;
@@ -918,15 +913,9 @@ fn answering_with_data(data: usize) -> SocketAddr {
                 continue;
             }
             std::thread::spawn(move || loop {
-                let mut hb = [0u8; REQ_HDR];
-                if s.read_exact(&mut hb).is_err() {
+                let Some((h, _)) = read_request(&mut s) else {
                     return;
-                }
-                let h = ReqHeader::decode(&hb).unwrap();
-                let mut body = vec![0u8; (h.body_len + h.data_len) as usize];
-                if s.read_exact(&mut body).is_err() {
-                    return;
-                }
+                };
                 let r = RespHeader::ok(h.op, h.id, 0, data as u32).encode();
                 let out = [&r[..], &vec![0xAB; data][..]].concat();
                 if std::io::Write::write_all(&mut s, &out).is_err() {
