@@ -10,8 +10,6 @@ use common::remote::*;
 use common::*;
 use std::fs;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::path::PathBuf;
-use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
@@ -67,68 +65,6 @@ fn open_direct(p: &str, write: bool) -> fs::File {
 
 /// `zcfs mount` of `srv` (inside the client namespace), its child kept so that its
 /// exit can be watched.
-struct MountProc {
-    mp: PathBuf,
-    child: Option<Child>,
-}
-
-impl MountProc {
-    fn new(net: &Net, srv: &Served, tag: &str, opts: &[&str]) -> MountProc {
-        let mp = std::env::temp_dir().join(format!("zcfs-rev27-{tag}-{}", std::process::id()));
-        fs::create_dir_all(&mp).unwrap();
-        let mut child = net
-            .cli_command(zcfs_bin())
-            .arg("mount")
-            .arg(net.addr())
-            .arg(&mp)
-            .arg("--secret-file")
-            .arg(&srv.secret)
-            .args(opts)
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        wait_until_mounted(&mut child, &mp);
-        MountProc {
-            mp,
-            child: Some(child),
-        }
-    }
-
-    fn path(&self, p: &str) -> String {
-        format!("{}/{p}", self.mp.display())
-    }
-
-    /// Whether the mount process exited within `within`.
-    fn exits_within(&mut self, within: Duration) -> bool {
-        let t = Instant::now();
-        while t.elapsed() < within {
-            if let Some(c) = self.child.as_mut() {
-                if c.try_wait().unwrap().is_some() {
-                    self.child = None;
-                    return true;
-                }
-            } else {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        false
-    }
-}
-
-impl Drop for MountProc {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        if mounted(&self.mp) {
-            let _ = zcfs().arg("umount").arg("--lazy").arg(&self.mp).output();
-        }
-        let _ = fs::remove_dir(&self.mp);
-    }
-}
-
 fn fill(path: &str, len: usize, salt: u8) {
     fs::write(path, pattern(0, len, salt)).unwrap();
 }
@@ -140,7 +76,7 @@ fn fill(path: &str, len: usize, salt: u8) {
 fn a_read_after_a_write_behind_write_returns_the_written_bytes() {
     let net = Net::new();
     let srv = Served::new(&net, "rev27-wbr", &[]);
-    let m = MountProc::new(&net, &srv, "wbr", &[]);
+    let m = RemoteMount::new(&net, &srv, "wbr", &[]);
     let p = m.path("f");
     const REGION: usize = 64 << 10;
     const THREADS: usize = 8;
@@ -208,7 +144,7 @@ fn a_read_after_a_write_behind_write_returns_the_written_bytes() {
 fn many_concurrent_reads_past_the_in_flight_bound_are_all_answered() {
     let net = Net::new();
     let srv = Served::new(&net, "rev27-qd", &["--max-inflight", "4"]);
-    let m = MountProc::new(&net, &srv, "qd", &["--threads", "4"]);
+    let m = RemoteMount::new(&net, &srv, "qd", &["--threads", "4"]);
     let p = m.path("f");
     const LEN: usize = 8 << 20;
     fill(&p, LEN, 3);
@@ -265,7 +201,7 @@ fn many_concurrent_reads_past_the_in_flight_bound_are_all_answered() {
 fn reads_across_a_server_kill_and_restart_are_each_answered() {
     let net = Net::new();
     let mut srv = Served::new(&net, "rev27-restart", &[]);
-    let m = MountProc::new(&net, &srv, "restart", &["-o", "timeout=2"]);
+    let m = RemoteMount::new(&net, &srv, "restart", &["-o", "timeout=2"]);
     let p = m.path("f");
     const LEN: usize = 2 << 20;
     fill(&p, LEN, 9);
@@ -405,7 +341,7 @@ fn read_each_block(files: Vec<fs::File>, salt: u8) -> mpsc::Receiver<ReadOutcome
 fn reads_outstanding_at_a_cut_link_and_a_lazy_unmount_end() {
     let net = Net::new();
     let srv = Served::new(&net, "rev27-cut", &[]);
-    let mut m = MountProc::new(&net, &srv, "cut", &["-o", "timeout=2"]);
+    let mut m = RemoteMount::new(&net, &srv, "cut", &["-o", "timeout=2"]);
     let p = m.path("f");
     fill(&p, 1 << 20, 5);
     let files: Vec<fs::File> = (0..8).map(|_| open_direct(&p, false)).collect();
@@ -464,7 +400,7 @@ fn a_read_of_a_handle_lost_in_a_clean_restart_fails_cleanly() {
 fn read_of_a_handle_lost_in_a_restart(sig: i32) {
     let net = Net::new();
     let mut srv = Served::new(&net, &format!("rev27-stale{sig}"), &[]);
-    let m = MountProc::new(&net, &srv, &format!("stale{sig}"), &["-o", "timeout=2"]);
+    let m = RemoteMount::new(&net, &srv, &format!("stale{sig}"), &["-o", "timeout=2"]);
     let (pa, pb) = (m.path("a"), m.path("b"));
     fill(&pa, 256 << 10, 1);
     fill(&pb, 256 << 10, 2);
@@ -622,14 +558,14 @@ fn the_first_read_after_a_restart_reads_the_reopened_file() {
 fn the_mount_process_stops_with_reads_outstanding() {
     let net = Net::new();
     let srv = Served::new(&net, "rev27-term", &[]);
-    let mut m = MountProc::new(&net, &srv, "term", &["-o", "timeout=5"]);
+    let mut m = RemoteMount::new(&net, &srv, "term", &["-o", "timeout=5"]);
     let p = m.path("f");
     fill(&p, 1 << 20, 6);
     let files: Vec<fs::File> = (0..8).map(|_| open_direct(&p, false)).collect();
     net.link(false);
     let rx = read_each_block(files, 6);
     std::thread::sleep(Duration::from_millis(300));
-    let pid = m.child.as_ref().unwrap().id() as i32;
+    let pid = m.pid().unwrap();
     // SAFETY: signalling our own child.
     unsafe { libc::kill(pid, libc::SIGTERM) };
     // Its FUSE `destroy` sends a SYNC_ALL, which waits out the client's timeout (and
@@ -730,7 +666,7 @@ fn fio_qd64_direct_random_reads_verify() {
     }
     let net = Net::new();
     let srv = Served::new(&net, "rev27-fio", &[]);
-    let m = MountProc::new(&net, &srv, "fio", &["-o", "timeout=5"]);
+    let m = RemoteMount::new(&net, &srv, "fio", &["-o", "timeout=5"]);
     let file = m.path("fio.dat");
     let common = format!(
         "--name=j --filename={file} --size=32m --bs=4k --verify=crc32c --verify_fatal=1 --group_reporting"

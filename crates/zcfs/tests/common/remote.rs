@@ -11,7 +11,7 @@ use std::io::Read;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use zcfs_backend::{Backend, Ctx};
 use zcfs_client::{ClientConfig, RemoteFs};
 use zcfs_netns::{owned_name, Pair, CLI_IF, SRV_IF};
@@ -270,6 +270,27 @@ impl RemoteMount {
             unsafe { libc::kill(c.id() as i32, sig) };
             c.wait().unwrap();
         }
+    }
+
+    /// The mount process's pid, while it runs.
+    pub fn pid(&self) -> Option<i32> {
+        self.child.as_ref().map(|c| c.id() as i32)
+    }
+
+    /// Whether the mount process exited within `within`.
+    pub fn exits_within(&mut self, within: Duration) -> bool {
+        let t = Instant::now();
+        while t.elapsed() < within {
+            let Some(c) = self.child.as_mut() else {
+                return true;
+            };
+            if c.try_wait().unwrap().is_some() {
+                self.child = None;
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
     }
 
     /// Kill the mount process with `sig` and detach the mount.
