@@ -1065,7 +1065,9 @@ impl Client {
             .map_err(|e| Error::new(e.errno(), e.to_string()))?;
         conn.take_inflight_slot();
         let (tx, rx) = sync_channel(1);
-        let r = self.send_on(
+        // A failed send broke the connection: the ticket then holds the ENOTCONN the
+        // break delivered.
+        self.send_on(
             &conn,
             id,
             req,
@@ -1081,14 +1083,11 @@ impl Client {
             timeout: self.cfg.timeout,
             addr: self.cfg.addr.clone(),
         };
-        // A failed send broke the connection: the ticket holds the ENOTCONN the break
-        // delivered.
-        let _ = r;
         Ok(ticket)
     }
 
     /// Register `slot` for request `id` (its in-flight slot taken) and send the
-    /// request. Err: the send failed and broke the connection (the slot has had
+    /// request. False: the send failed and broke the connection (the slot has had
     /// ENOTCONN).
     #[allow(clippy::too_many_arguments)]
     fn send_on(
@@ -1100,7 +1099,7 @@ impl Client {
         body: &[u8],
         data: &[&[u8]],
         slot: Option<Slot>,
-    ) -> Result<(), ()> {
+    ) -> bool {
         lock(&conn.pending).insert(id, (req.op(), slot));
         let mut w = lock(&conn.writer);
         // The tags (with a secret): over header and body, and in full mode over the
@@ -1133,11 +1132,11 @@ impl Client {
                 conn.peer_closed.store(true, Ordering::SeqCst);
             }
             conn.break_with(&format!("send failed: {e}"));
-            return Err(());
+            return false;
         }
         self.bytes_sent.fetch_add(n as u64, Ordering::Relaxed);
         self.tcp_requests[req.op() as usize].fetch_add(1, Ordering::Relaxed);
-        Ok(())
+        true
     }
 
     /// `call` without waiting: `done` gets what `call` would have returned, on the
@@ -1170,8 +1169,7 @@ impl Client {
         };
         conn.take_inflight_slot();
         let then = conn::Then::new(&conn, Arc::downgrade(self), req.clone(), done);
-        let sent = self.send_on(&conn, id, &req, &hdr, &body, &[], Some(Slot::Then(then)));
-        if sent.is_ok() {
+        if self.send_on(&conn, id, &req, &hdr, &body, &[], Some(Slot::Then(then))) {
             // No caller waits to read the reply: the reader thread does.
             conn.wake_background();
         }

@@ -272,14 +272,7 @@ impl Mapping {
     /// mapping, else EINVAL (nothing done). On a file with holes this allocates their
     /// pages.
     pub fn populate_writable(&self, off: usize, len: usize) -> std::io::Result<()> {
-        let page = rustix::param::page_size();
-        if !self.writable
-            || !off.is_multiple_of(page)
-            || !len.is_multiple_of(page)
-            || off.checked_add(len).is_none_or(|end| end > self.len)
-        {
-            return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
-        }
+        self.check_writable_range(off, len)?;
         // SAFETY: a page-aligned range inside this live, shared, writable mapping
         // (checked above; `&self` keeps it mapped for the call).
         unsafe { zcfs_pmem::touch_writable(self.ptr.add(off), len) };
@@ -291,14 +284,8 @@ impl Mapping {
     /// a caller at normal priority that wants the cost paid now. Same checks and errors
     /// as [`Mapping::populate_writable`].
     pub fn populate_now(&self, off: usize, len: usize, step: usize) -> std::io::Result<()> {
-        let page = rustix::param::page_size();
-        if !self.writable
-            || !off.is_multiple_of(page)
-            || !len.is_multiple_of(page)
-            || off.checked_add(len).is_none_or(|end| end > self.len)
-            || step == 0
-            || !step.is_multiple_of(page)
-        {
+        self.check_writable_range(off, len)?;
+        if step == 0 || !step.is_multiple_of(rustix::param::page_size()) {
             return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
         }
         let mut at = off;
@@ -314,6 +301,19 @@ impl Mapping {
                 )?
             };
             at += n;
+        }
+        Ok(())
+    }
+    /// EINVAL unless `[off, off+len)` is a page-aligned range inside this writable
+    /// mapping.
+    fn check_writable_range(&self, off: usize, len: usize) -> std::io::Result<()> {
+        let page = rustix::param::page_size();
+        if !self.writable
+            || !off.is_multiple_of(page)
+            || !len.is_multiple_of(page)
+            || off.checked_add(len).is_none_or(|end| end > self.len)
+        {
+            return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
         }
         Ok(())
     }
