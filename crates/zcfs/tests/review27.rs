@@ -744,3 +744,33 @@ fn the_first_handle_requests_after_a_restart_use_the_reopened_file() {
     }
     srv.kill(libc::SIGTERM);
 }
+
+/// Review 27d (42592a0): a server that hangs (here SIGSTOP: our fsync times out, so we
+/// break the connection before the server closes it) and is then restarted: the first
+/// handle request after the restart still uses the reopened file (held).
+#[test]
+fn the_first_handle_request_after_a_hang_and_restart_uses_the_reopened_file() {
+    use zcfs_backend::Backend;
+    let net = Net::new();
+    let mut srv = Served::new(&net, "rev27d-hang", &[]);
+    net.in_cli(|| three_files(&srv.client(&net, Duration::from_secs(2))));
+    net.in_cli(|| {
+        let fs = srv.client(&net, Duration::from_secs(1));
+        let g = open_third(&fs, libc::O_RDWR);
+        assert_eq!(read_all(&fs, g.0, g.1, 0, 4096), pattern(0, 4096, 4));
+        srv.signal(libc::SIGSTOP);
+        std::thread::sleep(Duration::from_millis(200));
+        let hung = fs.fsync(g.0, g.1, false);
+        assert!(hung.is_err(), "a request to a stopped server fails");
+        srv.kill(libc::SIGKILL);
+        srv.start(&net, &[]);
+        let r = fs.lseek(g.0, g.1, 0, libc::SEEK_DATA).map(|_| ());
+        assert_eq!(
+            r.map_err(|e| e.errno),
+            Ok(()),
+            "the first handle request after the restart"
+        );
+        fs.release(g.0, g.1).unwrap();
+    });
+    srv.kill(libc::SIGTERM);
+}

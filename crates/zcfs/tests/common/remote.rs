@@ -171,6 +171,13 @@ impl Served {
         err
     }
 
+    /// Send `sig` to the server without waiting for it (SIGSTOP, SIGCONT).
+    pub fn signal(&self, sig: i32) {
+        let pid = self.child.as_ref().unwrap().id() as i32;
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(pid, sig) };
+    }
+
     pub fn client(&self, net: &Net, timeout: Duration) -> RemoteFs {
         client(net, timeout)
     }
