@@ -138,9 +138,18 @@ impl Conn {
 
     /// Whether a `call_then` request waits for its reply past its deadline.
     fn then_overdue(&self, now: Instant) -> bool {
-        lock(&self.pending)
-            .values()
-            .any(|(_, slot)| matches!(slot, Some(Slot::Then(t)) if t.deadline <= now))
+        lock(&self.pending).values().any(
+            |(_, slot)| matches!(slot, Some(Slot::Then(t)) if t.deadline.is_some_and(|d| d <= now)),
+        )
+    }
+
+    /// Start request `id`'s deadline, now that it is sent (as a waiting caller's
+    /// timeout starts once its request is out: time spent waiting for the writer does
+    /// not count). Nothing if it was answered meanwhile.
+    pub(crate) fn arm_then(&self, id: u64) {
+        if let Some((_, Some(Slot::Then(t)))) = lock(&self.pending).get_mut(&id) {
+            t.deadline = Some(Instant::now() + self.timeout);
+        }
     }
 
     fn take_reader(&self) -> Option<Reader> {
@@ -376,10 +385,10 @@ pub(crate) struct Then {
     /// To send the request again through `call` after a lost connection.
     client: Weak<Client>,
     req: Request,
-    /// When its reply is overdue: the connection is given up then, as a waiting
-    /// caller's timeout gives it up (a server answering everything but this request
-    /// must not leave it waiting for good).
-    deadline: Instant,
+    /// When its reply is overdue (from when it was sent: `Conn::arm_then`): the
+    /// connection is given up then, as a waiting caller's timeout gives it up (a server
+    /// answering everything but this request must not leave it waiting for good).
+    deadline: Option<Instant>,
 }
 
 impl Then {
@@ -395,7 +404,7 @@ impl Then {
             conn: Arc::downgrade(conn),
             client,
             req,
-            deadline: Instant::now() + conn.timeout,
+            deadline: None,
         }
     }
 

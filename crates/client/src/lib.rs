@@ -1170,6 +1170,7 @@ impl Client {
         conn.take_inflight_slot();
         let then = conn::Then::new(&conn, Arc::downgrade(self), req.clone(), done);
         if self.send_on(&conn, id, &req, &hdr, &body, &[], Some(Slot::Then(then))) {
+            conn.arm_then(id);
             // No caller waits to read the reply: the reader thread does.
             conn.wake_background();
         }

@@ -1008,7 +1008,6 @@ fn call_then_of_a_request_the_server_never_answers_completes_in_its_time() {
 /// against it: a healthy connection, answering everything promptly once it is sent, is
 /// given up as "reply timed out" and every request on it fails over.
 #[test]
-#[ignore = "finding: a Then's deadline includes its wait for the writer (set in Then::new before send_on), so a healthy connection is broken 'reply timed out' after a send longer than the timeout"]
 fn call_then_waiting_for_the_writer_does_not_break_a_healthy_connection() {
     let f = Scripted::new();
     let timeout = Duration::from_millis(600);
@@ -1036,7 +1035,10 @@ fn call_then_waiting_for_the_writer_does_not_break_a_healthy_connection() {
     };
     for r in posted {
         std::thread::sleep(Duration::from_millis(150));
-        assert!(conn.is_up(), "the healthy connection was broken while the writer was held");
+        assert!(
+            conn.is_up(),
+            "the healthy connection was broken while the writer was held"
+        );
         f.answer(r);
     }
     held.join().unwrap();
