@@ -121,6 +121,27 @@ pub trait WritePayload {
     fn fill(&mut self, dst: &mut [&mut [u8]]) -> Result<()>;
 }
 
+/// One extent of a [`LandingWrite`]: `blocks` blocks of 4 KiB at byte `offset` of the
+/// store's image, for file bytes from `file_offset` on. The 4 KiB in front of `offset`
+/// are the reservation's too (the frames clobber the last bytes there).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LandingSpan {
+    pub offset: u64,
+    pub blocks: u32,
+    pub file_offset: u64,
+}
+
+/// A write whose bytes are put in place by the receiver ([`Backend::reserve_landing`]).
+/// The caller must not commit or drop it while anything may still write into its
+/// extents: after that the blocks are a file's or free.
+pub trait LandingWrite: Send {
+    /// Where the bytes go, in file order: the first block's bytes before the write's
+    /// offset, and the last block's after its end, are taken from the file at commit.
+    fn extents(&self) -> &[LandingSpan];
+    /// Put the bytes into the file (all or nothing, as `write`); the bytes written.
+    fn commit(self: Box<Self>) -> Result<u32>;
+}
+
 /// A payload already in memory.
 #[derive(Debug)]
 pub struct BufPayload<'a>(pub &'a [u8]);
@@ -353,6 +374,31 @@ pub trait Backend: Send + Sync {
     ) -> Result<u32> {
         let buf = payload_to_vec(payload)?;
         self.write(ctx, ino, fh, offset, &buf)
+    }
+    /// The (device, inode) of the image file [`Backend::reserve_landing`]'s offsets are
+    /// of, mapped shared by the store (None: it lands nothing). A receiver lands bytes
+    /// only through a shared mapping of that same file.
+    fn image_file_id(&self) -> Option<(u64, u64)> {
+        None
+    }
+    /// Reserve the blocks a write of `len` bytes at `offset` will be kept in, for a
+    /// receiver that lands the bytes there itself (the server's layer-2 lane: AF_XDP
+    /// frames written by the kernel into the store's image, whose mapping is the
+    /// receiver's memory). The bytes count once [`LandingWrite::commit`] is called;
+    /// dropping the reservation writes nothing. `ENOTSUP`: the store cannot do it;
+    /// `ENOSPC`: no room for it laid out so (an ordinary write may still fit).
+    fn reserve_landing(
+        &self,
+        _ctx: &Ctx,
+        _ino: u64,
+        _fh: u64,
+        _offset: u64,
+        _len: usize,
+    ) -> Result<Box<dyn LandingWrite>> {
+        Err(Error::new(
+            libc::ENOTSUP,
+            "this store cannot land writes in place",
+        ))
     }
     /// close(2) of a file descriptor on the handle (may come several times per handle).
     fn flush(&self, _ino: u64, _fh: u64) -> Result<()> {

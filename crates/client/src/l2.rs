@@ -27,8 +27,8 @@ use std::time::{Duration, Instant};
 use zcfs_l2::endpoint::{CMD_CHUNK, CMD_REGION_LEN};
 use zcfs_l2::{Config, Endpoint, Event, Extent, SlotGeometry, BLOCK_SIZE, MAX_COMMAND};
 use zcfs_protocol::l2::{
-    decode_reply, encode_request, request_len, split_request, L2Reply, MAX_READ, MAX_REQUEST,
-    MAX_WRITE,
+    blocks_spanned, decode_reply, encode_landing_write, encode_request, request_len, split_request,
+    L2Reply, MAX_LANDING_WRITE, MAX_READ, MAX_REQUEST, MAX_WRITE,
 };
 use zcfs_protocol::{Op, Request, RespHeader, OP_SLOTS, REQ_HDR};
 use zcfs_xsk::{bind_retrying, mac_address, BindMode, Region, XdpProgram, XskConfig, XskSocket};
@@ -43,6 +43,11 @@ pub const DATA_QUEUE: u32 = 1;
 pub const RECEIVE_SLOTS: u32 = 32;
 /// Chunks of TX scratch (the endpoint needs room for its largest extent's frames).
 pub const TX_CHUNKS: u32 = 128;
+/// Send slots: landing writes whose data is being sent at once. Each holds the blocks
+/// of the largest landing write ([`MAX_LANDING_WRITE`] bytes at any offset).
+pub const SEND_SLOTS: u32 = 4;
+/// Bytes of one send slot.
+const SEND_SLOT_BYTES: u64 = MAX_LANDING_WRITE as u64 + BLOCK_SIZE as u64;
 /// A request without its reply for this long: the layer-2 peer is lost.
 pub const L2_REPLY_TIMEOUT: Duration = Duration::from_secs(1);
 /// A lane lost and fenced is set up again after this long (if the server takes it).
@@ -63,6 +68,9 @@ pub const DEFAULT_L2_READ_MAX: u32 = 64 << 10;
 /// since 16 KiB writes were faster on the lane than on TCP too (docs/benchmarks.md,
 /// "Writes on the lane in request parts").
 pub const DEFAULT_L2_WRITE_MAX: u32 = MAX_WRITE;
+/// Writes above `write_max` up to this many bytes land in place by default (a
+/// transfer into the server's blocks, docs/protocol.md "Landing writes").
+pub const DEFAULT_L2_LAND_MAX: u32 = MAX_LANDING_WRITE;
 /// Longest sleep in poll(2) between polls (wait mode).
 const WAIT_SLICE: Duration = Duration::from_millis(1);
 /// The flusher's sleep when nothing is deferred (it is woken when something is); also
@@ -89,6 +97,10 @@ pub struct L2Options {
     /// Writes up to this many bytes go over layer 2, inline in the request's commands
     /// (at most `MAX_WRITE`).
     pub write_max: u32,
+    /// Writes larger than `write_max` and up to this many bytes land in place: their
+    /// data goes as a layer-2 transfer into the server's blocks (at most
+    /// `MAX_LANDING_WRITE`; 0: none, they go on TCP).
+    pub land_max: u32,
 }
 
 impl L2Options {
@@ -98,6 +110,7 @@ impl L2Options {
             poll: L2Poll::Wait,
             read_max: DEFAULT_L2_READ_MAX,
             write_max: DEFAULT_L2_WRITE_MAX,
+            land_max: DEFAULT_L2_LAND_MAX,
         }
     }
 }
@@ -203,6 +216,10 @@ pub struct L2Counters {
     pub requests: [AtomicU64; OP_SLOTS],
     /// Requests that went to TCP after trying the lane (lost peer, reply too large).
     pub fell_back: AtomicU64,
+    /// Writes whose data landed in place (a transfer into the server's blocks), and
+    /// their bytes.
+    pub landed: AtomicU64,
+    pub landed_bytes: AtomicU64,
 }
 
 impl L2Counters {
@@ -210,6 +227,8 @@ impl L2Counters {
         L2Counters {
             requests: std::array::from_fn(|_| AtomicU64::new(0)),
             fell_back: AtomicU64::new(0),
+            landed: AtomicU64::new(0),
+            landed_bytes: AtomicU64::new(0),
         }
     }
 }
@@ -219,6 +238,18 @@ struct Waiter {
     /// The read's transfer and slot.
     xfer: Option<(u32, u32)>,
     committed: bool,
+    /// A landing write: its send slot and blocks (taken by the transfer once the
+    /// server asked for the data).
+    land: Option<Landing>,
+}
+
+/// A landing write's data, staged in a send slot.
+#[derive(Clone, Copy, Debug)]
+struct Landing {
+    slot: u32,
+    blocks: u32,
+    /// The transfer sends from the slot (it goes back at Delivered or Failed).
+    sent: bool,
 }
 
 struct Inner {
@@ -228,6 +259,9 @@ struct Inner {
     /// Transfer id -> (slot, request id still waiting for it).
     xfers: HashMap<u32, (u32, Option<u64>)>,
     free_slots: Vec<u32>,
+    /// Send slots not in use, and the server's transfer ids sending from the others.
+    free_send: Vec<u32>,
+    sending: HashMap<u32, u32>,
 }
 
 /// An open lane.
@@ -243,6 +277,9 @@ pub(crate) struct L2Lane {
     poll: L2Poll,
     read_max: u32,
     write_max: u32,
+    land_max: u32,
+    /// Where send slot 0 is in `region`.
+    send_base: u64,
     geometry: SlotGeometry,
     region: Arc<Region>,
     fds: [i32; 2],
@@ -285,6 +322,7 @@ pub(crate) struct Local {
     pub mac: [u8; 6],
     pub geometry: SlotGeometry,
     scratch: u64,
+    send_base: u64,
 }
 
 /// Open the interface for the lane (any failure: the session stays on TCP).
@@ -294,7 +332,10 @@ pub(crate) fn open_local(o: &L2Options) -> Result<Local, String> {
     let geometry = SlotGeometry::packed(BLOCK_SIZE as u64, slot_blocks, RECEIVE_SLOTS);
     let end = geometry.first + geometry.stride * RECEIVE_SLOTS as u64;
     let scratch = end.div_ceil(BLOCK_SIZE as u64) * BLOCK_SIZE as u64;
-    let len = scratch + TX_CHUNKS as u64 * CMD_CHUNK + BLOCK_SIZE as u64;
+    // The send slots behind the scratch, block-aligned.
+    let send_base =
+        (scratch + TX_CHUNKS as u64 * CMD_CHUNK).div_ceil(BLOCK_SIZE as u64) * BLOCK_SIZE as u64;
+    let len = send_base + SEND_SLOTS as u64 * SEND_SLOT_BYTES + BLOCK_SIZE as u64;
     let region = Arc::new(Region::anonymous(len as usize).map_err(|e| e.to_string())?);
     geometry.check(region.len()).map_err(|e| e.to_string())?;
     let mac = mac_address(&o.iface).map_err(|e| e.to_string())?;
@@ -319,6 +360,7 @@ pub(crate) fn open_local(o: &L2Options) -> Result<Local, String> {
         mac,
         geometry,
         scratch,
+        send_base,
     })
 }
 
@@ -353,6 +395,8 @@ impl L2Lane {
                 waiting: HashMap::new(),
                 xfers: HashMap::new(),
                 free_slots: (0..RECEIVE_SLOTS).rev().collect(),
+                free_send: (0..SEND_SLOTS).rev().collect(),
+                sending: HashMap::new(),
             }),
             cv: Condvar::new(),
             up: AtomicBool::new(true),
@@ -361,6 +405,8 @@ impl L2Lane {
             poll: o.poll,
             read_max: o.read_max.clamp(1, MAX_READ),
             write_max: o.write_max.min(MAX_WRITE),
+            land_max: o.land_max.min(MAX_LANDING_WRITE),
+            send_base: local.send_base,
             geometry: local.geometry,
             region: local.region,
             fds,
@@ -469,6 +515,14 @@ impl L2Lane {
         self.write_max
     }
 
+    /// Whether a write of `data_len` bytes lands in place: larger than the lane carries
+    /// inline, at most `land_max`.
+    pub(crate) fn lands(&self, req: &Request, data_len: usize) -> bool {
+        matches!(req, Request::Write(_))
+            && data_len > self.write_max as usize
+            && data_len <= self.land_max as usize
+    }
+
     fn now(&self) -> u64 {
         self.t0.elapsed().as_nanos() as u64
     }
@@ -536,8 +590,19 @@ impl L2Lane {
                             inner.ep.cancel(x);
                         }
                     }
+                    Ok(L2Reply::SendData { id, xfer, extents }) => {
+                        self.answered.store(true, Ordering::SeqCst);
+                        self.send_landing(inner, id, xfer, &extents);
+                    }
                     Err(e) => tracing::debug!("malformed layer-2 reply dropped: {e}"),
                 },
+                Event::Delivered(x) | Event::Failed(x) => {
+                    // A landing write's data left (or the server gave it up): its
+                    // send slot is free again.
+                    if let Some(slot) = inner.sending.remove(&x) {
+                        inner.free_send.push(slot);
+                    }
+                }
                 Event::Committed(x) | Event::SlotsFree(x) => {
                     if let Some((slot, who)) = inner.xfers.get(&x).copied() {
                         match who.and_then(|id| inner.waiting.get_mut(&id)) {
@@ -564,10 +629,88 @@ impl L2Lane {
                         }
                     }
                 }
-                _ => {}
             }
         }
         self.cv.notify_all();
+    }
+
+    /// The server asks for landing write `id`'s data as transfer `xfer` in extents of
+    /// `extents` blocks: send it from the write's send slot. Anything that does not
+    /// match the write (no such write waiting, another block count, data sent already)
+    /// is dropped: the server then gets no data, aborts the transfer and commits
+    /// nothing.
+    fn send_landing(&self, inner: &mut Inner, id: u64, xfer: u32, extents: &[u16]) {
+        let Some(land) = inner.waiting.get(&id).and_then(|w| w.land) else {
+            tracing::debug!(
+                id,
+                "layer-2 send-data for no landing write waiting: dropped"
+            );
+            return;
+        };
+        let total: u64 = extents.iter().map(|&k| k as u64).sum();
+        if land.sent || total != land.blocks as u64 {
+            tracing::debug!(id, "layer-2 send-data that does not fit its write: dropped");
+            return;
+        }
+        let mut at = self.send_slot(land.slot);
+        let exts: Vec<Extent> = extents
+            .iter()
+            .map(|&k| {
+                let e = Extent {
+                    offset: at,
+                    blocks: k as u32,
+                };
+                at += k as u64 * BLOCK_SIZE as u64;
+                e
+            })
+            .collect();
+        match inner.ep.send(xfer, &exts) {
+            Ok(()) => {
+                inner.sending.insert(xfer, land.slot);
+                if let Some(w) = inner.waiting.get_mut(&id) {
+                    w.land = Some(Landing { sent: true, ..land });
+                }
+            }
+            Err(e) => tracing::debug!(id, "layer-2 landing data not sent: {e}"),
+        }
+    }
+
+    /// Where send slot `i` begins in the region.
+    fn send_slot(&self, i: u32) -> u64 {
+        self.send_base + i as u64 * SEND_SLOT_BYTES
+    }
+
+    /// Stage a landing write's `data` for a write at `offset` in a free send slot:
+    /// the write's bytes at their place in its blocks, the rest of the first and last
+    /// block zero (the server takes those bytes from the file). None: no slot free.
+    fn stage_landing(&self, inner: &mut Inner, offset: u64, data: &[&[u8]]) -> Option<Landing> {
+        let len: usize = data.iter().map(|d| d.len()).sum();
+        let blocks = blocks_spanned(offset, len as u32);
+        let slot = inner.free_send.pop()?;
+        let base = self.send_slot(slot);
+        let lead = offset % BLOCK_SIZE as u64;
+        let end = lead + len as u64;
+        let span = blocks as u64 * BLOCK_SIZE as u64;
+        debug_assert!(span <= SEND_SLOT_BYTES);
+        let mut ok = self.region.write(base, &vec![0u8; lead as usize]).is_ok();
+        let mut at = base + lead;
+        for d in data {
+            ok &= self.region.write(at, d).is_ok();
+            at += d.len() as u64;
+        }
+        ok &= self
+            .region
+            .write(base + end, &vec![0u8; (span - end) as usize])
+            .is_ok();
+        if !ok {
+            inner.free_send.push(slot);
+            return None;
+        }
+        Some(Landing {
+            slot,
+            blocks,
+            sent: false,
+        })
     }
 
     /// Send request `id` (header `hdr`, `body`, inline `data`) on the lane and wait for
@@ -608,11 +751,22 @@ impl L2Lane {
                 }
             }
         }
+        let data_len: usize = data.iter().map(|d| d.len()).sum();
+        let mut land = None;
+        if let (Request::Write(w), true) = (req, self.lands(req, data_len)) {
+            match self.stage_landing(&mut inner, w.offset, data) {
+                Some(l) => land = Some(l),
+                None => return Err(Fallback),
+            }
+        }
         let (x, blocks) = match (xfer, req) {
             (Some((x, _)), Request::Read(r)) => (x, r.size.div_ceil(BLOCK_SIZE as u32)),
             _ => (0, 0),
         };
-        let cmd = encode_request(x, blocks, hdr, body, data);
+        let cmd = match land {
+            Some(l) => encode_landing_write(l.blocks, hdr, body),
+            None => encode_request(x, blocks, hdr, body, data),
+        };
         // Parts of one request are queued together (under the lane's lock), so the
         // server gathers them one request at a time.
         let sent = match split_request(cmd, MAX_COMMAND) {
@@ -620,6 +774,9 @@ impl L2Lane {
             Err(e) => Err(e.to_string()),
         };
         if let Err(e) = sent {
+            if let Some(l) = land {
+                inner.free_send.push(l.slot);
+            }
             if let Some((x, _)) = xfer {
                 // Posted: its slot comes back when the transfer times out.
                 if let Some(e) = inner.xfers.get_mut(&x) {
@@ -635,6 +792,7 @@ impl L2Lane {
                 reply: None,
                 xfer,
                 committed: false,
+                land,
             },
         );
         let deadline = Instant::now() + L2_REPLY_TIMEOUT;
@@ -647,6 +805,19 @@ impl L2Lane {
             if done {
                 self.kick_flusher(&inner);
                 let w = inner.waiting.remove(&id).expect("checked");
+                if let Some(l) = w.land {
+                    // A slot the transfer does not send from is free now; one it
+                    // sends from comes back at Delivered or Failed.
+                    if !l.sent {
+                        inner.free_send.push(l.slot);
+                    }
+                    if matches!(&w.reply, Some(Ok((h, _))) if h.status == 0) {
+                        counters.landed.fetch_add(1, Ordering::Relaxed);
+                        counters
+                            .landed_bytes
+                            .fetch_add(data_len as u64, Ordering::Relaxed);
+                    }
+                }
                 if let Some((x, slot)) = w.xfer {
                     if w.committed {
                         inner.xfers.remove(&x);

@@ -428,10 +428,14 @@ impl Client {
                 r.requests.insert(op.name().into(), c);
             }
         }
-        r.counters.insert(
-            "fell_back".into(),
-            self.l2_counters.fell_back.load(Ordering::Relaxed),
-        );
+        let c = &self.l2_counters;
+        for (name, v) in [
+            ("fell_back", &c.fell_back),
+            ("landed", &c.landed),
+            ("landed_bytes", &c.landed_bytes),
+        ] {
+            r.counters.insert(name.into(), v.load(Ordering::Relaxed));
+        }
         Some(r)
     }
 
@@ -612,9 +616,12 @@ impl Client {
         let key = zcfs_protocol::l2::tag_key_material(self.cfg.secret.as_deref(), &reply.nonce);
         // The same condition as the key's: a secret both ends share, or none.
         let open_tags = self.cfg.secret.is_none();
+        // Writes land in place only up to what the server takes (0: none).
+        let mut o = o.clone();
+        o.land_max = o.land_max.min(reply.land_max);
         let lane = l2::L2Lane::new(
             local,
-            o,
+            &o,
             zcfs_protocol::mac_from_u64(reply.mac),
             &key,
             open_tags,
@@ -629,7 +636,7 @@ impl Client {
         if let Err(why) = self.l2_probe(&lane, &o.iface) {
             return Err(L2SetupError::Silent(lane, release(why)));
         }
-        tracing::info!(iface = %o.iface, mode = ?lane.mode, "layer-2 lane up");
+        tracing::info!(iface = %o.iface, mode = ?lane.mode, land_max = o.land_max, "layer-2 lane up");
         Ok(lane)
     }
 
@@ -1270,7 +1277,10 @@ impl Client {
         let Ok((hdr, body)) = req.encode_with_groups(id, cred.cred, cred.groups) else {
             return L2Try::Tcp;
         };
-        if !l2::rides_l2(req, body.len(), n, lane.read_max(), lane.write_max()) {
+        // A landing write's command carries no data: it must fit one command.
+        let lands = lane.lands(req, n)
+            && zcfs_protocol::l2::request_len(body.len(), 0) <= zcfs_l2::MAX_COMMAND;
+        if !lands && !l2::rides_l2(req, body.len(), n, lane.read_max(), lane.write_max()) {
             return L2Try::Tcp;
         }
         let epoch = self.epoch();

@@ -3,11 +3,13 @@
 
 use std::sync::Arc;
 use zcfs_backend::{
-    Attr, Backend, CopyStats, Ctx, DirEntry, DirState, Error, ReadReply, Result, SetAttr, StatFs,
-    WritePayload,
+    Attr, Backend, CopyStats, Ctx, DirEntry, DirState, Error, LandingSpan, LandingWrite, ReadReply,
+    Result, SetAttr, StatFs, WritePayload,
 };
 use zcfs_volume::perm::{open_mask, MAY_READ};
-use zcfs_volume::{FallocMode, FsError, RenameFlags, Seek, SizeRight, Volume, XattrMode};
+use zcfs_volume::{
+    FallocMode, FsError, RenameFlags, Seek, SizeRight, Volume, WriteReservation, XattrMode,
+};
 
 pub struct LocalFs {
     vol: Arc<Volume>,
@@ -24,6 +26,21 @@ impl LocalFs {
 
 fn err(e: FsError) -> Error {
     e.into()
+}
+
+/// A landing write of LocalFs: the volume's landing reservation.
+struct Landing {
+    r: WriteReservation<'static>,
+    spans: Vec<LandingSpan>,
+}
+
+impl LandingWrite for Landing {
+    fn extents(&self) -> &[LandingSpan] {
+        &self.spans
+    }
+    fn commit(self: Box<Self>) -> Result<u32> {
+        self.r.commit().map(|n| n as u32).map_err(err)
+    }
 }
 
 /// A handle of LocalFs: the access its open was granted, so calls through it are not
@@ -315,6 +332,33 @@ impl Backend for LocalFs {
             .map_err(err)?;
         payload.fill(&mut r.slices_mut())?;
         r.commit().map(|n| n as u32).map_err(err)
+    }
+    fn image_file_id(&self) -> Option<(u64, u64)> {
+        self.vol.image_file_id()
+    }
+    fn reserve_landing(
+        &self,
+        ctx: &Ctx,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        len: usize,
+    ) -> Result<Box<dyn LandingWrite>> {
+        Handle::allows(fh, Handle::WRITE)?;
+        let r = self
+            .vol
+            .reserve_write_landing_shared(&ctx.cred, ino, offset, len)
+            .map_err(err)?;
+        let spans = r
+            .landing_extents()
+            .iter()
+            .map(|e| LandingSpan {
+                offset: e.offset,
+                blocks: e.blocks,
+                file_offset: e.file_offset,
+            })
+            .collect();
+        Ok(Box::new(Landing { r, spans }))
     }
     /// close(2): what was written is durable before close returns, whatever the
     /// group commit's batch (as NFS commits at close); a mount promises close-to-open.

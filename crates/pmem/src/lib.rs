@@ -127,7 +127,11 @@ pub enum LockMode {
 }
 
 enum Backing {
-    Mapped { _file: File },
+    Mapped {
+        _file: File,
+        /// (device, inode) of the file when the mapping is shared (stores reach it).
+        shared_id: Option<(u64, u64)>,
+    },
     Anon,
 }
 
@@ -268,12 +272,22 @@ impl Region {
             Some(PersistMode::Msync) => PersistMode::Msync,
         };
         tracing::debug!(path = %path.display(), len, %mode, "mapped region");
+        let shared_id = match (params.private, file.metadata()) {
+            (false, Ok(m)) => {
+                use std::os::unix::fs::MetadataExt;
+                Some((m.dev(), m.ino()))
+            }
+            _ => None,
+        };
         Ok(Region {
             base,
             len,
             mode,
             path: Some(path.to_path_buf()),
-            _backing: Backing::Mapped { _file: file },
+            _backing: Backing::Mapped {
+                _file: file,
+                shared_id,
+            },
             msync_pending: Mutex::new(Vec::new()),
             recording: false.into(),
             recorder: Mutex::new(None),
@@ -283,6 +297,16 @@ impl Region {
     }
 
     /// An anonymous region holding a copy of `image` (tests, fuzzing, crash images).
+    /// The (device, inode) of the file this region maps shared from its start, if it
+    /// does: another shared mapping of that file sees the same bytes (the server's
+    /// layer-2 receive memory, into which the kernel lands writes).
+    pub fn shared_file_id(&self) -> Option<(u64, u64)> {
+        match &self._backing {
+            Backing::Mapped { shared_id, .. } => *shared_id,
+            Backing::Anon => None,
+        }
+    }
+
     pub fn from_image(image: &[u8]) -> Region {
         let len = image.len().max(1).div_ceil(PAGE) * PAGE;
         let base = mmap(
@@ -370,7 +394,7 @@ impl Region {
     /// The file descriptor of a file-backed shared mapping (for page attachment).
     pub fn shared_fd(&self) -> Option<std::os::unix::io::RawFd> {
         match &self._backing {
-            Backing::Mapped { _file } if self.mode != PersistMode::Memory => {
+            Backing::Mapped { _file, .. } if self.mode != PersistMode::Memory => {
                 Some(_file.as_raw_fd())
             }
             _ => None,
@@ -616,7 +640,7 @@ impl Region {
         use std::os::unix::fs::FileTypeExt;
         match (&self._backing, self.mode) {
             (_, PersistMode::Memory) | (Backing::Anon, _) => false,
-            (Backing::Mapped { _file }, _) => {
+            (Backing::Mapped { _file, .. }, _) => {
                 _file
                     .metadata()
                     .is_ok_and(|m| m.file_type().is_char_device())

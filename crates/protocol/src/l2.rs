@@ -17,6 +17,12 @@
 //!   go one after another (commands arrive in order, once); the request is complete when
 //!   the parts hold the length its header gives ([`Reassembly`]), at most
 //!   [`MAX_REQUEST`] bytes.
+//! - A **landing write** (version 13): kind 5, then a write request as in a request
+//!   command (transfer 0, `blocks` the file blocks the write spans) without its data,
+//!   which the server receives as a layer-2 transfer into the volume's blocks that
+//!   will keep it. The server answers **send data** (kind 6: the request id, its
+//!   transfer id and the blocks of each of the transfer's extents), the client sends
+//!   the blocks, and the server commits and replies (kind 2) or says "resend on TCP".
 
 use crate::{ProtoError, ReqHeader, RespHeader, Result, REQ_HDR, RESP_HDR};
 
@@ -32,6 +38,23 @@ pub const KIND_REPLY: u8 = 2;
 pub const KIND_RESEND_TCP: u8 = 3;
 /// Kind byte of a part of a request longer than one command.
 pub const KIND_REQUEST_PART: u8 = 4;
+/// Kind byte of a landing write (a write whose data follows as a transfer).
+pub const KIND_LANDING_WRITE: u8 = 5;
+/// Kind byte of the server's "send the write's data as this transfer".
+pub const KIND_SEND_DATA: u8 = 6;
+/// The most bytes one landing write carries.
+pub const MAX_LANDING_WRITE: u32 = 1 << 20;
+/// The most extents the server lands one write in (`zcfs_l2`'s most per transfer).
+pub const MAX_LANDING_EXTENTS: usize = 64;
+/// The most blocks of one landing extent (`zcfs_l2::MAX_EXTENT_BLOCKS`).
+pub const MAX_LANDING_EXTENT_BLOCKS: u16 = 32;
+/// Blocks of the file a write of `len` bytes at `offset` spans.
+pub fn blocks_spanned(offset: u64, len: u32) -> u32 {
+    if len == 0 {
+        return 0;
+    }
+    ((offset + len as u64 - 1) / 4096 - offset / 4096 + 1) as u32
+}
 /// The most inline write data one layer-2 request carries (in parts).
 pub const MAX_WRITE: u32 = 16 << 10;
 /// The most bytes of one request command, in parts: a write of [`MAX_WRITE`] bytes with
@@ -58,13 +81,27 @@ pub struct L2Request<'a> {
     pub body: &'a [u8],
     /// A write's data, inline.
     pub data: &'a [u8],
+    /// A landing write ([`KIND_LANDING_WRITE`]): the data follows as a transfer.
+    pub landing: bool,
 }
 
 /// A command from the server, decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum L2Reply<'a> {
-    Reply { header: RespHeader, body: &'a [u8] },
-    ResendTcp { id: u64 },
+    Reply {
+        header: RespHeader,
+        body: &'a [u8],
+    },
+    ResendTcp {
+        id: u64,
+    },
+    /// Send landing write `id`'s blocks as transfer `xfer`, in extents of these
+    /// many blocks (in file order).
+    SendData {
+        id: u64,
+        xfer: u32,
+        extents: Vec<u16>,
+    },
 }
 
 /// The request command for `hdr`, `body` and inline `data`.
@@ -83,6 +120,28 @@ pub fn encode_request(
     out.extend_from_slice(hdr);
     out.extend_from_slice(body);
     data.iter().for_each(|d| out.extend_from_slice(d));
+    out
+}
+
+/// The landing write command for write request `hdr` (its header as on TCP, the data
+/// left out) and `body`, of `blocks` file blocks.
+pub fn encode_landing_write(blocks: u32, hdr: &[u8; REQ_HDR], body: &[u8]) -> Vec<u8> {
+    let mut out = encode_request(0, blocks, hdr, body, &[]);
+    out[0] = KIND_LANDING_WRITE;
+    out
+}
+
+/// The "send data" command: landing write `id` goes as transfer `xfer` in extents of
+/// `extents` blocks each.
+pub fn encode_send_data(id: u64, xfer: u32, extents: &[u16]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(14 + 2 * extents.len());
+    out.push(KIND_SEND_DATA);
+    out.extend_from_slice(&id.to_le_bytes());
+    out.extend_from_slice(&xfer.to_le_bytes());
+    out.push(extents.len() as u8);
+    extents
+        .iter()
+        .for_each(|b| out.extend_from_slice(&b.to_le_bytes()));
     out
 }
 
@@ -205,11 +264,15 @@ pub fn decode_request(b: &[u8]) -> Result<L2Request<'_>> {
             "a layer-2 request shorter than its header",
         ));
     }
-    if b[0] != KIND_REQUEST {
-        return Err(ProtoError::BadFrame(
-            "a layer-2 command that is not a request",
-        ));
-    }
+    let landing = match b[0] {
+        KIND_REQUEST => false,
+        KIND_LANDING_WRITE => true,
+        _ => {
+            return Err(ProtoError::BadFrame(
+                "a layer-2 command that is not a request",
+            ))
+        }
+    };
     let xfer = u32::from_le_bytes(b[1..5].try_into().expect("4 bytes"));
     let blocks = u32::from_le_bytes(b[5..9].try_into().expect("4 bytes"));
     let hb: &[u8; REQ_HDR] = b[REQUEST_PREFIX..REQUEST_PREFIX + REQ_HDR]
@@ -218,12 +281,20 @@ pub fn decode_request(b: &[u8]) -> Result<L2Request<'_>> {
     let header = ReqHeader::decode(hb)?;
     let rest = &b[REQUEST_PREFIX + REQ_HDR..];
     let (bl, dl) = (header.body_len as usize, header.data_len as usize);
-    if rest.len() != bl + dl {
+    // A landing write's header is the write's as on TCP; its data is not here.
+    let inline = if landing { 0 } else { dl };
+    if rest.len() != bl + inline {
         return Err(ProtoError::BadFrame(
             "a layer-2 request whose length differs from its header's",
         ));
     }
-    if (xfer == 0) != (blocks == 0) {
+    if landing {
+        if header.op != crate::Op::Write || dl == 0 || xfer != 0 || blocks == 0 {
+            return Err(ProtoError::BadFrame(
+                "a layer-2 landing write that is not a write of data in blocks",
+            ));
+        }
+    } else if (xfer == 0) != (blocks == 0) {
         return Err(ProtoError::BadFrame(
             "a layer-2 transfer id without blocks, or blocks without one",
         ));
@@ -233,7 +304,8 @@ pub fn decode_request(b: &[u8]) -> Result<L2Request<'_>> {
         blocks,
         header,
         body: &rest[..bl],
-        data: &rest[bl..],
+        data: &rest[bl..bl + inline],
+        landing,
     })
 }
 
@@ -277,6 +349,30 @@ pub fn decode_reply(b: &[u8]) -> Result<L2Reply<'_>> {
         Some(&KIND_RESEND_TCP) if b.len() == 9 => Ok(L2Reply::ResendTcp {
             id: u64::from_le_bytes(b[1..9].try_into().expect("8 bytes")),
         }),
+        Some(&KIND_SEND_DATA) if b.len() >= 14 => {
+            let id = u64::from_le_bytes(b[1..9].try_into().expect("8 bytes"));
+            let xfer = u32::from_le_bytes(b[9..13].try_into().expect("4 bytes"));
+            let n = b[13] as usize;
+            let rest = &b[14..];
+            if n == 0 || n > MAX_LANDING_EXTENTS || rest.len() != 2 * n || xfer == 0 {
+                return Err(ProtoError::BadFrame(
+                    "a layer-2 send-data command with a bad extent list",
+                ));
+            }
+            let extents: Vec<u16> = rest
+                .chunks_exact(2)
+                .map(|c| u16::from_le_bytes([c[0], c[1]]))
+                .collect();
+            if extents
+                .iter()
+                .any(|&k| k == 0 || k > MAX_LANDING_EXTENT_BLOCKS)
+            {
+                return Err(ProtoError::BadFrame(
+                    "a layer-2 send-data extent of no blocks or more than an extent holds",
+                ));
+            }
+            Ok(L2Reply::SendData { id, xfer, extents })
+        }
         _ => Err(ProtoError::BadFrame("an unknown layer-2 command")),
     }
 }
@@ -363,6 +459,88 @@ mod tests {
         // A transfer id without blocks.
         let c = encode_request(3, 0, &h, &body, &[]);
         assert!(decode_request(&c).is_err());
+    }
+
+    #[test]
+    fn a_landing_write_round_trips_without_its_data_and_bad_ones_are_errors() {
+        let w = |size: u32| -> Request {
+            crate::WriteReq {
+                node: NodeRef { ino: 5, gen: 1 },
+                fh: 3,
+                offset: 4000,
+                size,
+                commit: false,
+            }
+            .into()
+        };
+        let req = w(MAX_LANDING_WRITE);
+        let (h, body) = req.encode(11, Cred::default());
+        let blocks = blocks_spanned(4000, MAX_LANDING_WRITE);
+        assert_eq!(blocks, 257, "1 MiB from offset 4000 spans 257 blocks");
+        let c = encode_landing_write(blocks, &h, &body);
+        assert_eq!(
+            c.len(),
+            request_len(body.len(), 0),
+            "no data in the command"
+        );
+        let d = decode_request(&c).unwrap();
+        assert!(d.landing);
+        assert_eq!((d.xfer, d.blocks, d.header.id), (0, blocks, 11));
+        assert_eq!(d.header.data_len, MAX_LANDING_WRITE);
+        assert!(d.data.is_empty());
+        for n in 0..c.len() {
+            assert!(decode_request(&c[..n]).is_err(), "{n}");
+        }
+        // No blocks; data inline; not a write; a transfer id.
+        assert!(decode_request(&encode_landing_write(0, &h, &body)).is_err());
+        let mut inline = c.clone();
+        inline.push(0);
+        assert!(decode_request(&inline).is_err());
+        let (gh, gbody) = Request::from(GetattrReq {
+            node: NodeRef { ino: 5, gen: 1 },
+        })
+        .encode(12, Cred::default());
+        assert!(decode_request(&encode_landing_write(1, &gh, &gbody)).is_err());
+        let mut xfer = c.clone();
+        xfer[1] = 1;
+        assert!(decode_request(&xfer).is_err());
+        // A landing write is a whole command, never gathered from parts.
+        let mut r = Reassembly::default();
+        assert_eq!(r.take(c.clone()).unwrap(), Some(c));
+        assert_eq!(blocks_spanned(0, 0), 0);
+        assert_eq!(blocks_spanned(4095, 1), 1);
+        assert_eq!(blocks_spanned(4095, 2), 2);
+        assert_eq!(blocks_spanned(0, 4096), 1);
+    }
+
+    #[test]
+    fn send_data_round_trips_at_its_bounds_and_bad_ones_are_errors() {
+        let most = vec![MAX_LANDING_EXTENT_BLOCKS; MAX_LANDING_EXTENTS];
+        for extents in [vec![1u16], vec![32, 32, 7], most.clone()] {
+            let c = encode_send_data(77, 9, &extents);
+            assert_eq!(
+                decode_reply(&c).unwrap(),
+                L2Reply::SendData {
+                    id: 77,
+                    xfer: 9,
+                    extents: extents.clone()
+                }
+            );
+            for n in 0..c.len() {
+                assert!(decode_reply(&c[..n]).is_err(), "{n}");
+            }
+            let mut long = c.clone();
+            long.push(0);
+            assert!(decode_reply(&long).is_err());
+        }
+        // One extent too many, an extent of no blocks or one too many, transfer 0.
+        let mut over = most.clone();
+        over.push(1);
+        assert!(decode_reply(&encode_send_data(1, 9, &over)).is_err());
+        assert!(decode_reply(&encode_send_data(1, 9, &[0])).is_err());
+        assert!(decode_reply(&encode_send_data(1, 9, &[MAX_LANDING_EXTENT_BLOCKS + 1])).is_err());
+        assert!(decode_reply(&encode_send_data(1, 0, &[1])).is_err());
+        assert!(decode_reply(&encode_send_data(1, 9, &[])).is_err());
     }
 
     #[test]

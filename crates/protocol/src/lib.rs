@@ -52,8 +52,11 @@ pub use wire::{Reader, Wire};
 /// parts (`l2::KIND_REQUEST_PART`), so writes up to `l2::MAX_WRITE` ride the lane; a
 /// version 11 server drops every part as malformed, and the lane of a client that sends
 /// them falls at each such write; and frames of a lane without a shared secret tag their
-/// payload with a keyed SipHash (`zcfs_l2::TagKey::derive_open`).
-pub const VERSION: u8 = 12;
+/// payload with a keyed SipHash (`zcfs_l2::TagKey::derive_open`). Version 13: writes
+/// larger than a request carries may land in place (`l2::KIND_LANDING_WRITE`, answered
+/// by `l2::KIND_SEND_DATA`): their blocks go as a layer-2 transfer straight into the
+/// volume's blocks that keep them.
+pub const VERSION: u8 = 13;
 pub const REQ_MAGIC: u16 = 0x515a; // "ZQ"
 pub const RESP_MAGIC: u16 = 0x525a; // "ZR"
 /// Size of the fixed request header.

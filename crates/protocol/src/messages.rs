@@ -522,12 +522,18 @@ wire_struct! {
         pub mac: u64,
         pub cmd_queue: u32,
         pub data_queue: u32,
+        /// The most bytes of a write that lands in place (`l2::KIND_LANDING_WRITE`);
+        /// 0: none does (the server's lane does not map its volume's image).
+        pub land_max: u32,
         pub nonce: Blob,
         pub reason: Blob,
     }
     check(v) {
         if v.mac >> 48 != 0 {
             return Err(ProtoError::Invalid("a MAC address beyond 48 bits"));
+        }
+        if v.land_max > crate::l2::MAX_LANDING_WRITE {
+            return Err(ProtoError::Invalid("a landing write limit beyond MAX_LANDING_WRITE"));
         }
         if v.accepted && v.nonce.len() != L2_NONCE_LEN {
             return Err(ProtoError::Invalid("an accepting l2setup reply without its nonce"));

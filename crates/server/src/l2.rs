@@ -30,14 +30,16 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use zcfs_backend::Error;
+use zcfs_backend::LandingWrite;
 use zcfs_l2::endpoint::{CMD_CHUNK, CMD_REGION_LEN};
 use zcfs_l2::{Config, Endpoint, Event, Extent, BLOCK_SIZE, MAX_COMMAND, MAX_EXTENT_BLOCKS};
 use zcfs_protocol::l2::{
-    decode_request, encode_reply, encode_resend_tcp, tag_key_material, L2Request, Reassembly,
+    blocks_spanned, decode_request, encode_reply, encode_resend_tcp, encode_send_data,
+    tag_key_material, L2Request, Reassembly, MAX_LANDING_EXTENTS, MAX_LANDING_WRITE,
 };
 use zcfs_protocol::{
     mac_from_u64, mac_to_u64, Blob, L2SetupReply, L2SetupReq, Reply, ReqHeader, Request,
-    RespHeader, WriteReply, L2_NONCE_LEN, MAX_BODY, OP_SLOTS, RESP_HDR,
+    RespHeader, WriteReply, WriteReq, L2_NONCE_LEN, MAX_BODY, OP_SLOTS, RESP_HDR,
 };
 use zcfs_xsk::{
     bind_retrying, mac_address, BindMode, Region, RegionError, XdpProgram, XskConfig, XskError,
@@ -104,6 +106,9 @@ pub struct L2Port {
     /// staging slots while the endpoint is borrowed).
     region: Arc<Region>,
     file_len: usize,
+    /// (device, inode) of the image the data socket's UMEM maps: writes land in place
+    /// only when it is the backend's own image (`Backend::image_file_id`).
+    image_id: Option<(u64, u64)>,
     // Last: the program detaches after the sockets closed.
     _prog: XdpProgram,
 }
@@ -113,6 +118,10 @@ impl L2Port {
     /// socket's UMEM the mapping of `image` (tmpfs, hugetlbfs or device-dax, else
     /// [`RegionError::UnsupportedBacking`]).
     pub fn open(ifname: &str, image: &File, poll: L2Poll) -> Result<L2Port, L2PortError> {
+        let image_id = {
+            use std::os::unix::fs::MetadataExt;
+            image.metadata().ok().map(|m| (m.dev(), m.ino()))
+        };
         let region = Arc::new(Region::map_file(image, staging_len())?);
         let file_len = region.file_len();
         let mac = mac_address(ifname)?;
@@ -140,6 +149,7 @@ impl L2Port {
             ep,
             region,
             file_len,
+            image_id,
             _prog: prog,
         })
     }
@@ -216,6 +226,9 @@ pub(crate) struct L2Service {
     pub ifname: String,
     pub mac: [u8; 6],
     pub mode: BindMode,
+    /// The most bytes of a write that lands in place (0: writes do not land: the
+    /// lane's memory does not map the backend's image).
+    pub land_max: u32,
     state: Mutex<Tenancy>,
     /// Signalled when a lane request ends (`Tenancy::running` cleared).
     idle: Condvar,
@@ -429,6 +442,7 @@ impl L2Service {
             mac: mac_to_u64(self.mac),
             cmd_queue: CMD_QUEUE,
             data_queue: DATA_QUEUE,
+            land_max: self.land_max,
             nonce: Blob::new(nonce.to_vec()).expect("32 bytes"),
             reason: Blob::new(Vec::new()).expect("empty"),
         }
@@ -446,6 +460,7 @@ pub(crate) fn refusal(why: &str) -> L2SetupReply {
         mac: 0,
         cmd_queue: 0,
         data_queue: 0,
+        land_max: 0,
         nonce: Blob::new(Vec::new()).expect("empty"),
         reason: Blob::new(why.into_bytes()).expect("bounded reason"),
     }
@@ -457,10 +472,19 @@ pub(crate) fn start(
     shared: Arc<Shared>,
     poll: L2Poll,
 ) -> std::io::Result<Arc<L2Service>> {
+    let backend_image = shared.backend.image_file_id();
+    let lands = backend_image.is_some() && backend_image == port.image_id;
+    if !lands {
+        tracing::info!(
+            ifname = %port.ifname,
+            "layer-2 writes do not land in place: the lane's memory does not map the volume's image"
+        );
+    }
     let service = Arc::new(L2Service {
         ifname: port.ifname.clone(),
         mac: port.mac,
         mode: port.mode,
+        land_max: if lands { MAX_LANDING_WRITE } else { 0 },
         state: Mutex::new(Tenancy::default()),
         idle: Condvar::new(),
         next_generation: AtomicU64::new(0),
@@ -484,21 +508,44 @@ pub(crate) fn start(
     Ok(service)
 }
 
+/// A landing write waiting for its transfer: the blocks that will keep its bytes are
+/// reserved and posted to the kernel as the transfer's receive entries.
+struct Landing {
+    /// The owner generation it was accepted for: committed only while that owner
+    /// holds the lane (a fence or a new owner since: never).
+    generation: u64,
+    header: ReqHeader,
+    write: WriteReq,
+    bfh: u64,
+    res: Box<dyn LandingWrite>,
+    started: Instant,
+}
+
 /// What the service thread keeps between polls.
 struct Run {
+    // First: dropped first, so the kernel writes into no reservation below after it
+    // went back to the allocator (the sockets close before `landings` drops).
     port: L2Port,
+    /// Landing writes by transfer id: waiting for their data (`Event::Committed`), or
+    /// aborted and waiting for their receive entries to be consumed
+    /// (`Event::SlotsFree`) before their blocks go back.
+    landings: std::collections::HashMap<u32, Landing>,
     generation: u64,
     free_slots: Vec<u32>,
     /// Transfer id -> the staging slot it is sent from.
     sending: std::collections::HashMap<u32, u32>,
     /// The parts of a request longer than one command gathered so far (the owner's).
     parts: Reassembly,
+    /// Writes land in place: the UMEM maps the backend's own image.
+    lands: bool,
 }
 
 fn run(port: L2Port, shared: &Shared, service: &L2Service, busy: bool) {
     let t0 = Instant::now();
     let mut r = Run {
         port,
+        lands: service.land_max > 0,
+        landings: std::collections::HashMap::new(),
         generation: 0,
         free_slots: (0..READ_SLOTS).rev().collect(),
         sending: std::collections::HashMap::new(),
@@ -577,7 +624,23 @@ fn run(port: L2Port, shared: &Shared, service: &L2Service, busy: bool) {
                         r.free_slots.push(slot);
                     }
                 }
-                _ => {}
+                Event::Committed(x) => landed(&mut r, shared, service, x),
+                Event::Aborted(x) => {
+                    // Its blocks stay reserved until no receive entry points into
+                    // them (SlotsFree). Nothing of it was written, so the client may
+                    // send it on TCP now, if its session still holds the lane.
+                    let own = r.landings.get(&x).filter(|l| l.generation == r.generation);
+                    if let Some(id) = own.map(|l| l.header.id) {
+                        tracing::debug!(ifname = %service.ifname, xfer = x, "landing write aborted: resent on TCP");
+                        if let Err(e) = r.port.ep.send_command(&encode_resend_tcp(id)) {
+                            tracing::warn!("layer-2 resend-on-TCP dropped: {e}");
+                        }
+                    }
+                }
+                Event::SlotsFree(x) => {
+                    // Nothing writes into its blocks any more: they go back.
+                    r.landings.remove(&x);
+                }
             }
         }
         if idle {
@@ -652,6 +715,9 @@ fn command(r: &mut Run, lane: &Lane<'_>, service: &L2Service, bytes: &[u8]) {
 
 /// Execute one request; the encoded reply (None: answered already).
 fn execute(r: &mut Run, lane: &Lane<'_>, q: &L2Request<'_>, t: Instant) -> Option<Vec<u8>> {
+    if q.landing {
+        return land(r, lane, q, t);
+    }
     let h = &q.header;
     let stats = &lane.shared.stats;
     let (req, groups) = match Request::decode_with_groups(h, q.body) {
@@ -739,6 +805,167 @@ fn execute(r: &mut Run, lane: &Lane<'_>, q: &L2Request<'_>, t: Instant) -> Optio
         c.finish(msg.clone().into());
     }
     Some(msg)
+}
+
+/// A landing write (`KIND_LANDING_WRITE`): check it as a write, reserve the blocks
+/// that will keep its bytes, post them as a transfer and tell the client to send
+/// ("send data"). Answered later (`landed`); now only when it fails or goes on TCP
+/// instead (no room laid out for landing, a handle that does not vouch for the
+/// file's generation, no transfer to be had).
+fn land(r: &mut Run, lane: &Lane<'_>, q: &L2Request<'_>, t: Instant) -> Option<Vec<u8>> {
+    let h = &q.header;
+    let stats = &lane.shared.stats;
+    let fail = |e: Error| {
+        stats.record(h.op, false, 0, t);
+        Some(encode(h, Err(e), 0))
+    };
+    let resend = |r: &mut Run, why: &str| {
+        tracing::debug!(id = h.id, "landing write goes on TCP: {why}");
+        if let Err(e) = r.port.ep.send_command(&encode_resend_tcp(h.id)) {
+            tracing::warn!("layer-2 resend-on-TCP dropped: {e}");
+        }
+        None
+    };
+    let (w, groups) = match Request::decode_with_groups(h, q.body) {
+        Ok((Request::Write(w), g)) => (w, g),
+        Ok(_) => {
+            return fail(Error::new(
+                libc::EINVAL,
+                "a landing write that is not a write",
+            ))
+        }
+        Err(e) => {
+            stats.rejected_invalid.fetch_add(1, Ordering::Relaxed);
+            return fail(Error::new(e.errno(), e.to_string()));
+        }
+    };
+    if w.size == 0 || w.size > MAX_LANDING_WRITE || blocks_spanned(w.offset, w.size) != q.blocks {
+        stats.rejected_invalid.fetch_add(1, Ordering::Relaxed);
+        return fail(Error::new(
+            libc::EINVAL,
+            format!("a landing write of 1..={MAX_LANDING_WRITE} bytes names the blocks it spans"),
+        ));
+    }
+    if lane.shared.cfg.read_only {
+        return fail(crate::conn::ro());
+    }
+    let ctx = match lane.caller(h, groups) {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    if !r.lands {
+        return resend(r, "the lane's memory is not the volume's image");
+    }
+    let bfh = match lane.resolve(&ctx, w.node, w.fh, Access::Write) {
+        Ok((bfh, false)) => bfh,
+        // The handle does not vouch for the file's generation: the check would have
+        // to be held across the transfer. Such writes are rare (no handle, or one
+        // opened without a generation); TCP holds it for the write.
+        Ok((_, true)) => return resend(r, "the node needs a held generation check"),
+        Err(e) => return fail(e),
+    };
+    let res =
+        match lane
+            .shared
+            .backend
+            .reserve_landing(&ctx, w.node.ino, bfh, w.offset, w.size as usize)
+        {
+            Ok(res) => res,
+            Err(e) if e.errno == libc::ENOSPC || e.errno == libc::ENOTSUP => {
+                return resend(r, &e.msg())
+            }
+            Err(e) => return fail(e),
+        };
+    let spans = res.extents();
+    let total: u64 = spans.iter().map(|e| e.blocks as u64).sum();
+    if spans.is_empty()
+        || spans.len() > MAX_LANDING_EXTENTS
+        || total != q.blocks as u64
+        || spans
+            .iter()
+            .any(|e| e.blocks == 0 || e.blocks > MAX_EXTENT_BLOCKS)
+    {
+        // The store laid it out in more pieces than a transfer carries.
+        return resend(r, "the reservation's extents do not fit one transfer");
+    }
+    let extents: Vec<Extent> = spans
+        .iter()
+        .map(|e| Extent {
+            offset: e.offset,
+            blocks: e.blocks,
+        })
+        .collect();
+    let sizes: Vec<u16> = spans.iter().map(|e| e.blocks as u16).collect();
+    let xfer = match r.port.ep.expect(&extents) {
+        Ok(x) => x,
+        // Nothing was posted: the reservation goes back as it drops.
+        Err(e) => return resend(r, &e.to_string()),
+    };
+    r.landings.insert(
+        xfer,
+        Landing {
+            generation: r.generation,
+            header: *h,
+            write: w,
+            bfh,
+            res,
+            started: t,
+        },
+    );
+    if let Err(e) = r
+        .port
+        .ep
+        .send_command(&encode_send_data(h.id, xfer, &sizes))
+    {
+        // The client hears nothing and its request times out; the transfer is
+        // aborted when no data comes, and its blocks go back at SlotsFree.
+        tracing::warn!("layer-2 send-data dropped: {e}");
+    }
+    None
+}
+
+/// Landing write `xfer`'s bytes all arrived and passed their checks: commit them, as
+/// the session's request (marked running, so the fence waits for it), if the session
+/// that sent it still holds the lane; else they are dropped unwritten.
+fn landed(r: &mut Run, shared: &Shared, service: &L2Service, xfer: u32) {
+    let Some(l) = r.landings.remove(&xfer) else {
+        return;
+    };
+    let taken = {
+        let mut st = lock(&service.state);
+        let o = st
+            .owner
+            .as_ref()
+            .filter(|o| o.generation == l.generation && o.generation == r.generation);
+        let session = o.map(|o| o.session.clone());
+        if let Some(session) = &session {
+            st.running = Some(session.clone());
+        }
+        session
+    };
+    let Some(_session) = taken else {
+        tracing::debug!(
+            xfer,
+            "a landing write of a session that no longer holds the lane dropped"
+        );
+        return;
+    };
+    let _running = Running(service);
+    let h = l.header;
+    let res = catch_unwind(AssertUnwindSafe(|| {
+        let n = l.res.commit();
+        let committed = crate::conn::commit_if_asked(shared, &l.write, l.bfh, &n);
+        n.map(|written| (written, committed))
+    }));
+    let res = res.unwrap_or_else(|_| {
+        shared.stats.panics.fetch_add(1, Ordering::Relaxed);
+        Err(Error::new(libc::EIO, "the server failed this request"))
+    });
+    let n = res.as_ref().map_or(0, |(n, _)| *n) as u64;
+    shared.stats.record(h.op, res.is_ok(), n, l.started);
+    let reply = res.map(|(written, committed)| Reply::Write(WriteReply { written, committed }));
+    let msg = encode(&h, reply, 0);
+    answer(r, service, h.id, &msg);
 }
 
 /// A transfer the client expects and the server cannot fill: zeros, so the client's

@@ -127,6 +127,53 @@ fn net_with(label: &str, backend: Arc<dyn Backend>, l2: bool) -> Net {
 
 /// [`net_with`], the server requiring `secret` of its clients when given.
 fn net_secret(label: &str, backend: Arc<dyn Backend>, l2: bool, secret: Option<&[u8]>) -> Net {
+    let image = l2.then(|| shm_image("img", 4 << 20));
+    net_image(label, backend, image, secret)
+}
+
+/// A server whose backend is a fresh volume on a /dev/shm image of `size` bytes, its
+/// lane's memory that same image: writes land in place.
+fn net_landing(label: &str, size: u64) -> Net {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let path = format!(
+        "/dev/shm/zcfs-l2land-{}-{}-{label}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    );
+    let path = std::path::Path::new(&path);
+    let opts = zcfs_volume::MkfsOptions {
+        inodes: Some(256),
+        log_bytes: Some(4 << 20),
+        root: zcfs_volume::RootDir {
+            uid: 1000,
+            gid: 1000,
+            mode: 0o755,
+        },
+    };
+    zcfs_volume::Volume::mkfs(path, size, &opts).unwrap();
+    let vol = zcfs_volume::Volume::open(path, zcfs_volume::VolumeConfig::synchronous()).unwrap();
+    let image = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    std::fs::remove_file(path).unwrap();
+    net_image(
+        label,
+        Arc::new(zcfs_local::LocalFs::new(vol)),
+        Some(image),
+        None,
+    )
+}
+
+/// A server of `backend`, with the lane on its veth end when `image` (the lane's
+/// memory) is given.
+fn net_image(
+    label: &str,
+    backend: Arc<dyn Backend>,
+    image: Option<std::fs::File>,
+    secret: Option<&[u8]>,
+) -> Net {
     let secret = secret.map(|s| s.to_vec());
     let pair = Pair::create_with_queues(&owned_name(std::process::id(), label), 79, 2).unwrap();
     let ip = pair.srv_ip;
@@ -138,8 +185,7 @@ fn net_secret(label: &str, backend: Arc<dyn Backend>, l2: bool, secret: Option<&
             cfg.listen = zcfs_transport::Address::Tcp(format!("{ip}:0"));
             cfg.secret = secret;
             let server = Arc::new(Server::bind(backend, cfg).unwrap());
-            if l2 {
-                let image = shm_image("img", 4 << 20);
+            if let Some(image) = image {
                 let port = L2Port::open(SRV_IF, &image, poll_mode()).unwrap();
                 server.start_l2(port, poll_mode()).unwrap();
             }
@@ -365,6 +411,140 @@ fn library_ops_go_over_layer_2_and_match_a_model() {
     let l2 = server.l2_requests();
     assert!(l2[Op::Read as usize] > 1000, "{:?}", &l2[..]);
     drop(n);
+}
+
+/// Writes larger than a lane request carries land in place: their blocks go as a
+/// layer-2 transfer straight into the volume's blocks (the lane's memory is the volume's
+/// image). Random sizes up to the most one landing write carries, at unaligned offsets,
+/// between inline writes and reads, match a model; the counters show every large write
+/// landed and nothing fell back.
+#[test]
+fn large_writes_land_in_the_volumes_blocks_and_match_a_model() {
+    if !l2_ready() {
+        return;
+    }
+    let n = net_landing("land", 64 << 20);
+    let addr = n.addr.clone();
+    let server = n.server();
+    n.pair
+        .cli
+        .run(move || {
+            let c = lane_client(&addr);
+            let r = c.lane_report().unwrap();
+            assert_eq!(r.counters["landed"], 0);
+            let f = create(&c, "f");
+            const FILE: usize = 4 << 20;
+            let most = zcfs_protocol::l2::MAX_LANDING_WRITE as usize;
+            let mut model = vec![0u8; FILE];
+            let mut rng = Rng(0x1a2d);
+            // The file's size first (its last byte, zero as in the model).
+            write(&c, &f, FILE as u64 - 1, &[0]);
+            let (mut landed, mut bytes) = (0u64, 0u64);
+            for i in 0..120 {
+                let len = match i % 4 {
+                    // At the bounds: one byte past the inline writes, the most a
+                    // landing write carries.
+                    0 if i % 8 == 0 => MAX_WRITE as usize + 1,
+                    0 => most,
+                    1 => 1 + rng.below(MAX_WRITE as u64) as usize,
+                    _ => {
+                        MAX_WRITE as usize
+                            + 1
+                            + rng.below((most - MAX_WRITE as usize) as u64) as usize
+                    }
+                };
+                let off = rng.below((FILE - len) as u64) as usize;
+                let data: Vec<u8> = (0..len).map(|_| rng.below(256) as u8).collect();
+                write(&c, &f, off as u64, &data);
+                model[off..off + len].copy_from_slice(&data);
+                if len > MAX_WRITE as usize {
+                    landed += 1;
+                    bytes += len as u64;
+                }
+                // Read back around the write: its edges kept the neighbours' bytes.
+                let from = off.saturating_sub(5000) / 4096 * 4096;
+                let to = (off + len + 5000).min(FILE);
+                let mut at = from;
+                while at < to {
+                    let k = (to - at).min(64 << 10);
+                    let got = read(&c, &f, at as u64, k as u32);
+                    let want = &model[at..at + k];
+                    let bad = got.iter().zip(want).position(|(a, b)| a != b);
+                    assert!(
+                        got.len() == k && bad.is_none(),
+                        "write {i} of {len} bytes at {off}: {} bytes read at {at}, first \
+                         difference at {:?}",
+                        got.len(),
+                        bad.map(|b| at + b)
+                    );
+                    at += k;
+                }
+            }
+            // The whole file, through a client on TCP only.
+            let tcp = Client::new(ClientConfig::new(&addr));
+            tcp.connect().unwrap();
+            for at in (0..FILE).step_by(1 << 20) {
+                let req: Request = ReadReq {
+                    node: NodeRef::new(f.attr.ino, f.attr.generation),
+                    fh: 0,
+                    offset: at as u64,
+                    size: 1 << 20,
+                }
+                .into();
+                let got = tcp.call(&req, me(), &[]).unwrap().data;
+                assert!(got == model[at..at + (1 << 20)], "bytes at {at} differ");
+            }
+            let r = c.lane_report().unwrap();
+            assert_eq!(r.counters["landed"], landed, "{r:?}");
+            assert_eq!(r.counters["landed_bytes"], bytes);
+            assert_eq!(r.counters["fell_back"], 0);
+            assert!(c.l2_status().unwrap().0, "the lane stayed up");
+            // Every write rode the lane: inline or landing.
+            assert_eq!(r.requests["write"].tcp, 0, "{r:?}");
+        })
+        .unwrap();
+    let l2 = server.l2_requests();
+    assert_eq!(l2[Op::Write as usize], 121, "{:?}", &l2[..]);
+    drop(n);
+}
+
+/// A client that lands no writes (`land_max` 0) sends the large ones on TCP, and so
+/// does one whose server's lane does not map its volume (an anonymous volume here: the
+/// server offers no landing at set-up).
+#[test]
+fn writes_land_only_where_both_ends_can() {
+    if !l2_ready() {
+        return;
+    }
+    for landing_server in [true, false] {
+        let n = if landing_server {
+            net_landing("noland", 64 << 20)
+        } else {
+            net("noland", true)
+        };
+        let addr = n.addr.clone();
+        n.pair
+            .cli
+            .run(move || {
+                let mut cfg = client_cfg(&addr, CLI_IF);
+                if landing_server {
+                    cfg.l2.as_mut().unwrap().land_max = 0;
+                }
+                let c = Client::new(cfg);
+                c.connect().unwrap();
+                assert!(c.l2_status().unwrap().0);
+                let f = create(&c, "f");
+                let data = vec![7u8; MAX_WRITE as usize + 1];
+                write(&c, &f, 100, &data);
+                assert!(read(&c, &f, 100, 4096) == data[..4096]);
+                let r = c.lane_report().unwrap();
+                assert_eq!(r.counters["landed"], 0, "{r:?}");
+                assert_eq!(r.counters["fell_back"], 0, "{r:?}");
+                assert_eq!(r.requests["write"].tcp, 1, "{r:?}");
+            })
+            .unwrap();
+        drop(n);
+    }
 }
 
 /// A session with a shared secret tags whole frames (header and payload), one without

@@ -11,6 +11,7 @@ use crate::perm;
 use crate::pm::{BlockNo, FreshBlock};
 use crate::trace::Traced;
 use crate::volume::{State, Volume};
+use std::sync::Arc;
 use zcfs_types::Cred;
 
 static ZERO_BLOCK: [u8; BLOCK] = [0; BLOCK];
@@ -66,9 +67,27 @@ pub(crate) fn check_file(st: &State, ino: u64) -> Result<()> {
     Ok(())
 }
 
+/// The volume a reservation belongs to: borrowed for a write that ends within the
+/// caller's borrow, or shared for one that outlives it (a layer-2 landing waits for its
+/// frames across the server's polls: [`Volume::reserve_write_landing_shared`]).
+enum VolRef<'v> {
+    Borrowed(&'v Volume),
+    Shared(Arc<Volume>),
+}
+
+impl std::ops::Deref for VolRef<'_> {
+    type Target = Volume;
+    fn deref(&self) -> &Volume {
+        match self {
+            VolRef::Borrowed(v) => v,
+            VolRef::Shared(v) => v,
+        }
+    }
+}
+
 /// Fresh blocks reserved for a write of `[off, off+len)` of one file.
 pub struct WriteReservation<'v> {
-    vol: &'v Volume,
+    vol: VolRef<'v>,
     ino: u64,
     gen: u32,
     off: u64,
@@ -206,7 +225,14 @@ impl WriteReservation<'_> {
     /// log entry can hold: then it commits in pieces, each atomic, in file order.
     pub fn commit(mut self) -> Result<usize> {
         self.done = true;
-        let vol = self.vol;
+        let shared;
+        let vol: &Volume = match &self.vol {
+            VolRef::Borrowed(v) => v,
+            VolRef::Shared(v) => {
+                shared = v.clone();
+                &shared
+            }
+        };
         let r = vol.commit_write(&mut self);
         let mut back = std::mem::take(&mut self.blocks);
         back.append(&mut self.gaps);
@@ -428,6 +454,36 @@ impl Volume {
         self.reserve_write_of(cred, ino, off, len, true)
     }
 
+    /// [`Volume::reserve_write_landing`] for a receiver that holds the reservation
+    /// beyond its borrow of the volume (the server's layer-2 lane keeps it while the
+    /// frames arrive, across many polls): the reservation holds the volume itself.
+    pub fn reserve_write_landing_shared(
+        self: &Arc<Self>,
+        cred: &Cred,
+        ino: u64,
+        off: u64,
+        len: usize,
+    ) -> Result<WriteReservation<'static>> {
+        let mut r = self.reserve_write_of(cred, ino, off, len, true)?;
+        let shared = WriteReservation {
+            vol: VolRef::Shared(self.clone()),
+            ino: r.ino,
+            gen: r.gen,
+            off: r.off,
+            len: r.len,
+            blocks: std::mem::take(&mut r.blocks),
+            written_back: r.written_back,
+            writer: r.writer,
+            drawn: std::mem::take(&mut r.drawn),
+            gaps: std::mem::take(&mut r.gaps),
+            extents: std::mem::take(&mut r.extents),
+            done: false,
+        };
+        // Everything moved: the borrowed one gives nothing back when dropped.
+        r.done = true;
+        Ok(shared)
+    }
+
     fn reserve_write_of(
         &self,
         cred: &Cred,
@@ -502,7 +558,7 @@ impl Volume {
             b
         };
         Ok(WriteReservation {
-            vol: self,
+            vol: VolRef::Borrowed(self),
             ino,
             gen,
             off,

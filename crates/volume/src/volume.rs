@@ -585,6 +585,13 @@ impl Volume {
         Ok(self.changes.get().expect("set above"))
     }
 
+    /// The (device, inode) of the image file this volume maps shared, if it does:
+    /// byte offsets of the image (block numbers times the block size) are offsets of
+    /// that file, and a shared mapping of it elsewhere sees the same bytes.
+    pub fn image_file_id(&self) -> Option<(u64, u64)> {
+        self.region.shared_file_id()
+    }
+
     pub fn info(&self) -> VolumeInfo {
         let st = self.read_state();
         let sb = self.sb.lock().unwrap();

@@ -416,3 +416,37 @@ fn a_full_volume_refuses_a_landing_cleanly() {
     assert_fsck_clean(&vol);
     vol.abandon();
 }
+
+/// The server's lane holds a landing reservation across many polls, beyond any borrow
+/// of the volume (`reserve_write_landing_shared`): committed, it writes exactly what
+/// landed; dropped, it gives back every block and its gaps, as the borrowed one does.
+#[test]
+fn a_shared_landing_reservation_commits_what_landed_or_gives_everything_back() {
+    let (vol, f) = packed_volume();
+    let before = snapshot(&vol);
+    let (off, len) = (3000u64, 40 * BLOCK + 7);
+    // Dropped: nothing changed.
+    let r = vol
+        .reserve_write_landing_shared(&Cred::ROOT, f, off, len)
+        .unwrap();
+    assert!(r.is_landing());
+    assert!(snapshot(&vol).bfree < before.bfree, "it holds blocks");
+    drop(r);
+    assert_eq!(snapshot(&vol), before);
+    // Held by itself (the caller's handle of the volume gone), landed, committed.
+    let data = pattern(off, len, 3);
+    let mut r = {
+        let v = vol.clone();
+        v.reserve_write_landing_shared(&Cred::ROOT, f, off, len)
+            .unwrap()
+    };
+    land_frames(&mut r, off, &data);
+    assert_eq!(r.commit().unwrap(), len);
+    let mut got = vec![0u8; len];
+    assert_eq!(vol.read(f, off, &mut got).unwrap(), len);
+    assert!(got == data);
+    let mut head = vec![0u8; off as usize];
+    vol.read(f, 0, &mut head).unwrap();
+    assert!(head == pattern(0, 10_000, 99)[..off as usize]);
+    assert_fsck_clean(&vol);
+}

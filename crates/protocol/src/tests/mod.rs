@@ -490,6 +490,7 @@ fn reply_for(op: Op) -> BoxedStrategy<Reply> {
                     mac,
                     cmd_queue: 0,
                     data_queue: 1,
+                    land_max: 1 << 20,
                     nonce: Blob::new(if accepted { nonce.to_vec() } else { vec![] }).unwrap(),
                     reason: Blob::new(why.into_bytes()).unwrap(),
                 })

@@ -49,7 +49,8 @@ pub struct MountArgs {
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics: Option<String>,
     /// Offer a remote SOURCE the layer-2 lane on this interface (also `-o l2=`;
-    /// `-o l2_poll=busy|wait`, `-o l2_read_max=BYTES`, `-o l2_write_max=BYTES`).
+    /// `-o l2_poll=busy|wait`, `-o l2_read_max=BYTES`, `-o l2_write_max=BYTES`,
+    /// `-o l2_land_max=BYTES`).
     #[arg(long, value_name = "IFACE")]
     pub l2: Option<String>,
 }
@@ -275,6 +276,9 @@ fn open(source: &Source, plan: &MountPlan) -> Result<OpenedBackend> {
                 }
                 if let Some(m) = plan.l2_write_max {
                     o.write_max = m;
+                }
+                if let Some(m) = plan.l2_land_max {
+                    o.land_max = m;
                 }
                 cfg.l2 = Some(o);
             }

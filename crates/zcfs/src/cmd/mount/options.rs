@@ -33,6 +33,8 @@ pub struct MountPlan {
     pub l2_read_max: Option<u32>,
     /// `-o l2_write_max=BYTES`: writes up to this size ride layer 2 (0: none).
     pub l2_write_max: Option<u32>,
+    /// `-o l2_land_max=BYTES`: larger writes up to this size land in place (0: none).
+    pub l2_land_max: Option<u32>,
 }
 
 /// The read-ahead window a mount asks for by default. The kernel gives a FUSE mount
@@ -135,6 +137,7 @@ pub fn parse_options(a: &MountArgs) -> Result<MountPlan> {
         l2_poll: None,
         l2_read_max: None,
         l2_write_max: None,
+        l2_land_max: None,
     };
     let num = |k: &str, v: &str| -> Result<u64> {
         v.parse().map_err(|_| anyhow!("-o {k}={v}: not a number"))
@@ -197,6 +200,7 @@ pub fn parse_options(a: &MountArgs) -> Result<MountPlan> {
             ("l2_poll", Some(v)) => p.l2_poll = Some(v.parse().map_err(|e| anyhow!("-o l2_poll={v}: {e}"))?),
             ("l2_read_max", Some(v)) => p.l2_read_max = Some(num(k, v)?.clamp(1, zcfs_protocol::l2::MAX_READ as u64) as u32),
             ("l2_write_max", Some(v)) => p.l2_write_max = Some(num(k, v)?.min(zcfs_protocol::l2::MAX_WRITE as u64) as u32),
+            ("l2_land_max", Some(v)) => p.l2_land_max = Some(num(k, v)?.min(zcfs_protocol::l2::MAX_LANDING_WRITE as u64) as u32),
             ("integrity", Some(v)) => p.integrity = v.parse().map_err(|e| anyhow!("-o integrity={v}: {e}"))?,
             ("timeout", Some(v)) => p.timeout = Some(Duration::from_secs_f64(v.parse().map_err(|_| anyhow!("-o timeout={v}: not seconds"))?)),
             ("remount", None) => p.remount = true,
@@ -217,7 +221,7 @@ pub fn parse_options(a: &MountArgs) -> Result<MountPlan> {
                 "unknown mount option {opt:?}. Known: allow_other, allow_root, default_permissions, ro, rw, \
                  [no]suid, [no]dev, [no]exec, [no]atime, sync, async, dirsync, uid=, gid=, umask=, fsname=, \
                  subtype=, cache=none|metadata|auto|always, writeback, direct_io, no_readdirplus, threads=, \
-                 attr_timeout=, max_write=, read_ahead_kb=, batch=, secret_file=, timeout=, integrity=headers|full, metrics=, l2=, l2_poll=busy|wait, l2_read_max=, l2_write_max="
+                 attr_timeout=, max_write=, read_ahead_kb=, batch=, secret_file=, timeout=, integrity=headers|full, metrics=, l2=, l2_poll=busy|wait, l2_read_max=, l2_write_max=, l2_land_max="
             ),
         }
     }
@@ -271,6 +275,14 @@ mod tests {
         assert_eq!(p.l2_write_max, Some(zcfs_protocol::l2::MAX_WRITE));
         let p = parse_options(&args("l2_write_max=0")).unwrap();
         assert_eq!(p.l2_write_max, Some(0));
+        // At the bound, above it (clamped) and off.
+        let most = zcfs_protocol::l2::MAX_LANDING_WRITE;
+        let p = parse_options(&args(&format!("l2_land_max={most}"))).unwrap();
+        assert_eq!(p.l2_land_max, Some(most));
+        let p = parse_options(&args(&format!("l2_land_max={}", most as u64 + 1))).unwrap();
+        assert_eq!(p.l2_land_max, Some(most));
+        let p = parse_options(&args("l2_land_max=0")).unwrap();
+        assert_eq!(p.l2_land_max, Some(0));
         assert!(parse_options(&args("l2_poll=sometimes")).is_err());
     }
 
