@@ -35,6 +35,10 @@ pub fn cases() -> Vec<(usize, bool, usize)> {
         v.push((1 << 10, write, 1));
         v.push((4 << 10, write, 1));
         v.push((16 << 10, write, 1));
+        // Above the inline limit: writes land in place over layer 2 (the threshold's
+        // measurement), reads of 64 KiB ride the lane, 256 KiB go on TCP.
+        v.push((64 << 10, write, 1));
+        v.push((256 << 10, write, 1));
         v.push((1 << 20, write, 1));
         v.push((1 << 20, write, 16));
     }

@@ -42,6 +42,20 @@ impl<const N: usize> Drop for Held<'_, N> {
     }
 }
 
+/// [`Held`] of one inode for an operation that outlives the call that checked it (a
+/// layer-2 landing write waits for its data across the lane's polls): the reference
+/// goes back when this drops.
+pub(crate) struct HeldOwned {
+    backend: std::sync::Arc<dyn Backend>,
+    ino: u64,
+}
+
+impl Drop for HeldOwned {
+    fn drop(&mut self) {
+        self.backend.forget(self.ino, 1);
+    }
+}
+
 /// The caller of a request that creates an inode, with the umask it sent.
 fn creator(ctx: &Ctx, umask: u32) -> Ctx {
     let mut c = ctx.clone();
@@ -86,6 +100,26 @@ impl<'a> Lane<'a> {
             }
         }
         Ok(held)
+    }
+
+    /// [`Lane::hold`] of one node, the reference kept by the returned guard (None: the
+    /// node needs none, as `hold` decides).
+    pub(crate) fn hold_owned(&self, n: NodeRef) -> Result<Option<HeldOwned>> {
+        if n.gen == 0 && (n.ino == zcfs_backend::ROOT || self.session.holds(n.ino)) {
+            return Ok(None);
+        }
+        match self.shared.backend.hold(n.ino, n.gen) {
+            Ok(a) => {
+                let held = HeldOwned {
+                    backend: self.shared.backend.clone(),
+                    ino: n.ino,
+                };
+                self.reachable(n.ino, a.nlink)?;
+                Ok(Some(held))
+            }
+            Err(e) if e.errno == libc::ENOENT || e.errno == libc::ESTALE => Err(stale(n)),
+            Err(e) => Err(e),
+        }
     }
 
     /// A peer names inodes by number, so it can name one that no directory names (an

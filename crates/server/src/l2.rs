@@ -518,6 +518,9 @@ struct Landing {
     write: WriteReq,
     bfh: u64,
     res: Box<dyn LandingWrite>,
+    /// The node's generation check, held until the landing ends (a write without a
+    /// handle that vouches for it).
+    _held: Option<crate::dispatch::HeldOwned>,
     started: Instant,
 }
 
@@ -856,12 +859,14 @@ fn land(r: &mut Run, lane: &Lane<'_>, q: &L2Request<'_>, t: Instant) -> Option<V
     if !r.lands {
         return resend(r, "the lane's memory is not the volume's image");
     }
-    let bfh = match lane.resolve(&ctx, w.node, w.fh, Access::Write) {
-        Ok((bfh, false)) => bfh,
-        // The handle does not vouch for the file's generation: the check would have
-        // to be held across the transfer. Such writes are rare (no handle, or one
-        // opened without a generation); TCP holds it for the write.
-        Ok((_, true)) => return resend(r, "the node needs a held generation check"),
+    // Without a handle that vouches for the file's generation, the node is checked and
+    // held (as a TCP write holds it) until the landing ends.
+    let (bfh, held) = match lane.resolve(&ctx, w.node, w.fh, Access::Write) {
+        Ok((bfh, false)) => (bfh, None),
+        Ok((bfh, true)) => match lane.hold_owned(w.node) {
+            Ok(h) => (bfh, h),
+            Err(e) => return fail(e),
+        },
         Err(e) => return fail(e),
     };
     let res =
@@ -909,6 +914,7 @@ fn land(r: &mut Run, lane: &Lane<'_>, q: &L2Request<'_>, t: Instant) -> Option<V
             write: w,
             bfh,
             res,
+            _held: held,
             started: t,
         },
     );

@@ -455,7 +455,20 @@ fn large_writes_land_in_the_volumes_blocks_and_match_a_model() {
                 };
                 let off = rng.below((FILE - len) as u64) as usize;
                 let data: Vec<u8> = (0..len).map(|_| rng.below(256) as u8).collect();
-                write(&c, &f, off as u64, &data);
+                if i % 5 == 3 {
+                    // No handle: the server checks and holds the node itself.
+                    let req: Request = WriteReq {
+                        node: NodeRef::new(f.attr.ino, f.attr.generation),
+                        fh: 0,
+                        offset: off as u64,
+                        size: len as u32,
+                        commit: false,
+                    }
+                    .into();
+                    c.call(&req, me(), &[&data]).unwrap();
+                } else {
+                    write(&c, &f, off as u64, &data);
+                }
                 model[off..off + len].copy_from_slice(&data);
                 if len > MAX_WRITE as usize {
                     landed += 1;
