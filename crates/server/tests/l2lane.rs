@@ -1963,3 +1963,67 @@ fn long_writes_caught_in_parts_when_the_lane_falls_neither_run_late_nor_spoil_th
         .unwrap();
     drop(n);
 }
+
+/// Figures, not a check (ignored): landing writes of 64 KiB, 256 KiB and 1 MiB against
+/// the same writes on TCP, QD1, one server; p50/p90/p99/max and the lane's endpoint
+/// counters. `ZCFS_TEST_L2_POLL=busy cargo test --release -p zcfs-server --test l2lane
+/// landing_write_latency -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn landing_write_latency_over_layer_2_and_tcp() {
+    if !l2_ready() {
+        return;
+    }
+    let n = net_landing("landlat", 256 << 20);
+    let addr = n.addr.clone();
+    n.pair
+        .cli
+        .run(move || {
+            let l2 = lane_client(&addr);
+            let tcp = Client::new(ClientConfig::new(&addr));
+            tcp.connect().unwrap();
+            let f = create(&l2, "f");
+            let ops: usize = std::env::var("ZCFS_TEST_OPS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(300);
+            for size in [64usize << 10, 256 << 10, 1 << 20] {
+                let data = vec![0x3cu8; size];
+                for (name, c) in [("l2", &l2), ("tcp", &tcp), ("l2", &l2), ("tcp", &tcp)] {
+                    let mut lat = Vec::with_capacity(ops);
+                    let t = Instant::now();
+                    for i in 0..ops {
+                        let off = (i % 64) as u64 * size as u64;
+                        // No handle: the two clients are two sessions.
+                        let req: Request = WriteReq {
+                            node: NodeRef::new(f.attr.ino, f.attr.generation),
+                            fh: 0,
+                            offset: off,
+                            size: size as u32,
+                            commit: false,
+                        }
+                        .into();
+                        let t0 = Instant::now();
+                        c.call(&req, me(), &[&data]).unwrap();
+                        lat.push(t0.elapsed().as_micros() as u64);
+                    }
+                    let el = t.elapsed();
+                    lat.sort_unstable();
+                    let q = |p: f64| lat[((lat.len() - 1) as f64 * p) as usize];
+                    println!(
+                        "{name:>3} write {:>5} KiB: p50 {:>6} p90 {:>6} p99 {:>6} max {:>7} us, {:>6.0} MB/s",
+                        size >> 10,
+                        q(0.5),
+                        q(0.9),
+                        q(0.99),
+                        lat[lat.len() - 1],
+                        (ops * size) as f64 / el.as_secs_f64() / 1e6
+                    );
+                }
+            }
+            println!("{:?}", l2.lane_report().unwrap().counters);
+            println!("{}", l2.l2_debug_state().unwrap_or_default());
+        })
+        .unwrap();
+    drop(n);
+}
