@@ -53,8 +53,9 @@ pub const L2_REPLY_TIMEOUT: Duration = Duration::from_secs(1);
 /// A lane lost and fenced is set up again after this long (if the server takes it).
 pub const L2_RETRY_AFTER: Duration = Duration::from_secs(2);
 /// A lane set up again (after one of this client's lanes had worked) that carries no
-/// reply, or a lane lost without having brought a read's data, is tried again this
-/// many times in a row, each after [`L2_RETRY_AFTER`]; then the session stays on TCP.
+/// reply, or a lane lost with data due (a read's, a landing write's) that never brought
+/// any, is tried again this many times in a row, each after [`L2_RETRY_AFTER`]; then the
+/// session stays on TCP. A lane that carried only commands is not counted.
 pub const L2_SILENT_RETRIES: u32 = 3;
 /// The longest wait before a lane refused busy is offered again (the wait doubles from
 /// [`L2_RETRY_AFTER`] with each refusal in a row).
@@ -272,6 +273,12 @@ pub(crate) struct L2Lane {
     /// A reply came over the lane: it reaches the server (the set-up's probe waits for
     /// one before the lane is used).
     answered: AtomicBool,
+    /// Data frames were due over the lane (a read's, a landing write's), and whether
+    /// some arrived: a lane lost with data due and none ever arrived may be one whose
+    /// link drops full-size frames (an MTU mismatch), and counts as silent; one that
+    /// carried only commands does not (review 27d).
+    data_due: AtomicBool,
+    data_came: AtomicBool,
     /// Why the lane went down (stats; empty while up).
     reason: Mutex<String>,
     poll: L2Poll,
@@ -401,6 +408,8 @@ impl L2Lane {
             cv: Condvar::new(),
             up: AtomicBool::new(true),
             answered: AtomicBool::new(false),
+            data_due: AtomicBool::new(false),
+            data_came: AtomicBool::new(false),
             reason: Mutex::new(String::new()),
             poll: o.poll,
             read_max: o.read_max.clamp(1, MAX_READ),
@@ -532,6 +541,17 @@ impl L2Lane {
         self.answered.load(Ordering::SeqCst)
     }
 
+    /// Data frames were due over the lane (a read's, a landing write's), and none ever
+    /// arrived: lost so, the lane may be one whose link drops full-size frames.
+    pub(crate) fn data_never_came(&self) -> bool {
+        self.data_due.load(Ordering::SeqCst) && !self.data_came.load(Ordering::SeqCst)
+    }
+
+    /// Data frames came over the lane (a read's data, a landing write's blocks).
+    pub(crate) fn data_came(&self) -> bool {
+        self.data_came.load(Ordering::SeqCst)
+    }
+
     /// The lane is lost: everyone waiting goes to TCP. Logged if the lane had carried a
     /// reply; one that never did is the set-up's probe failing, which the set-up
     /// reports.
@@ -606,7 +626,10 @@ impl L2Lane {
                 Event::Committed(x) | Event::SlotsFree(x) => {
                     if let Some((slot, who)) = inner.xfers.get(&x).copied() {
                         match who.and_then(|id| inner.waiting.get_mut(&id)) {
-                            Some(w) if matches!(ev, Event::Committed(_)) => w.committed = true,
+                            Some(w) if matches!(ev, Event::Committed(_)) => {
+                                w.committed = true;
+                                self.data_came.store(true, Ordering::SeqCst);
+                            }
                             Some(w) => {
                                 // Its slots are free again but it never arrived.
                                 w.reply = Some(Err(Fallback));
@@ -743,6 +766,7 @@ impl L2Lane {
                 Ok(x) => {
                     inner.xfers.insert(x, (slot, Some(id)));
                     xfer = Some((x, slot));
+                    self.data_due.store(true, Ordering::SeqCst);
                 }
                 Err(e) => {
                     inner.free_slots.push(slot);
@@ -755,7 +779,10 @@ impl L2Lane {
         let mut land = None;
         if let (Request::Write(w), true) = (req, self.lands(req, data_len)) {
             match self.stage_landing(&mut inner, w.offset, data) {
-                Some(l) => land = Some(l),
+                Some(l) => {
+                    land = Some(l);
+                    self.data_due.store(true, Ordering::SeqCst);
+                }
                 None => return Err(Fallback),
             }
         }
@@ -812,6 +839,8 @@ impl L2Lane {
                         inner.free_send.push(l.slot);
                     }
                     if matches!(&w.reply, Some(Ok((h, _))) if h.status == 0) {
+                        // Committed by the server: every block arrived.
+                        self.data_came.store(true, Ordering::SeqCst);
                         counters.landed.fetch_add(1, Ordering::Relaxed);
                         counters
                             .landed_bytes

@@ -231,9 +231,6 @@ pub struct Client {
     l2_silent: AtomicU32,
     /// Offers refused busy in a row (their back-off).
     l2_busy: AtomicU32,
-    /// Reads answered over layer 2 when the current lane was set up: a lane lost
-    /// without one more is counted as silent.
-    l2_reads_at_setup: AtomicU64,
 }
 
 /// The lane as a request finds it.
@@ -396,7 +393,6 @@ impl Client {
             l2_worked: AtomicBool::new(false),
             l2_silent: AtomicU32::new(0),
             l2_busy: AtomicU32::new(0),
-            l2_reads_at_setup: AtomicU64::new(0),
         }
     }
 
@@ -482,21 +478,21 @@ impl Client {
                 L2State::Up(l) if l.is_up() => return LaneNow::Up(l.clone()),
                 L2State::Up(l) => match l.fenced_at() {
                     Some(at) => {
-                        // A lane that never brought a read's data is one more silent
-                        // retry, bounded like those (review 27b: a lane that carried the
-                        // probe and small commands but not a read's full-size data
+                        // A lane lost with data due that never brought any is one more
+                        // silent retry, bounded like those (review 27b: a lane that carried
+                        // the probe and small commands but not a read's full-size data
                         // frames, an MTU mismatch, was set up again for ever; 27c: also
-                        // when it sat idle for a while first).
-                        let reads = self.l2_counters.requests[zcfs_protocol::Op::Read as usize]
-                            .load(Ordering::Relaxed);
-                        let read_over_it = reads > self.l2_reads_at_setup.load(Ordering::SeqCst);
-                        if read_over_it {
+                        // when it sat idle for a while first). One that carried only
+                        // commands is set up again as often as it is lost (27d: a
+                        // metadata-only lane was given up for good after four losses).
+                        if l.data_came() {
                             self.l2_silent.store(0, Ordering::SeqCst);
-                        } else if self.l2_silent.fetch_add(1, Ordering::SeqCst)
-                            >= l2::L2_SILENT_RETRIES
+                        } else if l.data_never_came()
+                            && self.l2_silent.fetch_add(1, Ordering::SeqCst)
+                                >= l2::L2_SILENT_RETRIES
                         {
                             let why = format!(
-                                "{} lanes in a row were lost without bringing a read's data",
+                                "{} lanes in a row were lost without bringing the data due on them",
                                 l2::L2_SILENT_RETRIES + 1
                             );
                             tracing::warn!(iface = %o.iface, "layer-2 lane not used any more, the session stays on TCP: {why}");
@@ -520,14 +516,9 @@ impl Client {
         let mut st = lock(&self.l2);
         match r {
             Ok(lane) => {
-                // The count of silent retries goes on until a lane brings a read's data.
+                // The count of silent retries goes on until a lane brings data.
                 self.l2_worked.store(true, Ordering::SeqCst);
                 self.l2_busy.store(0, Ordering::SeqCst);
-                self.l2_reads_at_setup.store(
-                    self.l2_counters.requests[zcfs_protocol::Op::Read as usize]
-                        .load(Ordering::Relaxed),
-                    Ordering::SeqCst,
-                );
                 *st = L2State::Up(lane.clone());
                 LaneNow::Up(lane)
             }
