@@ -71,3 +71,27 @@ pub const MAX_EXTENT_BLOCKS: u32 = 32;
 pub const MAX_TRANSFER_EXTENTS: usize = 64;
 /// The most bytes of one command (request or reply): one command frame's payload.
 pub const MAX_COMMAND: usize = MAX_PAYLOAD;
+
+#[cfg(test)]
+mod xdp_program_tests {
+    /// zcfs's XDP program drops frames of zcfs's EtherTypes longer than the protocol's
+    /// longest (a receiver leaves no more room behind its slots): its bound is this
+    /// crate's.
+    #[test]
+    fn the_xdp_program_drops_frames_longer_than_the_protocols_longest() {
+        let src = include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../xsk/bpf/zcfs_xdp.c"
+        ));
+        let line = src
+            .lines()
+            .find(|l| l.starts_with("#define MAX_FRAME_LEN "))
+            .expect("the XDP program defines MAX_FRAME_LEN");
+        let n: usize = line["#define MAX_FRAME_LEN ".len()..]
+            .trim()
+            .parse()
+            .unwrap();
+        assert_eq!(n, super::MAX_FRAME_LEN);
+        assert!(src.contains("if (data + MAX_FRAME_LEN < data_end)\n            return XDP_DROP;"));
+    }
+}

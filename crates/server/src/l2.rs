@@ -61,6 +61,12 @@ pub const READ_SLOTS: u32 = 64;
 /// The most bytes one read over layer 2 carries: one extent.
 pub const MAX_L2_READ: u32 = zcfs_protocol::l2::MAX_READ;
 const _: () = assert!(MAX_L2_READ == MAX_EXTENT_BLOCKS * BLOCK_SIZE as u32);
+/// Landing writes the server holds at once (waiting for their data, or aborted and
+/// waiting until no receive entry points into their blocks): what one lane owner can
+/// keep reserved in the volume is bounded by this many writes of `MAX_LANDING_WRITE`
+/// bytes and their gaps, even an owner that never sends the data and then leaves (its
+/// entries are consumed only by the next owner's drain). More go on TCP.
+pub const MAX_PENDING_LANDINGS: usize = 16;
 /// Retransmission timeout of the lane's endpoints.
 pub const RTO: Duration = Duration::from_millis(5);
 /// Quiet time after a drain.
@@ -858,6 +864,9 @@ fn land(r: &mut Run, lane: &Lane<'_>, q: &L2Request<'_>, t: Instant) -> Option<V
     };
     if !r.lands {
         return resend(r, "the lane's memory is not the volume's image");
+    }
+    if r.landings.len() >= MAX_PENDING_LANDINGS {
+        return resend(r, "as many landing writes held as the lane takes");
     }
     // Without a handle that vouches for the file's generation, the node is checked and
     // held (as a TCP write holds it) until the landing ends.

@@ -42,6 +42,12 @@ struct {
 // The EtherTypes in network byte order, as they sit in the frame (little-endian load).
 #define ETHERTYPE_DATA_BE 0xB588
 #define ETHERTYPE_COMMAND_BE 0xB688
+// The longest frame of zcfs's protocol (zcfs_l2::MAX_FRAME_LEN). A receiver lands frames
+// in place and leaves only that much room behind its last receive slot, so a longer
+// frame (a link whose MTU is larger, a VLAN tag's allowance, a neighbour's forgery)
+// could write past an extent into the bytes behind it: another file's block on a
+// server that lands writes in its volume (review 28). Dropped here, before any socket.
+#define MAX_FRAME_LEN 1514
 
 SEC("xdp")
 int zcfs_xdp(struct xdp_md *ctx)
@@ -51,9 +57,12 @@ int zcfs_xdp(struct xdp_md *ctx)
     if (data + ETH_HLEN > data_end)
         return XDP_PASS;
     __u16 proto = *(__u16 *)(data + 12);
-    if (proto == ETHERTYPE_DATA_BE || proto == ETHERTYPE_COMMAND_BE)
+    if (proto == ETHERTYPE_DATA_BE || proto == ETHERTYPE_COMMAND_BE) {
+        if (data + MAX_FRAME_LEN < data_end)
+            return XDP_DROP;
         // A zcfs frame on a queue without a socket is dropped: the stack has no use for it.
         return bpf_redirect_map(&zcfs_xsks, ctx->rx_queue_index, XDP_DROP);
+    }
     return XDP_PASS;
 }
 
