@@ -338,11 +338,18 @@ impl BlockAlloc {
     }
 
     /// Plan a landing reservation (data.rs): `n` blocks as extents of at most `max_run`
-    /// contiguous free blocks, each right behind one more free block (its gap), the
+    /// contiguous free blocks, each right behind one more free block (its gap) and right
+    /// before another (its guard: the next extent's gap, or a block of its own), the
     /// next-fit scan from the cursor on. Returns `(gap, first, blocks)` per extent in
-    /// scan order, absolute block numbers, or `None` if the free space does not hold
-    /// them (too little, or too fragmented: a free block alone takes no extent). Takes
-    /// nothing: [`BlockAlloc::take_planned`] does, after the caller's other checks.
+    /// scan order, absolute block numbers, with `(guard, guard + 1, 0)` after the last
+    /// extent of each free run, or `None` if the free space does not hold them (too
+    /// little, or too fragmented: a run of fewer than three free blocks takes no
+    /// extent). Takes nothing: [`BlockAlloc::take_planned`] does, after the caller's
+    /// other checks.
+    ///
+    /// The guard behind an extent keeps a frame that lands in the extent's last slot
+    /// longer than the protocol allows (written by a NIC in zero-copy mode before any
+    /// program could drop it) out of the next block, another file's (review 28).
     ///
     /// A gap is always a block of this allocator, so never the block before `start`
     /// (the end of the metadata region): the first data block can be a gap, never the
@@ -352,8 +359,8 @@ impl BlockAlloc {
         if n == 0 {
             return Some(Vec::new());
         }
-        // Gaps need blocks too: at least one per `max_run` blocks.
-        if n + n.div_ceil(max_run) > self.free {
+        // Gaps need blocks too: at least one per `max_run` blocks, and a guard.
+        if n + n.div_ceil(max_run) + 1 > self.free {
             return None;
         }
         let mut out = Vec::new();
@@ -364,13 +371,19 @@ impl BlockAlloc {
             while left > 0 && i < hi {
                 let s = self.next_with(i, hi, false);
                 let e = self.next_with(s, hi, true);
-                // The free run [s, e): gap, extent, gap, extent, ...
+                // The free run [s, e): gap, extent, gap, extent, ..., guard.
                 let mut pos = s;
-                while left > 0 && e - pos >= 2 {
-                    let k = (e - pos - 1).min(max_run).min(left);
+                let mut any = false;
+                while left > 0 && e - pos >= 3 {
+                    let k = (e - pos - 2).min(max_run).min(left);
                     out.push((self.start + pos, self.start + pos + 1, k));
                     left -= k;
                     pos += k + 1;
+                    any = true;
+                }
+                if any {
+                    // `pos` is free and in the run: k <= e - pos - 2 above.
+                    out.push((self.start + pos, self.start + pos + 1, 0));
                 }
                 i = e;
             }
@@ -578,14 +591,24 @@ mod tests {
         assert!(a.dirty_free(0).is_empty());
     }
 
-    /// Check a plan: extents of 1..=max blocks, each right behind its gap, all of them
-    /// free and in the allocator's range, no block twice, `n` blocks in all.
+    /// Check a plan: extents of 1..=max blocks, each right behind its gap and right
+    /// before a planned block (the next gap, or a guard of no blocks), all of them free
+    /// and in the allocator's range, no block twice, `n` blocks in all.
     fn check_plan(a: &BlockAlloc, plan: &[(u64, u64, u64)], n: u64, max: u64) {
         let mut seen = std::collections::HashSet::new();
         let mut total = 0;
-        for &(gap, first, k) in plan {
+        for (i, &(gap, first, k)) in plan.iter().enumerate() {
             assert_eq!(gap + 1, first);
-            assert!((1..=max).contains(&k), "extent of {k} blocks");
+            if k > 0 {
+                let behind = plan.get(i + 1).map(|p| p.0);
+                assert_eq!(behind, Some(first + k), "no guard behind extent {i}");
+            } else {
+                assert!(
+                    i > 0 && plan[i - 1].2 > 0,
+                    "a guard with no extent before it"
+                );
+            }
+            assert!(k <= max, "extent of {k} blocks");
             assert!(gap >= a.start, "gap {gap} before the allocator's range");
             for b in gap..first + k {
                 assert!(b < a.start + a.count);
@@ -602,19 +625,19 @@ mod tests {
         let mut a = BlockAlloc::new(100, 200);
         let plan = a.plan_landing(70, 32).unwrap();
         check_plan(&a, &plan, 70, 32);
-        // One free run: gap, 32, gap, 32, gap, 6.
+        // One free run: gap, 32, gap, 32, gap, 6, guard.
         assert_eq!(
             plan,
-            vec![(100, 101, 32), (133, 134, 32), (166, 167, 6)],
+            vec![(100, 101, 32), (133, 134, 32), (166, 167, 6), (173, 174, 0)],
             "extents of the largest size, packed"
         );
         let free = a.free_count();
         a.take_planned(&plan);
-        assert_eq!(a.free_count(), free - 73);
-        // The next plan goes on after the last extent and avoids the taken blocks.
+        assert_eq!(a.free_count(), free - 74);
+        // The next plan goes on after the guard and avoids the taken blocks.
         let next = a.plan_landing(10, 32).unwrap();
         check_plan(&a, &next, 10, 32);
-        assert!(next[0].0 >= 173, "{next:?}");
+        assert!(next[0].0 >= 174, "{next:?}");
     }
 
     #[test]
@@ -625,10 +648,18 @@ mod tests {
         let all = a.alloc(64).unwrap();
         assert_eq!(all.len(), 64);
         a.free(100);
-        assert_eq!(a.plan_landing(1, 32), None, "block 99 would be the gap");
         a.free(101);
-        assert_eq!(a.plan_landing(1, 32), Some(vec![(100, 101, 1)]));
-        assert_eq!(a.plan_landing(2, 32), None);
+        assert_eq!(a.plan_landing(1, 32), None, "block 99 would be the gap");
+        a.free(102);
+        assert_eq!(
+            a.plan_landing(1, 32),
+            Some(vec![(100, 101, 1), (102, 103, 0)])
+        );
+        assert_eq!(
+            a.plan_landing(2, 32),
+            None,
+            "no guard behind a second block"
+        );
     }
 
     #[test]
@@ -649,10 +680,12 @@ mod tests {
 
     #[test]
     fn a_landing_plan_needs_room_for_its_gaps_at_the_bound() {
-        // 33 free blocks hold 32 blocks and one gap, not 33 blocks.
-        let a = BlockAlloc::new(0, 33);
-        assert_eq!(a.plan_landing(32, 32), Some(vec![(0, 1, 32)]));
+        // 34 free blocks hold 32 blocks, one gap and one guard, not 33 blocks.
+        let a = BlockAlloc::new(0, 34);
+        assert_eq!(a.plan_landing(32, 32), Some(vec![(0, 1, 32), (33, 34, 0)]));
         assert_eq!(a.plan_landing(33, 32), None);
+        let a = BlockAlloc::new(0, 33);
+        assert_eq!(a.plan_landing(32, 32), None, "no room for the guard");
         // A run crossing the cursor is split in two, each with a gap.
         let mut a = BlockAlloc::new(0, 128);
         a.cursor = 64;

@@ -34,6 +34,13 @@ pub const LANDING_CLOBBER: u64 = 46;
 pub const LANDING_GAP_BLOCKS: u64 = 1;
 /// Bytes of the gap in front of each extent.
 pub const LANDING_GAP_BYTES: u64 = LANDING_GAP_BLOCKS * BLOCK_U64;
+/// Bytes behind an extent that the kernel's receive chunk of its last slot reaches
+/// (`zcfs_l2::MIN_TAIL`): a frame longer than the protocol allows, written there by a
+/// NIC in zero-copy mode before anything could drop it, ends within them.
+pub const LANDING_TAIL: u64 = 2326;
+/// Bytes of the guard behind each extent (the next extent's gap, or a block of its
+/// own), which the reservation holds too (review 28).
+pub const LANDING_GUARD_BYTES: u64 = BLOCK_U64;
 /// Most blocks in one landing extent: `zcfs_l2::MAX_EXTENT_BLOCKS`, the largest extent
 /// a layer-2 transfer lands as a whole.
 pub const LANDING_EXTENT_MAX_BLOCKS: u32 = 32;
@@ -522,7 +529,11 @@ impl Volume {
                     let mut blocks = Vec::with_capacity(n as usize);
                     let mut fo = off / BLOCK_U64 * BLOCK_U64;
                     for (gap, first, k) in plan {
+                        // A gap, or a guard behind the last extent of a run (no blocks).
                         gaps.push(FreshBlock::from_allocator(gap));
+                        if k == 0 {
+                            continue;
+                        }
                         blocks.extend((first..first + k).map(FreshBlock::from_allocator));
                         extents.push(LandingExtent {
                             offset: first * BLOCK_U64,
@@ -913,6 +924,9 @@ mod landing_tests {
         // One block fewer would leave no front at all: the gap is the smallest whole
         // number of blocks that covers it.
         const { assert!((LANDING_GAP_BLOCKS - 1) * BLOCK_U64 < LANDING_FRONT) };
+        // The guard behind an extent covers what the kernel's receive chunk of its last
+        // slot reaches past it.
+        const { assert!(LANDING_GUARD_BYTES >= LANDING_TAIL) };
     }
 
     #[test]
@@ -928,23 +942,28 @@ mod landing_tests {
         let ext = r.landing_extents().to_vec();
         let blocks: u64 = ext.iter().map(|e| e.blocks as u64).sum();
         assert_eq!(blocks, 101);
-        assert_eq!(ext.len(), r.gaps.len());
+        // A gap in front of every extent, and a guard behind the last of each run.
+        assert!(r.gaps.len() > ext.len(), "{} gaps", r.gaps.len());
+        let held: std::collections::HashSet<u64> = r.gaps.iter().map(|g| g.no().0).collect();
         assert_eq!(ext[0].file_offset, 0);
         let mut fo = 0;
-        for (e, g) in ext.iter().zip(&r.gaps) {
+        for e in &ext {
             assert!((1..=LANDING_EXTENT_MAX_BLOCKS).contains(&e.blocks));
             assert_eq!(e.offset % BLOCK_U64, 0);
             assert_eq!(e.file_offset, fo);
             fo += e.bytes();
-            // The gap is the block right in front, held (not free), in the data area.
-            assert_eq!(g.no().0 * BLOCK_U64 + LANDING_GAP_BYTES, e.offset);
-            assert!(g.no().0 >= data_start);
-            assert!(e.offset / BLOCK_U64 > data_start);
-            assert!(!is_free(&vol, g.no().0));
+            // The gap is the block right in front, the guard the block right behind,
+            // both held (not free), in the data area.
+            let first = e.offset / BLOCK_U64;
+            let (gap, guard) = (first - LANDING_GAP_BLOCKS, first + e.blocks as u64);
+            assert!(held.contains(&gap) && held.contains(&guard), "{e:?}");
+            assert!(gap >= data_start);
+            assert!(first > data_start);
+            assert!(!is_free(&vol, gap) && !is_free(&vol, guard));
         }
         assert_eq!(
             vol.read_state().balloc.free_count(),
-            free0 - 101 - ext.len() as u64
+            free0 - 101 - r.gaps.len() as u64
         );
         // Abort: everything goes back.
         drop(r);
@@ -1016,8 +1035,12 @@ mod landing_tests {
         assert_eq!(vol.read_state().balloc.free_count(), before.free_count());
         // An ordinary reservation still fits.
         drop(vol.reserve_write(&Cred::ROOT, f, 0, 10).unwrap());
-        // With the second data block free too, the first one is its gap.
+        // With the second data block free too, still none: no guard behind it.
         vol.state.write().unwrap().balloc.free(ds + 1);
+        let r = vol.reserve_write_landing(&Cred::ROOT, f, 0, 10);
+        assert!(matches!(r, Err(FsError::NoSpace)), "{:?}", r.err());
+        // With the third free too, the first one is its gap and the third its guard.
+        vol.state.write().unwrap().balloc.free(ds + 2);
         let r = vol.reserve_write_landing(&Cred::ROOT, f, 0, 10).unwrap();
         assert_eq!(
             r.landing_extents(),
@@ -1028,10 +1051,11 @@ mod landing_tests {
             }]
         );
         assert_eq!(r.gaps[0].no().0, ds);
+        assert_eq!(r.gaps[1].no().0, ds + 2);
         drop(r);
         let mut st = vol.state.write().unwrap();
         for b in taken {
-            if b != ds && b != ds + 1 && !singles.contains(&b) {
+            if b != ds && b != ds + 1 && b != ds + 2 && !singles.contains(&b) {
                 st.balloc.free(b);
             }
         }

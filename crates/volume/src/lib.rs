@@ -47,7 +47,8 @@ pub use config::{
 };
 pub use data::{
     max_file_size, LandingExtent, WriteReservation, LANDING_CLOBBER, LANDING_EXTENT_MAX_BLOCKS,
-    LANDING_FRONT, LANDING_GAP_BLOCKS, LANDING_GAP_BYTES, MAX_RESERVATION,
+    LANDING_FRONT, LANDING_GAP_BLOCKS, LANDING_GAP_BYTES, LANDING_GUARD_BYTES, LANDING_TAIL,
+    MAX_RESERVATION,
 };
 pub use error::{FsError, Result};
 pub use falloc::{FallocMode, Seek};
