@@ -17,7 +17,8 @@ use zcfs_l2::{Endpoint, Event, Extent, SlotGeometry, BLOCK_SIZE, MAX_FRAME_LEN};
 use zcfs_netns::{owned_name, Pair, CLI_IF, SRV_IF};
 use zcfs_protocol::l2::{blocks_spanned, decode_reply, encode_landing_write, L2Reply};
 use zcfs_protocol::{
-    CreateReply, CreateReq, L2SetupReq, Name, NodeRef, Op, Reply, Request, RespHeader, WriteReq,
+    CreateReply, CreateReq, L2ReleaseReq, L2SetupReq, Name, NodeRef, Op, Reply, Request,
+    RespHeader, WriteReq,
 };
 use zcfs_server::l2::{endpoint_config, L2Poll, L2Port, CMD_QUEUE, DATA_QUEUE};
 use zcfs_server::Server;
@@ -474,3 +475,79 @@ fn a_long_frame_landing_in_an_extents_last_slot_changes_no_other_files_block() {
 
 /// Let `XDP_PACKET_HEADROOM` count as used (the layout in the comments above).
 const _: () = assert!(XDP_PACKET_HEADROOM == 256);
+
+impl Peer {
+    /// Poll until the server asks for landing write `id`'s data (not sent) or `limit`
+    /// passed; whether it asked.
+    fn until_send_data(&mut self, id: u64, limit: Duration) -> bool {
+        let t = Instant::now();
+        while t.elapsed() < limit {
+            for ev in self.poll() {
+                if let Event::Command(bytes) = ev {
+                    if matches!(decode_reply(&bytes), Ok(L2Reply::SendData { id: x, .. }) if x == id)
+                    {
+                        return true;
+                    }
+                }
+            }
+        }
+        false
+    }
+}
+
+/// A landing write's blocks stay reserved until no receive entry points into them
+/// (`Event::SlotsFree`), which needs the peer to fill the entries it was granted (a
+/// drain's NOPs). A lane owner that stops answering with entries posted (its process
+/// died, its lane fell and was fenced) leaves them posted: the transfer is aborted
+/// after TRANSFER_TIMEOUT, but its SlotsFree comes only once a later lane owner drains
+/// the entries. With no later owner the blocks (up to a credit window of transfers'
+/// reservations, 1 MiB and its gaps each) stay taken, the volume's free space short
+/// by them, until the server restarts.
+#[test]
+#[ignore = "finding: a landing write's reserved blocks never come back when its lane owner goes silent and no other owner follows"]
+fn a_silent_lane_owners_landing_reservation_comes_back_after_it_left() {
+    if !l2_ready() {
+        return;
+    }
+    let (vol, image) = shm_volume("silent", 16 << 20);
+    let n = serve("silent", vol.clone(), image);
+    let addr = n.addr.clone();
+    let v = vol.clone();
+    let before = n
+        .pair
+        .cli
+        .run(move || {
+            let mut p = Peer::new(&addr);
+            let f = p.create("f");
+            let before = v.statfs().bfree;
+            let id = p.land(&f, 0, &vec![0x5a; 1 << 20]);
+            assert!(p.until_send_data(id, Duration::from_secs(5)), "asked");
+            let held = v.statfs().bfree;
+            assert!(
+                held < before,
+                "the landing holds blocks ({held} < {before})"
+            );
+            // Silent from here on (no poll); the fence on TCP, then the connection
+            // and the lane's sockets go.
+            std::thread::sleep(Duration::from_millis(100));
+            let req: Request = L2ReleaseReq {}.into();
+            p.tcp.call(&req, Caller::process(), &[]).unwrap();
+            drop(p);
+            before
+        })
+        .unwrap();
+    // The transfer times out after 2 s; give it 8.
+    let t = Instant::now();
+    let mut now = vol.statfs().bfree;
+    while now != before && t.elapsed() < Duration::from_secs(8) {
+        std::thread::sleep(Duration::from_millis(100));
+        now = vol.statfs().bfree;
+    }
+    drop(n);
+    assert_eq!(
+        now,
+        before,
+        "free blocks {:?} after the lane owner left with a landing posted",
+        t.elapsed()
+    );
+}
