@@ -53,7 +53,8 @@ pub fn blocks_spanned(offset: u64, len: u32) -> u32 {
     if len == 0 {
         return 0;
     }
-    ((offset + len as u64 - 1) / 4096 - offset / 4096 + 1) as u32
+    // Saturating: a write that reaches past u64::MAX is refused elsewhere (too big).
+    (offset.saturating_add(len as u64 - 1) / 4096 - offset / 4096 + 1) as u32
 }
 /// The most inline write data one layer-2 request carries (in parts).
 pub const MAX_WRITE: u32 = 16 << 10;
@@ -511,6 +512,7 @@ mod tests {
         assert_eq!(blocks_spanned(4095, 1), 1);
         assert_eq!(blocks_spanned(4095, 2), 2);
         assert_eq!(blocks_spanned(0, 4096), 1);
+        assert_eq!(blocks_spanned(u64::MAX, 2), 1, "saturates, never wraps");
     }
 
     #[test]
