@@ -17,7 +17,7 @@ fn the_landing_constants_are_the_transports() {
     assert_eq!(LANDING_CLOBBER, zcfs_l2::HEADER_LEN as u64);
     assert_eq!(LANDING_EXTENT_MAX_BLOCKS, zcfs_l2::MAX_EXTENT_BLOCKS);
     assert_eq!(LANDING_TAIL, zcfs_l2::layout::MIN_TAIL);
-    assert!(LANDING_GUARD_BYTES >= zcfs_l2::layout::MIN_TAIL);
+    const { assert!(LANDING_GUARD_BYTES >= zcfs_l2::layout::MIN_TAIL) };
     assert_eq!(BLOCK, zcfs_l2::BLOCK_SIZE);
 }
 
