@@ -476,12 +476,12 @@ fn a_changed_directory_is_known_from_the_reply_without_a_round_trip() {
 /// given back. Once this client forgot it (as the kernel does before it looks a file
 /// handle's node id up with "."), a hold of its number finds it gone, as
 /// open_by_handle_at on tmpfs gives ESTALE: the server must not take the FORGET
-/// after the lookup that followed it. The client posts a FORGET on one connection and
-/// sends the lookup on the next one round robin, so the server could run them in
-/// either order and hand out an inode no one held any more (here 31 to 186 of the 200
-/// rounds in five runs on an idle machine).
+/// after the lookup that followed it. The client posted a FORGET on one connection and
+/// sent the lookup on the next one round robin, so the server could run them in
+/// either order and hand out an inode no one held any more (31 to 186 of the 200
+/// rounds in five runs on an idle machine); the lookup now waits for the FORGET's
+/// reply (`Client::wait_posted`).
 #[test]
-#[ignore = "finding: a LOOKUP of \".\" overtakes the FORGET posted before it (fixed next)"]
 fn a_forgotten_orphan_is_not_held_again() {
     let net = Net::new();
     let mut srv = Served::new(&net, "forgotten-orphan", &[]);
