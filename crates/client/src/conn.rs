@@ -38,7 +38,22 @@ pub(crate) struct Posted {
     pub(crate) conn: Weak<Conn>,
 }
 
-pub(crate) type PostedTable = Arc<Mutex<HashMap<u64, Posted>>>;
+/// Posted requests without a reply yet, by id. `gone` is signalled whenever some leave
+/// (answered, or dropped with their session): `Client::wait_posted` waits on it.
+#[derive(Default)]
+pub(crate) struct PostedTable {
+    pub(crate) map: Mutex<HashMap<u64, Posted>>,
+    pub(crate) gone: Condvar,
+}
+
+impl PostedTable {
+    /// Request `id`'s reply came: nothing to send again.
+    pub(crate) fn answered(&self, id: u64) {
+        if lock(&self.map).remove(&id).is_some() {
+            self.gone.notify_all();
+        }
+    }
+}
 
 /// The sending side of a connection: the socket, and its MAC when authenticated (held
 /// together: a message's sequence number is its place on the wire).
@@ -79,7 +94,7 @@ pub(crate) struct Conn {
     /// Requests waiting for their replies: operation, and where the reply goes (None:
     /// posted, no one waits; its reply only clears it from `posted`).
     pub(crate) pending: Mutex<HashMap<u64, (Op, Option<Slot>)>>,
-    pub(crate) posted: PostedTable,
+    pub(crate) posted: Arc<PostedTable>,
     pub(crate) broken: AtomicBool,
     /// The server closed it (end of stream, reset): its process went away or restarted,
     /// rather than the link going quiet (`Client::revive_lost` dials only then).
@@ -216,9 +231,7 @@ fn dispatch(conn: &Conn, r: Received, own: Option<u64>) -> Result<Dispatched, St
     match slot {
         Some(slot) => slot.deliver(Ok(resp)),
         // A posted request answered: nothing to send again.
-        None => {
-            lock(&conn.posted).remove(&resp.hdr.id);
-        }
+        None => conn.posted.answered(resp.hdr.id),
     }
     Ok(Dispatched::Other)
 }

@@ -202,7 +202,7 @@ pub struct Client {
     /// Held to change `epoch` and to post against it.
     reval: Mutex<()>,
     /// Posted requests without a reply yet.
-    posted: PostedTable,
+    posted: Arc<PostedTable>,
     /// Called when the session was lost (handle revalidation).
     on_restart: Mutex<Option<RestartHook>>,
     pub bytes_sent: AtomicU64,
@@ -378,7 +378,7 @@ impl Client {
             epoch: AtomicU64::new(0),
             dialing: DialGate::default(),
             reval: Mutex::new(()),
-            posted: Arc::new(Mutex::new(HashMap::new())),
+            posted: Arc::new(PostedTable::default()),
             on_restart: Mutex::new(None),
             bytes_sent: AtomicU64::new(0),
             bytes_received: AtomicU64::new(0),
@@ -870,7 +870,8 @@ impl Client {
                 let _reval = lock(&self.reval);
                 let epoch = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
                 // What was posted to the old session went with it.
-                lock(&self.posted).retain(|_, p| p.epoch == epoch);
+                lock(&self.posted.map).retain(|_, p| p.epoch == epoch);
+                self.posted.gone.notify_all();
                 epoch
             };
             c.epoch.store(epoch, Ordering::SeqCst);
@@ -892,7 +893,7 @@ impl Client {
     fn resend_posted(&self, c: &Arc<Conn>) {
         let epoch = c.epoch.load(Ordering::SeqCst);
         let lost: Vec<(u64, Request)> = {
-            let mut posted = lock(&self.posted);
+            let mut posted = lock(&self.posted.map);
             posted
                 .iter_mut()
                 .filter(|(_, p)| {
@@ -1012,7 +1013,7 @@ impl Client {
             if epoch != self.epoch() {
                 return;
             }
-            lock(&self.posted).insert(
+            lock(&self.posted.map).insert(
                 id,
                 Posted {
                     req: req.clone(),
@@ -1032,7 +1033,7 @@ impl Client {
                     .cloned()
             });
             let Some(conn) = live else { return };
-            match lock(&self.posted).get_mut(&id) {
+            match lock(&self.posted.map).get_mut(&id) {
                 Some(p) => p.conn = Arc::downgrade(&conn),
                 // Answered already (sent by a reconnection meanwhile).
                 None => return,
@@ -1046,7 +1047,54 @@ impl Client {
 
     /// Requests posted and not answered yet (tests).
     pub fn posted_unanswered(&self) -> usize {
-        lock(&self.posted).len()
+        lock(&self.posted.map).len()
+    }
+
+    /// Wait, at most `within`, until every request posted before this call that is out
+    /// on a live connection has been answered (or dropped with its session): whether
+    /// none is left. The server runs each connection's requests in order but the
+    /// connections side by side, so a request that must come after a posted one (a
+    /// lookup of "." after the FORGET of that node's last reference) waits for it
+    /// here rather than going out on another connection and overtaking it. One that
+    /// waits for a connection is not waited for: it goes out first on the next one made.
+    pub fn wait_posted(&self, within: Duration) -> bool {
+        let mark = self.ids.load(Ordering::SeqCst);
+        let deadline = std::time::Instant::now() + within;
+        let out = |posted: &HashMap<u64, Posted>| -> Vec<Arc<Conn>> {
+            posted
+                .iter()
+                .filter(|(&id, _)| id < mark)
+                .filter_map(|(_, p)| p.conn.upgrade().filter(|c| c.is_up()))
+                .collect()
+        };
+        let mut posted = lock(&self.posted.map);
+        loop {
+            let conns = out(&posted);
+            if conns.is_empty() {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            // No caller may be reading those connections: their replies would wait for
+            // the background reader's next tick. Have it read them now.
+            drop(posted);
+            for c in &conns {
+                c.wake_background();
+            }
+            posted = lock(&self.posted.map);
+            if out(&posted).is_empty() {
+                return true;
+            }
+            // A connection that breaks signals nothing here: look again each tick.
+            posted = self
+                .posted
+                .gone
+                .wait_timeout(posted, left.min(conn::BACKGROUND_TICK))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
     }
 
     fn submit_on(

@@ -885,6 +885,16 @@ impl Backend for RemoteFs {
 
     /// The server takes the reference (a lookup of "." names any node itself).
     fn hold(&self, ino: u64, generation: u64) -> Result<Attr> {
+        // FORGETs posted before (the kernel forgets a node, then looks its number up
+        // for a file handle) reach the server first: taken after the lookup, the last
+        // reference of an unlinked file would keep it for this lookup, and a handle
+        // of a file no one holds any more would open (on tmpfs: ESTALE).
+        if !self.client.wait_posted(self.client.config().timeout) {
+            tracing::info!(
+                ino,
+                "looking up a node with earlier forgets still unanswered"
+            );
+        }
         let token = self.inval_token();
         let (r, epoch) = self.call_in(
             &own(),

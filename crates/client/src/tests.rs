@@ -181,6 +181,33 @@ fn posts_of_a_lost_session_are_dropped() {
     assert_eq!(lock(&f.seen).len(), 1, "only the call went out");
 }
 
+/// `wait_posted` waits for the replies of requests posted before it (a lookup of "."
+/// must not overtake the FORGET before it), not for one that waits for a connection.
+#[test]
+fn wait_posted_waits_for_earlier_posts_out_on_a_connection() {
+    let f = Scripted::new();
+    let c = client_of(f.addr, Duration::from_secs(5));
+    c.post(&ping(), Caller::default(), 0);
+    let posted = f.next();
+    assert!(
+        !c.wait_posted(Duration::from_millis(100)),
+        "not answered yet"
+    );
+    f.answer(posted);
+    assert!(c.wait_posted(Duration::from_secs(5)));
+    assert_eq!(c.posted_unanswered(), 0);
+    // Posted with no connection up: it goes out first on the next one made.
+    let f = fake(false, None);
+    let c = client(&f);
+    c.connect().unwrap();
+    c.disconnect();
+    c.post(&ping(), Caller::default(), 0);
+    let t0 = std::time::Instant::now();
+    assert!(c.wait_posted(Duration::from_secs(5)));
+    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    assert_eq!(c.posted_unanswered(), 1);
+}
+
 /// A stand-in server for one connection whose replies the test writes: requests
 /// arrive on `requests` as (op, id); `answer` replies to one with its id as body.
 struct Scripted {

@@ -292,8 +292,10 @@ fn handle_of(path: &Path) -> Result<Vec<u8>, String> {
 }
 
 /// Open a handle from `handle_of` on the file system of `mount` and say what it finds:
-/// its type, link count and first bytes, or the errno.
-fn open_handle(mount: &Path, handle: &[u8]) -> String {
+/// its type, link count and first bytes, or the errno; and how many descriptors it
+/// opened (and closed again) on that file system: the mount's root, and what the
+/// handle names if it opened.
+fn open_handle(mount: &Path, handle: &[u8]) -> (String, u64) {
     let mut buf = vec![0u64; handle.len().div_ceil(8)];
     // SAFETY: copying the handle's bytes into an aligned buffer of at least their size.
     unsafe {
@@ -313,16 +315,17 @@ fn open_handle(mount: &Path, handle: &[u8]) -> String {
         let e = errno();
         libc::close(mfd);
         if fd < 0 {
-            return format!("open_by_handle_at {}", errname(e));
+            return (format!("open_by_handle_at {}", errname(e)), 1);
         }
         let line = fstat_line(fd);
         let mut data = [0u8; 8];
         let n = libc::pread(fd, data.as_mut_ptr().cast(), data.len(), 0);
         libc::close(fd);
-        format!(
+        let line = format!(
             "{line} reads {:?}",
             String::from_utf8_lossy(&data[..n.max(0) as usize])
-        )
+        );
+        (line, 2)
     }
 }
 
@@ -333,10 +336,25 @@ fn drop_kernel_caches() {
 }
 
 /// Handles of a hard-linked file (both names), a directory, and what they open after
-/// the kernel forgot the inodes, after one name went, and after the file is gone.
-fn handles_script(base: &Path, mount: &Path) -> Vec<String> {
+/// the kernel forgot the inodes, after one name went, while the file has no name but is
+/// still open, and after the file is gone.
+///
+/// `released(n)` returns once the file system has been told of the close of the first
+/// `n` descriptors the script opened on it. On tmpfs close(2) is done when it returns;
+/// through FUSE the kernel sends RELEASE after close(2) returned and keeps the inode
+/// until it is answered: meanwhile the file is still open as far as the file system
+/// knows, and a handle of it opens, as on tmpfs while a descriptor is open.
+fn handles_script(base: &Path, mount: &Path, released: &dyn Fn(u64)) -> Vec<String> {
     let mut out = Vec::new();
+    // Descriptors opened (and closed) on the file system so far.
+    let opened = std::cell::Cell::new(0);
+    let open = |h: &[u8]| {
+        let (line, n) = open_handle(mount, h);
+        opened.set(opened.get() + n);
+        line
+    };
     std::fs::write(base.join("f"), b"content").unwrap();
+    opened.set(opened.get() + 1);
     std::fs::hard_link(base.join("f"), base.join("g")).unwrap();
     std::fs::create_dir(base.join("d")).unwrap();
     let hf = handle_of(&base.join("f")).unwrap();
@@ -344,21 +362,61 @@ fn handles_script(base: &Path, mount: &Path) -> Vec<String> {
     let hd = handle_of(&base.join("d")).unwrap();
     out.push(format!("f and g share a handle: {}", hf == hg));
     for (name, h) in [("f", &hf), ("d", &hd)] {
-        out.push(format!("{name} cached: {}", open_handle(mount, h)));
+        out.push(format!("{name} cached: {}", open(h)));
     }
     drop_kernel_caches();
     for (name, h) in [("f", &hf), ("g", &hg), ("d", &hd)] {
-        out.push(format!("{name} uncached: {}", open_handle(mount, h)));
+        out.push(format!("{name} uncached: {}", open(h)));
     }
     std::fs::remove_file(base.join("f")).unwrap();
     drop_kernel_caches();
-    out.push(format!("after unlink f: {}", open_handle(mount, &hg)));
+    out.push(format!("after unlink f: {}", open(&hg)));
+    // The last name goes while a descriptor holds the file open.
+    let holder = std::fs::File::open(base.join("g")).unwrap();
+    opened.set(opened.get() + 1);
     std::fs::remove_file(base.join("g")).unwrap();
     std::fs::remove_dir(base.join("d")).unwrap();
     drop_kernel_caches();
-    out.push(format!("after unlink g: {}", open_handle(mount, &hf)));
-    out.push(format!("after rmdir d: {}", open_handle(mount, &hd)));
+    out.push(format!("after unlink g, open: {}", open(&hf)));
+    drop(holder);
+    // Every descriptor is closed now: once the file system knows, the file is gone.
+    released(opened.get());
+    drop_kernel_caches();
+    out.push(format!("after unlink g: {}", open(&hf)));
+    out.push(format!("after rmdir d: {}", open(&hd)));
     out
+}
+
+/// `handles_script`'s `released` for a zcfs mount at `mp`: wait (at most 20 s) until,
+/// by `zcfs stat`'s counts, the mount answered at least `n` RELEASEs and RELEASEDIRs,
+/// and one for every handle it opened (an operation is counted once its answer is with
+/// the kernel, which lets the inode go then).
+fn released_on(mp: &Path) -> impl Fn(u64) + '_ {
+    move |n| {
+        let t = std::time::Instant::now();
+        loop {
+            let out = common::run_ok(common::zcfs().arg("stat").arg(mp).arg("--json"));
+            let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            let count = |op: &str, what: &str| r["ops"][op][what].as_u64().unwrap_or(0);
+            let done = |op: &str| count(op, "count");
+            let opened = |op: &str| done(op) - count(op, "errors");
+            let files = (opened("open") + opened("create"), done("release"));
+            let dirs = (opened("opendir"), done("releasedir"));
+            if files.1 + dirs.1 >= n && files.1 >= files.0 && dirs.1 >= dirs.0 {
+                return;
+            }
+            assert!(
+                t.elapsed() < std::time::Duration::from_secs(20),
+                "the mount released {} of {} files and {} of {} directories opened \
+                 ({n} closed by the test)",
+                files.1,
+                files.0,
+                dirs.1,
+                dirs.0
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
 }
 
 /// File handles keep working for every name of an inode, as on tmpfs, on local and
@@ -366,12 +424,14 @@ fn handles_script(base: &Path, mount: &Path) -> Vec<String> {
 #[test]
 fn file_handles_of_hard_links_open_as_on_tmpfs() {
     let reference = TmpfsDir::new("handles");
-    let want = handles_script(&reference.0, Path::new("/dev/shm"));
+    let want = handles_script(&reference.0, Path::new("/dev/shm"), &|_| {});
     let m = Mount::volume_with("handles", "64M", &[], &[]);
-    let got = handles_script(&m.mp, &m.mp);
+    let got = handles_script(&m.mp, &m.mp, &released_on(&m.mp));
     assert_eq!(got, want, "zcfs differs from tmpfs");
     m.fsck_after_stop();
     // Through a server: the mount's lookup of "." is a hold on the server.
-    let got = through_a_server("handles", &[], |mp| handles_script(mp, mp));
+    let got = through_a_server("handles", &[], |mp| {
+        handles_script(mp, mp, &released_on(mp))
+    });
     assert_eq!(got, want, "a remote zcfs mount differs from tmpfs");
 }
