@@ -13,6 +13,23 @@ fn remote_fuse_mount_runs_unmodified_programs() {
     let mut srv = Served::new(&net, "fuse", &[]);
     // It enters only the network namespace, so the mount is visible here.
     let mut m = RemoteMount::new(&net, &srv, "mp", &[]);
+    // The mount's read-ahead window is the default 16 MiB (set through its device in
+    // mountinfo, never a stat of its own mount point).
+    use std::os::unix::fs::MetadataExt;
+    let dev = fs::metadata(&m.mp).unwrap().dev();
+    let knob = format!(
+        "/sys/class/bdi/{}:{}/read_ahead_kb",
+        libc::major(dev),
+        libc::minor(dev)
+    );
+    // Set right after the mount appears: looked at until it is (bounded).
+    let t = std::time::Instant::now();
+    let mut ra = fs::read_to_string(&knob).unwrap();
+    while ra.trim() != "16384" && t.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        ra = fs::read_to_string(&knob).unwrap();
+    }
+    assert_eq!(ra.trim(), "16384", "{knob}");
     unmodified_programs(&m.mp, "tcp");
     m.stop(libc::SIGTERM);
     assert!(!mounted(&m.mp), "SIGTERM left the mount behind");

@@ -155,7 +155,13 @@ fn mount_until_unmounted(a: &MountArgs, ready_pipe: &mut Option<ReadyPipe>) -> R
     })?;
     // Which mount is ours (its id and device in mountinfo), to tell it from a later one.
     let ours = mount_at(&canonical_mp);
-    set_read_ahead(&canonical_mp, plan.read_ahead_kb);
+    match &ours {
+        Some((_, dev)) => set_read_ahead(dev, plan.read_ahead_kb),
+        None => tracing::info!(
+            "read-ahead left as it is: {} not in mountinfo",
+            canonical_mp.display()
+        ),
+    }
     // `zcfs stat MOUNTPOINT` asks this socket, named by the mount's device number.
     let stat_socket = ours.as_ref().and_then(|(_, dev)| {
         let (st, source, mp) = (stats.clone(), a.source.clone(), canonical_mp.clone());
@@ -361,17 +367,12 @@ fn mountinfo_path(field: &str) -> PathBuf {
 /// sets the window when the mount's INIT is answered, so first wait for that: a stat
 /// of the root waits for it. Best effort: without the right to write sysfs (not root)
 /// the kernel's 128 KiB stays.
-fn set_read_ahead(mp: &Path, kb: u32) {
-    use std::os::unix::fs::MetadataExt;
-    let dev = match std::fs::metadata(mp) {
-        Ok(m) => m.dev(),
-        Err(e) => return tracing::info!("read-ahead left as it is: {}: {e}", mp.display()),
-    };
-    let knob = format!(
-        "/sys/class/bdi/{}:{}/read_ahead_kb",
-        libc::major(dev),
-        libc::minor(dev)
-    );
+/// The read-ahead window of the mount whose device is `dev` ("major:minor", from
+/// mountinfo). Never by a stat of the mount point: answered by this process's own FUSE
+/// threads, such a stat left the process in D state for ever when it was killed right
+/// then (its threads gone, its main thread waiting for the answer: helper-27).
+fn set_read_ahead(dev: &str, kb: u32) {
+    let knob = format!("/sys/class/bdi/{dev}/read_ahead_kb");
     if let Err(e) = std::fs::write(&knob, kb.to_string()) {
         tracing::info!("read-ahead left as it is: {knob}: {e}");
     }
