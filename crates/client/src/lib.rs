@@ -609,7 +609,11 @@ impl Client {
         let open_tags = self.cfg.secret.is_none();
         // Writes land in place only up to what the server takes (0: none).
         let mut o = o.clone();
-        o.land_max = o.land_max.min(reply.land_max);
+        o.land_max = Some(
+            o.land_max
+                .unwrap_or(l2::default_land_max(o.poll))
+                .min(reply.land_max),
+        );
         let lane = l2::L2Lane::new(
             local,
             &o,
@@ -627,7 +631,7 @@ impl Client {
         if let Err(why) = self.l2_probe(&lane, &o.iface) {
             return Err(L2SetupError::Silent(lane, release(why)));
         }
-        tracing::info!(iface = %o.iface, mode = ?lane.mode, land_max = o.land_max, "layer-2 lane up");
+        tracing::info!(iface = %o.iface, mode = ?lane.mode, land_max = ?o.land_max, "layer-2 lane up");
         Ok(lane)
     }
 

@@ -692,6 +692,24 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
         &self.data
     }
 
+    /// Data frames wait to go: queued for the kernel, NOPs owed, or the next granted
+    /// group is of a transfer this end sends (it waits for TX chunks to complete). No
+    /// socket wakes a sleeper for that progress, so a caller that does not busy-poll
+    /// should poll again soon instead of sleeping on its sockets.
+    pub fn tx_pending(&self) -> bool {
+        !self.s_frames.is_empty()
+            || self.s_nops > 0
+            || self
+                .s_grants
+                .get(&self.s_next_group)
+                .is_some_and(|g| self.s_transfers.contains_key(&g.transfer))
+    }
+
+    /// The command queue.
+    pub fn cmd(&self) -> &C {
+        &self.cmd
+    }
+
     /// Sleep until a data frame arrives or `timeout` passed (a caller that expects data,
     /// e.g. a read's reply, and does not busy-poll).
     pub fn wait_data(&mut self, timeout: std::time::Duration) -> std::io::Result<bool> {

@@ -655,11 +655,32 @@ fn run(port: L2Port, shared: &Shared, service: &L2Service, busy: bool) {
         if idle {
             if busy {
                 std::hint::spin_loop();
-            } else {
+            } else if r.port.ep.tx_pending() {
+                // A read's frames wait for TX chunks: no socket wakes a sleeper for that.
+                std::thread::yield_now();
+            } else if r.landings.is_empty() {
                 let _ = r.port.ep.wait_command(WAIT_SLICE);
+            } else {
+                // Receiving: a landing write's data frames wake it too (waiting on the
+                // command queue alone, each group of frames waited for WAIT_SLICE: a
+                // 64 KiB landing write took 2.2 ms against 0.12 ms on TCP).
+                wait_both(&r.port.ep);
             }
         }
     }
+}
+
+/// Sleep until a frame arrives on either queue, or `WAIT_SLICE` passed (called right
+/// after a poll that found nothing, so nothing waits in the rings).
+fn wait_both(ep: &Endpoint<XskSocket, XskSocket>) {
+    use std::os::fd::AsRawFd;
+    let mut pfd = [ep.cmd().as_raw_fd(), ep.data().as_raw_fd()].map(|fd| libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    });
+    // SAFETY: two valid pollfds of sockets the endpoint holds for the call's length.
+    unsafe { libc::poll(pfd.as_mut_ptr(), 2, WAIT_SLICE.as_millis() as i32) };
 }
 
 /// Send an encoded reply (header and body) as a command, or "resend on TCP" when it

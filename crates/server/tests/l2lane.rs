@@ -236,6 +236,20 @@ fn client_cfg(addr: &str, iface: &str) -> ClientConfig {
     c
 }
 
+/// [`lane_client`] that lands every write the lane takes above the inline limit,
+/// whatever its poll mode (the default lands none when waiting).
+fn landing_client(addr: &str) -> Client {
+    let mut cfg = client_cfg(addr, CLI_IF);
+    cfg.l2.as_mut().unwrap().land_max = Some(zcfs_protocol::l2::MAX_LANDING_WRITE);
+    let c = Client::new(cfg);
+    c.connect().unwrap();
+    assert!(
+        c.l2_status().expect("the lane was set up").0,
+        "the lane is up"
+    );
+    c
+}
+
 /// A client of `addr` offering the lane on [`CLI_IF`], connected, its lane up.
 fn lane_client(addr: &str) -> Client {
     let c = Client::new(client_cfg(addr, CLI_IF));
@@ -429,7 +443,7 @@ fn large_writes_land_in_the_volumes_blocks_and_match_a_model() {
     n.pair
         .cli
         .run(move || {
-            let c = lane_client(&addr);
+            let c = landing_client(&addr);
             let r = c.lane_report().unwrap();
             assert_eq!(r.counters["landed"], 0);
             let f = create(&c, "f");
@@ -522,14 +536,21 @@ fn large_writes_land_in_the_volumes_blocks_and_match_a_model() {
 }
 
 /// A client that lands no writes (`land_max` 0) sends the large ones on TCP, and so
-/// does one whose server's lane does not map its volume (an anonymous volume here: the
+/// do one whose lane waits (poll(2)) and names no limit (`default_land_max`: none) and
+/// one whose server's lane does not map its volume (an anonymous volume here: the
 /// server offers no landing at set-up).
 #[test]
 fn writes_land_only_where_both_ends_can() {
     if !l2_ready() {
         return;
     }
-    for landing_server in [true, false] {
+    assert_eq!(zcfs_client::l2::default_land_max(L2Poll::Wait), 0);
+    assert_eq!(
+        zcfs_client::l2::default_land_max(L2Poll::Busy),
+        zcfs_protocol::l2::MAX_LANDING_WRITE
+    );
+    for case in 0..3 {
+        let landing_server = case < 2;
         let n = if landing_server {
             net_landing("noland", 64 << 20)
         } else {
@@ -540,8 +561,11 @@ fn writes_land_only_where_both_ends_can() {
             .cli
             .run(move || {
                 let mut cfg = client_cfg(&addr, CLI_IF);
-                if landing_server {
-                    cfg.l2.as_mut().unwrap().land_max = 0;
+                let o = cfg.l2.as_mut().unwrap();
+                match case {
+                    0 => o.land_max = Some(0),
+                    1 => (o.poll, o.land_max) = (L2Poll::Wait, None),
+                    _ => o.land_max = Some(zcfs_protocol::l2::MAX_LANDING_WRITE),
                 }
                 let c = Client::new(cfg);
                 c.connect().unwrap();
@@ -1979,7 +2003,7 @@ fn landing_write_latency_over_layer_2_and_tcp() {
     n.pair
         .cli
         .run(move || {
-            let l2 = lane_client(&addr);
+            let l2 = landing_client(&addr);
             let tcp = Client::new(ClientConfig::new(&addr));
             tcp.connect().unwrap();
             let f = create(&l2, "f");

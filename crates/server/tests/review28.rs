@@ -714,7 +714,9 @@ fn writers_whose_ranges_share_blocks_keep_each_others_bytes() {
         .cli
         .run(move || {
             let mut cfg = ClientConfig::new(&addr);
-            cfg.l2 = Some(zcfs_client::l2::L2Options::new(CLI_IF));
+            let mut o = zcfs_client::l2::L2Options::new(CLI_IF);
+            o.land_max = Some(zcfs_protocol::l2::MAX_LANDING_WRITE);
+            cfg.l2 = Some(o);
             let c = Arc::new(Client::new(cfg));
             c.connect().unwrap();
             assert!(c.l2_status().unwrap().0);

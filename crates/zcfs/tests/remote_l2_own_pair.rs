@@ -72,7 +72,7 @@ fn a_lane_on_a_veth_pair_of_its_own_carries_reads_and_writes_beside_tcp() {
     const FILE: usize = 2 << 20;
     let most = zcfs_protocol::l2::MAX_LANDING_WRITE as usize;
     let (lane_writes, tcp_writes, lane_reads, tcp_reads) = net.in_cli(|| {
-        let fs = client_l2_on(&net, LANE_CLI_IF, Duration::from_secs(10));
+        let fs = client_l2_landing(&net, LANE_CLI_IF, Duration::from_secs(10));
         let c = fs.client().clone();
         assert_eq!(
             c.l2_status(),

@@ -284,7 +284,7 @@ fn open(source: &Source, plan: &MountPlan) -> Result<OpenedBackend> {
                     o.write_max = m;
                 }
                 if let Some(m) = plan.l2_land_max {
-                    o.land_max = m;
+                    o.land_max = Some(m);
                 }
                 cfg.l2 = Some(o);
             }

@@ -394,6 +394,18 @@ pub fn client_l2_on(net: &Net, iface: &str, timeout: Duration) -> RemoteFs {
     RemoteFs::connect(cfg).unwrap()
 }
 
+/// [`client_l2_on`] that lands every write the lane takes above the inline limit (a
+/// waiting lane lands none by default).
+pub fn client_l2_landing(net: &Net, iface: &str, timeout: Duration) -> RemoteFs {
+    let mut cfg = ClientConfig::new(&net.addr());
+    cfg.secret = Some(SECRET.to_vec());
+    cfg.timeout = timeout;
+    let mut o = zcfs_client::l2::L2Options::new(iface);
+    o.land_max = Some(zcfs_protocol::l2::MAX_LANDING_WRITE);
+    cfg.l2 = Some(o);
+    RemoteFs::connect(cfg).unwrap()
+}
+
 /// `zcfs stat TARGET --json` (a mount point, or the server's address asked from the
 /// client namespace), parsed.
 pub fn stat_json(net: &Net, srv: &Served, target: &str) -> serde_json::Value {

@@ -33,7 +33,8 @@ pub struct MountPlan {
     pub l2_read_max: Option<u32>,
     /// `-o l2_write_max=BYTES`: writes up to this size ride layer 2 (0: none).
     pub l2_write_max: Option<u32>,
-    /// `-o l2_land_max=BYTES`: larger writes up to this size land in place (0: none).
+    /// `-o l2_land_max=BYTES`: larger writes up to this size land in place (0: none;
+    /// default: 1 MiB with `l2_poll=busy`, none with `wait`).
     pub l2_land_max: Option<u32>,
 }
 
