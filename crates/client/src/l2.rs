@@ -72,9 +72,10 @@ pub const DEFAULT_L2_WRITE_MAX: u32 = MAX_WRITE;
 /// Writes above `write_max` up to this many bytes land in place by default (a
 /// transfer into the server's blocks, docs/protocol.md "Landing writes"), by how the
 /// lane waits: measured on veth (docs/benchmarks.md "Landing writes"), a busy-polled
-/// lane landed 64 KiB to 1 MiB writes as fast as TCP or faster (1 MiB: 0.89x TCP's p50),
-/// a waiting one 1.6-4x slower (each group of frames waits for a sleeping thread), so
-/// there large writes go on TCP unless `land_max` says otherwise.
+/// lane landed 64 KiB to 1 MiB writes as fast as TCP or faster (1 MiB: 0.89-0.95x TCP's
+/// p50); a waiting one was no faster than TCP (1 MiB 0.94-1.0x, 64 KiB 1.35x: every
+/// step wakes a sleeping thread, as TCP's does), so there large writes go on TCP unless
+/// `land_max` says otherwise.
 pub fn default_land_max(poll: L2Poll) -> u32 {
     match poll {
         L2Poll::Busy => MAX_LANDING_WRITE,

@@ -31,6 +31,9 @@ pub const COMPLETION_RING_SIZE: u32 = 2048;
 pub const RX_RING_SIZE: u32 = 4096;
 /// Entries in the TX ring (a power of two).
 pub const TX_RING_SIZE: u32 = 2048;
+/// Kicks one `transmit` makes at most while the kernel takes more of the frames it put
+/// in the ring (copy mode sends 32 per kick: 64 kicks cover a full TX ring).
+pub const MAX_KICKS_PER_TRANSMIT: u32 = TX_RING_SIZE / 32;
 /// The kernel's shift of the offset in an unaligned-mode RX address
 /// (`XSK_UNALIGNED_BUF_OFFSET_SHIFT`): the low 48 bits are the fill address, the high 16
 /// the offset from it to the frame's first byte.
@@ -751,6 +754,22 @@ impl FrameIo for XskSocket {
         }
         if queued > 0 && self.tx.needs_wakeup() {
             self.kick_tx();
+            // Copy mode takes at most 32 frames per kick: kick again while the kernel
+            // takes more, so no frame waits in the ring for the caller's next poll (a
+            // caller asleep on its sockets polls again only after its wait slice: a
+            // 64 KiB read, 45 frames, took 1.5 ms against 0.14 ms on TCP).
+            for _ in 0..MAX_KICKS_PER_TRANSMIT {
+                let taken = self.tx.cons().load(Ordering::Acquire);
+                if taken == self.tx.cached_prod || !self.tx.needs_wakeup() {
+                    break;
+                }
+                self.kick_tx();
+                if self.tx.cons().load(Ordering::Acquire) == taken {
+                    // No progress (the kernel is busy or out of skbs): the next poll's
+                    // completions kick again.
+                    break;
+                }
+            }
         }
         n
     }
