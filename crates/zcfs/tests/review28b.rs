@@ -3,8 +3,9 @@
 //! that came one way hides data that never comes the other way; a request whose own
 //! frames are full-size but which is no "data" (an inline write's command parts); data
 //! "due" that the server never asked for (a landing write answered "resend on TCP").
-//! Root and zcfs's XDP program; skipped otherwise unless ZCFS_REQUIRE_L2=1. Every loop
-//! is bounded in count and time.
+//! Root and zcfs's XDP program; skipped otherwise unless ZCFS_REQUIRE_L2=1. And (4) the
+//! read-ahead window set through mountinfo (29e6d16): a local mount, root and /dev/fuse.
+//! Every loop is bounded in count and time.
 //!
 //! Run (findings are ignored so the suite stays green):
 //!   ZCFS_REQUIRE_L2=1 nice -n 19 cargo test --release -p zcfs --test review28b -- \
@@ -255,4 +256,87 @@ fn a_lane_whose_landing_writes_are_sent_back_to_tcp_comes_back_after_every_serve
         assert_eq!(c.lane_report().unwrap().reason, "");
     });
     srv.into_inner().unwrap().kill(libc::SIGTERM);
+}
+
+/// (4) The read-ahead window now needs the mount's line in mountinfo (29e6d16), and
+/// `mount_at` decodes only the space, tab and backslash escapes, not the newline
+/// (`\012`, escaped by the kernel as well). A mount point whose name holds a newline is
+/// never found: the window stays the kernel's (before 29e6d16 a stat found the device
+/// whatever the name), and, as before, there is no stat socket and a SIGTERM leaves the
+/// mount behind as not "still ours". Root and /dev/fuse; a local volume.
+#[test]
+#[ignore = "finding: a mount point with a newline in its name is not found in mountinfo: no read-ahead window (and SIGTERM leaves the mount)"]
+fn a_mount_point_with_a_newline_gets_the_read_ahead_window_and_is_unmounted_on_sigterm() {
+    use std::os::unix::fs::MetadataExt;
+    use std::process::Stdio;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || !std::path::Path::new("/dev/fuse").exists() {
+        eprintln!("skipped: needs root and /dev/fuse");
+        return;
+    }
+    let pid = std::process::id();
+    let image = std::path::PathBuf::from(format!("/dev/shm/zcfs-rv28b-nl-{pid}.img"));
+    common::mkfs(&image, "64M", &[]);
+    let mp = std::env::temp_dir().join(format!("zcfs-rv28b-nl\nmp-{pid}"));
+    std::fs::create_dir_all(&mp).unwrap();
+    let escaped = mp.to_str().unwrap().replace('\n', "\\012");
+    let in_mountinfo = || {
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .any(|l| l.split(' ').nth(4) == Some(escaped.as_str()))
+    };
+    let mut child = common::zcfs()
+        .arg("mount")
+        .arg(&image)
+        .arg(&mp)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while !in_mountinfo() && t.elapsed() < Duration::from_secs(20) {
+        assert!(child.try_wait().unwrap().is_none(), "the mount exited");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mounted = in_mountinfo();
+    let mut ra = String::new();
+    if mounted {
+        let dev = std::fs::metadata(&mp).unwrap().dev();
+        let knob = format!(
+            "/sys/class/bdi/{}:{}/read_ahead_kb",
+            libc::major(dev),
+            libc::minor(dev)
+        );
+        // Set right after the mount appears: looked at until it is (bounded).
+        let t = Instant::now();
+        ra = std::fs::read_to_string(&knob).unwrap();
+        while ra.trim() != "16384" && t.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(50));
+            ra = std::fs::read_to_string(&knob).unwrap();
+        }
+    }
+    // SIGTERM: the process unmounts and exits.
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let t = Instant::now();
+    while child.try_wait().unwrap().is_none() && t.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let left_mounted = in_mountinfo();
+    if left_mounted {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&mp)
+            .status();
+    }
+    let _ = std::fs::remove_dir(&mp);
+    let _ = std::fs::remove_file(&image);
+    assert!(mounted, "the mount did not come up");
+    assert!(
+        ra.trim() == "16384" && !left_mounted,
+        "read_ahead_kb {} (16384 asked), left mounted after SIGTERM: {left_mounted}",
+        ra.trim()
+    );
 }
