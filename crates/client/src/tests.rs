@@ -1081,3 +1081,180 @@ fn call_then_waiting_for_the_writer_does_not_break_a_healthy_connection() {
     );
     assert!(conn.is_up(), "the healthy connection was broken");
 }
+
+/// A stand-in server for review 28b: every connection resumes the session; each
+/// connection's requests run in order, as the server runs them; a FORGET takes `slow`
+/// (its connection busy), everything else is answered at once. Records each request:
+/// operation, id, when it arrived and when it was answered.
+type Served28b = Arc<Mutex<Vec<(Op, u64, std::time::Instant, std::time::Instant)>>>;
+
+fn slow_forgets(slow: Duration) -> (SocketAddr, Served28b) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let log: Served28b = Default::default();
+    let log2 = log.clone();
+    std::thread::spawn(move || {
+        for (n, s) in l.incoming().enumerate().take(16) {
+            let Ok(mut s) = s else { return };
+            if zcfs_transport::server_handshake(
+                &mut s,
+                None,
+                Integrity::Headers,
+                8,
+                1,
+                Duration::from_secs(5),
+                &mut |_| Ok(n > 0),
+            )
+            .is_err()
+            {
+                continue;
+            }
+            let log = log2.clone();
+            std::thread::spawn(move || loop {
+                let Some((h, body)) = read_request(&mut s) else {
+                    return;
+                };
+                let arrived = std::time::Instant::now();
+                if h.op == Op::Forget {
+                    std::thread::sleep(slow);
+                }
+                lock(&log).push((h.op, h.id, arrived, std::time::Instant::now()));
+                // A lookup of "." names its node; any other name is node 5.
+                let body = match Request::decode_with_groups(&h, &body) {
+                    Ok((Request::Lookup(l), _)) if l.name.as_bytes() == b"." => {
+                        entry_of(l.parent.ino)
+                    }
+                    Ok((Request::Lookup(_), _)) => entry_of(5),
+                    _ => Vec::new(),
+                };
+                let r = RespHeader::ok(h.op, h.id, body.len() as u32, 0).encode();
+                if std::io::Write::write_all(&mut s, &[&r[..], &body[..]].concat()).is_err() {
+                    return;
+                }
+            });
+        }
+    });
+    (addr, log)
+}
+
+/// An entry reply for a regular file `ino` (generation 1).
+fn entry_of(ino: u64) -> Vec<u8> {
+    zcfs_protocol::Reply::Lookup(zcfs_protocol::EntryReply {
+        attr: zcfs_backend::Attr {
+            ino,
+            generation: 1,
+            mode: libc::S_IFREG | 0o644,
+            nlink: 1,
+            ..Default::default()
+        },
+    })
+    .encode()
+}
+
+/// Review 28b, (1): `wait_posted` does not wait for a posted FORGET whose connection
+/// was lost ("it goes out first on the next one made"). But the next connection made
+/// is that lane's: `pick` dials the lost lane again (which sends the FORGET again
+/// there, not waited for) and then sends the lookup of "." on the other lane, so the
+/// server runs the two side by side and may run the lookup first, handing out the
+/// inode whose last reference the FORGET gives back (what 6e59793 was to end). A
+/// connection lost while a FORGET is out on it is an ordinary event: a reply on it
+/// that timed out gives it up (`Ticket::timed_out`), as does a send that failed.
+#[test]
+#[ignore = "finding: a lookup of \".\" after wait_posted overtakes a FORGET resent after its connection was lost"]
+fn a_lookup_after_wait_posted_is_not_overtaken_by_a_forget_resent_on_a_new_connection() {
+    use zcfs_protocol::{ForgetItem, ForgetReq, List};
+    let slow = Duration::from_millis(300);
+    let (addr, log) = slow_forgets(slow);
+    let mut cfg = ClientConfig::new(&addr.to_string());
+    cfg.connections = 2;
+    cfg.timeout = Duration::from_secs(5);
+    let c = Client::new(cfg);
+    c.connect().unwrap();
+    // The kernel forgets node 7 (its last reference): posted, on the first lane.
+    let forget: Request = ForgetReq {
+        items: List::new(vec![ForgetItem { ino: 7, count: 1 }]).unwrap(),
+    }
+    .into();
+    c.post(&forget, Caller::process(), c.epoch());
+    assert_eq!(c.posted_unanswered(), 1);
+    // That connection is given up before the reply (as a reply timing out on it does).
+    let first = lock(&c.conns[0]).clone().unwrap();
+    first.break_with("review 28b: a reply on it timed out");
+    // Then the kernel looks node 7 up by its number (RemoteFs::hold): wait_posted, then
+    // the lookup, whose turn (round robin) is the other lane.
+    c.next.store(1, Ordering::SeqCst);
+    let t0 = std::time::Instant::now();
+    assert!(c.wait_posted(Duration::from_secs(5)));
+    let waited = t0.elapsed();
+    c.call(&lookup_of("."), Caller::process(), &[]).unwrap();
+    let unanswered = c.posted_unanswered();
+    // Let the server finish the FORGETs, then compare the times it saw.
+    let t = std::time::Instant::now();
+    while c.posted_unanswered() > 0 && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let log = lock(&log).clone();
+    let lookup_arrived = log
+        .iter()
+        .find(|e| e.0 == Op::Lookup)
+        .map(|e| e.2)
+        .expect("the lookup reached the server");
+    let forgets: Vec<_> = log.iter().filter(|e| e.0 == Op::Forget).collect();
+    assert!(!forgets.is_empty(), "the FORGET reached the server");
+    let overtaken = forgets.iter().filter(|e| e.3 > lookup_arrived).count();
+    assert!(
+        overtaken == 0 && unanswered == 0,
+        "the lookup reached the server {:?} after the wait began (wait_posted returned \
+         after {waited:?}) while {overtaken} of {} copies of the FORGET posted before it \
+         were still running there ({unanswered} posted unanswered when the lookup's \
+         reply came): the server may run the lookup first",
+        lookup_arrived - t0,
+        forgets.len()
+    );
+}
+
+/// Review 28b, (1): `RemoteFs::hold` waits for the replies of every request posted
+/// before it, whatever node they name. The FORGET that must not be overtaken is one of
+/// the node being held; a FORGET of any other node is waited for too, so a lookup of
+/// "." (an NFS export's or `open_by_handle_at`'s file handle) takes as long as the
+/// slowest queue a FORGET is in: the server runs each connection's requests in order,
+/// and FORGETs go on the first connection up, behind whatever it carries (write-behind
+/// writes, a long fsync), up to the client's timeout (10 s by default) per lookup.
+/// Here a FORGET of node 5 takes the server 1 s; the lookup of node 9 by its number
+/// waits for it, although the other connection is idle.
+#[test]
+#[ignore = "finding: a lookup of \".\" waits for posted FORGETs of unrelated nodes (up to the client's timeout)"]
+fn a_hold_does_not_wait_for_forgets_of_other_nodes() {
+    use zcfs_backend::{Backend, Ctx, ROOT};
+    let slow = Duration::from_secs(1);
+    let (addr, log) = slow_forgets(slow);
+    let mut cfg = ClientConfig::new(&addr.to_string());
+    cfg.connections = 2;
+    cfg.timeout = Duration::from_secs(5);
+    let fs = crate::RemoteFs::connect(cfg).unwrap();
+    let ctx = Ctx::user(0, 0);
+    // A name looked up (node 5), then given back: a FORGET of node 5 goes out and
+    // takes the server a while.
+    let a = fs.lookup(&ctx, ROOT, b"a").unwrap();
+    assert_eq!(a.ino, 5);
+    fs.forget(a.ino, 1);
+    assert_eq!(fs.client().posted_unanswered(), 1);
+    // The lookup's turn is the other, idle connection (round robin).
+    fs.client().next.store(1, Ordering::SeqCst);
+    let t0 = std::time::Instant::now();
+    let b = fs.hold(9, 0).unwrap();
+    let took = t0.elapsed();
+    assert_eq!(b.ino, 9);
+    fs.forget(9, 1);
+    let t = std::time::Instant::now();
+    while fs.client().posted_unanswered() > 0 && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(lock(&log).iter().any(|e| e.0 == Op::Forget));
+    assert!(
+        took < slow / 2,
+        "holding node 9 took {took:?}: it waited for the FORGET of node {} (the server \
+         needed {slow:?} for it)",
+        a.ino
+    );
+}
