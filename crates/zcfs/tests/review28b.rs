@@ -265,7 +265,6 @@ fn a_lane_whose_landing_writes_are_sent_back_to_tcp_comes_back_after_every_serve
 /// whatever the name), and, as before, there is no stat socket and a SIGTERM leaves the
 /// mount behind as not "still ours". Root and /dev/fuse; a local volume.
 #[test]
-#[ignore = "finding: a mount point with a newline in its name is not found in mountinfo: no read-ahead window (and SIGTERM leaves the mount)"]
 fn a_mount_point_with_a_newline_gets_the_read_ahead_window_and_is_unmounted_on_sigterm() {
     use std::os::unix::fs::MetadataExt;
     use std::process::Stdio;

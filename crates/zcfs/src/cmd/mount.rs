@@ -351,26 +351,37 @@ fn mounted_paths() -> Vec<PathBuf> {
         .collect()
 }
 
-/// A path as mountinfo writes it (space, tab and backslash escaped in octal).
+/// A path as mountinfo writes it: the kernel escapes space, tab, newline and backslash
+/// as a backslash and three octal digits (`seq_path`'s " \t\n\\"); every such escape
+/// is decoded (review 28b: a mount point with a newline was never found).
 fn mountinfo_path(field: &str) -> PathBuf {
-    PathBuf::from(
-        field
-            .replace("\\040", " ")
-            .replace("\\011", "\t")
-            .replace("\\134", "\\"),
-    )
+    use std::os::unix::ffi::OsStringExt;
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = |c: u8| (b'0'..=b'7').contains(&c);
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|&c| octal(c)) {
+            let v = b[i + 1..i + 4]
+                .iter()
+                .fold(0u32, |a, &c| a * 8 + u32::from(c - b'0'));
+            if let Ok(v) = u8::try_from(v) {
+                out.push(v);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    PathBuf::from(std::ffi::OsString::from_vec(out))
 }
 
-/// The mount on top at `mp` (as /proc/self/mountinfo names it: mount id and device),
-/// if any.
-/// Set the mount's read-ahead window (its backing device's `read_ahead_kb`). The kernel
-/// sets the window when the mount's INIT is answered, so first wait for that: a stat
-/// of the root waits for it. Best effort: without the right to write sysfs (not root)
-/// the kernel's 128 KiB stays.
 /// The read-ahead window of the mount whose device is `dev` ("major:minor", from
 /// mountinfo). Never by a stat of the mount point: answered by this process's own FUSE
 /// threads, such a stat left the process in D state for ever when it was killed right
-/// then (its threads gone, its main thread waiting for the answer: helper-27).
+/// then (its threads gone, its main thread waiting for the answer: helper-27). Best
+/// effort: without the right to write sysfs (not root) the kernel's 128 KiB stays.
 fn set_read_ahead(dev: &str, kb: u32) {
     let knob = format!("/sys/class/bdi/{dev}/read_ahead_kb");
     if let Err(e) = std::fs::write(&knob, kb.to_string()) {
@@ -378,6 +389,8 @@ fn set_read_ahead(dev: &str, kb: u32) {
     }
 }
 
+/// The mount on top at `mp` (as /proc/self/mountinfo names it: mount id and device),
+/// if any.
 fn mount_at(mp: &Path) -> Option<(String, String)> {
     let s = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     s.lines()
@@ -488,4 +501,23 @@ fn unmount(mp: &Path, lazy: bool) -> Result<i32> {
     }
     let st = cmd.arg(mp).status()?;
     Ok(if st.success() { 0 } else { 1 })
+}
+
+#[cfg(test)]
+mod mountinfo_tests {
+    use super::mountinfo_path;
+    use std::path::PathBuf;
+
+    #[test]
+    fn mountinfo_paths_decode_every_octal_escape() {
+        assert_eq!(
+            mountinfo_path("/tmp/a\\040b\\011c\\012d\\134e"),
+            PathBuf::from("/tmp/a b\tc\nd\\e")
+        );
+        // Not an escape: kept as it is (too short at the end, not octal, over 255).
+        assert_eq!(mountinfo_path("/x\\01"), PathBuf::from("/x\\01"));
+        assert_eq!(mountinfo_path("/x\\09a"), PathBuf::from("/x\\09a"));
+        assert_eq!(mountinfo_path("/x\\777"), PathBuf::from("/x\\777"));
+        assert_eq!(mountinfo_path("/plain"), PathBuf::from("/plain"));
+    }
 }
