@@ -253,6 +253,27 @@ struct Waiter {
     /// A landing write: its send slot and blocks (taken by the transfer once the
     /// server asked for the data).
     land: Option<Landing>,
+    /// Sent in parts (full-size command frames).
+    parts: bool,
+}
+
+/// Full-size frames of one kind due over a lane, and whether any ever arrived.
+#[derive(Default)]
+struct Due {
+    due: AtomicBool,
+    came: AtomicBool,
+}
+
+impl Due {
+    fn due(&self) {
+        self.due.store(true, Ordering::SeqCst);
+    }
+    fn came(&self) {
+        self.came.store(true, Ordering::SeqCst);
+    }
+    fn never_came(&self) -> bool {
+        self.due.load(Ordering::SeqCst) && !self.came.load(Ordering::SeqCst)
+    }
 }
 
 /// A landing write's data, staged in a send slot.
@@ -284,12 +305,15 @@ pub(crate) struct L2Lane {
     /// A reply came over the lane: it reaches the server (the set-up's probe waits for
     /// one before the lane is used).
     answered: AtomicBool,
-    /// Data frames were due over the lane (a read's, a landing write's), and whether
-    /// some arrived: a lane lost with data due and none ever arrived may be one whose
-    /// link drops full-size frames (an MTU mismatch), and counts as silent; one that
-    /// carried only commands does not (review 27d).
-    data_due: AtomicBool,
-    data_came: AtomicBool,
+    /// Full-size frames due over the lane, per kind: a read's data (server to client),
+    /// a landing write's blocks and a request in parts (client to server). A lane lost
+    /// with frames of one kind due and none of that kind ever arrived may be one whose
+    /// link drops full-size frames one way (an MTU mismatch), and counts as silent; one
+    /// that carried only small commands does not (review 27d; per kind, review 28b: a
+    /// landing write's blocks getting through hid reads whose data never came).
+    reads: Due,
+    lands: Due,
+    parts: Due,
     /// Why the lane went down (stats; empty while up).
     reason: Mutex<String>,
     poll: L2Poll,
@@ -419,8 +443,9 @@ impl L2Lane {
             cv: Condvar::new(),
             up: AtomicBool::new(true),
             answered: AtomicBool::new(false),
-            data_due: AtomicBool::new(false),
-            data_came: AtomicBool::new(false),
+            reads: Due::default(),
+            lands: Due::default(),
+            parts: Due::default(),
             reason: Mutex::new(String::new()),
             poll: o.poll,
             read_max: o.read_max.clamp(1, MAX_READ),
@@ -555,15 +580,20 @@ impl L2Lane {
         self.answered.load(Ordering::SeqCst)
     }
 
-    /// Data frames were due over the lane (a read's, a landing write's), and none ever
-    /// arrived: lost so, the lane may be one whose link drops full-size frames.
+    /// Full-size frames of some kind were due over the lane and none of that kind ever
+    /// arrived: lost so, the lane may be one whose link drops them.
     pub(crate) fn data_never_came(&self) -> bool {
-        self.data_due.load(Ordering::SeqCst) && !self.data_came.load(Ordering::SeqCst)
+        [&self.reads, &self.lands, &self.parts]
+            .iter()
+            .any(|d| d.never_came())
     }
 
-    /// Data frames came over the lane (a read's data, a landing write's blocks).
+    /// Full-size frames came over the lane (a read's data, a landing write's blocks, a
+    /// request in parts).
     pub(crate) fn data_came(&self) -> bool {
-        self.data_came.load(Ordering::SeqCst)
+        [&self.reads, &self.lands, &self.parts]
+            .iter()
+            .any(|d| d.came.load(Ordering::SeqCst))
     }
 
     /// The lane is lost: everyone waiting goes to TCP. Logged if the lane had carried a
@@ -608,6 +638,14 @@ impl L2Lane {
                     Ok(L2Reply::Reply { header, body }) => {
                         self.answered.store(true, Ordering::SeqCst);
                         if let Some(w) = inner.waiting.get_mut(&header.id) {
+                            // The server promised a read's data: it is due now.
+                            if w.xfer.is_some() && header.status == 0 && header.data_len > 0 {
+                                self.reads.due();
+                            }
+                            // Any answer: the server had every part.
+                            if w.parts {
+                                self.parts.came();
+                            }
                             w.reply = Some(Ok((header, body.to_vec())));
                         }
                     }
@@ -638,11 +676,14 @@ impl L2Lane {
                     }
                 }
                 Event::Committed(x) | Event::SlotsFree(x) => {
+                    if matches!(ev, Event::Committed(_)) && inner.xfers.contains_key(&x) {
+                        // A read's data came (its caller may have gone already).
+                        self.reads.came();
+                    }
                     if let Some((slot, who)) = inner.xfers.get(&x).copied() {
                         match who.and_then(|id| inner.waiting.get_mut(&id)) {
                             Some(w) if matches!(ev, Event::Committed(_)) => {
                                 w.committed = true;
-                                self.data_came.store(true, Ordering::SeqCst);
                             }
                             Some(w) => {
                                 // Its slots are free again but it never arrived.
@@ -704,6 +745,7 @@ impl L2Lane {
         match inner.ep.send(xfer, &exts) {
             Ok(()) => {
                 inner.sending.insert(xfer, land.slot);
+                self.lands.due();
                 if let Some(w) = inner.waiting.get_mut(&id) {
                     w.land = Some(Landing { sent: true, ..land });
                 }
@@ -780,7 +822,6 @@ impl L2Lane {
                 Ok(x) => {
                     inner.xfers.insert(x, (slot, Some(id)));
                     xfer = Some((x, slot));
-                    self.data_due.store(true, Ordering::SeqCst);
                 }
                 Err(e) => {
                     inner.free_slots.push(slot);
@@ -793,10 +834,7 @@ impl L2Lane {
         let mut land = None;
         if let (Request::Write(w), true) = (req, self.lands(req, data_len)) {
             match self.stage_landing(&mut inner, w.offset, data) {
-                Some(l) => {
-                    land = Some(l);
-                    self.data_due.store(true, Ordering::SeqCst);
-                }
+                Some(l) => land = Some(l),
                 None => return Err(Fallback),
             }
         }
@@ -810,8 +848,12 @@ impl L2Lane {
         };
         // Parts of one request are queued together (under the lane's lock), so the
         // server gathers them one request at a time.
+        let mut in_parts = false;
         let sent = match split_request(cmd, MAX_COMMAND) {
-            Ok(parts) => inner.ep.send_commands(parts).map_err(|e| e.to_string()),
+            Ok(parts) => {
+                in_parts = parts.len() > 1;
+                inner.ep.send_commands(parts).map_err(|e| e.to_string())
+            }
             Err(e) => Err(e.to_string()),
         };
         if let Err(e) = sent {
@@ -827,6 +869,9 @@ impl L2Lane {
             tracing::debug!("layer-2 command not sent: {e}");
             return Err(Fallback);
         }
+        if in_parts {
+            self.parts.due();
+        }
         inner.waiting.insert(
             id,
             Waiter {
@@ -834,9 +879,12 @@ impl L2Lane {
                 xfer,
                 committed: false,
                 land,
+                parts: in_parts,
             },
         );
         let deadline = Instant::now() + L2_REPLY_TIMEOUT;
+        // Polls in a row with frames to send and none sent (MAX_IDLE_TX_POLLS).
+        let mut idle_tx = 0u32;
         loop {
             let done = inner.waiting.get(&id).is_some_and(|w| match &w.reply {
                 Some(Ok((h, _))) => w.xfer.is_none() || w.committed || h.status != 0,
@@ -854,7 +902,7 @@ impl L2Lane {
                     }
                     if matches!(&w.reply, Some(Ok((h, _))) if h.status == 0) {
                         // Committed by the server: every block arrived.
-                        self.data_came.store(true, Ordering::SeqCst);
+                        self.lands.came();
                         counters.landed.fetch_add(1, Ordering::Relaxed);
                         counters
                             .landed_bytes
@@ -907,6 +955,7 @@ impl L2Lane {
                 continue;
             }
             inner.polling = true;
+            let sent_before = inner.ep.tx_frames();
             self.poll_once(&mut inner);
             let mine = inner.waiting.get(&id).is_some_and(|w| w.reply.is_some());
             if mine {
@@ -916,7 +965,12 @@ impl L2Lane {
             // Frames to send (a landing write's data): nothing on the sockets would wake
             // a sleeper for them, so poll again at once (waiting, a 1 MiB landing write
             // took 11.8 ms against 1.5 ms on TCP).
-            let sending = inner.ep.tx_pending();
+            let moved = inner.ep.tx_frames() != sent_before;
+            idle_tx = if moved { 0 } else { idle_tx + 1 };
+            let sending = inner.ep.tx_pending() && idle_tx <= zcfs_l2::MAX_IDLE_TX_POLLS;
+            if !sending {
+                idle_tx = 0;
+            }
             drop(inner);
             match self.poll {
                 L2Poll::Busy => std::hint::spin_loop(),

@@ -485,20 +485,23 @@ impl Client {
                         // when it sat idle for a while first). One that carried only
                         // commands is set up again as often as it is lost (27d: a
                         // metadata-only lane was given up for good after four losses).
-                        if l.data_came() {
-                            self.l2_silent.store(0, Ordering::SeqCst);
-                        } else if l.data_never_came()
-                            && self.l2_silent.fetch_add(1, Ordering::SeqCst)
+                        // Per kind of full-size frame (review 28b): blocks that got
+                        // through one way do not vouch for a read's data the other way.
+                        if l.data_never_came() {
+                            if self.l2_silent.fetch_add(1, Ordering::SeqCst)
                                 >= l2::L2_SILENT_RETRIES
-                        {
-                            let why = format!(
+                            {
+                                let why = format!(
                                 "{} lanes in a row were lost without bringing the data due on them",
                                 l2::L2_SILENT_RETRIES + 1
                             );
-                            tracing::warn!(iface = %o.iface, "layer-2 lane not used any more, the session stays on TCP: {why}");
-                            *lock(&self.l2_refused) = why;
-                            *st = L2State::Off;
-                            return LaneNow::Tcp;
+                                tracing::warn!(iface = %o.iface, "layer-2 lane not used any more, the session stays on TCP: {why}");
+                                *lock(&self.l2_refused) = why;
+                                *st = L2State::Off;
+                                return LaneNow::Tcp;
+                            }
+                        } else if l.data_came() {
+                            self.l2_silent.store(0, Ordering::SeqCst);
                         }
                         *st = L2State::Retry(l.clone(), at + l2::L2_RETRY_AFTER);
                         return LaneNow::Tcp;

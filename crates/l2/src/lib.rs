@@ -63,6 +63,11 @@ impl std::str::FromStr for L2Poll {
 pub const MTU: usize = 1500;
 /// The longest frame: Ethernet header and MTU.
 pub const MAX_FRAME_LEN: usize = ETH_HEADER_LEN + MTU;
+/// Polls in a row a waiting (poll(2)) lane end makes without sleeping while frames wait
+/// to go and none went (their TX chunks not back yet): then it sleeps its slice. A link
+/// that went down mid-transfer never gives the chunks back; without the bound a waiting
+/// client spun a core until its reply timeout (review 28c).
+pub const MAX_IDLE_TX_POLLS: u32 = 64;
 /// The file system's block size.
 pub const BLOCK_SIZE: usize = 4096;
 /// The most blocks one extent (one group of frames sent last first) holds.

@@ -560,6 +560,8 @@ fn run(port: L2Port, shared: &Shared, service: &L2Service, busy: bool) {
         sending: std::collections::HashMap::new(),
         parts: Reassembly::default(),
     };
+    // Polls in a row with frames to send and none sent (MAX_IDLE_TX_POLLS).
+    let mut idle_tx = 0u32;
     while !service.stop.load(Ordering::SeqCst) {
         // A new owner (or none): new key and peer; the old session's transfers end.
         {
@@ -577,6 +579,7 @@ fn run(port: L2Port, shared: &Shared, service: &L2Service, busy: bool) {
                 }
             }
         };
+        let sent_before = r.port.ep.tx_frames();
         let events = match r.port.ep.poll(t0.elapsed().as_nanos() as u64) {
             Ok(e) => e,
             Err(e) => {
@@ -588,6 +591,11 @@ fn run(port: L2Port, shared: &Shared, service: &L2Service, busy: bool) {
             }
         };
         let idle = events.is_empty();
+        idle_tx = if r.port.ep.tx_frames() != sent_before || !r.port.ep.tx_pending() {
+            0
+        } else {
+            idle_tx + 1
+        };
         for ev in events {
             match ev {
                 Event::Command(bytes) => {
@@ -655,8 +663,9 @@ fn run(port: L2Port, shared: &Shared, service: &L2Service, busy: bool) {
         if idle {
             if busy {
                 std::hint::spin_loop();
-            } else if r.port.ep.tx_pending() {
-                // A read's frames wait for TX chunks: no socket wakes a sleeper for that.
+            } else if r.port.ep.tx_pending() && idle_tx <= zcfs_l2::MAX_IDLE_TX_POLLS {
+                // A read's frames wait for TX chunks: no socket wakes a sleeper for that
+                // (bounded: a link that went down never gives them back).
                 std::thread::yield_now();
             } else if r.landings.is_empty() {
                 let _ = r.port.ep.wait_command(WAIT_SLICE);

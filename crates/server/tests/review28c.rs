@@ -148,7 +148,6 @@ fn thread_cpu(t: libc::pthread_t) -> Duration {
 /// down must stay that of a sleeper. The cut lands in the data phase of a write by
 /// chance (most of a landing write's time); up to `ATTEMPTS` cuts are made.
 #[test]
-#[ignore = "finding: a waiting lane's caller spins on yield_now while tx_pending cannot progress (link down mid-landing)"]
 fn a_waiting_client_does_not_spin_while_its_landing_data_cannot_leave() {
     if !l2_ready() {
         return;

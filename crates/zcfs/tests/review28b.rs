@@ -73,7 +73,6 @@ fn offers_and_stalls_late(
 /// not ignored) fails at 51ecb94 for this reason (its 64 KiB write lands now: 5 reads
 /// stalled, 4 allowed) and passes with 51ecb94 reverted, as do this test and (3b).
 #[test]
-#[ignore = "finding: a landing write's data (client to server) resets the silent count of a lane that never brings a read's data"]
 fn a_lane_whose_landing_writes_pass_but_reads_data_never_comes_is_not_set_up_again_for_ever() {
     if !l2_ready() {
         return;
@@ -82,7 +81,7 @@ fn a_lane_whose_landing_writes_pass_but_reads_data_never_comes_is_not_set_up_aga
     let mut srv = Served::new(&net, "rv28b-land-read", &["--l2", LANE_SRV_IF]);
     net.ip(false, &["link", "set", "dev", LANE_CLI_IF, "mtu", "512"]);
     let (offers_late, stalls_late, slowest_late, landed) = net.in_cli(|| {
-        let fs = client_l2_on(&net, LANE_CLI_IF, Duration::from_secs(10));
+        let fs = client_l2_landing(&net, LANE_CLI_IF, Duration::from_secs(10));
         let c = fs.client().clone();
         let (f, fh) = create_file(&fs, "f", libc::O_RDWR);
         // Landing writes: 64 KiB, past MAX_WRITE and within MAX_LANDING_WRITE.
@@ -136,7 +135,6 @@ fn a_lane_whose_landing_writes_pass_but_reads_data_never_comes_is_not_set_up_aga
 /// it.) A multi-part command (full-size frames due) should count as data due, or the
 /// rule count a lane lost at a request whose frames never got through.
 #[test]
-#[ignore = "finding: a lane that drops an inline write's full-size command frames is set up again for ever"]
 fn a_lane_that_drops_full_size_command_frames_is_not_set_up_again_for_ever() {
     if !l2_ready() {
         return;
@@ -145,7 +143,7 @@ fn a_lane_that_drops_full_size_command_frames_is_not_set_up_again_for_ever() {
     let mut srv = Served::new(&net, "rv28b-inline", &["--l2", LANE_SRV_IF]);
     net.ip(true, &["link", "set", "dev", LANE_SRV_IF, "mtu", "512"]);
     let (offers_late, stalls_late, slowest_late) = net.in_cli(|| {
-        let fs = client_l2_on(&net, LANE_CLI_IF, Duration::from_secs(10));
+        let fs = client_l2_landing(&net, LANE_CLI_IF, Duration::from_secs(10));
         let c = fs.client().clone();
         assert_eq!(
             c.l2_status().map(|s| s.0),
@@ -186,7 +184,6 @@ fn a_lane_that_drops_full_size_command_frames_is_not_set_up_again_for_ever() {
 /// to fix (review 27d). `data_due` should be set when the server asks for the data
 /// (send-data), not when the write is staged.
 #[test]
-#[ignore = "finding: a landing write answered \"resend on TCP\" counts as data due: the lane is given up after a few restarts"]
 fn a_lane_whose_landing_writes_are_sent_back_to_tcp_comes_back_after_every_server_restart() {
     if !l2_ready() {
         return;
@@ -216,7 +213,7 @@ fn a_lane_whose_landing_writes_are_sent_back_to_tcp_comes_back_after_every_serve
     let srv = std::sync::Mutex::new(&mut srv);
     let cycles = L2_SILENT_RETRIES + 2;
     net.in_cli(|| {
-        let fs = client_l2_on(&net, LANE_CLI_IF, Duration::from_secs(10));
+        let fs = client_l2_landing(&net, LANE_CLI_IF, Duration::from_secs(10));
         let c = fs.client().clone();
         let getattr_l2 = || c.l2_counters.requests[Op::Getattr as usize].load(Ordering::SeqCst);
         for n in 0..=cycles {
