@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{config, memory_fs};
+use common::{config, l2_ready, memory_fs};
 use zcfs_backend::{Backend, ROOT};
 use zcfs_client::l2::{L2Options, L2Poll, L2_RETRY_AFTER};
 use zcfs_client::{Caller, Client, ClientConfig};
@@ -22,22 +22,6 @@ use zcfs_protocol::{
 };
 use zcfs_server::l2::L2Port;
 use zcfs_server::Server;
-
-/// Whether the layer-2 tests can run here (root, XDP program built).
-fn l2_ready() -> bool {
-    let require = std::env::var("ZCFS_REQUIRE_L2").is_ok_and(|v| v == "1");
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    let ok = root && zcfs_xsk::xdp_object_available();
-    assert!(
-        ok || !require,
-        "ZCFS_REQUIRE_L2=1 but not root or no XDP program"
-    );
-    if !ok {
-        eprintln!("skipped: needs root and an XDP program");
-    }
-    ok
-}
 
 /// The image the server's data socket maps: a /dev/shm file (removed from the
 /// directory at once).
@@ -134,30 +118,12 @@ fn net_secret(label: &str, backend: Arc<dyn Backend>, l2: bool, secret: Option<&
 /// A server whose backend is a fresh volume on a /dev/shm image of `size` bytes, its
 /// lane's memory that same image: writes land in place.
 fn net_landing(label: &str, size: u64) -> Net {
-    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let path = format!(
-        "/dev/shm/zcfs-l2land-{}-{}-{label}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    );
-    let path = std::path::Path::new(&path);
-    let opts = zcfs_volume::MkfsOptions {
-        inodes: Some(256),
-        log_bytes: Some(4 << 20),
-        root: zcfs_volume::RootDir {
-            uid: 1000,
-            gid: 1000,
-            mode: 0o755,
-        },
+    let root = zcfs_volume::RootDir {
+        uid: 1000,
+        gid: 1000,
+        mode: 0o755,
     };
-    zcfs_volume::Volume::mkfs(path, size, &opts).unwrap();
-    let vol = zcfs_volume::Volume::open(path, zcfs_volume::VolumeConfig::synchronous()).unwrap();
-    let image = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .unwrap();
-    std::fs::remove_file(path).unwrap();
+    let (vol, image) = common::shm_volume(label, size, 4 << 20, root);
     net_image(
         label,
         Arc::new(zcfs_local::LocalFs::new(vol)),

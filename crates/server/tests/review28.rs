@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::config;
+use common::{config, l2_ready};
 use zcfs_client::{Caller, Client, ClientConfig};
 use zcfs_l2::endpoint::{CMD_CHUNK, CMD_REGION_LEN};
 use zcfs_l2::{Endpoint, Event, Extent, SlotGeometry, BLOCK_SIZE, MAX_FRAME_LEN};
@@ -26,22 +26,6 @@ use zcfs_types::Cred;
 use zcfs_volume::{FsError, Volume, ROOT_INO};
 use zcfs_xsk::{bind_retrying, mac_address, Desc, FrameIo, Region, XdpProgram, XskConfig};
 use zcfs_xsk::{XskSocket, XDP_PACKET_HEADROOM};
-
-/// Whether the layer-2 tests can run here (root, XDP program built).
-fn l2_ready() -> bool {
-    let require = std::env::var("ZCFS_REQUIRE_L2").is_ok_and(|v| v == "1");
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    let ok = root && zcfs_xsk::xdp_object_available();
-    assert!(
-        ok || !require,
-        "ZCFS_REQUIRE_L2=1 but not root or no XDP program"
-    );
-    if !ok {
-        eprintln!("skipped: needs root and an XDP program");
-    }
-    ok
-}
 
 /// A server whose backend is `vol` and whose lane maps `image` (the volume's own image
 /// file: writes land in place), in the pair's server namespace.
@@ -65,31 +49,12 @@ impl Drop for Net {
 /// A fresh volume of `size` bytes on a /dev/shm file (removed from the directory at
 /// once) and that file, opened again for the lane.
 fn shm_volume(label: &str, size: u64) -> (Arc<Volume>, std::fs::File) {
-    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let path = format!(
-        "/dev/shm/zcfs-rev28-{}-{}-{label}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    );
-    let path = std::path::Path::new(&path);
-    let opts = zcfs_volume::MkfsOptions {
-        inodes: Some(256),
-        log_bytes: Some(1 << 20),
-        root: zcfs_volume::RootDir {
-            uid: 0,
-            gid: 0,
-            mode: 0o777,
-        },
+    let root = zcfs_volume::RootDir {
+        uid: 0,
+        gid: 0,
+        mode: 0o777,
     };
-    Volume::mkfs(path, size, &opts).unwrap();
-    let vol = Volume::open(path, zcfs_volume::VolumeConfig::synchronous()).unwrap();
-    let image = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .unwrap();
-    std::fs::remove_file(path).unwrap();
-    (vol, image)
+    common::shm_volume(label, size, 1 << 20, root)
 }
 
 fn serve(label: &str, vol: Arc<Volume>, image: std::fs::File) -> Net {

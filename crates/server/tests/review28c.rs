@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::config;
+use common::{config, l2_ready};
 use zcfs_client::l2::{L2Options, L2Poll};
 use zcfs_client::{Caller, Client, ClientConfig};
 use zcfs_netns::{owned_name, Pair, CLI_IF, SRV_IF};
@@ -20,22 +20,6 @@ use zcfs_protocol::{CreateReply, CreateReq, Name, NodeRef, Op, Reply, Request, W
 use zcfs_server::l2::L2Port;
 use zcfs_server::Server;
 use zcfs_volume::ROOT_INO;
-
-/// Whether the layer-2 tests can run here (root, XDP program built).
-fn l2_ready() -> bool {
-    let require = std::env::var("ZCFS_REQUIRE_L2").is_ok_and(|v| v == "1");
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    let ok = root && zcfs_xsk::xdp_object_available();
-    assert!(
-        ok || !require,
-        "ZCFS_REQUIRE_L2=1 but not root or no XDP program"
-    );
-    if !ok {
-        eprintln!("skipped: needs root and an XDP program");
-    }
-    ok
-}
 
 /// A server (lane waiting in poll(2)) whose backend is a fresh volume on a /dev/shm
 /// image (removed from the directory at once), its lane's memory that same image.
@@ -58,25 +42,12 @@ impl Drop for Net {
 }
 
 fn net_landing(label: &str, size: u64) -> Net {
-    let path = format!("/dev/shm/zcfs-rev28c-{}-{label}", std::process::id());
-    let path = std::path::Path::new(&path);
-    let opts = zcfs_volume::MkfsOptions {
-        inodes: Some(256),
-        log_bytes: Some(4 << 20),
-        root: zcfs_volume::RootDir {
-            uid: 0,
-            gid: 0,
-            mode: 0o755,
-        },
+    let root = zcfs_volume::RootDir {
+        uid: 0,
+        gid: 0,
+        mode: 0o755,
     };
-    zcfs_volume::Volume::mkfs(path, size, &opts).unwrap();
-    let vol = zcfs_volume::Volume::open(path, zcfs_volume::VolumeConfig::synchronous()).unwrap();
-    let image = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .unwrap();
-    std::fs::remove_file(path).unwrap();
+    let (vol, image) = common::shm_volume(label, size, 4 << 20, root);
     let backend = Arc::new(zcfs_local::LocalFs::new(vol));
     let pair = Pair::create_with_queues(&owned_name(std::process::id(), label), 87, 2).unwrap();
     let ip = pair.srv_ip;

@@ -617,3 +617,52 @@ pub fn socket_path(tag: &str) -> std::path::PathBuf {
     std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     dir.join("s.sock")
 }
+
+/// Whether the layer-2 tests can run here (root, XDP program built); with
+/// ZCFS_REQUIRE_L2=1 they must.
+pub fn l2_ready() -> bool {
+    let require = std::env::var("ZCFS_REQUIRE_L2").is_ok_and(|v| v == "1");
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let ok = root && zcfs_xsk::xdp_object_available();
+    assert!(
+        ok || !require,
+        "ZCFS_REQUIRE_L2=1 but not root or no XDP program"
+    );
+    if !ok {
+        eprintln!("skipped: needs root and an XDP program");
+    }
+    ok
+}
+
+/// A fresh volume of `size` bytes (a log of `log_bytes`, its root `root`) on a
+/// /dev/shm file, and that file opened again for a lane whose memory it is (writes land
+/// in place). The file's name is gone from /dev/shm before this returns.
+pub fn shm_volume(
+    label: &str,
+    size: u64,
+    log_bytes: u64,
+    root: zcfs_volume::RootDir,
+) -> (Arc<Volume>, std::fs::File) {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let path = format!(
+        "/dev/shm/zcfs-srvtest-{}-{}-{label}",
+        std::process::id(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    );
+    let path = std::path::Path::new(&path);
+    let opts = MkfsOptions {
+        inodes: Some(256),
+        log_bytes: Some(log_bytes),
+        root,
+    };
+    let made = Volume::mkfs(path, size, &opts)
+        .and_then(|()| Volume::open(path, VolumeConfig::synchronous()));
+    let image = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path);
+    // Gone from the directory whatever failed above.
+    let _ = std::fs::remove_file(path);
+    (made.unwrap(), image.unwrap())
+}
