@@ -1065,12 +1065,27 @@ impl Client {
     /// here rather than going out on another connection and overtaking it. One that
     /// waits for a connection is not waited for: it goes out first on the next one made.
     pub fn wait_posted(&self, within: Duration) -> bool {
+        self.wait_posted_if(within, |_| true)
+    }
+
+    /// [`Client::wait_posted`] for the posted requests that name inode `ino` (a FORGET
+    /// with an item of it, a RELEASE of it): a lookup of "." of one node does not wait
+    /// for FORGETs of others queued behind other traffic (review 28b: up to the timeout).
+    pub fn wait_posted_for(&self, ino: u64, within: Duration) -> bool {
+        self.wait_posted_if(within, |r| match r {
+            Request::Forget(f) => f.items.iter().any(|i| i.ino == ino),
+            Request::Release(rel) => rel.node.ino == ino,
+            _ => false,
+        })
+    }
+
+    fn wait_posted_if(&self, within: Duration, names: impl Fn(&Request) -> bool) -> bool {
         let mark = self.ids.load(Ordering::SeqCst);
         let deadline = std::time::Instant::now() + within;
         let out = |posted: &HashMap<u64, Posted>| -> Vec<Arc<Conn>> {
             posted
                 .iter()
-                .filter(|(&id, _)| id < mark)
+                .filter(|(&id, p)| id < mark && names(&p.req))
                 .filter_map(|(_, p)| p.conn.upgrade().filter(|c| c.is_up()))
                 .collect()
         };

@@ -889,7 +889,10 @@ impl Backend for RemoteFs {
         // for a file handle) reach the server first: taken after the lookup, the last
         // reference of an unlinked file would keep it for this lookup, and a handle
         // of a file no one holds any more would open (on tmpfs: ESTALE).
-        if !self.client.wait_posted(self.client.config().timeout) {
+        if !self
+            .client
+            .wait_posted_for(ino, self.client.config().timeout)
+        {
             tracing::info!(
                 ino,
                 "looking up a node with earlier forgets still unanswered"

@@ -1223,7 +1223,6 @@ fn a_lookup_after_wait_posted_is_not_overtaken_by_a_forget_resent_on_a_new_conne
 /// Here a FORGET of node 5 takes the server 1 s; the lookup of node 9 by its number
 /// waits for it, although the other connection is idle.
 #[test]
-#[ignore = "finding: a lookup of \".\" waits for posted FORGETs of unrelated nodes (up to the client's timeout)"]
 fn a_hold_does_not_wait_for_forgets_of_other_nodes() {
     use zcfs_backend::{Backend, Ctx, ROOT};
     let slow = Duration::from_secs(1);
