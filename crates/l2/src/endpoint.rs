@@ -705,8 +705,9 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
                 .is_some_and(|g| self.s_transfers.contains_key(&g.transfer))
     }
 
-    /// Data frames given to the kernel so far (data and NOPs): a caller that polls
-    /// again for [`Endpoint::tx_pending`] compares it to see whether sending moves.
+    /// Data frames built to be sent so far (data and NOPs; they go to the kernel in
+    /// order, as its TX ring takes them): a caller that polls again for
+    /// [`Endpoint::tx_pending`] compares it to see whether sending moves.
     pub fn tx_frames(&self) -> u64 {
         self.stats.data_frames_sent + self.stats.nops_sent
     }

@@ -128,7 +128,6 @@ fn create(c: &Client, name: &str) -> CreateReply {
 /// write whose commit fails (a volume fault point) and is then lost (its link down for
 /// longer than `L2_REPLY_TIMEOUT`); the lane must come back each time.
 #[test]
-#[ignore = "finding: a landing write whose blocks arrived but whose commit failed counts as data that never came (lane given up after 4 losses)"]
 fn a_lane_whose_landing_writes_fail_after_landing_is_not_given_up() {
     if !l2_ready() {
         return;
@@ -259,7 +258,6 @@ fn thread_cpu(t: libc::pthread_t) -> Duration {
 /// between writes (a sleeper). The server's `run` does not reset its count, and sleeps
 /// each slice until frames move. (review28c's bound, WINDOW / 5, lets this pass.)
 #[test]
-#[ignore = "finding: a waiting client whose landing data cannot leave still polls 64 times at once per 1 ms slice (~11 % of a core, a sleeper ~1.3 %)"]
 fn a_waiting_client_sleeps_between_its_polls_while_its_landing_data_cannot_leave() {
     if !l2_ready() {
         return;
