@@ -762,10 +762,12 @@ impl L2Lane {
     /// Stage a landing write's `data` for a write at `offset` in a free send slot:
     /// the write's bytes at their place in its blocks, the rest of the first and last
     /// block zero (the server takes those bytes from the file). None: no slot free.
-    fn stage_landing(&self, inner: &mut Inner, offset: u64, data: &[&[u8]]) -> Option<Landing> {
+    /// The copy runs without the lane's lock (up to 1 MiB: the other callers poll on);
+    /// the slot is this caller's alone once taken.
+    fn stage_landing(&self, offset: u64, data: &[&[u8]]) -> Option<Landing> {
         let len: usize = data.iter().map(|d| d.len()).sum();
         let blocks = blocks_spanned(offset, len as u32);
-        let slot = inner.free_send.pop()?;
+        let slot = lock(&self.inner).free_send.pop()?;
         let base = self.send_slot(slot);
         let lead = offset % BLOCK_SIZE as u64;
         let end = lead + len as u64;
@@ -782,7 +784,7 @@ impl L2Lane {
             .write(base + end, &vec![0u8; (span - end) as usize])
             .is_ok();
         if !ok {
-            inner.free_send.push(slot);
+            lock(&self.inner).free_send.push(slot);
             return None;
         }
         Some(Landing {
@@ -803,8 +805,19 @@ impl L2Lane {
         counters: &L2Counters,
     ) -> Result<Response, Fallback> {
         let id = u64::from_le_bytes(hdr[8..16].try_into().expect("8 bytes"));
+        let data_len: usize = data.iter().map(|d| d.len()).sum();
+        let mut land = None;
+        if let (Request::Write(w), true) = (req, self.lands(req, data_len)) {
+            match self.stage_landing(w.offset, data) {
+                Some(l) => land = Some(l),
+                None => return Err(Fallback),
+            }
+        }
         let mut inner = lock(&self.inner);
         if !self.is_up() {
+            if let Some(l) = land {
+                inner.free_send.push(l.slot);
+            }
             return Err(Fallback);
         }
         let mut xfer = None;
@@ -828,14 +841,6 @@ impl L2Lane {
                     tracing::debug!("layer-2 read not expected: {e}");
                     return Err(Fallback);
                 }
-            }
-        }
-        let data_len: usize = data.iter().map(|d| d.len()).sum();
-        let mut land = None;
-        if let (Request::Write(w), true) = (req, self.lands(req, data_len)) {
-            match self.stage_landing(&mut inner, w.offset, data) {
-                Some(l) => land = Some(l),
-                None => return Err(Fallback),
             }
         }
         let (x, blocks) = match (xfer, req) {

@@ -28,23 +28,15 @@ fn unreachable(ino: u64) -> Error {
 }
 
 /// References taken to check generations, given back when the operation is done, so
-/// the check and the operation see the same inode.
+/// the check and the operation see the same inode (for the lane's request: `'a`).
 pub(crate) struct Held<'a, const N: usize> {
-    backend: &'a dyn Backend,
-    inos: [Option<u64>; N],
+    _refs: [Option<HeldOwned>; N],
+    _lane: std::marker::PhantomData<&'a ()>,
 }
 
-impl<const N: usize> Drop for Held<'_, N> {
-    fn drop(&mut self) {
-        for ino in self.inos.iter().flatten() {
-            self.backend.forget(*ino, 1);
-        }
-    }
-}
-
-/// [`Held`] of one inode for an operation that outlives the call that checked it (a
-/// layer-2 landing write waits for its data across the lane's polls): the reference
-/// goes back when this drops.
+/// The reference [`Lane::hold_owned`] took on one inode, given back when this drops: for
+/// one node of a [`Held`], or alone for an operation that outlives the call that
+/// checked it (a layer-2 landing write waits for its data across the lane's polls).
 pub(crate) struct HeldOwned {
     backend: std::sync::Arc<dyn Backend>,
     ino: u64,
@@ -79,27 +71,15 @@ impl<'a> Lane<'a> {
     /// the root): the inode checked is then the one the operation sees (its number
     /// cannot be freed and reused for another client's tmpfile in between).
     pub(crate) fn hold<const N: usize>(&self, nodes: [NodeRef; N]) -> Result<Held<'a, N>> {
-        let backend: &'a dyn Backend = &*self.shared.backend;
-        let mut held = Held {
-            backend,
-            inos: [None; N],
-        };
-        for (i, n) in nodes.iter().enumerate() {
-            if n.gen == 0 && (n.ino == zcfs_backend::ROOT || self.session.holds(n.ino)) {
-                continue;
-            }
-            match backend.hold(n.ino, n.gen) {
-                Ok(a) => {
-                    held.inos[i] = Some(n.ino);
-                    self.reachable(n.ino, a.nlink)?;
-                }
-                Err(e) if e.errno == libc::ENOENT || e.errno == libc::ESTALE => {
-                    return Err(stale(*n))
-                }
-                Err(e) => return Err(e),
-            }
+        let mut refs = [const { None }; N];
+        for (r, n) in refs.iter_mut().zip(nodes) {
+            // On an error the references taken so far go back as `refs` drops.
+            *r = self.hold_owned(n)?;
         }
-        Ok(held)
+        Ok(Held {
+            _refs: refs,
+            _lane: std::marker::PhantomData,
+        })
     }
 
     /// [`Lane::hold`] of one node, the reference kept by the returned guard (None: the
