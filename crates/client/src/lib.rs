@@ -1062,8 +1062,9 @@ impl Client {
     /// none is left. The server runs each connection's requests in order but the
     /// connections side by side, so a request that must come after a posted one (a
     /// lookup of "." after the FORGET of that node's last reference) waits for it
-    /// here rather than going out on another connection and overtaking it. One that
-    /// waits for a connection is not waited for: it goes out first on the next one made.
+    /// here rather than going out on another connection and overtaking it. One whose
+    /// connection was lost (or never made) is sent again on one made here, and waited
+    /// for too; false if that connection could not be made.
     pub fn wait_posted(&self, within: Duration) -> bool {
         self.wait_posted_if(within, |_| true)
     }
@@ -1089,8 +1090,31 @@ impl Client {
                 .filter_map(|(_, p)| p.conn.upgrade().filter(|c| c.is_up()))
                 .collect()
         };
+        // Ones of this session whose connection is lost: they go out again on the next
+        // connection made, and the caller's request would be sent beside them (on
+        // another lane) and could overtake them (review 28b). Make that connection
+        // now, so they are out on a live one and waited for below.
+        let stranded = |posted: &HashMap<u64, Posted>| -> bool {
+            let epoch = self.epoch();
+            posted.iter().any(|(&id, p)| {
+                id < mark
+                    && p.epoch == epoch
+                    && names(&p.req)
+                    && p.conn.upgrade().filter(|c| c.is_up()).is_none()
+            })
+        };
         let mut posted = lock(&self.posted.map);
         loop {
+            if stranded(&posted) {
+                drop(posted);
+                // The connections `pick` makes (every lane given up on, and the next
+                // one) send them again.
+                if self.pick().is_err() {
+                    // The caller's request meets the same; nothing is out to overtake.
+                    return false;
+                }
+                posted = lock(&self.posted.map);
+            }
             let conns = out(&posted);
             if conns.is_empty() {
                 return true;
