@@ -130,6 +130,10 @@ pub enum L2Error {
     FillRing { took: usize, asked: usize },
     #[error(transparent)]
     Region(#[from] RegionError),
+    #[error("the data socket is gone (it could not be made again)")]
+    DataSocketGone,
+    #[error("the data socket is replaced only with no transfer under way")]
+    TransfersActive,
 }
 
 /// Settings of one endpoint.
@@ -363,7 +367,9 @@ pub struct Endpoint<D: FrameIo, C: FrameIo> {
     key: TagKey,
     out_macs: Macs,
     in_macs: Macs,
-    data: D,
+    /// None only after a `replace_data` whose new socket could not be made: every call
+    /// that needs it then fails with [`L2Error::DataSocketGone`].
+    data: Option<D>,
     cmd: C,
     stats: Stats,
     events: Vec<Event>,
@@ -457,6 +463,11 @@ impl Recent {
     }
 }
 
+/// The scratch chunks of `(offset, count)` (`Config::tx_scratch`).
+fn scratch_chunks((off, n): (u64, u32)) -> Vec<u64> {
+    (0..n as u64).map(|i| off + i * CMD_CHUNK).collect()
+}
+
 fn first_blocks(extents: &[Extent]) -> Vec<u32> {
     let mut at = 0u32;
     extents
@@ -522,7 +533,7 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
         let c_tx_free = (CMD_RX_CHUNKS as u64..(CMD_RX_CHUNKS + CMD_TX_CHUNKS) as u64)
             .map(|i| i * CMD_CHUNK)
             .collect();
-        let s_free = (0..n as u64).map(|i| off + i * CMD_CHUNK).collect();
+        let s_free = scratch_chunks(cfg.tx_scratch);
         Ok(Endpoint {
             key: TagKey::derive_for(session_key, cfg.open_tags),
             out_macs: Macs {
@@ -534,7 +545,7 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
                 src: cfg.peer_mac,
             },
             cfg,
-            data,
+            data: Some(data),
             cmd,
             stats: Stats::default(),
             events: Vec::new(),
@@ -687,9 +698,62 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
         o
     }
 
-    /// The data queue (its region holds received extents and sent sources).
-    pub fn data(&self) -> &D {
-        &self.data
+    /// The data queue (its region holds received extents and sent sources); None only
+    /// after a failed [`Endpoint::replace_data`].
+    pub fn data(&self) -> Option<&D> {
+        self.data.as_ref()
+    }
+
+    fn sock(&self) -> Result<&D, L2Error> {
+        self.data.as_ref().ok_or(L2Error::DataSocketGone)
+    }
+
+    fn sock_mut(&mut self) -> Result<&mut D, L2Error> {
+        self.data.as_mut().ok_or(L2Error::DataSocketGone)
+    }
+
+    /// Close the data socket and use the one `make` returns (on the same queue and
+    /// memory) from now on: the only way to take back receive entries no peer will
+    /// fill (a lane owner that went silent with a transfer's entries posted, whose
+    /// drain needs that peer's NOPs). Every aborted transfer's memory is the caller's
+    /// again ([`Event::SlotsFree`] at the next poll), and every scratch chunk is free.
+    /// `make` runs after the old socket closed (a queue takes one socket at a time) and
+    /// must return only once nothing can write into the old socket's entries any more
+    /// (for AF_XDP: once the new socket is bound to the queue, which the old one's
+    /// buffer pool left). Allowed only with no transfer under way in either direction
+    /// (after [`Endpoint::rekey`]); else [`L2Error::TransfersActive`] and nothing
+    /// changes. If `make` fails, its error is returned and the endpoint has no data
+    /// socket (its data calls fail with [`L2Error::DataSocketGone`]).
+    pub fn replace_data<E: From<L2Error>>(
+        &mut self,
+        make: impl FnOnce() -> Result<D, E>,
+    ) -> Result<(), E> {
+        let active = self
+            .r_transfers
+            .values()
+            .any(|t| t.state != RxState::Aborted)
+            || !self.s_transfers.is_empty();
+        if active {
+            return Err(L2Error::TransfersActive.into());
+        }
+        // The old socket (its posted entries and queued frames with it) goes first.
+        self.data = None;
+        self.data = Some(make()?);
+        self.r_posted.clear();
+        self.r_pending.clear();
+        self.r_unconsumed = 0;
+        self.r_drain = None;
+        self.s_frames.clear();
+        self.s_nops = 0;
+        self.s_free = scratch_chunks(self.cfg.tx_scratch);
+        self.note(
+            "data socket replaced (aborted transfers, 0)",
+            self.r_transfers.len() as u32,
+            0,
+        );
+        self.release_check();
+        debug_assert!(self.r_transfers.is_empty());
+        Ok(())
     }
 
     /// Data frames wait to go: queued for the kernel, NOPs owed, or the next granted
@@ -720,7 +784,13 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
     /// Sleep until a data frame arrives or `timeout` passed (a caller that expects data,
     /// e.g. a read's reply, and does not busy-poll).
     pub fn wait_data(&mut self, timeout: std::time::Duration) -> std::io::Result<bool> {
-        self.data.wait(timeout)
+        match self.data.as_mut() {
+            Some(d) => d.wait(timeout),
+            None => Err(std::io::Error::new(
+                std::io::ErrorKind::NotConnected,
+                L2Error::DataSocketGone,
+            )),
+        }
     }
 
     /// Sleep until a command-queue frame arrives or `timeout` passed (a caller that
@@ -806,7 +876,7 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
         if self.r_transfers.len() >= MAX_ACTIVE_TRANSFERS {
             return Err(L2Error::TooManyTransfers);
         }
-        let size = self.data.region().len();
+        let size = self.sock()?.region().len();
         let (soff, sn) = self.cfg.tx_scratch;
         let scratch = (soff, soff + sn as u64 * CMD_CHUNK);
         for (i, e) in extents.iter().enumerate() {
@@ -862,7 +932,7 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
             return Err(L2Error::TooManyTransfers);
         }
         for e in extents {
-            e.check_sendable(self.data.region().len())?;
+            e.check_sendable(self.sock()?.region().len())?;
         }
         self.s_transfers.insert(
             id,
@@ -1297,7 +1367,7 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
 
     fn data_rx(&mut self) -> Result<(), L2Error> {
         let mut descs = Vec::new();
-        self.data.recv(&mut descs, RX_BATCH);
+        self.sock_mut()?.recv(&mut descs, RX_BATCH);
         for d in descs {
             self.r_last_rx = self.now;
             let Some(g) = self.r_posted.front_mut() else {
@@ -1388,7 +1458,7 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
         };
         let mut f = [0u8; NOP_FRAME_LEN];
         for p in &g.plan {
-            self.data
+            self.sock()?
                 .region()
                 .read(p.fill + XDP_PACKET_HEADROOM, &mut f)?;
             match frame::decode(&f, self.in_macs, &self.key) {
@@ -1437,7 +1507,7 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
     /// The surviving header in front of the extent and the extent's CRC.
     fn check_front(&self, g: &Posted, ext: &Extent, first: u32) -> Result<bool, L2Error> {
         let mut h = [0u8; HEADER_LEN];
-        self.data
+        self.sock()?
             .region()
             .read(ext.offset - HEADER_LEN as u64, &mut h)?;
         let Ok((
@@ -1458,7 +1528,7 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
             return Ok(false);
         }
         Ok(self
-            .data
+            .sock()?
             .region()
             .crc32c(ext.offset, ext.bytes() as usize)?
             == crc)
@@ -1632,11 +1702,11 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
             let ext = t.extents[e as usize];
             let plan = layout::fill_plan(&ext);
             let n = plan.len();
-            if self.r_unconsumed + n > self.cfg.credit_frames || self.data.fill_free() < n {
+            if self.r_unconsumed + n > self.cfg.credit_frames || self.sock()?.fill_free() < n {
                 break;
             }
             let fills: Vec<u64> = plan.iter().map(|p| p.fill).collect();
-            let took = self.data.fill(&fills);
+            let took = self.sock_mut()?.fill(&fills);
             if took != n {
                 return Err(L2Error::FillRing { took, asked: n });
             }
@@ -1711,12 +1781,12 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
 
     fn tx_pump(&mut self) -> Result<(), L2Error> {
         let mut done = Vec::new();
-        self.data.completions(&mut done, usize::MAX);
+        self.sock_mut()?.completions(&mut done, usize::MAX);
         self.s_free.extend(done);
         loop {
             if !self.s_frames.is_empty() {
                 let batch: Vec<Desc> = self.s_frames.iter().copied().collect();
-                let n = self.data.transmit(&batch);
+                let n = self.sock_mut()?.transmit(&batch);
                 self.s_frames.drain(..n);
                 if !self.s_frames.is_empty() {
                     return Ok(());
@@ -1744,7 +1814,7 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
                 f.resize(NOP_FRAME_LEN, 0);
                 for _ in 0..k {
                     let chunk = self.s_free.pop().expect("counted");
-                    self.data.region().write(chunk, &f)?;
+                    self.sock()?.region().write(chunk, &f)?;
                     self.s_frames.push_back(Desc {
                         addr: chunk,
                         len: NOP_FRAME_LEN as u32,
@@ -1808,7 +1878,7 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
                 f.resize(NOP_FRAME_LEN, 0);
                 for _ in 0..n {
                     let chunk = self.s_free.pop().expect("counted");
-                    self.data.region().write(chunk, &f)?;
+                    self.sock()?.region().write(chunk, &f)?;
                     self.s_frames.push_back(Desc {
                         addr: chunk,
                         len: NOP_FRAME_LEN as u32,
@@ -1849,7 +1919,7 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
                 crc,
             };
             let crc = self
-                .data
+                .sock()?
                 .region()
                 .crc32c(src.offset, src.bytes() as usize)?;
             let mut frames = Vec::with_capacity(segs.len());
@@ -1863,7 +1933,7 @@ impl<D: FrameIo, C: FrameIo> Endpoint<D, C> {
                     &[],
                     &self.key,
                 );
-                let r = self.data.region();
+                let r = self.sock()?.region();
                 r.write(chunk, &h)?;
                 r.copy_within(
                     src.offset + s.start as u64,

@@ -2,6 +2,7 @@
 //! with and without injected loss, duplication and reordering. Simulated time only.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use proptest::prelude::*;
 use zcfs_l2::endpoint::{
@@ -631,6 +632,88 @@ fn a_sender_restart_aborts_its_transfer_and_the_new_session_does_not_commit_it()
     let steps = run(&mut n, &q, 5000);
     assert!(steps > 0);
     assert_eq!(n.b.stats().committed, 1);
+}
+
+/// A receiver whose sender went silent with entries posted (nothing will drain them)
+/// takes them back by replacing its data socket: refused while a transfer is under
+/// way (nothing changes), then every aborted transfer's memory comes back at once
+/// (SlotsFree) and nothing is posted, and a new transfer into the same memory
+/// commits once.
+#[test]
+fn a_receiver_takes_back_entries_no_peer_will_fill_by_replacing_its_data_socket() {
+    let mut n = net(Injector::none(9), frames(1), b"old session");
+    let p = plans(&[(true, vec![1, 1, 1, 1, 1, 1])], 9);
+    for (e, d) in p[0].src.iter().zip(&p[0].data) {
+        n.a_data.region().write(e.offset, d).unwrap();
+    }
+    let old = n.b.expect(&p[0].dst).unwrap();
+    n.b.poll(n.now).unwrap();
+    assert!(n.b_data.posted() > 0, "the transfer's entries are posted");
+    // Under way: refused, and nothing changed.
+    let b_data = &n.b_data;
+    let refused = n.b.replace_data(|| Ok::<_, L2Error>(b_data.reopen()));
+    assert!(
+        matches!(refused, Err(L2Error::TransfersActive)),
+        "{refused:?}"
+    );
+    assert!(n.b_data.posted() > 0, "still posted after the refusal");
+    assert!(n.b.data().is_some());
+    // The sender never sends; the receiver's session ends (its peer left).
+    n.a_data.set_rates(1_000_000, 0, 0);
+    n.a_cmd.set_rates(1_000_000, 0, 0);
+    n.b.rekey(b"no one");
+    let evs = n.b.poll(n.now + STEP).unwrap();
+    assert!(evs.contains(&Event::Aborted(old)), "{evs:?}");
+    assert!(
+        !evs.contains(&Event::SlotsFree(old)),
+        "free before a drain: {evs:?}"
+    );
+    assert!(n.b_data.posted() > 0);
+    // The socket is replaced: the entries are gone and the memory is the caller's.
+    let b_data = n.b_data.reopen();
+    n.b.replace_data(|| Ok::<_, L2Error>(b_data)).unwrap();
+    let evs = n.b.poll(n.now + 2 * STEP).unwrap();
+    assert!(evs.contains(&Event::SlotsFree(old)), "{evs:?}");
+    assert_eq!(n.b_data.posted(), 0);
+    // A new session on both ends; the same memory takes a new transfer, committed once.
+    n.now += 3 * STEP;
+    n.a_data.set_rates(0, 0, 0);
+    n.a_cmd.set_rates(0, 0, 0);
+    n.a = Endpoint::new(
+        config(MAC_A, MAC_B, 64),
+        b"new session",
+        n.a_data.reopen(),
+        n.a_cmd.reopen(),
+    )
+    .unwrap();
+    n.b.rekey(b"new session");
+    let mut q = plans(&[(true, vec![1, 1, 1, 1, 1, 1])], 10);
+    q[0].dst = p[0].dst.clone();
+    let steps = run(&mut n, &q, 5000);
+    assert!(steps > 0);
+    assert_eq!(n.b.stats().committed, 1);
+}
+
+/// A data socket that could not be made again leaves the endpoint without one: its
+/// data calls fail with DataSocketGone (no panic).
+#[test]
+fn an_endpoint_whose_data_socket_could_not_be_made_again_fails_its_data_calls() {
+    let mut n = net(Injector::none(11), frames(1), b"session");
+    let err =
+        n.b.replace_data(|| Err::<SimEnd, _>(L2Error::Config("no socket")))
+            .unwrap_err();
+    assert!(matches!(err, L2Error::Config(_)), "{err:?}");
+    assert!(n.b.data().is_none());
+    let p = plans(&[(true, vec![1])], 11);
+    assert!(matches!(
+        n.b.expect(&p[0].dst),
+        Err(L2Error::DataSocketGone)
+    ));
+    assert!(n.b.wait_data(Duration::from_millis(1)).is_err());
+    assert!(matches!(
+        n.b.poll(n.now + STEP),
+        Err(L2Error::DataSocketGone)
+    ));
 }
 
 #[test]

@@ -115,8 +115,10 @@ pub struct L2Port {
     /// (device, inode) of the image the data socket's UMEM maps: writes land in place
     /// only when it is the backend's own image (`Backend::image_file_id`).
     image_id: Option<(u64, u64)>,
+    /// How the sockets were bound (the data socket is made again with it).
+    xsk: XskConfig,
     // Last: the program detaches after the sockets closed.
-    _prog: XdpProgram,
+    prog: XdpProgram,
 }
 
 impl L2Port {
@@ -156,12 +158,31 @@ impl L2Port {
             region,
             file_len,
             image_id,
-            _prog: prog,
+            xsk: cfg,
+            prog,
         })
     }
 
     pub fn mode(&self) -> BindMode {
         self.mode
+    }
+
+    /// Close the data socket and bind a new one on the same queue and memory, so no
+    /// receive entry posted for a lane owner that left points into the volume any more
+    /// (`Endpoint::replace_data`). Binding succeeds only once the old socket's buffer
+    /// pool has left the queue (EBUSY until then: `bind_retrying`), so after it
+    /// returns no frame, copied or DMAed, reaches the old entries. Err: the lane has no
+    /// data socket any more.
+    fn reopen_data(&mut self) -> Result<(), L2PortError> {
+        let (region, ifname, cfg) = (self.region.clone(), self.ifname.clone(), self.xsk);
+        self.ep.replace_data(|| {
+            bind_retrying(|| XskSocket::new(region.clone(), &ifname, DATA_QUEUE, cfg))
+                .map_err(L2PortError::from)
+        })?;
+        if let Some(data) = self.ep.data() {
+            self.prog.register(DATA_QUEUE, data)?;
+        }
+        Ok(())
     }
 }
 
@@ -577,6 +598,26 @@ fn run(port: L2Port, shared: &Shared, service: &L2Service, busy: bool) {
                         .ep
                         .rekey_peer(&rand::random::<[u8; 32]>(), [0; 6], false),
                 }
+                // No owner, and landings (aborted by the rekey) whose entries stay
+                // posted until a peer drains them: with no peer, the blocks would stay
+                // reserved until a next owner or a restart (review 28). A new data
+                // socket takes the entries back.
+                if st.owner.is_none() && !r.landings.is_empty() {
+                    drop(st);
+                    tracing::info!(
+                        ifname = %service.ifname,
+                        landings = r.landings.len(),
+                        "layer-2 lane left with landing writes posted: its data socket is made again"
+                    );
+                    if let Err(e) = r.port.reopen_data() {
+                        tracing::error!(ifname = %service.ifname, "layer-2 data socket not made again, lane stopped: {e}");
+                        *lock(&service.reason) =
+                            format!("the data socket could not be made again: {e}");
+                        service.running.store(false, Ordering::SeqCst);
+                        lock(&service.state).owner = None;
+                        return;
+                    }
+                }
             }
         };
         let sent_before = r.port.ep.tx_frames();
@@ -683,7 +724,8 @@ fn run(port: L2Port, shared: &Shared, service: &L2Service, busy: bool) {
 /// after a poll that found nothing, so nothing waits in the rings).
 fn wait_both(ep: &Endpoint<XskSocket, XskSocket>) {
     use std::os::fd::AsRawFd;
-    let mut pfd = [ep.cmd().as_raw_fd(), ep.data().as_raw_fd()].map(|fd| libc::pollfd {
+    let data = ep.data().map_or(-1, |d| d.as_raw_fd());
+    let mut pfd = [ep.cmd().as_raw_fd(), data].map(|fd| libc::pollfd {
         fd,
         events: libc::POLLIN,
         revents: 0,

@@ -283,7 +283,12 @@ impl Peer {
             let spanned = blocks_spanned(offset, data.len() as u32);
             let mut staged = vec![0u8; spanned as usize * BLOCK_SIZE];
             staged[lead..lead + data.len()].copy_from_slice(data);
-            self.ep.data().region().write(PEER_SEND, &staged).unwrap();
+            self.ep
+                .data()
+                .expect("data socket")
+                .region()
+                .write(PEER_SEND, &staged)
+                .unwrap();
         }
         self.ep
             .send_command(&encode_landing_write(blocks, &hdr, &body))
@@ -490,7 +495,6 @@ impl Peer {
 /// reservations, 1 MiB and its gaps each) stay taken, the volume's free space short
 /// by them, until the server restarts.
 #[test]
-#[ignore = "known limitation: a silent owner's landing reservations stay until the next owner's drain or a restart, at most MAX_PENDING_LANDINGS of them (the test below)"]
 fn a_silent_lane_owners_landing_reservation_comes_back_after_it_left() {
     if !l2_ready() {
         return;
