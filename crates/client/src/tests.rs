@@ -1259,3 +1259,94 @@ fn a_hold_does_not_wait_for_forgets_of_other_nodes() {
         a.ino
     );
 }
+
+/// A stand-in server whose first connection is served as `slow_forgets(0)`'s are, and
+/// that then takes connections in but never shakes hands on them (a server that hangs,
+/// or whose listener is wedged): each dial waits out the client's timeout. Holds the
+/// sockets it took (at most 16) for 20 s.
+fn serves_once_then_hangs() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for (n, s) in l.incoming().enumerate().take(16) {
+            let Ok(mut s) = s else { return };
+            if n > 0 {
+                held.push(s);
+                continue;
+            }
+            if zcfs_transport::server_handshake(
+                &mut s,
+                None,
+                Integrity::Headers,
+                8,
+                1,
+                Duration::from_secs(5),
+                &mut |_| Ok(false),
+            )
+            .is_err()
+            {
+                return;
+            }
+            std::thread::spawn(move || loop {
+                let Some((h, body)) = read_request(&mut s) else {
+                    return;
+                };
+                let body = match Request::decode_with_groups(&h, &body) {
+                    Ok((Request::Lookup(l), _)) if l.name.as_bytes() == b"." => {
+                        entry_of(l.parent.ino)
+                    }
+                    Ok((Request::Lookup(_), _)) => entry_of(5),
+                    _ => Vec::new(),
+                };
+                let r = RespHeader::ok(h.op, h.id, body.len() as u32, 0).encode();
+                if std::io::Write::write_all(&mut s, &[&r[..], &body[..]].concat()).is_err() {
+                    return;
+                }
+            });
+        }
+        std::thread::sleep(Duration::from_secs(20));
+        drop(held);
+    });
+    addr
+}
+
+/// Review 29, finding 2 (79e51a7): with a FORGET of the node lost with its connection,
+/// `RemoteFs::hold` now dials once in `wait_posted_for` (to send the FORGET again) and,
+/// when that dial fails, logs and sends its lookup anyway, which dials again: with the
+/// server unreachable a lookup of a node by its number (an NFS export's file handle,
+/// `open_by_handle_at`) fails after two client timeouts rather than one (three rather
+/// than two when the dial's error is one `exchange` retries, a connect timeout). The
+/// wait's failed dial is the answer the lookup would get ("the caller's request meets
+/// the same", as its comment says); the lookup need not wait it out a second time.
+#[test]
+#[ignore = "finding: hold waits out one more client timeout when the server cannot be reached and a FORGET of the node was lost with its connection"]
+fn a_hold_with_a_lost_forget_fails_within_one_timeout_when_the_server_is_unreachable() {
+    use zcfs_backend::{Backend, Ctx, ROOT};
+    let addr = serves_once_then_hangs();
+    let t_out = Duration::from_millis(600);
+    let mut cfg = ClientConfig::new(&addr.to_string());
+    cfg.connections = 1;
+    cfg.timeout = t_out;
+    let fs = crate::RemoteFs::connect(cfg).unwrap();
+    let ctx = Ctx::user(0, 0);
+    let a = fs.lookup(&ctx, ROOT, b"a").unwrap();
+    assert_eq!(a.ino, 5);
+    // The kernel forgets node 5 (posted); its connection is lost before the reply
+    // counts (a reply on it timed out), and the server can no longer be reached.
+    let first = lock(&fs.client().conns[0]).clone().unwrap();
+    fs.forget(a.ino, 1);
+    first.break_with("review 29: a reply on it timed out");
+    assert_eq!(fs.client().posted_unanswered(), 1);
+    // Then the kernel looks node 5 up by its number.
+    let t0 = std::time::Instant::now();
+    let r = fs.hold(5, 0);
+    let took = t0.elapsed();
+    assert!(r.is_err(), "{r:?}");
+    assert!(
+        took < t_out * 3 / 2,
+        "holding node 5 failed after {took:?}, the client's timeout being {t_out:?}: it \
+         dialled the unreachable server twice, once in wait_posted_for and again for the \
+         lookup"
+    );
+}
