@@ -202,9 +202,7 @@ impl Region {
             LockMode::Exclusive => Some(libc::LOCK_EX),
         };
         if let Some(op) = op {
-            // SAFETY: flock on a file descriptor we own; no pointers involved.
-            if unsafe { libc::flock(file.as_raw_fd(), op | libc::LOCK_NB) } != 0 {
-                let e = std::io::Error::last_os_error();
+            if let Err(e) = flock_retrying(&file, op) {
                 return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
                     PmemError::Locked {
                         path: path.to_path_buf(),
@@ -697,6 +695,32 @@ impl Drop for Region {
     }
 }
 
+/// How long a refused `flock` is tried again before the file counts as held: in a
+/// multithreaded process, a child that another thread forked holds a copy of every
+/// descriptor, and the lock with it, until it execs (O_CLOEXEC closes them only then),
+/// so a lock just given back can look held for a moment (seen: a volume opened right
+/// after its mkfs while a test's other thread started a command).
+pub const LOCK_RETRY_WINDOW: std::time::Duration = std::time::Duration::from_millis(200);
+/// The pause between tries within [`LOCK_RETRY_WINDOW`].
+const LOCK_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// `flock(file, op | LOCK_NB)`, tried again for up to [`LOCK_RETRY_WINDOW`] while it is
+/// refused with EWOULDBLOCK (then that error); any other error at once.
+pub fn flock_retrying(file: &File, op: libc::c_int) -> std::io::Result<()> {
+    let deadline = std::time::Instant::now() + LOCK_RETRY_WINDOW;
+    loop {
+        // SAFETY: flock on a file descriptor the caller owns; no pointers involved.
+        if unsafe { libc::flock(file.as_raw_fd(), op | libc::LOCK_NB) } == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EWOULDBLOCK) || std::time::Instant::now() >= deadline {
+            return Err(e);
+        }
+        std::thread::sleep(LOCK_RETRY_PAUSE);
+    }
+}
+
 /// Whether populating pages of the file `fd` ahead of use costs nothing but page
 /// tables: a file in tmpfs (/dev/shm) with storage for every byte. Not a sparse file
 /// (populating would take memory for every hole) nor one on a disk file system
@@ -1041,6 +1065,33 @@ mod tests {
         ));
         drop((r1, r2));
         Region::open(&path, &p(LockMode::Exclusive)).unwrap();
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    /// A lock given back within `LOCK_RETRY_WINDOW` is taken (a forked child's copy of
+    /// the descriptor closing at its exec); one held past it is refused, after about
+    /// the window.
+    #[test]
+    fn a_lock_given_back_within_the_retry_window_is_taken_and_one_held_past_it_is_not() {
+        let path = std::env::temp_dir().join(format!("zcfs-pmem-lockwin-{}", std::process::id()));
+        let p = |lock| OpenParams {
+            create_size: Some(1 << 16),
+            lock,
+            ..Default::default()
+        };
+        let a = Region::open(&path, &p(LockMode::Exclusive)).unwrap();
+        let t = std::time::Instant::now();
+        assert!(matches!(
+            Region::open(&path, &p(LockMode::Exclusive)),
+            Err(PmemError::Locked { .. })
+        ));
+        assert!(t.elapsed() >= LOCK_RETRY_WINDOW, "{:?}", t.elapsed());
+        let giver = std::thread::spawn(move || {
+            std::thread::sleep(LOCK_RETRY_WINDOW / 4);
+            drop(a);
+        });
+        Region::open(&path, &p(LockMode::Exclusive)).unwrap();
+        giver.join().unwrap();
         std::fs::remove_file(&path).unwrap();
     }
 

@@ -12,7 +12,6 @@ use crate::error::{FsError, Result};
 use crate::layout::{BLOCK, SB_SIZE};
 use std::fs::File;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-use std::os::unix::io::AsRawFd;
 use std::path::Path;
 use zcfs_pmem::{PmemError, Region};
 
@@ -170,9 +169,7 @@ pub(crate) fn lock_path(path: &Path, size: u64) -> Result<File> {
         .truncate(false)
         .custom_flags(libc::O_CLOEXEC)
         .open(path)?;
-    // SAFETY: flock on a file descriptor we own.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let e = std::io::Error::last_os_error();
+    if let Err(e) = zcfs_pmem::flock_retrying(&f, libc::LOCK_EX) {
         return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
             busy(path)
         } else {
