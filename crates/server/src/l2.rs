@@ -181,6 +181,10 @@ impl L2Port {
         })?;
         if let Some(data) = self.ep.data() {
             self.prog.register(DATA_QUEUE, data)?;
+            if data.mode() != self.mode {
+                tracing::warn!(ifname = %self.ifname, was = ?self.mode, now = ?data.mode(), "the layer-2 data socket was bound again in another mode");
+                self.mode = data.mode();
+            }
         }
         Ok(())
     }
@@ -252,7 +256,8 @@ pub struct L2Counters {
 pub(crate) struct L2Service {
     pub ifname: String,
     pub mac: [u8; 6],
-    pub mode: BindMode,
+    /// Bound zero-copy (else copy); it may change when the data socket is made again.
+    zero_copy: AtomicBool,
     /// The most bytes of a write that lands in place (0: writes do not land: the
     /// lane's memory does not map the backend's image).
     pub land_max: u32,
@@ -312,6 +317,14 @@ impl Drop for Hold {
 }
 
 impl L2Service {
+    pub fn mode(&self) -> BindMode {
+        if self.zero_copy.load(Ordering::Relaxed) {
+            BindMode::ZeroCopy
+        } else {
+            BindMode::Copy
+        }
+    }
+
     pub fn stop(&self) {
         self.stop.store(true, Ordering::SeqCst);
         self.running.store(false, Ordering::SeqCst);
@@ -322,7 +335,7 @@ impl L2Service {
     pub(crate) fn report(&self, stats: &crate::stats::ServerStats) -> zcfs_metrics::LaneReport {
         let mut r = zcfs_metrics::LaneReport {
             iface: self.ifname.clone(),
-            bind_mode: match self.mode {
+            bind_mode: match self.mode() {
                 BindMode::Copy => "copy",
                 BindMode::ZeroCopy => "zero-copy",
             }
@@ -431,6 +444,15 @@ impl L2Service {
                 req.cmd_queue, req.data_queue
             ));
         }
+        if !self.running.load(Ordering::SeqCst) {
+            // Not through `refuse`: the reason the lane stopped stays the one reported.
+            self.counters.refused.fetch_add(1, Ordering::Relaxed);
+            return refusal(&format!(
+                "{}: the lane is stopped ({})",
+                self.ifname,
+                lock(&self.reason)
+            ));
+        }
         let mut st = lock(&self.state);
         if let Some(cur) = st.owner.as_ref() {
             if hold.as_ref().is_none_or(|h| h.generation != cur.generation) {
@@ -463,7 +485,7 @@ impl L2Service {
             old.session = None;
         }
         self.counters.accepted.fetch_add(1, Ordering::Relaxed);
-        tracing::info!(ifname = %self.ifname, mode = ?self.mode, "layer-2 lane accepted");
+        tracing::info!(ifname = %self.ifname, mode = ?self.mode(), "layer-2 lane accepted");
         L2SetupReply {
             accepted: true,
             mac: mac_to_u64(self.mac),
@@ -510,7 +532,7 @@ pub(crate) fn start(
     let service = Arc::new(L2Service {
         ifname: port.ifname.clone(),
         mac: port.mac,
-        mode: port.mode,
+        zero_copy: AtomicBool::new(port.mode == BindMode::ZeroCopy),
         land_max: if lands { MAX_LANDING_WRITE } else { 0 },
         state: Mutex::new(Tenancy::default()),
         idle: Condvar::new(),
@@ -609,7 +631,11 @@ fn run(port: L2Port, shared: &Shared, service: &L2Service, busy: bool) {
                         landings = r.landings.len(),
                         "layer-2 lane left with landing writes posted: its data socket is made again"
                     );
-                    if let Err(e) = r.port.reopen_data() {
+                    let reopened = r.port.reopen_data();
+                    service
+                        .zero_copy
+                        .store(r.port.mode() == BindMode::ZeroCopy, Ordering::Relaxed);
+                    if let Err(e) = reopened {
                         tracing::error!(ifname = %service.ifname, "layer-2 data socket not made again, lane stopped: {e}");
                         *lock(&service.reason) =
                             format!("the data socket could not be made again: {e}");

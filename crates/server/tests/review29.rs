@@ -449,7 +449,6 @@ fn silent_owner_leaves(n: &Net, vol: &Arc<Volume>, round: usize, limit: Duration
 /// and `register`, on a thread without CAP_IPC_LOCK (as the lane's service thread of
 /// such a server).
 #[test]
-#[ignore = "finding: reopen_data registers the UMEM again before the kernel uncharged the old one; under RLIMIT_MEMLOCK the lane stops for good"]
 fn a_data_socket_made_again_on_its_memory_at_once_fits_the_memlock_limit_it_fit() {
     if !l2_ready() {
         return;

@@ -822,7 +822,11 @@ impl FrameIo for XskSocket {
 pub const BIND_TRIES: u32 = 200;
 
 /// Make a socket with `make`, trying again (up to [`BIND_TRIES`] times, 10 ms apart)
-/// while its queue is still busy; any other outcome is returned at once.
+/// while its queue is still busy, or while its UMEM does not fit the locked-memory
+/// limit: the kernel uncharges a closed socket's UMEM in the same deferred work, so a
+/// socket made again on the same memory right after the old one closed is counted
+/// twice for a moment (review 29: ENOBUFS 30-50 µs after the close under an 8 MiB
+/// limit, which it fits once). Any other outcome is returned at once.
 pub fn bind_retrying(
     mut make: impl FnMut() -> Result<XskSocket, XskError>,
 ) -> Result<XskSocket, XskError> {
@@ -831,6 +835,7 @@ pub fn bind_retrying(
             Err(XskError::Bind { source, .. }) if source.raw_os_error() == Some(libc::EBUSY) => {
                 std::thread::sleep(Duration::from_millis(10));
             }
+            Err(XskError::MemlockLimit { .. }) => std::thread::sleep(Duration::from_millis(10)),
             other => return other,
         }
     }
