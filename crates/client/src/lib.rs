@@ -1064,15 +1064,16 @@ impl Client {
     /// lookup of "." after the FORGET of that node's last reference) waits for it
     /// here rather than going out on another connection and overtaking it. One whose
     /// connection was lost (or never made) is sent again on one made here, and waited
-    /// for too; false if that connection could not be made.
-    pub fn wait_posted(&self, within: Duration) -> bool {
+    /// for too. Ok(false): `within` passed first; Err: that connection could not be
+    /// made (what a request sent now would meet).
+    pub fn wait_posted(&self, within: Duration) -> Result<bool, Error> {
         self.wait_posted_if(within, |_| true)
     }
 
     /// [`Client::wait_posted`] for the posted requests that name inode `ino` (a FORGET
     /// with an item of it, a RELEASE of it): a lookup of "." of one node does not wait
     /// for FORGETs of others queued behind other traffic (review 28b: up to the timeout).
-    pub fn wait_posted_for(&self, ino: u64, within: Duration) -> bool {
+    pub fn wait_posted_for(&self, ino: u64, within: Duration) -> Result<bool, Error> {
         self.wait_posted_if(within, |r| match r {
             Request::Forget(f) => f.items.iter().any(|i| i.ino == ino),
             Request::Release(rel) => rel.node.ino == ino,
@@ -1080,7 +1081,11 @@ impl Client {
         })
     }
 
-    fn wait_posted_if(&self, within: Duration, names: impl Fn(&Request) -> bool) -> bool {
+    fn wait_posted_if(
+        &self,
+        within: Duration,
+        names: impl Fn(&Request) -> bool,
+    ) -> Result<bool, Error> {
         let mark = self.ids.load(Ordering::SeqCst);
         let deadline = std::time::Instant::now() + within;
         let out = |posted: &HashMap<u64, Posted>| -> Vec<Arc<Conn>> {
@@ -1108,20 +1113,18 @@ impl Client {
             if stranded(&posted) {
                 drop(posted);
                 // The connections `pick` makes (every lane given up on, and the next
-                // one) send them again.
-                if self.pick().is_err() {
-                    // The caller's request meets the same; nothing is out to overtake.
-                    return false;
-                }
+                // one) send them again. If none can be made, the caller's request
+                // would meet the same (review 29: it dialled again, a second timeout).
+                self.pick()?;
                 posted = lock(&self.posted.map);
             }
             let conns = out(&posted);
             if conns.is_empty() {
-                return true;
+                return Ok(true);
             }
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
-                return false;
+                return Ok(false);
             }
             // No caller may be reading those connections: their replies would wait for
             // the background reader's next tick. Have it read them now.
@@ -1131,7 +1134,7 @@ impl Client {
             }
             posted = lock(&self.posted.map);
             if out(&posted).is_empty() {
-                return true;
+                return Ok(true);
             }
             // A connection that breaks signals nothing here: look again each tick.
             posted = self

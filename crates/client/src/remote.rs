@@ -891,7 +891,7 @@ impl Backend for RemoteFs {
         // of a file no one holds any more would open (on tmpfs: ESTALE).
         if !self
             .client
-            .wait_posted_for(ino, self.client.config().timeout)
+            .wait_posted_for(ino, self.client.config().timeout)?
         {
             tracing::info!(
                 ino,
