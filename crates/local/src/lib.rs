@@ -242,9 +242,21 @@ impl Backend for LocalFs {
         newname: &[u8],
         flags: u32,
     ) -> Result<()> {
+        self.rename_replacing(ctx, parent, name, newparent, newname, flags)
+            .map(|_| ())
+    }
+    fn rename_replacing(
+        &self,
+        ctx: &Ctx,
+        parent: u64,
+        name: &[u8],
+        newparent: u64,
+        newname: &[u8],
+        flags: u32,
+    ) -> Result<Option<u64>> {
         let f = RenameFlags::from_bits(flags).map_err(err)?;
         self.vol
-            .rename(&ctx.cred, parent, name, newparent, newname, f)
+            .rename_replacing(&ctx.cred, parent, name, newparent, newname, f)
             .map_err(err)
     }
     fn link(&self, ctx: &Ctx, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr> {

@@ -39,6 +39,22 @@ impl Volume {
         n2: &[u8],
         flags: RenameFlags,
     ) -> Result<()> {
+        self.rename_replacing(cred, p1, n1, p2, n2, flags)
+            .map(|_| ())
+    }
+
+    /// [`Volume::rename`], telling which inode lost its name `p2/n2` to the moved one
+    /// (None: the name was free, or an exchange, or both names were one inode's). That
+    /// inode may have no link left: a holder of references to it keeps an orphan.
+    pub fn rename_replacing(
+        &self,
+        cred: &Cred,
+        p1: u64,
+        n1: &[u8],
+        p2: u64,
+        n2: &[u8],
+        flags: RenameFlags,
+    ) -> Result<Option<u64>> {
         check_name(n1)?;
         check_name(n2)?;
         let mut g = self.write_state()?;
@@ -84,7 +100,7 @@ impl Volume {
                 ));
             }
             if p1 == p2 && n1 == n2 {
-                return Ok(());
+                return Ok(None);
             }
             if src_dir != dst_dir {
                 moves_dir(st, src_dir, p1, p2)?;
@@ -116,14 +132,14 @@ impl Volume {
             touch_dir(st, p1, now);
             touch_dir(st, p2, now);
             self.trace(trace);
-            return self.finish(st, txn);
+            return self.finish(st, txn).map(|()| None);
         }
         if let Some(d) = dst {
             if flags.noreplace {
                 return Err(FsError::Exists);
             }
             if d.ino == src.ino {
-                return Ok(()); // two links of one inode: POSIX says do nothing
+                return Ok(None); // two links of one inode: POSIX says do nothing
             }
             let dst_dir = st.inode(d.ino)?.rec.is_dir();
             match (src_dir, dst_dir) {
@@ -172,7 +188,7 @@ impl Volume {
         touch_dir(st, p1, now);
         touch_dir(st, p2, now);
         self.trace(trace);
-        self.finish(st, txn)
+        self.finish(st, txn).map(|()| dst.map(|d| d.ino))
     }
 
     /// `vfs_rename`'s permission checks: removing the source name from `p1`; adding
