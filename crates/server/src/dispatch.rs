@@ -127,6 +127,20 @@ impl<'a> Lane<'a> {
         Ok((bfh, held))
     }
 
+    /// `ino` has no link left: counted among the session's orphans, and past its bound
+    /// the session's references to it are given back to the backend here
+    /// (`Session::orphaned`), which frees it if no one else holds it.
+    fn orphaned(&self, ino: u64) {
+        if let Some(n) = self.session.orphaned(ino) {
+            tracing::info!(
+                session = self.session.id,
+                ino,
+                "a client holds more unlinked inodes by reference than its handle limit: this one's references are given back"
+            );
+            self.shared.backend.forget(ino, n);
+        }
+    }
+
     /// An entry goes to the client: the session holds its reference.
     fn entry(&self, attr: zcfs_backend::Attr) -> EntryReply {
         self.session.add_ref(attr.ino);
@@ -281,6 +295,9 @@ impl<'a> Lane<'a> {
             Request::Unlink(r) => {
                 let _g = self.hold([r.parent])?;
                 let attr = b.unlink(ctx, r.parent.ino, &r.name)?;
+                if attr.nlink == 0 {
+                    self.orphaned(attr.ino);
+                }
                 let (parent, parent_state) = self.dir_after(r.parent.ino);
                 Reply::Unlink(RemovedReply {
                     attr,
@@ -291,6 +308,7 @@ impl<'a> Lane<'a> {
             Request::Rmdir(r) => {
                 let _g = self.hold([r.parent])?;
                 let attr = b.rmdir(ctx, r.parent.ino, &r.name)?;
+                self.orphaned(attr.ino);
                 let (parent, parent_state) = self.dir_after(r.parent.ino);
                 Reply::Rmdir(RemovedReply {
                     attr,
@@ -305,7 +323,7 @@ impl<'a> Lane<'a> {
             }
             Request::Rename(r) => {
                 let _g = self.hold([r.parent, r.new_parent])?;
-                b.rename(
+                let replaced = b.rename_replacing(
                     ctx,
                     r.parent.ino,
                     &r.name,
@@ -313,11 +331,17 @@ impl<'a> Lane<'a> {
                     &r.new_name,
                     r.flags.bits(),
                 )?;
+                if let Some(ino) = replaced {
+                    if b.getattr(ino).is_ok_and(|a| a.nlink == 0) {
+                        self.orphaned(ino);
+                    }
+                }
                 Reply::Rename(EmptyReply {})
             }
             Request::Link(r) => {
                 let _g = self.hold([r.node, r.new_parent])?;
                 let a = b.link(ctx, r.node.ino, r.new_parent.ino, &r.new_name)?;
+                self.session.linked(r.node.ino);
                 Reply::Link(self.made(a, r.new_parent.ino))
             }
             Request::Open(r) => {
@@ -367,6 +391,9 @@ impl<'a> Lane<'a> {
                 // fh 0 names no handle: there is nothing of this client's to release.
                 let h = self.session.take_handle(r.fh, r.node.ino)?;
                 b.release(h.ino, h.backend_fh)?;
+                if b.getattr(h.ino).is_ok_and(|a| a.nlink == 0) {
+                    self.orphaned(h.ino);
+                }
                 Reply::Release(EmptyReply {})
             }
             Request::Fsync(r) => {

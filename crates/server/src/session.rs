@@ -171,6 +171,10 @@ struct SessionState {
     last_fh: u64,
     /// Inode -> references held for this session (never 0: entries are removed).
     refs: HashMap<u64, u64>,
+    /// Inodes with no link left that this session holds by reference alone (no open
+    /// handle of it): orphans only its FORGET frees. At most `max_handles` of them
+    /// (`Session::orphaned`). A subset of `refs`' keys.
+    orphans: std::collections::HashSet<u64>,
 }
 
 impl SessionState {
@@ -285,8 +289,43 @@ impl Session {
         *have -= taken;
         if *have == 0 {
             st.refs.remove(&ino);
+            st.orphans.remove(&ino);
         }
         taken
+    }
+
+    /// `ino` was left with no link (its last name removed, or the last handle of an
+    /// unlinked or O_TMPFILE file released). If this session holds it by reference
+    /// alone, it is one of the session's orphans: space that only its FORGET gives
+    /// back, seen in no directory. A session may hold at most `max_handles` of them
+    /// (the bound on what it may hold open): past that, its references to `ino` are
+    /// given up here, as a FORGET of them would be, and returned (to give back to the
+    /// backend). The client's own FORGET later takes nothing (`take_refs`), and a
+    /// request that names `ino` fails as for any inode the session does not hold.
+    /// A kernel client forgets an unlinked inode as soon as no one uses it, so only a
+    /// client that holds many such at once (or never forgets) meets the bound.
+    pub fn orphaned(&self, ino: u64) -> Option<u64> {
+        let mut st = lock(&self.state);
+        if !st.refs.contains_key(&ino) || st.handles.values().any(|h| h.ino == ino) {
+            return None;
+        }
+        st.orphans.insert(ino);
+        if st.orphans.len() <= self.max_handles {
+            return None;
+        }
+        st.orphans.remove(&ino);
+        st.refs.remove(&ino)
+    }
+
+    /// `ino` has a name again (linked, e.g. an O_TMPFILE file by linkat): no orphan.
+    pub fn linked(&self, ino: u64) {
+        lock(&self.state).orphans.remove(&ino);
+    }
+
+    /// Orphans the session holds by reference alone (tests).
+    #[cfg(test)]
+    pub fn orphans(&self) -> usize {
+        lock(&self.state).orphans.len()
     }
 
     /// Whether this session holds `ino`: a reference (an entry it was given) or an
@@ -328,6 +367,9 @@ impl Session {
         }
         st.last_fh += 1;
         let fh = st.last_fh;
+        // Held by a handle now: no orphan while it is open (counted again at its
+        // release if it still has no link).
+        st.orphans.remove(&h.ino);
         st.handles.insert(fh, h);
         Ok(fh)
     }
@@ -362,6 +404,7 @@ impl Session {
 
     fn drain(&self) -> (Vec<Handle>, Vec<(u64, u64)>) {
         let mut st = lock(&self.state);
+        st.orphans.clear();
         (
             st.handles.drain().map(|(_, h)| h).collect(),
             st.refs.drain().collect(),

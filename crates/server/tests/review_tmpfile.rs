@@ -264,7 +264,6 @@ fn a_resent_tmpfile_makes_one_orphan_and_the_session_frees_it() {
 /// by the session's handle limit. (Create + Unlink + Release without Forget does the
 /// same with a named file; a FUSE client's kernel forgets an unlinked inode at once.)
 #[test]
-#[ignore = "open: a session's orphans are bounded only by the volume (no per-session limit on references to unlinked inodes); needs a design decision"]
 fn a_session_cannot_hold_more_tmpfile_orphans_than_its_handle_limit() {
     const HANDLES: usize = 2;
     const TRIES: usize = 3 * HANDLES;
@@ -298,5 +297,136 @@ fn a_session_cannot_hold_more_tmpfile_orphans_than_its_handle_limit() {
     assert!(
         orphans <= HANDLES as u64,
         "{orphans} orphans held by one session with {HANDLES} handles"
+    );
+}
+
+/// Create `name` in `dir` as alice and close it: its entry's reference stays held.
+fn create_closed(raw: &mut Raw, dir: u64, name: &str) -> u64 {
+    let made = raw.call_by(
+        CreateReq {
+            parent: NodeRef::ino(dir),
+            name: Name::new(name).unwrap(),
+            mode: 0o600,
+            flags: libc::O_RDWR,
+            umask: 0,
+        },
+        ALICE,
+    );
+    assert_eq!(made.status, 0);
+    let c = CreateReply::decode(&made.body).unwrap();
+    let closed = raw.call_by(
+        ReleaseReq {
+            node: NodeRef::ino(c.attr.ino),
+            fh: c.fh,
+        },
+        ALICE,
+    );
+    assert_eq!(closed.status, 0);
+    c.attr.ino
+}
+
+/// The other ways to make an orphan held by reference alone count against the same
+/// bound: unlinking a file the session looked up and never forgot, and renaming another
+/// file over it. At the bound (`HANDLES` of them) they stay, and stay usable by number
+/// (a getattr of each answers, nlink 0); one more and its references are given back,
+/// so its inode comes back to the volume, and its number answers no more. The
+/// client's later FORGET of every one of them takes what is left and frees them all.
+#[test]
+fn orphans_made_by_unlink_and_rename_over_are_bounded_by_the_handle_limit() {
+    const HANDLES: usize = 2;
+    let fs = memory_fs(64 * MIB);
+    let srv = Running::start(
+        fs.clone(),
+        ServerConfig {
+            max_session_handles: HANDLES,
+            ..squashing()
+        },
+    );
+    let mut a = srv.raw(0x7341);
+    let shared = shared_dir(&mut a);
+    let free0 = fs.statfs().unwrap().ffree;
+    let mut orphans = Vec::new();
+    // One by unlink, one by rename over: the bound.
+    let u = create_closed(&mut a, shared, "u");
+    let gone = a.call_by(
+        UnlinkReq {
+            parent: NodeRef::ino(shared),
+            name: Name::new("u").unwrap(),
+        },
+        ALICE,
+    );
+    assert_eq!(gone.status, 0);
+    orphans.push(u);
+    let over = create_closed(&mut a, shared, "over");
+    let r = create_closed(&mut a, shared, "r");
+    let renamed = a.call_by(
+        RenameReq {
+            parent: NodeRef::ino(shared),
+            name: Name::new("over").unwrap(),
+            new_parent: NodeRef::ino(shared),
+            new_name: Name::new("r").unwrap(),
+            flags: RenameFlags::new(0).unwrap(),
+        },
+        ALICE,
+    );
+    assert_eq!(renamed.status, 0);
+    orphans.push(r);
+    // "over" now has the name "r" (one live file besides the two orphans).
+    assert_eq!(
+        free0 - fs.statfs().unwrap().ffree,
+        3,
+        "two orphans and one file"
+    );
+    for &ino in &orphans {
+        let got = a.call_by(
+            GetattrReq {
+                node: NodeRef::ino(ino),
+            },
+            ALICE,
+        );
+        assert_eq!(got.status, 0, "orphan {ino} within the bound answers");
+        assert_eq!(AttrReply::decode(&got.body).unwrap().attr.nlink, 0);
+    }
+    // One past the bound: freed at once.
+    let third = create_closed(&mut a, shared, "t");
+    let gone = a.call_by(
+        UnlinkReq {
+            parent: NodeRef::ino(shared),
+            name: Name::new("t").unwrap(),
+        },
+        ALICE,
+    );
+    assert_eq!(gone.status, 0);
+    assert_eq!(
+        free0 - fs.statfs().unwrap().ffree,
+        3,
+        "the third orphan's inode came back"
+    );
+    let got = a.call_by(
+        GetattrReq {
+            node: NodeRef::ino(third),
+        },
+        ALICE,
+    );
+    assert_ne!(got.status, 0, "a given-up orphan answers no more");
+    // The client's FORGETs (the kernel's, of everything it looked up).
+    let forget = a.call_by(
+        ForgetReq {
+            items: List::new(
+                orphans
+                    .iter()
+                    .chain([&third, &over])
+                    .map(|&ino| ForgetItem { ino, count: 1 })
+                    .collect(),
+            )
+            .unwrap(),
+        },
+        ALICE,
+    );
+    assert_eq!(forget.status, 0);
+    assert_eq!(
+        free0 - fs.statfs().unwrap().ffree,
+        1,
+        "only the live file is left"
     );
 }
