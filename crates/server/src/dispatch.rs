@@ -127,17 +127,34 @@ impl<'a> Lane<'a> {
         Ok((bfh, held))
     }
 
-    /// `ino` has no link left: counted among the session's orphans, and past its bound
-    /// the session's references to it are given back to the backend here
-    /// (`Session::orphaned`), which frees it if no one else holds it.
-    fn orphaned(&self, ino: u64) {
-        if let Some(n) = self.session.orphaned(ino) {
-            tracing::info!(
-                session = self.session.id,
+    /// `ino` may have no link left: a session that holds it by reference alone counts
+    /// it among its orphans, and past its bound gives its references back to the
+    /// backend (`Session::orphaned`), which frees the inode if no one else holds it.
+    /// `everyone`: a name was removed, so every session holding `ino` is asked (another
+    /// client's lookup of it counts as much as this one's: review 29b); else only this
+    /// session (its handle was released).
+    fn orphaned(&self, ino: u64, everyone: bool) {
+        let b = &self.shared.backend;
+        let ask = |s: &crate::session::Session| {
+            s.orphaned(
                 ino,
-                "a client holds more unlinked inodes by reference than its handle limit: this one's references are given back"
-            );
-            self.shared.backend.forget(ino, n);
+                || b.getattr(ino).is_ok_and(|a| a.nlink == 0),
+                |n| {
+                    tracing::debug!(
+                        session = s.id,
+                        ino,
+                        "a client holds more unlinked inodes by reference than its handle limit: this one's references are given back"
+                    );
+                    b.forget(ino, n)
+                },
+            )
+        };
+        if everyone {
+            for s in self.shared.sessions.all() {
+                ask(&s);
+            }
+        } else {
+            ask(self.session);
         }
     }
 
@@ -296,7 +313,7 @@ impl<'a> Lane<'a> {
                 let _g = self.hold([r.parent])?;
                 let attr = b.unlink(ctx, r.parent.ino, &r.name)?;
                 if attr.nlink == 0 {
-                    self.orphaned(attr.ino);
+                    self.orphaned(attr.ino, true);
                 }
                 let (parent, parent_state) = self.dir_after(r.parent.ino);
                 Reply::Unlink(RemovedReply {
@@ -308,7 +325,7 @@ impl<'a> Lane<'a> {
             Request::Rmdir(r) => {
                 let _g = self.hold([r.parent])?;
                 let attr = b.rmdir(ctx, r.parent.ino, &r.name)?;
-                self.orphaned(attr.ino);
+                self.orphaned(attr.ino, true);
                 let (parent, parent_state) = self.dir_after(r.parent.ino);
                 Reply::Rmdir(RemovedReply {
                     attr,
@@ -332,9 +349,7 @@ impl<'a> Lane<'a> {
                     r.flags.bits(),
                 )?;
                 if let Some(ino) = replaced {
-                    if b.getattr(ino).is_ok_and(|a| a.nlink == 0) {
-                        self.orphaned(ino);
-                    }
+                    self.orphaned(ino, true);
                 }
                 Reply::Rename(EmptyReply {})
             }
@@ -352,6 +367,9 @@ impl<'a> Lane<'a> {
                 }
                 let _g = self.hold([r.node])?;
                 self.session.has_room()?;
+                // Counted as held from here: no orphan decision gives the inode's
+                // references back while the backend opens it (review 29b).
+                let _opening = self.session.opening(r.node.ino);
                 let backend_fh = b.open(ctx, r.node.ino, r.flags)?;
                 // Close-to-open: the client refreshes its caches from these (after
                 // the open, which may have truncated).
@@ -391,9 +409,7 @@ impl<'a> Lane<'a> {
                 // fh 0 names no handle: there is nothing of this client's to release.
                 let h = self.session.take_handle(r.fh, r.node.ino)?;
                 b.release(h.ino, h.backend_fh)?;
-                if b.getattr(h.ino).is_ok_and(|a| a.nlink == 0) {
-                    self.orphaned(h.ino);
-                }
+                self.orphaned(h.ino, false);
                 Reply::Release(EmptyReply {})
             }
             Request::Fsync(r) => {

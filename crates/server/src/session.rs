@@ -175,6 +175,9 @@ struct SessionState {
     /// handle of it): orphans only its FORGET frees. At most `max_handles` of them
     /// (`Session::orphaned`). A subset of `refs`' keys.
     orphans: std::collections::HashSet<u64>,
+    /// Inode -> opens under way (the backend opening it, the handle not added yet): held
+    /// as a handle is, so no orphan decision gives its references back meanwhile.
+    opening: HashMap<u64, u32>,
 }
 
 impl SessionState {
@@ -194,6 +197,24 @@ pub(crate) struct Session {
     max_reply_bytes: usize,
     /// The client's current connection on each of its lanes.
     pub lanes: Arc<Lanes>,
+}
+
+/// An open under way (`Session::opening`).
+pub(crate) struct Opening<'a> {
+    session: &'a Session,
+    ino: u64,
+}
+
+impl Drop for Opening<'_> {
+    fn drop(&mut self) {
+        let mut st = lock(&self.session.state);
+        if let Some(n) = st.opening.get_mut(&self.ino) {
+            *n -= 1;
+            if *n == 0 {
+                st.opening.remove(&self.ino);
+            }
+        }
+    }
 }
 
 fn ebadf(fh: u64) -> Error {
@@ -294,27 +315,52 @@ impl Session {
         taken
     }
 
-    /// `ino` was left with no link (its last name removed, or the last handle of an
-    /// unlinked or O_TMPFILE file released). If this session holds it by reference
-    /// alone, it is one of the session's orphans: space that only its FORGET gives
-    /// back, seen in no directory. A session may hold at most `max_handles` of them
-    /// (the bound on what it may hold open): past that, its references to `ino` are
-    /// given up here, as a FORGET of them would be, and returned (to give back to the
-    /// backend). The client's own FORGET later takes nothing (`take_refs`), and a
-    /// request that names `ino` fails as for any inode the session does not hold.
-    /// A kernel client forgets an unlinked inode as soon as no one uses it, so only a
-    /// client that holds many such at once (or never forgets) meets the bound.
-    pub fn orphaned(&self, ino: u64) -> Option<u64> {
+    /// `ino` may have been left with no link (its last name removed, or the last
+    /// handle of an unlinked or O_TMPFILE file released). If this session holds it by
+    /// reference alone and `no_link()` (asked under the session's lock) says it has no
+    /// link, it is one of the session's orphans: space that only its FORGET gives back,
+    /// seen in no directory. A session may hold at most `max_handles` of them (the
+    /// bound on what it may hold open): past that, its references to `ino` are given
+    /// up here and handed to `give_back` (for the backend), still under the lock, so an
+    /// open of `ino` by this session comes wholly before (then it is not an orphan) or
+    /// after (then the inode may be gone: ESTALE, as for any inode not held). The
+    /// client's own FORGET later takes nothing (`take_refs`). A kernel client forgets
+    /// an unlinked inode as soon as no one uses it, so only a client that holds many
+    /// such at once (or never forgets) meets the bound. Whether it gave them up.
+    pub fn orphaned(
+        &self,
+        ino: u64,
+        no_link: impl FnOnce() -> bool,
+        give_back: impl FnOnce(u64),
+    ) -> bool {
         let mut st = lock(&self.state);
-        if !st.refs.contains_key(&ino) || st.handles.values().any(|h| h.ino == ino) {
-            return None;
+        if !st.refs.contains_key(&ino)
+            || st.opening.contains_key(&ino)
+            || st.handles.values().any(|h| h.ino == ino)
+        {
+            return false;
+        }
+        // A link made since (by this session's Link, which runs beside this on
+        // another connection): no orphan.
+        if !no_link() {
+            st.orphans.remove(&ino);
+            return false;
         }
         st.orphans.insert(ino);
         if st.orphans.len() <= self.max_handles {
-            return None;
+            return false;
         }
         st.orphans.remove(&ino);
-        st.refs.remove(&ino)
+        let n = st.refs.remove(&ino).expect("checked above");
+        give_back(n);
+        true
+    }
+
+    /// An open of `ino` by this session is under way until the guard drops (after
+    /// `add_handle`, or the open failed): `orphaned` leaves `ino` alone meanwhile.
+    pub fn opening(&self, ino: u64) -> Opening<'_> {
+        *lock(&self.state).opening.entry(ino).or_insert(0) += 1;
+        Opening { session: self, ino }
     }
 
     /// `ino` has a name again (linked, e.g. an O_TMPFILE file by linkat): no orphan.
@@ -589,6 +635,11 @@ impl Sessions {
         self.evict_over_limit(&mut m);
         drop(m);
         self.wake.notify_all();
+    }
+
+    /// Every session now (those in their grace period too).
+    pub fn all(&self) -> Vec<Arc<Session>> {
+        lock(&self.map).sessions.values().cloned().collect()
     }
 
     pub fn counts(&self) -> SessionCounts {

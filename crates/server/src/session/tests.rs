@@ -36,6 +36,14 @@ fn references_never_go_below_zero() {
     assert_eq!(s.refs_of(5), 0);
 }
 
+/// `Session::orphaned` for an inode with no link: the references given back, if any.
+fn orphan(s: &Session, ino: u64) -> Option<u64> {
+    let mut got = None;
+    let gave = s.orphaned(ino, || true, |n| got = Some(n));
+    assert_eq!(gave, got.is_some());
+    got
+}
+
 /// A session holds at most `max_handles` orphans by reference alone: at the bound
 /// they stay, one past it gives back its references (the count to give the backend);
 /// what holds an orphan otherwise (a handle, a name again) or frees it (a FORGET) takes
@@ -48,24 +56,24 @@ fn orphans_held_by_reference_alone_are_bounded_by_the_handle_limit() {
     for ino in 10..10 + MAX as u64 {
         s.add_ref(ino);
         s.add_ref(ino);
-        assert_eq!(s.orphaned(ino), None, "within the bound");
+        assert_eq!(orphan(&s, ino), None, "within the bound");
     }
     assert_eq!(s.orphans(), MAX);
     // Noted twice: still one.
-    assert_eq!(s.orphaned(10), None);
+    assert_eq!(orphan(&s, 10), None);
     assert_eq!(s.orphans(), MAX);
     // One past the bound: its two references come back, and the session holds it no more.
     s.add_ref(20);
     s.add_ref(20);
-    assert_eq!(s.orphaned(20), Some(2));
+    assert_eq!(orphan(&s, 20), Some(2));
     assert!(!s.holds(20));
     assert_eq!(s.take_refs(20, 2), 0, "the client's FORGET takes nothing");
     assert_eq!(s.orphans(), MAX);
     // Not held by reference alone: not counted (no reference; or an open handle).
-    assert_eq!(s.orphaned(21), None);
+    assert_eq!(orphan(&s, 21), None);
     s.add_ref(22);
     s.add_handle(handle(22)).unwrap();
-    assert_eq!(s.orphaned(22), None);
+    assert_eq!(orphan(&s, 22), None);
     assert_eq!(s.orphans(), MAX);
     // A FORGET of all references, a handle opened, a new name: off the count.
     assert_eq!(s.take_refs(10, 2), 2);
@@ -76,7 +84,18 @@ fn orphans_held_by_reference_alone_are_bounded_by_the_handle_limit() {
     assert_eq!(s.orphans(), MAX - 3);
     // Room again: held.
     s.add_ref(23);
-    assert_eq!(s.orphaned(23), None);
+    assert_eq!(orphan(&s, 23), None);
+    assert_eq!(s.orphans(), 1);
+    // One linked again by the time the session's lock is held: not an orphan (and off
+    // the count if it was one); one being opened: left alone.
+    assert!(!s.orphaned(23, || false, |_| panic!("nothing given back")));
+    assert_eq!(s.orphans(), 0);
+    s.add_ref(24);
+    let opening = s.opening(24);
+    assert_eq!(orphan(&s, 24), None);
+    assert_eq!(s.orphans(), 0);
+    drop(opening);
+    assert_eq!(orphan(&s, 24), None);
     assert_eq!(s.orphans(), 1);
 }
 
