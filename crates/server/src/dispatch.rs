@@ -365,11 +365,12 @@ impl<'a> Lane<'a> {
                 if write && self.shared.cfg.read_only {
                     return Err(ro());
                 }
+                // Counted as held from here, before the node is taken: no orphan
+                // decision gives the inode's references back while it is taken and
+                // opened (review 29b); one made before makes the take fail (ESTALE).
+                let _opening = self.session.opening(r.node.ino);
                 let _g = self.hold([r.node])?;
                 self.session.has_room()?;
-                // Counted as held from here: no orphan decision gives the inode's
-                // references back while the backend opens it (review 29b).
-                let _opening = self.session.opening(r.node.ino);
                 let backend_fh = b.open(ctx, r.node.ino, r.flags)?;
                 // Close-to-open: the client refreshes its caches from these (after
                 // the open, which may have truncated).
