@@ -145,7 +145,11 @@ impl<'a> Lane<'a> {
                         ino,
                         "a client holds more unlinked inodes by reference than its handle limit: this one's references are given back"
                     );
-                    b.forget(ino, n)
+                    b.forget(ino, n);
+                    self.shared
+                        .stats
+                        .orphans_given_back
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 },
             )
         };

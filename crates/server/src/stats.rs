@@ -40,6 +40,9 @@ pub struct ServerStats {
     pub dropped_idle: AtomicU64,
     /// Resent requests answered from a session's reply cache (not executed again).
     pub replies_replayed: AtomicU64,
+    /// Unlinked inodes whose references the server gave back for a session past its
+    /// bound on orphans held by reference alone (`Session::orphaned`).
+    pub orphans_given_back: AtomicU64,
     /// Replies waiting off their connection's thread now (for the lane's fence, or a
     /// resend for its first attempt; at most `MAX_WAITING_REPLIES` per connection).
     pub replies_waiting: AtomicUsize,
@@ -76,6 +79,7 @@ impl Default for ServerStats {
             rejected_forged: AtomicU64::new(0),
             dropped_idle: AtomicU64::new(0),
             replies_replayed: AtomicU64::new(0),
+            orphans_given_back: AtomicU64::new(0),
             replies_waiting: AtomicUsize::new(0),
             panics: AtomicU64::new(0),
             sessions_resumed: AtomicU64::new(0),
@@ -113,6 +117,9 @@ pub struct StatsReport {
     pub dropped_idle: u64,
     #[serde(default)]
     pub replies_replayed: u64,
+    /// Unlinked inodes given back for a session past its orphan bound.
+    #[serde(default)]
+    pub orphans_given_back: u64,
     /// Replies waiting off their connection's thread now.
     #[serde(default)]
     pub replies_waiting: usize,
@@ -200,6 +207,7 @@ impl ServerStats {
             rejected_forged: load(&self.rejected_forged),
             dropped_idle: load(&self.dropped_idle),
             replies_replayed: load(&self.replies_replayed),
+            orphans_given_back: load(&self.orphans_given_back),
             replies_waiting: self.replies_waiting.load(Ordering::Relaxed),
             requests_panicked: load(&self.panics),
             sessions_active: active,
@@ -232,7 +240,7 @@ impl ServerStats {
     pub(crate) fn prometheus(&self, backend: &dyn Backend, sessions: &Sessions) -> String {
         let r = self.report(backend, sessions);
         let mut e = Exposition::new();
-        let counters: [(&str, &str, u64); 17] = [
+        let counters: [(&str, &str, u64); 18] = [
             (
                 "connections_total",
                 "Connections accepted.",
@@ -287,6 +295,11 @@ impl ServerStats {
                 "replies_replayed_total",
                 "Resent requests answered from a reply cache.",
                 r.replies_replayed,
+            ),
+            (
+                "orphans_given_back_total",
+                "Unlinked inodes given back for a session past its bound on orphans held by reference.",
+                r.orphans_given_back,
             ),
             (
                 "requests_panicked_total",

@@ -409,6 +409,7 @@ fn orphans_made_by_unlink_and_rename_over_are_bounded_by_the_handle_limit() {
         ALICE,
     );
     assert_ne!(got.status, 0, "a given-up orphan answers no more");
+    assert_eq!(srv.report().orphans_given_back, 1, "counted in the stats");
     // The client's FORGETs (the kernel's, of everything it looked up).
     let forget = a.call_by(
         ForgetReq {
