@@ -265,7 +265,10 @@ pub trait Backend: Send + Sync {
     /// Create a symlink to `target` (1..=4095 bytes, no NUL). Gives a reference.
     fn symlink(&self, ctx: &Ctx, parent: u64, name: &[u8], target: &[u8]) -> Result<Attr>;
     /// Move `parent/name` to `newparent/newname`, atomically replacing what is there.
-    /// `flags`: Linux RENAME_NOREPLACE (1) / RENAME_EXCHANGE (2).
+    /// `flags`: Linux RENAME_NOREPLACE (1) / RENAME_EXCHANGE (2). Returns the inode
+    /// that lost the name `newparent/newname` to the moved one, when the backend knows
+    /// (it may have no link left: a server bounds the orphans a client holds by
+    /// reference); None: none did (a free name, an exchange), or not known.
     fn rename(
         &self,
         ctx: &Ctx,
@@ -274,23 +277,7 @@ pub trait Backend: Send + Sync {
         newparent: u64,
         newname: &[u8],
         flags: u32,
-    ) -> Result<()>;
-    /// [`Backend::rename`], telling which inode lost its name `newparent/newname` to the
-    /// moved one, when the backend knows (it may have no link left: a server bounds
-    /// the orphans a client holds by reference). None: none did, or not known.
-    #[allow(clippy::too_many_arguments)]
-    fn rename_replacing(
-        &self,
-        ctx: &Ctx,
-        parent: u64,
-        name: &[u8],
-        newparent: u64,
-        newname: &[u8],
-        flags: u32,
-    ) -> Result<Option<u64>> {
-        self.rename(ctx, parent, name, newparent, newname, flags)
-            .map(|()| None)
-    }
+    ) -> Result<Option<u64>>;
     /// A new name for `ino` (not a directory). Gives a reference.
     fn link(&self, ctx: &Ctx, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr>;
     /// Open `ino` with open(2) `flags`, if `ctx` may access it that way (O_TRUNC asks

@@ -109,8 +109,8 @@ impl Backend for NullFs {
         _np: u64,
         _nn: &[u8],
         _flags: u32,
-    ) -> Result<()> {
-        Ok(())
+    ) -> Result<Option<u64>> {
+        Ok(None)
     }
     fn link(&self, _ctx: &Ctx, _ino: u64, _np: u64, _nn: &[u8]) -> Result<Attr> {
         rofs()

@@ -1045,7 +1045,7 @@ impl Backend for RemoteFs {
         newparent: u64,
         newname: &[u8],
         flags: u32,
-    ) -> Result<()> {
+    ) -> Result<Option<u64>> {
         let req = RenameReq {
             parent: self.node(parent),
             name: name(n)?,
@@ -1061,7 +1061,8 @@ impl Backend for RemoteFs {
             k.forget(parent);
             k.forget(newparent);
         }
-        let r = self.call(ctx, req).map(|_| ());
+        // The protocol's reply does not say which inode lost the new name.
+        let r = self.call(ctx, req).map(|_| None);
         // And again once done: a reply of a request sent before ours and answered
         // after it carries what was true before the rename (see `after_change`).
         lock(&self.meta).drop_caches();

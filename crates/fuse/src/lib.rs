@@ -469,14 +469,16 @@ impl Filesystem for FuseFs {
         let _t = self.timed(FuseOp::Rename);
         ok_or_error(
             reply,
-            self.backend.rename(
-                &self.ctx(req),
-                parent.0,
-                name.as_bytes(),
-                newparent.0,
-                newname.as_bytes(),
-                flags.bits(),
-            ),
+            self.backend
+                .rename(
+                    &self.ctx(req),
+                    parent.0,
+                    name.as_bytes(),
+                    newparent.0,
+                    newname.as_bytes(),
+                    flags.bits(),
+                )
+                .map(|_| ()),
         )
     }
 

@@ -241,18 +241,6 @@ impl Backend for LocalFs {
         newparent: u64,
         newname: &[u8],
         flags: u32,
-    ) -> Result<()> {
-        self.rename_replacing(ctx, parent, name, newparent, newname, flags)
-            .map(|_| ())
-    }
-    fn rename_replacing(
-        &self,
-        ctx: &Ctx,
-        parent: u64,
-        name: &[u8],
-        newparent: u64,
-        newname: &[u8],
-        flags: u32,
     ) -> Result<Option<u64>> {
         let f = RenameFlags::from_bits(flags).map_err(err)?;
         self.vol

@@ -344,7 +344,7 @@ impl<'a> Lane<'a> {
             }
             Request::Rename(r) => {
                 let _g = self.hold([r.parent, r.new_parent])?;
-                let replaced = b.rename_replacing(
+                let replaced = b.rename(
                     ctx,
                     r.parent.ino,
                     &r.name,

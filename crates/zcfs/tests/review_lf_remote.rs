@@ -79,7 +79,7 @@ fn race(b_op: &str) -> Vec<String> {
                 }
                 match b_op {
                     "setxattr" => fs.setxattr(&ctx(), d.ino, ACL, &acl(), 0).unwrap(),
-                    _ => fs.rename(&ctx(), d.ino, b"x", d.ino, b"y", 0).unwrap(),
+                    _ => drop(fs.rename(&ctx(), d.ino, b"x", d.ino, b"y", 0).unwrap()),
                 }
             });
             let known = fs.getattr(d.ino).unwrap();

@@ -485,7 +485,7 @@ macro_rules! pass_on_all_but_mkdir_and_write {
             unlink(ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr>;
             rmdir(ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr>;
             symlink(ctx: &Ctx, parent: u64, name: &[u8], target: &[u8]) -> Result<Attr>;
-            rename(ctx: &Ctx, parent: u64, name: &[u8], newparent: u64, newname: &[u8], flags: u32) -> Result<()>;
+            rename(ctx: &Ctx, parent: u64, name: &[u8], newparent: u64, newname: &[u8], flags: u32) -> Result<Option<u64>>;
             link(ctx: &Ctx, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr>;
             open(ctx: &Ctx, ino: u64, flags: i32) -> Result<u64>;
             create(ctx: &Ctx, parent: u64, name: &[u8], mode: u32, flags: i32) -> Result<(Attr, u64)>;
@@ -523,7 +523,7 @@ impl Backend for Accounting {
         readlink(ino: u64) -> Result<Vec<u8>>;
         unlink(ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr>;
         rmdir(ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr>;
-        rename(ctx: &Ctx, parent: u64, name: &[u8], newparent: u64, newname: &[u8], flags: u32) -> Result<()>;
+        rename(ctx: &Ctx, parent: u64, name: &[u8], newparent: u64, newname: &[u8], flags: u32) -> Result<Option<u64>>;
         read(ino: u64, fh: u64, offset: u64, size: u32, reply: &mut dyn ReadReply) -> Result<()>;
         write(ctx: &Ctx, ino: u64, fh: u64, offset: u64, data: &[u8]) -> Result<u32>;
         write_with(ctx: &Ctx, ino: u64, fh: u64, offset: u64, payload: &mut dyn WritePayload) -> Result<u32>;
