@@ -334,16 +334,18 @@ impl Session {
         give_back: impl FnOnce(u64),
     ) -> bool {
         let mut st = lock(&self.state);
-        if !st.refs.contains_key(&ino)
-            || st.opening.contains_key(&ino)
-            || st.handles.values().any(|h| h.ino == ino)
-        {
+        if !st.refs.contains_key(&ino) || st.opening.contains_key(&ino) {
             return false;
         }
-        // A link made since (by this session's Link, which runs beside this on
-        // another connection): no orphan.
+        // Linked (mostly: every release of a file with a name comes here), or a link
+        // made since by this session's Link, which runs beside this on another
+        // connection: no orphan. Asked before the scan of the handles, the dearer look
+        // for a session with many open.
         if !no_link() {
             st.orphans.remove(&ino);
+            return false;
+        }
+        if st.handles.values().any(|h| h.ino == ino) {
             return false;
         }
         st.orphans.insert(ino);
