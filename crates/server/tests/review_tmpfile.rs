@@ -916,3 +916,248 @@ fn control_an_open_before_the_release_keeps_its_references() {
     );
     assert_eq!(linked.status, 0);
 }
+
+// Review 29c of the fixed per-session orphan bound (ab1e4f1): one finding per test.
+
+/// Pauses, after the inner backend answered, the first `lookup` of the armed name or
+/// the first `hold` of the armed inode, until the test lets it go.
+struct PauseAfter {
+    inner: Arc<dyn Backend>,
+    gate: Arc<AfterGate>,
+}
+
+#[derive(Default)]
+struct AfterGate {
+    /// (armed lookup name, armed hold inode, paused now, let go)
+    m: Mutex<(Option<Vec<u8>>, Option<u64>, bool, bool)>,
+    cv: Condvar,
+}
+
+impl AfterGate {
+    fn arm(&self, name: Option<&str>, ino: Option<u64>) {
+        let mut st = self.m.lock().unwrap();
+        *st = (name.map(|n| n.as_bytes().to_vec()), ino, false, false);
+    }
+    fn wait_paused(&self) {
+        let t = Instant::now();
+        let mut st = self.m.lock().unwrap();
+        while !st.2 {
+            assert!(t.elapsed() < Duration::from_secs(10), "timed out: pause");
+            st = self.cv.wait_timeout(st, Duration::from_millis(20)).unwrap().0;
+        }
+    }
+    fn go(&self) {
+        let mut st = self.m.lock().unwrap();
+        st.3 = true;
+        self.cv.notify_all();
+    }
+    fn pause(&self, hit: impl Fn(&(Option<Vec<u8>>, Option<u64>, bool, bool)) -> bool) {
+        let mut st = self.m.lock().unwrap();
+        if !hit(&st) {
+            return;
+        }
+        st.0 = None;
+        st.1 = None;
+        st.2 = true;
+        self.cv.notify_all();
+        let t = Instant::now();
+        while !st.3 && t.elapsed() < Duration::from_secs(10) {
+            st = self.cv.wait_timeout(st, Duration::from_millis(20)).unwrap().0;
+        }
+    }
+}
+
+mod pause_after_impl {
+    use super::PauseAfter;
+    use zcfs_backend::*;
+    impl Backend for PauseAfter {
+        pass_on! {
+            getattr(ino: u64) -> Result<Attr>;
+            write_with(ctx: &Ctx, ino: u64, fh: u64, offset: u64, payload: &mut dyn WritePayload) -> Result<u32>;
+            statfs() -> Result<StatFs>;
+            flush(ino: u64, fh: u64) -> Result<()>;
+            mkdir(ctx: &Ctx, parent: u64, name: &[u8], mode: u32) -> Result<Attr>;
+            write(ctx: &Ctx, ino: u64, fh: u64, offset: u64, data: &[u8]) -> Result<u32>;
+            setattr(ctx: &Ctx, ino: u64, set: &SetAttr, fh: u64) -> Result<Attr>;
+            access(ctx: &Ctx, ino: u64, mask: u32) -> Result<()>;
+            opendir(ctx: &Ctx, ino: u64) -> Result<u64>;
+            readlink(ino: u64) -> Result<Vec<u8>>;
+            mknod(ctx: &Ctx, parent: u64, name: &[u8], mode: u32, rdev: u32) -> Result<Attr>;
+            unlink(ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr>;
+            rmdir(ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr>;
+            symlink(ctx: &Ctx, parent: u64, name: &[u8], target: &[u8]) -> Result<Attr>;
+            rename(ctx: &Ctx, parent: u64, name: &[u8], newparent: u64, newname: &[u8], flags: u32) -> Result<Option<u64>>;
+            link(ctx: &Ctx, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr>;
+            open(ctx: &Ctx, ino: u64, flags: i32) -> Result<u64>;
+            create(ctx: &Ctx, parent: u64, name: &[u8], mode: u32, flags: i32) -> Result<(Attr, u64)>;
+            tmpfile(ctx: &Ctx, parent: u64, mode: u32, flags: i32) -> Result<(Attr, u64)>;
+            read(ino: u64, fh: u64, offset: u64, size: u32, reply: &mut dyn ReadReply) -> Result<()>;
+            release(ino: u64, fh: u64) -> Result<()>;
+            fsync(ino: u64, fh: u64, datasync: bool) -> Result<()>;
+            readdir(ino: u64, offset: u64, plus: bool, f: &mut dyn FnMut(DirEntry) -> bool) -> Result<()>;
+            setxattr(ctx: &Ctx, ino: u64, name: &[u8], value: &[u8], flags: i32) -> Result<()>;
+            getxattr(ctx: &Ctx, ino: u64, name: &[u8]) -> Result<Vec<u8>>;
+            listxattr(ctx: &Ctx, ino: u64) -> Result<Vec<Vec<u8>>>;
+            removexattr(ctx: &Ctx, ino: u64, name: &[u8]) -> Result<()>;
+            forget(ino: u64, n: u64) -> ();
+            releasedir(ino: u64, fh: u64) -> Result<()>;
+            lseek(ino: u64, fh: u64, offset: u64, whence: i32) -> Result<u64>;
+            dir_state(ino: u64) -> Result<DirState>;
+        }
+        fn lookup(&self, ctx: &Ctx, parent: u64, name: &[u8]) -> Result<Attr> {
+            let r = self.inner.lookup(ctx, parent, name);
+            self.gate.pause(|st| st.0.as_deref() == Some(name));
+            r
+        }
+        fn hold(&self, ino: u64, generation: u64) -> Result<Attr> {
+            let r = self.inner.hold(ino, generation);
+            self.gate.pause(|st| st.1 == Some(ino));
+            r
+        }
+    }
+}
+
+fn forget_all(raw: &mut Raw, inos: &[u64]) {
+    let forget = raw.call_by(
+        ForgetReq {
+            items: List::new(inos.iter().map(|&ino| ForgetItem { ino, count: 1 }).collect())
+                .unwrap(),
+        },
+        ALICE,
+    );
+    assert_eq!(forget.status, 0);
+}
+
+/// Finding 29c-1: a session's reference is recorded (`entry` -> `add_ref`) only after
+/// the backend's lookup returned. An Unlink of that name by anyone in between asks
+/// every session holding the inode; this one holds nothing yet, so it is never asked,
+/// and then takes a reference to an inode with no link that no bound counts. A peer
+/// that races lookups against unlinks (two sessions, or two connections of one) piles
+/// up hidden inodes without bound. The same window is in every reply that adds a
+/// reference after the backend call: Link/Mknod/Mkdir/Symlink (`made`), readdirplus
+/// (references added after the whole listing).
+#[test]
+#[ignore = "finding: a lookup racing the unlink of its name takes an orphan reference no bound counts"]
+fn a_lookup_racing_the_unlink_of_its_name_is_bounded_too() {
+    const HANDLES: usize = 1;
+    const FILES: usize = 3;
+    let gate = Arc::new(AfterGate::default());
+    let fs = memory_fs(64 * MIB);
+    let backend: Arc<dyn Backend> = Arc::new(PauseAfter {
+        inner: fs.clone(),
+        gate: gate.clone(),
+    });
+    let srv = Running::start(
+        backend,
+        ServerConfig {
+            max_session_handles: HANDLES,
+            ..squashing()
+        },
+    );
+    let mut holder = srv.raw(0x29c1);
+    let mut remover = srv.raw(0x29c2);
+    let shared = shared_dir(&mut holder);
+    let free0 = fs.statfs().unwrap().ffree;
+    let mut made = Vec::new();
+    for i in 0..FILES {
+        let name = format!("f{i}");
+        let a = create_closed(&mut remover, shared, &name);
+        // The remover keeps no reference of its own.
+        forget_all(&mut remover, &[a.ino]);
+        made.push(a.ino);
+        gate.arm(Some(&name), None);
+        let req: Request = LookupReq {
+            parent: NodeRef::ino(shared),
+            name: LookupName::new(name.as_str()).unwrap(),
+        }
+        .into();
+        let id = 500 + i as u64;
+        let (h, body) = req.encode(id, ALICE);
+        holder.send(&h, &body, &[]);
+        gate.wait_paused();
+        assert_eq!(unlink(&mut remover, shared, &name), 0);
+        gate.go();
+        assert_eq!(holder.receive(id).status, 0, "lookup of {name}");
+    }
+    let held = free0 - fs.statfs().unwrap().ffree;
+    assert!(
+        held as usize <= HANDLES,
+        "{held} unlinked inodes held by reference alone by one session with a bound of {HANDLES}"
+    );
+}
+
+/// Finding 29c-2: an Open takes the `opening` guard before the backend holds the node;
+/// while it is up, `orphaned` skips the session. If the Open then fails (here EMFILE:
+/// the session is at its handle limit; equally a permission or backend error) the
+/// guard drops and nothing asks again: the inode whose last name was removed meanwhile
+/// stays held by reference alone, uncounted. Repeated, the bound does not hold.
+#[test]
+#[ignore = "finding: an orphan made while a failing open of it is under way is never counted"]
+fn an_orphan_made_during_a_failing_open_is_bounded_too() {
+    const HANDLES: usize = 1;
+    const FILES: usize = 3;
+    let gate = Arc::new(AfterGate::default());
+    let fs = memory_fs(64 * MIB);
+    let backend: Arc<dyn Backend> = Arc::new(PauseAfter {
+        inner: fs.clone(),
+        gate: gate.clone(),
+    });
+    let srv = Running::start(
+        backend,
+        ServerConfig {
+            max_session_handles: HANDLES,
+            ..squashing()
+        },
+    );
+    const SESSION: u64 = 0x29c3;
+    let mut a = srv.raw(SESSION);
+    let mut b = srv.raw(SESSION);
+    let shared = shared_dir(&mut a);
+    // The session's one handle is taken: every Open below fails with EMFILE.
+    let keep = a.call_by(
+        CreateReq {
+            parent: NodeRef::ino(shared),
+            name: Name::new("keep").unwrap(),
+            mode: 0o600,
+            flags: libc::O_RDWR,
+            umask: 0,
+        },
+        ALICE,
+    );
+    assert_eq!(keep.status, 0);
+    let free0 = fs.statfs().unwrap().ffree;
+    for i in 0..FILES {
+        let name = format!("f{i}");
+        // A file the session holds by reference alone (Mknod: no handle).
+        let made = a.call_by(
+            MknodReq {
+                parent: NodeRef::ino(shared),
+                name: Name::new(name.as_str()).unwrap(),
+                mode: libc::S_IFREG | 0o600,
+                rdev: 0,
+                umask: 0,
+            },
+            ALICE,
+        );
+        assert_eq!(made.status, 0, "mknod {name}");
+        let attr = MadeReply::decode(&made.body).unwrap().attr;
+        gate.arm(None, Some(attr.ino));
+        let req: Request = OpenReq {
+            node: NodeRef::new(attr.ino, attr.generation),
+            flags: libc::O_RDONLY,
+        }
+        .into();
+        let id = 700 + i as u64;
+        let (h, body) = req.encode(id, ALICE);
+        b.send(&h, &body, &[]);
+        gate.wait_paused();
+        assert_eq!(unlink(&mut a, shared, &name), 0);
+        gate.go();
+        assert_eq!(b.receive(id).status, libc::EMFILE, "open of {name}");
+    }
+    let held = free0 - fs.statfs().unwrap().ffree;
+    assert!(
+        held as usize <= HANDLES,
+        "{held} unlinked inodes held by reference alone by one session with a bound of {HANDLES}"
+    );
+}
