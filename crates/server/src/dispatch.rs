@@ -3,6 +3,7 @@
 
 use crate::conn::{ro, Lane};
 use crate::session::{Access, Handle};
+use std::sync::atomic::Ordering;
 use zcfs_backend::{Backend, Ctx, DirEntry, DirState, Error, Result};
 use zcfs_protocol::*;
 
@@ -149,11 +150,12 @@ impl<'a> Lane<'a> {
                     self.shared
                         .stats
                         .orphans_given_back
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        .fetch_add(1, Ordering::Relaxed);
                 },
             )
         };
         if everyone {
+            self.shared.names_removed.fetch_add(1, Ordering::SeqCst);
             for s in self.shared.sessions.all() {
                 ask(&s);
             }
@@ -236,6 +238,35 @@ impl<'a> Lane<'a> {
     }
 
     pub(crate) fn dispatch(&self, ctx: &Ctx, req: Request) -> Result<Reply> {
+        // A name removed while this request ran asked only the sessions that held its
+        // inode then: one this request gave a reference to after the backend answered
+        // (a lookup, readdirplus, a link...), or whose open failed with the `opening`
+        // guard up, was not counted (review 29c). Then this session asks again for
+        // what the request took. One atomic load each side when nothing was removed.
+        let since = self.shared.names_removed.load(Ordering::SeqCst);
+        let opened = match &req {
+            Request::Open(r) => Some(r.node.ino),
+            _ => None,
+        };
+        let r = self.dispatch_once(ctx, req);
+        if self.shared.names_removed.load(Ordering::SeqCst) != since {
+            match &r {
+                Ok(reply) => {
+                    for ino in referenced(reply) {
+                        self.orphaned(ino, false);
+                    }
+                }
+                Err(_) => {
+                    if let Some(ino) = opened {
+                        self.orphaned(ino, false);
+                    }
+                }
+            }
+        }
+        r
+    }
+
+    fn dispatch_once(&self, ctx: &Ctx, req: Request) -> Result<Reply> {
         let b = &*self.shared.backend;
         let op = req.op();
         if op.mutates() && self.shared.cfg.read_only {
@@ -546,5 +577,18 @@ impl<'a> Lane<'a> {
             }
         }
         Ok(ReaddirReply { entries })
+    }
+}
+
+/// The inodes a reply gave the session a reference to.
+fn referenced(reply: &Reply) -> Vec<u64> {
+    match reply {
+        Reply::Lookup(e) => vec![e.attr.ino],
+        Reply::Mknod(m) | Reply::Mkdir(m) | Reply::Symlink(m) | Reply::Link(m) => {
+            vec![m.attr.ino]
+        }
+        Reply::Create(c) | Reply::TmpFile(c) => vec![c.attr.ino],
+        Reply::Readdir(d) => d.entries.iter().map(|e| e.ino).collect(),
+        _ => Vec::new(),
     }
 }

@@ -183,6 +183,10 @@ pub(crate) struct Shared {
     instance: u64,
     /// The layer-2 lane, when the server has an interface for it (`Server::start_l2`).
     l2: std::sync::OnceLock<Arc<l2::L2Service>>,
+    /// Bumped whenever a removed name leaves an inode with no link, before the sessions
+    /// holding it are asked (`Lane::orphaned`): a request that took a reference or ran
+    /// an open meanwhile asks again for itself (`Lane::dispatch`).
+    names_removed: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {
@@ -314,6 +318,7 @@ impl Server {
             stats: stats.clone(),
             instance: rand::random(),
             l2: std::sync::OnceLock::new(),
+            names_removed: std::sync::atomic::AtomicU64::new(0),
         });
         Ok(Server {
             shared,
