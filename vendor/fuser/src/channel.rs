@@ -47,6 +47,18 @@ impl Channel {
         }
     }
 
+    /// Splices the next request into `pipe` (can block), retrying as
+    /// `receive_retrying` does (zcfs patch).
+    pub(crate) fn splice_retrying(&self, pipe: &crate::splice::SplicePipe) -> nix::Result<usize> {
+        loop {
+            match pipe.splice_from(self.0.as_fd()) {
+                Ok(size) => return Ok(size),
+                Err(Errno::ENOENT | Errno::EINTR | Errno::EAGAIN) => continue,
+                Err(err) => return Err(err),
+            }
+        }
+    }
+
     /// Returns a sender object for this channel. The sender object can be
     /// used to send to the channel. Multiple sender objects can be used
     /// and they can safely be sent to other threads.

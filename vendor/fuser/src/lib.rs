@@ -76,9 +76,12 @@ pub use crate::reply::ReplyXattr;
 pub use crate::request_param::Request;
 pub use crate::session::BackgroundSession;
 use crate::session::MAX_WRITE_SIZE;
+pub use crate::session::SPLICE_WRITE_MIN;
 pub use crate::session::Session;
 pub use crate::session::SessionACL;
 pub use crate::session::SessionUnmounter;
+pub use crate::splice::SplicedData;
+pub use crate::splice::splice_pipe_available;
 
 mod access_flags;
 mod bsd_file_flags;
@@ -100,6 +103,7 @@ mod reply;
 mod request;
 mod request_param;
 mod session;
+mod splice;
 mod time;
 
 /// We generally support async reads
@@ -636,6 +640,54 @@ pub trait Filesystem: Send + Sync + 'static {
             data.len()
         );
         reply.error(Errno::ENOSYS);
+    }
+
+    /// Whether a write of `size` bytes through `fh` should be handed to
+    /// [`Filesystem::write_spliced`] with its data still in the pipe it was spliced into
+    /// (zcfs patch; only with `Config::splice_writes`). The default, false, reads the
+    /// data into memory and calls [`Filesystem::write`].
+    fn takes_spliced_write(
+        &self,
+        ino: INodeNo,
+        fh: FileHandle,
+        flags: OpenFlags,
+        size: usize,
+    ) -> bool {
+        let _ = (ino, fh, flags, size);
+        false
+    }
+
+    /// Write data that is still in a pipe (zcfs patch): called instead of
+    /// [`Filesystem::write`] when [`Filesystem::takes_spliced_write`] said so. Data not
+    /// taken from `data` by the time this returns is thrown away. The default reads it
+    /// into memory and calls `write`.
+    fn write_spliced(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &SplicedData<'_>,
+        write_flags: WriteFlags,
+        flags: OpenFlags,
+        lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let mut buf = vec![0; data.remaining()];
+        match data.read_into(&mut buf) {
+            Ok(()) => self.write(
+                req,
+                ino,
+                fh,
+                offset,
+                &buf,
+                write_flags,
+                flags,
+                lock_owner,
+                reply,
+            ),
+            Err(e) => reply.error(Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO))),
+        }
     }
 
     /// Flush method.

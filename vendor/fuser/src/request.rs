@@ -571,3 +571,60 @@ impl<'a> RequestWithSender<'a> {
         Request::ref_cast(self.request.header())
     }
 }
+
+/// A write request spliced into a pipe, its fixed part read out (zcfs patch).
+pub(crate) struct SplicedWrite<'h> {
+    header: &'h ll::fuse_abi::fuse_in_header,
+    pub(crate) ino: crate::INodeNo,
+    pub(crate) fh: crate::FileHandle,
+    offset: u64,
+    write_flags: crate::WriteFlags,
+    pub(crate) flags: crate::OpenFlags,
+    lock_owner: Option<crate::LockOwner>,
+}
+
+impl<'h> SplicedWrite<'h> {
+    /// From the header and `fuse_write_in` of a request of `size` bytes: None unless it
+    /// is a well-formed write.
+    pub(crate) fn parse(head: &'h [u8], size: usize) -> Option<SplicedWrite<'h>> {
+        let (header, arg) = ll::request::parse_spliced_write(head, size)?;
+        let write_flags = crate::WriteFlags::from_bits_retain(arg.write_flags);
+        Some(SplicedWrite {
+            header,
+            ino: crate::INodeNo(header.nodeid),
+            fh: crate::FileHandle(arg.fh),
+            offset: arg.offset as u64,
+            write_flags,
+            flags: crate::OpenFlags(arg.flags),
+            lock_owner: write_flags
+                .contains(crate::WriteFlags::FUSE_WRITE_LOCKOWNER)
+                .then_some(crate::LockOwner(arg.lock_owner)),
+        })
+    }
+
+    /// Hand the write to `fs.write_spliced`. A write needs no access check here: every
+    /// session ACL lets the kernel send writes (as `dispatch_req` does).
+    pub(crate) fn dispatch<FS: Filesystem>(
+        &self,
+        fs: &FS,
+        ch: ChannelSender,
+        data: &crate::SplicedData<'_>,
+    ) {
+        debug!(
+            "spliced WRITE ino {:#x} len {}",
+            self.header.nodeid,
+            data.len()
+        );
+        fs.write_spliced(
+            Request::ref_cast(self.header),
+            self.ino,
+            self.fh,
+            self.offset,
+            data,
+            self.write_flags,
+            self.flags,
+            self.lock_owner,
+            Reply::new(ll::RequestId(self.header.unique), ReplySender::Channel(ch)),
+        );
+    }
+}

@@ -48,6 +48,9 @@ use crate::reply::Reply;
 use crate::reply::ReplyRaw;
 use crate::reply::ReplySender;
 use crate::request::RequestWithSender;
+use crate::request::SplicedWrite;
+use crate::splice::SplicePipe;
+use crate::splice::SplicedData;
 
 /// The max size of write requests from the kernel. The absolute minimum is 4k,
 /// FUSE recommends at least 128k, max 16M. The FUSE default is 16M on macOS
@@ -298,6 +301,7 @@ impl<FS: Filesystem> Session<FS> {
                 ch,
                 allowed,
                 session_owner,
+                splice_writes: config.splice_writes,
             };
             threads.push(
                 thread::Builder::new()
@@ -518,7 +522,16 @@ pub(crate) struct SessionEventLoop<FS: Filesystem> {
     pub(crate) filesystem: Arc<FilesystemHolder<FS>>,
     pub(crate) allowed: SessionACL,
     pub(crate) session_owner: Uid,
+    /// Read requests with splice(2) (`crate::splice`).
+    pub(crate) splice_writes: bool,
 }
+
+/// A write request's fixed part: its header and `fuse_write_in`.
+const WRITE_HEAD: usize = size_of::<abi::fuse_in_header>() + size_of::<abi::fuse_write_in>();
+
+/// Writes with less data than this are read into the buffer like any request: for a
+/// few pages, the extra system calls of handing over the pipe cost more than the copy.
+pub const SPLICE_WRITE_MIN: usize = 32 * 1024;
 
 impl<FS: Filesystem> SessionEventLoop<FS> {
     fn event_loop(&self) -> io::Result<()> {
@@ -526,6 +539,12 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
         // it is reused immediately after dispatching to conserve memory and allocations.
         let mut buf = FuseReadBuf::new();
         let buf = buf.as_mut();
+        if self.splice_writes {
+            match SplicePipe::new() {
+                Ok(pipe) => return self.event_loop_spliced(pipe, buf),
+                Err(e) => debug!("{}: reading requests without splice: {e}", self.thread_name),
+            }
+        }
         loop {
             // Read the next request from the given channel to kernel driver
             // The kernel driver makes sure that we get exactly one request per read
@@ -550,6 +569,66 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
                 },
                 Err(nix::errno::Errno::ENODEV) => return Ok(()),
                 Err(err) => return Err(err.into()),
+            }
+        }
+    }
+}
+
+impl<FS: Filesystem> SessionEventLoop<FS> {
+    /// `event_loop`, with every request spliced into `pipe` first (zcfs patch). A write
+    /// of at least `SPLICE_WRITE_MIN` bytes the file system takes spliced
+    /// (`Filesystem::takes_spliced_write`) is handed over with its data still in the
+    /// pipe; everything else is read out of it into `buf` and dispatched as usual.
+    fn event_loop_spliced(&self, mut pipe: SplicePipe, buf: &mut [u8]) -> io::Result<()> {
+        loop {
+            let size = match self.ch.splice_retrying(&pipe) {
+                Ok(size) => size,
+                Err(nix::errno::Errno::ENODEV) => return Ok(()),
+                Err(err) => return Err(err.into()),
+            };
+            if size > buf.len() {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "request larger than the read buffer",
+                ));
+            }
+            // How much of the request is out of the pipe already.
+            let mut head = 0;
+            if size >= WRITE_HEAD + SPLICE_WRITE_MIN {
+                head = WRITE_HEAD;
+                pipe.read_exact(&mut buf[..WRITE_HEAD])?;
+                if let Some(w) = SplicedWrite::parse(&buf[..WRITE_HEAD], size) {
+                    if let Some(fs) = &self.filesystem.fs {
+                        if fs.takes_spliced_write(w.ino, w.fh, w.flags, size - WRITE_HEAD) {
+                            let data = SplicedData::new(&pipe, size - WRITE_HEAD);
+                            w.dispatch(fs, self.ch.sender(), &data);
+                            let left = data.remaining();
+                            // What the file system left (it failed, or refused the
+                            // write) is thrown away: the pipe must be empty for the
+                            // next request.
+                            if left > 0 && data.read_into(&mut buf[..left]).is_err() {
+                                pipe = SplicePipe::new()?;
+                            }
+                            continue;
+                        }
+                    }
+                }
+            }
+            pipe.read_exact(&mut buf[head..size])?;
+            match RequestWithSender::new(self.ch.sender(), &buf[..size]) {
+                Some(req) => {
+                    if let Ok(Operation::Destroy(_)) = req.request.operation() {
+                        req.reply::<ReplyEmpty>().ok();
+                        return Ok(());
+                    }
+                    req.dispatch(self)
+                }
+                None => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "Invalid request",
+                    ));
+                }
             }
         }
     }

@@ -224,6 +224,24 @@ impl fmt::Display for RequestError {
 
 impl error::Error for RequestError {}
 
+/// The header and `fuse_write_in` of a write request whose `size` bytes were spliced
+/// into a pipe and only the fixed part read out (zcfs patch): None unless it is a
+/// write whose lengths agree with `size` and whose offset is valid.
+pub(crate) fn parse_spliced_write(
+    head: &[u8],
+    size: usize,
+) -> Option<(&fuse_in_header, &abi::fuse_write_in)> {
+    let mut it = ArgumentIterator::new(head);
+    let header: &fuse_in_header = it.fetch()?;
+    let arg: &abi::fuse_write_in = it.fetch()?;
+    let fixed = head.len() - it.len();
+    let agree = header.opcode == fuse_opcode::FUSE_WRITE as u32
+        && header.len as usize == size
+        && fixed + arg.size as usize == size;
+    (agree && validate_off_t("fuse_write_in.arg.offset", arg.offset as u64).is_ok())
+        .then_some((header, arg))
+}
+
 fn validate_off_t(name: &'static str, value: u64) -> Result<(), Errno> {
     // Value is unsigned, and libfuse silently casts it to signed `off_t`.
     // The value is supposed to be in range `0..=i64::MAX`, so validate.

@@ -18,6 +18,10 @@ pub struct Config {
     /// This enables more efficient request processing
     /// when multiple threads are used. Requires Linux 4.5+.
     pub clone_fd: bool,
+    /// Splice requests from /dev/fuse into a pipe per worker and hand large writes'
+    /// data over in it (`Filesystem::write_spliced`) (zcfs patch). Workers whose pipe
+    /// cannot be made large enough read as usual.
+    pub splice_writes: bool,
 }
 
 /// Mount options accepted by the FUSE filesystem type
