@@ -142,6 +142,27 @@ pub trait LandingWrite: Send {
     fn commit(self: Box<Self>) -> Result<u32>;
 }
 
+/// A write's bytes held in a pipe, not in memory (the FUSE mount splices large writes
+/// from /dev/fuse, where they are references to the writer's page-cache pages). A
+/// backend that sends them on moves them with splice(2) instead of copying them.
+/// Whatever is not taken when the backend returns is thrown away by the owner.
+pub trait PipedData {
+    /// Bytes not taken yet.
+    fn remaining(&self) -> usize;
+    /// Copy the next `dst.len()` bytes (at most `remaining()`) into `dst`.
+    fn read_into(&mut self, dst: &mut [u8]) -> std::io::Result<()>;
+    /// Move every remaining byte into `fd` (a socket) without copying them; blocks while
+    /// `fd` is full. An error leaves the rest untaken.
+    fn splice_into(&mut self, fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<()>;
+}
+
+/// Read the rest of piped data into memory.
+pub fn piped_to_vec(p: &mut dyn PipedData) -> Result<Vec<u8>> {
+    let mut buf = vec![0u8; p.remaining()];
+    p.read_into(&mut buf)?;
+    Ok(buf)
+}
+
 /// A payload already in memory.
 #[derive(Debug)]
 pub struct BufPayload<'a>(pub &'a [u8]);
@@ -362,6 +383,26 @@ pub trait Backend: Send + Sync {
     ) -> Result<u32> {
         let _ = answer;
         self.write_behind(ctx, ino, fh, offset, data)
+    }
+    /// Whether [`Backend::write_behind_piped`] moves piped data on without copying it
+    /// into memory (a frontend then hands large buffered writes over in their pipe).
+    /// The default, false: it reads them into memory.
+    fn moves_piped_writes(&self) -> bool {
+        false
+    }
+    /// [`Backend::write_behind_answering`] with the bytes in a pipe. The default reads
+    /// them into memory first.
+    fn write_behind_piped(
+        &self,
+        ctx: &Ctx,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        data: &mut dyn PipedData,
+        answer: &mut dyn FnMut(u32),
+    ) -> Result<u32> {
+        let buf = piped_to_vec(data)?;
+        self.write_behind_answering(ctx, ino, fh, offset, &buf, answer)
     }
     /// Write the whole `payload` at `offset`, moving it straight to where it will be kept
     /// (e.g. from a socket into the PM blocks that will hold it); see [`WritePayload`]

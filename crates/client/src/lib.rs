@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering}
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Duration;
-use zcfs_backend::Error;
+use zcfs_backend::{Error, PipedData};
 use zcfs_protocol::channel::{Integrity, TAG_LEN};
 use zcfs_protocol::handshake::Lane;
 use zcfs_protocol::{Cred, Request, RespHeader, MAX_GROUPS, OP_SLOTS};
@@ -919,7 +919,14 @@ impl Client {
                 "sending {} again after a lost connection",
                 req.op().name()
             );
-            drop(self.submit_on(c.clone(), id, &req, Caller::process(), &[], false));
+            drop(self.submit_on(
+                c.clone(),
+                id,
+                &req,
+                Caller::process(),
+                Payload::Mem(&[]),
+                false,
+            ));
         }
     }
 
@@ -967,6 +974,34 @@ impl Client {
     /// failed may still run there, and must not overtake this one (review rv9: a
     /// write-behind write was overwritten by a lane write that had failed before it).
     pub fn submit(&self, req: &Request, cred: Caller<'_>, data: &[&[u8]]) -> Result<Ticket, Error> {
+        self.submit_payload(req, cred, Payload::Mem(data))
+    }
+
+    /// `submit` of a write whose bytes are in a pipe (`PipedData`): they go into the
+    /// socket with splice(2) behind the header, never through memory here. With full
+    /// integrity (data tags, which need the bytes) they are read into memory instead;
+    /// [`Client::sends_piped`] says which.
+    pub fn submit_piped(
+        &self,
+        req: &Request,
+        cred: Caller<'_>,
+        data: &mut dyn PipedData,
+    ) -> Result<Ticket, Error> {
+        self.submit_payload(req, cred, Payload::Piped(data))
+    }
+
+    /// Whether `submit_piped` moves piped bytes without reading them: requests go on
+    /// sockets, and no data tag needs them hashed (integrity `headers`, or no secret).
+    pub fn sends_piped(&self) -> bool {
+        self.cfg.integrity != Integrity::Full || self.cfg.secret.is_none()
+    }
+
+    fn submit_payload(
+        &self,
+        req: &Request,
+        cred: Caller<'_>,
+        data: Payload<'_, '_>,
+    ) -> Result<Ticket, Error> {
         cred.check()?;
         if let Some(lane) = self.l2_down_unfenced() {
             if l2::free_of_effects(req.op()) {
@@ -999,7 +1034,7 @@ impl Client {
             ));
         }
         let id = self.ids.fetch_add(1, Ordering::Relaxed);
-        self.submit_on(after.conn.clone(), id, req, cred, data, true)
+        self.submit_on(after.conn.clone(), id, req, cred, Payload::Mem(data), true)
     }
 
     /// Send a request without waiting for its reply, as part of session `epoch` (what
@@ -1045,7 +1080,7 @@ impl Client {
                 // Answered already (sent by a reconnection meanwhile).
                 None => return,
             }
-            drop(self.submit_on(conn.clone(), id, req, cred, &[], false));
+            drop(self.submit_on(conn.clone(), id, req, cred, Payload::Mem(&[]), false));
             if conn.is_up() {
                 return;
             }
@@ -1152,7 +1187,7 @@ impl Client {
         id: u64,
         req: &Request,
         cred: Caller<'_>,
-        data: &[&[u8]],
+        data: Payload<'_, '_>,
         wait: bool,
     ) -> Result<Ticket, Error> {
         let (hdr, body) = req
@@ -1192,43 +1227,26 @@ impl Client {
         req: &Request,
         hdr: &[u8],
         body: &[u8],
-        data: &[&[u8]],
+        data: Payload<'_, '_>,
         slot: Option<Slot>,
     ) -> bool {
         lock(&conn.pending).insert(id, (req.op(), slot));
         let mut w = lock(&conn.writer);
-        // The tags (with a secret): over header and body, and in full mode over the
-        // data too (hashed where the caller has it).
-        let (mut tag, mut data_tag) = ([0u8; TAG_LEN], None);
-        if let Some(mac) = w.mac.as_mut() {
-            let mut m = mac.begin(hdr, body);
-            tag = m.tag();
-            let n: usize = data.iter().map(|d| d.len()).sum();
-            if mac.data_tagged(n) {
-                data.iter().for_each(|d| m.data(d));
-                data_tag = Some(m.data_tag());
-            }
-        }
-        let mut iov = Vec::with_capacity(4 + data.len());
-        iov.push(IoSlice::new(hdr));
-        iov.push(IoSlice::new(body));
-        if w.mac.is_some() {
-            iov.push(IoSlice::new(&tag));
-        }
-        iov.extend(data.iter().map(|d| IoSlice::new(d)));
-        if let Some(t) = &data_tag {
-            iov.push(IoSlice::new(t));
-        }
-        let n: usize = iov.iter().map(|s| s.len()).sum();
-        let r = write_all_vectored(&mut w.s, &mut iov);
+        let r = match data {
+            Payload::Mem(data) => send_message(&mut w, hdr, body, data),
+            Payload::Piped(data) => send_piped_message(&mut w, hdr, body, data),
+        };
         drop(w);
-        if let Err(e) = r {
-            if conn::closed_by_peer(&e) && !conn.broken.load(Ordering::SeqCst) {
-                conn.peer_closed.store(true, Ordering::SeqCst);
+        let n = match r {
+            Ok(n) => n,
+            Err(e) => {
+                if conn::closed_by_peer(&e) && !conn.broken.load(Ordering::SeqCst) {
+                    conn.peer_closed.store(true, Ordering::SeqCst);
+                }
+                conn.break_with(&format!("send failed: {e}"));
+                return false;
             }
-            conn.break_with(&format!("send failed: {e}"));
-            return false;
-        }
+        };
         self.bytes_sent.fetch_add(n as u64, Ordering::Relaxed);
         self.tcp_requests[req.op() as usize].fetch_add(1, Ordering::Relaxed);
         true
@@ -1264,7 +1282,15 @@ impl Client {
         };
         conn.take_inflight_slot();
         let then = conn::Then::new(&conn, Arc::downgrade(self), req.clone(), done);
-        if self.send_on(&conn, id, &req, &hdr, &body, &[], Some(Slot::Then(then))) {
+        if self.send_on(
+            &conn,
+            id,
+            &req,
+            &hdr,
+            &body,
+            Payload::Mem(&[]),
+            Some(Slot::Then(then)),
+        ) {
             conn.arm_then(id);
             // No caller waits to read the reply: the reader thread does.
             conn.wake_background();
@@ -1283,7 +1309,7 @@ impl Client {
             Ok(c) => {
                 let epoch = c.epoch.load(Ordering::SeqCst);
                 (
-                    self.submit_on(c, id, req, cred, data, true)
+                    self.submit_on(c, id, req, cred, Payload::Mem(data), true)
                         .and_then(Ticket::wait),
                     Some(epoch),
                 )
@@ -1436,7 +1462,7 @@ impl Client {
         let ticket = self.pick().and_then(|conn| {
             let id = self.ids.fetch_add(1, Ordering::Relaxed);
             let req: Request = zcfs_protocol::L2ReleaseReq {}.into();
-            self.submit_on(conn, id, &req, Caller::process(), &[], true)
+            self.submit_on(conn, id, &req, Caller::process(), Payload::Mem(&[]), true)
         });
         let ticket = match ticket {
             Ok(t) => t,
@@ -1515,7 +1541,7 @@ impl Client {
         cred: Caller<'_>,
     ) -> Result<Response, Error> {
         let id = self.ids.fetch_add(1, Ordering::Relaxed);
-        self.submit_on(conn.0.clone(), id, req, cred, &[], true)
+        self.submit_on(conn.0.clone(), id, req, cred, Payload::Mem(&[]), true)
             .and_then(Ticket::wait)
     }
 }
@@ -1546,3 +1572,76 @@ pub(crate) fn is_transport(e: &Error) -> bool {
 
 #[cfg(test)]
 mod tests;
+
+/// A request's data as its sender has it.
+pub(crate) enum Payload<'a, 'b> {
+    /// In memory: sent with the header in one writev.
+    Mem(&'a [&'b [u8]]),
+    /// In a pipe: spliced into the socket behind the header.
+    Piped(&'a mut dyn PipedData),
+}
+
+/// Send one message whose data is in memory: header, body, tag (with a secret), data,
+/// and in full integrity mode the data tag (hashed where the caller has the bytes).
+/// The bytes sent.
+fn send_message(
+    w: &mut conn::Writer,
+    hdr: &[u8],
+    body: &[u8],
+    data: &[&[u8]],
+) -> std::io::Result<usize> {
+    let (mut tag, mut data_tag) = ([0u8; TAG_LEN], None);
+    if let Some(mac) = w.mac.as_mut() {
+        let mut m = mac.begin(hdr, body);
+        tag = m.tag();
+        let n: usize = data.iter().map(|d| d.len()).sum();
+        if mac.data_tagged(n) {
+            data.iter().for_each(|d| m.data(d));
+            data_tag = Some(m.data_tag());
+        }
+    }
+    let mut iov = Vec::with_capacity(4 + data.len());
+    iov.push(IoSlice::new(hdr));
+    iov.push(IoSlice::new(body));
+    if w.mac.is_some() {
+        iov.push(IoSlice::new(&tag));
+    }
+    iov.extend(data.iter().map(|d| IoSlice::new(d)));
+    if let Some(t) = &data_tag {
+        iov.push(IoSlice::new(t));
+    }
+    let n: usize = iov.iter().map(|s| s.len()).sum();
+    write_all_vectored(&mut w.s, &mut iov)?;
+    Ok(n)
+}
+
+/// Send one message whose data is in a pipe: header, body and tag with MSG_MORE (so
+/// TCP puts them in the data's first segment), then the data spliced from the pipe.
+/// Data that must be tagged (full integrity) is read into memory and sent as
+/// `send_message` sends it. The bytes sent.
+fn send_piped_message(
+    w: &mut conn::Writer,
+    hdr: &[u8],
+    body: &[u8],
+    data: &mut dyn PipedData,
+) -> std::io::Result<usize> {
+    let n = data.remaining();
+    if w.mac.as_ref().is_some_and(|m| m.data_tagged(n)) {
+        let mut buf = vec![0u8; n];
+        data.read_into(&mut buf)?;
+        return send_message(w, hdr, body, &[&buf]);
+    }
+    let mut tag = [0u8; TAG_LEN];
+    if let Some(mac) = w.mac.as_mut() {
+        tag = mac.begin(hdr, body).tag();
+    }
+    let tag_len = if w.mac.is_some() { TAG_LEN } else { 0 };
+    let mut iov = [
+        IoSlice::new(hdr),
+        IoSlice::new(body),
+        IoSlice::new(&tag[..tag_len]),
+    ];
+    zcfs_transport::send_all_more(&w.s, &mut iov)?;
+    data.splice_into(std::os::fd::AsFd::as_fd(&w.s))?;
+    Ok(hdr.len() + body.len() + tag_len + n)
+}

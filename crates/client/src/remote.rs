@@ -63,6 +63,22 @@ const READDIRPLUS_BATCH: u32 = 128;
 /// commit to the close, which costs one round trip for many bytes.
 pub const COMMIT_WRITE_MAX: usize = 64 << 10;
 
+/// A write's bytes as the frontend hands them over.
+enum WriteBytes<'a> {
+    Mem(&'a [u8]),
+    /// In a pipe: spliced into the socket (`Client::submit_piped`).
+    Piped(&'a mut dyn PipedData),
+}
+
+impl WriteBytes<'_> {
+    fn len(&self) -> usize {
+        match self {
+            WriteBytes::Mem(d) => d.len(),
+            WriteBytes::Piped(p) => p.remaining(),
+        }
+    }
+}
+
 /// The server's handle behind our handle `fh`.
 fn server_fh_of(open: &Mutex<OpenFiles>, fh: u64) -> Result<u64> {
     match lock(open).get(fh) {
@@ -437,18 +453,19 @@ impl RemoteFs {
         ino: u64,
         fh: u64,
         offset: u64,
-        data: &[u8],
+        data: WriteBytes<'_>,
         answer: Option<&mut dyn FnMut(u32)>,
     ) -> Result<u32> {
         let limit = behind::limit(self.client.max_inflight());
-        if data.len() > MAX_DATA || limit == 0 || data.is_empty() {
-            return self.write(ctx, ino, fh, offset, data);
+        let len = data.len();
+        if len > MAX_DATA || limit == 0 || len == 0 {
+            return self.write_now(ctx, ino, fh, offset, data);
         }
         let (node, sfh) = (self.node(ino), self.server_fh(fh)?);
         let end = offset
-            .checked_add(data.len() as u64)
+            .checked_add(len as u64)
             .ok_or_else(|| Error::new(libc::EFBIG, "write past the largest offset"))?;
-        let n = data.len() as u32;
+        let n = len as u32;
         let early = answer.map(|a| {
             move || {
                 // The attributes the caller may ask for next are the server's after
@@ -460,30 +477,53 @@ impl RemoteFs {
         // Small writes are committed before their reply: a close after them (a small
         // file saved) then needs no FLUSH round trip. Larger ones leave it to the
         // close's FLUSH, sent behind them.
-        let commit = data.len() <= COMMIT_WRITE_MAX;
-        let sent = self
-            .behind
-            .send(limit, ino, fh, offset, end, commit, early, || {
-                self.forget_attr(ino);
-                let req: Request = WriteReq {
-                    node,
-                    fh: sfh,
-                    offset,
-                    size: n,
-                    commit,
-                }
-                .into();
-                // Counted as sent before the ticket is kept, so a flush that collects it
-                // (after taking the inode's queue) finds it counted.
-                let _sending = self.written_through(fh);
-                self.client.submit(&req, cred(ctx), &[data])
-            })?;
+        let commit = len <= COMMIT_WRITE_MAX;
+        let mut data = data;
+        let sent = {
+            let data = &mut data;
+            self.behind
+                .send(limit, ino, fh, offset, end, commit, early, || {
+                    self.forget_attr(ino);
+                    let req: Request = WriteReq {
+                        node,
+                        fh: sfh,
+                        offset,
+                        size: n,
+                        commit,
+                    }
+                    .into();
+                    // Counted as sent before the ticket is kept, so a flush that collects
+                    // it (after taking the inode's queue) finds it counted.
+                    let _sending = self.written_through(fh);
+                    match data {
+                        WriteBytes::Mem(d) => self.client.submit(&req, cred(ctx), &[d]),
+                        WriteBytes::Piped(p) => self.client.submit_piped(&req, cred(ctx), *p),
+                    }
+                })?
+        };
         if !sent {
-            return self.write(ctx, ino, fh, offset, data);
+            return self.write_now(ctx, ino, fh, offset, data);
         }
-        self.written_bytes
-            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        self.written_bytes.fetch_add(len as u64, Ordering::Relaxed);
         Ok(n)
+    }
+
+    /// A write sent and waited for (what write-behind falls back to).
+    fn write_now(
+        &self,
+        ctx: &Ctx,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        data: WriteBytes<'_>,
+    ) -> Result<u32> {
+        match data {
+            WriteBytes::Mem(d) => self.write(ctx, ino, fh, offset, d),
+            WriteBytes::Piped(p) => {
+                let buf = piped_to_vec(p)?;
+                self.write(ctx, ino, fh, offset, &buf)
+            }
+        }
     }
 
     /// A flush or fsync with nothing left to commit: `ino`'s writes in flight are
@@ -1322,7 +1362,7 @@ impl Backend for RemoteFs {
     /// larger than one request, or one that finds every slot for held replies taken
     /// by other inodes, is written and waited for.
     fn write_behind(&self, ctx: &Ctx, ino: u64, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
-        self.write_behind_with(ctx, ino, fh, offset, data, None)
+        self.write_behind_with(ctx, ino, fh, offset, WriteBytes::Mem(data), None)
     }
 
     fn write_behind_answering(
@@ -1334,7 +1374,23 @@ impl Backend for RemoteFs {
         data: &[u8],
         answer: &mut dyn FnMut(u32),
     ) -> Result<u32> {
-        self.write_behind_with(ctx, ino, fh, offset, data, Some(answer))
+        self.write_behind_with(ctx, ino, fh, offset, WriteBytes::Mem(data), Some(answer))
+    }
+
+    fn moves_piped_writes(&self) -> bool {
+        self.client.sends_piped()
+    }
+
+    fn write_behind_piped(
+        &self,
+        ctx: &Ctx,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        data: &mut dyn PipedData,
+        answer: &mut dyn FnMut(u32),
+    ) -> Result<u32> {
+        self.write_behind_with(ctx, ino, fh, offset, WriteBytes::Piped(data), Some(answer))
     }
 
     /// close(2): the writes through the handle are waited for and made durable (the

@@ -10,7 +10,7 @@ use fuser::{
     FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
     ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    ReplyWrite, ReplyXattr, Request, SplicedData, TimeOrNow, WriteFlags,
 };
 pub use metrics::{FuseOp, FUSE_OPS};
 pub use options::{CacheMode, FuseOptions, FuseStats};
@@ -21,7 +21,7 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
-use zcfs_backend::{Attr, Backend, Ctx, SetAttr};
+use zcfs_backend::{Attr, Backend, Ctx, PipedData, SetAttr};
 
 pub mod caller;
 mod coherence;
@@ -33,7 +33,9 @@ mod mount;
 mod options;
 mod reply;
 
-pub use fuser::{BackgroundSession, Config, MountOption, SessionACL};
+pub use fuser::{
+    splice_pipe_available, BackgroundSession, Config, MountOption, SessionACL, SPLICE_WRITE_MIN,
+};
 pub use mount::{spawn, Mounted};
 
 pub struct FuseFs {
@@ -223,6 +225,26 @@ impl FuseFs {
         answer(reply, r, |reply, a| {
             reply.attr(&self.ttl_of(a.ino), &self.shown_attr(&a))
         })
+    }
+}
+
+/// A caller who asked for O_DIRECT or synchronous writes waits for each.
+fn waits_for_each_write(flags: OpenFlags) -> bool {
+    flags.0 & (libc::O_DIRECT | libc::O_SYNC | libc::O_DSYNC) != 0
+}
+
+/// fuser's spliced write data as the backend's [`PipedData`].
+struct Piped<'a, 'p>(&'a SplicedData<'p>);
+
+impl PipedData for Piped<'_, '_> {
+    fn remaining(&self) -> usize {
+        self.0.remaining()
+    }
+    fn read_into(&mut self, dst: &mut [u8]) -> std::io::Result<()> {
+        self.0.read_into(dst)
+    }
+    fn splice_into(&mut self, fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<()> {
+        self.0.splice_into(fd)
     }
 }
 
@@ -659,8 +681,7 @@ impl Filesystem for FuseFs {
         self.stats
             .user_copy_bytes
             .fetch_add(data.len() as u64, Ordering::Relaxed);
-        // A caller who asked for O_DIRECT or synchronous writes waits for each.
-        let waits = flags.0 & (libc::O_DIRECT | libc::O_SYNC | libc::O_DSYNC) != 0;
+        let waits = waits_for_each_write(flags);
         let ctx = self.ctx(req);
         if self.opts.write_behind && !waits {
             // Answered as soon as the write is sure to be sent: the writer's next write
@@ -678,6 +699,56 @@ impl Filesystem for FuseFs {
             }
         } else {
             let r = self.backend.write(&ctx, ino.0, fh.0, offset, data);
+            answer(reply, r, |reply, n| reply.written(n))
+        }
+    }
+
+    /// A buffered write through write-behind, with a backend that moves piped data
+    /// without reading it (`Backend::moves_piped_writes`): the rest read it into memory.
+    fn takes_spliced_write(
+        &self,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        flags: OpenFlags,
+        _size: usize,
+    ) -> bool {
+        self.opts.write_behind && !waits_for_each_write(flags) && self.backend.moves_piped_writes()
+    }
+
+    fn write_spliced(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &SplicedData<'_>,
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let _t = self.timed(FuseOp::Write);
+        self.stats
+            .write_bytes
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        self.stats
+            .spliced_write_bytes
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        let ctx = self.ctx(req);
+        let mut reply = Some(reply);
+        let r = self.backend.write_behind_piped(
+            &ctx,
+            ino.0,
+            fh.0,
+            offset,
+            &mut Piped(data),
+            &mut |n| {
+                if let Some(reply) = reply.take() {
+                    reply.written(n)
+                }
+            },
+        );
+        if let Some(reply) = reply {
             answer(reply, r, |reply, n| reply.written(n))
         }
     }

@@ -45,6 +45,10 @@ pub struct FuseOptions {
     pub write_behind: bool,
     pub direct_io: bool,
     pub readdirplus: bool,
+    /// Read requests from /dev/fuse with splice(2) and send large buffered writes'
+    /// data from the pipe into the socket (`Backend::write_behind_piped`): the bytes
+    /// never pass through this process's memory.
+    pub splice: bool,
     pub max_write: u32,
     /// Show every file as owned by this uid/gid (sshfs-style `uid=`, `gid=`).
     pub uid: Option<u32>,
@@ -71,6 +75,7 @@ impl Default for FuseOptions {
             write_behind: true,
             direct_io: false,
             readdirplus: true,
+            splice: true,
             max_write: 1 << 20,
             uid: None,
             gid: None,
@@ -89,6 +94,8 @@ pub struct FuseStats {
     pub read_bytes: AtomicU64,
     pub write_bytes: AtomicU64,
     pub user_copy_bytes: AtomicU64,
+    /// Write bytes moved from /dev/fuse to the socket by splice(2), never copied here.
+    pub spliced_write_bytes: AtomicU64,
 }
 
 impl Default for FuseStats {
@@ -98,6 +105,7 @@ impl Default for FuseStats {
             read_bytes: AtomicU64::new(0),
             write_bytes: AtomicU64::new(0),
             user_copy_bytes: AtomicU64::new(0),
+            spliced_write_bytes: AtomicU64::new(0),
         }
     }
 }

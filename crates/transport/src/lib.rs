@@ -55,6 +55,31 @@ pub fn write_all_vectored(w: &mut impl Write, mut bufs: &mut [IoSlice<'_>]) -> s
     Ok(())
 }
 
+/// `write_all_vectored` on a socket with MSG_MORE: more of the same message follows
+/// at once (spliced data), so TCP holds these bytes for the segment that carries it
+/// instead of sending them alone.
+pub fn send_all_more(s: &impl AsRawFd, mut bufs: &mut [IoSlice<'_>]) -> std::io::Result<()> {
+    IoSlice::advance_slices(&mut bufs, 0);
+    while !bufs.is_empty() {
+        // SAFETY: a msghdr with no name and no control data whose iovecs are the
+        // caller's slices (IoSlice is ABI-compatible with iovec); sendmsg only reads them.
+        let r = unsafe {
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = bufs.as_mut_ptr().cast();
+            msg.msg_iovlen = bufs.len() as _;
+            libc::sendmsg(s.as_raw_fd(), &msg, libc::MSG_MORE | libc::MSG_NOSIGNAL)
+        };
+        let r = if r < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(r as usize)
+        };
+        let n = moved(r, std::io::ErrorKind::WriteZero)?;
+        IoSlice::advance_slices(&mut bufs, n);
+    }
+    Ok(())
+}
+
 /// One round of a loop that moves every byte: the bytes a call moved (0 when it was
 /// interrupted, to call again); a call that moved none is the error `none`.
 fn moved(r: std::io::Result<usize>, none: std::io::ErrorKind) -> std::io::Result<usize> {

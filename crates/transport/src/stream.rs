@@ -292,6 +292,15 @@ impl Stream {
     }
 }
 
+impl std::os::fd::AsFd for Stream {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        match self {
+            Stream::Tcp(s) => s.as_fd(),
+            Stream::Unix(s) => s.as_fd(),
+        }
+    }
+}
+
 impl AsRawFd for Stream {
     fn as_raw_fd(&self) -> RawFd {
         match self {

@@ -42,6 +42,9 @@ pub struct MountReport {
     pub payload_bytes_written: u64,
     /// Bytes copied in user space by the FUSE frontend.
     pub fuse_user_copy_bytes: u64,
+    /// Written bytes moved from /dev/fuse into the socket by splice(2), never copied.
+    #[serde(default)]
+    pub spliced_write_bytes: u64,
     /// The operations that ran, by name.
     pub ops: BTreeMap<String, OpReport>,
     /// The layer-2 lane of a remote mount that asked for one (`--l2`): state and
@@ -68,6 +71,7 @@ pub fn report(
         payload_bytes_read: stats.read_bytes.load(Relaxed),
         payload_bytes_written: stats.write_bytes.load(Relaxed),
         fuse_user_copy_bytes: stats.user_copy_bytes.load(Relaxed),
+        spliced_write_bytes: stats.spliced_write_bytes.load(Relaxed),
         ops,
         l2: client.and_then(|c| c.lane_report()),
     }
@@ -91,6 +95,11 @@ pub fn prometheus(stats: &FuseStats, client: Option<&zcfs_client::Client>) -> St
         "zcfs_mount_user_copy_bytes_total",
         "Bytes copied in user space by the FUSE frontend.",
         stats.user_copy_bytes.load(Relaxed),
+    );
+    e.counter(
+        "zcfs_mount_spliced_write_bytes_total",
+        "Written bytes moved from /dev/fuse into the socket by splice(2), never copied.",
+        stats.spliced_write_bytes.load(Relaxed),
     );
     e.ops("zcfs_mount", &zcfs_fuse::metrics::ran(&stats.ops), false);
     if let Some(lane) = client.and_then(|c| c.lane_report()) {
@@ -403,7 +412,7 @@ pub fn format_mount_report(r: &MountReport) -> String {
     let lane = r.l2.as_ref().map(|l| l.text()).unwrap_or_default();
     format!(
         "mount       {} on {} (pid {})\n\
-         requests    {}; payload {} bytes read, {} written; {} bytes copied in user space\n{lane}{}",
+         requests    {}; payload {} bytes read, {} written; {} bytes copied in user space, {} spliced\n{lane}{}",
         r.source,
         r.mountpoint,
         r.pid,
@@ -411,6 +420,7 @@ pub fn format_mount_report(r: &MountReport) -> String {
         r.payload_bytes_read,
         r.payload_bytes_written,
         r.fuse_user_copy_bytes,
+        r.spliced_write_bytes,
         crate::server_report::format_ops(&r.ops, false)
     )
 }

@@ -100,6 +100,22 @@ fn run_detached(a: &MountArgs, args: &[OsString]) -> Result<i32> {
     }
 }
 
+/// Whether the FUSE threads can splice requests (`-o splice`, the default): each needs
+/// a pipe of 2 MiB, which takes CAP_SYS_RESOURCE or `fs.pipe-max-size` of at least that.
+/// Said once when not: large writes are then copied through memory.
+fn splice_usable() -> bool {
+    match zcfs_fuse::splice_pipe_available() {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::info!(
+                "large writes are copied, not spliced: a 2 MiB pipe was refused ({e}); \
+                 it needs CAP_SYS_RESOURCE or sysctl fs.pipe-max-size >= 2097152"
+            );
+            false
+        }
+    }
+}
+
 /// Mount, report readiness (taking `ready_pipe`), serve until unmounted or signalled,
 /// and close the volume.
 fn mount_until_unmounted(a: &MountArgs, ready_pipe: &mut Option<ReadyPipe>) -> Result<i32> {
@@ -140,6 +156,7 @@ fn mount_until_unmounted(a: &MountArgs, ready_pipe: &mut Option<ReadyPipe>) -> R
     config.acl = plan.acl;
     config.n_threads = Some(plan.threads);
     config.clone_fd = true;
+    config.splice_writes = plan.fuse.splice && splice_usable();
     let session = zcfs_fuse::spawn(fs, &a.mountpoint, &config).map_err(|e| {
         let hint = match e.raw_os_error() {
             // fusermount3 explains its own refusals; this is a direct mount's.

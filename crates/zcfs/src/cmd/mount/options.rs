@@ -181,6 +181,10 @@ pub fn parse_options(a: &MountArgs) -> Result<MountPlan> {
             // does); `sync_writes` waits for each.
             ("sync_writes", None) => p.fuse.write_behind = false,
             ("write_behind", None) => p.fuse.write_behind = true,
+            // Large buffered writes' pages go from /dev/fuse into the socket by splice(2);
+            // `nosplice` reads them into memory and sends the copy.
+            ("splice", None) => p.fuse.splice = true,
+            ("nosplice", None) => p.fuse.splice = false,
             ("no_readdirplus", None) => p.fuse.readdirplus = false,
             ("threads", Some(v)) => p.threads = num(k, v)?.clamp(1, 64) as usize,
             ("attr_timeout" | "entry_timeout", Some(v)) => {

@@ -1,0 +1,210 @@
+//! Large buffered writes through a remote mount go from /dev/fuse into the socket by
+//! splice(2) (the vendored fuser's `write_spliced`, `Client::submit_piped`): their bytes
+//! must arrive exactly as written, at every size and alignment around the splice
+//! threshold, from several writers at once, with a secret (tags over the headers) and
+//! with full integrity (data tags: the piped bytes are read into memory then), and a
+//! write lost with its connection must leave the mount serving. Root required (network
+//! namespaces), as in CI.
+//!
+//! One test function: the mount needs a 2 MiB pipe per FUSE thread, which takes
+//! CAP_SYS_RESOURCE (not every root has it: containers and this CI's sandbox drop it)
+//! or `fs.pipe-max-size` of 2 MiB; the test raises the sysctl for its run and puts the
+//! old value back, and nothing else in this binary runs beside it.
+
+mod common;
+use common::remote::*;
+use common::*;
+use rand::{Rng, SeedableRng};
+use std::fs;
+use std::io::{Seek, SeekFrom, Write};
+
+const PIPE_MAX_SIZE: &str = "/proc/sys/fs/pipe-max-size";
+const SPLICE_PIPE: u64 = 2 << 20;
+
+/// Raises `fs.pipe-max-size` to 2 MiB while alive, if it was lower.
+struct PipeMaxSize(Option<String>);
+
+impl PipeMaxSize {
+    fn at_least_splice_pipe() -> PipeMaxSize {
+        let old = fs::read_to_string(PIPE_MAX_SIZE).unwrap();
+        if old.trim().parse::<u64>().unwrap() >= SPLICE_PIPE {
+            return PipeMaxSize(None);
+        }
+        fs::write(PIPE_MAX_SIZE, SPLICE_PIPE.to_string()).unwrap();
+        PipeMaxSize(Some(old))
+    }
+}
+
+impl Drop for PipeMaxSize {
+    fn drop(&mut self) {
+        if let Some(old) = &self.0 {
+            let _ = fs::write(PIPE_MAX_SIZE, old.trim());
+        }
+    }
+}
+
+/// The writes of one round: (offset, length), sizes around the splice threshold (32 KiB
+/// of data) and the largest request (1 MiB), at page-aligned and unaligned offsets,
+/// some overlapping earlier ones.
+fn shapes() -> Vec<(u64, usize)> {
+    let min = fuser_splice_min();
+    vec![
+        (0, min - 1),
+        (0, min),
+        (4096, min + 1),
+        (1 << 20, 1 << 20),
+        ((3 << 20) + 4097, 1 << 20),
+        ((6 << 20) + 513, (3 << 20) + 17),
+        (100, 2 << 20),
+        ((12 << 20) - 7, 128 << 10),
+    ]
+}
+
+/// The threshold under which writes are read into memory (fuser's `SPLICE_WRITE_MIN`).
+fn fuser_splice_min() -> usize {
+    zcfs_fuse::SPLICE_WRITE_MIN
+}
+
+/// The writes of round `seed`: each shape's random bytes.
+fn shape_data(seed: u64) -> Vec<(u64, Vec<u8>)> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    shapes()
+        .into_iter()
+        .map(|(off, len)| (off, (0..len).map(|_| rng.gen()).collect()))
+        .collect()
+}
+
+/// What the file holds after the writes of round `seed`.
+fn shapes_model(seed: u64) -> Vec<u8> {
+    let mut model = Vec::new();
+    for (off, data) in shape_data(seed) {
+        let end = off as usize + data.len();
+        if model.len() < end {
+            model.resize(end, 0);
+        }
+        model[off as usize..end].copy_from_slice(&data);
+    }
+    model
+}
+
+/// Write round `seed` into `path` through the mount (one buffered `write(2)` per shape),
+/// fsync and close it; what it now holds.
+fn write_shapes(path: &str, seed: u64) -> Vec<u8> {
+    let mut f = fs::File::create(path).unwrap();
+    for (off, data) in shape_data(seed) {
+        f.seek(SeekFrom::Start(off)).unwrap();
+        f.write_all(&data).unwrap();
+    }
+    f.sync_all().unwrap();
+    drop(f);
+    shapes_model(seed)
+}
+
+fn spliced_bytes(net: &Net, srv: &Served, m: &RemoteMount) -> u64 {
+    stat_json(net, srv, m.mp.to_str().unwrap())["spliced_write_bytes"]
+        .as_u64()
+        .unwrap()
+}
+
+/// Every byte read back (page cache dropped, so from the server) is the model's.
+fn assert_reads_back(path: &str, model: &[u8]) {
+    sh("sync; echo 3 > /proc/sys/vm/drop_caches");
+    let got = fs::read(path).unwrap();
+    assert_eq!(got.len(), model.len(), "{path}: size");
+    if let Some(i) = got.iter().zip(model).position(|(a, b)| a != b) {
+        panic!("{path}: first wrong byte at {i}");
+    }
+}
+
+#[test]
+fn spliced_writes_arrive_whole_and_a_lost_one_leaves_the_mount_serving() {
+    let _pipes = PipeMaxSize::at_least_splice_pipe();
+    let net = Net::new();
+    let mut srv = Served::sized(&net, "splice", "2G", &[]);
+
+    // 1. A secret (tags over headers and bodies, not the data): the default mount
+    //    splices every write of at least the threshold, one writer and four at once.
+    let m = RemoteMount::new(&net, &srv, "splice", &[]);
+    let model = write_shapes(&m.path("one"), 1);
+    assert_reads_back(&m.path("one"), &model);
+    // The kernel cuts a write(2) into requests of at most 1 MiB of pages; only the
+    // last one of each may fall under the threshold.
+    let large_writes = shapes()
+        .iter()
+        .filter(|(_, l)| *l >= fuser_splice_min())
+        .count();
+    let large: u64 = shapes()
+        .iter()
+        .filter(|(_, l)| *l >= fuser_splice_min())
+        .map(|(_, l)| *l as u64)
+        .sum::<u64>()
+        - (large_writes * fuser_splice_min()) as u64;
+    let spliced = spliced_bytes(&net, &srv, &m);
+    assert!(
+        spliced >= large,
+        "spliced {spliced}, at least {large} expected"
+    );
+    let models: Vec<Vec<u8>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..4u64)
+            .map(|i| {
+                let p = m.path(&format!("many-{i}"));
+                s.spawn(move || write_shapes(&p, 10 + i))
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, model) in models.iter().enumerate() {
+        assert_reads_back(&m.path(&format!("many-{i}")), model);
+    }
+    assert!(spliced_bytes(&net, &srv, &m) >= spliced + 4 * large);
+
+    // 2. The same bytes through `-o nosplice` and through full integrity (data tags
+    //    need the bytes: read out of the pipe): nothing spliced, the same content.
+    {
+        let other = RemoteMount::new(&net, &srv, "nosplice", &["-o", "nosplice"]);
+        let model = write_shapes(&other.path("nosplice"), 2);
+        assert_reads_back(&other.path("nosplice"), &model);
+        assert_reads_back(&other.path("one"), &shapes_model(1));
+        assert_eq!(spliced_bytes(&net, &srv, &other), 0);
+    }
+    {
+        // A server of its own (its own pair of namespaces: the address is per pair).
+        let net = Net::new();
+        let full = Served::sized(&net, "splice-full", "1G", &["--integrity", "full"]);
+        let m = RemoteMount::new(&net, &full, "full", &["-o", "integrity=full"]);
+        let model = write_shapes(&m.path("full"), 2);
+        assert_reads_back(&m.path("full"), &model);
+    }
+
+    // 3. A write lost with its connection (the server killed while large writes are
+    //    being spliced): the writer hears of it at close (write-behind's rule), the
+    //    pipe the lost write left data in is emptied, and the mount goes on serving
+    //    spliced writes once the server is back.
+    let writer = {
+        let p = m.path("lost");
+        std::thread::spawn(move || -> std::io::Result<()> {
+            let mut f = fs::File::create(&p)?;
+            let chunk = vec![5u8; 1 << 20];
+            let t = std::time::Instant::now();
+            // Bounded: at most 20 s or 4 GiB of writes.
+            for _ in 0..4096 {
+                if t.elapsed() > std::time::Duration::from_secs(20) {
+                    break;
+                }
+                f.write_all(&chunk)?;
+            }
+            f.sync_all()
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    srv.kill(libc::SIGKILL);
+    let r = writer.join().unwrap();
+    assert!(r.is_err(), "writes through a killed server all succeeded");
+    srv.start(&net, &[]);
+    let model = write_shapes(&m.path("after"), 3);
+    assert_reads_back(&m.path("after"), &model);
+    assert_reads_back(&m.path("one"), &shapes_model(1));
+    drop(m);
+    srv.kill(libc::SIGTERM);
+    srv.fsck();
+}
