@@ -44,7 +44,7 @@ ZB=$REPO/target/release/zcfs-bench
 W=$(mktemp -d /tmp/zcfs-mount-table.XXXXXX)
 log() { echo "[$(date +%H:%M:%S)] $*" >&2; }
 
-PIDS=() MOUNTS=() NETNS=() FILES=()
+PIDS=() MOUNTS=() NETNS=() FILES=() PIPE_MAX_WAS=""
 cleanup() {
   set +e
   local m p
@@ -53,6 +53,7 @@ cleanup() {
   for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
   [ ${#NETNS[@]} -gt 0 ] && "$ZB" netns down "${NETNS[@]}"
   for m in "${FILES[@]}"; do rm -rf "$m"; done
+  [ -n "$PIPE_MAX_WAS" ] && echo "$PIPE_MAX_WAS" > /proc/sys/fs/pipe-max-size
   rm -rf "$W"
 }
 trap cleanup EXIT
@@ -63,6 +64,15 @@ median() { sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 
 # ------------------------------------------------------------------ set-up
+# The mount splices large writes through a 2 MiB pipe per FUSE thread, which needs
+# CAP_SYS_RESOURCE: a root that lacks it (a container, this project's CI sandbox) gets
+# such pipes only with fs.pipe-max-size >= 2 MiB. Raised for the run, as a root with the
+# capability would not need (restored on exit); NO_PIPE_MAX=1 leaves it alone.
+if [ -z "${NO_PIPE_MAX:-}" ] && [ "$(cat /proc/sys/fs/pipe-max-size)" -lt 2097152 ]; then
+  PIPE_MAX_WAS=$(cat /proc/sys/fs/pipe-max-size)
+  echo 2097152 > /proc/sys/fs/pipe-max-size
+  log "fs.pipe-max-size raised from $PIPE_MAX_WAS to 2097152 for the run (splice needs 2 MiB pipes)"
+fi
 NS_VARS=$("$ZB" netns up --owner $$ --label mnt --subnet 212); eval "$NS_VARS"; NETNS+=("$SRV" "$CLI")
 IMG=/dev/shm/zcfs-mount-table-$$.img; FILES+=("$IMG")
 "$Z" mkfs "$IMG" --size 6G --inodes 200000 >/dev/null

@@ -206,6 +206,9 @@ pub struct Client {
     /// Called when the session was lost (handle revalidation).
     on_restart: Mutex<Option<RestartHook>>,
     pub bytes_sent: AtomicU64,
+    /// Some connection's channel tags the data too (full integrity, which the server
+    /// may ask for when this client did not): piped data must then be read to be hashed.
+    data_tagged_channel: AtomicBool,
     pub bytes_received: AtomicU64,
     pub reconnects: AtomicU64,
     /// Reconnections that found the session still held by the server.
@@ -381,6 +384,7 @@ impl Client {
             posted: Arc::new(PostedTable::default()),
             on_restart: Mutex::new(None),
             bytes_sent: AtomicU64::new(0),
+            data_tagged_channel: AtomicBool::new(false),
             bytes_received: AtomicU64::new(0),
             reconnects: AtomicU64::new(0),
             resumed: AtomicU64::new(0),
@@ -815,6 +819,12 @@ impl Client {
             Some((tx, rx)) => (Some(tx), Some(rx)),
             None => (None, None),
         };
+        if tx
+            .as_ref()
+            .is_some_and(|m| m.integrity() == Integrity::Full)
+        {
+            self.data_tagged_channel.store(true, Ordering::Relaxed);
+        }
         s.set_read_timeout(None)
             .map_err(|e| Error::new(libc::EIO, e.to_string()))?;
         let clone = || {
@@ -993,7 +1003,8 @@ impl Client {
     /// Whether `submit_piped` moves piped bytes without reading them: requests go on
     /// sockets, and no data tag needs them hashed (integrity `headers`, or no secret).
     pub fn sends_piped(&self) -> bool {
-        self.cfg.integrity != Integrity::Full || self.cfg.secret.is_none()
+        let asked = self.cfg.integrity == Integrity::Full && self.cfg.secret.is_some();
+        !asked && !self.data_tagged_channel.load(Ordering::Relaxed)
     }
 
     fn submit_payload(

@@ -34,7 +34,8 @@ mod options;
 mod reply;
 
 pub use fuser::{
-    splice_pipe_available, BackgroundSession, Config, MountOption, SessionACL, SPLICE_WRITE_MIN,
+    splice_pipe_available, BackgroundSession, Config, MountOption, SessionACL, SPLICE_MAX_WRITE,
+    SPLICE_WRITE_MIN,
 };
 pub use mount::{spawn, Mounted};
 
@@ -233,18 +234,34 @@ fn waits_for_each_write(flags: OpenFlags) -> bool {
     flags.0 & (libc::O_DIRECT | libc::O_SYNC | libc::O_DSYNC) != 0
 }
 
-/// fuser's spliced write data as the backend's [`PipedData`].
-struct Piped<'a, 'p>(&'a SplicedData<'p>);
+/// fuser's spliced write data as the backend's [`PipedData`], counting the bytes the
+/// backend took as it took them: spliced on, or copied into memory (a backend's
+/// fallback, e.g. data tags).
+struct Piped<'a, 'p> {
+    data: &'a SplicedData<'p>,
+    stats: &'a FuseStats,
+}
 
 impl PipedData for Piped<'_, '_> {
     fn remaining(&self) -> usize {
-        self.0.remaining()
+        self.data.remaining()
     }
     fn read_into(&mut self, dst: &mut [u8]) -> std::io::Result<()> {
-        self.0.read_into(dst)
+        let r = self.data.read_into(dst);
+        if r.is_ok() {
+            self.stats
+                .user_copy_bytes
+                .fetch_add(dst.len() as u64, Ordering::Relaxed);
+        }
+        r
     }
     fn splice_into(&mut self, fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<()> {
-        self.0.splice_into(fd)
+        let before = self.data.remaining();
+        let r = self.data.splice_into(fd);
+        self.stats
+            .spliced_write_bytes
+            .fetch_add((before - self.data.remaining()) as u64, Ordering::Relaxed);
+        r
     }
 }
 
@@ -731,9 +748,6 @@ impl Filesystem for FuseFs {
         self.stats
             .write_bytes
             .fetch_add(data.len() as u64, Ordering::Relaxed);
-        self.stats
-            .spliced_write_bytes
-            .fetch_add(data.len() as u64, Ordering::Relaxed);
         let ctx = self.ctx(req);
         let mut reply = Some(reply);
         let r = self.backend.write_behind_piped(
@@ -741,7 +755,10 @@ impl Filesystem for FuseFs {
             ino.0,
             fh.0,
             offset,
-            &mut Piped(data),
+            &mut Piped {
+                data,
+                stats: &self.stats,
+            },
             &mut |n| {
                 if let Some(reply) = reply.take() {
                     reply.written(n)

@@ -69,7 +69,6 @@ fn assert_reads_back(path: &str, model: &[u8]) {
 /// fails (EINVAL) when max_write is 2 MiB or more, and a mount that splices must still
 /// serve (reading as usual, or splicing with room enough).
 #[test]
-#[ignore = "review 30: with -o max_write of 2 MiB or more every splice of /dev/fuse fails EINVAL (the kernel wants room for max_write), the workers exit and the mount answers ECONNABORTED"]
 fn a_mount_with_max_write_of_2_mib_still_serves_writes() {
     let _s = splicing();
     let net = Net::new();
@@ -97,7 +96,6 @@ fn a_mount_with_max_write_of_2_mib_still_serves_writes() {
 /// must not call them "moved by splice(2), never copied": they were copied in user
 /// space and are counted as such nowhere.
 #[test]
-#[ignore = "review 30: writes read out of the pipe (a server that makes the channel full-integrity) are reported as spliced_write_bytes, never copied, and not in fuse_user_copy_bytes"]
 fn piped_writes_read_into_memory_are_not_counted_as_spliced() {
     let _s = splicing();
     let net = Net::new();

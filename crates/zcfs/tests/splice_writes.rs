@@ -168,6 +168,16 @@ fn spliced_writes_arrive_whole_and_a_lost_one_leaves_the_mount_serving() {
         assert_eq!(spliced_bytes(&net, &srv, &other), 0);
     }
     {
+        // Over the bound of `SPLICE_MAX_WRITE` (1 MiB): no room in the pipe for a whole
+        // write, so the mount copies (and still serves).
+        let over = (zcfs_fuse::SPLICE_MAX_WRITE + 4096).to_string();
+        let opt = format!("max_write={over}");
+        let other = RemoteMount::new(&net, &srv, "over", &["-o", &opt]);
+        let model = write_shapes(&other.path("over"), 4);
+        assert_reads_back(&other.path("over"), &model);
+        assert_eq!(spliced_bytes(&net, &srv, &other), 0);
+    }
+    {
         // A server of its own (its own pair of namespaces: the address is per pair).
         let net = Net::new();
         let full = Served::sized(&net, "splice-full", "1G", &["--integrity", "full"]);

@@ -80,6 +80,7 @@ pub use crate::session::SPLICE_WRITE_MIN;
 pub use crate::session::Session;
 pub use crate::session::SessionACL;
 pub use crate::session::SessionUnmounter;
+pub use crate::splice::SPLICE_MAX_WRITE;
 pub use crate::splice::SplicedData;
 pub use crate::splice::splice_pipe_available;
 

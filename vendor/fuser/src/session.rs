@@ -526,6 +526,14 @@ pub(crate) struct SessionEventLoop<FS: Filesystem> {
     pub(crate) splice_writes: bool,
 }
 
+/// How `event_loop_spliced` ended.
+enum Spliced {
+    /// The session ended.
+    Ended,
+    /// The device refused to splice into the pipe (EINVAL) before anything was moved.
+    Refused,
+}
+
 /// A write request's fixed part: its header and `fuse_write_in`.
 const WRITE_HEAD: usize = size_of::<abi::fuse_in_header>() + size_of::<abi::fuse_write_in>();
 
@@ -541,7 +549,16 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
         let buf = buf.as_mut();
         if self.splice_writes {
             match SplicePipe::new() {
-                Ok(pipe) => return self.event_loop_spliced(pipe, buf),
+                Ok(pipe) => match self.event_loop_spliced(pipe, buf)? {
+                    Spliced::Ended => return Ok(()),
+                    // Nothing was moved: reading as usual picks up the same request.
+                    Spliced::Refused => warn!(
+                        "{}: /dev/fuse refused splicing into a {} byte pipe (EINVAL: \
+                         max_write too large for it?); reading requests as usual",
+                        self.thread_name,
+                        crate::splice::PIPE_BYTES
+                    ),
+                },
                 Err(e) => debug!("{}: reading requests without splice: {e}", self.thread_name),
             }
         }
@@ -579,11 +596,14 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
     /// of at least `SPLICE_WRITE_MIN` bytes the file system takes spliced
     /// (`Filesystem::takes_spliced_write`) is handed over with its data still in the
     /// pipe; everything else is read out of it into `buf` and dispatched as usual.
-    fn event_loop_spliced(&self, mut pipe: SplicePipe, buf: &mut [u8]) -> io::Result<()> {
+    fn event_loop_spliced(&self, mut pipe: SplicePipe, buf: &mut [u8]) -> io::Result<Spliced> {
         loop {
             let size = match self.ch.splice_retrying(&pipe) {
                 Ok(size) => size,
-                Err(nix::errno::Errno::ENODEV) => return Ok(()),
+                Err(nix::errno::Errno::ENODEV) => return Ok(Spliced::Ended),
+                // The kernel wants room for a whole write of max_write in every read of
+                // the device, a splice's too: the pipe is too small for this max_write.
+                Err(nix::errno::Errno::EINVAL) => return Ok(Spliced::Refused),
                 Err(err) => return Err(err.into()),
             };
             if size > buf.len() {
@@ -619,7 +639,7 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
                 Some(req) => {
                     if let Ok(Operation::Destroy(_)) = req.request.operation() {
                         req.reply::<ReplyEmpty>().ok();
-                        return Ok(());
+                        return Ok(Spliced::Ended);
                     }
                     req.dispatch(self)
                 }

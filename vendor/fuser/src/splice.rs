@@ -17,6 +17,14 @@ use std::os::fd::OwnedFd;
 /// fit in its slots, or the kernel fails the request with EIO. 512 slots of 4 KiB.
 pub(crate) const PIPE_BYTES: usize = 2 << 20;
 
+/// The largest `max_write` splicing is for: a write request's data (at most
+/// `max_write`, in up to one page more than it fills) and its header page fit the pipe
+/// whatever the kernel's request page limit, and the kernel's rule that a read of the
+/// device has room for a whole write holds. A file system with a larger `max_write`
+/// should not ask for `Config::splice_writes` (a worker refused by the kernel reads as
+/// usual).
+pub const SPLICE_MAX_WRITE: u32 = (PIPE_BYTES / 2) as u32;
+
 /// Whether a worker could splice requests here: a pipe of [`PIPE_BYTES`] can be made
 /// (zcfs patch). The error says why not.
 pub fn splice_pipe_available() -> io::Result<()> {

@@ -101,9 +101,17 @@ fn run_detached(a: &MountArgs, args: &[OsString]) -> Result<i32> {
 }
 
 /// Whether the FUSE threads can splice requests (`-o splice`, the default): each needs
-/// a pipe of 2 MiB, which takes CAP_SYS_RESOURCE or `fs.pipe-max-size` of at least that.
-/// Said once when not: large writes are then copied through memory.
-fn splice_usable() -> bool {
+/// a pipe of 2 MiB, which takes CAP_SYS_RESOURCE or `fs.pipe-max-size` of at least that,
+/// and room in it for a whole write (`max_write` at most 1 MiB, the default). Said once
+/// when not: large writes are then copied through memory.
+fn splice_usable(max_write: u32) -> bool {
+    if max_write > zcfs_fuse::SPLICE_MAX_WRITE {
+        tracing::info!(
+            "large writes are copied, not spliced: max_write {max_write} is over {}",
+            zcfs_fuse::SPLICE_MAX_WRITE
+        );
+        return false;
+    }
     match zcfs_fuse::splice_pipe_available() {
         Ok(()) => true,
         Err(e) => {
@@ -156,7 +164,7 @@ fn mount_until_unmounted(a: &MountArgs, ready_pipe: &mut Option<ReadyPipe>) -> R
     config.acl = plan.acl;
     config.n_threads = Some(plan.threads);
     config.clone_fd = true;
-    config.splice_writes = plan.fuse.splice && splice_usable();
+    config.splice_writes = plan.fuse.splice && splice_usable(plan.fuse.max_write);
     let session = zcfs_fuse::spawn(fs, &a.mountpoint, &config).map_err(|e| {
         let hint = match e.raw_os_error() {
             // fusermount3 explains its own refusals; this is a direct mount's.
