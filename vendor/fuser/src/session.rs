@@ -530,7 +530,9 @@ pub(crate) struct SessionEventLoop<FS: Filesystem> {
 enum Spliced {
     /// The session ended.
     Ended,
-    /// The device refused to splice into the pipe (EINVAL) before anything was moved.
+    /// Splicing stopped with the pipe empty: the device refused to splice into it
+    /// (EINVAL) before anything was moved, or a pipe left in an unknown state could not
+    /// be made again.
     Refused,
 }
 
@@ -553,8 +555,9 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
                     Spliced::Ended => return Ok(()),
                     // Nothing was moved: reading as usual picks up the same request.
                     Spliced::Refused => warn!(
-                        "{}: /dev/fuse refused splicing into a {} byte pipe (EINVAL: \
-                         max_write too large for it?); reading requests as usual",
+                        "{}: stopped splicing requests (the device refused a {} byte pipe \
+                         with EINVAL, max_write too large for it?, or a lost pipe could \
+                         not be made again); reading requests as usual",
                         self.thread_name,
                         crate::splice::PIPE_BYTES
                     ),
@@ -623,11 +626,19 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
                             let data = SplicedData::new(&pipe, size - WRITE_HEAD);
                             w.dispatch(fs, self.ch.sender(), &data);
                             let left = data.remaining();
-                            // What the file system left (it failed, or refused the
-                            // write) is thrown away: the pipe must be empty for the
-                            // next request.
-                            if left > 0 && data.read_into(&mut buf[..left]).is_err() {
-                                pipe = SplicePipe::new()?;
+                            // The pipe must be empty for the next request. What the
+                            // file system left (it refused the write) is read out and
+                            // dropped; after a failed read or splice the amount left is
+                            // unknown, so the pipe is replaced (reading as usual if no
+                            // new one can be had).
+                            let clean = !data.failed()
+                                && (left == 0 || data.read_into(&mut buf[..left]).is_ok());
+                            drop(data);
+                            if !clean {
+                                match SplicePipe::new() {
+                                    Ok(p) => pipe = p,
+                                    Err(_) => return Ok(Spliced::Refused),
+                                }
                             }
                             continue;
                         }

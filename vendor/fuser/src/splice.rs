@@ -130,6 +130,9 @@ pub struct SplicedData<'a> {
     pipe: &'a SplicePipe,
     len: usize,
     taken: Cell<usize>,
+    /// A read or splice failed: how much is still in the pipe is not known, so the
+    /// pipe is not used again.
+    failed: Cell<bool>,
 }
 
 impl<'a> SplicedData<'a> {
@@ -138,6 +141,7 @@ impl<'a> SplicedData<'a> {
             pipe,
             len,
             taken: Cell::new(0),
+            failed: Cell::new(false),
         }
     }
 
@@ -164,9 +168,15 @@ impl<'a> SplicedData<'a> {
                 "read past the end of the spliced write",
             ));
         }
-        // Counted first: bytes a failed read took out of the pipe are gone either way.
         self.taken.set(self.taken.get() + dst.len());
-        self.pipe.read_exact(dst)
+        let r = self.pipe.read_exact(dst);
+        self.failed.set(self.failed.get() || r.is_err());
+        r
+    }
+
+    /// Whether a read or splice of it failed (the pipe's contents are then unknown).
+    pub(crate) fn failed(&self) -> bool {
+        self.failed.get()
     }
 
     /// Move every remaining byte into `out` (a socket, say) with splice(2): the pages
@@ -192,6 +202,7 @@ impl<'a> SplicedData<'a> {
                 _ => {
                     let e = io::Error::last_os_error();
                     if e.kind() != io::ErrorKind::Interrupted {
+                        self.failed.set(true);
                         return Err(e);
                     }
                 }
