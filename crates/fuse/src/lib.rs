@@ -234,6 +234,23 @@ fn waits_for_each_write(flags: OpenFlags) -> bool {
     flags.0 & (libc::O_DIRECT | libc::O_SYNC | libc::O_DSYNC) != 0
 }
 
+/// Run a write-behind call that may answer the writer early (through the callback it
+/// is given); if it did not, answer with its outcome.
+fn answer_write_early(
+    reply: ReplyWrite,
+    write: impl FnOnce(&mut dyn FnMut(u32)) -> zcfs_backend::Result<u32>,
+) {
+    let mut reply = Some(reply);
+    let r = write(&mut |n| {
+        if let Some(reply) = reply.take() {
+            reply.written(n)
+        }
+    });
+    if let Some(reply) = reply {
+        answer(reply, r, |reply, n| reply.written(n))
+    }
+}
+
 /// fuser's spliced write data as the backend's [`PipedData`], counting the bytes the
 /// backend took as it took them: spliced on, or copied into memory (a backend's
 /// fallback, e.g. data tags).
@@ -703,17 +720,10 @@ impl Filesystem for FuseFs {
         if self.opts.write_behind && !waits {
             // Answered as soon as the write is sure to be sent: the writer's next write
             // overlaps with this one's trip to the server.
-            let mut reply = Some(reply);
-            let r =
+            answer_write_early(reply, |early| {
                 self.backend
-                    .write_behind_answering(&ctx, ino.0, fh.0, offset, data, &mut |n| {
-                        if let Some(reply) = reply.take() {
-                            reply.written(n)
-                        }
-                    });
-            if let Some(reply) = reply {
-                answer(reply, r, |reply, n| reply.written(n))
-            }
+                    .write_behind_answering(&ctx, ino.0, fh.0, offset, data, early)
+            })
         } else {
             let r = self.backend.write(&ctx, ino.0, fh.0, offset, data);
             answer(reply, r, |reply, n| reply.written(n))
@@ -749,25 +759,14 @@ impl Filesystem for FuseFs {
             .write_bytes
             .fetch_add(data.len() as u64, Ordering::Relaxed);
         let ctx = self.ctx(req);
-        let mut reply = Some(reply);
-        let r = self.backend.write_behind_piped(
-            &ctx,
-            ino.0,
-            fh.0,
-            offset,
-            &mut Piped {
-                data,
-                stats: &self.stats,
-            },
-            &mut |n| {
-                if let Some(reply) = reply.take() {
-                    reply.written(n)
-                }
-            },
-        );
-        if let Some(reply) = reply {
-            answer(reply, r, |reply, n| reply.written(n))
-        }
+        let mut piped = Piped {
+            data,
+            stats: &self.stats,
+        };
+        answer_write_early(reply, |early| {
+            self.backend
+                .write_behind_piped(&ctx, ino.0, fh.0, offset, &mut piped, early)
+        })
     }
 
     fn flush(
