@@ -13,41 +13,16 @@
 
 mod common;
 use common::remote::*;
-use common::*;
+use common::splicing::*;
 use rand::{Rng, SeedableRng};
 use std::fs;
 use std::io::{Seek, SeekFrom, Write};
-
-const PIPE_MAX_SIZE: &str = "/proc/sys/fs/pipe-max-size";
-const SPLICE_PIPE: u64 = 2 << 20;
-
-/// Raises `fs.pipe-max-size` to 2 MiB while alive, if it was lower.
-struct PipeMaxSize(Option<String>);
-
-impl PipeMaxSize {
-    fn at_least_splice_pipe() -> PipeMaxSize {
-        let old = fs::read_to_string(PIPE_MAX_SIZE).unwrap();
-        if old.trim().parse::<u64>().unwrap() >= SPLICE_PIPE {
-            return PipeMaxSize(None);
-        }
-        fs::write(PIPE_MAX_SIZE, SPLICE_PIPE.to_string()).unwrap();
-        PipeMaxSize(Some(old))
-    }
-}
-
-impl Drop for PipeMaxSize {
-    fn drop(&mut self) {
-        if let Some(old) = &self.0 {
-            let _ = fs::write(PIPE_MAX_SIZE, old.trim());
-        }
-    }
-}
 
 /// The writes of one round: (offset, length), sizes around the splice threshold (32 KiB
 /// of data) and the largest request (1 MiB), at page-aligned and unaligned offsets,
 /// some overlapping earlier ones.
 fn shapes() -> Vec<(u64, usize)> {
-    let min = fuser_splice_min();
+    let min = zcfs_fuse::SPLICE_WRITE_MIN;
     vec![
         (0, min - 1),
         (0, min),
@@ -58,11 +33,6 @@ fn shapes() -> Vec<(u64, usize)> {
         (100, 2 << 20),
         ((12 << 20) - 7, 128 << 10),
     ]
-}
-
-/// The threshold under which writes are read into memory (fuser's `SPLICE_WRITE_MIN`).
-fn fuser_splice_min() -> usize {
-    zcfs_fuse::SPLICE_WRITE_MIN
 }
 
 /// The writes of round `seed`: each shape's random bytes.
@@ -106,19 +76,9 @@ fn spliced_bytes(net: &Net, srv: &Served, m: &RemoteMount) -> u64 {
         .unwrap()
 }
 
-/// Every byte read back (page cache dropped, so from the server) is the model's.
-fn assert_reads_back(path: &str, model: &[u8]) {
-    sh("sync; echo 3 > /proc/sys/vm/drop_caches");
-    let got = fs::read(path).unwrap();
-    assert_eq!(got.len(), model.len(), "{path}: size");
-    if let Some(i) = got.iter().zip(model).position(|(a, b)| a != b) {
-        panic!("{path}: first wrong byte at {i}");
-    }
-}
-
 #[test]
 fn spliced_writes_arrive_whole_and_a_lost_one_leaves_the_mount_serving() {
-    let _pipes = PipeMaxSize::at_least_splice_pipe();
+    let _pipes = splicing();
     let net = Net::new();
     let mut srv = Served::sized(&net, "splice", "2G", &[]);
 

@@ -5,6 +5,7 @@ pub mod mount;
 pub mod posix;
 pub mod reference;
 pub mod remote;
+pub mod splicing;
 
 use std::io::Read;
 use std::path::Path;
