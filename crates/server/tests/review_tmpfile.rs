@@ -53,6 +53,18 @@ fn shared_dir(raw: &mut Raw) -> u64 {
     MadeReply::decode(&made.body).unwrap().attr.ino
 }
 
+/// A server whose sessions may hold at most `handles` handles (and so as many orphans),
+/// squashing root as the tests' callers expect.
+fn bounded(backend: Arc<dyn Backend>, handles: usize) -> Running {
+    Running::start(
+        backend,
+        ServerConfig {
+            max_session_handles: handles,
+            ..squashing()
+        },
+    )
+}
+
 /// Alice's O_TMPFILE file (mode 0666, linkable) is reachable only through her open
 /// file: on Linux no other process can name it (no directory does, and her
 /// /proc/PID/fd is closed to other users). Another client of the server, as another
@@ -271,13 +283,7 @@ fn a_session_cannot_hold_more_tmpfile_orphans_than_its_handle_limit() {
     const HANDLES: usize = 2;
     const TRIES: usize = 3 * HANDLES;
     let fs = memory_fs(64 * MIB);
-    let srv = Running::start(
-        fs.clone(),
-        ServerConfig {
-            max_session_handles: HANDLES,
-            ..squashing()
-        },
-    );
+    let srv = bounded(fs.clone(), HANDLES);
     let mut a = srv.raw(0x7331);
     let shared = shared_dir(&mut a);
     let free0 = fs.statfs().unwrap().ffree;
@@ -349,13 +355,7 @@ fn unlink(raw: &mut Raw, dir: u64, name: &str) -> i32 {
 fn orphans_made_by_unlink_and_rename_over_are_bounded_by_the_handle_limit() {
     const HANDLES: usize = 2;
     let fs = memory_fs(64 * MIB);
-    let srv = Running::start(
-        fs.clone(),
-        ServerConfig {
-            max_session_handles: HANDLES,
-            ..squashing()
-        },
-    );
+    let srv = bounded(fs.clone(), HANDLES);
     let mut a = srv.raw(0x7341);
     let shared = shared_dir(&mut a);
     let free0 = fs.statfs().unwrap().ffree;
@@ -456,18 +456,11 @@ fn orphans_made_by_unlink_and_rename_over_are_bounded_by_the_handle_limit() {
 /// which is what the change says it prevents ("hidden space is bounded as handles
 /// are").
 #[test]
-
 fn orphans_unlinked_by_another_session_are_bounded_too() {
     const HANDLES: usize = 2;
     const FILES: usize = 3 * HANDLES;
     let fs = memory_fs(64 * MIB);
-    let srv = Running::start(
-        fs.clone(),
-        ServerConfig {
-            max_session_handles: HANDLES,
-            ..squashing()
-        },
-    );
+    let srv = bounded(fs.clone(), HANDLES);
     let mut holder = srv.raw(0x29b1);
     let mut remover = srv.raw(0x29b2);
     let shared = shared_dir(&mut holder);
@@ -584,7 +577,6 @@ mod pause_impl {
 /// frees it at once and the client's next request on it gets ESTALE (with a kernel
 /// client: an O_PATH fd / cwd that stops working, data it can no longer linkat back).
 #[test]
-
 fn a_link_racing_the_release_that_counts_an_orphan_keeps_its_references() {
     let gate = Arc::new(CheckGate::default());
     let fs = memory_fs(64 * MIB);
@@ -592,13 +584,7 @@ fn a_link_racing_the_release_that_counts_an_orphan_keeps_its_references() {
         inner: fs.clone(),
         gate: gate.clone(),
     });
-    let srv = Running::start(
-        backend,
-        ServerConfig {
-            max_session_handles: 1,
-            ..squashing()
-        },
-    );
+    let srv = bounded(backend, 1);
     const SESSION: u64 = 0x29b3;
     let mut a = srv.raw(SESSION);
     let shared = shared_dir(&mut a);
@@ -680,13 +666,7 @@ fn a_link_racing_the_release_that_counts_an_orphan_keeps_its_references() {
 #[test]
 fn control_a_link_before_the_release_keeps_its_references() {
     let fs = memory_fs(64 * MIB);
-    let srv = Running::start(
-        fs.clone(),
-        ServerConfig {
-            max_session_handles: 1,
-            ..squashing()
-        },
-    );
+    let srv = bounded(fs.clone(), 1);
     let mut a = srv.raw(0x29b4);
     let shared = shared_dir(&mut a);
     let o = create_closed(&mut a, shared, "o");
@@ -741,7 +721,6 @@ fn control_a_link_before_the_release_keeps_its_references() {
 /// finds a handle and counts nothing; Release first, the Open fails and the client
 /// knows. (The pause is the Open's getattr, between the two.)
 #[test]
-
 fn an_open_racing_the_release_that_counts_an_orphan_keeps_its_references() {
     let gate = Arc::new(CheckGate::default());
     let fs = memory_fs(64 * MIB);
@@ -749,13 +728,7 @@ fn an_open_racing_the_release_that_counts_an_orphan_keeps_its_references() {
         inner: fs.clone(),
         gate: gate.clone(),
     });
-    let srv = Running::start(
-        backend,
-        ServerConfig {
-            max_session_handles: 2,
-            ..squashing()
-        },
-    );
+    let srv = bounded(backend, 2);
     const SESSION: u64 = 0x29b5;
     let mut a = srv.raw(SESSION);
     let shared = shared_dir(&mut a);
@@ -851,13 +824,7 @@ fn an_open_racing_the_release_that_counts_an_orphan_keeps_its_references() {
 #[test]
 fn control_an_open_before_the_release_keeps_its_references() {
     let fs = memory_fs(64 * MIB);
-    let srv = Running::start(
-        fs.clone(),
-        ServerConfig {
-            max_session_handles: 2,
-            ..squashing()
-        },
-    );
+    let srv = bounded(fs.clone(), 2);
     let mut a = srv.raw(0x29b6);
     let shared = shared_dir(&mut a);
     let olds: Vec<u64> = ["o1", "o2"]
@@ -1060,13 +1027,7 @@ fn a_lookup_racing_the_unlink_of_its_name_is_bounded_too() {
         inner: fs.clone(),
         gate: gate.clone(),
     });
-    let srv = Running::start(
-        backend,
-        ServerConfig {
-            max_session_handles: HANDLES,
-            ..squashing()
-        },
-    );
+    let srv = bounded(backend, HANDLES);
     let mut holder = srv.raw(0x29c1);
     let mut remover = srv.raw(0x29c2);
     let shared = shared_dir(&mut holder);
@@ -1114,13 +1075,7 @@ fn an_orphan_made_during_a_failing_open_is_bounded_too() {
         inner: fs.clone(),
         gate: gate.clone(),
     });
-    let srv = Running::start(
-        backend,
-        ServerConfig {
-            max_session_handles: HANDLES,
-            ..squashing()
-        },
-    );
+    let srv = bounded(backend, HANDLES);
     const SESSION: u64 = 0x29c3;
     let mut a = srv.raw(SESSION);
     let mut b = srv.raw(SESSION);
