@@ -169,6 +169,13 @@ impl FuseFs {
         c
     }
 
+    /// The refusal of an xattr request for a security label this mount does not carry
+    /// (`FuseOptions::seclabel`), made before the backend is asked; None to go ahead.
+    fn label_refused(&self, name: &[u8]) -> Option<zcfs_backend::Result<()>> {
+        (!self.opts.seclabel && is_security_label(name))
+            .then(|| Err(zcfs_backend::Error::errno(libc::EOPNOTSUPP)))
+    }
+
     /// Time this callback as `op` until the guard drops (after its reply).
     fn timed(&self, op: FuseOp) -> metrics::Timed<'_> {
         metrics::Timed::start(self.stats.ops.op(op as usize))
@@ -280,6 +287,15 @@ impl PipedData for Piped<'_, '_> {
             .fetch_add((before - self.data.remaining()) as u64, Ordering::Relaxed);
         r
     }
+}
+
+/// Whether `name` holds an LSM's security label of a file: `security.selinux`, or
+/// Smack's `security.SMACK64` and its `EXEC`, `MMAP`, `TRANSMUTE`, `IPIN` and `IPOUT`
+/// siblings. Not `security.capability` (file capabilities, which the kernel reads on
+/// exec and clears on write) nor the integrity ones (`security.ima`, `security.evm`):
+/// those are the file's, wherever it is mounted.
+pub fn is_security_label(name: &[u8]) -> bool {
+    name == b"security.selinux" || name.starts_with(b"security.SMACK64")
 }
 
 /// The I/O size a regular file shows as `st_blksize`: the largest power of two that one
@@ -969,6 +985,9 @@ impl Filesystem for FuseFs {
         reply: ReplyEmpty,
     ) {
         let _t = self.timed(FuseOp::Setxattr);
+        if let Some(refused) = self.label_refused(name.as_bytes()) {
+            return ok_or_error(reply, refused);
+        }
         ok_or_error(
             reply,
             self.backend
@@ -978,9 +997,12 @@ impl Filesystem for FuseFs {
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let _t = self.timed(FuseOp::Getxattr);
-        let r = self
-            .backend
-            .getxattr(&self.ctx(req), ino.0, name.as_bytes());
+        let r = match self.label_refused(name.as_bytes()) {
+            Some(refused) => refused.map(|()| Vec::new()),
+            None => self
+                .backend
+                .getxattr(&self.ctx(req), ino.0, name.as_bytes()),
+        };
         answer(reply, r, |reply, v| xattr_reply(reply, size, &v))
     }
 
@@ -992,6 +1014,9 @@ impl Filesystem for FuseFs {
             .map(|names| {
                 let mut buf = Vec::new();
                 for n in names {
+                    if self.label_refused(&n).is_some() {
+                        continue;
+                    }
                     buf.extend_from_slice(&n);
                     buf.push(0);
                 }
@@ -1003,9 +1028,12 @@ impl Filesystem for FuseFs {
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let _t = self.timed(FuseOp::Removexattr);
-        let r = self
-            .backend
-            .removexattr(&self.ctx(req), ino.0, name.as_bytes());
+        let r = match self.label_refused(name.as_bytes()) {
+            Some(refused) => refused,
+            None => self
+                .backend
+                .removexattr(&self.ctx(req), ino.0, name.as_bytes()),
+        };
         ok_or_error(reply, r)
     }
 
@@ -1071,5 +1099,33 @@ mod io_size_tests {
         assert_eq!(preferred_io_size(1), 1);
         assert_eq!(preferred_io_size(0), 0);
         assert_eq!(preferred_io_size(u32::MAX), 1 << 31);
+    }
+}
+
+#[cfg(test)]
+mod security_label_tests {
+    use super::is_security_label;
+
+    #[test]
+    fn labels_are_the_lsm_ones_and_not_capabilities_or_integrity() {
+        for label in [
+            &b"security.selinux"[..],
+            b"security.SMACK64",
+            b"security.SMACK64EXEC",
+            b"security.SMACK64TRANSMUTE",
+        ] {
+            assert!(is_security_label(label), "{label:?}");
+        }
+        for other in [
+            &b"security.capability"[..],
+            b"security.ima",
+            b"security.evm",
+            b"security.selinux2",
+            b"user.selinux",
+            b"system.posix_acl_access",
+            b"trusted.selinux",
+        ] {
+            assert!(!is_security_label(other), "{other:?}");
+        }
     }
 }

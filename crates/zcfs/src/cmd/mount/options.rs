@@ -212,6 +212,9 @@ pub fn parse_options(a: &MountArgs) -> Result<MountPlan> {
             // POSIX ACLs are on by default, as on ext4.
             ("acl", None) => p.fuse.acl = true,
             ("noacl", None) => p.fuse.acl = false,
+            // LSM labels as plain xattrs (NFS's `seclabel`); by default not carried.
+            ("seclabel", None) => p.fuse.seclabel = true,
+            ("noseclabel", None) => p.fuse.seclabel = false,
             (k, None) if GENERIC_IGNORED.contains(&k) => {
                 tracing::info!("-o {k}: a generic mount option zcfs does not act on; ignored")
             }
@@ -226,7 +229,7 @@ pub fn parse_options(a: &MountArgs) -> Result<MountPlan> {
                 "unknown mount option {opt:?}. Known: allow_other, allow_root, default_permissions, ro, rw, \
                  [no]suid, [no]dev, [no]exec, [no]atime, sync, async, dirsync, uid=, gid=, umask=, fsname=, \
                  subtype=, cache=none|metadata|auto|always, writeback, direct_io, no_readdirplus, threads=, \
-                 attr_timeout=, max_write=, read_ahead_kb=, batch=, secret_file=, timeout=, integrity=headers|full, metrics=, l2=, l2_poll=busy|wait, l2_read_max=, l2_write_max=, l2_land_max="
+                 attr_timeout=, max_write=, read_ahead_kb=, batch=, secret_file=, timeout=, integrity=headers|full, [no]acl, [no]seclabel, metrics=, l2=, l2_poll=busy|wait, l2_read_max=, l2_write_max=, l2_land_max="
             ),
         }
     }
@@ -315,6 +318,18 @@ mod tests {
             .contains("unknown mount option"));
         assert!(parse_options(&args("umask=9z")).is_err());
         assert!(parse_options(&args("ro")).unwrap().read_only);
+    }
+
+    #[test]
+    fn security_labels_are_carried_only_when_asked() {
+        assert!(!parse_options(&args("rw")).unwrap().fuse.seclabel);
+        assert!(parse_options(&args("seclabel")).unwrap().fuse.seclabel);
+        assert!(
+            !parse_options(&args("seclabel,noseclabel"))
+                .unwrap()
+                .fuse
+                .seclabel
+        );
     }
 
     #[test]
