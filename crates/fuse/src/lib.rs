@@ -289,13 +289,24 @@ impl PipedData for Piped<'_, '_> {
     }
 }
 
-/// Whether `name` holds an LSM's security label of a file: `security.selinux`, or
-/// Smack's `security.SMACK64` and its `EXEC`, `MMAP`, `TRANSMUTE`, `IPIN` and `IPOUT`
-/// siblings. Not `security.capability` (file capabilities, which the kernel reads on
-/// exec and clears on write) nor the integrity ones (`security.ima`, `security.evm`):
-/// those are the file's, wherever it is mounted.
+/// The xattrs in which an LSM keeps a file's security label: SELinux's, and Smack's
+/// six (`security/smack/smack.h`).
+pub const SECURITY_LABELS: &[&[u8]] = &[
+    b"security.selinux",
+    b"security.SMACK64",
+    b"security.SMACK64IPIN",
+    b"security.SMACK64IPOUT",
+    b"security.SMACK64EXEC",
+    b"security.SMACK64MMAP",
+    b"security.SMACK64TRANSMUTE",
+];
+
+/// Whether `name` is one of [`SECURITY_LABELS`]. Not `security.capability` (the file's
+/// capabilities, which the volume removes on a write, truncate or chown) nor the
+/// integrity ones (`security.ima`, `security.evm`): those belong to the file wherever
+/// it is mounted.
 pub fn is_security_label(name: &[u8]) -> bool {
-    name == b"security.selinux" || name.starts_with(b"security.SMACK64")
+    SECURITY_LABELS.contains(&name)
 }
 
 /// The I/O size a regular file shows as `st_blksize`: the largest power of two that one
@@ -1113,6 +1124,7 @@ mod security_label_tests {
             b"security.SMACK64",
             b"security.SMACK64EXEC",
             b"security.SMACK64TRANSMUTE",
+            b"security.SMACK64IPOUT",
         ] {
             assert!(is_security_label(label), "{label:?}");
         }
@@ -1124,6 +1136,9 @@ mod security_label_tests {
             b"user.selinux",
             b"system.posix_acl_access",
             b"trusted.selinux",
+            b"security.SMACK64_not_a_label",
+            b"security.SMACK64EXECUTE",
+            b"security.SELINUX",
         ] {
             assert!(!is_security_label(other), "{other:?}");
         }

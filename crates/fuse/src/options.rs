@@ -64,12 +64,13 @@ pub struct FuseOptions {
     /// which applies a directory's default ACL instead when it has one. Off with `noacl`:
     /// the kernel then checks the mode bits alone.
     pub acl: bool,
-    /// Carry LSM security labels (`security.selinux`, `security.SMACK64*`) as stored
-    /// xattrs (`seclabel`). Off by default, as on an NFS mount without labeled NFS: the
-    /// mount then answers EOPNOTSUPP for them and leaves them out of listings. A label is
-    /// the policy of the host that enforces it; a client whose kernel enforces SELinux
-    /// answers `security.selinux` itself and never asks the file system. Unasked-for,
-    /// `ls -l` costs one request per file for it (`crate::is_security_label`).
+    /// Carry LSM security labels (`crate::SECURITY_LABELS`: SELinux's and Smack's) as
+    /// stored xattrs (`seclabel`). Off by default, as on an NFS mount without labeled
+    /// NFS: the mount then answers EOPNOTSUPP for them and leaves them out of listings.
+    /// A label is the policy of the host that enforces it; a client whose kernel
+    /// enforces SELinux answers `security.selinux` itself and never asks the file
+    /// system. Carried, a label costs `ls -l` one request per file; refused, one per
+    /// `ls` (coreutils remembers the answer for the device).
     pub seclabel: bool,
 }
 

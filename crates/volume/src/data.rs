@@ -507,6 +507,9 @@ impl Volume {
         off.checked_add(len as u64)
             .filter(|e| *e <= max_file_size())
             .ok_or(FsError::TooBig)?;
+        if len > 0 {
+            self.kill_capability(ino)?;
+        }
         let mut st = self.write_state()?;
         check_file(&st, ino)?;
         let rec = &st.inode(ino)?.rec;
@@ -785,6 +788,8 @@ impl Volume {
     pub fn truncate(&self, cred: &Cred, ino: u64, size: u64) -> Result<()> {
         let mut st = self.write_state()?;
         let st = &mut *st;
+        truncate_blocks(st, ino, size)?; // checked before the capability goes
+        self.kill_capability_locked(st, ino)?;
         let mut txn = Txn::new(OpType::Truncate, ino);
         self.reserve_log(&mut txn, ENTRY_OVERHEAD + INODE_RECORD + TRUNCATE_RECORDS)?;
         self.plan_truncate(st, &mut txn, ino, size)?;

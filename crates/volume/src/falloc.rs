@@ -177,6 +177,7 @@ impl Volume {
             .checked_add(len)
             .filter(|e| *e <= max_file_size())
             .ok_or(FsError::TooBig)?;
+        self.kill_capability(ino)?;
         match mode {
             FallocMode::Allocate { keep_size } => {
                 self.allocate(cred, ino, off, end, keep_size, false)

@@ -148,6 +148,7 @@ impl Volume {
             .checked_add(len)
             .filter(|e| *e <= max_file_size())
             .ok_or(FsError::TooBig)?;
+        self.kill_capability(ino)?;
         let first_full = off.div_ceil(BLOCK_U64);
         let end_full = end / BLOCK_U64;
         // Zero partial edges through the normal write path first, then punch whole
@@ -225,6 +226,12 @@ impl Volume {
     /// entry: after a crash, all of them are in the files or none is. A set larger than
     /// one log entry can hold is refused (`TransactionTooLarge`) before anything changes.
     pub fn pflush_commit(&self, mut t: PflushTxn<'_>) -> Result<()> {
+        if t.writer.is_some() {
+            let files: std::collections::BTreeSet<u64> = t.items.iter().map(|i| i.ino).collect();
+            for ino in files {
+                self.kill_capability(ino)?;
+            }
+        }
         let mut st = self.write_state()?;
         let st = &mut *st;
         let mut txn = Txn::new(OpType::PflushCommit, t.items.first().map_or(0, |i| i.ino));

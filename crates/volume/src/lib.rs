@@ -60,8 +60,8 @@ pub use layout::{
 };
 pub use lease::{Extent, Lease, OwnedPages};
 pub use ops::{
-    Attr, DirEntry, RenameFlags, SetAttr, SetTime, SizeRight, StatFs, XattrMode, MAX_LINKS,
-    MAX_SYMLINK,
+    Attr, DirEntry, RenameFlags, SetAttr, SetTime, SizeRight, StatFs, XattrMode, CAPABILITY_XATTR,
+    MAX_LINKS, MAX_SYMLINK,
 };
 pub use volume::{RecoveryReport, Volume, VolumeInfo};
 pub use zcfs_pmem::{PersistMode, Region};

@@ -14,6 +14,10 @@ use std::collections::BTreeMap;
 use zcfs_types::Cred;
 pub use zcfs_types::{Attr, SetAttr, SetTime, StatFs};
 
+/// A file's capabilities (`cap_inode_setxattr`), which a write, truncate, fallocate or
+/// change of owner removes, whoever makes it (`Volume::kill_capability`).
+pub const CAPABILITY_XATTR: &[u8] = b"security.capability";
+
 /// What authorizes a setattr's size change: the caller's write permission on the file
 /// (truncate(2)), or a handle the caller opened for writing (ftruncate(2)), which was
 /// checked at open.
@@ -218,12 +222,23 @@ impl Volume {
     ) -> Result<Attr> {
         let mut g = self.write_state()?;
         let st = &mut *g;
-        let inode = st.inode(ino)?;
-        let rec = &inode.rec;
-        perm::check_setattr(cred, inode, set, size_right == SizeRight::WritableHandle)?;
+        perm::check_setattr(
+            cred,
+            st.inode(ino)?,
+            set,
+            size_right == SizeRight::WritableHandle,
+        )?;
         if set.is_empty() {
             return Ok(attr_of(st.inode(ino)?));
         }
+        if let Some(size) = set.size {
+            crate::data::truncate_blocks(st, ino, size)?; // before the capability goes
+        }
+        if set.size.is_some() || set.uid.is_some() || set.gid.is_some() {
+            self.kill_capability_locked(st, ino)?;
+        }
+        let inode = st.inode(ino)?;
+        let rec = &inode.rec;
         let mut mode = match set.mode {
             Some(m) => (rec.mode & S_IFMT) | perm::chmod_mode(cred, rec, m & 0o7777),
             None => rec.mode,
@@ -325,6 +340,38 @@ impl Volume {
         }
     }
 
+    /// Remove `ino`'s file capability, if it has one, before a write, truncate,
+    /// fallocate or change of owner changes the file, as the kernel's
+    /// `file_remove_privs` and ATTR_KILL_PRIV do for its own file systems (and as a
+    /// FUSE file system that takes FUSE_HANDLE_KILLPRIV_V2 promises to): whoever makes
+    /// the change, with no permission check of its own, in a transaction ahead of the
+    /// change (not undone if the change then fails, as on Linux). The caller has
+    /// checked that the change is allowed. Nothing but for a regular file that has one.
+    pub(crate) fn kill_capability(&self, ino: u64) -> Result<()> {
+        let has = self
+            .read_state()
+            .inode(ino)
+            .is_ok_and(|i| i.xattrs.contains_key(CAPABILITY_XATTR));
+        if !has {
+            return Ok(());
+        }
+        let mut st = self.write_state()?;
+        self.kill_capability_locked(&mut st, ino)
+    }
+
+    /// [`Volume::kill_capability`] under the state lock the caller holds.
+    pub(crate) fn kill_capability_locked(&self, st: &mut State, ino: u64) -> Result<()> {
+        let Ok(i) = st.inode(ino) else {
+            return Ok(()); // the change itself reports a missing inode
+        };
+        if !i.rec.is_reg() || !i.xattrs.contains_key(CAPABILITY_XATTR) {
+            return Ok(());
+        }
+        let mut x = i.xattrs.clone();
+        x.remove(CAPABILITY_XATTR);
+        self.store_xattrs(st, ino, x, None, OpType::RemoveXattr)
+    }
+
     pub fn getxattr(&self, cred: &Cred, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
         let st = self.read_state();
         let i = st.inode(ino)?;
@@ -390,7 +437,15 @@ impl Volume {
     pub fn removexattr(&self, cred: &Cred, ino: u64, name: &[u8]) -> Result<()> {
         let mut st = self.write_state()?;
         let i = st.inode(ino)?;
-        perm::check_xattr(cred, i, name, true)?;
+        let writer_drops_capability = name == CAPABILITY_XATTR
+            && i.rec.is_reg()
+            && perm::check(cred, i, perm::MAY_WRITE).is_ok();
+        // Whoever may write a file may remove its capability: a write removes it
+        // anyway, and the kernel's killpriv before a write through a FUSE mount asks as
+        // the writer (`file_remove_privs`).
+        if !writer_drops_capability {
+            perm::check_xattr(cred, i, name, true)?;
+        }
         if name == ACCESS_XATTR || name == DEFAULT_XATTR {
             if !i.xattrs.contains_key(name) {
                 // As on Linux's own file systems: removing an ACL there is none of

@@ -445,6 +445,16 @@ fn remount(mp: &Path, plan: &MountPlan) -> Result<i32> {
     if !is_mounted(mp) {
         bail!("-o remount: nothing is mounted on {}", mp.display());
     }
+    // Not refused: mount(8) passes a remount the fstab line's options too.
+    if !plan.fixed_at_mount.is_empty() {
+        let fixed = plan.fixed_at_mount.join(",");
+        eprintln!(
+            "zcfs mount: -o remount of {}: {fixed}: only a new mount applies these; they stay as mounted \
+             (a remount changes ro, rw, [no]suid, [no]dev, [no]exec, [no]atime, sync, async, dirsync)",
+            mp.display()
+        );
+        tracing::warn!(options = %fixed, "remount leaves these options as mounted");
+    }
     let c = std::ffi::CString::new(mp.as_os_str().as_encoded_bytes())
         .map_err(|_| anyhow!("mount point {} contains a NUL byte", mp.display()))?;
     // SAFETY: statvfs writes into the zeroed struct we pass; `c` is a valid C string.

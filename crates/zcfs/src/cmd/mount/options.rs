@@ -36,6 +36,9 @@ pub struct MountPlan {
     /// `-o l2_land_max=BYTES`: larger writes up to this size land in place (0: none;
     /// default: 1 MiB with `l2_poll=busy`, none with `wait`).
     pub l2_land_max: Option<u32>,
+    /// The options given that only a new mount applies (all but the generic mount
+    /// flags and the options zcfs ignores): a remount names them as left unchanged.
+    pub fixed_at_mount: Vec<String>,
 }
 
 /// The read-ahead window a mount asks for by default. The kernel gives a FUSE mount
@@ -90,6 +93,28 @@ pub(super) fn flag_effect(o: &MountOption) -> Option<(u64, bool)> {
     })
 }
 
+/// Whether option `k` is one a remount acts on (a generic mount flag, `remount`
+/// itself) or one zcfs ignores anyway (generic, fstab and mount(8) conventions).
+fn changes_on_remount(k: &str) -> bool {
+    k == "remount"
+        || mount_flag(k).is_some()
+        || GENERIC_IGNORED.contains(&k)
+        || GENERIC_IGNORED_WITH_VALUE.contains(&k)
+        || matches!(
+            k,
+            "_netdev"
+                | "nofail"
+                | "noauto"
+                | "auto"
+                | "user"
+                | "users"
+                | "nouser"
+                | "defaults"
+                | "comment"
+        )
+        || k.starts_with("x-")
+}
+
 /// Generic mount(8) options that ask nothing of zcfs here (atime variants the kernel
 /// applies to every mount, LSM contexts, flags FUSE ignores): accepted, logged, not
 /// acted on, so fstab lines and tools that pass them work.
@@ -139,6 +164,7 @@ pub fn parse_options(a: &MountArgs) -> Result<MountPlan> {
         l2_read_max: None,
         l2_write_max: None,
         l2_land_max: None,
+        fixed_at_mount: Vec::new(),
     };
     let num = |k: &str, v: &str| -> Result<u64> {
         v.parse().map_err(|_| anyhow!("-o {k}={v}: not a number"))
@@ -153,6 +179,9 @@ pub fn parse_options(a: &MountArgs) -> Result<MountPlan> {
         let (k, v) = opt
             .split_once('=')
             .map_or((opt, None), |(k, v)| (k, Some(v)));
+        if !changes_on_remount(k) {
+            p.fixed_at_mount.push(opt.to_string());
+        }
         match (k, v) {
             ("allow_other", None) => p.acl = SessionACL::All,
             ("allow_root", None) => p.acl = SessionACL::RootAndOwner,
@@ -318,6 +347,17 @@ mod tests {
             .contains("unknown mount option"));
         assert!(parse_options(&args("umask=9z")).is_err());
         assert!(parse_options(&args("ro")).unwrap().read_only);
+    }
+
+    #[test]
+    fn a_remount_knows_which_options_only_a_new_mount_applies() {
+        let p = parse_options(&args(
+            "remount,ro,nosuid,relatime,_netdev,x-systemd.automount",
+        ))
+        .unwrap();
+        assert!(p.fixed_at_mount.is_empty(), "{:?}", p.fixed_at_mount);
+        let p = parse_options(&args("remount,rw,seclabel,noacl,cache=none")).unwrap();
+        assert_eq!(p.fixed_at_mount, ["seclabel", "noacl", "cache=none"]);
     }
 
     #[test]
