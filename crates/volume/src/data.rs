@@ -507,9 +507,6 @@ impl Volume {
         off.checked_add(len as u64)
             .filter(|e| *e <= max_file_size())
             .ok_or(FsError::TooBig)?;
-        if len > 0 {
-            self.kill_capability(ino)?;
-        }
         let mut st = self.write_state()?;
         check_file(&st, ino)?;
         let rec = &st.inode(ino)?.rec;
@@ -690,6 +687,9 @@ impl Volume {
             Some(i) if i.rec.gen == r.gen && i.rec.is_reg() => {}
             _ => return Err(FsError::Stale),
         }
+        // Under the lock the write commits in: a capability set while the bytes were
+        // arriving goes too (as the inode lock orders setcap and write on Linux).
+        self.kill_capability(st, r.ino)?;
         // Check: the pieces, and the map nodes the whole write needs.
         let first = r.off / BLOCK_U64;
         let n = r.blocks.len() as u64;
@@ -789,7 +789,7 @@ impl Volume {
         let mut st = self.write_state()?;
         let st = &mut *st;
         truncate_blocks(st, ino, size)?; // checked before the capability goes
-        self.kill_capability_locked(st, ino)?;
+        self.kill_capability(st, ino)?;
         let mut txn = Txn::new(OpType::Truncate, ino);
         self.reserve_log(&mut txn, ENTRY_OVERHEAD + INODE_RECORD + TRUNCATE_RECORDS)?;
         self.plan_truncate(st, &mut txn, ino, size)?;

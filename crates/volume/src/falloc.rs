@@ -177,7 +177,6 @@ impl Volume {
             .checked_add(len)
             .filter(|e| *e <= max_file_size())
             .ok_or(FsError::TooBig)?;
-        self.kill_capability(ino)?;
         match mode {
             FallocMode::Allocate { keep_size } => {
                 self.allocate(cred, ino, off, end, keep_size, false)
@@ -204,6 +203,7 @@ impl Volume {
         let mut g = self.write_state()?;
         let st = &mut *g;
         check_file(st, ino)?;
+        self.kill_capability(st, ino)?;
         let first = off / BLOCK_U64;
         let n = end.div_ceil(BLOCK_U64) - first;
         // At least `n - blocks` blocks of the range are holes (the file owns `blocks`

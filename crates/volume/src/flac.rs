@@ -148,7 +148,6 @@ impl Volume {
             .checked_add(len)
             .filter(|e| *e <= max_file_size())
             .ok_or(FsError::TooBig)?;
-        self.kill_capability(ino)?;
         let first_full = off.div_ceil(BLOCK_U64);
         let end_full = end / BLOCK_U64;
         // Zero partial edges through the normal write path first, then punch whole
@@ -175,6 +174,8 @@ impl Volume {
         let mut st = self.write_state()?;
         let st = &mut *st;
         check_file(st, ino)?;
+        // The edges' writes took it if there were any; a punch alone takes it here.
+        self.kill_capability(st, ino)?;
         let mut txn = Txn::new(OpType::PunchHole, ino);
         self.reserve_log(
             &mut txn,
@@ -226,12 +227,6 @@ impl Volume {
     /// entry: after a crash, all of them are in the files or none is. A set larger than
     /// one log entry can hold is refused (`TransactionTooLarge`) before anything changes.
     pub fn pflush_commit(&self, mut t: PflushTxn<'_>) -> Result<()> {
-        if t.writer.is_some() {
-            let files: std::collections::BTreeSet<u64> = t.items.iter().map(|i| i.ino).collect();
-            for ino in files {
-                self.kill_capability(ino)?;
-            }
-        }
         let mut st = self.write_state()?;
         let st = &mut *st;
         let mut txn = Txn::new(OpType::PflushCommit, t.items.first().map_or(0, |i| i.ino));
@@ -249,6 +244,10 @@ impl Volume {
             files.insert(p.ino);
         }
         bound += INODE_RECORD * files.len() as u64;
+        // After the checks, under the lock the pages are placed in, whoever places them.
+        for &ino in &files {
+            self.kill_capability(st, ino)?;
+        }
         self.reserve_log(&mut txn, bound)?;
         self.reserve_blocks(st, &mut txn, nodes)?;
         // Apply.

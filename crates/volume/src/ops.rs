@@ -235,7 +235,7 @@ impl Volume {
             crate::data::truncate_blocks(st, ino, size)?; // before the capability goes
         }
         if set.size.is_some() || set.uid.is_some() || set.gid.is_some() {
-            self.kill_capability_locked(st, ino)?;
+            self.kill_capability(st, ino)?;
         }
         let inode = st.inode(ino)?;
         let rec = &inode.rec;
@@ -340,27 +340,15 @@ impl Volume {
         }
     }
 
-    /// Remove `ino`'s file capability, if it has one, before a write, truncate,
-    /// fallocate or change of owner changes the file, as the kernel's
-    /// `file_remove_privs` and ATTR_KILL_PRIV do for its own file systems (and as a
-    /// FUSE file system that takes FUSE_HANDLE_KILLPRIV_V2 promises to): whoever makes
-    /// the change, with no permission check of its own, in a transaction ahead of the
-    /// change (not undone if the change then fails, as on Linux). The caller has
-    /// checked that the change is allowed. Nothing but for a regular file that has one.
-    pub(crate) fn kill_capability(&self, ino: u64) -> Result<()> {
-        let has = self
-            .read_state()
-            .inode(ino)
-            .is_ok_and(|i| i.xattrs.contains_key(CAPABILITY_XATTR));
-        if !has {
-            return Ok(());
-        }
-        let mut st = self.write_state()?;
-        self.kill_capability_locked(&mut st, ino)
-    }
-
-    /// [`Volume::kill_capability`] under the state lock the caller holds.
-    pub(crate) fn kill_capability_locked(&self, st: &mut State, ino: u64) -> Result<()> {
+    /// Remove `ino`'s file capability, if it has one, as a write, truncate, fallocate
+    /// or change of owner of the file is made, as the kernel's `file_remove_privs` and
+    /// ATTR_KILL_PRIV do for its own file systems (and as a FUSE file system that takes
+    /// FUSE_HANDLE_KILLPRIV_V2 promises to): whoever makes the change, with no
+    /// permission check of its own. Called under the state lock the change is made in,
+    /// after its checks, so no setxattr comes between; a transaction of its own,
+    /// ahead of the change's (not undone if the change then fails for want of space,
+    /// as on Linux). Nothing but for a regular file that has one.
+    pub(crate) fn kill_capability(&self, st: &mut State, ino: u64) -> Result<()> {
         let Ok(i) = st.inode(ino) else {
             return Ok(()); // the change itself reports a missing inode
         };

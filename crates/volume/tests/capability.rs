@@ -149,6 +149,38 @@ fn changes_that_leave_contents_and_owner_alone_keep_the_capability() {
     assert_fsck_clean(&remount(vol));
 }
 
+/// Review 31b: the capability goes where the write commits, under the same lock, so
+/// one set while a write's bytes were still arriving (a reservation held across a
+/// slow peer's payload, a layer-2 landing) goes with that write, as setcap and write
+/// are ordered by the inode lock on Linux.
+#[test]
+fn a_capability_set_while_a_write_is_reserved_goes_with_the_write() {
+    let vol = memory_volume(8 << 20, VolumeConfig::synchronous());
+    let f = capable_file(&vol, b"f");
+    vol.removexattr(R, f, CAPABILITY_XATTR).unwrap();
+    let mut r = vol.reserve_write(&user(), f, 0, 5).unwrap();
+    vol.setxattr(R, f, CAPABILITY_XATTR, &cap(), XattrMode::Any)
+        .unwrap();
+    r.fill_from(b"hello");
+    r.commit().unwrap();
+    assert!(
+        !has_cap(&vol, f),
+        "the write committed after setcap kept it"
+    );
+    // Nothing changes, nothing goes: a pfree of no bytes.
+    vol.setxattr(R, f, CAPABILITY_XATTR, &cap(), XattrMode::Any)
+        .unwrap();
+    vol.pfree(R, f, 0, 0).unwrap();
+    assert!(has_cap(&vol, f));
+    // A punch of a whole block takes it.
+    vol.write(R, f, 0, &[7; 8192]).unwrap();
+    vol.setxattr(R, f, CAPABILITY_XATTR, &cap(), XattrMode::Any)
+        .unwrap();
+    vol.pfree(R, f, 0, 4096).unwrap();
+    assert!(!has_cap(&vol, f));
+    assert_fsck_clean(&remount(vol));
+}
+
 #[test]
 fn a_writer_may_remove_the_capability_and_no_one_else_but_root() {
     let vol = memory_volume(8 << 20, VolumeConfig::synchronous());
