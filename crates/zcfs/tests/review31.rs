@@ -10,37 +10,8 @@ mod common;
 use common::mount::Mount;
 use common::reference::{cpath, errno};
 use common::remote::*;
+use common::xattr::{capability, get, names_of, set};
 use std::path::Path;
-
-fn get(p: &Path, name: &str) -> Result<Vec<u8>, i32> {
-    let (p, n) = (cpath(p), std::ffi::CString::new(name).unwrap());
-    let mut buf = vec![0u8; 4096];
-    // SAFETY: valid C strings and a buffer of `buf.len()` bytes.
-    let r = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    if r < 0 {
-        return Err(errno());
-    }
-    buf.truncate(r as usize);
-    Ok(buf)
-}
-
-fn set(p: &Path, name: &str, value: &[u8]) -> Result<(), i32> {
-    let (p, n) = (cpath(p), std::ffi::CString::new(name).unwrap());
-    // SAFETY: valid C strings and a buffer of `value.len()` bytes.
-    let r = unsafe {
-        libc::setxattr(
-            p.as_ptr(),
-            n.as_ptr(),
-            value.as_ptr().cast(),
-            value.len(),
-            0,
-        )
-    };
-    if r < 0 {
-        return Err(errno());
-    }
-    Ok(())
-}
 
 /// listxattr with a size-0 probe, then with a buffer of exactly that size.
 fn list_probe_then_read(p: &Path) -> (isize, Result<Vec<String>, i32>) {
@@ -56,21 +27,7 @@ fn list_probe_then_read(p: &Path) -> (isize, Result<Vec<String>, i32>) {
     if r < 0 {
         return (n, Err(errno()));
     }
-    let names = buf[..r as usize]
-        .split(|&b| b == 0)
-        .filter(|n| !n.is_empty())
-        .map(|n| String::from_utf8_lossy(n).into_owned())
-        .collect();
-    (n, Ok(names))
-}
-
-/// VFS_CAP_REVISION_2, CAP_NET_BIND_SERVICE permitted.
-fn cap_value() -> Vec<u8> {
-    let mut cap = Vec::new();
-    for w in [0x0200_0000u32, 1 << 10, 0, 0, 0] {
-        cap.extend_from_slice(&w.to_le_bytes());
-    }
-    cap
+    (n, Ok(names_of(&buf[..r as usize])))
 }
 
 /// Run `f` in a forked child as uid/gid 1000; the errno it returns (0 for success).
@@ -119,7 +76,7 @@ fn writable_file_with_capability(p: &Path) {
     std::fs::write(p, b"x").unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o666)).unwrap();
-    set(p, "security.capability", &cap_value()).unwrap();
+    set(p, "security.capability", &capability()).unwrap();
 }
 
 // ---------------------------------------------------------------------------------

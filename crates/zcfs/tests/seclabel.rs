@@ -6,66 +6,11 @@
 //! Root required (network namespaces), as in CI.
 
 mod common;
-use common::reference::{cpath, errno};
 use common::remote::*;
+use common::xattr::{capability, get, list, remove, set};
 use std::path::Path;
 
 const LABEL: &[u8] = b"system_u:object_r:etc_t:s0\0";
-
-fn get(p: &Path, name: &str) -> Result<Vec<u8>, i32> {
-    let (p, n) = (cpath(p), std::ffi::CString::new(name).unwrap());
-    let mut buf = vec![0u8; 4096];
-    // SAFETY: valid C strings and a buffer of `buf.len()` bytes.
-    let r = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    if r < 0 {
-        return Err(errno());
-    }
-    buf.truncate(r as usize);
-    Ok(buf)
-}
-
-fn set(p: &Path, name: &str, value: &[u8]) -> Result<(), i32> {
-    let (p, n) = (cpath(p), std::ffi::CString::new(name).unwrap());
-    // SAFETY: valid C strings and a buffer of `value.len()` bytes.
-    let r = unsafe {
-        libc::setxattr(
-            p.as_ptr(),
-            n.as_ptr(),
-            value.as_ptr().cast(),
-            value.len(),
-            0,
-        )
-    };
-    if r < 0 {
-        return Err(errno());
-    }
-    Ok(())
-}
-
-fn remove(p: &Path, name: &str) -> Result<(), i32> {
-    let (p, n) = (cpath(p), std::ffi::CString::new(name).unwrap());
-    // SAFETY: valid C strings.
-    if unsafe { libc::removexattr(p.as_ptr(), n.as_ptr()) } < 0 {
-        return Err(errno());
-    }
-    Ok(())
-}
-
-/// The names listxattr gives, sorted.
-fn list(p: &Path) -> Vec<String> {
-    let p = cpath(p);
-    let mut buf = vec![0u8; 65536];
-    // SAFETY: a valid C string and a buffer of `buf.len()` bytes.
-    let r = unsafe { libc::listxattr(p.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    assert!(r >= 0, "listxattr: errno {}", errno());
-    let mut names: Vec<String> = buf[..r as usize]
-        .split(|&b| b == 0)
-        .filter(|n| !n.is_empty())
-        .map(|n| String::from_utf8_lossy(n).into_owned())
-        .collect();
-    names.sort();
-    names
-}
 
 /// GETXATTR requests the mount at `mp` answered so far (`zcfs stat --json`).
 fn getxattrs_answered(mp: &Path) -> u64 {
@@ -115,11 +60,7 @@ fn security_labels_are_carried_only_with_seclabel() {
     assert_eq!(get(&f_on, "security.selinux").unwrap(), LABEL);
 
     // File capabilities are the file's, not a host's policy: carried either way.
-    // VFS_CAP_REVISION_2, CAP_NET_BIND_SERVICE permitted.
-    let mut cap = Vec::new();
-    for w in [0x0200_0000u32, 1 << 10, 0, 0, 0] {
-        cap.extend_from_slice(&w.to_le_bytes());
-    }
+    let cap = capability();
     set(&f, "security.capability", &cap).unwrap();
     assert_eq!(get(&f, "security.capability").unwrap(), cap);
     assert_eq!(get(&f_on, "security.capability").unwrap(), cap);

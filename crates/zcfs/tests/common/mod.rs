@@ -6,6 +6,7 @@ pub mod posix;
 pub mod reference;
 pub mod remote;
 pub mod splicing;
+pub mod xattr;
 
 use std::io::Read;
 use std::path::Path;
