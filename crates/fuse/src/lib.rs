@@ -169,10 +169,15 @@ impl FuseFs {
         c
     }
 
-    /// The refusal of an xattr request for a security label this mount does not carry
-    /// (`FuseOptions::seclabel`), made before the backend is asked; None to go ahead.
+    /// Whether `name` is a security label this mount does not carry
+    /// (`FuseOptions::seclabel`): not asked of the backend, not listed.
+    fn hides(&self, name: &[u8]) -> bool {
+        !self.opts.seclabel && is_security_label(name)
+    }
+
+    /// The refusal of an xattr request for a label the mount hides; None to go ahead.
     fn label_refused(&self, name: &[u8]) -> Option<zcfs_backend::Result<()>> {
-        (!self.opts.seclabel && is_security_label(name))
+        self.hides(name)
             .then(|| Err(zcfs_backend::Error::errno(libc::EOPNOTSUPP)))
     }
 
@@ -1025,7 +1030,7 @@ impl Filesystem for FuseFs {
             .map(|names| {
                 let mut buf = Vec::new();
                 for n in names {
-                    if self.label_refused(&n).is_some() {
+                    if self.hides(&n) {
                         continue;
                     }
                     buf.extend_from_slice(&n);

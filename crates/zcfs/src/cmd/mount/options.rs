@@ -93,26 +93,27 @@ pub(super) fn flag_effect(o: &MountOption) -> Option<(u64, bool)> {
     })
 }
 
-/// Whether option `k` is one a remount acts on (a generic mount flag, `remount`
-/// itself) or one zcfs ignores anyway (generic, fstab and mount(8) conventions).
-fn changes_on_remount(k: &str) -> bool {
+/// fstab and mount(8) conventions that are not ours to act on (`comment=` takes a
+/// value; so may `x-...`).
+const FSTAB_CONVENTIONS: &[&str] = &[
+    "_netdev", "nofail", "noauto", "auto", "user", "users", "nouser", "defaults",
+];
+
+/// Whether option `k` (with value `v`) is an fstab or mount(8) convention.
+fn fstab_convention(k: &str, v: Option<&str>) -> bool {
+    (v.is_none() && FSTAB_CONVENTIONS.contains(&k))
+        || (k == "comment" && v.is_some())
+        || k.starts_with("x-")
+}
+
+/// Whether option `k` (with value `v`) is one a remount acts on (a generic mount flag,
+/// `remount` itself) or one zcfs ignores anyway (generic options, fstab conventions).
+fn changes_on_remount(k: &str, v: Option<&str>) -> bool {
     k == "remount"
         || mount_flag(k).is_some()
         || GENERIC_IGNORED.contains(&k)
         || GENERIC_IGNORED_WITH_VALUE.contains(&k)
-        || matches!(
-            k,
-            "_netdev"
-                | "nofail"
-                | "noauto"
-                | "auto"
-                | "user"
-                | "users"
-                | "nouser"
-                | "defaults"
-                | "comment"
-        )
-        || k.starts_with("x-")
+        || fstab_convention(k, v)
 }
 
 /// Generic mount(8) options that ask nothing of zcfs here (atime variants the kernel
@@ -179,7 +180,7 @@ pub fn parse_options(a: &MountArgs) -> Result<MountPlan> {
         let (k, v) = opt
             .split_once('=')
             .map_or((opt, None), |(k, v)| (k, Some(v)));
-        if !changes_on_remount(k) {
+        if !changes_on_remount(k, v) {
             p.fixed_at_mount.push(opt.to_string());
         }
         match (k, v) {
@@ -250,10 +251,7 @@ pub fn parse_options(a: &MountArgs) -> Result<MountPlan> {
             (k, Some(_)) if GENERIC_IGNORED_WITH_VALUE.contains(&k) => {
                 tracing::info!("-o {opt}: a generic mount option zcfs does not act on; ignored")
             }
-            // fstab and mount(8) conventions that are not ours to act on.
-            ("_netdev" | "nofail" | "noauto" | "auto" | "user" | "users" | "nouser" | "defaults", None) => {}
-            ("comment", Some(_)) => {}
-            (k, _) if k.starts_with("x-systemd.") || k.starts_with("x-") => {}
+            (k, v) if fstab_convention(k, v) => {}
             _ => bail!(
                 "unknown mount option {opt:?}. Known: allow_other, allow_root, default_permissions, ro, rw, \
                  [no]suid, [no]dev, [no]exec, [no]atime, sync, async, dirsync, uid=, gid=, umask=, fsname=, \
