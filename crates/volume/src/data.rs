@@ -687,9 +687,6 @@ impl Volume {
             Some(i) if i.rec.gen == r.gen && i.rec.is_reg() => {}
             _ => return Err(FsError::Stale),
         }
-        // Under the lock the write commits in: a capability set while the bytes were
-        // arriving goes too (as the inode lock orders setcap and write on Linux).
-        self.kill_capability(st, r.ino)?;
         // Check: the pieces, and the map nodes the whole write needs.
         let first = r.off / BLOCK_U64;
         let n = r.blocks.len() as u64;
@@ -700,6 +697,10 @@ impl Volume {
         for p in &pieces {
             self.reserve_log(&mut reserved, p.bound)?;
         }
+        // After the checks, under the lock the write commits in: a capability set while
+        // the bytes were arriving goes too (as the inode lock orders setcap and write on
+        // Linux). Its rewrite gives back what it takes, so the blocks below still fit.
+        self.kill_capability(st, r.ino)?;
         self.reserve_blocks(st, &mut reserved, nodes)?;
         // Apply. The bytes of partial edge blocks come from the blocks current now,
         // under the lock, so a write that committed since the reservation was made is

@@ -244,11 +244,12 @@ impl Volume {
             files.insert(p.ino);
         }
         bound += INODE_RECORD * files.len() as u64;
-        // After the checks, under the lock the pages are placed in, whoever places them.
+        self.reserve_log(&mut txn, bound)?;
+        // After the checks (the size bound too), under the lock the pages are placed
+        // in, whoever places them.
         for &ino in &files {
             self.kill_capability(st, ino)?;
         }
-        self.reserve_log(&mut txn, bound)?;
         self.reserve_blocks(st, &mut txn, nodes)?;
         // Apply.
         let now = Time::now();

@@ -181,6 +181,26 @@ fn a_capability_set_while_a_write_is_reserved_goes_with_the_write() {
     assert_fsck_clean(&remount(vol));
 }
 
+/// Review 31d: a page placement refused because its set is larger than one log entry
+/// (checked by `reserve_log`) is refused before anything changes, the capability too.
+#[test]
+fn a_pflush_refused_as_too_large_keeps_the_capability() {
+    let mkfs = mkfs_with(64, 16 << 10);
+    let vol = memory_volume_with(32 << 20, &mkfs, VolumeConfig::synchronous());
+    let f = capable_file(&vol, b"f");
+    let mut t = PflushTxn::default();
+    let pages = vol.reserve_pages(2000).unwrap();
+    t.pflush_add(f, 0, pages, None).unwrap();
+    let r = vol.pflush_commit(t);
+    assert!(
+        matches!(r, Err(FsError::TransactionTooLarge { .. })),
+        "{:?}",
+        r.err()
+    );
+    assert!(has_cap(&vol, f), "a refused pflush took the capability");
+    assert_fsck_clean(&remount(vol));
+}
+
 #[test]
 fn a_writer_may_remove_the_capability_and_no_one_else_but_root() {
     let vol = memory_volume(8 << 20, VolumeConfig::synchronous());
