@@ -45,6 +45,11 @@ use zcfs_transport::{
 /// of its bounds; it doubles up to `DIAL_RETRY_MAX_PAUSE`, within the client's timeout.
 pub const DIAL_RETRY_FIRST_PAUSE: Duration = Duration::from_millis(20);
 pub const DIAL_RETRY_MAX_PAUSE: Duration = Duration::from_millis(500);
+/// After a connection attempt stalled (waited out at least half the client's timeout
+/// before it failed: a server that stopped answering, a link gone quiet), requests that
+/// need a connection fail at once with its error; one attempt is let through at most
+/// this often, and while it is under way the others fail at once too (`DialStall`).
+pub const STALLED_DIAL_RETRY: Duration = Duration::from_secs(1);
 
 /// Whether a handshake failed because the server closed the connection before it said
 /// anything (what it does at its connection bounds), rather than refusing us.
@@ -199,6 +204,8 @@ pub struct Client {
     /// Held while a connection is made, checked (and the session revalidated) and
     /// handed out: no request of a new session goes out before the revalidation.
     dialing: DialGate,
+    /// The last connection attempt that stalled, for failing fast after it.
+    stall: DialStall,
     /// Held to change `epoch` and to post against it.
     reval: Mutex<()>,
     /// Posted requests without a reply yet.
@@ -353,6 +360,51 @@ impl DialGate {
         *busy = true;
         Ok(DialTurn(self))
     }
+
+    /// A turn now, or None while another caller has it.
+    fn try_enter(&self) -> Option<DialTurn<'_>> {
+        let mut busy = lock(&self.busy);
+        if *busy {
+            return None;
+        }
+        *busy = true;
+        Some(DialTurn(self))
+    }
+}
+
+/// The last connection attempt that stalled, and when it ended. Without it, every
+/// request to a stopped server dialled again and waited out the attempt: through a
+/// mount, an open took 20 s and each 1 MiB buffered write about 10 s, for minutes.
+#[derive(Default)]
+struct DialStall(Mutex<Option<(std::time::Instant, Error)>>);
+
+impl DialStall {
+    /// The stall on record, if any: its error, and how long ago it ended.
+    fn last(&self) -> Option<(Error, Duration)> {
+        lock(&self.0)
+            .as_ref()
+            .map(|(at, e)| (e.clone(), at.elapsed()))
+    }
+
+    /// A dial that took `took` ended with `r`: a stall is recorded, a connection made
+    /// clears the record, a quick failure (refused, unreachable) leaves it as it is.
+    fn note<T>(&self, r: &Result<T, Error>, took: Duration, timeout: Duration) {
+        match r {
+            Ok(_) => *lock(&self.0) = None,
+            Err(e) if took >= timeout / 2 => {
+                *lock(&self.0) = Some((std::time::Instant::now(), e.clone()))
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+/// The error a request gets at once while a stall is on record (`e`, `ago` old).
+fn stalled(e: &Error, ago: Duration, why: &str) -> Error {
+    Error::new(
+        e.errno,
+        format!("{} ({:.1} s ago; {why})", e.msg(), ago.as_secs_f64()),
+    )
 }
 
 impl Drop for DialTurn<'_> {
@@ -380,6 +432,7 @@ impl Client {
             had_session: AtomicBool::new(false),
             epoch: AtomicU64::new(0),
             dialing: DialGate::default(),
+            stall: DialStall::default(),
             reval: Mutex::new(()),
             posted: Arc::new(PostedTable::default()),
             on_restart: Mutex::new(None),
@@ -862,15 +915,46 @@ impl Client {
     /// always speaks of the session as the connections made before left it, never of
     /// one a sibling connection created and has not revalidated yet.
     fn conn(&self, i: usize) -> Result<Arc<Conn>, Error> {
-        let mut slot = lock(&self.conns[i]);
+        // After a stalled attempt, one caller at a time tries again, at most every
+        // STALLED_DIAL_RETRY; the others fail at once with the stall's error rather
+        // than wait for it (a lane's slot is held while it is dialled).
+        let stall = self.stall.last();
+        let mut slot = match (&stall, self.conns[i].try_lock()) {
+            (_, Ok(slot)) => slot,
+            (_, Err(std::sync::TryLockError::Poisoned(p))) => p.into_inner(),
+            (Some((e, ago)), Err(std::sync::TryLockError::WouldBlock)) => {
+                return Err(stalled(e, *ago, "another attempt is under way"))
+            }
+            (None, Err(std::sync::TryLockError::WouldBlock)) => lock(&self.conns[i]),
+        };
         if let Some(c) = slot.as_ref() {
             if c.is_up() {
                 return Ok(c.clone());
             }
             self.reconnects.fetch_add(1, Ordering::Relaxed);
         }
-        let _dialing = self.dialing.enter(self.cfg.timeout, &self.cfg.addr)?;
-        let c = self.dial(i)?;
+        let _dialing = match self.stall.last() {
+            Some((e, ago)) if ago < STALLED_DIAL_RETRY => {
+                return Err(stalled(&e, ago, "connecting again shortly"))
+            }
+            Some((e, ago)) => self
+                .dialing
+                .try_enter()
+                .ok_or_else(|| stalled(&e, ago, "another attempt is under way"))?,
+            None => {
+                let turn = self.dialing.enter(self.cfg.timeout, &self.cfg.addr)?;
+                // The attempt this caller waited for may have stalled meanwhile.
+                if let Some((e, ago)) = self.stall.last() {
+                    return Err(stalled(&e, ago, "connecting again shortly"));
+                }
+                turn
+            }
+        };
+        let started = std::time::Instant::now();
+        let dialed = self.dial(i);
+        self.stall
+            .note(&dialed, started.elapsed(), self.cfg.timeout);
+        let c = dialed?;
         let old = self.instance.swap(c.welcome.instance, Ordering::SeqCst);
         let had_session = self.had_session.swap(true, Ordering::SeqCst);
         let restarted = old != 0 && old != c.welcome.instance;
