@@ -399,10 +399,13 @@ impl DialStall {
     }
 }
 
-/// The error a request gets at once while a stall is on record (`e`, `ago` old).
+/// The error a request gets at once while a stall is on record (`e`, `ago` old):
+/// ETIMEDOUT whatever the attempt met (a handshake's read timeout is EAGAIN), so that
+/// callers treat it as the lost link it is (a release is posted for later, a write
+/// behind is reported as EIO), and applications are not invited to try again at once.
 fn stalled(e: &Error, ago: Duration, why: &str) -> Error {
     Error::new(
-        e.errno,
+        libc::ETIMEDOUT,
         format!("{} ({:.1} s ago; {why})", e.msg(), ago.as_secs_f64()),
     )
 }
@@ -733,9 +736,9 @@ impl Client {
 
     /// The fewest in-flight requests a connection up now takes (0 with none up).
     pub fn max_inflight(&self) -> u32 {
-        self.conns
-            .iter()
-            .filter_map(|slot| lock(slot).as_ref().map(|c| c.welcome.max_inflight))
+        // A slot being dialled after a stall is passed over, not waited for.
+        (0..self.conns.len())
+            .filter_map(|i| self.slot(i).ok()?.as_ref().map(|c| c.welcome.max_inflight))
             .min()
             .unwrap_or(0)
     }
@@ -914,19 +917,25 @@ impl Client {
     /// Connections are made one at a time (`dialing`): a handshake's `resumed` then
     /// always speaks of the session as the connections made before left it, never of
     /// one a sibling connection created and has not revalidated yet.
+    /// Lane `i`'s slot. While a stall is on record a slot someone holds (dialling
+    /// it, a full timeout against a stopped server) is not waited for: Err with the
+    /// stall's error, and the caller fails at once.
+    fn slot(&self, i: usize) -> Result<MutexGuard<'_, Option<Arc<Conn>>>, Error> {
+        match self.conns[i].try_lock() {
+            Ok(slot) => Ok(slot),
+            Err(std::sync::TryLockError::Poisoned(p)) => Ok(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => match self.stall.last() {
+                Some((e, ago)) => Err(stalled(&e, ago, "another attempt is under way")),
+                None => Ok(lock(&self.conns[i])),
+            },
+        }
+    }
+
     fn conn(&self, i: usize) -> Result<Arc<Conn>, Error> {
         // After a stalled attempt, one caller at a time tries again, at most every
         // STALLED_DIAL_RETRY; the others fail at once with the stall's error rather
         // than wait for it (a lane's slot is held while it is dialled).
-        let stall = self.stall.last();
-        let mut slot = match (&stall, self.conns[i].try_lock()) {
-            (_, Ok(slot)) => slot,
-            (_, Err(std::sync::TryLockError::Poisoned(p))) => p.into_inner(),
-            (Some((e, ago)), Err(std::sync::TryLockError::WouldBlock)) => {
-                return Err(stalled(e, *ago, "another attempt is under way"))
-            }
-            (None, Err(std::sync::TryLockError::WouldBlock)) => lock(&self.conns[i]),
-        };
+        let mut slot = self.slot(i)?;
         if let Some(c) = slot.as_ref() {
             if c.is_up() {
                 return Ok(c.clone());
@@ -952,9 +961,19 @@ impl Client {
         };
         let started = std::time::Instant::now();
         let dialed = self.dial(i);
-        self.stall
-            .note(&dialed, started.elapsed(), self.cfg.timeout);
-        let c = dialed?;
+        let took = started.elapsed();
+        self.stall.note(&dialed, took, self.cfg.timeout);
+        let c = dialed.map_err(|e| {
+            if took >= self.cfg.timeout / 2 {
+                // As `stalled` says it to the requests after this one.
+                Error::new(
+                    libc::ETIMEDOUT,
+                    format!("{} (the connection attempt stalled)", e.msg()),
+                )
+            } else {
+                e
+            }
+        })?;
         let old = self.instance.swap(c.welcome.instance, Ordering::SeqCst);
         let had_session = self.had_session.swap(true, Ordering::SeqCst);
         let restarted = old != 0 && old != c.welcome.instance;
@@ -1035,7 +1054,7 @@ impl Client {
     fn pick(&self) -> Result<Arc<Conn>, Error> {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len();
         for j in (0..self.conns.len()).filter(|&j| j != i) {
-            let given_up = lock(&self.conns[j]).as_ref().is_some_and(|c| !c.is_up());
+            let given_up = self.slot(j)?.as_ref().is_some_and(|c| !c.is_up());
             if given_up {
                 self.conn(j)?;
             }
@@ -1051,11 +1070,13 @@ impl Client {
     /// there would wait out a connect timeout, and the request would wait out another).
     /// Err: no connection could be made (what the caller's request would have met).
     pub fn revive_lost(&self) -> Result<(), Error> {
-        let lost = self.conns.iter().any(|slot| {
-            lock(slot)
+        let mut lost = false;
+        for i in 0..self.conns.len() {
+            lost |= self
+                .slot(i)?
                 .as_ref()
-                .is_some_and(|c| !c.is_up() && c.peer_closed.load(Ordering::SeqCst))
-        });
+                .is_some_and(|c| !c.is_up() && c.peer_closed.load(Ordering::SeqCst));
+        }
         if lost {
             self.pick()?;
         }
@@ -1163,8 +1184,9 @@ impl Client {
         // have) a successor that sends it; one already replaced when chosen is not
         // enough, so go on to the next.
         loop {
-            let live = self.conns.iter().find_map(|slot| {
-                lock(slot)
+            let live = (0..self.conns.len()).find_map(|i| {
+                self.slot(i)
+                    .ok()?
                     .as_ref()
                     .filter(|c| c.is_up() && c.epoch.load(Ordering::SeqCst) == epoch)
                     .cloned()
@@ -1463,6 +1485,8 @@ impl Client {
         };
         let conn = match self.pick() {
             Ok(c) => c,
+            // Never sent: its own failure to connect says more than this one.
+            Err(_) if sent_in.is_none() => return (Err(e), false),
             Err(e2) => return (Err(e2), false),
         };
         if !op.idempotent() && sent_in.is_some_and(|ep| ep != conn.epoch.load(Ordering::SeqCst)) {

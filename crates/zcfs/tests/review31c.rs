@@ -1,7 +1,10 @@
 //! Review 31c of 82b9539 (after a stalled connection attempt, requests fail at once
 //! with its error, one attempt let through per STALLED_DIAL_RETRY). Root required
-//! (network namespaces), as in CI. Run one at a time (the namespaces share addresses):
-//! `cargo test --release -p zcfs --test review31c -- --ignored --test-threads 1`.
+//! (network namespaces), as in CI. Its three findings, fixed after: concurrent
+//! requests still waited out the attempt let through (lane slots were locked, not
+//! tried, in `pick`, `max_inflight`, `revive_lost`, `post`); the stall's error was
+//! EAGAIN, so a release was not posted and a lost write-behind write was reported as
+//! EAGAIN at fsync (now ETIMEDOUT, a transport error: posted, and EIO at fsync).
 mod common;
 use common::remote::*;
 use std::time::{Duration, Instant};
@@ -11,13 +14,14 @@ const TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Get a stall on record: the first request times out, the dial after it stalls.
 fn stall(fs: &zcfs_client::RemoteFs, _ino: u64) {
+    // Let the stop reach every server thread (one may be finishing a reply).
+    std::thread::sleep(Duration::from_millis(200));
     for _ in 0..2 {
         let _ = fs.server_stats();
     }
     let e = fs.server_stats().unwrap_err();
     assert!(e.to_string().contains("ago;"), "no stall on record: {e}");
 }
-
 
 /// The server's `handles_open` gauge.
 fn handles_open(fs: &zcfs_client::RemoteFs) -> u64 {
@@ -57,8 +61,7 @@ fn recovered(fs: &zcfs_client::RemoteFs) {
 /// the stall's error fails at once (the slot look in `pick` a try_lock while a stall
 /// is on record, as in `conn`).
 #[test]
-#[ignore]
-fn concurrent_requests_wait_out_the_attempt_let_through_after_a_stall() {
+fn concurrent_requests_do_not_wait_out_the_attempt_let_through_after_a_stall() {
     let net = Net::new();
     let srv = Served::new(&net, "r31c-conc", &[]);
     net.in_cli(|| {
@@ -106,8 +109,7 @@ fn concurrent_requests_wait_out_the_attempt_let_through_after_a_stall() {
 /// Should: the release is posted (the stall's error a transport error, ETIMEDOUT) and
 /// reaches the server once it serves again.
 #[test]
-#[ignore]
-fn a_release_during_a_stall_is_never_sent_and_the_server_keeps_the_handle() {
+fn a_release_during_a_stall_is_sent_when_the_server_is_back() {
     let net = Net::new();
     let srv = Served::new(&net, "r31c-rel", &[]);
     net.in_cli(|| {
@@ -135,8 +137,7 @@ fn a_release_during_a_stall_is_never_sent_and_the_server_keeps_the_handle() {
 /// retry, and the retried fsync returns OK with the write never on the server. Should:
 /// EIO, as for a write lost with its connection.
 #[test]
-#[ignore]
-fn a_write_behind_write_lost_to_a_stall_is_reported_as_eagain() {
+fn a_write_behind_write_lost_to_a_stall_is_not_reported_as_eagain() {
     let net = Net::new();
     let srv = Served::new(&net, "r31c-wb", &[]);
     net.in_cli(|| {
@@ -147,9 +148,8 @@ fn a_write_behind_write_lost_to_a_stall_is_reported_as_eagain() {
         srv.signal(libc::SIGSTOP);
         stall(&fs, f.ino);
         let mut answered = None;
-        let r = fs.write_behind_answering(&ctx(), f.ino, fh, 0, b"LOST", &mut |n| {
-            answered = Some(n)
-        });
+        let r =
+            fs.write_behind_answering(&ctx(), f.ino, fh, 0, b"LOST", &mut |n| answered = Some(n));
         eprintln!("write answered {answered:?}, returned {r:?}");
         let first = fs.fsync(f.ino, fh, false);
         srv.signal(libc::SIGCONT);

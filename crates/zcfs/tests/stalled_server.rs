@@ -23,6 +23,7 @@ fn requests_to_a_stopped_server_fail_at_once_after_one_timeout_and_recover() {
         fs.write(&ctx(), f.ino, fh, 0, b"kept").unwrap();
         fs.fsync(f.ino, fh, false).unwrap();
         srv.signal(libc::SIGSTOP);
+        std::thread::sleep(Duration::from_millis(200));
         // The request out when the server stopped times out; the attempt to connect
         // again after it stalls. Each takes about the timeout.
         for _ in 0..2 {
@@ -74,14 +75,25 @@ fn a_writer_to_a_stopped_server_through_a_mount_gets_its_error_within_a_few_time
     srv.signal(libc::SIGSTOP);
     let t = Instant::now();
     let out = std::process::Command::new("timeout")
-        .args(["120", "dd", "if=/dev/zero", "bs=1M", "count=64", "conv=fsync"])
+        .args([
+            "120",
+            "dd",
+            "if=/dev/zero",
+            "bs=1M",
+            "count=64",
+            "conv=fsync",
+        ])
         .arg(format!("of={p}"))
         .output()
         .unwrap();
     let took = t.elapsed();
     srv.signal(libc::SIGCONT);
     assert!(!out.status.success(), "dd to a stopped server succeeded");
-    assert_ne!(out.status.code(), Some(124), "dd was still writing after 120 s");
+    assert_ne!(
+        out.status.code(),
+        Some(124),
+        "dd was still writing after 120 s"
+    );
     assert!(took < TIMEOUT * 10, "dd took {took:?} to fail");
     let t = Instant::now();
     loop {
