@@ -46,10 +46,15 @@ use zcfs_transport::{
 pub const DIAL_RETRY_FIRST_PAUSE: Duration = Duration::from_millis(20);
 pub const DIAL_RETRY_MAX_PAUSE: Duration = Duration::from_millis(500);
 /// After a connection attempt stalled (waited out at least half the client's timeout
-/// before it failed: a server that stopped answering, a link gone quiet), requests that
-/// need a connection fail at once with its error; one attempt is let through at most
-/// this often, and while it is under way the others fail at once too (`DialStall`).
+/// before it failed: a server that stopped answering, a link gone quiet), one attempt
+/// with the client's whole timeout is made at most this often; requests in between
+/// make short ones (`STALLED_DIAL_PATIENCE`), and while any attempt is under way the
+/// others fail at once (`DialStall`).
 pub const STALLED_DIAL_RETRY: Duration = Duration::from_secs(1);
+/// The patience of an attempt within `STALLED_DIAL_RETRY` of a stall: long enough for
+/// a server that was restarted or resumed to answer a handshake on a loaded host, short
+/// enough that a request to one still stopped fails about at once.
+pub const STALLED_DIAL_PATIENCE: Duration = Duration::from_millis(100);
 
 /// Whether a handshake failed because the server closed the connection before it said
 /// anything (what it does at its connection bounds), rather than refusing us.
@@ -386,16 +391,14 @@ impl DialStall {
             .map(|(at, e)| (e.clone(), at.elapsed()))
     }
 
-    /// A dial that took `took` ended with `r`: a stall is recorded, a connection made
-    /// clears the record, a quick failure (refused, unreachable) leaves it as it is.
-    fn note<T>(&self, r: &Result<T, Error>, took: Duration, timeout: Duration) {
-        match r {
-            Ok(_) => *lock(&self.0) = None,
-            Err(e) if took >= timeout / 2 => {
-                *lock(&self.0) = Some((std::time::Instant::now(), e.clone()))
-            }
-            Err(_) => {}
-        }
+    /// A full attempt stalled with `e`: fail fast from now on.
+    fn record(&self, e: &Error) {
+        *lock(&self.0) = Some((std::time::Instant::now(), e.clone()));
+    }
+
+    /// A connection was made: the server answers again.
+    fn clear(&self) {
+        *lock(&self.0) = None;
     }
 }
 
@@ -803,8 +806,8 @@ impl Client {
     /// connection before its Welcome: that is tried again, with growing pauses, until
     /// the client's timeout (a host starting many clients at once gets in as places
     /// free up); every other failure is reported at once.
-    fn dial(&self, lane: usize) -> Result<Arc<Conn>, Error> {
-        let deadline = std::time::Instant::now() + self.cfg.timeout;
+    fn dial(&self, lane: usize, patience: Duration) -> Result<Arc<Conn>, Error> {
+        let deadline = std::time::Instant::now() + patience;
         let mut pause = DIAL_RETRY_FIRST_PAUSE;
         let (s, established) = loop {
             // Each attempt a newer generation: an attempt the server took in but we
@@ -813,7 +816,7 @@ impl Client {
                 index: u16::try_from(lane).unwrap_or(u16::MAX),
                 generation: self.lane_generations[lane].fetch_add(1, Ordering::SeqCst) + 1,
             };
-            match self.connect_and_handshake(lane) {
+            match self.connect_and_handshake(lane, patience) {
                 Ok(x) => break x,
                 Err((e, refused)) if refused && std::time::Instant::now() + pause < deadline => {
                     tracing::debug!("connection refused ({e}); trying again in {pause:?}");
@@ -828,9 +831,15 @@ impl Client {
 
     /// One attempt: Err carries whether the server closed the connection before its
     /// Welcome (refused at a bound, worth another try).
-    fn connect_and_handshake(&self, lane: Lane) -> Result<(Stream, Established), (Error, bool)> {
+    fn connect_and_handshake(
+        &self,
+        lane: Lane,
+        patience: Duration,
+    ) -> Result<(Stream, Established), (Error, bool)> {
         let addr = self.resolve().map_err(|e| (e, false))?;
-        let mut s = Stream::connect(&addr, self.cfg.timeout).map_err(|e| {
+        // The whole attempt, connect and handshake, within `patience`.
+        let deadline = std::time::Instant::now() + patience;
+        let mut s = Stream::connect(&addr, patience).map_err(|e| {
             (
                 Error::new(
                     e.raw_os_error().unwrap_or(libc::EIO),
@@ -841,9 +850,13 @@ impl Client {
         })?;
         let _ = tune(&s);
         let io = |e: std::io::Error| (Error::new(libc::EIO, e.to_string()), false);
-        s.set_read_timeout(Some(self.cfg.timeout)).map_err(io)?;
+        // What is left of it (a zero timeout would mean none: at least 1 ms).
+        let left = deadline
+            .saturating_duration_since(std::time::Instant::now())
+            .max(Duration::from_millis(1));
+        s.set_read_timeout(Some(left)).map_err(io)?;
         // Writes to a dead link must not block forever either.
-        s.set_write_timeout(Some(self.cfg.timeout)).map_err(io)?;
+        s.set_write_timeout(Some(left)).map_err(io)?;
         if self.cfg.integrity == Integrity::Full && self.cfg.secret.is_none() {
             return Err((
                 Error::new(
@@ -882,6 +895,9 @@ impl Client {
             self.data_tagged_channel.store(true, Ordering::Relaxed);
         }
         s.set_read_timeout(None)
+            .map_err(|e| Error::new(libc::EIO, e.to_string()))?;
+        // The attempt may have had less patience (`STALLED_DIAL_PATIENCE`).
+        s.set_write_timeout(Some(self.cfg.timeout))
             .map_err(|e| Error::new(libc::EIO, e.to_string()))?;
         let clone = || {
             s.try_clone()
@@ -942,38 +958,50 @@ impl Client {
             }
             self.reconnects.fetch_add(1, Ordering::Relaxed);
         }
-        let _dialing = match self.stall.last() {
-            Some((e, ago)) if ago < STALLED_DIAL_RETRY => {
-                return Err(stalled(&e, ago, "connecting again shortly"))
-            }
+        // Who may dial, and with what patience (`DialStall`): with no stall on record,
+        // a full attempt, waiting for the gate; after a stall, callers never wait for
+        // the gate (it is held by an attempt that may take the whole timeout), and only
+        // one full attempt per STALLED_DIAL_RETRY is made, short ones in between.
+        let stall = self.stall.last();
+        let _dialing = match &stall {
             Some((e, ago)) => self
                 .dialing
                 .try_enter()
-                .ok_or_else(|| stalled(&e, ago, "another attempt is under way"))?,
-            None => {
-                let turn = self.dialing.enter(self.cfg.timeout, &self.cfg.addr)?;
-                // The attempt this caller waited for may have stalled meanwhile.
-                if let Some((e, ago)) = self.stall.last() {
-                    return Err(stalled(&e, ago, "connecting again shortly"));
-                }
-                turn
-            }
+                .ok_or_else(|| stalled(e, *ago, "another attempt is under way"))?,
+            None => self.dialing.enter(self.cfg.timeout, &self.cfg.addr)?,
+        };
+        // The attempt this caller waited for may have stalled meanwhile.
+        let stall = stall.or_else(|| self.stall.last());
+        let short = stall.filter(|(_, ago)| *ago < STALLED_DIAL_RETRY);
+        let patience = match short {
+            Some(_) => STALLED_DIAL_PATIENCE.min(self.cfg.timeout),
+            None => self.cfg.timeout,
         };
         let started = std::time::Instant::now();
-        let dialed = self.dial(i);
+        let dialed = self.dial(i, patience);
         let took = started.elapsed();
-        self.stall.note(&dialed, took, self.cfg.timeout);
-        let c = dialed.map_err(|e| {
-            if took >= self.cfg.timeout / 2 {
+        let c = match (dialed, short) {
+            (Ok(c), _) => {
+                self.stall.clear();
+                c
+            }
+            // A short attempt that ran out of patience says nothing new: the stall's
+            // error, and its record (and so the next full attempt) stay as they were.
+            (Err(_), Some((e, ago))) if took >= patience / 2 => {
+                return Err(stalled(&e, ago, "still not answering"))
+            }
+            // A quick failure (refused: the server is gone) is its own news.
+            (Err(e), Some(_)) => return Err(e),
+            (Err(e), None) if took >= self.cfg.timeout / 2 => {
+                self.stall.record(&e);
                 // As `stalled` says it to the requests after this one.
-                Error::new(
+                return Err(Error::new(
                     libc::ETIMEDOUT,
                     format!("{} (the connection attempt stalled)", e.msg()),
-                )
-            } else {
-                e
+                ));
             }
-        })?;
+            (Err(e), None) => return Err(e),
+        };
         let old = self.instance.swap(c.welcome.instance, Ordering::SeqCst);
         let had_session = self.had_session.swap(true, Ordering::SeqCst);
         let restarted = old != 0 && old != c.welcome.instance;
@@ -1480,13 +1508,15 @@ impl Client {
         };
         let (r, sent_in) = self.attempt(conn, id, req, cred, data);
         let e = match r {
-            Err(e) if is_transport(&e) => e,
+            // Sent and lost with its connection: once more, on a new one. A request
+            // that never went out (no connection could be made) is not: a second dial
+            // right after a failed one would only double the wait (two timeouts
+            // against a stopped server).
+            Err(e) if is_transport(&e) && sent_in.is_some() => e,
             r => return (r, false),
         };
         let conn = match self.pick() {
             Ok(c) => c,
-            // Never sent: its own failure to connect says more than this one.
-            Err(_) if sent_in.is_none() => return (Err(e), false),
             Err(e2) => return (Err(e2), false),
         };
         if !op.idempotent() && sent_in.is_some_and(|ep| ep != conn.epoch.load(Ordering::SeqCst)) {
