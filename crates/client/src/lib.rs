@@ -37,8 +37,7 @@ use zcfs_protocol::channel::{Integrity, TAG_LEN};
 use zcfs_protocol::handshake::Lane;
 use zcfs_protocol::{Cred, Request, RespHeader, MAX_GROUPS, OP_SLOTS};
 use zcfs_transport::{
-    client_handshake_on_lane, tune, write_all_vectored, Address, Established, Stream,
-    TransportError,
+    client_handshake_within, tune, write_all_vectored, Address, Established, Stream, TransportError,
 };
 
 /// The first pause before dialling again after a server refused a connection at one
@@ -203,6 +202,8 @@ pub struct Client {
     instance: AtomicU64,
     /// Some connection's handshake succeeded before: the server knew our session.
     had_session: AtomicBool,
+    /// The serial of the server's session we last joined (`Welcome::session_serial`).
+    session_serial: AtomicU64,
     /// Counts the sessions this client has had (bumped when one was found gone);
     /// changed only under `dialing` and `reval`.
     epoch: AtomicU64,
@@ -326,7 +327,12 @@ fn terr(addr: &str, e: TransportError) -> Error {
             Error::new(libc::EPROTONOSUPPORT, format!("{addr}: {e}"))
         }
         TransportError::Io(io) => Error::new(
-            io.raw_os_error().unwrap_or(libc::EIO),
+            io.raw_os_error()
+                .unwrap_or(if io.kind() == std::io::ErrorKind::TimedOut {
+                    libc::ETIMEDOUT
+                } else {
+                    libc::EIO
+                }),
             format!("{addr}: {io}"),
         ),
         other => Error::new(libc::EIO, format!("{addr}: {other}")),
@@ -436,6 +442,7 @@ impl Client {
             ids: AtomicU64::new(1),
             instance: AtomicU64::new(0),
             had_session: AtomicBool::new(false),
+            session_serial: AtomicU64::new(0),
             epoch: AtomicU64::new(0),
             dialing: DialGate::default(),
             stall: DialStall::default(),
@@ -849,14 +856,6 @@ impl Client {
             )
         })?;
         let _ = tune(&s);
-        let io = |e: std::io::Error| (Error::new(libc::EIO, e.to_string()), false);
-        // What is left of it (a zero timeout would mean none: at least 1 ms).
-        let left = deadline
-            .saturating_duration_since(std::time::Instant::now())
-            .max(Duration::from_millis(1));
-        s.set_read_timeout(Some(left)).map_err(io)?;
-        // Writes to a dead link must not block forever either.
-        s.set_write_timeout(Some(left)).map_err(io)?;
         if self.cfg.integrity == Integrity::Full && self.cfg.secret.is_none() {
             return Err((
                 Error::new(
@@ -866,12 +865,18 @@ impl Client {
                 false,
             ));
         }
-        match client_handshake_on_lane(
+        // What is left of the patience, for the handshake as a whole (each of its
+        // reads and writes gets the time left; at least 1 ms: zero would mean none).
+        let left = deadline
+            .saturating_duration_since(std::time::Instant::now())
+            .max(Duration::from_millis(1));
+        match client_handshake_within(
             &mut s,
             self.cfg.secret.as_deref(),
             self.session,
             lane,
             self.cfg.integrity,
+            left,
         ) {
             Ok(est) => Ok((s, est)),
             Err(e) => {
@@ -1004,14 +1009,22 @@ impl Client {
         };
         let old = self.instance.swap(c.welcome.instance, Ordering::SeqCst);
         let had_session = self.had_session.swap(true, Ordering::SeqCst);
+        let old_serial = self
+            .session_serial
+            .swap(c.welcome.session_serial, Ordering::SeqCst);
         let restarted = old != 0 && old != c.welcome.instance;
         if c.welcome.resumed {
             self.resumed.fetch_add(1, Ordering::Relaxed);
         }
-        if restarted || (had_session && !c.welcome.resumed) {
+        // `resumed` alone is not enough: an attempt we gave up on after the server
+        // took it in (a short attempt, a lost Verdict) may have started the session
+        // again after ours expired, and this connection then resumes that new one.
+        let started_again = had_session && old_serial != c.welcome.session_serial;
+        if restarted || (had_session && !c.welcome.resumed) || started_again {
             tracing::warn!(
                 addr = %self.cfg.addr,
                 restarted,
+                started_again,
                 "the server no longer holds this client's session: revalidating handles"
             );
             let epoch = {

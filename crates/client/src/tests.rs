@@ -42,7 +42,12 @@ fn fake(restarts: bool, drop_first: Option<Op>) -> Fake {
                 8,
                 instance,
                 Duration::from_secs(5),
-                &mut |_| Ok(!restarts && n > 0),
+                &mut |_| {
+                    Ok(zcfs_transport::Joined {
+                        resumed: !restarts && n > 0,
+                        serial: 1,
+                    })
+                },
             );
             if hs.is_err() {
                 continue;
@@ -235,7 +240,12 @@ impl Scripted {
                 64,
                 1,
                 Duration::from_secs(5),
-                &mut |_| Ok(false),
+                &mut |_| {
+                    Ok(zcfs_transport::Joined {
+                        resumed: false,
+                        serial: 1,
+                    })
+                },
             )
             .unwrap();
             *lock(&socket2) = Some(s.try_clone().unwrap());
@@ -800,7 +810,12 @@ fn echo_cutting(cut_every: u64) -> SocketAddr {
                 8,
                 1,
                 Duration::from_secs(5),
-                &mut |_| Ok(n > 0),
+                &mut |_| {
+                    Ok(zcfs_transport::Joined {
+                        resumed: n > 0,
+                        serial: 1,
+                    })
+                },
             )
             .is_err()
             {
@@ -936,7 +951,12 @@ fn answering_with_data(data: usize) -> SocketAddr {
                 8,
                 1,
                 Duration::from_secs(5),
-                &mut |_| Ok(false),
+                &mut |_| {
+                    Ok(zcfs_transport::Joined {
+                        resumed: false,
+                        serial: 1,
+                    })
+                },
             )
             .is_err()
             {
@@ -1106,7 +1126,12 @@ fn slow_forgets(slow: Duration) -> (SocketAddr, Served28b) {
                 8,
                 1,
                 Duration::from_secs(5),
-                &mut |_| Ok(n > 0),
+                &mut |_| {
+                    Ok(zcfs_transport::Joined {
+                        resumed: n > 0,
+                        serial: 1,
+                    })
+                },
             )
             .is_err()
             {
@@ -1282,7 +1307,12 @@ fn serves_once_then_hangs() -> SocketAddr {
                 8,
                 1,
                 Duration::from_secs(5),
-                &mut |_| Ok(false),
+                &mut |_| {
+                    Ok(zcfs_transport::Joined {
+                        resumed: false,
+                        serial: 1,
+                    })
+                },
             )
             .is_err()
             {

@@ -7,9 +7,9 @@
 //!                      session id }                                               64 B
 //! server -> Welcome  { magic "ZCFSWELC", version, features, auth, resumed,
 //!                      server nonce, server proof, max in-flight, max data,
-//!                      server instance }                                         112 B
+//!                      server instance, session serial }                         112 B
 //! client -> Proof    { client proof }                                             32 B  (auth only)
-//! server -> Verdict  { status: 0 ok, else errno; resumed }                         8 B  (auth only)
+//! server -> Verdict  { status: 0 ok, else errno; resumed; session serial }       16 B  (auth only)
 //!           + tag    (accepted only: the first server-to-client message MAC)        16 B
 //!
 //! server proof = HMAC(secret, "zcfs-server" | Hello | Welcome with a zero proof)
@@ -24,7 +24,13 @@
 //! that does not prove it knows the secret is never sent a request.
 //!
 //! With a secret, nothing about sessions is said before the peer has proved itself:
-//! the Welcome's `resumed` is 0 and the Verdict carries it.
+//! the Welcome's `resumed` and session serial are 0 and the Verdict carries them.
+//!
+//! The session serial names the server's session object (a new one each time the
+//! session is started in this server process, never 0): `resumed` alone cannot tell a
+//! client that the session it knew ended and was started again by a connection attempt
+//! whose answer the client never heard (it gave up on it), since the next connection
+//! finds that new session and is told `resumed`.
 
 use crate::{ProtoError, Result, VERSION};
 use hmac::{Hmac, Mac};
@@ -33,7 +39,7 @@ use sha2::Sha256;
 pub const HELLO_LEN: usize = 64;
 pub const WELCOME_LEN: usize = 112;
 pub const PROOF_LEN: usize = 32;
-pub const VERDICT_LEN: usize = 8;
+pub const VERDICT_LEN: usize = 16;
 const HELLO_MAGIC: &[u8; 8] = b"ZCFSHELO";
 const WELCOME_MAGIC: &[u8; 8] = b"ZCFSWELC";
 
@@ -91,6 +97,9 @@ pub struct Welcome {
     pub max_data: u32,
     /// Random per server process: a change tells a client the server restarted.
     pub instance: u64,
+    /// The session's serial (see the module's comment); 0 when `auth` is set (the
+    /// Verdict says it, after the proof).
+    pub session_serial: u64,
 }
 
 /// Write a Hello's or Welcome's start: its magic and version.
@@ -153,6 +162,7 @@ impl Welcome {
         b[88..92].copy_from_slice(&self.max_inflight.to_le_bytes());
         b[92..96].copy_from_slice(&self.max_data.to_le_bytes());
         b[96..104].copy_from_slice(&self.instance.to_le_bytes());
+        b[104..112].copy_from_slice(&self.session_serial.to_le_bytes());
         b
     }
     pub fn decode(b: &[u8; WELCOME_LEN]) -> Result<Welcome> {
@@ -174,7 +184,13 @@ impl Welcome {
             max_inflight: u32::from_le_bytes(b[88..92].try_into().unwrap()),
             max_data: u32::from_le_bytes(b[92..96].try_into().unwrap()),
             instance: u64::from_le_bytes(b[96..104].try_into().unwrap()),
+            session_serial: u64::from_le_bytes(b[104..112].try_into().unwrap()),
         };
+        if w.auth != (w.session_serial == 0) {
+            return Err(ProtoError::Invalid(
+                "session serial (0 exactly when authentication follows)",
+            ));
+        }
         if w.max_inflight == 0 || w.max_data < 4096 {
             return Err(ProtoError::Invalid("welcome limits"));
         }
@@ -188,28 +204,34 @@ impl Welcome {
     }
 }
 
-/// The server's answer to the client's proof: accepted (status 0, and whether the
-/// session was resumed) or refused (an errno).
+/// The server's answer to the client's proof: accepted (status 0, whether the session
+/// was resumed, and its serial) or refused (an errno).
 ///
 /// ```text
 /// status u32 @0 (0, or an errno 1..=4095), resumed u8 @4 (0 or 1; 0 when refused),
-/// reserved @5..8 (0)
+/// reserved @5..8 (0), session serial u64 @8 (not 0 when accepted; 0 when refused)
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Verdict {
     pub status: i32,
     pub resumed: bool,
+    pub session_serial: u64,
 }
 
 impl Verdict {
-    pub fn accepted(resumed: bool) -> Verdict {
-        Verdict { status: 0, resumed }
+    pub fn accepted(resumed: bool, session_serial: u64) -> Verdict {
+        Verdict {
+            status: 0,
+            resumed,
+            session_serial,
+        }
     }
 
     pub fn refused(errno: i32) -> Verdict {
         Verdict {
             status: errno,
             resumed: false,
+            session_serial: 0,
         }
     }
 
@@ -217,6 +239,7 @@ impl Verdict {
         let mut b = [0u8; VERDICT_LEN];
         b[0..4].copy_from_slice(&(self.status as u32).to_le_bytes());
         b[4] = self.resumed as u8;
+        b[8..16].copy_from_slice(&self.session_serial.to_le_bytes());
         b
     }
 
@@ -225,12 +248,19 @@ impl Verdict {
         if status > crate::MAX_ERRNO as u32 {
             return Err(ProtoError::Invalid("verdict status"));
         }
-        if b[4] > 1 || (status != 0 && b[4] != 0) || b[5..].iter().any(|&x| x != 0) {
+        if b[4] > 1 || (status != 0 && b[4] != 0) || b[5..8].iter().any(|&x| x != 0) {
             return Err(ProtoError::Invalid("verdict flags"));
+        }
+        let session_serial = u64::from_le_bytes(b[8..16].try_into().unwrap());
+        if (status == 0) != (session_serial != 0) {
+            return Err(ProtoError::Invalid(
+                "verdict session serial (set exactly when accepted)",
+            ));
         }
         Ok(Verdict {
             status: status as i32,
             resumed: b[4] == 1,
+            session_serial,
         })
     }
 }
@@ -378,11 +408,13 @@ mod tests {
             max_inflight: 64,
             max_data: 1 << 24,
             instance: 7,
+            session_serial: u64::MAX,
         };
         assert_eq!(Welcome::decode(&w.encode()).unwrap(), w);
         let authenticating = Welcome {
             auth: true,
             resumed: false,
+            session_serial: 0,
             ..w.clone()
         };
         assert_eq!(
@@ -395,6 +427,17 @@ mod tests {
         let mut bad = w.encode();
         bad[11] = 2;
         assert!(Welcome::decode(&bad).is_err());
+        // The serial: set exactly when no authentication follows.
+        let no_serial = Welcome {
+            session_serial: 0,
+            ..w.clone()
+        };
+        assert!(Welcome::decode(&no_serial.encode()).is_err());
+        let early_serial = Welcome {
+            session_serial: 1,
+            ..authenticating.clone()
+        };
+        assert!(Welcome::decode(&early_serial.encode()).is_err());
         // (why, features, auth, resumed): each refused.
         let refused = [
             ("unknown feature", 1 << 40, false, true),
@@ -411,6 +454,7 @@ mod tests {
                 features,
                 auth,
                 resumed,
+                session_serial: if auth { 0 } else { w.session_serial },
                 ..w.clone()
             };
             assert!(Welcome::decode(&bad.encode()).is_err(), "{why}");
@@ -420,25 +464,33 @@ mod tests {
     #[test]
     fn verdicts_round_trip_and_have_one_encoding() {
         for v in [
-            Verdict::accepted(false),
-            Verdict::accepted(true),
+            Verdict::accepted(false, 1),
+            Verdict::accepted(true, u64::MAX),
             Verdict::refused(libc::EACCES),
             Verdict::refused(crate::MAX_ERRNO),
         ] {
             assert_eq!(Verdict::decode(&v.encode()).unwrap(), v);
         }
         // A refusal reads as the errno in a u64, as version 2 sent it.
+        let refusal = Verdict::refused(libc::EACCES).encode();
         assert_eq!(
-            u64::from_le_bytes(Verdict::refused(libc::EACCES).encode()),
+            u64::from_le_bytes(refusal[..8].try_into().unwrap()),
             libc::EACCES as u64
         );
+        assert_eq!(refusal[8..], [0; 8]);
         let mut b = Verdict::refused(libc::EACCES).encode();
         b[4] = 1;
         assert!(Verdict::decode(&b).is_err(), "refused and resumed");
-        let mut b = Verdict::accepted(true).encode();
+        let mut b = Verdict::accepted(true, 3).encode();
         b[7] = 1;
         assert!(Verdict::decode(&b).is_err(), "reserved bytes");
-        let mut b = Verdict::accepted(false).encode();
+        let mut b = Verdict::accepted(true, 3).encode();
+        b[8..16].fill(0);
+        assert!(Verdict::decode(&b).is_err(), "accepted without a serial");
+        let mut b = Verdict::refused(libc::EACCES).encode();
+        b[8] = 1;
+        assert!(Verdict::decode(&b).is_err(), "refused with a serial");
+        let mut b = Verdict::accepted(false, 1).encode();
         b[4] = 2;
         assert!(Verdict::decode(&b).is_err());
         b = [0xff; VERDICT_LEN];

@@ -55,8 +55,11 @@ pub use wire::{Reader, Wire};
 /// payload with a keyed SipHash (`zcfs_l2::TagKey::derive_open`). Version 13: writes
 /// larger than a request carries may land in place (`l2::KIND_LANDING_WRITE`, answered
 /// by `l2::KIND_SEND_DATA`): their blocks go as a layer-2 transfer straight into the
-/// volume's blocks that keep them.
-pub const VERSION: u8 = 13;
+/// volume's blocks that keep them. Version 14: the Welcome (or, with a secret, the
+/// Verdict, now 16 bytes) carries the session's serial, so a client whose session ended
+/// and was started again by a connection attempt it gave up on still learns that it
+/// must revalidate (`handshake::Welcome::session_serial`).
+pub const VERSION: u8 = 14;
 pub const REQ_MAGIC: u16 = 0x515a; // "ZQ"
 pub const RESP_MAGIC: u16 = 0x525a; // "ZR"
 /// Size of the fixed request header.

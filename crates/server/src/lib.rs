@@ -552,7 +552,10 @@ fn connection(mut s: Stream, who: Peer, peer: &str, shared: &Shared, slot: &mut 
         shared.cfg.handshake_timeout,
         &mut |hello| {
             let a = shared.sessions.attach(hello.session);
-            let resumed = a.resumed;
+            let joined = zcfs_transport::Joined {
+                resumed: a.resumed,
+                serial: a.session.serial,
+            };
             // Before the client hears it may send: its older connection on this lane
             // is closed and done (see `session::Lanes`).
             // Waited for no longer than the handshake may take: a refusal (Busy) then
@@ -565,7 +568,7 @@ fn connection(mut s: Stream, who: Peer, peer: &str, shared: &Shared, slot: &mut 
                 Ok(h) => lane_hold = h,
                 Err(e) => return Err(TransportError::Refused(e.to_string())),
             }
-            Ok(resumed)
+            Ok(joined)
         },
     );
     slot.handshake_done();

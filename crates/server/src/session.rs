@@ -188,6 +188,10 @@ impl SessionState {
 
 pub(crate) struct Session {
     pub id: u64,
+    /// Which start of session `id` in this process this is (from 1, never reused): the
+    /// handshake tells the client, which revalidates when it changes, even if a
+    /// connection it never heard back from started this one (`Welcome::session_serial`).
+    pub serial: u64,
     max_handles: usize,
     state: Mutex<SessionState>,
     replies: Mutex<ReplyCache>,
@@ -225,9 +229,10 @@ fn ebadf(fh: u64) -> Error {
 }
 
 impl Session {
-    fn new(id: u64, max_handles: usize, limits: ReplyLimits) -> Session {
+    fn new(id: u64, serial: u64, max_handles: usize, limits: ReplyLimits) -> Session {
         Session {
             id,
+            serial,
             max_handles,
             state: Mutex::new(SessionState::default()),
             replies: Mutex::new(ReplyCache::default()),
@@ -518,6 +523,8 @@ struct SessionMap {
     /// Sessions expired early (over `max_in_grace`), for the reaper to release.
     evicted: Vec<Arc<Session>>,
     stopping: bool,
+    /// Sessions started so far: the last one's serial.
+    serials: u64,
 }
 
 impl Sessions {
@@ -587,7 +594,8 @@ impl Sessions {
                 idle_since,
             };
         }
-        let s = Arc::new(Session::new(id, self.max_handles, self.limits));
+        m.serials += 1;
+        let s = Arc::new(Session::new(id, m.serials, self.max_handles, self.limits));
         lock(&s.state).connections = 1;
         m.sessions.insert(id, s.clone());
         Attachment {

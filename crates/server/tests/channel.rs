@@ -319,6 +319,7 @@ fn stripping_the_auth_exchange_is_refused() {
             if i == 0 {
                 m[10] = 0; // auth = 0
                 m[56..88].fill(0); // and no proof
+                m[104] = 1; // and a session serial, as a Welcome without auth has
             }
         }),
         c2s: Box::new(move |_, m| {
@@ -374,6 +375,7 @@ fn a_rogue_server_is_refused_before_any_request() {
                 max_inflight: 8,
                 max_data: 1 << 20,
                 instance: 1,
+                session_serial: if auth { 0 } else { 1 },
             };
             s.write_all(&w.encode()).unwrap();
             // Everything the client sends afterwards.

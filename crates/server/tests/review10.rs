@@ -207,7 +207,12 @@ fn a_flipped_verdict_resumed_flag_is_detected() {
             64,
             7,
             Duration::from_secs(5),
-            &mut |_| Ok(false),
+            &mut |_| {
+                Ok(zcfs_transport::Joined {
+                    resumed: false,
+                    serial: 1,
+                })
+            },
         );
         let mut b = [0u8; 1];
         let _ = s.read(&mut b);

@@ -113,6 +113,60 @@ pub fn client_handshake_on_lane(
     lane: Lane,
     integrity: Integrity,
 ) -> Result<Established> {
+    client_handshake_by(s, secret, session, lane, integrity, None)
+}
+
+/// `client_handshake_on_lane` finished within `timeout` as a whole (every read and
+/// write gets the time left; the socket's timeouts are left as the last one set them):
+/// an attempt with little patience (a client's short attempt after a stall) cannot
+/// take a multiple of it over several messages.
+pub fn client_handshake_within(
+    s: &mut impl Socket,
+    secret: Option<&[u8]>,
+    session: u64,
+    lane: Lane,
+    integrity: Integrity,
+    timeout: Duration,
+) -> Result<Established> {
+    client_handshake_by(
+        s,
+        secret,
+        session,
+        lane,
+        integrity,
+        Some(Deadline::after(timeout)),
+    )
+}
+
+/// `buf` from `s`, within the deadline if there is one (else the socket's timeouts).
+fn receive_exact(
+    s: &mut impl Socket,
+    buf: &mut [u8],
+    deadline: Option<&Deadline>,
+) -> std::io::Result<()> {
+    match deadline {
+        Some(d) => d.read_exact(s, buf),
+        None => s.read_exact(buf),
+    }
+}
+
+/// `buf` to `s`, within the deadline if there is one (else the socket's timeouts).
+fn send(s: &mut impl Socket, buf: &[u8], deadline: Option<&Deadline>) -> std::io::Result<()> {
+    match deadline {
+        Some(d) => d.write_all(s, buf),
+        None => s.write_all(buf),
+    }
+}
+
+fn client_handshake_by(
+    s: &mut impl Socket,
+    secret: Option<&[u8]>,
+    session: u64,
+    lane: Lane,
+    integrity: Integrity,
+    deadline: Option<Deadline>,
+) -> Result<Established> {
+    let d = deadline.as_ref();
     let cn = nonce();
     let hello = Hello {
         version: VERSION as u16,
@@ -125,9 +179,9 @@ pub fn client_handshake_on_lane(
         lane,
     }
     .encode();
-    s.write_all(&hello)?;
+    send(s, &hello, d)?;
     let mut wb = [0u8; WELCOME_LEN];
-    s.read_exact(&mut wb).map_err(eof_closed)?;
+    receive_exact(s, &mut wb, d).map_err(eof_closed)?;
     let mut w = Welcome::decode(&wb)?;
     let Some(secret) = secret else {
         if w.auth {
@@ -155,9 +209,9 @@ pub fn client_handshake_on_lane(
     if integrity == Integrity::Full && !full {
         return Err(TransportError::IntegrityRefused);
     }
-    s.write_all(&transcript.client_proof())?;
+    send(s, &transcript.client_proof(), d)?;
     let mut vb = [0u8; VERDICT_LEN];
-    s.read_exact(&mut vb).map_err(eof_closed)?;
+    receive_exact(s, &mut vb, d).map_err(eof_closed)?;
     let v = Verdict::decode(&vb)?;
     if v.status != 0 {
         return Err(TransportError::AuthFailed);
@@ -168,12 +222,13 @@ pub fn client_handshake_on_lane(
     // of the session (resumed or not) decides whether the client revalidates, so a
     // flipped bit on the path must not go unnoticed.
     let mut tag = [0u8; TAG_LEN];
-    s.read_exact(&mut tag).map_err(eof_closed)?;
+    receive_exact(s, &mut tag, d).map_err(eof_closed)?;
     receive
         .begin(&vb, &[])
         .verify(&tag)
         .map_err(|_| TransportError::AuthFailed)?;
     w.resumed = v.resumed;
+    w.session_serial = v.session_serial;
     Ok(Established {
         welcome: w,
         channel: Some((send, receive)),
@@ -186,6 +241,16 @@ pub fn client_handshake_on_lane(
 pub struct Accepted {
     pub hello: Hello,
     pub channel: Option<(Mac, Mac)>,
+}
+
+/// What `server_handshake`'s `attach` says of the session a connection joined.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Joined {
+    /// The session was there before this connection (its handles are intact).
+    pub resumed: bool,
+    /// The session's serial, not 0: a new one each time the session is started
+    /// (`Welcome::session_serial`).
+    pub serial: u64,
 }
 
 /// Server side of the handshake, all of it within `timeout` (`HANDSHAKE_TIMEOUT`), so a
@@ -207,28 +272,33 @@ pub fn server_handshake(
     max_inflight: u32,
     instance: u64,
     timeout: Duration,
-    attach: &mut dyn FnMut(&Hello) -> Result<bool>,
+    attach: &mut dyn FnMut(&Hello) -> Result<Joined>,
 ) -> Result<Accepted> {
     let deadline = Deadline::after(timeout);
     let mut hb = [0u8; HELLO_LEN];
     deadline.read_exact(s, &mut hb).map_err(eof_closed)?;
     let h = Hello::decode(&hb)?;
     let sn = nonce();
-    let resumed = match secret {
+    // With a secret, nothing of the session before the proof (the Verdict says it).
+    let joined = match secret {
         None => attach(&h)?,
-        Some(_) => false,
+        Some(_) => Joined {
+            resumed: false,
+            serial: 0,
+        },
     };
     let full = secret.is_some() && integrity == Integrity::Full;
     let mut w = Welcome {
         version: VERSION as u16,
         features: if full { FEATURE_INTEGRITY_FULL } else { 0 },
         auth: secret.is_some(),
-        resumed,
+        resumed: joined.resumed,
         nonce: sn,
         proof: [0; 32],
         max_inflight,
         max_data: MAX_DATA as u32,
         instance,
+        session_serial: joined.serial,
     };
     if let Some(k) = secret {
         let welcome = w.encode();
@@ -249,11 +319,11 @@ pub fn server_handshake(
         let _ = deadline.write_all(s, &Verdict::refused(libc::EACCES).encode());
         return Err(TransportError::AuthFailed);
     }
-    let resumed = attach(&h)?;
+    let joined = attach(&h)?;
     let keys = derive_keys(k, &hb, &wb);
     let (mut send, receive) = Mac::pair(&keys, agreed_mode(full), false);
     // The accepted Verdict goes out with a tag (the first message of this direction).
-    let verdict = Verdict::accepted(resumed).encode();
+    let verdict = Verdict::accepted(joined.resumed, joined.serial).encode();
     let tag = send.begin(&verdict, &[]).tag();
     let mut msg = [0u8; VERDICT_LEN + TAG_LEN];
     msg[..VERDICT_LEN].copy_from_slice(&verdict);
@@ -295,7 +365,10 @@ mod tests {
                 HANDSHAKE_TIMEOUT,
                 &mut |h| {
                     attached += 1;
-                    Ok(h.session == 42)
+                    Ok(Joined {
+                        resumed: h.session == 42,
+                        serial: 1,
+                    })
                 },
             )
             .map(|a| a.hello);
@@ -351,7 +424,10 @@ mod tests {
                 HANDSHAKE_TIMEOUT,
                 &mut |_| {
                     attached = true;
-                    Ok(true)
+                    Ok(Joined {
+                        resumed: true,
+                        serial: 1,
+                    })
                 },
             );
             (r, attached)
@@ -399,7 +475,12 @@ mod tests {
                     32,
                     1,
                     timeout,
-                    &mut |_| Ok(false),
+                    &mut |_| {
+                        Ok(Joined {
+                            resumed: false,
+                            serial: 1,
+                        })
+                    },
                 );
                 out.push((r.map(|a| a.hello.session), t.elapsed()));
             }

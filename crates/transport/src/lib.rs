@@ -7,8 +7,8 @@ mod handshake;
 mod stream;
 
 pub use handshake::{
-    client_handshake, client_handshake_on_lane, server_handshake, Accepted, Established,
-    HANDSHAKE_TIMEOUT,
+    client_handshake, client_handshake_on_lane, client_handshake_within, server_handshake,
+    Accepted, Established, Joined, HANDSHAKE_TIMEOUT,
 };
 pub use stream::{
     peer_cred, peer_groups, Address, AddressError, Listener, Peer, PeerCred, Socket, Stream,

@@ -88,7 +88,10 @@ fn hostile_peers_and_wrong_secrets_are_dropped() {
             s.write_all(&[0x42; PROOF_LEN]).unwrap();
             let mut v = [0u8; VERDICT_LEN];
             s.read_exact(&mut v).unwrap();
-            assert_eq!(u64::from_le_bytes(v), libc::EACCES as u64);
+            assert_eq!(
+                zcfs_protocol::handshake::Verdict::decode(&v).unwrap(),
+                zcfs_protocol::handshake::Verdict::refused(libc::EACCES)
+            );
             dropped(s);
         }
         // Bad magic after a good handshake.

@@ -178,6 +178,8 @@ fn a_session_outlives_its_connections_by_the_grace_period() {
     let a = t.attach(1);
     assert!(a.resumed && Arc::ptr_eq(&s, &a.session));
     assert_eq!(a.session.refs_of(9), 1);
+    // A resumed session keeps its serial.
+    assert_eq!(a.session.serial, s.serial);
     t.detach(a);
     assert_eq!(t.counts().in_grace, 1);
     // ... and released after it.
@@ -185,7 +187,17 @@ fn a_session_outlives_its_connections_by_the_grace_period() {
     assert_eq!(t.counts().in_grace, 0);
     assert_eq!(stats.sessions_expired.load(Ordering::Relaxed), 1);
     assert_eq!(stats.expired_references.load(Ordering::Relaxed), 1);
-    assert!(!t.attach(1).resumed, "a new session after expiry");
+    let again = t.attach(1);
+    assert!(!again.resumed, "a new session after expiry");
+    // The one started again has another serial (its next connection is told
+    // `resumed`, and only the serial says it is not the session the client knew).
+    assert_ne!(again.session.serial, s.serial);
+    assert_ne!(again.session.serial, 0);
+    t.detach(again);
+    let next = t.attach(1);
+    assert!(next.resumed);
+    assert_ne!(next.session.serial, s.serial);
+    t.detach(next);
     t.stop(&NullFs::default(), &stats);
     reaper.join().unwrap();
 }
