@@ -182,8 +182,12 @@ pub type Completion = Box<dyn FnOnce(Result<Response, Error>) + Send>;
 
 /// Run when a (re)connection found the session gone (before that connection is handed
 /// out to anyone): the server no longer holds this client's handles and references.
-/// Gets the new connection (to re-open files on) and the new session epoch.
-pub(crate) type RestartHook = Box<dyn Fn(&Client, &ConnRef, u64) + Send + Sync>;
+/// Gets the new connection (to re-open files on) and the new session epoch. Returns
+/// whether it finished: false when the connection was lost on the way, and then it is
+/// run again, with the same epoch, on the next connection made (review 32b: a
+/// revalidation cut short left the files it had not reached stale for good, since
+/// that next connection resumes the new session and would not revalidate).
+pub(crate) type RestartHook = Box<dyn Fn(&Client, &ConnRef, u64) -> bool + Send + Sync>;
 
 /// A connection, as the restart hook sees it (opaque: `Client::call_on`).
 pub(crate) struct ConnRef(Arc<Conn>);
@@ -204,6 +208,8 @@ pub struct Client {
     had_session: AtomicBool,
     /// The serial of the server's session we last joined (`Welcome::session_serial`).
     session_serial: AtomicU64,
+    /// The restart hook did not finish for the current epoch (`RestartHook`).
+    revalidation_owed: AtomicBool,
     /// Counts the sessions this client has had (bumped when one was found gone);
     /// changed only under `dialing` and `reval`.
     epoch: AtomicU64,
@@ -443,6 +449,7 @@ impl Client {
             instance: AtomicU64::new(0),
             had_session: AtomicBool::new(false),
             session_serial: AtomicU64::new(0),
+            revalidation_owed: AtomicBool::new(false),
             epoch: AtomicU64::new(0),
             dialing: DialGate::default(),
             stall: DialStall::default(),
@@ -823,7 +830,12 @@ impl Client {
                 index: u16::try_from(lane).unwrap_or(u16::MAX),
                 generation: self.lane_generations[lane].fetch_add(1, Ordering::SeqCst) + 1,
             };
-            match self.connect_and_handshake(lane, patience) {
+            // Each attempt gets what is left of the patience, not all of it again
+            // (review 32b: a connect took about twice the client's timeout).
+            let left = deadline
+                .saturating_duration_since(std::time::Instant::now())
+                .max(Duration::from_millis(1));
+            match self.connect_and_handshake(lane, left) {
                 Ok(x) => break x,
                 Err((e, refused)) if refused && std::time::Instant::now() + pause < deadline => {
                     tracing::debug!("connection refused ({e}); trying again in {pause:?}");
@@ -1037,15 +1049,33 @@ impl Client {
             };
             c.epoch.store(epoch, Ordering::SeqCst);
             self.revalidations.fetch_add(1, Ordering::Relaxed);
-            if let Some(f) = lock(&self.on_restart).as_ref() {
-                f(self, &ConnRef(c.clone()), epoch);
-            }
+            self.run_restart_hook(&c, epoch);
         } else {
-            c.epoch.store(self.epoch(), Ordering::SeqCst);
+            let epoch = self.epoch();
+            c.epoch.store(epoch, Ordering::SeqCst);
+            if self.revalidation_owed.load(Ordering::SeqCst) {
+                tracing::info!("finishing a revalidation a lost connection cut short");
+                self.run_restart_hook(&c, epoch);
+            }
         }
         *slot = Some(c.clone());
         self.resend_posted(&c);
         Ok(c)
+    }
+
+    /// The restart hook on `c` for `epoch`, remembering whether it is still owed.
+    /// (Called with the dial gate held: one at a time.)
+    fn run_restart_hook(&self, c: &Arc<Conn>, epoch: u64) {
+        let done = match lock(&self.on_restart).as_ref() {
+            Some(f) => f(self, &ConnRef(c.clone()), epoch),
+            None => true,
+        };
+        self.revalidation_owed.store(!done, Ordering::SeqCst);
+    }
+
+    /// Whether a revalidation cut short waits for the next connection.
+    pub fn revalidation_owed(&self) -> bool {
+        self.revalidation_owed.load(Ordering::SeqCst)
     }
 
     /// Send again (with their ids) the posted requests of this session whose
@@ -1118,8 +1148,18 @@ impl Client {
                 .as_ref()
                 .is_some_and(|c| !c.is_up() && c.peer_closed.load(Ordering::SeqCst));
         }
-        if lost {
-            self.pick()?;
+        // A revalidation cut short is finished by the next connection made: the one
+        // it was cut on is down, and `pick` makes it again.
+        let owed = self.revalidation_owed();
+        if lost || owed {
+            let c = self.pick()?;
+            if owed && self.revalidation_owed() {
+                // No connection was down after all: finish it on this one.
+                let _dialing = self.dialing.enter(self.cfg.timeout, &self.cfg.addr)?;
+                if self.revalidation_owed() {
+                    self.run_restart_hook(&c, c.epoch.load(Ordering::SeqCst));
+                }
+            }
         }
         Ok(())
     }

@@ -82,6 +82,11 @@ impl WriteBytes<'_> {
 /// The server's handle behind our handle `fh`.
 fn server_fh_of(open: &Mutex<OpenFiles>, fh: u64) -> Result<u64> {
     match lock(open).get(fh) {
+        Some(f) if f.reopen_owed => Err(Error::new(
+            libc::ENOTCONN,
+            "this file is not open on the server again yet: the connection was lost while \
+             it was re-opened after the server lost the session",
+        )),
         Some(f) => f
             .server_fh
             .ok_or_else(|| Error::new(libc::ESTALE, "the server restarted and this file is gone")),
@@ -128,8 +133,12 @@ struct OpenFile {
     ino: u64,
     gen: u64,
     flags: i32,
-    /// The server's handle; None once the server lost it (restart and the file is gone).
+    /// The server's handle; None once the server lost it (restart and the file is gone,
+    /// or not re-opened yet: `reopen_owed`).
     server_fh: Option<u64>,
+    /// Its re-open after a lost session was cut short with the connection: the next
+    /// connection made re-opens it (`RestartHook`).
+    reopen_owed: bool,
     /// The session epoch `server_fh` belongs to.
     epoch: u64,
     /// Who opened it: re-opened as them after a server restart.
@@ -172,6 +181,7 @@ impl OpenFile {
             gen: 1,
             flags: 0,
             server_fh: Some(1),
+            reopen_owed: false,
             epoch: 0,
             opener: (Caller::process().cred, Vec::new()),
             written: 0,
@@ -322,44 +332,58 @@ impl RemoteFs {
         client.set_on_restart(Box::new(move |c: &Client, conn, epoch| {
             {
                 // The server holds nothing for us any more; what it said may be stale.
+                // (Once per epoch: a revalidation cut short and run again must not
+                // forget the references the new session has taken since.)
                 let mut m = lock(&meta);
-                m.drop_caches();
-                m.epoch = epoch;
-                m.nodes.retain(|_, n| n.caller_refs > 0);
-                for n in m.nodes.values_mut() {
-                    n.server_refs = 0;
-                    n.listing = 0;
+                if m.epoch != epoch {
+                    m.drop_caches();
+                    m.epoch = epoch;
+                    m.nodes.retain(|_, n| n.caller_refs > 0);
+                    for n in m.nodes.values_mut() {
+                        n.server_refs = 0;
+                        n.listing = 0;
+                    }
                 }
             }
             // Re-open what was open, so the server knows the handles again; the
             // generation makes sure it is the same file (an unlinked-but-open file
-            // did not survive a restart: that handle is stale).
+            // did not survive a restart: that handle is stale). Files re-opened in
+            // this epoch already (or opened in it) are left as they are.
             let files: Vec<(u64, u64, u64, i32, Opener)> = lock(&open)
                 .iter()
+                .filter(|(_, f)| f.epoch != epoch || f.reopen_owed)
                 .map(|(fh, f)| (*fh, f.ino, f.gen, f.flags, f.opener.clone()))
                 .collect();
+            let mut finished = true;
             for (fh, ino, gen, flags, (cred, groups)) in files {
                 let req: Request = OpenReq {
                     node: NodeRef::new(ino, gen),
                     flags: flags & !libc::O_TRUNC & !libc::O_CREAT & !libc::O_EXCL,
                 }
                 .into();
-                let server_fh = c
-                    .call_on(
-                        conn,
-                        &req,
-                        Caller {
-                            cred,
-                            groups: &groups,
-                        },
-                    )
+                let reply = c.call_on(
+                    conn,
+                    &req,
+                    Caller {
+                        cred,
+                        groups: &groups,
+                    },
+                );
+                // Lost with the connection: owed, re-opened on the next one. Refused:
+                // the file is gone (stale).
+                let owed = reply.as_ref().is_err_and(crate::is_transport);
+                finished &= !owed;
+                let server_fh = reply
                     .ok()
                     .and_then(|r| <OpenReq as Operation>::Reply::decode(&r.body).ok())
                     .map(|r| r.fh);
                 if let Some(f) = lock(&open).get_mut(fh) {
+                    if f.epoch != epoch {
+                        f.lost |= f.written > f.durable;
+                    }
                     f.server_fh = server_fh;
                     f.epoch = epoch;
-                    f.lost |= f.written > f.durable;
+                    f.reopen_owed = owed;
                 }
             }
             let mut open = lock(&open);
@@ -372,6 +396,7 @@ impl RemoteFs {
             for f in open.values_mut().filter(|f| lost.contains(&f.ino)) {
                 f.peer_lost = true;
             }
+            finished
         }));
         client.connect()?;
         Ok(fs)
@@ -723,6 +748,7 @@ impl RemoteFs {
                 gen,
                 flags,
                 server_fh: Some(server_fh),
+                reopen_owed: false,
                 epoch,
                 opener: (c.cred, c.groups.to_vec()),
                 written: 0,

@@ -114,6 +114,7 @@ fn a_lost_session_is_revalidated_before_its_connection_is_handed_out() {
             .is_ok_and(|slot| slot.as_ref().is_some_and(|x| x.is_up()));
         let ping = c.call_on(conn, &ping(), Caller::default()).map(|r| r.epoch);
         lock(&seen2).push((handed_out, epoch, ping.ok()));
+        true
     }));
     c.connect().unwrap();
     assert_eq!(c.call(&ping(), Caller::default(), &[]).unwrap().epoch, 0);

@@ -170,6 +170,11 @@ impl Welcome {
         if b[10] > 1 || b[11] > 1 {
             return Err(ProtoError::Invalid("auth or resumed flag"));
         }
+        if b[12..16] != [0; 4] {
+            // One encoding per Welcome (review 32b): without a secret nothing else
+            // would notice bytes changed here on the way.
+            return Err(ProtoError::Invalid("welcome reserved bytes"));
+        }
         if b[10] == 1 && b[11] == 1 {
             // Told only after the peer's proof, in the Verdict.
             return Err(ProtoError::Invalid("resumed before authentication"));
