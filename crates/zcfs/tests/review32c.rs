@@ -1,0 +1,154 @@
+//! Review 32c of 9a9aebc..0c2c560 (a revalidation cut short by a lost connection is
+//! finished on the next connection: files not reached are `reopen_owed`, ENOTCONN
+//! meanwhile; the restart hook runs again for the same epoch). Root required for the
+//! namespace tests, as in CI.
+mod common;
+use common::remote::*;
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use zcfs_backend::Backend;
+use zcfs_client::{ClientConfig, RemoteFs};
+
+/// A TCP relay (call inside the client namespace) to `upstream`. While `arm` is set,
+/// the next connection is relayed normally until the server has sent `pass` chunks
+/// (Welcome, Verdict+tag, then replies); the next chunk the server sends is swallowed
+/// (the request it answers did run on the server, the client never hears of it), and
+/// the connection is then cut both ways. `arm` is disarmed by that connection.
+fn relay_swallowing(upstream: String, arm: Arc<AtomicBool>, pass: u64) -> String {
+    let l = TcpListener::bind("198.18.100.2:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(c) = c else { return };
+            let Ok(u) = TcpStream::connect(&upstream) else {
+                continue;
+            };
+            let _ = c.set_nodelay(true);
+            let _ = u.set_nodelay(true);
+            let cutting = arm.swap(false, Ordering::SeqCst);
+            let (c2, u2) = (c.try_clone().unwrap(), u.try_clone().unwrap());
+            let pairs = [
+                (c.try_clone().unwrap(), u.try_clone().unwrap(), false),
+                (u, c, true),
+            ];
+            for (mut from, mut to, from_server) in pairs {
+                let (c2, u2) = (c2.try_clone().unwrap(), u2.try_clone().unwrap());
+                std::thread::spawn(move || {
+                    let mut buf = vec![0u8; 1 << 16];
+                    for chunk in 0u64.. {
+                        match from.read(&mut buf) {
+                            Ok(0) | Err(_) => {
+                                let _ = to.shutdown(Shutdown::Write);
+                                return;
+                            }
+                            Ok(n) => {
+                                if cutting && from_server && chunk == pass {
+                                    // Ran on the server; its answer never arrives.
+                                    std::thread::sleep(Duration::from_millis(50));
+                                    let _ = c2.shutdown(Shutdown::Both);
+                                    let _ = u2.shutdown(Shutdown::Both);
+                                    return;
+                                }
+                                if to.write_all(&buf[..n]).is_err() {
+                                    let _ = from.shutdown(Shutdown::Both);
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                });
+            }
+        }
+    });
+    addr
+}
+
+fn stats(fs: &RemoteFs) -> serde_json::Value {
+    serde_json::from_slice(&fs.server_stats().unwrap()).unwrap()
+}
+
+/// FINDING 1. A re-open whose reply is lost with the connection is sent again as a new
+/// request, so the server opens the file twice and one handle leaks. The restart hook
+/// re-opens with `call_on`, a fresh request id each time; a re-open that failed with a
+/// transport error is marked `reopen_owed` and re-opened on the next connection, which
+/// resumes the same new session. When the server ran the first re-open (only its reply
+/// was lost), the second one opens a second handle; the client keeps only the second,
+/// and the first is held by the session until it ends (counted against the session's
+/// handle limit, and keeping an unlinked file's blocks). Sending the re-open again with
+/// the same id (the session's reply cache answers it), or releasing by what the cache
+/// says, would not leak.
+/// Here: two files open, the session expires, the revalidation's connection is cut
+/// after the server ran the second re-open and before its reply arrived; then both
+/// files are closed.
+/// Seen: the server still holds 1 handle after both files were closed.
+#[test]
+fn a_reopen_whose_reply_was_lost_is_not_opened_twice() {
+    let net = Net::new();
+    let _srv = Served::new(&net, "r32c-twice", &["--grace", "2"]);
+    net.in_cli(|| {
+        let observer = client(&net, Duration::from_secs(10));
+        let arm = Arc::new(AtomicBool::new(false));
+        // Welcome, Verdict+tag, the first re-open's reply pass; the second's does not.
+        let relay = relay_swallowing(net.addr(), arm.clone(), 3);
+        let mut cfg = ClientConfig::new(&relay);
+        cfg.secret = Some(SECRET.to_vec());
+        cfg.timeout = Duration::from_secs(3);
+        cfg.connections = 1;
+        let fs = RemoteFs::connect(cfg).unwrap();
+        let (f1, fh1) = create_file(&fs, "one", libc::O_RDWR);
+        let (f2, fh2) = create_file(&fs, "two", libc::O_RDWR);
+        fs.write(&ctx(), f1.ino, fh1, 0, b"one").unwrap();
+        fs.write(&ctx(), f2.ino, fh2, 0, b"two").unwrap();
+        fs.fsync(f1.ino, fh1, false).unwrap();
+        fs.fsync(f2.ino, fh2, false).unwrap();
+        assert_eq!(stats(&observer)["handles_open"].as_u64(), Some(2));
+        fs.client().disconnect();
+        let t = Instant::now();
+        while stats(&observer)["sessions_expired"].as_u64().unwrap() < 1 {
+            assert!(t.elapsed() < Duration::from_secs(15), "session not expired");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert_eq!(stats(&observer)["handles_open"].as_u64(), Some(0));
+        arm.store(true, Ordering::SeqCst);
+        let mut results = Vec::new();
+        for _ in 0..5 {
+            results.push(fs.server_stats().map(|_| ()).map_err(|e| e.to_string()));
+            if results.last().unwrap().is_ok() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        eprintln!("after the cut: {results:?}");
+        let w1 = fs.write(&ctx(), f1.ino, fh1, 0, b"ONE");
+        let w2 = fs.write(&ctx(), f2.ino, fh2, 0, b"TWO");
+        let revalidations = fs.client().revalidations.load(Ordering::Relaxed);
+        eprintln!(
+            "revalidations {revalidations}, owed {}; write one {w1:?}, two {w2:?}; server \
+             handles with both open: {:?}",
+            fs.client().revalidation_owed(),
+            stats(&observer)["handles_open"]
+        );
+        assert!(w1.is_ok() && w2.is_ok(), "{w1:?} {w2:?}");
+        fs.release(f1.ino, fh1).unwrap();
+        fs.release(f2.ino, fh2).unwrap();
+        let mut held = None;
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(3) {
+            held = stats(&observer)["handles_open"].as_u64();
+            if held == Some(0) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert_eq!(
+            held,
+            Some(0),
+            "both files are closed, yet the server holds {held:?} handle(s) of this \
+             session: the re-open whose reply was lost was sent again as a new request \
+             and opened the file a second time"
+        );
+    });
+}
