@@ -293,3 +293,50 @@ fn a_file_closed_while_its_owed_reopen_runs_leaves_no_handle() {
         );
     });
 }
+
+/// FINDING 3 (older than this change, the same family: a handle of the wrong session).
+/// The first write through an open file after the server lost the session while the
+/// client's connection was down on its side (`disconnect`, or a link that went quiet:
+/// not `peer_closed`) goes out with the old session's server handle. `server_fh` calls
+/// `revive_lost`, which dials again only connections the server closed; the handle is
+/// read before the write's own `pick` makes the connection, finds the session gone and
+/// re-opens the file under a new handle; the write then carries the old one into the
+/// new session. `read` sends again with the new handle on EBADF (`stale_handle`);
+/// `write` (and the write-behind, fallocate, lseek, setattr paths) does not. Handles
+/// are numbered per session from 1, so the old number may also name another handle of
+/// the same inode there (opened with other flags).
+/// Seen: the write fails EBADF (errno 9) although the file was re-opened.
+#[test]
+fn the_first_write_after_a_quietly_lost_session_uses_the_new_handle() {
+    let net = Net::new();
+    let _srv = Served::new(&net, "r32c-quiet", &["--grace", "2"]);
+    net.in_cli(|| {
+        let observer = client(&net, Duration::from_secs(10));
+        let mut cfg = ClientConfig::new(&net.addr());
+        cfg.secret = Some(SECRET.to_vec());
+        cfg.timeout = Duration::from_secs(3);
+        cfg.connections = 1;
+        let fs = RemoteFs::connect(cfg).unwrap();
+        // Two files, so that the old and new handle numbers of the second may differ.
+        let (f1, fh1) = create_file(&fs, "one", libc::O_RDWR);
+        let (f2, fh2) = create_file(&fs, "two", libc::O_RDWR);
+        fs.release(f1.ino, fh1).unwrap();
+        fs.write(&ctx(), f2.ino, fh2, 0, b"two").unwrap();
+        fs.fsync(f2.ino, fh2, false).unwrap();
+        fs.client().disconnect();
+        let t = Instant::now();
+        while stats(&observer)["sessions_expired"].as_u64().unwrap() < 1 {
+            assert!(t.elapsed() < Duration::from_secs(15), "session not expired");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let w = fs.write(&ctx(), f2.ino, fh2, 0, b"TWO");
+        let revalidations = fs.client().revalidations.load(Ordering::Relaxed);
+        eprintln!("revalidations {revalidations}; write {w:?}");
+        assert!(
+            w.is_ok(),
+            "the file was re-opened ({revalidations} revalidations), but the write went \
+             with the old session's handle: {w:?}"
+        );
+        assert_eq!(read_all(&fs, f2.ino, fh2, 0, 3), b"TWO");
+    });
+}
