@@ -97,7 +97,7 @@ pub(crate) struct Conn {
     pub(crate) posted: Arc<PostedTable>,
     pub(crate) broken: AtomicBool,
     /// The server closed it (end of stream, reset): its process went away or restarted,
-    /// rather than the link going quiet (`Client::revive_lost` dials only then).
+    /// rather than the link going quiet.
     pub(crate) peer_closed: AtomicBool,
     pub(crate) welcome: Welcome,
     /// The client's session epoch when this connection was handed out.

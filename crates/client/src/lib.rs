@@ -45,12 +45,15 @@ use zcfs_transport::{
 pub const DIAL_RETRY_FIRST_PAUSE: Duration = Duration::from_millis(20);
 pub const DIAL_RETRY_MAX_PAUSE: Duration = Duration::from_millis(500);
 /// After a connection attempt stalled (waited out at least half the client's timeout
-/// before it failed: a server that stopped answering, a link gone quiet), one attempt
-/// with the client's whole timeout is made at most this often; requests in between
-/// make short ones (`STALLED_DIAL_PATIENCE`), and while any attempt is under way the
-/// others fail at once (`DialStall`).
+/// before it failed: a server that stopped answering, a link gone quiet), the next
+/// attempt with the client's whole timeout is made this long after it at the soonest;
+/// requests in between make short ones (`STALLED_DIAL_PATIENCE`), and while any attempt
+/// is under way the others fail at once (`DialStall`). Each further stall in a row
+/// doubles the wait, up to `STALLED_DIAL_RETRY_MAX`: the caller whose request makes a
+/// full attempt waits out the whole timeout, so over a long outage that is rare.
 pub const STALLED_DIAL_RETRY: Duration = Duration::from_secs(1);
-/// The patience of an attempt within `STALLED_DIAL_RETRY` of a stall: long enough for
+pub const STALLED_DIAL_RETRY_MAX: Duration = Duration::from_secs(32);
+/// The patience of an attempt between full ones after a stall: long enough for
 /// a server that was restarted or resumed to answer a handshake on a loaded host, short
 /// enough that a request to one still stopped fails about at once.
 pub const STALLED_DIAL_PATIENCE: Duration = Duration::from_millis(100);
@@ -393,19 +396,42 @@ impl DialGate {
 /// request to a stopped server dialled again and waited out the attempt: through a
 /// mount, an open took 20 s and each 1 MiB buffered write about 10 s, for minutes.
 #[derive(Default)]
-struct DialStall(Mutex<Option<(std::time::Instant, Error)>>);
+struct DialStall(Mutex<Option<Stall>>);
+
+/// A stall on record: when the last one ended, its error, and how many in a row.
+struct Stall {
+    at: std::time::Instant,
+    error: Error,
+    in_a_row: u32,
+}
+
+/// How long after the `in_a_row`th stall in a row the next full attempt may go:
+/// `STALLED_DIAL_RETRY`, doubled for each stall before it, at most
+/// `STALLED_DIAL_RETRY_MAX`.
+fn full_attempt_after(in_a_row: u32) -> Duration {
+    let doublings = in_a_row.saturating_sub(1).min(16);
+    (STALLED_DIAL_RETRY * (1u32 << doublings)).min(STALLED_DIAL_RETRY_MAX)
+}
 
 impl DialStall {
-    /// The stall on record, if any: its error, and how long ago it ended.
-    fn last(&self) -> Option<(Error, Duration)> {
-        lock(&self.0)
-            .as_ref()
-            .map(|(at, e)| (e.clone(), at.elapsed()))
+    /// The stall on record, if any: its error, how long ago it ended, and whether the
+    /// next full attempt may go now.
+    fn last(&self) -> Option<(Error, Duration, bool)> {
+        lock(&self.0).as_ref().map(|s| {
+            let ago = s.at.elapsed();
+            (s.error.clone(), ago, ago >= full_attempt_after(s.in_a_row))
+        })
     }
 
     /// A full attempt stalled with `e`: fail fast from now on.
     fn record(&self, e: &Error) {
-        *lock(&self.0) = Some((std::time::Instant::now(), e.clone()));
+        let mut g = lock(&self.0);
+        let in_a_row = g.as_ref().map_or(0, |s| s.in_a_row).saturating_add(1);
+        *g = Some(Stall {
+            at: std::time::Instant::now(),
+            error: e.clone(),
+            in_a_row,
+        });
     }
 
     /// A connection was made: the server answers again.
@@ -958,16 +984,16 @@ impl Client {
             Ok(slot) => Ok(slot),
             Err(std::sync::TryLockError::Poisoned(p)) => Ok(p.into_inner()),
             Err(std::sync::TryLockError::WouldBlock) => match self.stall.last() {
-                Some((e, ago)) => Err(stalled(&e, ago, "another attempt is under way")),
+                Some((e, ago, _)) => Err(stalled(&e, ago, "another attempt is under way")),
                 None => Ok(lock(&self.conns[i])),
             },
         }
     }
 
     fn conn(&self, i: usize) -> Result<Arc<Conn>, Error> {
-        // After a stalled attempt, one caller at a time tries again, at most every
-        // STALLED_DIAL_RETRY; the others fail at once with the stall's error rather
-        // than wait for it (a lane's slot is held while it is dialled).
+        // After a stalled attempt, one caller at a time tries again (a full attempt
+        // only now and then: `DialStall`); the others fail at once with the stall's
+        // error rather than wait for it (a lane's slot is held while it is dialled).
         let mut slot = self.slot(i)?;
         if let Some(c) = slot.as_ref() {
             if c.is_up() {
@@ -978,10 +1004,10 @@ impl Client {
         // Who may dial, and with what patience (`DialStall`): with no stall on record,
         // a full attempt, waiting for the gate; after a stall, callers never wait for
         // the gate (it is held by an attempt that may take the whole timeout), and only
-        // one full attempt per STALLED_DIAL_RETRY is made, short ones in between.
+        // a full attempt only now and then (`full_attempt_after`), short ones between.
         let stall = self.stall.last();
         let _dialing = match &stall {
-            Some((e, ago)) => self
+            Some((e, ago, _)) => self
                 .dialing
                 .try_enter()
                 .ok_or_else(|| stalled(e, *ago, "another attempt is under way"))?,
@@ -989,7 +1015,9 @@ impl Client {
         };
         // The attempt this caller waited for may have stalled meanwhile.
         let stall = stall.or_else(|| self.stall.last());
-        let short = stall.filter(|(_, ago)| *ago < STALLED_DIAL_RETRY);
+        let short = stall
+            .filter(|(_, _, full_now)| !full_now)
+            .map(|(e, ago, _)| (e, ago));
         let patience = match short {
             Some(_) => STALLED_DIAL_PATIENCE.min(self.cfg.timeout),
             None => self.cfg.timeout,
@@ -1133,20 +1161,20 @@ impl Client {
         self.conn(i)
     }
 
-    /// Make the connections the server closed again (its process went away or
-    /// restarted: the reader saw the end of the stream), running the session's
-    /// revalidation if the server lost the session. A caller about to read state the
-    /// revalidation renews (the server handles of open files) then reads the new
-    /// session's. Connections lost to a quiet link are left to the next request (a dial
-    /// there would wait out a connect timeout, and the request would wait out another).
+    /// Make the connections that were lost again (the server closed them, a reply
+    /// timed out, the client let them go or never made them), running the session's revalidation if the
+    /// server lost the session. A caller about to read state the revalidation renews
+    /// (the server handles of open files) then reads the new session's. (Review 32c: a
+    /// connection lost to a quiet link was left to the request's own dial, which
+    /// found the session gone and re-opened the file while the request carried the
+    /// old session's handle: EBADF. A dial that fails here is the request's failure:
+    /// it is not dialled for again.)
     /// Err: no connection could be made (what the caller's request would have met).
     pub fn revive_lost(&self) -> Result<(), Error> {
         let mut lost = false;
         for i in 0..self.conns.len() {
-            lost |= self
-                .slot(i)?
-                .as_ref()
-                .is_some_and(|c| !c.is_up() && c.peer_closed.load(Ordering::SeqCst));
+            // (None: never made, or let go by `disconnect`.)
+            lost |= self.slot(i)?.as_ref().is_none_or(|c| !c.is_up());
         }
         // A revalidation cut short is finished by the next connection made: the one
         // it was cut on is down, and `pick` makes it again.
@@ -1742,9 +1770,25 @@ impl Client {
         req: &Request,
         cred: Caller<'_>,
     ) -> Result<Response, Error> {
-        let id = self.ids.fetch_add(1, Ordering::Relaxed);
+        self.call_on_id(conn, self.next_id(), req, cred)
+    }
+
+    /// `call_on` with request id `id`: sent again with the id of an attempt whose
+    /// reply was lost, the server's reply cache answers it if it ran (once).
+    pub(crate) fn call_on_id(
+        &self,
+        conn: &ConnRef,
+        id: u64,
+        req: &Request,
+        cred: Caller<'_>,
+    ) -> Result<Response, Error> {
         self.submit_on(conn.0.clone(), id, req, cred, Payload::Mem(&[]), true)
             .and_then(Ticket::wait)
+    }
+
+    /// A new request id.
+    pub(crate) fn next_id(&self) -> u64 {
+        self.ids.fetch_add(1, Ordering::Relaxed)
     }
 }
 

@@ -137,8 +137,10 @@ struct OpenFile {
     /// or not re-opened yet: `reopen_owed`).
     server_fh: Option<u64>,
     /// Its re-open after a lost session was cut short with the connection: the next
-    /// connection made re-opens it (`RestartHook`).
+    /// connection made re-opens it (`RestartHook`), with the same request id
+    /// (`reopen_id`, 0 when none is owed).
     reopen_owed: bool,
+    reopen_id: u64,
     /// The session epoch `server_fh` belongs to.
     epoch: u64,
     /// Who opened it: re-opened as them after a server restart.
@@ -182,6 +184,7 @@ impl OpenFile {
             flags: 0,
             server_fh: Some(1),
             reopen_owed: false,
+            reopen_id: 0,
             epoch: 0,
             opener: (Caller::process().cred, Vec::new()),
             written: 0,
@@ -349,20 +352,29 @@ impl RemoteFs {
             // generation makes sure it is the same file (an unlinked-but-open file
             // did not survive a restart: that handle is stale). Files re-opened in
             // this epoch already (or opened in it) are left as they are.
-            let files: Vec<(u64, u64, u64, i32, Opener)> = lock(&open)
+            let files: Vec<(u64, u64, u64, i32, Opener, u64)> = lock(&open)
                 .iter()
                 .filter(|(_, f)| f.epoch != epoch || f.reopen_owed)
-                .map(|(fh, f)| (*fh, f.ino, f.gen, f.flags, f.opener.clone()))
+                .map(|(fh, f)| (*fh, f.ino, f.gen, f.flags, f.opener.clone(), f.reopen_id))
                 .collect();
             let mut finished = true;
-            for (fh, ino, gen, flags, (cred, groups)) in files {
+            for (fh, ino, gen, flags, (cred, groups), reopen_id) in files {
                 let req: Request = OpenReq {
                     node: NodeRef::new(ino, gen),
                     flags: flags & !libc::O_TRUNC & !libc::O_CREAT & !libc::O_EXCL,
                 }
                 .into();
-                let reply = c.call_on(
+                // An owed re-open goes again with its first attempt's id: if that one
+                // ran (its reply lost with the connection), the reply cache answers
+                // with its handle instead of opening the file a second time (review
+                // 32c: the first handle leaked).
+                let id = match reopen_id {
+                    0 => c.next_id(),
+                    id => id,
+                };
+                let reply = c.call_on_id(
                     conn,
+                    id,
                     &req,
                     Caller {
                         cred,
@@ -377,13 +389,28 @@ impl RemoteFs {
                     .ok()
                     .and_then(|r| <OpenReq as Operation>::Reply::decode(&r.body).ok())
                     .map(|r| r.fh);
-                if let Some(f) = lock(&open).get_mut(fh) {
+                let mut files = lock(&open);
+                if let Some(f) = files.get_mut(fh) {
                     if f.epoch != epoch {
                         f.lost |= f.written > f.durable;
                     }
                     f.server_fh = server_fh;
                     f.epoch = epoch;
                     f.reopen_owed = owed;
+                    f.reopen_id = if owed { id } else { 0 };
+                } else if let Some(sfh) = server_fh {
+                    // Closed while it was re-opened (its release found no handle of
+                    // this session to send): the handle just made goes back, or the
+                    // server keeps it for the session's life (review 32c).
+                    drop(files);
+                    let release: Request = ReleaseReq {
+                        node: NodeRef::new(ino, gen),
+                        fh: sfh,
+                    }
+                    .into();
+                    if let Err(e) = c.call_on(conn, &release, Caller::process()) {
+                        finished &= !crate::is_transport(&e);
+                    }
                 }
             }
             let mut open = lock(&open);
@@ -749,6 +776,7 @@ impl RemoteFs {
                 flags,
                 server_fh: Some(server_fh),
                 reopen_owed: false,
+                reopen_id: 0,
                 epoch,
                 opener: (c.cred, c.groups.to_vec()),
                 written: 0,
@@ -1466,6 +1494,12 @@ impl Backend for RemoteFs {
         let Some((sfh, epoch)) = f.and_then(|f| Some((f.server_fh?, f.epoch))) else {
             return Ok(());
         };
+        if epoch != self.client.epoch() {
+            // A handle of a session gone (with its handles): not re-opened in the new
+            // one yet, and now it never will be. Sent there, its number could name
+            // another handle of the file in the new session (review 32c).
+            return Ok(());
+        }
         let req: Request = ReleaseReq {
             node: self.node(ino),
             fh: sfh,

@@ -1380,3 +1380,33 @@ fn a_hold_with_a_lost_forget_fails_within_one_timeout_when_the_server_is_unreach
          lookup"
     );
 }
+
+/// Full connection attempts after stalls in a row: one second after the first, doubling
+/// with each further stall, never more than `STALLED_DIAL_RETRY_MAX` (and no overflow
+/// however many stalls).
+#[test]
+fn full_attempts_after_stalls_back_off_up_to_their_bound() {
+    assert_eq!(full_attempt_after(0), STALLED_DIAL_RETRY);
+    assert_eq!(full_attempt_after(1), STALLED_DIAL_RETRY);
+    assert_eq!(full_attempt_after(2), STALLED_DIAL_RETRY * 2);
+    assert_eq!(full_attempt_after(3), STALLED_DIAL_RETRY * 4);
+    assert_eq!(full_attempt_after(6), STALLED_DIAL_RETRY_MAX);
+    assert_eq!(full_attempt_after(7), STALLED_DIAL_RETRY_MAX);
+    assert_eq!(full_attempt_after(u32::MAX), STALLED_DIAL_RETRY_MAX);
+    let d = DialStall::default();
+    assert!(d.last().is_none());
+    let e = Error::new(libc::ETIMEDOUT, "stalled");
+    d.record(&e);
+    let (_, _, full_now) = d.last().unwrap();
+    assert!(!full_now, "a full attempt right after a stall");
+    d.record(&e);
+    assert_eq!(lock(&d.0).as_ref().unwrap().in_a_row, 2);
+    d.clear();
+    assert!(d.last().is_none());
+    d.record(&e);
+    assert_eq!(
+        lock(&d.0).as_ref().unwrap().in_a_row,
+        1,
+        "counted again after a success"
+    );
+}

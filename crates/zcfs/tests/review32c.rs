@@ -4,9 +4,9 @@
 //! namespace tests, as in CI.
 mod common;
 use common::remote::*;
+use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -239,7 +239,10 @@ fn a_file_closed_while_its_owed_reopen_runs_leaves_no_handle() {
         let observer = client(&net, Duration::from_secs(10));
         let plans = Arc::new(Mutex::new(VecDeque::new()));
         // The first connection (RemoteFs::connect) as is.
-        plans.lock().unwrap().push_back(Plan::Delay(u64::MAX, Duration::ZERO));
+        plans
+            .lock()
+            .unwrap()
+            .push_back(Plan::Delay(u64::MAX, Duration::ZERO));
         let relay = relay_planned(net.addr(), plans.clone());
         let mut cfg = ClientConfig::new(&relay);
         cfg.secret = Some(SECRET.to_vec());
