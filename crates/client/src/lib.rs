@@ -1184,8 +1184,12 @@ impl Client {
             if owed && self.revalidation_owed() {
                 // No connection was down after all: finish it on this one.
                 let _dialing = self.dialing.enter(self.cfg.timeout, &self.cfg.addr)?;
-                if self.revalidation_owed() {
-                    self.run_restart_hook(&c, c.epoch.load(Ordering::SeqCst));
+                // Only for the epoch it is owed in, on a connection of that epoch (a
+                // newer session may have come while we waited: its dial ran the hook).
+                let epoch = self.epoch();
+                if self.revalidation_owed() && c.is_up() && c.epoch.load(Ordering::SeqCst) == epoch
+                {
+                    self.run_restart_hook(&c, epoch);
                 }
             }
         }
