@@ -2,9 +2,9 @@
 //! short attempts, STALLED_DIAL_PATIENCE = 100 ms for connect and handshake together).
 //! Root required (network namespaces), as in CI.
 mod common;
+use common::relay::{relay, Plan};
 use common::remote::*;
-use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::io::Write;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use zcfs_backend::Backend;
@@ -17,45 +17,9 @@ const TIMEOUT: Duration = Duration::from_secs(2);
 /// Verdict), held `hold` first: what a lost segment costs (TCP's retransmission
 /// timeout is 200 ms at least). Returns the address to dial.
 fn relay_holding_verdicts(upstream: String, hold: Duration) -> String {
-    let l = TcpListener::bind("198.18.100.2:0").unwrap();
-    let addr = l.local_addr().unwrap().to_string();
-    std::thread::spawn(move || {
-        for c in l.incoming() {
-            let Ok(c) = c else { return };
-            let Ok(u) = TcpStream::connect(&upstream) else {
-                continue;
-            };
-            let _ = c.set_nodelay(true);
-            let _ = u.set_nodelay(true);
-            let pairs = [
-                (c.try_clone().unwrap(), u.try_clone().unwrap(), false),
-                (u, c, true),
-            ];
-            for (mut from, mut to, from_server) in pairs {
-                std::thread::spawn(move || {
-                    let mut buf = vec![0u8; 1 << 16];
-                    for chunk in 0u64.. {
-                        match from.read(&mut buf) {
-                            Ok(0) | Err(_) => {
-                                let _ = to.shutdown(Shutdown::Write);
-                                return;
-                            }
-                            Ok(n) => {
-                                if from_server && chunk == 1 {
-                                    std::thread::sleep(hold);
-                                }
-                                if to.write_all(&buf[..n]).is_err() {
-                                    let _ = from.shutdown(Shutdown::Both);
-                                    return;
-                                }
-                            }
-                        }
-                    }
-                });
-            }
-        }
-    });
-    addr
+    relay("198.18.100.2:0", upstream, move || {
+        Some(Plan::Delay { at: 1, by: hold })
+    })
 }
 
 fn stats(fs: &RemoteFs) -> serde_json::Value {

@@ -2,9 +2,10 @@
 //! the Verdict; the client revalidates when it changes; `client_handshake_within`).
 //! Root required for the namespace test, as in CI.
 mod common;
+use common::relay::{relay, Plan};
 use common::remote::*;
 use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -53,50 +54,10 @@ fn a_welcome_with_its_reserved_bytes_set_is_refused() {
 /// the next connection is cut (both ways) right after the server's third message (the
 /// first reply after Welcome and Verdict+tag), and `cut` is disarmed.
 fn relay_cutting(upstream: String, cut: Arc<AtomicBool>) -> String {
-    let l = TcpListener::bind("198.18.100.2:0").unwrap();
-    let addr = l.local_addr().unwrap().to_string();
-    std::thread::spawn(move || {
-        for c in l.incoming() {
-            let Ok(c) = c else { return };
-            let Ok(u) = TcpStream::connect(&upstream) else {
-                continue;
-            };
-            let _ = c.set_nodelay(true);
-            let _ = u.set_nodelay(true);
-            let cutting = cut.swap(false, Ordering::SeqCst);
-            let (c2, u2) = (c.try_clone().unwrap(), u.try_clone().unwrap());
-            let pairs = [
-                (c.try_clone().unwrap(), u.try_clone().unwrap(), false),
-                (u, c, true),
-            ];
-            for (mut from, mut to, from_server) in pairs {
-                let (c2, u2) = (c2.try_clone().unwrap(), u2.try_clone().unwrap());
-                std::thread::spawn(move || {
-                    let mut buf = vec![0u8; 1 << 16];
-                    for chunk in 0u64.. {
-                        match from.read(&mut buf) {
-                            Ok(0) | Err(_) => {
-                                let _ = to.shutdown(Shutdown::Write);
-                                return;
-                            }
-                            Ok(n) => {
-                                if to.write_all(&buf[..n]).is_err() {
-                                    let _ = from.shutdown(Shutdown::Both);
-                                    return;
-                                }
-                                if cutting && from_server && chunk == 2 {
-                                    let _ = c2.shutdown(Shutdown::Both);
-                                    let _ = u2.shutdown(Shutdown::Both);
-                                    return;
-                                }
-                            }
-                        }
-                    }
-                });
-            }
-        }
-    });
-    addr
+    relay("198.18.100.2:0", upstream, move || {
+        cut.swap(false, Ordering::SeqCst)
+            .then_some(Plan::CutAfter { at: 2 })
+    })
 }
 
 fn stats(fs: &RemoteFs) -> serde_json::Value {

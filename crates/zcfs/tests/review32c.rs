@@ -3,10 +3,10 @@
 //! meanwhile; the restart hook runs again for the same epoch). Root required for the
 //! namespace tests, as in CI.
 mod common;
+use common::relay::{relay, Plan};
 use common::remote::*;
 use std::collections::VecDeque;
-use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -19,52 +19,10 @@ use zcfs_client::{ClientConfig, RemoteFs};
 /// (the request it answers did run on the server, the client never hears of it), and
 /// the connection is then cut both ways. `arm` is disarmed by that connection.
 fn relay_swallowing(upstream: String, arm: Arc<AtomicBool>, pass: u64) -> String {
-    let l = TcpListener::bind("198.18.100.2:0").unwrap();
-    let addr = l.local_addr().unwrap().to_string();
-    std::thread::spawn(move || {
-        for c in l.incoming() {
-            let Ok(c) = c else { return };
-            let Ok(u) = TcpStream::connect(&upstream) else {
-                continue;
-            };
-            let _ = c.set_nodelay(true);
-            let _ = u.set_nodelay(true);
-            let cutting = arm.swap(false, Ordering::SeqCst);
-            let (c2, u2) = (c.try_clone().unwrap(), u.try_clone().unwrap());
-            let pairs = [
-                (c.try_clone().unwrap(), u.try_clone().unwrap(), false),
-                (u, c, true),
-            ];
-            for (mut from, mut to, from_server) in pairs {
-                let (c2, u2) = (c2.try_clone().unwrap(), u2.try_clone().unwrap());
-                std::thread::spawn(move || {
-                    let mut buf = vec![0u8; 1 << 16];
-                    for chunk in 0u64.. {
-                        match from.read(&mut buf) {
-                            Ok(0) | Err(_) => {
-                                let _ = to.shutdown(Shutdown::Write);
-                                return;
-                            }
-                            Ok(n) => {
-                                if cutting && from_server && chunk == pass {
-                                    // Ran on the server; its answer never arrives.
-                                    std::thread::sleep(Duration::from_millis(50));
-                                    let _ = c2.shutdown(Shutdown::Both);
-                                    let _ = u2.shutdown(Shutdown::Both);
-                                    return;
-                                }
-                                if to.write_all(&buf[..n]).is_err() {
-                                    let _ = from.shutdown(Shutdown::Both);
-                                    return;
-                                }
-                            }
-                        }
-                    }
-                });
-            }
-        }
-    });
-    addr
+    relay("198.18.100.2:0", upstream, move || {
+        arm.swap(false, Ordering::SeqCst)
+            .then_some(Plan::Swallow { at: pass })
+    })
 }
 
 fn stats(fs: &RemoteFs) -> serde_json::Value {
@@ -154,69 +112,10 @@ fn a_reopen_whose_reply_was_lost_is_not_opened_twice() {
     });
 }
 
-/// What the relay of `relay_planned` does to one connection.
-#[derive(Clone, Copy, Debug)]
-enum Plan {
-    /// Forward the server's chunks 0..=n, then cut both ways.
-    CutAfter(u64),
-    /// Hold the server's chunk n back for the given time, then go on.
-    Delay(u64, Duration),
-}
-
-/// A TCP relay (call inside the client namespace) to `upstream`: each new connection
-/// takes the next plan from `plans` (none left: relayed as is).
 fn relay_planned(upstream: String, plans: Arc<Mutex<VecDeque<Plan>>>) -> String {
-    let l = TcpListener::bind("198.18.100.2:0").unwrap();
-    let addr = l.local_addr().unwrap().to_string();
-    std::thread::spawn(move || {
-        for c in l.incoming() {
-            let Ok(c) = c else { return };
-            let Ok(u) = TcpStream::connect(&upstream) else {
-                continue;
-            };
-            let _ = c.set_nodelay(true);
-            let _ = u.set_nodelay(true);
-            let plan = plans.lock().unwrap().pop_front();
-            let (c2, u2) = (c.try_clone().unwrap(), u.try_clone().unwrap());
-            let pairs = [
-                (c.try_clone().unwrap(), u.try_clone().unwrap(), false),
-                (u, c, true),
-            ];
-            for (mut from, mut to, from_server) in pairs {
-                let (c2, u2) = (c2.try_clone().unwrap(), u2.try_clone().unwrap());
-                std::thread::spawn(move || {
-                    let mut buf = vec![0u8; 1 << 16];
-                    for chunk in 0u64.. {
-                        match from.read(&mut buf) {
-                            Ok(0) | Err(_) => {
-                                let _ = to.shutdown(Shutdown::Write);
-                                return;
-                            }
-                            Ok(n) => {
-                                if let (true, Some(Plan::Delay(at, d))) = (from_server, plan) {
-                                    if chunk == at {
-                                        std::thread::sleep(d);
-                                    }
-                                }
-                                if to.write_all(&buf[..n]).is_err() {
-                                    let _ = from.shutdown(Shutdown::Both);
-                                    return;
-                                }
-                                if let (true, Some(Plan::CutAfter(at))) = (from_server, plan) {
-                                    if chunk == at {
-                                        let _ = c2.shutdown(Shutdown::Both);
-                                        let _ = u2.shutdown(Shutdown::Both);
-                                        return;
-                                    }
-                                }
-                            }
-                        }
-                    }
-                });
-            }
-        }
-    });
-    addr
+    relay("198.18.100.2:0", upstream, move || {
+        plans.lock().unwrap().pop_front()
+    })
 }
 
 /// FINDING 2. A file closed while the finishing revalidation re-opens it leaves the
@@ -239,10 +138,10 @@ fn a_file_closed_while_its_owed_reopen_runs_leaves_no_handle() {
         let observer = client(&net, Duration::from_secs(10));
         let plans = Arc::new(Mutex::new(VecDeque::new()));
         // The first connection (RemoteFs::connect) as is.
-        plans
-            .lock()
-            .unwrap()
-            .push_back(Plan::Delay(u64::MAX, Duration::ZERO));
+        plans.lock().unwrap().push_back(Plan::Delay {
+            at: u64::MAX,
+            by: Duration::ZERO,
+        });
         let relay = relay_planned(net.addr(), plans.clone());
         let mut cfg = ClientConfig::new(&relay);
         cfg.secret = Some(SECRET.to_vec());
@@ -261,9 +160,12 @@ fn a_file_closed_while_its_owed_reopen_runs_leaves_no_handle() {
         {
             let mut p = plans.lock().unwrap();
             // Welcome and Verdict+tag pass, then the cut: the re-open is owed.
-            p.push_back(Plan::CutAfter(1));
+            p.push_back(Plan::CutAfter { at: 1 });
             // The next connection's re-open is answered late.
-            p.push_back(Plan::Delay(2, Duration::from_millis(1200)));
+            p.push_back(Plan::Delay {
+                at: 2,
+                by: Duration::from_millis(1200),
+            });
         }
         let (stats_after, released) = std::thread::scope(|s| {
             let a = s.spawn(|| fs.server_stats().map(|_| ()));

@@ -4,6 +4,7 @@
 pub mod mount;
 pub mod posix;
 pub mod reference;
+pub mod relay;
 pub mod remote;
 pub mod splicing;
 pub mod xattr;
