@@ -53,7 +53,8 @@ pub const DIAL_RETRY_MAX_PAUSE: Duration = Duration::from_millis(500);
 /// full attempt waits out the whole timeout, so over a long outage that is rare.
 pub const STALLED_DIAL_RETRY: Duration = Duration::from_secs(1);
 pub const STALLED_DIAL_RETRY_MAX: Duration = Duration::from_secs(32);
-/// The patience of an attempt between full ones after a stall: long enough for
+/// The least patience of an attempt between full ones after a stall (more on a slow
+/// link: `Client::short_patience`): long enough for
 /// a server that was restarted or resumed to answer a handshake on a loaded host, short
 /// enough that a request to one still stopped fails about at once.
 pub const STALLED_DIAL_PATIENCE: Duration = Duration::from_millis(100);
@@ -213,6 +214,8 @@ pub struct Client {
     session_serial: AtomicU64,
     /// The restart hook did not finish for the current epoch (`RestartHook`).
     revalidation_owed: AtomicBool,
+    /// How long the last connection made took to make (µs): `short_patience`.
+    dial_took_us: AtomicU64,
     /// Counts the sessions this client has had (bumped when one was found gone);
     /// changed only under `dialing` and `reval`.
     epoch: AtomicU64,
@@ -476,6 +479,7 @@ impl Client {
             had_session: AtomicBool::new(false),
             session_serial: AtomicU64::new(0),
             revalidation_owed: AtomicBool::new(false),
+            dial_took_us: AtomicU64::new(0),
             epoch: AtomicU64::new(0),
             dialing: DialGate::default(),
             stall: DialStall::default(),
@@ -1019,7 +1023,7 @@ impl Client {
             .filter(|(_, _, full_now)| !full_now)
             .map(|(e, ago, _)| (e, ago));
         let patience = match short {
-            Some(_) => STALLED_DIAL_PATIENCE.min(self.cfg.timeout),
+            Some(_) => self.short_patience(),
             None => self.cfg.timeout,
         };
         let started = std::time::Instant::now();
@@ -1028,6 +1032,10 @@ impl Client {
         let c = match (dialed, short) {
             (Ok(c), _) => {
                 self.stall.clear();
+                self.dial_took_us.store(
+                    took.as_micros().min(u64::MAX as u128) as u64,
+                    Ordering::Relaxed,
+                );
                 c
             }
             // A short attempt that ran out of patience says nothing new: the stall's
@@ -1089,6 +1097,19 @@ impl Client {
         *slot = Some(c.clone());
         self.resend_posted(&c);
         Ok(c)
+    }
+
+    /// The patience of a short attempt after a stall: `STALLED_DIAL_PATIENCE`, or three
+    /// times what the last connection made took if that is more (a long link, or a
+    /// loaded server: a short attempt that can never succeed would leave a server that
+    /// is back unreached until the next full attempt, up to 32 s later; review 32d), at
+    /// most half the client's timeout.
+    fn short_patience(&self) -> Duration {
+        let last = Duration::from_micros(self.dial_took_us.load(Ordering::Relaxed));
+        let cap = (self.cfg.timeout / 2)
+            .max(STALLED_DIAL_PATIENCE)
+            .min(self.cfg.timeout);
+        last.saturating_mul(3).max(STALLED_DIAL_PATIENCE).min(cap)
     }
 
     /// The restart hook on `c` for `epoch`, remembering whether it is still owed.

@@ -129,6 +129,25 @@ fn checked_read(data: &[u8], size: u32) -> Result<()> {
 /// Who opened a file: uid and gid, supplementary groups.
 type Opener = (Cred, Vec<u32>);
 
+/// The open that makes an open file known to a new session again: as it was opened,
+/// less what only the first open does (create, truncate).
+fn reopen_req(ino: u64, gen: u64, flags: i32) -> Request {
+    OpenReq {
+        node: NodeRef::new(ino, gen),
+        flags: flags & !libc::O_TRUNC & !libc::O_CREAT & !libc::O_EXCL,
+    }
+    .into()
+}
+
+/// The release of server handle `fh` of `ino`.
+fn release_req(ino: u64, gen: u64, fh: u64) -> Request {
+    ReleaseReq {
+        node: NodeRef::new(ino, gen),
+        fh,
+    }
+    .into()
+}
+
 struct OpenFile {
     ino: u64,
     gen: u64,
@@ -359,11 +378,7 @@ impl RemoteFs {
                 .collect();
             let mut finished = true;
             for (fh, ino, gen, flags, (cred, groups), reopen_id) in files {
-                let req: Request = OpenReq {
-                    node: NodeRef::new(ino, gen),
-                    flags: flags & !libc::O_TRUNC & !libc::O_CREAT & !libc::O_EXCL,
-                }
-                .into();
+                let req = reopen_req(ino, gen, flags);
                 // An owed re-open goes again with its first attempt's id: if that one
                 // ran (its reply lost with the connection), the reply cache answers
                 // with its handle instead of opening the file a second time (review
@@ -403,14 +418,41 @@ impl RemoteFs {
                     // this session to send): the handle just made goes back, or the
                     // server keeps it for the session's life (review 32c).
                     drop(files);
-                    let release: Request = ReleaseReq {
-                        node: NodeRef::new(ino, gen),
-                        fh: sfh,
-                    }
-                    .into();
-                    if let Err(e) = c.call_on(conn, &release, Caller::process()) {
+                    if let Err(e) = c.call_on(conn, &release_req(ino, gen, sfh), Caller::process())
+                    {
                         finished &= !crate::is_transport(&e);
                     }
+                }
+            }
+            // Re-opens owed for files closed since: sent again with their ids (the
+            // reply cache gives the handle of one that ran), and the handle released.
+            let orphans = std::mem::take(&mut lock(&open).orphans);
+            for o in orphans {
+                let (cred, groups) = &o.opener;
+                let reply = c.call_on_id(
+                    conn,
+                    o.id,
+                    &reopen_req(o.ino, o.gen, o.flags),
+                    Caller {
+                        cred: *cred,
+                        groups,
+                    },
+                );
+                // Refused (the file is gone) or undecodable: nothing to release.
+                let released = reply.map(|r| {
+                    <OpenReq as Operation>::Reply::decode(&r.body)
+                        .ok()
+                        .map(|r| {
+                            c.call_on(conn, &release_req(o.ino, o.gen, r.fh), Caller::process())
+                        })
+                });
+                let lost = match released {
+                    Err(e) | Ok(Some(Err(e))) => crate::is_transport(&e),
+                    Ok(_) => false,
+                };
+                if lost {
+                    finished = false;
+                    lock(&open).orphans.push(o);
                 }
             }
             let mut open = lock(&open);
@@ -1487,7 +1529,20 @@ impl Backend for RemoteFs {
         // handle its flush did not report has no one left to report it to: logged.
         let _ = self.behind.settle(ino, Report::Keep);
         self.behind.closed_handle(ino, fh);
-        let f = lock(&self.open).remove(fh);
+        let f = {
+            let mut open = lock(&self.open);
+            let f = open.remove(fh);
+            if let Some(f) = f.as_ref().filter(|f| f.reopen_owed && f.reopen_id != 0) {
+                open.orphans.push(open::OrphanReopen {
+                    ino: f.ino,
+                    gen: f.gen,
+                    flags: f.flags,
+                    opener: f.opener.clone(),
+                    id: f.reopen_id,
+                });
+            }
+            f
+        };
         if f.is_some() {
             self.closed(ino);
         }

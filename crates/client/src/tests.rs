@@ -1410,3 +1410,39 @@ fn full_attempts_after_stalls_back_off_up_to_their_bound() {
         "counted again after a success"
     );
 }
+
+/// A short attempt's patience follows the last connection made (three times what it
+/// took), never below `STALLED_DIAL_PATIENCE` and never above half the timeout.
+#[test]
+fn a_short_attempt_has_the_patience_of_the_link() {
+    let mut cfg = ClientConfig::new("127.0.0.1:9");
+    cfg.timeout = Duration::from_secs(10);
+    let c = Client::new(cfg);
+    assert_eq!(
+        c.short_patience(),
+        STALLED_DIAL_PATIENCE,
+        "nothing known yet"
+    );
+    c.dial_took_us.store(1_000, Ordering::Relaxed);
+    assert_eq!(c.short_patience(), STALLED_DIAL_PATIENCE, "a fast link");
+    c.dial_took_us.store(200_000, Ordering::Relaxed);
+    assert_eq!(
+        c.short_patience(),
+        Duration::from_millis(600),
+        "a long link"
+    );
+    c.dial_took_us.store(u64::MAX, Ordering::Relaxed);
+    assert_eq!(
+        c.short_patience(),
+        Duration::from_secs(5),
+        "at most half the timeout"
+    );
+    let mut cfg = ClientConfig::new("127.0.0.1:9");
+    cfg.timeout = Duration::from_millis(50);
+    let c = Client::new(cfg);
+    assert_eq!(
+        c.short_patience(),
+        Duration::from_millis(50),
+        "never above the timeout"
+    );
+}

@@ -3,18 +3,18 @@
 //! first id; a re-open answered after its close is released; a release of an old
 //! session's handle is not sent). Root required (network namespaces), as in CI.
 mod common;
+use common::relay::{relay, Plan};
 use common::remote::*;
-use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use zcfs_backend::Backend;
 use zcfs_client::{ClientConfig, RemoteFs};
 
-/// A TCP relay (call inside the client namespace) to `upstream`. While `arm` is set,
-/// the next connection is relayed normally until the server has sent `pass` chunks;
-/// the next chunk the server sends is swallowed (the request it answers did run on the
+/// A relay (call inside the client namespace) to `upstream`. While `arm` is set, the
+/// next connection is relayed normally until the server has sent `pass` chunks; the
+/// next chunk the server sends is swallowed (the request it answers did run on the
 /// server) and the connection is cut both ways. `arm` is disarmed by that connection.
 /// From the armed connection on while `shut` is set (the armed one sets it), a new
 /// connection is closed at once (before the Welcome).
@@ -24,85 +24,16 @@ fn relay_swallowing(
     shut: Arc<AtomicBool>,
     pass: u64,
 ) -> String {
-    relay(
-        upstream,
-        move |_| {
-            if shut.load(Ordering::SeqCst) {
-                Some(CLOSE)
-            } else if arm.swap(false, Ordering::SeqCst) {
-                shut.store(true, Ordering::SeqCst);
-                Some(pass)
-            } else {
-                None
-            }
-        },
-        Duration::ZERO,
-    )
-}
-
-/// `relay`'s `cut` for a connection closed as soon as it is accepted.
-const CLOSE: u64 = u64::MAX;
-
-/// A TCP relay to `upstream`: `cut(n)` for the nth connection says after how many of
-/// the server's chunks to swallow one and cut; every chunk from the server is held
-/// `delay` first (a long link: each server message arrives that much later).
-fn relay(
-    upstream: String,
-    mut cut: impl FnMut(u64) -> Option<u64> + Send + 'static,
-    delay: Duration,
-) -> String {
-    let l = TcpListener::bind("198.18.100.2:0").unwrap();
-    let addr = l.local_addr().unwrap().to_string();
-    std::thread::spawn(move || {
-        for (n, c) in l.incoming().enumerate() {
-            let Ok(c) = c else { return };
-            let Ok(u) = TcpStream::connect(&upstream) else {
-                continue;
-            };
-            let _ = c.set_nodelay(true);
-            let _ = u.set_nodelay(true);
-            let cutting = cut(n as u64);
-            if cutting == Some(CLOSE) {
-                let _ = c.shutdown(Shutdown::Both);
-                continue;
-            }
-            let (c2, u2) = (c.try_clone().unwrap(), u.try_clone().unwrap());
-            let pairs = [
-                (c.try_clone().unwrap(), u.try_clone().unwrap(), false),
-                (u, c, true),
-            ];
-            for (mut from, mut to, from_server) in pairs {
-                let (c2, u2) = (c2.try_clone().unwrap(), u2.try_clone().unwrap());
-                std::thread::spawn(move || {
-                    let mut buf = vec![0u8; 1 << 16];
-                    for chunk in 0u64.. {
-                        match from.read(&mut buf) {
-                            Ok(0) | Err(_) => {
-                                let _ = to.shutdown(Shutdown::Write);
-                                return;
-                            }
-                            Ok(n) => {
-                                if from_server && cutting == Some(chunk) {
-                                    std::thread::sleep(Duration::from_millis(50));
-                                    let _ = c2.shutdown(Shutdown::Both);
-                                    let _ = u2.shutdown(Shutdown::Both);
-                                    return;
-                                }
-                                if from_server && !delay.is_zero() {
-                                    std::thread::sleep(delay);
-                                }
-                                if to.write_all(&buf[..n]).is_err() {
-                                    let _ = from.shutdown(Shutdown::Both);
-                                    return;
-                                }
-                            }
-                        }
-                    }
-                });
-            }
+    relay("198.18.100.2:0", upstream, move || {
+        if shut.load(Ordering::SeqCst) {
+            Some(Plan::Close)
+        } else if arm.swap(false, Ordering::SeqCst) {
+            shut.store(true, Ordering::SeqCst);
+            Some(Plan::Swallow { at: pass })
+        } else {
+            None
         }
-    });
-    addr
+    })
 }
 
 fn stats(fs: &RemoteFs) -> serde_json::Value {
@@ -207,7 +138,11 @@ fn a_resumed_server_behind_a_long_link_is_reached_again_within_seconds() {
     let net = Net::new();
     let srv = Served::new(&net, "r32d-long", &[]);
     net.in_cli(|| {
-        let relay = relay(net.addr(), |_| None, Duration::from_millis(80));
+        let relay = relay("198.18.100.2:0", net.addr(), || {
+            Some(Plan::DelayEach {
+                by: Duration::from_millis(80),
+            })
+        });
         let mut cfg = ClientConfig::new(&relay);
         cfg.secret = Some(SECRET.to_vec());
         cfg.timeout = TIMEOUT;
@@ -217,6 +152,8 @@ fn a_resumed_server_behind_a_long_link_is_reached_again_within_seconds() {
         fs.release(f.ino, fh).unwrap();
         fs.getattr(f.ino).unwrap();
         srv.signal(libc::SIGSTOP);
+        // Let the stop reach every server thread (one may be finishing a reply).
+        std::thread::sleep(Duration::from_millis(200));
         // Requests (bounded) until four full attempts stalled: about 1+2+4 s of backoff.
         let t = Instant::now();
         let mut full = 0;

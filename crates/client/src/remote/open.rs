@@ -11,6 +11,20 @@ pub(super) struct OpenFiles {
     by_fh: HashMap<u64, OpenFile>,
     /// The handles of each inode with any (never an empty list).
     by_ino: HashMap<u64, Vec<u64>>,
+    /// Files closed while their re-open was owed: that re-open may have run on the
+    /// server (its reply lost), so the restart hook sends it again with its id and
+    /// releases the handle the reply cache gives back (review 32d: it leaked).
+    pub(super) orphans: Vec<OrphanReopen>,
+}
+
+/// A re-open owed for a file closed since (`OpenFiles::orphans`).
+pub(super) struct OrphanReopen {
+    pub ino: u64,
+    pub gen: u64,
+    pub flags: i32,
+    pub opener: super::Opener,
+    /// The request id of the re-open that may have run.
+    pub id: u64,
 }
 
 impl OpenFiles {

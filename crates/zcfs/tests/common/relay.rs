@@ -16,12 +16,19 @@ pub enum Plan {
     CutAfter { at: u64 },
     /// Never forward it (it ran on the server; its answer is lost), and cut.
     Swallow { at: u64 },
+    /// Forward each of them this long after it came (a long link).
+    DelayEach { by: Duration },
+    /// Close the connection as soon as it is accepted (before the Welcome).
+    Close,
 }
 
 impl Plan {
-    fn at(&self) -> u64 {
+    /// Whether the plan acts on the server's chunk `chunk`.
+    fn acts_at(&self, chunk: u64) -> bool {
         match *self {
-            Plan::Delay { at, .. } | Plan::CutAfter { at } | Plan::Swallow { at } => at,
+            Plan::Delay { at, .. } | Plan::CutAfter { at } | Plan::Swallow { at } => at == chunk,
+            Plan::DelayEach { .. } => true,
+            Plan::Close => false,
         }
     }
 }
@@ -45,6 +52,10 @@ pub fn relay(
             let _ = c.set_nodelay(true);
             let _ = u.set_nodelay(true);
             let plan = plan();
+            if let Some(Plan::Close) = plan {
+                let _ = c.shutdown(Shutdown::Both);
+                continue;
+            }
             let ends = [c.try_clone().unwrap(), u.try_clone().unwrap()];
             let pumps = [
                 (c.try_clone().unwrap(), u.try_clone().unwrap(), None),
@@ -63,13 +74,15 @@ pub fn relay(
                             }
                             Ok(n) => n,
                         };
-                        let now = plan.filter(|p| p.at() == chunk);
+                        let now = plan.filter(|p| p.acts_at(chunk));
                         match now {
                             Some(Plan::Swallow { .. }) => {
                                 std::thread::sleep(Duration::from_millis(50));
                                 return cut();
                             }
-                            Some(Plan::Delay { by, .. }) => std::thread::sleep(by),
+                            Some(Plan::Delay { by, .. } | Plan::DelayEach { by }) => {
+                                std::thread::sleep(by)
+                            }
                             _ => {}
                         }
                         if to.write_all(&buf[..n]).is_err() {
