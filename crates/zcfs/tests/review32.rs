@@ -4,7 +4,6 @@
 mod common;
 use common::relay::{relay, Plan};
 use common::remote::*;
-use std::io::Write;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use zcfs_backend::Backend;

@@ -4,7 +4,7 @@
 mod common;
 use common::relay::{relay, Plan};
 use common::remote::*;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -6,7 +6,6 @@ mod common;
 use common::relay::{relay, Plan};
 use common::remote::*;
 use std::collections::VecDeque;
-use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

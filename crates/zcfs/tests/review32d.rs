@@ -5,7 +5,6 @@
 mod common;
 use common::relay::{relay, Plan};
 use common::remote::*;
-use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
