@@ -21,10 +21,6 @@ fn relay_holding_verdicts(upstream: String, hold: Duration) -> String {
     })
 }
 
-fn stats(fs: &RemoteFs) -> serde_json::Value {
-    serde_json::from_slice(&fs.server_stats().unwrap()).unwrap()
-}
-
 /// FINDING 1. A short attempt (STALLED_DIAL_PATIENCE, 100 ms) gives up on a Verdict
 /// that comes late (one lost segment: TCP's retransmission timeout is >= 200 ms) after
 /// it sent its proof; the server has by then attached the session (created it, if it
@@ -56,11 +52,7 @@ fn a_short_attempt_given_up_mid_handshake_does_not_hide_a_lost_session() {
         // The client goes away for longer than the grace period: the server gives the
         // session (and the handle) back.
         fs.client().disconnect();
-        let t = Instant::now();
-        while stats(&observer)["sessions_expired"].as_u64().unwrap() < 1 {
-            assert!(t.elapsed() < Duration::from_secs(15), "session not expired");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        wait_for_expired_sessions(&observer, 1);
         // A stall on record: the server stops, the next request's attempt stalls.
         srv.signal(libc::SIGSTOP);
         std::thread::sleep(Duration::from_millis(100));

@@ -60,10 +60,6 @@ fn relay_cutting(upstream: String, cut: Arc<AtomicBool>) -> String {
     })
 }
 
-fn stats(fs: &RemoteFs) -> serde_json::Value {
-    serde_json::from_slice(&fs.server_stats().unwrap()).unwrap()
-}
-
 /// FINDING 1. A revalidation that is cut short is never finished. The client sees its
 /// session gone (here: the grace ran out) and re-opens its open files on the new
 /// connection, in the restart hook; when that connection is lost after the first
@@ -93,11 +89,7 @@ fn a_revalidation_cut_short_is_finished_later() {
         fs.fsync(f1.ino, fh1, false).unwrap();
         fs.fsync(f2.ino, fh2, false).unwrap();
         fs.client().disconnect();
-        let t = Instant::now();
-        while stats(&observer)["sessions_expired"].as_u64().unwrap() < 1 {
-            assert!(t.elapsed() < Duration::from_secs(15), "session not expired");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        wait_for_expired_sessions(&observer, 1);
         // The next connection (the revalidation's) is cut after the first re-open.
         cut.store(true, Ordering::SeqCst);
         let mut results = Vec::new();

@@ -8,7 +8,7 @@ use common::remote::*;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use zcfs_backend::Backend;
 use zcfs_client::{ClientConfig, RemoteFs};
 
@@ -22,10 +22,6 @@ fn relay_swallowing(upstream: String, arm: Arc<AtomicBool>, pass: u64) -> String
         arm.swap(false, Ordering::SeqCst)
             .then_some(Plan::Swallow { at: pass })
     })
-}
-
-fn stats(fs: &RemoteFs) -> serde_json::Value {
-    serde_json::from_slice(&fs.server_stats().unwrap()).unwrap()
 }
 
 /// FINDING 1. A re-open whose reply is lost with the connection is sent again as a new
@@ -62,14 +58,16 @@ fn a_reopen_whose_reply_was_lost_is_not_opened_twice() {
         fs.write(&ctx(), f2.ino, fh2, 0, b"two").unwrap();
         fs.fsync(f1.ino, fh1, false).unwrap();
         fs.fsync(f2.ino, fh2, false).unwrap();
-        assert_eq!(stats(&observer)["handles_open"].as_u64(), Some(2));
+        assert_eq!(
+            server_stats_json(&observer)["handles_open"].as_u64(),
+            Some(2)
+        );
         fs.client().disconnect();
-        let t = Instant::now();
-        while stats(&observer)["sessions_expired"].as_u64().unwrap() < 1 {
-            assert!(t.elapsed() < Duration::from_secs(15), "session not expired");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        assert_eq!(stats(&observer)["handles_open"].as_u64(), Some(0));
+        wait_for_expired_sessions(&observer, 1);
+        assert_eq!(
+            server_stats_json(&observer)["handles_open"].as_u64(),
+            Some(0)
+        );
         arm.store(true, Ordering::SeqCst);
         let mut results = Vec::new();
         for _ in 0..5 {
@@ -87,20 +85,12 @@ fn a_reopen_whose_reply_was_lost_is_not_opened_twice() {
             "revalidations {revalidations}, owed {}; write one {w1:?}, two {w2:?}; server \
              handles with both open: {:?}",
             fs.client().revalidation_owed(),
-            stats(&observer)["handles_open"]
+            server_stats_json(&observer)["handles_open"]
         );
         assert!(w1.is_ok() && w2.is_ok(), "{w1:?} {w2:?}");
         fs.release(f1.ino, fh1).unwrap();
         fs.release(f2.ino, fh2).unwrap();
-        let mut held = None;
-        let t = Instant::now();
-        while t.elapsed() < Duration::from_secs(3) {
-            held = stats(&observer)["handles_open"].as_u64();
-            if held == Some(0) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let held = handles_open_settled(&observer, Duration::from_secs(3));
         assert_eq!(
             held,
             Some(0),
@@ -151,11 +141,7 @@ fn a_file_closed_while_its_owed_reopen_runs_leaves_no_handle() {
         fs.write(&ctx(), f.ino, fh, 0, b"one").unwrap();
         fs.fsync(f.ino, fh, false).unwrap();
         fs.client().disconnect();
-        let t = Instant::now();
-        while stats(&observer)["sessions_expired"].as_u64().unwrap() < 1 {
-            assert!(t.elapsed() < Duration::from_secs(15), "session not expired");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        wait_for_expired_sessions(&observer, 1);
         {
             let mut p = plans.lock().unwrap();
             // Welcome and Verdict+tag pass, then the cut: the re-open is owed.
@@ -170,7 +156,7 @@ fn a_file_closed_while_its_owed_reopen_runs_leaves_no_handle() {
             let a = s.spawn(|| fs.server_stats().map(|_| ()));
             std::thread::sleep(Duration::from_millis(500));
             let owed = fs.client().revalidation_owed();
-            let held = stats(&observer)["handles_open"].as_u64();
+            let held = server_stats_json(&observer)["handles_open"].as_u64();
             eprintln!("during the late re-open: owed {owed}, server handles {held:?}");
             let r = fs.release(f.ino, fh);
             (a.join().unwrap(), r)
@@ -179,15 +165,7 @@ fn a_file_closed_while_its_owed_reopen_runs_leaves_no_handle() {
             "request {stats_after:?}, release {released:?}, owed now {}",
             fs.client().revalidation_owed()
         );
-        let mut held = None;
-        let t = Instant::now();
-        while t.elapsed() < Duration::from_secs(3) {
-            held = stats(&observer)["handles_open"].as_u64();
-            if held == Some(0) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let held = handles_open_settled(&observer, Duration::from_secs(3));
         assert_eq!(
             held,
             Some(0),
@@ -228,11 +206,7 @@ fn the_first_write_after_a_quietly_lost_session_uses_the_new_handle() {
         fs.write(&ctx(), f2.ino, fh2, 0, b"two").unwrap();
         fs.fsync(f2.ino, fh2, false).unwrap();
         fs.client().disconnect();
-        let t = Instant::now();
-        while stats(&observer)["sessions_expired"].as_u64().unwrap() < 1 {
-            assert!(t.elapsed() < Duration::from_secs(15), "session not expired");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        wait_for_expired_sessions(&observer, 1);
         let w = fs.write(&ctx(), f2.ino, fh2, 0, b"TWO");
         let revalidations = fs.client().revalidations.load(Ordering::Relaxed);
         eprintln!("revalidations {revalidations}; write {w:?}");

@@ -35,10 +35,6 @@ fn relay_swallowing(
     })
 }
 
-fn stats(fs: &RemoteFs) -> serde_json::Value {
-    serde_json::from_slice(&fs.server_stats().unwrap()).unwrap()
-}
-
 /// FINDING 1. A file closed while its re-open is owed (the re-open ran on the server,
 /// its reply was lost with the connection) leaves the server holding that handle for
 /// the session's life. The hook marks the file `reopen_owed` with `server_fh` None and
@@ -72,19 +68,21 @@ fn a_file_closed_while_its_reopen_is_owed_leaves_no_handle() {
         let (f, fh) = create_file(&fs, "one", libc::O_RDWR);
         fs.write(&ctx(), f.ino, fh, 0, b"one").unwrap();
         fs.fsync(f.ino, fh, false).unwrap();
-        assert_eq!(stats(&observer)["handles_open"].as_u64(), Some(1));
+        assert_eq!(
+            server_stats_json(&observer)["handles_open"].as_u64(),
+            Some(1)
+        );
         fs.client().disconnect();
-        let t = Instant::now();
-        while stats(&observer)["sessions_expired"].as_u64().unwrap() < 1 {
-            assert!(t.elapsed() < Duration::from_secs(15), "session not expired");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        assert_eq!(stats(&observer)["handles_open"].as_u64(), Some(0));
+        wait_for_expired_sessions(&observer, 1);
+        assert_eq!(
+            server_stats_json(&observer)["handles_open"].as_u64(),
+            Some(0)
+        );
         arm.store(true, Ordering::SeqCst);
         let first = fs.server_stats().map(|_| ());
         // (The request's second try, on the next connection, is refused.)
         let owed = fs.client().revalidation_owed();
-        let held = stats(&observer)["handles_open"].as_u64();
+        let held = server_stats_json(&observer)["handles_open"].as_u64();
         eprintln!("after the cut: {first:?}; owed {owed}; server handles {held:?}");
         assert!(owed, "precondition: the re-open is owed");
         assert_eq!(
@@ -101,15 +99,7 @@ fn a_file_closed_while_its_reopen_is_owed_leaves_no_handle() {
             "next request {again:?}; owed now {}",
             fs.client().revalidation_owed()
         );
-        let mut held = None;
-        let t = Instant::now();
-        while t.elapsed() < Duration::from_secs(3) {
-            held = stats(&observer)["handles_open"].as_u64();
-            if held == Some(0) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let held = handles_open_settled(&observer, Duration::from_secs(3));
         // The session is alive (its connection is up): what it holds it keeps.
         assert_eq!(
             held,

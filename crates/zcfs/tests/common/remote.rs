@@ -474,3 +474,33 @@ pub fn seeded_bytes(seed: u64, len: usize) -> Vec<u8> {
         })
         .collect()
 }
+
+/// The server's counters (`zcfs stat` JSON), asked through `fs`.
+pub fn server_stats_json(fs: &RemoteFs) -> serde_json::Value {
+    serde_json::from_slice(&fs.server_stats().unwrap()).unwrap()
+}
+
+/// Wait (bounded: 15 s) until the server has expired at least `n` sessions.
+pub fn wait_for_expired_sessions(observer: &RemoteFs, n: u64) {
+    let t = Instant::now();
+    while server_stats_json(observer)["sessions_expired"]
+        .as_u64()
+        .unwrap()
+        < n
+    {
+        assert!(t.elapsed() < Duration::from_secs(15), "no session expired");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The server's `handles_open` once it is 0, or as it is after `within` (polled).
+pub fn handles_open_settled(observer: &RemoteFs, within: Duration) -> Option<u64> {
+    let t = Instant::now();
+    loop {
+        let held = server_stats_json(observer)["handles_open"].as_u64();
+        if held == Some(0) || t.elapsed() >= within {
+            return held;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
