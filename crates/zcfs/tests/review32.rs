@@ -7,7 +7,7 @@ use common::remote::*;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use zcfs_backend::Backend;
-use zcfs_client::{ClientConfig, RemoteFs};
+use zcfs_client::ClientConfig;
 
 const TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -42,10 +42,7 @@ fn a_short_attempt_given_up_mid_handshake_does_not_hide_a_lost_session() {
         let observer = client(&net, Duration::from_secs(10));
         // Each handshake's Verdict comes 250 ms late (a lost segment, retransmitted).
         let relay = relay_holding_verdicts(net.addr(), Duration::from_millis(250));
-        let mut cfg = ClientConfig::new(&relay);
-        cfg.secret = Some(SECRET.to_vec());
-        cfg.timeout = TIMEOUT;
-        let fs = RemoteFs::connect(cfg).unwrap();
+        let fs = secret_client_to(&relay, TIMEOUT, ClientConfig::new(&relay).connections);
         let (f, fh) = create_file(&fs, "f", libc::O_RDWR);
         fs.write(&ctx(), f.ino, fh, 0, b"before").unwrap();
         fs.fsync(f.ino, fh, false).unwrap();

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use zcfs_backend::Backend;
-use zcfs_client::{ClientConfig, RemoteFs};
+use zcfs_client::ClientConfig;
 use zcfs_protocol::handshake::Welcome;
 
 /// FINDING 2 (minor, older than this change): `Welcome::decode` does not look at bytes
@@ -77,11 +77,7 @@ fn a_revalidation_cut_short_is_finished_later() {
         let observer = client(&net, Duration::from_secs(10));
         let cut = Arc::new(AtomicBool::new(false));
         let relay = relay_cutting(net.addr(), cut.clone());
-        let mut cfg = ClientConfig::new(&relay);
-        cfg.secret = Some(SECRET.to_vec());
-        cfg.timeout = Duration::from_secs(3);
-        cfg.connections = 1;
-        let fs = RemoteFs::connect(cfg).unwrap();
+        let fs = secret_client_to(&relay, Duration::from_secs(3), 1);
         let (f1, fh1) = create_file(&fs, "one", libc::O_RDWR);
         let (f2, fh2) = create_file(&fs, "two", libc::O_RDWR);
         fs.write(&ctx(), f1.ino, fh1, 0, b"one").unwrap();

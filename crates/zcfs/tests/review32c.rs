@@ -10,7 +10,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use zcfs_backend::Backend;
-use zcfs_client::{ClientConfig, RemoteFs};
 
 /// A TCP relay (call inside the client namespace) to `upstream`. While `arm` is set,
 /// the next connection is relayed normally until the server has sent `pass` chunks
@@ -47,11 +46,7 @@ fn a_reopen_whose_reply_was_lost_is_not_opened_twice() {
         let arm = Arc::new(AtomicBool::new(false));
         // Welcome, Verdict+tag, the first re-open's reply pass; the second's does not.
         let relay = relay_swallowing(net.addr(), arm.clone(), 3);
-        let mut cfg = ClientConfig::new(&relay);
-        cfg.secret = Some(SECRET.to_vec());
-        cfg.timeout = Duration::from_secs(3);
-        cfg.connections = 1;
-        let fs = RemoteFs::connect(cfg).unwrap();
+        let fs = secret_client_to(&relay, Duration::from_secs(3), 1);
         let (f1, fh1) = create_file(&fs, "one", libc::O_RDWR);
         let (f2, fh2) = create_file(&fs, "two", libc::O_RDWR);
         fs.write(&ctx(), f1.ino, fh1, 0, b"one").unwrap();
@@ -132,11 +127,7 @@ fn a_file_closed_while_its_owed_reopen_runs_leaves_no_handle() {
             by: Duration::ZERO,
         });
         let relay = relay_planned(net.addr(), plans.clone());
-        let mut cfg = ClientConfig::new(&relay);
-        cfg.secret = Some(SECRET.to_vec());
-        cfg.timeout = Duration::from_secs(3);
-        cfg.connections = 1;
-        let fs = RemoteFs::connect(cfg).unwrap();
+        let fs = secret_client_to(&relay, Duration::from_secs(3), 1);
         let (f, fh) = create_file(&fs, "one", libc::O_RDWR);
         fs.write(&ctx(), f.ino, fh, 0, b"one").unwrap();
         fs.fsync(f.ino, fh, false).unwrap();
@@ -194,11 +185,7 @@ fn the_first_write_after_a_quietly_lost_session_uses_the_new_handle() {
     let _srv = Served::new(&net, "r32c-quiet", &["--grace", "2"]);
     net.in_cli(|| {
         let observer = client(&net, Duration::from_secs(10));
-        let mut cfg = ClientConfig::new(&net.addr());
-        cfg.secret = Some(SECRET.to_vec());
-        cfg.timeout = Duration::from_secs(3);
-        cfg.connections = 1;
-        let fs = RemoteFs::connect(cfg).unwrap();
+        let fs = secret_client_to(&net.addr(), Duration::from_secs(3), 1);
         // Two files, so that the old and new handle numbers of the second may differ.
         let (f1, fh1) = create_file(&fs, "one", libc::O_RDWR);
         let (f2, fh2) = create_file(&fs, "two", libc::O_RDWR);

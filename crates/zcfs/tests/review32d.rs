@@ -9,7 +9,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use zcfs_backend::Backend;
-use zcfs_client::{ClientConfig, RemoteFs};
 
 /// A relay (call inside the client namespace) to `upstream`. While `arm` is set, the
 /// next connection is relayed normally until the server has sent `pass` chunks; the
@@ -60,11 +59,7 @@ fn a_file_closed_while_its_reopen_is_owed_leaves_no_handle() {
         // Welcome, Verdict+tag pass; the re-open's reply is swallowed; the connections
         // after it are closed at once until the file is closed.
         let relay = relay_swallowing(net.addr(), arm.clone(), shut.clone(), 2);
-        let mut cfg = ClientConfig::new(&relay);
-        cfg.secret = Some(SECRET.to_vec());
-        cfg.timeout = Duration::from_millis(800);
-        cfg.connections = 1;
-        let fs = RemoteFs::connect(cfg).unwrap();
+        let fs = secret_client_to(&relay, Duration::from_millis(800), 1);
         let (f, fh) = create_file(&fs, "one", libc::O_RDWR);
         fs.write(&ctx(), f.ino, fh, 0, b"one").unwrap();
         fs.fsync(f.ino, fh, false).unwrap();
@@ -132,11 +127,7 @@ fn a_resumed_server_behind_a_long_link_is_reached_again_within_seconds() {
                 by: Duration::from_millis(80),
             })
         });
-        let mut cfg = ClientConfig::new(&relay);
-        cfg.secret = Some(SECRET.to_vec());
-        cfg.timeout = TIMEOUT;
-        cfg.connections = 1;
-        let fs = RemoteFs::connect(cfg).unwrap();
+        let fs = secret_client_to(&relay, TIMEOUT, 1);
         let (f, fh) = create_file(&fs, "f", libc::O_RDWR);
         fs.release(f.ino, fh).unwrap();
         fs.getattr(f.ino).unwrap();

@@ -504,3 +504,13 @@ pub fn handles_open_settled(observer: &RemoteFs, within: Duration) -> Option<u64
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// A client with the test secret to `addr` (a server or a relay to one), with
+/// `timeout` and `connections` lanes.
+pub fn secret_client_to(addr: &str, timeout: Duration, connections: usize) -> RemoteFs {
+    let mut cfg = ClientConfig::new(addr);
+    cfg.secret = Some(SECRET.to_vec());
+    cfg.timeout = timeout;
+    cfg.connections = connections;
+    RemoteFs::connect(cfg).unwrap()
+}
