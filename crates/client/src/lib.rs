@@ -214,8 +214,9 @@ pub struct Client {
     session_serial: AtomicU64,
     /// The restart hook did not finish for the current epoch (`RestartHook`).
     revalidation_owed: AtomicBool,
-    /// How long the last connection made took to make (µs): `short_patience`.
-    dial_took_us: AtomicU64,
+    /// How long the last connections made took to make, each its successful attempt's
+    /// connect and handshake alone (`short_patience`).
+    handshakes: Mutex<RecentHandshakes>,
     /// Counts the sessions this client has had (bumped when one was found gone);
     /// changed only under `dialing` and `reval`.
     epoch: AtomicU64,
@@ -395,6 +396,28 @@ impl DialGate {
     }
 }
 
+/// How long the last `RECENT_HANDSHAKES` connections made took (their own attempts).
+#[derive(Default)]
+struct RecentHandshakes(std::collections::VecDeque<Duration>);
+
+/// How many handshakes `RecentHandshakes` keeps: a link that became slower is learnt
+/// once this many in a row were slow.
+const RECENT_HANDSHAKES: usize = 8;
+
+impl RecentHandshakes {
+    fn add(&mut self, took: Duration) {
+        if self.0.len() == RECENT_HANDSHAKES {
+            self.0.pop_front();
+        }
+        self.0.push_back(took);
+    }
+
+    /// The quickest of them (zero when none is known).
+    fn quickest(&self) -> Duration {
+        self.0.iter().copied().min().unwrap_or_default()
+    }
+}
+
 /// The last connection attempt that stalled, and when it ended. Without it, every
 /// request to a stopped server dialled again and waited out the attempt: through a
 /// mount, an open took 20 s and each 1 MiB buffered write about 10 s, for minutes.
@@ -479,7 +502,7 @@ impl Client {
             had_session: AtomicBool::new(false),
             session_serial: AtomicU64::new(0),
             revalidation_owed: AtomicBool::new(false),
-            dial_took_us: AtomicU64::new(0),
+            handshakes: Mutex::default(),
             epoch: AtomicU64::new(0),
             dialing: DialGate::default(),
             stall: DialStall::default(),
@@ -850,10 +873,12 @@ impl Client {
     /// connection before its Welcome: that is tried again, with growing pauses, until
     /// the client's timeout (a host starting many clients at once gets in as places
     /// free up); every other failure is reported at once.
-    fn dial(&self, lane: usize, patience: Duration) -> Result<Arc<Conn>, Error> {
+    /// Ok: the connection, and how long its own attempt (connect and handshake, not
+    /// the attempts and pauses before it) took.
+    fn dial(&self, lane: usize, patience: Duration) -> Result<(Arc<Conn>, Duration), Error> {
         let deadline = std::time::Instant::now() + patience;
         let mut pause = DIAL_RETRY_FIRST_PAUSE;
-        let (s, established) = loop {
+        let (s, established, took) = loop {
             // Each attempt a newer generation: an attempt the server took in but we
             // gave up on must not keep the lane from the next.
             let lane = Lane {
@@ -865,8 +890,9 @@ impl Client {
             let left = deadline
                 .saturating_duration_since(std::time::Instant::now())
                 .max(Duration::from_millis(1));
+            let attempt = std::time::Instant::now();
             match self.connect_and_handshake(lane, left) {
-                Ok(x) => break x,
+                Ok((s, est)) => break (s, est, attempt.elapsed()),
                 Err((e, refused)) if refused && std::time::Instant::now() + pause < deadline => {
                     tracing::debug!("connection refused ({e}); trying again in {pause:?}");
                     std::thread::sleep(pause);
@@ -875,7 +901,7 @@ impl Client {
                 Err((e, _)) => return Err(e),
             }
         };
-        self.attach_conn(s, established)
+        Ok((self.attach_conn(s, established)?, took))
     }
 
     /// One attempt: Err carries whether the server closed the connection before its
@@ -1030,12 +1056,9 @@ impl Client {
         let dialed = self.dial(i, patience);
         let took = started.elapsed();
         let c = match (dialed, short) {
-            (Ok(c), _) => {
+            (Ok((c, handshake)), _) => {
                 self.stall.clear();
-                self.dial_took_us.store(
-                    took.as_micros().min(u64::MAX as u128) as u64,
-                    Ordering::Relaxed,
-                );
+                lock(&self.handshakes).add(handshake);
                 c
             }
             // A short attempt that ran out of patience says nothing new: the stall's
@@ -1100,16 +1123,17 @@ impl Client {
     }
 
     /// The patience of a short attempt after a stall: `STALLED_DIAL_PATIENCE`, or three
-    /// times what the last connection made took if that is more (a long link, or a
-    /// loaded server: a short attempt that can never succeed would leave a server that
-    /// is back unreached until the next full attempt, up to 32 s later; review 32d), at
-    /// most half the client's timeout.
+    /// times the quickest of the last handshakes if that is more (a long link: a short
+    /// attempt that can never succeed would leave a server that is back unreached until
+    /// the next full attempt, up to 32 s later; review 32d), at most half the client's
+    /// timeout. The quickest, not the last: a handshake that waited for a server to
+    /// resume, or for a place at its bounds, says nothing of the link (review 32e).
     fn short_patience(&self) -> Duration {
-        let last = Duration::from_micros(self.dial_took_us.load(Ordering::Relaxed));
+        let link = lock(&self.handshakes).quickest();
         let cap = (self.cfg.timeout / 2)
             .max(STALLED_DIAL_PATIENCE)
             .min(self.cfg.timeout);
-        last.saturating_mul(3).max(STALLED_DIAL_PATIENCE).min(cap)
+        link.saturating_mul(3).max(STALLED_DIAL_PATIENCE).min(cap)
     }
 
     /// The restart hook on `c` for `epoch`, remembering whether it is still owed.

@@ -413,6 +413,17 @@ impl RemoteFs {
                     f.epoch = epoch;
                     f.reopen_owed = owed;
                     f.reopen_id = if owed { id } else { 0 };
+                } else if owed {
+                    // Closed while its re-open was out, and the reply lost: that open
+                    // may have run, so it goes again with its id later, and what it
+                    // opened is released (review 32e: it leaked).
+                    files.orphans.push(open::OrphanReopen {
+                        ino,
+                        gen,
+                        flags,
+                        opener: (cred, groups.clone()),
+                        id,
+                    });
                 } else if let Some(sfh) = server_fh {
                     // Closed while it was re-opened (its release found no handle of
                     // this session to send): the handle just made goes back, or the

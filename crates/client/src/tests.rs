@@ -1411,27 +1411,39 @@ fn full_attempts_after_stalls_back_off_up_to_their_bound() {
     );
 }
 
-/// A short attempt's patience follows the last connection made (three times what it
-/// took), never below `STALLED_DIAL_PATIENCE` and never above half the timeout.
+/// A short attempt's patience follows the link: three times the quickest of the last
+/// `RECENT_HANDSHAKES` handshakes, never below `STALLED_DIAL_PATIENCE` and never above
+/// half the timeout; one slow handshake (a server resuming) does not lengthen it.
 #[test]
 fn a_short_attempt_has_the_patience_of_the_link() {
     let mut cfg = ClientConfig::new("127.0.0.1:9");
     cfg.timeout = Duration::from_secs(10);
     let c = Client::new(cfg);
+    let add = |ms| lock(&c.handshakes).add(Duration::from_millis(ms));
     assert_eq!(
         c.short_patience(),
         STALLED_DIAL_PATIENCE,
         "nothing known yet"
     );
-    c.dial_took_us.store(1_000, Ordering::Relaxed);
+    add(1);
     assert_eq!(c.short_patience(), STALLED_DIAL_PATIENCE, "a fast link");
-    c.dial_took_us.store(200_000, Ordering::Relaxed);
+    add(1500);
+    assert_eq!(
+        c.short_patience(),
+        STALLED_DIAL_PATIENCE,
+        "one slow handshake"
+    );
+    for _ in 0..RECENT_HANDSHAKES - 1 {
+        add(200);
+    }
     assert_eq!(
         c.short_patience(),
         Duration::from_millis(600),
-        "a long link"
+        "a link now long"
     );
-    c.dial_took_us.store(u64::MAX, Ordering::Relaxed);
+    for _ in 0..RECENT_HANDSHAKES {
+        add(60_000);
+    }
     assert_eq!(
         c.short_patience(),
         Duration::from_secs(5),
