@@ -405,6 +405,12 @@ impl RemoteFs {
                     .and_then(|r| <OpenReq as Operation>::Reply::decode(&r.body).ok())
                     .map(|r| r.fh);
                 let mut files = lock(&open);
+                if files.get(fh).is_none() && reopen_id != 0 {
+                    // Closed while this owed re-open was out: its release recorded the
+                    // orphan already (review 32f: recorded again here, and the handle
+                    // released twice).
+                    continue;
+                }
                 if let Some(f) = files.get_mut(fh) {
                     if f.epoch != epoch {
                         f.lost |= f.written > f.durable;
