@@ -1033,8 +1033,8 @@ impl Client {
         }
         // Who may dial, and with what patience (`DialStall`): with no stall on record,
         // a full attempt, waiting for the gate; after a stall, callers never wait for
-        // the gate (it is held by an attempt that may take the whole timeout), and only
-        // a full attempt only now and then (`full_attempt_after`), short ones between.
+        // the gate (it is held by an attempt that may take the whole timeout), and a
+        // full attempt goes only now and then (`full_attempt_after`), short ones between.
         let stall = self.stall.last();
         let _dialing = match &stall {
             Some((e, ago, _)) => self
