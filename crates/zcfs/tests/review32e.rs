@@ -90,26 +90,6 @@ fn a_file_closed_while_the_first_reopen_is_lost_leaves_no_handle() {
     });
 }
 
-/// Requests (bounded: 40 s) against a stopped server until a full connection attempt
-/// stalled (a request that took at least half the timeout and says "stalled").
-fn until_a_full_attempt_stalls(fs: &zcfs_client::RemoteFs, timeout: Duration) {
-    let t = Instant::now();
-    loop {
-        assert!(
-            t.elapsed() < Duration::from_secs(40),
-            "no full attempt stalled"
-        );
-        let r = Instant::now();
-        let e = fs.server_stats().unwrap_err();
-        let took = r.elapsed();
-        eprintln!("  request failed in {took:?}: {e}");
-        if took >= timeout / 2 && e.to_string().contains("stalled") {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// The time the request right after a stalled full attempt takes (a short attempt).
 fn short_attempt_took(fs: &zcfs_client::RemoteFs) -> (Duration, String) {
     let r = Instant::now();

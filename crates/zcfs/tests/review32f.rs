@@ -132,26 +132,6 @@ fn owed_reopen_closed_meanwhile(name: &str, third: Duration) {
     });
 }
 
-/// Requests (bounded: 40 s) against a stopped server until a full connection attempt
-/// stalled (a request that took at least half the timeout and says "stalled").
-fn until_a_full_attempt_stalls(fs: &zcfs_client::RemoteFs, timeout: Duration) {
-    let t = Instant::now();
-    loop {
-        assert!(
-            t.elapsed() < Duration::from_secs(40),
-            "no full attempt stalled"
-        );
-        let r = Instant::now();
-        let e = fs.server_stats().unwrap_err();
-        let took = r.elapsed();
-        eprintln!("  request failed in {took:?}: {e}");
-        if took >= timeout / 2 && e.to_string().contains("stalled") {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// FINDING 2. The quickest of the last 8 handshakes is the only one while there is one:
 /// a client whose first connection was made while the server was stopped (the kernel
 /// took it into the backlog; the Welcome came on resume, 1.5 s later) has that as its

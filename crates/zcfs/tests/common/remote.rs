@@ -514,3 +514,23 @@ pub fn secret_client_to(addr: &str, timeout: Duration, connections: usize) -> Re
     cfg.connections = connections;
     RemoteFs::connect(cfg).unwrap()
 }
+
+/// Requests (bounded: 40 s) against a stopped server until a full connection attempt
+/// stalled (a request that took at least half the timeout and says "stalled").
+pub fn until_a_full_attempt_stalls(fs: &RemoteFs, timeout: Duration) {
+    let t = Instant::now();
+    loop {
+        assert!(
+            t.elapsed() < Duration::from_secs(40),
+            "no full attempt stalled"
+        );
+        let r = Instant::now();
+        let e = fs.server_stats().unwrap_err();
+        let took = r.elapsed();
+        eprintln!("  request failed in {took:?}: {e}");
+        if took >= timeout / 2 && e.to_string().contains("stalled") {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
