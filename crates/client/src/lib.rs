@@ -467,7 +467,7 @@ impl DialStall {
 }
 
 /// The error a request gets at once while a stall is on record (`e`, `ago` old):
-/// ETIMEDOUT whatever the attempt met (a handshake's read timeout is EAGAIN), so that
+/// ETIMEDOUT whatever the attempt met (a socket's own timeout would be EAGAIN), so that
 /// callers treat it as the lost link it is (a release is posted for later, a write
 /// behind is reported as EIO), and applications are not invited to try again at once.
 fn stalled(e: &Error, ago: Duration, why: &str) -> Error {
@@ -773,7 +773,7 @@ impl Client {
     /// server counts it so too); a probe without an answer is not a request that fell
     /// back to TCP, and is counted nowhere.
     fn l2_probe(&self, lane: &l2::L2Lane, iface: &str) -> Result<(), String> {
-        let id = self.ids.fetch_add(1, Ordering::Relaxed);
+        let id = self.next_id();
         let req: Request = zcfs_protocol::PingReq {}.into();
         let who = Caller::process();
         let (hdr, body) = req
@@ -1000,12 +1000,6 @@ impl Client {
         Ok(conn)
     }
 
-    /// The `i`th connection, (re)connecting if needed. A new connection is handed out
-    /// only after what its handshake says is dealt with: a lost session revalidated
-    /// (the restart hook), posted requests its predecessor lost sent again.
-    /// Connections are made one at a time (`dialing`): a handshake's `resumed` then
-    /// always speaks of the session as the connections made before left it, never of
-    /// one a sibling connection created and has not revalidated yet.
     /// Lane `i`'s slot. While a stall is on record a slot someone holds (dialling
     /// it, a full timeout against a stopped server) is not waited for: Err with the
     /// stall's error, and the caller fails at once.
@@ -1020,6 +1014,12 @@ impl Client {
         }
     }
 
+    /// The `i`th connection, (re)connecting if needed. A new connection is handed out
+    /// only after what its handshake says is dealt with: a lost session revalidated
+    /// (the restart hook), posted requests its predecessor lost sent again.
+    /// Connections are made one at a time (`dialing`): a handshake's `resumed` then
+    /// always speaks of the session as the connections made before left it, never of
+    /// one a sibling connection created and has not revalidated yet.
     fn conn(&self, i: usize) -> Result<Arc<Conn>, Error> {
         // After a stalled attempt, one caller at a time tries again (a full attempt
         // only now and then: `DialStall`); the others fail at once with the stall's
@@ -1207,9 +1207,10 @@ impl Client {
     }
 
     /// Make the connections that were lost again (the server closed them, a reply
-    /// timed out, the client let them go or never made them), running the session's revalidation if the
-    /// server lost the session. A caller about to read state the revalidation renews
-    /// (the server handles of open files) then reads the new session's. (Review 32c: a
+    /// timed out, the client let them go or never made them), running the session's
+    /// revalidation if the server lost the session. A caller about to read state the
+    /// revalidation renews (the server handles of open files) then reads the new
+    /// session's. (Review 32c: a
     /// connection lost to a quiet link was left to the request's own dial, which
     /// found the session gone and re-opened the file while the request carried the
     /// old session's handle: EBADF. A dial that fails here is the request's failure:
@@ -1285,7 +1286,7 @@ impl Client {
             }
         }
         let conn = self.pick()?;
-        let id = self.ids.fetch_add(1, Ordering::Relaxed);
+        let id = self.next_id();
         self.submit_on(conn, id, req, cred, data, true)
     }
 
@@ -1307,7 +1308,7 @@ impl Client {
                 "the connection to send behind is down (or the lane not fenced yet)",
             ));
         }
-        let id = self.ids.fetch_add(1, Ordering::Relaxed);
+        let id = self.next_id();
         self.submit_on(after.conn.clone(), id, req, cred, Payload::Mem(data), true)
     }
 
@@ -1321,7 +1322,7 @@ impl Client {
             tracing::warn!("not posting {}: {}", req.op().name(), e.msg());
             return;
         }
-        let id = self.ids.fetch_add(1, Ordering::Relaxed);
+        let id = self.next_id();
         {
             // Registered first (as not sent): from here on, every connection made
             // sends it if it is still without a reply then.
@@ -1550,7 +1551,7 @@ impl Client {
             // No connection to be had: `call` would have failed the same way.
             Err(e) => return done(Err(e)),
         };
-        let id = self.ids.fetch_add(1, Ordering::Relaxed);
+        let id = self.next_id();
         let (hdr, body) = match req.encode_with_groups(id, cred.cred, cred.groups) {
             Ok(e) => e,
             Err(e) => return done(Err(Error::new(e.errno(), e.to_string()))),
@@ -1611,7 +1612,7 @@ impl Client {
         if let Err(e) = cred.check() {
             return (Err(e), false);
         }
-        let id = self.ids.fetch_add(1, Ordering::Relaxed);
+        let id = self.next_id();
         let op = req.op();
         let conn = match self.try_l2(id, req, cred, data) {
             L2Try::Done(r) => return (r, false),
@@ -1739,7 +1740,7 @@ impl Client {
         };
         let failed = |e: Error| l2::Fence::Failed(std::time::Instant::now(), e);
         let ticket = self.pick().and_then(|conn| {
-            let id = self.ids.fetch_add(1, Ordering::Relaxed);
+            let id = self.next_id();
             let req: Request = zcfs_protocol::L2ReleaseReq {}.into();
             self.submit_on(conn, id, &req, Caller::process(), Payload::Mem(&[]), true)
         });
