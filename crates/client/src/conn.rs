@@ -26,7 +26,7 @@ use zcfs_backend::Error;
 use zcfs_protocol::channel::{Mac, TAG_LEN};
 use zcfs_protocol::handshake::Welcome;
 use zcfs_protocol::{Op, Request, RespHeader, RESP_HDR};
-use zcfs_transport::{recv_exact_with, recv_into_vec_with, Stream};
+use zcfs_transport::{recv_into_vec_with, RecvBuf, RecvFd, Stream};
 
 /// A request sent without waiting for its reply (a forget), kept until the reply
 /// comes, to send again (with its id) if its connection is lost first.
@@ -68,6 +68,9 @@ pub(crate) struct Writer {
 pub(crate) struct Reader {
     pub(crate) s: Stream,
     pub(crate) mac: Option<Mac>,
+    /// Replies received ahead: a reply's header with its body and (small) data in one
+    /// recv, and the replies behind it when several came together.
+    pub(crate) rb: RecvBuf,
 }
 
 /// How often the background reader looks whether callers stopped leading, and how long
@@ -273,7 +276,7 @@ fn lead(conn: &Conn, rd: &mut Reader, own: u64, deadline: Instant) -> Led {
     }
     loop {
         // The whole reply is due by the caller's deadline, however slowly it comes.
-        let r = match recv_reply(&rd.s, &mut rd.mac, Some(deadline)) {
+        let r = match recv_reply(&rd.s, &mut rd.rb, &mut rd.mac, Some(deadline)) {
             Ok(r) => r,
             Err(f) if f.timed_out => return Led::TimedOut,
             Err(f) => {
@@ -536,6 +539,7 @@ impl RecvFail {
 /// else each read waits at most the socket's timeout.
 pub(crate) fn recv_reply(
     s: &Stream,
+    rb: &mut RecvBuf,
     mac: &mut Option<Mac>,
     until: Option<Instant>,
 ) -> Result<Received, RecvFail> {
@@ -544,8 +548,23 @@ pub(crate) fn recv_reply(
         Some(c) => c.before(s),
         None => Ok(()),
     };
+    // The header into the buffer, with whatever came after it.
+    while rb.len() < RESP_HDR {
+        before().map_err(RecvFail::io)?;
+        match rb.fill_once(&mut RecvFd(s)) {
+            Ok(0) => return Err(RecvFail::io(std::io::ErrorKind::UnexpectedEof.into())),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(RecvFail::io(e)),
+        }
+    }
     let mut hb = [0u8; RESP_HDR];
-    recv_exact_with(s, &mut hb, &mut before).map_err(RecvFail::io)?;
+    rb.take_into(&mut hb);
+    // A part of the reply: what the buffer holds, then the rest straight into `v`.
+    let mut part = |v: &mut Vec<u8>, n: usize| {
+        let k = rb.take_to_vec(v, n);
+        recv_into_vec_with(s, v, n - k, &mut before)
+    };
     let h = RespHeader::decode(&hb)
         .map_err(|e| RecvFail::bad(format!("malformed reply: {e}"), None))?;
     let tag_len = if mac.is_some() { TAG_LEN } else { 0 };
@@ -554,8 +573,7 @@ pub(crate) fn recv_reply(
         Vec::with_capacity(h.body_len as usize + tag_len),
         Vec::with_capacity(h.data_len as usize + tag_len),
     );
-    recv_into_vec_with(s, &mut body, h.body_len as usize + tag_len, &mut before)
-        .map_err(RecvFail::io)?;
+    part(&mut body, h.body_len as usize + tag_len).map_err(RecvFail::io)?;
     let mut m = None;
     if let Some(mac) = mac.as_mut() {
         let tag: [u8; TAG_LEN] = body[h.body_len as usize..]
@@ -569,11 +587,12 @@ pub(crate) fn recv_reply(
             m = Some(mm);
         }
     }
-    recv_into_vec_with(s, &mut data, h.data_len as usize, &mut before).map_err(RecvFail::io)?;
+    part(&mut data, h.data_len as usize).map_err(RecvFail::io)?;
     if let Some(mut mm) = m {
-        let mut tag = [0u8; TAG_LEN];
-        recv_exact_with(s, &mut tag, &mut before).map_err(RecvFail::io)?;
+        let mut tag = Vec::with_capacity(TAG_LEN);
+        part(&mut tag, TAG_LEN).map_err(RecvFail::io)?;
         mm.data(&data);
+        let tag: [u8; TAG_LEN] = tag[..].try_into().expect("TAG_LEN bytes");
         mm.verify_data(&tag)
             .map_err(|e| RecvFail::bad(e.to_string(), Some(h.id)))?;
     }
@@ -705,7 +724,7 @@ fn serve_owed(conn: &Conn, rd: &mut Reader) {
 /// Read and hand on one reply (within the read timeout set); a failure ends the
 /// connection.
 fn read_one(conn: &Conn, rd: &mut Reader) {
-    match recv_reply(&rd.s, &mut rd.mac, None) {
+    match recv_reply(&rd.s, &mut rd.rb, &mut rd.mac, None) {
         Ok(r) => {
             if let Err(why) = dispatch(conn, r, None) {
                 conn.break_with(&why);

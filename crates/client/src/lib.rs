@@ -37,7 +37,8 @@ use zcfs_protocol::channel::{Integrity, TAG_LEN};
 use zcfs_protocol::handshake::Lane;
 use zcfs_protocol::{Cred, Request, RespHeader, MAX_GROUPS, OP_SLOTS};
 use zcfs_transport::{
-    client_handshake_within, tune, write_all_vectored, Address, Established, Stream, TransportError,
+    client_handshake_within, tune, write_all_vectored, Address, Established, RecvBuf, Stream,
+    TransportError,
 };
 
 /// The first pause before dialling again after a server refused a connection at one
@@ -979,7 +980,11 @@ impl Client {
         let (reader, control) = (clone()?, clone()?);
         let conn = Arc::new(Conn {
             writer: Mutex::new(Writer { s, mac: tx }),
-            reader: Mutex::new(Some(Reader { s: reader, mac: rx })),
+            reader: Mutex::new(Some(Reader {
+                s: reader,
+                mac: rx,
+                rb: RecvBuf::default(),
+            })),
             rx_wake: (Mutex::new(false), Condvar::new()),
             leads: AtomicU64::new(0),
             timeout: self.cfg.timeout,

@@ -15,7 +15,7 @@
 use crate::dispatch::Held;
 use crate::session::{lock, Access, Begin, Claim, Session};
 use crate::{PeerRule, Shared};
-use std::io::{IoSlice, IoSliceMut, Read};
+use std::io::IoSlice;
 use std::os::fd::AsRawFd;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -28,8 +28,7 @@ use zcfs_protocol::{
     WriteReply, WriteReq, MAX_BODY, REQ_HDR, RESP_HDR,
 };
 use zcfs_transport::{
-    message_time, read_exact_vectored, read_message_start, write_all_vectored, Patient, Start,
-    Stream,
+    fill_message_start, message_time, write_all_vectored, Patient, RecvBuf, Start, Stream,
 };
 
 /// Most replies one connection has waiting off its thread at once (`Awaited`). A
@@ -184,6 +183,9 @@ pub(crate) struct Conn<'a> {
     pub rx: Option<Mac>,
     /// The message being received: its deadline and what is left of its payload.
     pub inbound: Inbound,
+    /// Bytes received ahead: the current message's header and body, and the
+    /// messages behind it when the client had several in flight.
+    pub rb: RecvBuf,
     /// Where replies are written, by this thread and the waiting replies' threads.
     pub out: &'a Out,
     pub spawn: Box<Spawn<'a>>,
@@ -469,6 +471,9 @@ pub(crate) struct Inbound {
     deadline: Instant,
     /// Payload bytes not taken off the socket yet.
     left: usize,
+    /// Payload bytes that came out of the receive buffer (copied) rather than
+    /// straight off the socket.
+    from_buffer: u64,
     /// Full mode: the message's MAC, continued over the payload; its data tag is
     /// read and checked when the last payload byte is in.
     mac: Option<MessageMac>,
@@ -479,6 +484,7 @@ impl Inbound {
         Inbound {
             deadline: Instant::now(),
             left: 0,
+            from_buffer: 0,
             mac: None,
         }
     }
@@ -489,6 +495,7 @@ impl Inbound {
     fn recv(
         &mut self,
         s: &mut Stream,
+        rb: &mut RecvBuf,
         patience: std::time::Duration,
         dst: &mut [&mut [u8]],
     ) -> Result<(), ConnEnd> {
@@ -500,12 +507,10 @@ impl Inbound {
             ));
         }
         let mut r = Patient::new(s, self.deadline, patience);
-        {
-            // readv advances these in place: hash `dst` itself afterwards.
-            let mut iov: Vec<IoSliceMut<'_>> = dst.iter_mut().map(|d| IoSliceMut::new(d)).collect();
-            read_exact_vectored(&mut r, &mut iov)
-                .map_err(|e| ConnEnd::io("receiving write data", e))?;
-        }
+        // What the receive buffer holds is copied; the rest lands in `dst` directly.
+        self.from_buffer +=
+            rb.read_exact_vectored_through(&mut r, dst)
+                .map_err(|e| ConnEnd::io("receiving write data", e))? as u64;
         self.left -= n;
         if let Some(m) = &mut self.mac {
             for b in dst.iter() {
@@ -513,7 +518,7 @@ impl Inbound {
             }
             if self.left == 0 {
                 let mut tag = [0u8; TAG_LEN];
-                r.read_exact(&mut tag)
+                rb.read_exact_through(&mut r, &mut tag)
                     .map_err(|e| ConnEnd::io("receiving a payload tag", e))?;
                 self.mac.take().expect("checked above").verify_data(&tag)?;
             }
@@ -523,11 +528,16 @@ impl Inbound {
 
     /// Take what is left of the payload off the socket and drop it (a write refused
     /// before its data was used), checking its tag all the same.
-    fn discard(&mut self, s: &mut Stream, patience: std::time::Duration) -> Result<(), ConnEnd> {
+    fn discard(
+        &mut self,
+        s: &mut Stream,
+        rb: &mut RecvBuf,
+        patience: std::time::Duration,
+    ) -> Result<(), ConnEnd> {
         let mut buf = vec![0u8; self.left.min(64 << 10)];
         while self.left > 0 {
             let k = self.left.min(buf.len());
-            self.recv(s, patience, &mut [&mut buf[..k]])?;
+            self.recv(s, rb, patience, &mut [&mut buf[..k]])?;
         }
         Ok(())
     }
@@ -539,6 +549,7 @@ impl Inbound {
 /// connection's end in `failed` and the backend an EIO.
 struct SocketPayload<'c> {
     s: &'c mut Stream,
+    rb: &'c mut RecvBuf,
     inbound: &'c mut Inbound,
     patience: std::time::Duration,
     failed: &'c mut Option<ConnEnd>,
@@ -552,18 +563,20 @@ impl WritePayload for SocketPayload<'_> {
         if self.failed.is_some() {
             return Err(Error::new(libc::EIO, "the payload was lost"));
         }
-        self.inbound.recv(self.s, self.patience, dst).map_err(|e| {
-            let err = Error::new(libc::EIO, e.to_string());
-            *self.failed = Some(e);
-            err
-        })
+        self.inbound
+            .recv(self.s, self.rb, self.patience, dst)
+            .map_err(|e| {
+                let err = Error::new(libc::EIO, e.to_string());
+                *self.failed = Some(e);
+                err
+            })
     }
 }
 
 impl Drop for SocketPayload<'_> {
     fn drop(&mut self) {
         if self.failed.is_none() {
-            if let Err(e) = self.inbound.discard(self.s, self.patience) {
+            if let Err(e) = self.inbound.discard(self.s, self.rb, self.patience) {
                 *self.failed = Some(e);
             }
         }
@@ -595,13 +608,14 @@ impl<'a> Conn<'a> {
         let patience = self.shared.cfg.peer_timeout;
         let idle = self.shared.cfg.idle_timeout;
         loop {
-            let mut hb = [0u8; REQ_HDR];
-            match read_message_start(&mut self.s, &mut hb, patience, idle) {
+            match fill_message_start(&mut self.s, &mut self.rb, REQ_HDR, patience, idle) {
                 Ok(Start::Message) => {}
                 Ok(Start::Closed) => return Err(ConnEnd::Closed),
                 Ok(Start::Idle) => return Err(ConnEnd::Idle),
                 Err(e) => return Err(ConnEnd::io("receiving a header", e)),
             }
+            let mut hb = [0u8; REQ_HDR];
+            self.rb.take_into(&mut hb);
             let t = Instant::now();
             let h = ReqHeader::decode(&hb)?;
             self.shared.stats.tcp_requests[h.op as usize].fetch_add(1, Ordering::Relaxed);
@@ -609,12 +623,16 @@ impl<'a> Conn<'a> {
             self.inbound = Inbound {
                 deadline: t + message_time(patience, h.data_len as u64),
                 left: h.data_len as usize,
+                from_buffer: 0,
                 mac: None,
             };
             let tag_len = if self.rx.is_some() { TAG_LEN } else { 0 };
             let mut body = vec![0u8; h.body_len as usize + tag_len];
-            Patient::new(&mut self.s, self.inbound.deadline, patience)
-                .read_exact(&mut body)
+            self.rb
+                .read_exact_through(
+                    &mut Patient::new(&mut self.s, self.inbound.deadline, patience),
+                    &mut body,
+                )
                 .map_err(|e| ConnEnd::io("receiving a body", e))?;
             if let Some(rx) = &mut self.rx {
                 // Nothing of a message is acted on before its tag checked out.
@@ -763,7 +781,7 @@ impl<'a> Conn<'a> {
     /// Drop what is left of the current request's payload.
     fn discard(&mut self) -> Result<(), ConnEnd> {
         let patience = self.shared.cfg.peer_timeout;
-        self.inbound.discard(&mut self.s, patience)
+        self.inbound.discard(&mut self.s, &mut self.rb, patience)
     }
 
     /// Send an encoded reply (header and body).
@@ -963,6 +981,7 @@ impl<'a> Conn<'a> {
         let r = {
             let mut payload = SocketPayload {
                 s: &mut self.s,
+                rb: &mut self.rb,
                 inbound: &mut self.inbound,
                 patience: shared.cfg.peer_timeout,
                 failed: &mut recv_err,
@@ -990,6 +1009,10 @@ impl<'a> Conn<'a> {
             // The payload drops here: what the backend did not take is discarded (its
             // tag checked all the same), so the stream stays in step.
         };
+        shared.stats.recv_buffer_payload_bytes.fetch_add(
+            std::mem::take(&mut self.inbound.from_buffer),
+            Ordering::Relaxed,
+        );
         let committed = recv_err.is_none() && commit_if_asked(shared, &w, bfh, &r);
         drop(held);
         if let Some(e) = recv_err {

@@ -620,6 +620,7 @@ fn connection(mut s: Stream, who: Peer, peer: &str, shared: &Shared, slot: &mut 
                     replying: false,
                     rx,
                     inbound: conn::Inbound::new(),
+                    rb: zcfs_transport::RecvBuf::default(),
                     out: &out,
                     spawn: conn::spawner(scope),
                 };

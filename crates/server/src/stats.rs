@@ -57,6 +57,10 @@ pub struct ServerStats {
     pub expired_references: AtomicU64,
     /// Payload bytes copied in user space by the server itself (one-copy mode).
     pub user_copy_bytes: AtomicU64,
+    /// Write payload bytes that came in with their request's header (one recv takes a
+    /// header, its body and what follows, up to `RECV_BUF_SIZE`) and were copied out of
+    /// the receive buffer, instead of received straight into place.
+    pub recv_buffer_payload_bytes: AtomicU64,
     /// Requests that arrived on a TCP connection, per operation code (the lane's are
     /// counted by the lane).
     pub tcp_requests: [AtomicU64; OP_SLOTS],
@@ -87,6 +91,7 @@ impl Default for ServerStats {
             expired_handles: AtomicU64::new(0),
             expired_references: AtomicU64::new(0),
             user_copy_bytes: AtomicU64::new(0),
+            recv_buffer_payload_bytes: AtomicU64::new(0),
             tcp_requests: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
@@ -154,6 +159,10 @@ pub struct StatsReport {
     pub user_copies_per_payload_byte: f64,
     pub backend_user_copy_bytes: u64,
     pub server_user_copy_bytes: u64,
+    /// Write payload bytes copied out of the receive buffer (counted in the copies per
+    /// payload byte above).
+    #[serde(default)]
+    pub recv_buffer_payload_bytes: u64,
     /// The layer-2 lane (a server started with one): state and requests per path.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub l2: Option<zcfs_metrics::LaneReport>,
@@ -181,8 +190,11 @@ impl ServerStats {
         let (r, w) = (bytes(Op::Read), bytes(Op::Write));
         let cs = backend.copy_stats();
         let server_copies = self.user_copy_bytes.load(Ordering::Relaxed);
-        // In one-copy mode the backend's own copy is the server's buffer-to-PM copy.
-        let total = cs.user_copy_bytes.max(server_copies);
+        // In one-copy mode the backend's own copy is the server's buffer-to-PM copy; a
+        // payload's bytes that came with its header are copied once more, out of the
+        // receive buffer.
+        let buffered = self.recv_buffer_payload_bytes.load(Ordering::Relaxed);
+        let total = cs.user_copy_bytes.max(server_copies) + buffered;
         let SessionCounts {
             active,
             in_grace,
@@ -229,6 +241,7 @@ impl ServerStats {
             },
             backend_user_copy_bytes: cs.user_copy_bytes,
             server_user_copy_bytes: server_copies,
+            recv_buffer_payload_bytes: buffered,
             l2: None,
         }
     }
@@ -329,7 +342,8 @@ impl ServerStats {
             (
                 "user_copy_bytes_total",
                 "Bytes copied in user space by the backend and the server.",
-                r.backend_user_copy_bytes.max(r.server_user_copy_bytes),
+                r.backend_user_copy_bytes.max(r.server_user_copy_bytes)
+                    + r.recv_buffer_payload_bytes,
             ),
         ];
         for (name, help, v) in counters {

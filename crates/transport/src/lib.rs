@@ -4,12 +4,14 @@
 //! (AF_XDP) will sit beside this one.
 
 mod handshake;
+mod recvbuf;
 mod stream;
 
 pub use handshake::{
     client_handshake, client_handshake_on_lane, client_handshake_within, server_handshake,
     Accepted, Established, Joined, HANDSHAKE_TIMEOUT,
 };
+pub use recvbuf::{RecvBuf, RecvFd, RECV_BUF_SIZE};
 pub use stream::{
     peer_cred, peer_groups, Address, AddressError, Listener, Peer, PeerCred, Socket, Stream,
     UNIX_SOCKET_MODE,
@@ -265,14 +267,46 @@ pub fn read_message_start(
     patience: Duration,
     idle: Duration,
 ) -> std::io::Result<Start> {
+    let need = buf.len();
+    wait_message_start(s, 0, need, patience, idle, |s, got| s.read(&mut buf[got..]))
+}
+
+/// `read_message_start` through a receive buffer: until `rb` holds at least `need`
+/// bytes (at once when it does: no system call), each recv taking whatever the peer
+/// sent, the messages behind this one included. Bytes already buffered count as a
+/// message begun (the peer is not idle).
+pub fn fill_message_start(
+    s: &mut impl Socket,
+    rb: &mut RecvBuf,
+    need: usize,
+    patience: Duration,
+    idle: Duration,
+) -> std::io::Result<Start> {
+    assert!(
+        need <= rb.capacity(),
+        "a message start larger than the buffer"
+    );
+    let have = rb.len();
+    wait_message_start(s, have, need, patience, idle, |s, _| rb.fill_once(s))
+}
+
+/// The loop of `read_message_start`: `read` adds bytes (given how many are in) until
+/// `need` are, with the idle rule while none has come.
+fn wait_message_start<S: Socket>(
+    s: &mut S,
+    mut got: usize,
+    need: usize,
+    patience: Duration,
+    idle: Duration,
+    mut read: impl FnMut(&mut S, usize) -> std::io::Result<usize>,
+) -> std::io::Result<Start> {
     let started = Instant::now();
-    let mut got = 0;
     let mut shortened = false;
     let r = loop {
-        if got == buf.len() {
+        if got >= need {
             break Ok(Start::Message);
         }
-        match s.read(&mut buf[got..]) {
+        match read(s, got) {
             Ok(0) if got == 0 => break Ok(Start::Closed),
             Ok(0) => break Err(std::io::ErrorKind::UnexpectedEof.into()),
             Ok(n) => {
