@@ -543,9 +543,10 @@ pub(crate) fn recv_reply(
     mac: &mut Option<Mac>,
     until: Option<Instant>,
 ) -> Result<Received, RecvFail> {
-    let mut clock = until.map(|at| Deadline::new(s, at));
-    let mut before = || match clock.as_mut() {
-        Some(c) => c.before(s),
+    // Set up at the first recv: a reply already in the buffer costs no system call.
+    let mut clock: Option<Deadline> = None;
+    let mut before = || match until {
+        Some(at) => clock.get_or_insert_with(|| Deadline::new(s, at)).before(s),
         None => Ok(()),
     };
     // The header into the buffer, with whatever came after it.

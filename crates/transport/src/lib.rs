@@ -460,6 +460,57 @@ mod tests {
         );
     }
 
+    /// Through a receive buffer: an idle peer is waited for, a message start already
+    /// buffered is there at once, one begun (part of it buffered) must finish within
+    /// the peer timeout, and two messages sent together come in with one recv.
+    #[test]
+    fn a_buffered_message_start_keeps_the_idle_and_stall_rules() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut s, _) = l.accept().unwrap();
+        let patience = Duration::from_millis(100);
+        set_peer_timeout(&s, patience).unwrap();
+        let idle = Duration::from_secs(3600);
+        let mut rb = RecvBuf::new(64);
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(patience * 3);
+            // Two 8-byte message starts and half of a third, then a stall.
+            c.write_all(&[[1u8; 8], [2u8; 8]].concat()).unwrap();
+            std::thread::sleep(patience);
+            c.write_all(&[3u8; 4]).unwrap();
+            std::thread::sleep(patience * 5);
+            c
+        });
+        let start =
+            |s: &mut TcpStream, rb: &mut RecvBuf| fill_message_start(s, rb, 8, patience, idle);
+        assert_eq!(start(&mut s, &mut rb).unwrap(), Start::Message);
+        assert!(rb.len() >= 8);
+        let mut m = [0u8; 8];
+        rb.take_into(&mut m);
+        assert_eq!(m, [1u8; 8]);
+        // The second came with the first (sent in one write, received in one recv here
+        // unless the kernel split them); either way it is whole now.
+        assert_eq!(start(&mut s, &mut rb).unwrap(), Start::Message);
+        rb.take_into(&mut m);
+        assert_eq!(m, [2u8; 8]);
+        let began = Instant::now();
+        let e = start(&mut s, &mut rb).unwrap_err();
+        assert!(timed_out(&e), "{e}");
+        assert!(began.elapsed() < patience * 4, "{:?}", began.elapsed());
+        assert_eq!(rb.buffered(), &[3u8; 4], "the partial start stays buffered");
+        // Bytes already buffered count as a message begun: no idle wait.
+        let began = Instant::now();
+        assert!(start(&mut s, &mut rb).is_err());
+        assert!(began.elapsed() < patience * 4, "{:?}", began.elapsed());
+        drop(t.join().unwrap());
+        // A close between messages is a clean end; inside one, an error.
+        assert_eq!(
+            fill_message_start(&mut s, &mut RecvBuf::new(64), 8, patience, idle).unwrap(),
+            Start::Closed
+        );
+        assert!(fill_message_start(&mut s, &mut rb, 8, patience, idle).is_err());
+    }
+
     /// A connection idle for the idle timeout ends (at the idle timeout, even when it
     /// is not a multiple of the peer timeout).
     #[test]
