@@ -978,7 +978,7 @@ impl<'a> Conn<'a> {
         };
         let mut recv_err: Option<ConnEnd> = None;
         let size = w.size;
-        let r = {
+        let (r, from_buffer) = {
             let mut payload = SocketPayload {
                 s: &mut self.s,
                 rb: &mut self.rb,
@@ -992,7 +992,7 @@ impl<'a> Conn<'a> {
                 // Straight from the socket into the reserved destination blocks.
                 backend.write_with(ctx, w.node.ino, bfh, w.offset, &mut payload)
             };
-            match r {
+            let r = match r {
                 // Refused for room before any byte was taken: copy-on-write wants room
                 // for the whole payload at once, but an overwrite larger than the free
                 // space still fits in pieces. Take the payload into memory (one copy,
@@ -1005,14 +1005,17 @@ impl<'a> Conn<'a> {
                     Self::write_buffered(shared, ctx, &w, bfh, &mut payload)
                 }
                 r => r,
-            }
+            };
+            // Payload bytes the write took out of the receive buffer (copied), not
+            // those of a remainder discarded after it.
+            (r, payload.inbound.from_buffer)
             // The payload drops here: what the backend did not take is discarded (its
             // tag checked all the same), so the stream stays in step.
         };
-        shared.stats.recv_buffer_payload_bytes.fetch_add(
-            std::mem::take(&mut self.inbound.from_buffer),
-            Ordering::Relaxed,
-        );
+        shared
+            .stats
+            .recv_buffer_payload_bytes
+            .fetch_add(from_buffer, Ordering::Relaxed);
         let committed = recv_err.is_none() && commit_if_asked(shared, &w, bfh, &r);
         drop(held);
         if let Some(e) = recv_err {
