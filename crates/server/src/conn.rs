@@ -28,7 +28,7 @@ use zcfs_protocol::{
     WriteReply, WriteReq, MAX_BODY, REQ_HDR, RESP_HDR,
 };
 use zcfs_transport::{
-    fill_message_start, message_time, write_all_vectored, Patient, RecvBuf, Start, Stream,
+    fill_message_start, message_time, write_all_vectored, Patient, RecvBuf, Start, Stream, Take,
 };
 
 /// Most replies one connection has waiting off its thread at once (`Awaited`). A
@@ -607,8 +607,18 @@ impl<'a> Conn<'a> {
         let session: &'a Session = self.session;
         let patience = self.shared.cfg.peer_timeout;
         let idle = self.shared.cfg.idle_timeout;
+        let mut after_write = false;
         loop {
-            match fill_message_start(&mut self.s, &mut self.rb, REQ_HDR, patience, idle) {
+            // After a write, the next request is likely another: its payload must stay
+            // on the socket to be received in place, so take only its header. Else
+            // take whatever came (the requests behind this one, when a client has
+            // several in flight).
+            let take = if after_write {
+                Take::Exact
+            } else {
+                Take::Greedy
+            };
+            match fill_message_start(&mut self.s, &mut self.rb, REQ_HDR, take, patience, idle) {
                 Ok(Start::Message) => {}
                 Ok(Start::Closed) => return Err(ConnEnd::Closed),
                 Ok(Start::Idle) => return Err(ConnEnd::Idle),
@@ -618,6 +628,7 @@ impl<'a> Conn<'a> {
             self.rb.take_into(&mut hb);
             let t = Instant::now();
             let h = ReqHeader::decode(&hb)?;
+            after_write = h.op == Op::Write;
             self.shared.stats.tcp_requests[h.op as usize].fetch_add(1, Ordering::Relaxed);
             // From the header on, the whole message has one deadline.
             self.inbound = Inbound {

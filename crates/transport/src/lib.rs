@@ -271,14 +271,25 @@ pub fn read_message_start(
     wait_message_start(s, 0, need, patience, idle, |s, got| s.read(&mut buf[got..]))
 }
 
+/// How much a receive into a buffer may take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Take {
+    /// Whatever the peer sent, up to the buffer's room: the messages behind this one
+    /// too.
+    Greedy,
+    /// Only the `need` bytes asked for: what follows stays on the socket (a write's
+    /// payload, to be received straight into its place).
+    Exact,
+}
+
 /// `read_message_start` through a receive buffer: until `rb` holds at least `need`
-/// bytes (at once when it does: no system call), each recv taking whatever the peer
-/// sent, the messages behind this one included. Bytes already buffered count as a
-/// message begun (the peer is not idle).
+/// bytes (at once when it does: no system call), each recv taking what `take` allows.
+/// Bytes already buffered count as a message begun (the peer is not idle).
 pub fn fill_message_start(
     s: &mut impl Socket,
     rb: &mut RecvBuf,
     need: usize,
+    take: Take,
     patience: Duration,
     idle: Duration,
 ) -> std::io::Result<Start> {
@@ -287,7 +298,10 @@ pub fn fill_message_start(
         "a message start larger than the buffer"
     );
     let have = rb.len();
-    wait_message_start(s, have, need, patience, idle, |s, _| rb.fill_once(s))
+    wait_message_start(s, have, need, patience, idle, |s, got| match take {
+        Take::Greedy => rb.fill_once(s),
+        Take::Exact => rb.fill_once_upto(s, need - got),
+    })
 }
 
 /// The loop of `read_message_start`: `read` adds bytes (given how many are in) until
@@ -481,8 +495,9 @@ mod tests {
             std::thread::sleep(patience * 5);
             c
         });
-        let start =
-            |s: &mut TcpStream, rb: &mut RecvBuf| fill_message_start(s, rb, 8, patience, idle);
+        let start = |s: &mut TcpStream, rb: &mut RecvBuf| {
+            fill_message_start(s, rb, 8, Take::Greedy, patience, idle)
+        };
         assert_eq!(start(&mut s, &mut rb).unwrap(), Start::Message);
         assert!(rb.len() >= 8);
         let mut m = [0u8; 8];
@@ -505,10 +520,41 @@ mod tests {
         drop(t.join().unwrap());
         // A close between messages is a clean end; inside one, an error.
         assert_eq!(
-            fill_message_start(&mut s, &mut RecvBuf::new(64), 8, patience, idle).unwrap(),
+            fill_message_start(
+                &mut s,
+                &mut RecvBuf::new(64),
+                8,
+                Take::Exact,
+                patience,
+                idle
+            )
+            .unwrap(),
             Start::Closed
         );
-        assert!(fill_message_start(&mut s, &mut rb, 8, patience, idle).is_err());
+        assert!(fill_message_start(&mut s, &mut rb, 8, Take::Exact, patience, idle).is_err());
+    }
+
+    /// `Take::Exact` takes the message start asked for and nothing behind it: the
+    /// bytes after it stay on the socket for a reader that wants them in place.
+    #[test]
+    fn an_exact_message_start_leaves_what_follows_on_the_socket() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut s, _) = l.accept().unwrap();
+        let patience = Duration::from_secs(5);
+        set_peer_timeout(&s, patience).unwrap();
+        c.write_all(&[[1u8; 8], [2u8; 8], [3u8; 8]].concat())
+            .unwrap();
+        let mut rb = RecvBuf::new(64);
+        // Two bytes of the first were buffered already: six more come, no more.
+        rb.fill_once_upto(&mut s, 2).unwrap();
+        let exact = fill_message_start(&mut s, &mut rb, 8, Take::Exact, patience, patience);
+        assert_eq!(exact.unwrap(), Start::Message);
+        assert_eq!(rb.buffered(), &[1u8; 8]);
+        rb.consume(8);
+        let mut rest = [0u8; 16];
+        s.read_exact(&mut rest).unwrap();
+        assert_eq!(rest, *[[2u8; 8], [3u8; 8]].concat());
     }
 
     /// A connection idle for the idle timeout ends (at the idle timeout, even when it

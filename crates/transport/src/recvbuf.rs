@@ -65,6 +65,12 @@ impl RecvBuf {
     /// first when the space after them is gone): the bytes it added, 0 at end of
     /// stream. The buffer must not be full.
     pub fn fill_once(&mut self, r: &mut impl Read) -> std::io::Result<usize> {
+        self.fill_once_upto(r, usize::MAX)
+    }
+
+    /// `fill_once`, taking at most `max` bytes (at least 1): for a reader that wants
+    /// only the rest of one message start, and nothing behind it.
+    pub fn fill_once_upto(&mut self, r: &mut impl Read, max: usize) -> std::io::Result<usize> {
         assert!(
             self.len() < self.capacity(),
             "filling a full receive buffer"
@@ -74,7 +80,8 @@ impl RecvBuf {
             self.end -= self.start;
             self.start = 0;
         }
-        let n = r.read(&mut self.buf[self.end..])?;
+        let room = (self.buf.len() - self.end).min(max.max(1));
+        let n = r.read(&mut self.buf[self.end..self.end + room])?;
         self.end += n;
         Ok(n)
     }
