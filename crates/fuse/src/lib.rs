@@ -31,11 +31,12 @@ pub mod fusermount;
 pub mod metrics;
 mod mount;
 mod options;
+pub mod read_gate;
 mod reply;
 
 pub use fuser::{
-    splice_pipe_available, BackgroundSession, Config, MountOption, SessionACL, SPLICE_MAX_WRITE,
-    SPLICE_WRITE_MIN,
+    splice_pipe_available, BackgroundSession, Config, MountOption, SessionACL, SharedReadGate,
+    SPLICE_MAX_WRITE, SPLICE_WRITE_MIN,
 };
 pub use mount::{spawn, Mounted};
 
@@ -677,6 +678,11 @@ impl Filesystem for FuseFs {
         if self.backend.reads_then() {
             // Answered when the backend's reply comes, on its thread: this one goes
             // back for the next request meanwhile.
+            if self.backend.read_then_may_wait(ino.0) {
+                // This thread may keep its turn at the device for a read (read_gate):
+                // not across a wait.
+                fuser::before_waiting();
+            }
             let (stats, start) = (self.stats.clone(), std::time::Instant::now());
             let done = move |r: zcfs_backend::Result<Vec<u8>>| {
                 let ok = r.is_ok();
@@ -764,6 +770,10 @@ impl Filesystem for FuseFs {
 
     /// A buffered write through write-behind, with a backend that moves piped data
     /// without reading it (`Backend::moves_piped_writes`): the rest read it into memory.
+    fn reads_return_at_once(&self) -> bool {
+        self.backend.reads_then()
+    }
+
     fn takes_spliced_write(
         &self,
         _ino: INodeNo,

@@ -302,11 +302,21 @@ impl<FS: Filesystem> Session<FS> {
                 allowed,
                 session_owner,
                 splice_writes: config.splice_writes,
+                gate: config.read_gate.clone(),
             };
             threads.push(
                 thread::Builder::new()
                     .name(thread_name)
-                    .spawn(move || event_loop.event_loop())?,
+                    .spawn(move || {
+                        let r = event_loop.event_loop();
+                        // Ok: the session ended (unmounted, or destroyed): workers that
+                        // wait at the gate stop too. (A worker that fails alone leaves
+                        // the others serving, as without a gate.)
+                        if let (Ok(()), Some(g)) = (&r, &event_loop.gate) {
+                            g.0.close();
+                        }
+                        r
+                    })?,
             );
         }
 
@@ -524,6 +534,8 @@ pub(crate) struct SessionEventLoop<FS: Filesystem> {
     pub(crate) session_owner: Uid,
     /// Read requests with splice(2) (`crate::splice`).
     pub(crate) splice_writes: bool,
+    /// Asked around every read of the device (`crate::ReadGate`).
+    pub(crate) gate: Option<crate::SharedReadGate>,
 }
 
 /// How `event_loop_spliced` ended.
@@ -565,10 +577,19 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
                 Err(e) => debug!("{}: reading requests without splice: {e}", self.thread_name),
             }
         }
+        let mut turn = self.turn();
         loop {
+            if !turn.take() {
+                return Ok(());
+            }
             // Read the next request from the given channel to kernel driver
             // The kernel driver makes sure that we get exactly one request per read
-            match self.ch.receive_retrying(buf) {
+            let received = self.ch.receive_retrying(buf);
+            match received {
+                Ok(size) => turn.after(&buf[..size]),
+                Err(_) => turn.give_back(),
+            }
+            match received {
                 Ok(size) => match RequestWithSender::new(self.ch.sender(), &buf[..size]) {
                     // Dispatch request
                     Some(req) => {
@@ -594,7 +615,87 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
     }
 }
 
+/// A worker's turn at the device under a `ReadGate` (zcfs patch): taken before each
+/// read of a request and given back after it, except after a FUSE_READ when the file
+/// system answers reads at once (`Filesystem::reads_return_at_once`): the worker comes
+/// straight back to read, so letting a waiting worker in would only cost a wake-up. A
+/// read that will wait after all gives the turn back first (`crate::before_waiting`).
+struct Turn<'g> {
+    gate: Option<&'g crate::SharedReadGate>,
+    keep_for_reads: bool,
+}
+
+thread_local! {
+    /// The gate whose turn this worker kept past the read of a request (while it
+    /// dispatches a FUSE_READ).
+    static KEPT: std::cell::RefCell<Option<crate::SharedReadGate>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Called by a file system on a worker's thread before it waits (a read it could not
+/// answer at once after all): the turn kept for the read is given back, so that
+/// another worker reads the device meanwhile. Does nothing on other threads, or when
+/// no turn is kept.
+pub fn before_waiting() {
+    if let Some(g) = KEPT.with(|k| k.borrow_mut().take()) {
+        g.0.leave();
+    }
+}
+
+impl Turn<'_> {
+    /// Wait for a turn (at once while one is kept): false once the session ended.
+    fn take(&mut self) -> bool {
+        let Some(g) = self.gate else {
+            return true;
+        };
+        if KEPT.with(|k| k.borrow_mut().take()).is_some() {
+            return true;
+        }
+        g.0.enter()
+    }
+
+    /// A request was read into `request`: keep the turn (a read) or give it back.
+    fn after(&mut self, request: &[u8]) {
+        let Some(g) = self.gate else {
+            return;
+        };
+        let is_read = request.get(4..8).is_some_and(|op| {
+            u32::from_ne_bytes(op.try_into().unwrap()) == abi::fuse_opcode::FUSE_READ as u32
+        });
+        if self.keep_for_reads && is_read {
+            KEPT.with(|k| *k.borrow_mut() = Some(g.clone()));
+        } else {
+            g.0.leave();
+        }
+    }
+
+    /// The read failed or spliced a large write: give the turn back.
+    fn give_back(&mut self) {
+        if let Some(g) = self.gate {
+            g.0.leave();
+        }
+    }
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        // A worker that stops gives back a turn it kept.
+        before_waiting();
+    }
+}
+
 impl<FS: Filesystem> SessionEventLoop<FS> {
+    fn turn(&self) -> Turn<'_> {
+        Turn {
+            gate: self.gate.as_ref(),
+            keep_for_reads: self
+                .filesystem
+                .fs
+                .as_ref()
+                .is_some_and(|fs| fs.reads_return_at_once()),
+        }
+    }
+
     /// `event_loop`, splicing requests into `pipe` while large writes come (zcfs
     /// patch). A write of at least `SPLICE_WRITE_MIN` bytes the file system takes
     /// spliced (`Filesystem::takes_spliced_write`) is handed over with its data still in
@@ -605,9 +706,16 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
     /// until it meets a request that is not one.
     fn event_loop_spliced(&self, mut pipe: SplicePipe, buf: &mut [u8]) -> io::Result<Spliced> {
         let mut splicing = false;
+        let mut turn = self.turn();
         loop {
+            if !turn.take() {
+                return Ok(Spliced::Ended);
+            }
             let size = if splicing {
-                let size = match self.ch.splice_retrying(&pipe) {
+                let spliced = self.ch.splice_retrying(&pipe);
+                // Spliced: a large write, most likely, which holds its worker.
+                turn.give_back();
+                let size = match spliced {
                     Ok(size) => size,
                     Err(nix::errno::Errno::ENODEV) => return Ok(Spliced::Ended),
                     // The kernel wants room for a whole write of max_write in every read
@@ -654,7 +762,12 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
                 splicing = false;
                 size
             } else {
-                let size = match self.ch.receive_retrying(buf) {
+                let received = self.ch.receive_retrying(buf);
+                match received {
+                    Ok(size) => turn.after(&buf[..size]),
+                    Err(_) => turn.give_back(),
+                }
+                let size = match received {
                     Ok(size) => size,
                     Err(nix::errno::Errno::ENODEV) => return Ok(Spliced::Ended),
                     Err(err) => return Err(err.into()),

@@ -22,6 +22,8 @@ pub struct Config {
     /// data over in it (`Filesystem::write_spliced`) (zcfs patch). Workers whose pipe
     /// cannot be made large enough read as usual.
     pub splice_writes: bool,
+    /// Asked around every read of the device (zcfs patch, `crate::ReadGate`).
+    pub read_gate: Option<crate::SharedReadGate>,
 }
 
 /// Mount options accepted by the FUSE filesystem type
