@@ -344,12 +344,6 @@ pub trait Backend: Send + Sync {
     fn reads_then(&self) -> bool {
         false
     }
-    /// Whether [`Backend::read_then`] of `ino` may wait before it returns after all
-    /// (writes of the file in flight to settle first, no connection to send on): a
-    /// frontend that keeps a thread's turn for reads gives it back first.
-    fn read_then_may_wait(&self, _ino: u64) -> bool {
-        false
-    }
     /// `read`, its outcome handed to `done` (exactly once, on any thread; it must not
     /// block). A backend that [`reads_then`](Backend::reads_then) returns before the
     /// data is in. The default reads here and calls `done` before it returns.

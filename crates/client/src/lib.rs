@@ -1019,18 +1019,6 @@ impl Client {
         }
     }
 
-    /// Whether every connection is up now, so that a request would be sent without a
-    /// dial. Looked at without waiting: a connection being dialled counts as down.
-    pub fn connected(&self) -> bool {
-        self.conns.iter().all(|c| match c.try_lock() {
-            Ok(g) => g.as_ref().is_some_and(|c| c.is_up()),
-            Err(std::sync::TryLockError::Poisoned(p)) => {
-                p.into_inner().as_ref().is_some_and(|c| c.is_up())
-            }
-            Err(std::sync::TryLockError::WouldBlock) => false,
-        })
-    }
-
     /// The `i`th connection, (re)connecting if needed. A new connection is handed out
     /// only after what its handshake says is dealt with: a lost session revalidated
     /// (the restart hook), posted requests its predecessor lost sent again.

@@ -1354,10 +1354,6 @@ impl Backend for RemoteFs {
         self.client.config().l2.is_none()
     }
 
-    fn read_then_may_wait(&self, ino: u64) -> bool {
-        self.behind.tracks(ino) || !self.client.connected()
-    }
-
     /// `read` through `Client::call_then`: the caller's thread is free once the
     /// request is sent.
     fn read_then(&self, ino: u64, fh: u64, offset: u64, size: u32, done: ReadDone) {

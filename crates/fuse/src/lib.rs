@@ -678,11 +678,6 @@ impl Filesystem for FuseFs {
         if self.backend.reads_then() {
             // Answered when the backend's reply comes, on its thread: this one goes
             // back for the next request meanwhile.
-            if self.backend.read_then_may_wait(ino.0) {
-                // This thread may keep its turn at the device for a read (read_gate):
-                // not across a wait.
-                fuser::before_waiting();
-            }
             let (stats, start) = (self.stats.clone(), std::time::Instant::now());
             let done = move |r: zcfs_backend::Result<Vec<u8>>| {
                 let ok = r.is_ok();
@@ -770,10 +765,6 @@ impl Filesystem for FuseFs {
 
     /// A buffered write through write-behind, with a backend that moves piped data
     /// without reading it (`Backend::moves_piped_writes`): the rest read it into memory.
-    fn reads_return_at_once(&self) -> bool {
-        self.backend.reads_then()
-    }
-
     fn takes_spliced_write(
         &self,
         _ino: INodeNo,

@@ -1,5 +1,5 @@
-//! The FUSE threads of a remote mount that wait for requests (`zcfs_fuse::read_gate`):
-//! at most `IDLE_READERS` wait in read(2) of /dev/fuse at once, the rest wait to be let
+//! The FUSE threads of a remote mount that wait for requests with `-o readers=N`
+//! (`zcfs_fuse::read_gate`): at most N wait in read(2) of /dev/fuse at once, the rest wait to be let
 //! in, and requests that hold their threads (a stalled server's round trips, reads that
 //! must wait for writes in flight) never keep another request from being read. Root
 //! required (network namespaces, mounts), as in CI.
@@ -7,6 +7,7 @@ mod common;
 use common::remote::*;
 use std::os::unix::fs::OpenOptionsExt;
 use std::time::{Duration, Instant};
+use zcfs_fuse::read_gate::QD_READERS;
 
 const TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -31,13 +32,14 @@ fn fuse_threads(pid: i32) -> (usize, usize) {
     (all, reading)
 }
 
-/// At rest, and after a burst of reads, two of the sixteen threads wait on the device
-/// (`-o readers=16`: all of them, as without a gate).
+/// At rest, and after a burst of reads, `-o readers=4`: four of the sixteen threads
+/// wait on the device; by default all of them, as without a gate.
 #[test]
 fn only_a_few_fuse_threads_wait_for_requests() {
     let net = Net::new();
     let srv = Served::new(&net, "gate-count", &[]);
-    let m = RemoteMount::new(&net, &srv, "gate-count", &[]);
+    let readers = format!("readers={QD_READERS}");
+    let m = RemoteMount::new(&net, &srv, "gate-count", &["-o", &readers]);
     let p = m.path("f");
     std::fs::write(&p, vec![7u8; 1 << 20]).unwrap();
     let pid = m.pid().unwrap();
@@ -51,7 +53,7 @@ fn only_a_few_fuse_threads_wait_for_requests() {
             std::thread::sleep(Duration::from_millis(20));
         }
     };
-    assert_eq!(settled((16, 2)), (16, 2));
+    assert_eq!(settled((16, QD_READERS)), (16, QD_READERS));
     // Sixteen readers at once, O_DIRECT (every read reaches the mount).
     std::thread::scope(|s| {
         for i in 0..16u64 {
@@ -72,9 +74,13 @@ fn only_a_few_fuse_threads_wait_for_requests() {
             });
         }
     });
-    assert_eq!(settled((16, 2)), (16, 2), "after the burst");
+    assert_eq!(
+        settled((16, QD_READERS)),
+        (16, QD_READERS),
+        "after the burst"
+    );
     drop(m);
-    let m = RemoteMount::new(&net, &srv, "gate-all", &["-o", "readers=16"]);
+    let m = RemoteMount::new(&net, &srv, "gate-all", &[]);
     assert_eq!(fuse_threads(m.pid().unwrap()).0, 16);
     let t = Instant::now();
     while fuse_threads(m.pid().unwrap()).1 < 16 {
@@ -108,7 +114,7 @@ impl AlignedPage {
 fn requests_that_wait_do_not_keep_others_from_being_read() {
     let net = Net::new();
     let srv = Served::new(&net, "gate-wait", &[]);
-    let timeout = format!("timeout={}", TIMEOUT.as_secs());
+    let timeout = format!("timeout={},readers={QD_READERS}", TIMEOUT.as_secs());
     let m = RemoteMount::new(&net, &srv, "gate-wait", &["-o", &timeout]);
     let (f, g) = (m.path("f"), m.path("g"));
     std::fs::write(&f, b"answered here").unwrap();

@@ -56,7 +56,6 @@ pub use crate::open_flags::OpenAccMode;
 pub use crate::open_flags::OpenFlags;
 pub use crate::passthrough::BackingId;
 pub use crate::read_gate::{ReadGate, SharedReadGate};
-pub use crate::session::before_waiting;
 pub use crate::poll_events::PollEvents;
 pub use crate::rename_flags::RenameFlags;
 pub use crate::reply::ReplyAttr;
@@ -644,14 +643,6 @@ pub trait Filesystem: Send + Sync + 'static {
             data.len()
         );
         reply.error(Errno::ENOSYS);
-    }
-
-    /// Whether `read` returns at once, the answer sent later from another thread
-    /// (zcfs patch; with `Config::read_gate`): a worker that read a FUSE_READ then
-    /// keeps its turn at the device instead of letting a waiting worker in. The
-    /// default, false, lets one in as for any request.
-    fn reads_return_at_once(&self) -> bool {
-        false
     }
 
     /// Whether a write of `size` bytes through `fh` should be handed to

@@ -577,18 +577,12 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
                 Err(e) => debug!("{}: reading requests without splice: {e}", self.thread_name),
             }
         }
-        let mut turn = self.turn();
         loop {
-            if !turn.take() {
-                return Ok(());
-            }
             // Read the next request from the given channel to kernel driver
             // The kernel driver makes sure that we get exactly one request per read
-            let received = self.ch.receive_retrying(buf);
-            match received {
-                Ok(size) => turn.after(&buf[..size]),
-                Err(_) => turn.give_back(),
-            }
+            let Some(received) = self.gated(|| self.ch.receive_retrying(buf)) else {
+                return Ok(());
+            };
             match received {
                 Ok(size) => match RequestWithSender::new(self.ch.sender(), &buf[..size]) {
                     // Dispatch request
@@ -615,85 +609,19 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
     }
 }
 
-/// A worker's turn at the device under a `ReadGate` (zcfs patch): taken before each
-/// read of a request and given back after it, except after a FUSE_READ when the file
-/// system answers reads at once (`Filesystem::reads_return_at_once`): the worker comes
-/// straight back to read, so letting a waiting worker in would only cost a wake-up. A
-/// read that will wait after all gives the turn back first (`crate::before_waiting`).
-struct Turn<'g> {
-    gate: Option<&'g crate::SharedReadGate>,
-    keep_for_reads: bool,
-}
-
-thread_local! {
-    /// The gate whose turn this worker kept past the read of a request (while it
-    /// dispatches a FUSE_READ).
-    static KEPT: std::cell::RefCell<Option<crate::SharedReadGate>> =
-        const { std::cell::RefCell::new(None) };
-}
-
-/// Called by a file system on a worker's thread before it waits (a read it could not
-/// answer at once after all): the turn kept for the read is given back, so that
-/// another worker reads the device meanwhile. Does nothing on other threads, or when
-/// no turn is kept.
-pub fn before_waiting() {
-    if let Some(g) = KEPT.with(|k| k.borrow_mut().take()) {
-        g.0.leave();
-    }
-}
-
-impl Turn<'_> {
-    /// Wait for a turn (at once while one is kept): false once the session ended.
-    fn take(&mut self) -> bool {
-        let Some(g) = self.gate else {
-            return true;
-        };
-        if KEPT.with(|k| k.borrow_mut().take()).is_some() {
-            return true;
-        }
-        g.0.enter()
-    }
-
-    /// A request was read into `request`: keep the turn (a read) or give it back.
-    fn after(&mut self, request: &[u8]) {
-        let Some(g) = self.gate else {
-            return;
-        };
-        let is_read = request.get(4..8).is_some_and(|op| {
-            u32::from_ne_bytes(op.try_into().unwrap()) == abi::fuse_opcode::FUSE_READ as u32
-        });
-        if self.keep_for_reads && is_read {
-            KEPT.with(|k| *k.borrow_mut() = Some(g.clone()));
-        } else {
-            g.0.leave();
-        }
-    }
-
-    /// The read failed or spliced a large write: give the turn back.
-    fn give_back(&mut self) {
-        if let Some(g) = self.gate {
-            g.0.leave();
-        }
-    }
-}
-
-impl Drop for Turn<'_> {
-    fn drop(&mut self) {
-        // A worker that stops gives back a turn it kept.
-        before_waiting();
-    }
-}
-
 impl<FS: Filesystem> SessionEventLoop<FS> {
-    fn turn(&self) -> Turn<'_> {
-        Turn {
-            gate: self.gate.as_ref(),
-            keep_for_reads: self
-                .filesystem
-                .fs
-                .as_ref()
-                .is_some_and(|fs| fs.reads_return_at_once()),
+    /// One read of the device through the gate, if there is one (`crate::ReadGate`):
+    /// None once the session ended.
+    fn gated<T>(&self, read: impl FnOnce() -> T) -> Option<T> {
+        let Some(g) = &self.gate else {
+            return Some(read());
+        };
+        if !g.0.enter() {
+            return None;
         }
+        let r = read();
+        g.0.leave();
+        Some(r)
     }
 
     /// `event_loop`, splicing requests into `pipe` while large writes come (zcfs
@@ -706,15 +634,11 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
     /// until it meets a request that is not one.
     fn event_loop_spliced(&self, mut pipe: SplicePipe, buf: &mut [u8]) -> io::Result<Spliced> {
         let mut splicing = false;
-        let mut turn = self.turn();
         loop {
-            if !turn.take() {
-                return Ok(Spliced::Ended);
-            }
             let size = if splicing {
-                let spliced = self.ch.splice_retrying(&pipe);
-                // Spliced: a large write, most likely, which holds its worker.
-                turn.give_back();
+                let Some(spliced) = self.gated(|| self.ch.splice_retrying(&pipe)) else {
+                    return Ok(Spliced::Ended);
+                };
                 let size = match spliced {
                     Ok(size) => size,
                     Err(nix::errno::Errno::ENODEV) => return Ok(Spliced::Ended),
@@ -762,11 +686,9 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
                 splicing = false;
                 size
             } else {
-                let received = self.ch.receive_retrying(buf);
-                match received {
-                    Ok(size) => turn.after(&buf[..size]),
-                    Err(_) => turn.give_back(),
-                }
+                let Some(received) = self.gated(|| self.ch.receive_retrying(buf)) else {
+                    return Ok(Spliced::Ended);
+                };
                 let size = match received {
                     Ok(size) => size,
                     Err(nix::errno::Errno::ENODEV) => return Ok(Spliced::Ended),

@@ -165,9 +165,9 @@ fn mount_until_unmounted(a: &MountArgs, ready_pipe: &mut Option<ReadyPipe>) -> R
     config.n_threads = Some(plan.threads);
     config.clone_fd = true;
     config.splice_writes = plan.fuse.splice && splice_usable(plan.fuse.max_write);
-    if plan.readers < plan.threads {
+    if let Some(n) = plan.readers.filter(|&n| n < plan.threads) {
         config.read_gate = Some(zcfs_fuse::SharedReadGate(Arc::new(
-            zcfs_fuse::read_gate::IdleReaders::new(plan.readers),
+            zcfs_fuse::read_gate::IdleReaders::new(n),
         )));
     }
     let session = zcfs_fuse::spawn(fs, &a.mountpoint, &config).map_err(|e| {
@@ -208,7 +208,7 @@ fn mount_until_unmounted(a: &MountArgs, ready_pipe: &mut Option<ReadyPipe>) -> R
             .map_err(|e| tracing::warn!("no stat socket, `zcfs stat` cannot ask this mount: {e:#}"))
             .ok()
     });
-    tracing::info!(%source, mountpoint = %a.mountpoint.display(), threads = plan.threads, readers = plan.readers, "mounted");
+    tracing::info!(%source, mountpoint = %a.mountpoint.display(), threads = plan.threads, readers = ?plan.readers, "mounted");
     if let Some(pipe) = ready_pipe.take() {
         pipe.ready();
     }

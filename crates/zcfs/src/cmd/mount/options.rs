@@ -13,9 +13,11 @@ pub struct MountPlan {
     pub mount_options: Vec<MountOption>,
     pub acl: SessionACL,
     pub threads: usize,
-    /// `-o readers=N`: FUSE threads that wait for requests at once (the rest wait to be
-    /// let in; `zcfs_fuse::read_gate`). N at least `threads`: all of them.
-    pub readers: usize,
+    /// `-o readers=N`: at most N FUSE threads wait for requests at once, the rest wait
+    /// to be let in (`zcfs_fuse::read_gate`). None, or N at least `threads`: all of
+    /// them, no gate (the default: the gate makes queue-depth reads faster and
+    /// metadata slower, `zcfs_fuse::read_gate::QD_READERS`).
+    pub readers: Option<usize>,
     pub read_only: bool,
     pub batch_ops: Option<usize>,
     pub secret_file: Option<PathBuf>,
@@ -159,7 +161,7 @@ pub fn parse_options(a: &MountArgs) -> Result<MountPlan> {
         ],
         acl: SessionACL::Owner,
         threads: a.threads.unwrap_or(DEFAULT_THREADS),
-        readers: zcfs_fuse::read_gate::IDLE_READERS,
+        readers: None,
         read_only: false,
         batch_ops: None,
         secret_file: a.secret_file.clone(),
@@ -225,7 +227,9 @@ pub fn parse_options(a: &MountArgs) -> Result<MountPlan> {
             ("nosplice", None) => p.fuse.splice = false,
             ("no_readdirplus", None) => p.fuse.readdirplus = false,
             ("threads", Some(v)) => p.threads = num(k, v)?.clamp(1, MAX_THREADS as u64) as usize,
-            ("readers", Some(v)) => p.readers = num(k, v)?.clamp(1, MAX_THREADS as u64) as usize,
+            ("readers", Some(v)) => {
+                p.readers = Some(num(k, v)?.clamp(1, MAX_THREADS as u64) as usize)
+            }
             ("attr_timeout" | "entry_timeout", Some(v)) => {
                 p.fuse.timeout = Duration::from_secs_f64(v.parse().map_err(|_| anyhow!("-o {k}={v}: not seconds"))?)
             }
@@ -306,16 +310,13 @@ mod tests {
     #[test]
     fn threads_and_readers_are_bounded() {
         let p = parse_options(&args("")).unwrap();
-        assert_eq!(
-            (p.threads, p.readers),
-            (DEFAULT_THREADS, zcfs_fuse::read_gate::IDLE_READERS)
-        );
+        assert_eq!((p.threads, p.readers), (DEFAULT_THREADS, None));
         let p = parse_options(&args("threads=0,readers=0")).unwrap();
-        assert_eq!((p.threads, p.readers), (1, 1));
+        assert_eq!((p.threads, p.readers), (1, Some(1)));
         let p = parse_options(&args("threads=64,readers=64")).unwrap();
-        assert_eq!((p.threads, p.readers), (MAX_THREADS, MAX_THREADS));
+        assert_eq!((p.threads, p.readers), (MAX_THREADS, Some(MAX_THREADS)));
         let p = parse_options(&args("threads=65,readers=65")).unwrap();
-        assert_eq!((p.threads, p.readers), (MAX_THREADS, MAX_THREADS));
+        assert_eq!((p.threads, p.readers), (MAX_THREADS, Some(MAX_THREADS)));
     }
 
     #[test]
