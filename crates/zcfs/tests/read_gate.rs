@@ -11,27 +11,6 @@ use zcfs_fuse::read_gate::QD_READERS;
 
 const TIMEOUT: Duration = Duration::from_secs(3);
 
-/// The mount's FUSE threads (`fuser-N`) and how many of them wait in read(2) of the
-/// device now.
-fn fuse_threads(pid: i32) -> (usize, usize) {
-    let (mut all, mut reading) = (0, 0);
-    for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
-        let t = t.unwrap().path();
-        let comm = std::fs::read_to_string(t.join("comm")).unwrap_or_default();
-        let worker = comm
-            .trim_end()
-            .strip_prefix("fuser-")
-            .is_some_and(|n| n.parse::<u32>().is_ok());
-        if !worker {
-            continue;
-        }
-        all += 1;
-        let wchan = std::fs::read_to_string(t.join("wchan")).unwrap_or_default();
-        reading += usize::from(wchan.starts_with("fuse_dev_do_read"));
-    }
-    (all, reading)
-}
-
 /// At rest, and after a burst of reads, `-o readers=4`: four of the sixteen threads
 /// wait on the device; by default all of them, as without a gate.
 #[test]
@@ -90,19 +69,6 @@ fn only_a_few_fuse_threads_wait_for_requests() {
             fuse_threads(m.pid().unwrap())
         );
         std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// One 4 KiB buffer aligned for O_DIRECT.
-struct AlignedPage(Box<[u8; 8192]>);
-
-impl AlignedPage {
-    fn new() -> AlignedPage {
-        AlignedPage(Box::new([0u8; 8192]))
-    }
-    fn bytes(&mut self) -> &mut [u8] {
-        let off = self.0.as_ptr().align_offset(4096);
-        &mut self.0[off..off + 4096]
     }
 }
 

@@ -14,30 +14,6 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-/// The mount's FUSE threads (`fuser-N`) and how many of them wait in read(2) of the
-/// device now.
-fn fuse_threads(pid: i32) -> (usize, usize) {
-    let (mut all, mut reading) = (0, 0);
-    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return (0, 0);
-    };
-    for t in dir {
-        let t = t.unwrap().path();
-        let comm = std::fs::read_to_string(t.join("comm")).unwrap_or_default();
-        let worker = comm
-            .trim_end()
-            .strip_prefix("fuser-")
-            .is_some_and(|n| n.parse::<u32>().is_ok());
-        if !worker {
-            continue;
-        }
-        all += 1;
-        let wchan = std::fs::read_to_string(t.join("wchan")).unwrap_or_default();
-        reading += usize::from(wchan.starts_with("fuse_dev_do_read"));
-    }
-    (all, reading)
-}
-
 /// The pid of the `zcfs serve` of `srv`'s image.
 fn server_pid(srv: &Served) -> i32 {
     let image = srv.image.to_str().unwrap();
@@ -78,19 +54,6 @@ fn until_stopped(srv: &Served) {
             "the server did not stop"
         );
         std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-/// One 4 KiB buffer aligned for O_DIRECT.
-struct AlignedPage(Box<[u8; 8192]>);
-
-impl AlignedPage {
-    fn new() -> AlignedPage {
-        AlignedPage(Box::new([0u8; 8192]))
-    }
-    fn bytes(&mut self) -> &mut [u8] {
-        let off = self.0.as_ptr().align_offset(4096);
-        &mut self.0[off..off + 4096]
     }
 }
 

@@ -534,3 +534,40 @@ pub fn until_a_full_attempt_stalls(fs: &RemoteFs, timeout: Duration) {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// A mount process's FUSE workers (threads `fuser-N`) and how many of them wait in
+/// read(2) of /dev/fuse now.
+pub fn fuse_threads(pid: i32) -> (usize, usize) {
+    let (mut all, mut reading) = (0, 0);
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return (0, 0);
+    };
+    for t in dir {
+        let t = t.unwrap().path();
+        let comm = std::fs::read_to_string(t.join("comm")).unwrap_or_default();
+        let worker = comm
+            .trim_end()
+            .strip_prefix("fuser-")
+            .is_some_and(|n| n.parse::<u32>().is_ok());
+        if !worker {
+            continue;
+        }
+        all += 1;
+        let wchan = std::fs::read_to_string(t.join("wchan")).unwrap_or_default();
+        reading += usize::from(wchan.starts_with("fuse_dev_do_read"));
+    }
+    (all, reading)
+}
+
+/// One 4 KiB buffer aligned for O_DIRECT.
+pub struct AlignedPage(Box<[u8; 8192]>);
+
+impl AlignedPage {
+    pub fn new() -> AlignedPage {
+        AlignedPage(Box::new([0u8; 8192]))
+    }
+    pub fn bytes(&mut self) -> &mut [u8] {
+        let off = self.0.as_ptr().align_offset(4096);
+        &mut self.0[off..off + 4096]
+    }
+}
