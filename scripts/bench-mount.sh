@@ -138,15 +138,20 @@ else:
     print(f'{list(d["lat_ns"]["percentile"].values())[0] / 1000:.1f}')
 PY
 }
-# Rounds: every target runs each test once per round, in turn, so drift on the shared
-# machine hits them alike; each figure is the median of its rounds.
+# Rounds: every target runs each test once per round, in turn (the order rotating), so
+# drift on the shared machine hits them alike; each figure is the median of its rounds.
 declare -A V=()
 add() { V[$1]+="$2 "; }
 for pair in "${TARGETS[@]}"; do
   dd if=/dev/urandom of="${pair#*:}/fio.dat" bs=1M count=64 conv=fsync status=none
 done
 for r in $(seq "$REPS"); do
-  for pair in "${TARGETS[@]}"; do
+  # The order rotates every round: a target measured first after drop_caches or after
+  # another's fio is not always the same one (a fixed order put the baseline build's
+  # `ls -l` 10-18 % ahead of an identical path in session 33).
+  n=${#TARGETS[@]}
+  for k in $(seq 0 $((n - 1))); do
+    pair=${TARGETS[$(( (k + r) % n ))]}
     t=${pair%%:*} d=${pair#*:}
     log "== round $r: $t"
     rm -f "$d/big"
