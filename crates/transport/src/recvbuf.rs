@@ -12,6 +12,8 @@ use std::os::fd::AsRawFd;
 /// it (at most this much of each message is copied instead of landing in place).
 pub const RECV_BUF_SIZE: usize = 16 << 10;
 
+/// Bytes received from a socket ahead of their reader (see the module's doc). Owned by
+/// whoever reads the socket, and handed on with it.
 pub struct RecvBuf {
     buf: Box<[u8]>,
     /// The buffered bytes are `buf[start..end]`.

@@ -122,13 +122,11 @@ fn open_direct(p: &str, n: usize) -> Vec<std::fs::File> {
 
 /// The server stalls with every in-flight slot of the mount's connections taken
 /// (`--max-inflight 2`, two connections: four reads). The next two reads wait in
-/// `Conn::take_inflight_slot` (`Client::call_then`) on the threads that took them,
-/// which kept their turns at the device (`read_then_may_wait` said no: connected,
-/// nothing written): both turns of `-o readers=2` are held by threads that do not read
-/// the device, and the gate lets no one in (the count of readers is 2, not 0). A
-/// request the mount answers itself then waits for the server, with fourteen workers
-/// idle. With `-o readers=16` (no gate) the two waiting reads hold two workers and the
-/// rest answer at once.
+/// `Conn::take_inflight_slot` (`Client::call_then`) on the threads that took them. On
+/// 690f794 those threads kept their turns at the device, so both turns of
+/// `-o readers=2` were held by threads that did not read it, the gate let no one in,
+/// and a request the mount answers itself waited for the server with fourteen workers
+/// idle. Now the two reads hold two workers and the others answer at once.
 #[test]
 fn reads_waiting_for_an_inflight_slot_leave_workers_at_the_device() {
     reads_waiting_for_an_inflight_slot("r33g-slots", "timeout=6,attr_timeout=60,readers=2");
@@ -222,11 +220,10 @@ fn workers_sending(pid: i32) -> usize {
 
 /// A stalled server and a writer of one file: large writes, answered early (write
 /// behind), fill both connections' sockets, and the workers sending them wait for
-/// room, each holding its connection's writer. A read of another file (nothing written
-/// of it, connected: `read_then_may_wait` says no) keeps its worker's turn, and
-/// `send_on` waits for that writer. With the gate's turns so held, no worker reads the
-/// device: a request the mount answers itself waits for the server. Without the gate
-/// (`-o readers=16`) the read holds one worker, the writes a few, and the rest answer.
+/// room, each holding its connection's writer. A read of another file waits in
+/// `send_on` for that writer. On 690f794 it kept its worker's turn, so no worker read
+/// the device and a request the mount answers itself waited for the server. Now the
+/// read holds one worker, the writes a few, and the rest answer.
 #[test]
 fn a_read_behind_a_stalled_write_leaves_workers_at_the_device() {
     read_behind_a_stalled_write("r33g-send", "timeout=8,attr_timeout=60,readers=2");
