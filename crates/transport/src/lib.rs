@@ -226,7 +226,7 @@ pub fn tune(s: &impl Socket) -> std::io::Result<()> {
 
 /// Bound how long a peer may stall us: a send that makes no progress for `patience`
 /// fails (SO_SNDTIMEO), data left unacknowledged that long breaks the connection
-/// (TCP_USER_TIMEOUT), and so does a receive (SO_RCVTIMEO; see `read_message_start`
+/// (TCP_USER_TIMEOUT), and so does a receive (SO_RCVTIMEO; see `fill_message_start`
 /// for waiting on an idle connection).
 pub fn set_peer_timeout(s: &impl Socket, patience: Duration) -> std::io::Result<()> {
     let patience = patience.max(Duration::from_millis(1));
@@ -257,20 +257,6 @@ pub enum Start {
     Idle,
 }
 
-/// Read the first `buf.len()` bytes of a message from a socket whose receive timeout is
-/// `patience` (`set_peer_timeout`): while no byte has come the connection is idle and
-/// we wait on, up to `idle` (an idle peer is not a stalled one); once one has, the rest
-/// must come within `patience`.
-pub fn read_message_start(
-    s: &mut impl Socket,
-    buf: &mut [u8],
-    patience: Duration,
-    idle: Duration,
-) -> std::io::Result<Start> {
-    let need = buf.len();
-    wait_message_start(s, 0, need, patience, idle, |s, got| s.read(&mut buf[got..]))
-}
-
 /// How much a receive into a buffer may take.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Take {
@@ -282,9 +268,11 @@ pub enum Take {
     Exact,
 }
 
-/// `read_message_start` through a receive buffer: until `rb` holds at least `need`
-/// bytes (at once when it does: no system call), each recv taking what `take` allows.
-/// Bytes already buffered count as a message begun (the peer is not idle).
+/// Receive the first `need` bytes of a message into `rb` from a socket whose receive
+/// timeout is `patience` (`set_peer_timeout`), each recv taking what `take` allows (at
+/// once when they are buffered already: no system call). While no byte has come the
+/// connection is idle and we wait on, up to `idle` (an idle peer is not a stalled one);
+/// once one has (bytes already buffered count), the rest must come within `patience`.
 pub fn fill_message_start(
     s: &mut impl Socket,
     rb: &mut RecvBuf,
@@ -297,30 +285,18 @@ pub fn fill_message_start(
         need <= rb.capacity(),
         "a message start larger than the buffer"
     );
-    let have = rb.len();
-    wait_message_start(s, have, need, patience, idle, |s, got| match take {
-        Take::Greedy => rb.fill_once(s),
-        Take::Exact => rb.fill_once_upto(s, need - got),
-    })
-}
-
-/// The loop of `read_message_start`: `read` adds bytes (given how many are in) until
-/// `need` are, with the idle rule while none has come.
-fn wait_message_start<S: Socket>(
-    s: &mut S,
-    mut got: usize,
-    need: usize,
-    patience: Duration,
-    idle: Duration,
-    mut read: impl FnMut(&mut S, usize) -> std::io::Result<usize>,
-) -> std::io::Result<Start> {
+    let mut got = rb.len();
     let started = Instant::now();
     let mut shortened = false;
     let r = loop {
         if got >= need {
             break Ok(Start::Message);
         }
-        match read(s, got) {
+        let read = match take {
+            Take::Greedy => rb.fill_once(s),
+            Take::Exact => rb.fill_once_upto(s, need - got),
+        };
+        match read {
             Ok(0) if got == 0 => break Ok(Start::Closed),
             Ok(0) => break Err(std::io::ErrorKind::UnexpectedEof.into()),
             Ok(n) => {
@@ -450,15 +426,18 @@ mod tests {
             std::thread::sleep(patience * 5);
             c
         });
-        let mut buf = [0u8; 8];
+        let mut rb = RecvBuf::new(8);
         let idle = Duration::from_secs(3600);
-        assert_eq!(
-            read_message_start(&mut s, &mut buf, patience, idle).unwrap(),
-            Start::Message
-        );
+        let mut start =
+            |s: &mut TcpStream| fill_message_start(s, &mut rb, 8, Take::Exact, patience, idle);
+        assert_eq!(start(&mut s).unwrap(), Start::Message);
+        let mut buf = [0u8; 8];
+        rb.take_into(&mut buf);
         assert_eq!(buf, [1u8; 8]);
+        let mut start =
+            |s: &mut TcpStream| fill_message_start(s, &mut rb, 8, Take::Exact, patience, idle);
         let started = std::time::Instant::now();
-        let e = read_message_start(&mut s, &mut buf, patience, idle).unwrap_err();
+        let e = start(&mut s).unwrap_err();
         assert!(timed_out(&e), "{e}");
         assert!(started.elapsed() < patience * 4, "{:?}", started.elapsed());
         drop(t.join().unwrap());
@@ -468,8 +447,9 @@ mod tests {
         let (mut s, _) = l.accept().unwrap();
         set_peer_timeout(&s, patience).unwrap();
         drop(c);
+        let mut rb = RecvBuf::new(8);
         assert_eq!(
-            read_message_start(&mut s, &mut buf, patience, idle).unwrap(),
+            fill_message_start(&mut s, &mut rb, 8, Take::Exact, patience, idle).unwrap(),
             Start::Closed
         );
     }
@@ -568,9 +548,9 @@ mod tests {
         set_peer_timeout(&s, patience).unwrap();
         let idle = Duration::from_millis(300);
         let started = Instant::now();
-        let mut buf = [0u8; 8];
+        let mut rb = RecvBuf::new(8);
         assert_eq!(
-            read_message_start(&mut s, &mut buf, patience, idle).unwrap(),
+            fill_message_start(&mut s, &mut rb, 8, Take::Exact, patience, idle).unwrap(),
             Start::Idle
         );
         let took = started.elapsed();
