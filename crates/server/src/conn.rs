@@ -211,7 +211,17 @@ struct Writer {
     tx: Option<Mac>,
     /// A write failed part way: the stream is out of step, nothing more goes out.
     broken: bool,
+    /// Replies of the connection's thread held back while more requests were already
+    /// here (`Out::reply_held`), tags computed: they go out before anything else is
+    /// written, and before the thread waits for the next request.
+    held: Vec<u8>,
+    held_replies: usize,
 }
+
+/// The most replies held back at once (`Out::reply_held`) ...
+pub const HELD_REPLIES_MAX: usize = 16;
+/// ... and the most bytes of them.
+pub const HELD_REPLY_BYTES: usize = 16 << 10;
 
 impl Out {
     pub fn new(s: &Stream, tx: Option<Mac>) -> std::io::Result<Out> {
@@ -220,6 +230,8 @@ impl Out {
                 s: s.try_clone()?,
                 tx,
                 broken: false,
+                held: Vec::new(),
+                held_replies: 0,
             }),
             control: s.try_clone()?,
             closed: AtomicBool::new(false),
@@ -252,14 +264,70 @@ impl Out {
                 "the connection's replies ended",
             ));
         }
-        let Writer { s, tx, .. } = &mut *w;
-        let r = f(s, tx.as_mut());
+        let Writer { s, tx, held, .. } = &mut *w;
+        let r = Self::write_held(s, held).and_then(|()| f(s, tx.as_mut()));
+        w.held_replies = 0;
         if r.is_err() {
             w.broken = true;
             drop(w);
             self.close();
         }
         r
+    }
+
+    /// The replies held back go out (cleared either way: after a failed write the
+    /// connection ends).
+    fn write_held(s: &mut Stream, held: &mut Vec<u8>) -> std::io::Result<()> {
+        if held.is_empty() {
+            return Ok(());
+        }
+        let r = write_all_vectored(s, &mut [IoSlice::new(held)]);
+        held.clear();
+        r
+    }
+
+    /// Send the replies held back, unless `more_here` says another request is
+    /// already here (its reply then joins them). Called by the connection's thread
+    /// before it reads the next request: it never waits for a request with replies
+    /// held.
+    fn flush_held_unless(&self, more_here: impl FnOnce() -> bool) -> Result<(), ConnEnd> {
+        let w = lock(&self.w);
+        if w.held.is_empty() || (w.held_replies < HELD_REPLIES_MAX && more_here()) {
+            return Ok(());
+        }
+        drop(w);
+        self.write(|_, _| Ok(()))
+            .map_err(|e| ConnEnd::io("sending replies", e))
+    }
+
+    /// A reply's header and body (and tag) held back (`hold`) or sent now. Held ones
+    /// are sent once `HELD_REPLIES_MAX` or `HELD_REPLY_BYTES` are reached.
+    fn send_parts_as(&self, rh: &[u8], body: &[u8], hold: bool) -> Result<(), ConnEnd> {
+        if !hold {
+            return self.send_parts(rh, body);
+        }
+        let full = {
+            let mut w = lock(&self.w);
+            if w.broken || self.is_closed() {
+                drop(w);
+                return self.send_parts(rh, body);
+            }
+            let Writer { tx, held, .. } = &mut *w;
+            let tag = tx.as_mut().map(|tx| tx.begin(rh, body).tag());
+            held.extend_from_slice(rh);
+            held.extend_from_slice(body);
+            if let Some(t) = &tag {
+                held.extend_from_slice(t);
+            }
+            w.held_replies += 1;
+            w.held_replies >= HELD_REPLIES_MAX || w.held.len() >= HELD_REPLY_BYTES
+        };
+        if full {
+            return self
+                .write(|_, _| Ok(()))
+                .map_err(|e| ConnEnd::io("sending replies", e));
+        }
+        Ok(())
     }
 
     /// Send a reply's header and body, with their tag on an authenticated connection.
@@ -277,7 +345,11 @@ impl Out {
 
     /// Send an encoded reply (header and body).
     fn send(&self, msg: &[u8]) -> Result<(), ConnEnd> {
-        self.send_parts(&msg[..RESP_HDR], &msg[RESP_HDR..])
+        self.send_as(msg, false)
+    }
+
+    fn send_as(&self, msg: &[u8], hold: bool) -> Result<(), ConnEnd> {
+        self.send_parts_as(&msg[..RESP_HDR], &msg[RESP_HDR..], hold)
     }
 
     /// Answer `h` with `r`; with a claim, the reply is kept in the session's reply
@@ -287,6 +359,28 @@ impl Out {
         h: &ReqHeader,
         r: Result<Reply, Error>,
         claim: Option<Claim<'_>>,
+    ) -> Result<(), ConnEnd> {
+        self.reply_as(h, r, claim, false)
+    }
+
+    /// `reply` from the connection's own thread: held back while more requests are
+    /// already here (`flush_held_unless`), so that a client's stream of requests
+    /// (gathered writes) is answered by one send instead of one per request.
+    fn reply_held(
+        &self,
+        h: &ReqHeader,
+        r: Result<Reply, Error>,
+        claim: Option<Claim<'_>>,
+    ) -> Result<(), ConnEnd> {
+        self.reply_as(h, r, claim, true)
+    }
+
+    fn reply_as(
+        &self,
+        h: &ReqHeader,
+        r: Result<Reply, Error>,
+        claim: Option<Claim<'_>>,
+        hold: bool,
     ) -> Result<(), ConnEnd> {
         let (rh, body) = match r.map(|rep| rep.encode()) {
             Ok(body) if body.len() <= MAX_BODY => {
@@ -309,9 +403,9 @@ impl Out {
             msg.extend_from_slice(&body);
             let msg: Arc<[u8]> = msg.into();
             claim.finish(msg.clone());
-            return self.send(&msg);
+            return self.send_as(&msg, hold);
         }
-        self.send_parts(&rh, &body)
+        self.send_parts_as(&rh, &body, hold)
     }
 }
 
@@ -618,6 +712,11 @@ impl<'a> Conn<'a> {
             } else {
                 Take::Greedy
             };
+            // Replies held back go out now, unless the next request is already here.
+            let (rb, s) = (&self.rb, &self.s);
+            self.out.flush_held_unless(|| {
+                rb.len() >= REQ_HDR || zcfs_transport::bytes_waiting(s).is_ok_and(|n| n > 0)
+            })?;
             match fill_message_start(&mut self.s, &mut self.rb, REQ_HDR, take, patience, idle) {
                 Ok(Start::Message) => {}
                 Ok(Start::Closed) => return Err(ConnEnd::Closed),
@@ -798,7 +897,7 @@ impl<'a> Conn<'a> {
     /// Send an encoded reply (header and body).
     fn send(&mut self, msg: &[u8]) -> Result<(), ConnEnd> {
         self.replying = true;
-        self.out.send(msg)
+        self.out.send_as(msg, true)
     }
 
     /// Answer `h` with `r` (`Out::reply`).
@@ -809,7 +908,7 @@ impl<'a> Conn<'a> {
         claim: Option<Claim<'_>>,
     ) -> Result<(), ConnEnd> {
         self.replying = true;
-        self.out.reply(h, r, claim)
+        self.out.reply_held(h, r, claim)
     }
 
     /// Answer `h` once `what` is there, on a thread of its own while the connection
@@ -873,6 +972,9 @@ impl<'a> Conn<'a> {
                 "replies waiting at the bound: this one waits on its connection's thread"
             );
         }
+        // It may wait long, for something the client does after the replies held
+        // back reach it: they go out first.
+        out.flush_held_unless(|| false)?;
         self.replying = true;
         answer_awaited(&self.lane, out, h, t, what, Watch::Socket(&self.s))
     }
