@@ -22,7 +22,10 @@ pub mod l2;
 mod remote;
 
 pub use conn::Ticket;
-pub use remote::{ReadTicket, RemoteFs, WriteTicket, COMMIT_WRITE_MAX, WRITE_BEHIND_MAX};
+pub use remote::{
+    ReadTicket, RemoteFs, WriteTicket, COMMIT_WRITE_MAX, GATHER_BYTES, GATHER_DELAY, GATHER_WRITES,
+    GATHER_WRITE_MAX, WRITE_BEHIND_MAX,
+};
 
 use conn::{background_reader, Conn, Posted, PostedTable, Reader, Writer};
 
@@ -97,6 +100,9 @@ pub struct ClientConfig {
     pub integrity: Integrity,
     /// Offer the server the layer-2 lane on this interface (`l2`).
     pub l2: Option<l2::L2Options>,
+    /// A remote mount's small buffered writes are gathered and sent several in one
+    /// send (`remote::GATHER_WRITES`); off: each is sent by its writer.
+    pub gather_writes: bool,
 }
 
 impl ClientConfig {
@@ -109,6 +115,7 @@ impl ClientConfig {
             attr_ttl: Duration::from_secs(1),
             integrity: Integrity::Headers,
             l2: None,
+            gather_writes: true,
         }
     }
 }
@@ -1295,6 +1302,81 @@ impl Client {
         self.submit_on(conn, id, req, cred, data, true)
     }
 
+    /// `submit` of several requests, each with its data in memory, in one send on one
+    /// connection (the mount's gathered small writes): the server runs them in this
+    /// order, and the network stack and the server's receive are paid once for all.
+    /// Checked before anything is sent: every caller's groups, the lane's fence, a
+    /// connection. A failed send breaks the connection; every ticket then holds the
+    /// ENOTCONN the break delivered, as `submit`'s does.
+    pub fn submit_batch(
+        &self,
+        msgs: &[(Request, Caller<'_>, &[u8])],
+    ) -> Result<Vec<Ticket>, Error> {
+        assert!(
+            msgs.len() <= SUBMIT_BATCH_MAX,
+            "a batch of {} requests, more than SUBMIT_BATCH_MAX",
+            msgs.len()
+        );
+        for (_, cred, _) in msgs {
+            cred.check()?;
+        }
+        if msgs.is_empty() {
+            return Ok(Vec::new());
+        }
+        if let Some(lane) = self.l2_down_unfenced() {
+            if msgs.iter().all(|(r, _, _)| l2::free_of_effects(r.op())) {
+                self.l2_fence_start(&lane, false);
+            } else {
+                self.l2_fence(&lane)?;
+            }
+        }
+        let conn = self.pick()?;
+        let mut encoded = Vec::with_capacity(msgs.len());
+        for (req, cred, _) in msgs {
+            let id = self.next_id();
+            let (hdr, body) = req
+                .encode_with_groups(id, cred.cred, cred.groups)
+                .map_err(|e| Error::new(e.errno(), e.to_string()))?;
+            encoded.push((id, hdr, body));
+        }
+        let mut tickets = Vec::with_capacity(msgs.len());
+        for ((req, _, _), (id, _, _)) in msgs.iter().zip(&encoded) {
+            conn.take_inflight_slot();
+            let (tx, rx) = sync_channel(1);
+            lock(&conn.pending).insert(*id, (req.op(), Some(Slot::Waiter(tx))));
+            tickets.push(Ticket {
+                rx,
+                conn: conn.clone(),
+                id: *id,
+                timeout: self.cfg.timeout,
+                addr: self.cfg.addr.clone(),
+            });
+        }
+        let parts: Vec<(&[u8], &[u8], &[u8])> = encoded
+            .iter()
+            .zip(msgs)
+            .map(|((_, hdr, body), (_, _, data))| (&hdr[..], &body[..], *data))
+            .collect();
+        let mut w = lock(&conn.writer);
+        let r = send_messages(&mut w, &parts);
+        drop(w);
+        match r {
+            Ok(n) => {
+                self.bytes_sent.fetch_add(n as u64, Ordering::Relaxed);
+                for (req, _, _) in msgs {
+                    self.tcp_requests[req.op() as usize].fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Err(e) => {
+                if conn::closed_by_peer(&e) && !conn.broken.load(Ordering::SeqCst) {
+                    conn.peer_closed.store(true, Ordering::SeqCst);
+                }
+                conn.break_with(&format!("send failed: {e}"));
+            }
+        }
+        Ok(tickets)
+    }
+
     /// `submit` on the connection `after` went out on, so the server runs it after
     /// `after`'s request (it runs one connection's requests in order): a close's FLUSH
     /// sent behind the file's writes in flight. ENOTCONN when that connection is down
@@ -1910,6 +1992,45 @@ fn send_message(
     iov.extend(data.iter().map(|d| IoSlice::new(d)));
     if let Some(t) = &data_tag {
         iov.push(IoSlice::new(t));
+    }
+    let n: usize = iov.iter().map(|s| s.len()).sum();
+    write_all_vectored(&mut w.s, &mut iov)?;
+    Ok(n)
+}
+
+/// The most requests [`Client::submit_batch`] sends at once: each is at most five
+/// iovecs (header, body, tag, data, data tag), well under IOV_MAX (1,024).
+pub const SUBMIT_BATCH_MAX: usize = 64;
+
+/// Several messages whose data is in memory in one vectored write, each as
+/// `send_message` sends it (tags computed in order). The bytes sent.
+fn send_messages(w: &mut conn::Writer, msgs: &[(&[u8], &[u8], &[u8])]) -> std::io::Result<usize> {
+    let mut tags = Vec::with_capacity(msgs.len());
+    for (hdr, body, data) in msgs {
+        let (mut tag, mut data_tag) = ([0u8; TAG_LEN], None);
+        if let Some(mac) = w.mac.as_mut() {
+            let mut m = mac.begin(hdr, body);
+            tag = m.tag();
+            if mac.data_tagged(data.len()) {
+                m.data(data);
+                data_tag = Some(m.data_tag());
+            }
+        }
+        tags.push((tag, data_tag));
+    }
+    let mut iov = Vec::with_capacity(5 * msgs.len());
+    for ((hdr, body, data), (tag, data_tag)) in msgs.iter().zip(&tags) {
+        iov.push(IoSlice::new(hdr));
+        iov.push(IoSlice::new(body));
+        if w.mac.is_some() {
+            iov.push(IoSlice::new(tag));
+        }
+        if !data.is_empty() {
+            iov.push(IoSlice::new(data));
+        }
+        if let Some(t) = data_tag {
+            iov.push(IoSlice::new(t));
+        }
     }
     let n: usize = iov.iter().map(|s| s.len()).sum();
     write_all_vectored(&mut w.s, &mut iov)?;

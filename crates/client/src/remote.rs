@@ -31,8 +31,8 @@ mod pipelined;
 pub use pipelined::{ReadTicket, WriteTicket};
 
 use crate::{lock, Caller, Client, ClientConfig, Ticket};
-pub use behind::WRITE_BEHIND_MAX;
-use behind::{Report, WriteBehind};
+use behind::{GatherSink, GatheredWrite, Report, WriteBehind};
+pub use behind::{GATHER_BYTES, GATHER_DELAY, GATHER_WRITES, GATHER_WRITE_MAX, WRITE_BEHIND_MAX};
 use known_dirs::{Change, KnownDirs};
 use listing::Listing;
 use meta::Meta;
@@ -266,6 +266,82 @@ impl Drop for Sending<'_> {
     }
 }
 
+/// Sends the mount's gathered small writes (`behind::Gather`) through its client.
+struct BatchSender {
+    client: Arc<Client>,
+    open: Arc<Mutex<OpenFiles>>,
+}
+
+impl GatherSink for BatchSender {
+    fn send_batch(&self, writes: &[&GatheredWrite]) -> Vec<Result<Ticket>> {
+        let mut out: Vec<Option<Result<Ticket>>> = writes.iter().map(|_| None).collect();
+        // A lost connection is made again first, and with it the files re-opened:
+        // the server's handles are looked up after that (as `server_fh` does).
+        let revived = self.client.revive_lost();
+        let mut reqs = Vec::with_capacity(writes.len());
+        let mut at = Vec::with_capacity(writes.len());
+        for (i, w) in writes.iter().enumerate() {
+            let sfh = revived
+                .clone()
+                .and_then(|()| server_fh_of(&self.open, w.fh));
+            match sfh {
+                Ok(sfh) => {
+                    let req: Request = WriteReq {
+                        node: w.node,
+                        fh: sfh,
+                        offset: w.offset,
+                        size: w.data.len() as u32,
+                        commit: w.commit,
+                    }
+                    .into();
+                    reqs.push((req, i));
+                }
+                Err(e) => out[i] = Some(Err(e)),
+            }
+        }
+        let msgs: Vec<(Request, Caller<'_>, &[u8])> = reqs
+            .iter()
+            .map(|(req, i)| {
+                let w = writes[*i];
+                (
+                    req.clone(),
+                    Caller {
+                        cred: w.cred,
+                        groups: &w.groups,
+                    },
+                    &w.data[..],
+                )
+            })
+            .collect();
+        at.extend(reqs.iter().map(|(_, i)| *i));
+        match self.client.submit_batch(&msgs) {
+            Ok(tickets) => {
+                for (i, t) in at.into_iter().zip(tickets) {
+                    out[i] = Some(Ok(t));
+                }
+            }
+            Err(e) => {
+                for i in at {
+                    out[i] = Some(Err(e.clone()));
+                }
+            }
+        }
+        // Each has left the client, or failed to (`Sending`): a flush or fsync sent
+        // from now on covers it.
+        {
+            let mut open = lock(&self.open);
+            for w in writes {
+                if let Some(f) = open.get_mut(w.fh) {
+                    f.sent += 1;
+                }
+            }
+        }
+        out.into_iter()
+            .map(|o| o.expect("every write has a ticket or an error"))
+            .collect()
+    }
+}
+
 /// A change other than a write being made (`RemoteFs::changed_uncommitted`): counted
 /// as answered for the handles it was begun against when dropped; if the server said
 /// it committed the change before answering (`committed`), it no longer counts as
@@ -348,6 +424,13 @@ impl RemoteFs {
             lookups_answered_here: AtomicU64::new(0),
             behind: WriteBehind::default(),
         };
+        let mut fs = fs;
+        if client.config().gather_writes {
+            fs.behind = WriteBehind::gathering(Arc::new(BatchSender {
+                client: client.clone(),
+                open: fs.open.clone(),
+            }));
+        }
         let (open, meta) = (fs.open.clone(), fs.meta.clone());
         // Runs before the new connection is handed out: no reply of the new session is
         // counted before the old session's references are forgotten.
@@ -589,6 +672,11 @@ impl RemoteFs {
         // file saved) then needs no FLUSH round trip. Larger ones leave it to the
         // close's FLUSH, sent behind them.
         let commit = len <= COMMIT_WRITE_MAX;
+        if let WriteBytes::Mem(d) = data {
+            if len <= GATHER_WRITE_MAX && self.behind.gathers() {
+                return self.gather_write(ctx, ino, fh, offset, end, commit, d, early);
+            }
+        }
         let mut data = data;
         let sent = {
             let data = &mut data;
@@ -617,6 +705,65 @@ impl RemoteFs {
         }
         self.written_bytes.fetch_add(len as u64, Ordering::Relaxed);
         Ok(n)
+    }
+
+    /// A small write answered (`early`) and gathered with others to be sent in one
+    /// batch (`behind::Gather`); without a slot for its reply, written and waited for.
+    #[allow(clippy::too_many_arguments)]
+    fn gather_write(
+        &self,
+        ctx: &Ctx,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        end: u64,
+        commit: bool,
+        data: &[u8],
+        early: Option<impl FnOnce()>,
+    ) -> Result<u32> {
+        let limit = behind::limit(self.client.max_inflight());
+        let c = cred(ctx);
+        c.check()?;
+        let write = GatheredWrite {
+            fh,
+            node: self.node(ino),
+            offset,
+            commit,
+            cred: c.cred,
+            groups: c.groups.to_vec(),
+            data: data.to_vec(),
+        };
+        // Counted as begun before it is answered (a restart after the send must find
+        // it); `BatchSender` counts it sent.
+        if let Some(f) = lock(&self.open).get_mut(fh) {
+            f.written += 1;
+            f.uncommitted += 1;
+        }
+        let answer = || {
+            self.forget_attr(ino);
+            if let Some(a) = early {
+                a();
+            }
+        };
+        let queued = self
+            .behind
+            .gather(limit, ino, offset, end, commit, answer, write);
+        match queued {
+            Ok(true) => {
+                self.written_bytes
+                    .fetch_add(data.len() as u64, Ordering::Relaxed);
+                Ok(data.len() as u32)
+            }
+            _ => {
+                // Not queued: it was never sent, so it is not counted as begun.
+                if let Some(f) = lock(&self.open).get_mut(fh) {
+                    f.written -= 1;
+                    f.uncommitted -= 1;
+                }
+                queued?;
+                self.write_now(ctx, ino, fh, offset, WriteBytes::Mem(data))
+            }
+        }
     }
 
     /// A write sent and waited for (what write-behind falls back to).

@@ -33,11 +33,28 @@ use crate::{lock, Ticket};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 use zcfs_backend::{Error, Result};
-use zcfs_protocol::{Operation, Wire, WriteReq};
+use zcfs_protocol::{Cred, NodeRef, Operation, Wire, WriteReq};
 
 /// The most write replies held at once over all inodes of a mount.
 pub const WRITE_BEHIND_MAX: usize = 32;
+
+/// Buffered writes of at most this many bytes are gathered (`WriteBehind::gather`):
+/// a 4 KiB write's trip through the socket cost the mount about a third of its CPU per
+/// write (the send runs the network stack of both ends), more than the FUSE request.
+/// Larger writes go out alone (spliced from 32 KiB on).
+pub const GATHER_WRITE_MAX: usize = 16 << 10;
+/// A gather is sent once it holds this many writes ...
+pub const GATHER_WRITES: usize = 16;
+/// ... or this many bytes ...
+pub const GATHER_BYTES: usize = 128 << 10;
+/// ... or once its oldest write has waited this long: the longest a write answered
+/// here stays in the mount before it leaves (another client sees it no sooner).
+pub const GATHER_DELAY: Duration = Duration::from_micros(500);
+
+const _: () = assert!(GATHER_WRITES <= crate::SUBMIT_BATCH_MAX);
+const _: () = assert!(GATHER_WRITES * GATHER_WRITE_MAX >= GATHER_BYTES);
 
 /// One write in flight: its byte range, the handle it went through and the ticket of
 /// its reply.
@@ -94,15 +111,29 @@ pub(super) enum Report {
 struct InodeQueue {
     q: Mutex<Queue>,
     sent: Condvar,
+    /// Where the mount's small writes wait to go out together (`WriteBehind::gather`).
+    gather: Option<Arc<Gather>>,
 }
 
 impl InodeQueue {
     /// Wait until every write of the queue is sent (has its ticket). While `g` is then
     /// held, none can be added unsent: only `send` adds them, under the lock.
-    fn all_sent<'a>(&self, mut g: MutexGuard<'a, Queue>) -> MutexGuard<'a, Queue> {
+    ///
+    /// A write of the queue may be waiting in the gather: it is sent now (by this
+    /// thread, without the queue's lock, which the sender takes to hand over the
+    /// tickets). One put there after that finds `awaiting` set and sends the gather
+    /// itself (`WriteBehind::gather`), so the wait below always ends.
+    fn all_sent<'a>(&'a self, mut g: MutexGuard<'a, Queue>) -> MutexGuard<'a, Queue> {
         while g.sending > 0 {
             g.awaiting += 1;
-            g = self.sent.wait(g).unwrap_or_else(|e| e.into_inner());
+            if let Some(gather) = &self.gather {
+                drop(g);
+                gather.flush();
+                g = lock(&self.q);
+            }
+            if g.sending > 0 {
+                g = self.sent.wait(g).unwrap_or_else(|e| e.into_inner());
+            }
             g.awaiting -= 1;
             if g.awaiting == 0 && g.gated > 0 {
                 self.sent.notify_all();
@@ -177,7 +208,9 @@ impl Drop for Unsent<'_> {
 #[derive(Default)]
 pub(super) struct WriteBehind {
     inodes: Mutex<HashMap<u64, Arc<InodeQueue>>>,
-    held: AtomicUsize,
+    held: Arc<AtomicUsize>,
+    /// Small writes gathered into one send (None: each write is sent by its writer).
+    gather: Option<Arc<Gather>>,
 }
 
 /// How many replies may be held when a connection has `max_inflight` slots.
@@ -186,8 +219,167 @@ pub(super) fn limit(max_inflight: u32) -> usize {
 }
 
 impl WriteBehind {
+    /// Write-behind whose small writes are gathered and sent together by `sink`
+    /// (see [`Gather`]); a thread sends a gather whose oldest write has waited
+    /// [`GATHER_DELAY`].
+    pub fn gathering(sink: Arc<dyn GatherSink>) -> WriteBehind {
+        let held = Arc::new(AtomicUsize::new(0));
+        let gather = Arc::new(Gather {
+            buf: Mutex::new(GatherBuf::default()),
+            wake: Condvar::new(),
+            sink,
+            held: held.clone(),
+        });
+        let g = gather.clone();
+        let spawned = std::thread::Builder::new()
+            .name("zcfs-gather".into())
+            .spawn(move || g.run());
+        if let Err(e) = spawned {
+            // Without the thread a gather would wait for the next write or settle:
+            // send every write at once instead.
+            tracing::warn!("no thread for gathered writes ({e}): each write is sent alone");
+            return WriteBehind::default();
+        }
+        WriteBehind {
+            inodes: Mutex::new(HashMap::new()),
+            held,
+            gather: Some(gather),
+        }
+    }
+
+    /// Whether small writes are gathered (`gather` may be called).
+    pub fn gathers(&self) -> bool {
+        self.gather.is_some()
+    }
+
     fn queue_of(&self, ino: u64) -> Option<Arc<InodeQueue>> {
         lock(&self.inodes).get(&ino).cloned()
+    }
+
+    fn queue_for(&self, ino: u64) -> Arc<InodeQueue> {
+        lock(&self.inodes)
+            .entry(ino)
+            .or_insert_with(|| {
+                Arc::new(InodeQueue {
+                    gather: self.gather.clone(),
+                    ..InodeQueue::default()
+                })
+            })
+            .clone()
+    }
+
+    /// Queue a write of `start..end` of `ino` through `fh` as being sent: the writes in
+    /// flight that overlap it are waited for first, and a slot is taken (collecting this
+    /// inode's oldest write when every slot is held). None: no slot (the caller sends
+    /// and waits itself). Some: the queue and the write's id in it; `sending` counts it.
+    #[allow(clippy::too_many_arguments)]
+    fn enqueue(
+        &self,
+        limit: usize,
+        ino: u64,
+        fh: u64,
+        start: u64,
+        end: u64,
+        commit: bool,
+    ) -> Option<(Arc<InodeQueue>, u64, bool)> {
+        let q = self.queue_for(ino);
+        let mut g = q.gate(lock(&q.q));
+        if g.inflight.iter().any(|p| p.start < end && start < p.end) {
+            g = q.all_sent(g);
+            wait_overlapping(self, &mut g, start, end);
+        }
+        loop {
+            let held = self.held.load(Ordering::Acquire);
+            if held < limit {
+                if self
+                    .held
+                    .compare_exchange(held, held + 1, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
+                    break;
+                }
+                continue;
+            }
+            if g.inflight.front().is_some_and(|p| p.ticket.is_none()) {
+                g = q.all_sent(g);
+            }
+            if !collect_front(self, &mut g) {
+                return None;
+            }
+        }
+        let id = g.next_id;
+        g.next_id += 1;
+        let streaming = !g.inflight.is_empty();
+        g.inflight.push_back(Pending {
+            start,
+            end,
+            fh,
+            commit,
+            id,
+            ticket: None,
+        });
+        g.sending += 1;
+        drop(g);
+        Some((q, id, streaming))
+    }
+
+    /// A small write (at most [`GATHER_WRITE_MAX`] bytes, its bytes in `write.data`)
+    /// queued as `send` queues one, answered (`answer`), then put in the gather: it goes
+    /// out with the others there in one send, once [`GATHER_WRITES`] writes or
+    /// [`GATHER_BYTES`] bytes are gathered (by this thread), when something waits for
+    /// the inode's writes (`InodeQueue::all_sent`), or after [`GATHER_DELAY`] (the
+    /// gather's thread). Ok(false): no slot, nothing queued (the caller sends and
+    /// waits). A failed send is kept for the handle's flush or fsync.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gather(
+        &self,
+        limit: usize,
+        ino: u64,
+        start: u64,
+        end: u64,
+        commit: bool,
+        answer: impl FnOnce(),
+        write: GatheredWrite,
+    ) -> Result<bool> {
+        let gather = self
+            .gather
+            .as_ref()
+            .expect("gather is called only when gathers() says so");
+        debug_assert!(write.data.len() <= GATHER_WRITE_MAX);
+        let Some((q, id, streaming)) = self.enqueue(limit, ino, write.fh, start, end, commit)
+        else {
+            return Ok(false);
+        };
+        let mut unsent = Unsent {
+            wb: self,
+            q: &q,
+            id,
+            fh: write.fh,
+            armed: true,
+        };
+        answer();
+        unsent.armed = false;
+        let e = Entry {
+            q: q.clone(),
+            id,
+            start,
+            write,
+        };
+        if !streaming {
+            // The inode's first write in flight (a small file saved, say): its close
+            // may follow at once and would wait for it, so it goes out now. Only
+            // writes behind others of their inode are gathered.
+            gather.send_now(e);
+            return Ok(true);
+        }
+        gather.put(e);
+        // Someone waits for this inode's writes and may have looked into the gather
+        // before this one was put there: it is sent now.
+        let waited = lock(&q.q).awaiting > 0;
+        if waited {
+            gather.flush();
+        }
+        Ok(true)
     }
 
     /// Send a write of `start..end` of `ino` with `send` and keep its ticket: first the
@@ -217,43 +409,9 @@ impl WriteBehind {
         answer: Option<impl FnOnce()>,
         send: impl FnOnce() -> Result<Ticket>,
     ) -> Result<bool> {
-        let q = lock(&self.inodes).entry(ino).or_default().clone();
-        let mut g = q.gate(lock(&q.q));
-        if g.inflight.iter().any(|p| p.start < end && start < p.end) {
-            g = q.all_sent(g);
-            wait_overlapping(self, &mut g, start, end);
-        }
-        loop {
-            let held = self.held.load(Ordering::Acquire);
-            if held < limit {
-                if self
-                    .held
-                    .compare_exchange(held, held + 1, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
-                {
-                    break;
-                }
-                continue;
-            }
-            if g.inflight.front().is_some_and(|p| p.ticket.is_none()) {
-                g = q.all_sent(g);
-            }
-            if !collect_front(self, &mut g) {
-                return Ok(false);
-            }
-        }
-        let id = g.next_id;
-        g.next_id += 1;
-        g.inflight.push_back(Pending {
-            start,
-            end,
-            fh,
-            commit,
-            id,
-            ticket: None,
-        });
-        g.sending += 1;
-        drop(g);
+        let Some((q, id, _)) = self.enqueue(limit, ino, fh, start, end, commit) else {
+            return Ok(false);
+        };
         let mut unsent = Unsent {
             wb: self,
             q: &q,
@@ -532,6 +690,179 @@ fn wait_overlapping(wb: &WriteBehind, q: &mut Queue, start: u64, end: u64) {
     {
         for _ in 0..=last {
             collect_front(wb, q);
+        }
+    }
+}
+
+/// A small write waiting in the gather: everything its request needs, its bytes copied
+/// out of the writer's buffer (which is answered and reused before the send).
+pub(super) struct GatheredWrite {
+    /// The handle it is written through (the server's is looked up as it is sent:
+    /// a restart in between re-opens the file under a new one).
+    pub fh: u64,
+    pub node: NodeRef,
+    pub offset: u64,
+    pub commit: bool,
+    pub cred: Cred,
+    pub groups: Vec<u32>,
+    pub data: Vec<u8>,
+}
+
+/// Sends a gather's writes in one batch (the mount: `RemoteFs`'s client).
+pub(super) trait GatherSink: Send + Sync {
+    /// Send `writes` in order: per write, its reply's ticket or why it was not sent.
+    fn send_batch(&self, writes: &[&GatheredWrite]) -> Vec<Result<Ticket>>;
+}
+
+/// One gathered write and the queue that holds it as being sent.
+struct Entry {
+    q: Arc<InodeQueue>,
+    id: u64,
+    start: u64,
+    write: GatheredWrite,
+}
+
+#[derive(Default)]
+struct GatherBuf {
+    entries: Vec<Entry>,
+    bytes: usize,
+    /// When the oldest entry was put here.
+    since: Option<Instant>,
+    stop: bool,
+}
+
+/// Small buffered writes of every inode of a mount, answered and waiting to go out
+/// together: one vectored send, one wake-up of the server, one trip through the
+/// network stack for up to [`GATHER_WRITES`] writes. The writes stay queued in their
+/// inodes' queues as being sent, so whatever must see them (a flush, fsync, getattr,
+/// an overlapping read or write) sends the gather first (`InodeQueue::all_sent`).
+/// They go out in the order they were answered, on one connection, which the server
+/// runs in order.
+pub(super) struct Gather {
+    buf: Mutex<GatherBuf>,
+    /// The thread that sends a gather that waited `GATHER_DELAY`.
+    wake: Condvar,
+    sink: Arc<dyn GatherSink>,
+    held: Arc<AtomicUsize>,
+}
+
+impl Gather {
+    /// Put a write in; send the gather now if it is full.
+    fn put(&self, e: Entry) {
+        let full = {
+            let mut b = lock(&self.buf);
+            b.bytes += e.write.data.len();
+            b.entries.push(e);
+            if b.since.is_none() {
+                b.since = Some(Instant::now());
+                self.wake.notify_one();
+            }
+            b.entries.len() >= GATHER_WRITES || b.bytes >= GATHER_BYTES
+        };
+        if full {
+            self.flush();
+        }
+    }
+
+    /// Send what is gathered now (nothing: no-op). Each write's ticket, or its
+    /// error, is handed to its queue as `WriteBehind::send` does.
+    pub(super) fn flush(&self) {
+        let batch = {
+            let mut b = lock(&self.buf);
+            b.bytes = 0;
+            b.since = None;
+            std::mem::take(&mut b.entries)
+        };
+        if batch.is_empty() {
+            return;
+        }
+        let writes: Vec<&GatheredWrite> = batch.iter().map(|e| &e.write).collect();
+        let mut sent = self.sink.send_batch(&writes);
+        assert_eq!(sent.len(), batch.len(), "a ticket or an error per write");
+        for (e, r) in batch.into_iter().zip(sent.drain(..)) {
+            self.finish(e, r);
+        }
+    }
+
+    /// Send one write alone, now (as `flush` sends a gather).
+    fn send_now(&self, e: Entry) {
+        let mut sent = self.sink.send_batch(&[&e.write]);
+        let r = sent.pop().expect("a ticket or an error per write");
+        self.finish(e, r);
+    }
+
+    /// Hand a sent write's ticket (or the error that kept it from going out) to its
+    /// queue, as the tail of `WriteBehind::send` does for a write answered early.
+    fn finish(&self, e: Entry, sent: Result<Ticket>) {
+        let mut g = lock(&e.q.q);
+        g.sending -= 1;
+        let at = g
+            .inflight
+            .iter()
+            .position(|p| p.id == e.id)
+            .expect("a write being sent stays queued: collecting waits for sends");
+        match sent {
+            Ok(ticket) => g.inflight[at].ticket = Some(ticket),
+            Err(err) => {
+                g.inflight.remove(at);
+                self.held.fetch_sub(1, Ordering::AcqRel);
+                let len = e.write.data.len();
+                let err = if crate::is_transport(&err) {
+                    Error::new(
+                        libc::EIO,
+                        format!(
+                            "a write of {len} bytes at offset {} could not be sent: {}",
+                            e.start,
+                            err.msg()
+                        ),
+                    )
+                } else {
+                    err
+                };
+                g.errors.entry(e.write.fh).or_insert((err, false));
+            }
+        }
+        e.q.sent_one(&g);
+    }
+
+    /// The gather's thread: sends a gather once its oldest write has waited
+    /// `GATHER_DELAY` (a full one is sent by the writer that filled it).
+    fn run(&self) {
+        loop {
+            let mut b = lock(&self.buf);
+            loop {
+                if b.stop {
+                    return;
+                }
+                match b.since {
+                    None => b = self.wake.wait(b).unwrap_or_else(|e| e.into_inner()),
+                    Some(t) => {
+                        let due = t + GATHER_DELAY;
+                        let now = Instant::now();
+                        if now >= due {
+                            break;
+                        }
+                        b = self
+                            .wake
+                            .wait_timeout(b, due - now)
+                            .unwrap_or_else(|e| e.into_inner())
+                            .0;
+                    }
+                }
+            }
+            drop(b);
+            self.flush();
+        }
+    }
+}
+
+impl Drop for WriteBehind {
+    /// The gather's thread ends; what it still holds goes out now.
+    fn drop(&mut self) {
+        if let Some(g) = &self.gather {
+            lock(&g.buf).stop = true;
+            g.wake.notify_all();
+            g.flush();
         }
     }
 }

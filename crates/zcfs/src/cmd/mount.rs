@@ -302,6 +302,7 @@ fn open(source: &Source, plan: &MountPlan) -> Result<OpenedBackend> {
                 cfg.timeout = t;
             }
             cfg.integrity = plan.integrity;
+            cfg.gather_writes = plan.gather_writes;
             if let Some(iface) = &plan.l2 {
                 let mut o = zcfs_client::l2::L2Options::new(iface);
                 if let Some(p) = plan.l2_poll {

@@ -20,6 +20,8 @@ pub struct MountPlan {
     pub readers: Option<usize>,
     pub read_only: bool,
     pub batch_ops: Option<usize>,
+    /// `ClientConfig::gather_writes` (`-o gather`, the default, or `nogather`).
+    pub gather_writes: bool,
     pub secret_file: Option<PathBuf>,
     pub timeout: Option<Duration>,
     /// `-o integrity=full`: require the server to MAC bulk data too.
@@ -164,6 +166,7 @@ pub fn parse_options(a: &MountArgs) -> Result<MountPlan> {
         readers: None,
         read_only: false,
         batch_ops: None,
+        gather_writes: true,
         secret_file: a.secret_file.clone(),
         timeout: None,
         integrity: Default::default(),
@@ -221,6 +224,10 @@ pub fn parse_options(a: &MountArgs) -> Result<MountPlan> {
             // does); `sync_writes` waits for each.
             ("sync_writes", None) => p.fuse.write_behind = false,
             ("write_behind", None) => p.fuse.write_behind = true,
+            // Small buffered writes are gathered and sent several at once (at most
+            // GATHER_DELAY late); `nogather` sends each as it comes.
+            ("gather", None) => p.gather_writes = true,
+            ("nogather", None) => p.gather_writes = false,
             // Large buffered writes' pages go from /dev/fuse into the socket by splice(2);
             // `nosplice` reads them into memory and sends the copy.
             ("splice", None) => p.fuse.splice = true,
@@ -269,7 +276,7 @@ pub fn parse_options(a: &MountArgs) -> Result<MountPlan> {
                 "unknown mount option {opt:?}. Known: allow_other, allow_root, default_permissions, ro, rw, \
                  [no]suid, [no]dev, [no]exec, [no]atime, sync, async, dirsync, uid=, gid=, umask=, fsname=, \
                  subtype=, cache=none|metadata|auto|always, writeback, direct_io, no_readdirplus, threads=, readers=, \
-                 attr_timeout=, max_write=, read_ahead_kb=, batch=, secret_file=, timeout=, integrity=headers|full, [no]acl, [no]seclabel, metrics=, l2=, l2_poll=busy|wait, l2_read_max=, l2_write_max=, l2_land_max="
+                 attr_timeout=, max_write=, read_ahead_kb=, batch=, [no]gather, secret_file=, timeout=, integrity=headers|full, [no]acl, [no]seclabel, metrics=, l2=, l2_poll=busy|wait, l2_read_max=, l2_write_max=, l2_land_max="
             ),
         }
     }
