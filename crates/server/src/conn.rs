@@ -204,6 +204,8 @@ pub(crate) struct Out {
     closed: AtomicBool,
     /// Replies waiting on threads of their own now (at most `MAX_WAITING_REPLIES`).
     waiting: AtomicUsize,
+    /// Where the held-back replies are counted.
+    stats: Arc<crate::ServerStats>,
 }
 
 struct Writer {
@@ -224,7 +226,11 @@ pub const HELD_REPLIES_MAX: usize = 16;
 pub const HELD_REPLY_BYTES: usize = 16 << 10;
 
 impl Out {
-    pub fn new(s: &Stream, tx: Option<Mac>) -> std::io::Result<Out> {
+    pub fn new(
+        s: &Stream,
+        tx: Option<Mac>,
+        stats: Arc<crate::ServerStats>,
+    ) -> std::io::Result<Out> {
         Ok(Out {
             w: Mutex::new(Writer {
                 s: s.try_clone()?,
@@ -236,6 +242,7 @@ impl Out {
             control: s.try_clone()?,
             closed: AtomicBool::new(false),
             waiting: AtomicUsize::new(0),
+            stats,
         })
     }
 
@@ -263,6 +270,12 @@ impl Out {
                 std::io::ErrorKind::BrokenPipe,
                 "the connection's replies ended",
             ));
+        }
+        if w.held_replies > 0 {
+            self.stats
+                .replies_held
+                .fetch_add(w.held_replies as u64, Ordering::Relaxed);
+            self.stats.held_reply_sends.fetch_add(1, Ordering::Relaxed);
         }
         let Writer { s, tx, held, .. } = &mut *w;
         let r = Self::write_held(s, held).and_then(|()| f(s, tx.as_mut()));

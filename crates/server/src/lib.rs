@@ -598,7 +598,7 @@ fn connection(mut s: Stream, who: Peer, peer: &str, shared: &Shared, slot: &mut 
                 stats.sessions_resumed.fetch_add(1, Ordering::Relaxed);
             }
             tracing::info!(%peer, session = format!("{:016x}", session.id), resumed, "client connected");
-            let out = match conn::Out::new(&s, tx) {
+            let out = match conn::Out::new(&s, tx, shared.stats.clone()) {
                 Ok(o) => o,
                 Err(e) => {
                     tracing::warn!(%peer, "dropping client: {e}");

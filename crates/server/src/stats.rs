@@ -61,6 +61,10 @@ pub struct ServerStats {
     /// header, its body and what follows, up to `RECV_BUF_SIZE`) and were copied out of
     /// the receive buffer, instead of received straight into place.
     pub recv_buffer_payload_bytes: AtomicU64,
+    /// Replies held back while the next request was already here, and the sends that
+    /// carried them (`conn::Out::reply_held`): replies per send is their ratio.
+    pub replies_held: AtomicU64,
+    pub held_reply_sends: AtomicU64,
     /// Requests that arrived on a TCP connection, per operation code (the lane's are
     /// counted by the lane).
     pub tcp_requests: [AtomicU64; OP_SLOTS],
@@ -92,6 +96,8 @@ impl Default for ServerStats {
             expired_references: AtomicU64::new(0),
             user_copy_bytes: AtomicU64::new(0),
             recv_buffer_payload_bytes: AtomicU64::new(0),
+            replies_held: AtomicU64::new(0),
+            held_reply_sends: AtomicU64::new(0),
             tcp_requests: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
@@ -163,6 +169,12 @@ pub struct StatsReport {
     /// payload byte above).
     #[serde(default)]
     pub recv_buffer_payload_bytes: u64,
+    /// Replies held back while the next request was already here, and the sends that
+    /// carried them.
+    #[serde(default)]
+    pub replies_held: u64,
+    #[serde(default)]
+    pub held_reply_sends: u64,
     /// The layer-2 lane (a server started with one): state and requests per path.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub l2: Option<zcfs_metrics::LaneReport>,
@@ -242,6 +254,8 @@ impl ServerStats {
             backend_user_copy_bytes: cs.user_copy_bytes,
             server_user_copy_bytes: server_copies,
             recv_buffer_payload_bytes: buffered,
+            replies_held: load(&self.replies_held),
+            held_reply_sends: load(&self.held_reply_sends),
             l2: None,
         }
     }
@@ -253,7 +267,7 @@ impl ServerStats {
     pub(crate) fn prometheus(&self, backend: &dyn Backend, sessions: &Sessions) -> String {
         let r = self.report(backend, sessions);
         let mut e = Exposition::new();
-        let counters: [(&str, &str, u64); 18] = [
+        let counters: [(&str, &str, u64); 20] = [
             (
                 "connections_total",
                 "Connections accepted.",
@@ -344,6 +358,16 @@ impl ServerStats {
                 "Bytes copied in user space by the backend and the server.",
                 r.backend_user_copy_bytes.max(r.server_user_copy_bytes)
                     + r.recv_buffer_payload_bytes,
+            ),
+            (
+                "replies_held_total",
+                "Replies held back while the next request was already here.",
+                r.replies_held,
+            ),
+            (
+                "held_reply_sends_total",
+                "Sends that carried held-back replies.",
+                r.held_reply_sends,
             ),
         ];
         for (name, help, v) in counters {

@@ -175,6 +175,66 @@ fn writes_after_a_write_are_received_in_place() {
     );
 }
 
+/// Writes that arrive together (a client's gathered writes): their replies are held
+/// back while the next request is already here and go out several per send, every one
+/// in order; a request with nothing behind it is answered at once (never held waiting
+/// for a request that does not come).
+#[test]
+fn replies_to_requests_already_here_go_out_together() {
+    let fs = memory_fs(64 << 20);
+    let srv = Running::start(fs.clone(), config());
+    let (a, fh) = file(&*fs, b"f");
+    let mut raw = srv.raw(10);
+    raw.s
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    let node = NodeRef::ino(a.ino);
+    const WRITES: u64 = 48;
+    let mut wire = Vec::new();
+    let mut model = Vec::new();
+    for i in 0..WRITES {
+        let data = pattern(i as usize, 4096);
+        let w = WriteReq {
+            node,
+            fh: 0,
+            offset: i * 4096,
+            size: 4096,
+            commit: true,
+        };
+        let (h, body) = Request::from(w)
+            .encode_with_groups(1000 + i, Cred::default(), &[])
+            .unwrap();
+        wire.extend_from_slice(&h);
+        wire.extend_from_slice(&body);
+        wire.extend_from_slice(&data);
+        model.extend_from_slice(&data);
+    }
+    raw.s.write_all(&wire).unwrap();
+    for i in 0..WRITES {
+        let r = raw.receive(1000 + i);
+        assert_eq!(r.status, 0, "write {i}");
+        let w = zcfs_protocol::WriteReply::decode(&r.body).unwrap();
+        assert_eq!(w.written, 4096, "write {i}");
+    }
+    assert!(read_all(&*fs, a.ino, fh, 0, model.len() as u32).unwrap() == model);
+    let st = srv.report();
+    assert!(
+        st.replies_held >= WRITES / 2,
+        "{} of {WRITES} replies held back",
+        st.replies_held
+    );
+    assert!(
+        st.held_reply_sends * 2 <= st.replies_held,
+        "{} sends for {} held replies",
+        st.held_reply_sends,
+        st.replies_held
+    );
+    // Nothing behind it: answered now (the read timeout above bounds the wait).
+    for _ in 0..20 {
+        assert_eq!(raw.call(GetattrReq { node }).status, 0);
+    }
+}
+
 const SECRET: &[u8] = b"a-pipelining-test-secret";
 
 /// The client library with many requests in flight on one connection (submitted, then
