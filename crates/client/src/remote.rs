@@ -1114,6 +1114,12 @@ impl RemoteFs {
         self.getattr(a.ino).unwrap_or(a)
     }
 
+    /// Small writes that went out gathered, and the sends that carried them
+    /// (`behind::Gather`).
+    pub fn gathered_writes(&self) -> (u64, u64) {
+        self.behind.gathered()
+    }
+
     /// Write replies held by write-behind now (at most [`WRITE_BEHIND_MAX`]).
     pub fn write_behind_held(&self) -> usize {
         self.behind.held()

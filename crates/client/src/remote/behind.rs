@@ -31,7 +31,7 @@
 
 use crate::{lock, Ticket};
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use zcfs_backend::{Error, Result};
@@ -229,6 +229,8 @@ impl WriteBehind {
             wake: Condvar::new(),
             sink,
             held: held.clone(),
+            gathered: AtomicU64::new(0),
+            sends: AtomicU64::new(0),
         });
         let g = gather.clone();
         let spawned = std::thread::Builder::new()
@@ -245,6 +247,17 @@ impl WriteBehind {
             held,
             gather: Some(gather),
         }
+    }
+
+    /// Writes that went out gathered, and the sends that carried them (0, 0 when
+    /// not gathering).
+    pub fn gathered(&self) -> (u64, u64) {
+        self.gather.as_ref().map_or((0, 0), |g| {
+            (
+                g.gathered.load(Ordering::Relaxed),
+                g.sends.load(Ordering::Relaxed),
+            )
+        })
     }
 
     /// Whether small writes are gathered (`gather` may be called).
@@ -744,6 +757,9 @@ pub(super) struct Gather {
     wake: Condvar,
     sink: Arc<dyn GatherSink>,
     held: Arc<AtomicUsize>,
+    /// Writes that went out gathered, and the sends that carried them.
+    gathered: AtomicU64,
+    sends: AtomicU64,
 }
 
 impl Gather {
@@ -776,6 +792,9 @@ impl Gather {
         if batch.is_empty() {
             return;
         }
+        self.gathered
+            .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        self.sends.fetch_add(1, Ordering::Relaxed);
         let writes: Vec<&GatheredWrite> = batch.iter().map(|e| &e.write).collect();
         let mut sent = self.sink.send_batch(&writes);
         assert_eq!(sent.len(), batch.len(), "a ticket or an error per write");
