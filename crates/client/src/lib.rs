@@ -239,6 +239,10 @@ pub struct Client {
     posted: Arc<PostedTable>,
     /// Called when the session was lost (handle revalidation).
     on_restart: Mutex<Option<RestartHook>>,
+    /// A mount's small writes that went out gathered (`remote::GATHER_WRITES`), and
+    /// the sends that carried them.
+    gathered_writes: AtomicU64,
+    gather_sends: AtomicU64,
     pub bytes_sent: AtomicU64,
     /// Some connection's channel tags the data too (full integrity, which the server
     /// may ask for when this client did not): piped data must then be read to be hashed.
@@ -518,6 +522,8 @@ impl Client {
             posted: Arc::new(PostedTable::default()),
             on_restart: Mutex::new(None),
             bytes_sent: AtomicU64::new(0),
+            gathered_writes: AtomicU64::new(0),
+            gather_sends: AtomicU64::new(0),
             data_tagged_channel: AtomicBool::new(false),
             bytes_received: AtomicU64::new(0),
             reconnects: AtomicU64::new(0),
@@ -1300,6 +1306,20 @@ impl Client {
         let conn = self.pick()?;
         let id = self.next_id();
         self.submit_on(conn, id, req, cred, data, true)
+    }
+
+    /// Count a send of `n` gathered writes (`RemoteFs`'s gather).
+    pub(crate) fn count_gathered(&self, n: usize) {
+        self.gathered_writes.fetch_add(n as u64, Ordering::Relaxed);
+        self.gather_sends.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A mount's small writes that went out gathered, and the sends that carried them.
+    pub fn gathered_writes(&self) -> (u64, u64) {
+        (
+            self.gathered_writes.load(Ordering::Relaxed),
+            self.gather_sends.load(Ordering::Relaxed),
+        )
     }
 
     /// `submit` of several requests, each with its data in memory, in one send on one

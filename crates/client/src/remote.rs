@@ -273,7 +273,10 @@ struct BatchSender {
 }
 
 impl GatherSink for BatchSender {
-    fn send_batch(&self, writes: &[&GatheredWrite]) -> Vec<Result<Ticket>> {
+    fn send_batch(&self, writes: &[&GatheredWrite], gathered: bool) -> Vec<Result<Ticket>> {
+        if gathered {
+            self.client.count_gathered(writes.len());
+        }
         let mut out: Vec<Option<Result<Ticket>>> = writes.iter().map(|_| None).collect();
         // A lost connection is made again first, and with it the files re-opened:
         // the server's handles are looked up after that (as `server_fh` does).
@@ -1117,7 +1120,7 @@ impl RemoteFs {
     /// Small writes that went out gathered, and the sends that carried them
     /// (`behind::Gather`).
     pub fn gathered_writes(&self) -> (u64, u64) {
-        self.behind.gathered()
+        self.client.gathered_writes()
     }
 
     /// Write replies held by write-behind now (at most [`WRITE_BEHIND_MAX`]).

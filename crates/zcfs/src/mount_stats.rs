@@ -45,6 +45,12 @@ pub struct MountReport {
     /// Written bytes moved from /dev/fuse into the socket by splice(2), never copied.
     #[serde(default)]
     pub spliced_write_bytes: u64,
+    /// Small writes of a remote mount that went out gathered, and the sends that
+    /// carried them (`-o gather`, the default).
+    #[serde(default)]
+    pub gathered_writes: u64,
+    #[serde(default)]
+    pub gather_sends: u64,
     /// The operations that ran, by name.
     pub ops: BTreeMap<String, OpReport>,
     /// The layer-2 lane of a remote mount that asked for one (`--l2`): state and
@@ -72,6 +78,8 @@ pub fn report(
         payload_bytes_written: stats.write_bytes.load(Relaxed),
         fuse_user_copy_bytes: stats.user_copy_bytes.load(Relaxed),
         spliced_write_bytes: stats.spliced_write_bytes.load(Relaxed),
+        gathered_writes: client.map_or(0, |c| c.gathered_writes().0),
+        gather_sends: client.map_or(0, |c| c.gathered_writes().1),
         ops,
         l2: client.and_then(|c| c.lane_report()),
     }
@@ -101,6 +109,19 @@ pub fn prometheus(stats: &FuseStats, client: Option<&zcfs_client::Client>) -> St
         "Written bytes moved from /dev/fuse into the socket by splice(2), never copied.",
         stats.spliced_write_bytes.load(Relaxed),
     );
+    if let Some(c) = client {
+        let (writes, sends) = c.gathered_writes();
+        e.counter(
+            "zcfs_mount_gathered_writes_total",
+            "Small writes that went out gathered, several in one send.",
+            writes,
+        );
+        e.counter(
+            "zcfs_mount_gather_sends_total",
+            "Sends that carried gathered writes.",
+            sends,
+        );
+    }
     e.ops("zcfs_mount", &zcfs_fuse::metrics::ran(&stats.ops), false);
     if let Some(lane) = client.and_then(|c| c.lane_report()) {
         lane.prometheus(&mut e, "zcfs_mount");
@@ -412,7 +433,8 @@ pub fn format_mount_report(r: &MountReport) -> String {
     let lane = r.l2.as_ref().map(|l| l.text()).unwrap_or_default();
     format!(
         "mount       {} on {} (pid {})\n\
-         requests    {}; payload {} bytes read, {} written; {} bytes copied in user space, {} spliced\n{lane}{}",
+         requests    {}; payload {} bytes read, {} written; {} bytes copied in user space, {} spliced; \
+         {} small writes gathered into {} sends\n{lane}{}",
         r.source,
         r.mountpoint,
         r.pid,
@@ -421,6 +443,8 @@ pub fn format_mount_report(r: &MountReport) -> String {
         r.payload_bytes_written,
         r.fuse_user_copy_bytes,
         r.spliced_write_bytes,
+        r.gathered_writes,
+        r.gather_sends,
         crate::server_report::format_ops(&r.ops, false)
     )
 }

@@ -231,6 +231,18 @@ fn small_pwrites_through_a_mount_read_back_exactly() {
             );
             other.release(a.ino, ofh).unwrap();
         });
+        // `zcfs stat MOUNT` shows the gather at work (and none with -o nogather).
+        let st = stat_json(&net, &srv, &m.mp.display().to_string());
+        let (gathered, sends) = (
+            st["gathered_writes"].as_u64().unwrap(),
+            st["gather_sends"].as_u64().unwrap(),
+        );
+        if tag == "g" {
+            assert!(gathered >= 500, "{gathered} writes gathered");
+            assert!(sends * 2 <= gathered, "{sends} sends for {gathered} writes");
+        } else {
+            assert_eq!((gathered, sends), (0, 0));
+        }
         drop(m);
     }
 }

@@ -31,7 +31,7 @@
 
 use crate::{lock, Ticket};
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use zcfs_backend::{Error, Result};
@@ -229,8 +229,6 @@ impl WriteBehind {
             wake: Condvar::new(),
             sink,
             held: held.clone(),
-            gathered: AtomicU64::new(0),
-            sends: AtomicU64::new(0),
         });
         let g = gather.clone();
         let spawned = std::thread::Builder::new()
@@ -247,17 +245,6 @@ impl WriteBehind {
             held,
             gather: Some(gather),
         }
-    }
-
-    /// Writes that went out gathered, and the sends that carried them (0, 0 when
-    /// not gathering).
-    pub fn gathered(&self) -> (u64, u64) {
-        self.gather.as_ref().map_or((0, 0), |g| {
-            (
-                g.gathered.load(Ordering::Relaxed),
-                g.sends.load(Ordering::Relaxed),
-            )
-        })
     }
 
     /// Whether small writes are gathered (`gather` may be called).
@@ -724,7 +711,9 @@ pub(super) struct GatheredWrite {
 /// Sends a gather's writes in one batch (the mount: `RemoteFs`'s client).
 pub(super) trait GatherSink: Send + Sync {
     /// Send `writes` in order: per write, its reply's ticket or why it was not sent.
-    fn send_batch(&self, writes: &[&GatheredWrite]) -> Vec<Result<Ticket>>;
+    /// `gathered`: they come from the gather (else one write sent alone), for the
+    /// counters.
+    fn send_batch(&self, writes: &[&GatheredWrite], gathered: bool) -> Vec<Result<Ticket>>;
 }
 
 /// One gathered write and the queue that holds it as being sent.
@@ -757,9 +746,6 @@ pub(super) struct Gather {
     wake: Condvar,
     sink: Arc<dyn GatherSink>,
     held: Arc<AtomicUsize>,
-    /// Writes that went out gathered, and the sends that carried them.
-    gathered: AtomicU64,
-    sends: AtomicU64,
 }
 
 impl Gather {
@@ -792,11 +778,8 @@ impl Gather {
         if batch.is_empty() {
             return;
         }
-        self.gathered
-            .fetch_add(batch.len() as u64, Ordering::Relaxed);
-        self.sends.fetch_add(1, Ordering::Relaxed);
         let writes: Vec<&GatheredWrite> = batch.iter().map(|e| &e.write).collect();
-        let mut sent = self.sink.send_batch(&writes);
+        let mut sent = self.sink.send_batch(&writes, true);
         assert_eq!(sent.len(), batch.len(), "a ticket or an error per write");
         for (e, r) in batch.into_iter().zip(sent.drain(..)) {
             self.finish(e, r);
@@ -805,7 +788,7 @@ impl Gather {
 
     /// Send one write alone, now (as `flush` sends a gather).
     fn send_now(&self, e: Entry) {
-        let mut sent = self.sink.send_batch(&[&e.write]);
+        let mut sent = self.sink.send_batch(&[&e.write], false);
         let r = sent.pop().expect("a ticket or an error per write");
         self.finish(e, r);
     }
