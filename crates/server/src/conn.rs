@@ -711,6 +711,17 @@ impl<'a> std::ops::Deref for Conn<'a> {
 
 impl<'a> Conn<'a> {
     pub fn serve(&mut self) -> Result<(), ConnEnd> {
+        let end = self.serve_requests();
+        // Replies held back when the connection ends (a bad message after good ones,
+        // a peer that stopped sending mid-message) are of requests that ran: they go
+        // out if the socket still takes them.
+        if end.is_err() {
+            let _ = self.out.flush_held_unless(|| false);
+        }
+        end
+    }
+
+    fn serve_requests(&mut self) -> Result<(), ConnEnd> {
         let session: &'a Session = self.session;
         let patience = self.shared.cfg.peer_timeout;
         let idle = self.shared.cfg.idle_timeout;

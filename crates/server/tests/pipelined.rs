@@ -235,6 +235,43 @@ fn replies_to_requests_already_here_go_out_together() {
     }
 }
 
+/// A bad message behind good ones ends the connection, but the replies of the good
+/// ones, held back while it was already there, still go out first.
+#[test]
+fn replies_held_back_go_out_before_a_bad_message_ends_the_connection() {
+    let fs = memory_fs(64 << 20);
+    let srv = Running::start(fs.clone(), config());
+    let (a, _) = file(&*fs, b"f");
+    let mut raw = srv.raw(11);
+    raw.s
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    let mut wire = Vec::new();
+    for i in 0..5u64 {
+        let w = WriteReq {
+            node: NodeRef::ino(a.ino),
+            fh: 0,
+            offset: i * 512,
+            size: 512,
+            commit: false,
+        };
+        let (h, body) = Request::from(w)
+            .encode_with_groups(500 + i, Cred::default(), &[])
+            .unwrap();
+        wire.extend_from_slice(&h);
+        wire.extend_from_slice(&body);
+        wire.extend_from_slice(&pattern(i as usize, 512));
+    }
+    wire.extend_from_slice(&[0xff; zcfs_protocol::REQ_HDR]);
+    raw.s.write_all(&wire).unwrap();
+    for i in 0..5u64 {
+        assert_eq!(raw.receive(500 + i).status, 0, "write {i}");
+    }
+    let mut rest = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut raw.s, &mut rest);
+    assert!(rest.is_empty(), "nothing answers the bad message");
+}
+
 const SECRET: &[u8] = b"a-pipelining-test-secret";
 
 /// The client library with many requests in flight on one connection (submitted, then
