@@ -179,6 +179,10 @@ pub(crate) struct Conn<'a> {
     pub l2_hold: Option<crate::l2::Hold>,
     /// Some of the current request's reply went out (after a panic no answer fits).
     pub replying: bool,
+    /// The current request's reply may be held back (`Out::reply_as`): it is a write
+    /// (write-behind sends them in streams), or more requests came with it. A lone
+    /// request's reply goes out at once, without asking the socket what is waiting.
+    pub hold_reply: bool,
     /// The channel's receive MAC when authenticated (the send MAC is in `out`).
     pub rx: Option<Mac>,
     /// The message being received: its deadline and what is left of its payload.
@@ -214,13 +218,13 @@ struct Writer {
     /// A write failed part way: the stream is out of step, nothing more goes out.
     broken: bool,
     /// Replies of the connection's thread held back while more requests were already
-    /// here (`Out::reply_held`), tags computed: they go out before anything else is
+    /// here (`Out::reply_as`), tags computed: they go out before anything else is
     /// written, and before the thread waits for the next request.
     held: Vec<u8>,
     held_replies: usize,
 }
 
-/// The most replies held back at once (`Out::reply_held`) ...
+/// The most replies held back at once (`Out::reply_as`) ...
 pub const HELD_REPLIES_MAX: usize = 16;
 /// ... and the most bytes of them.
 pub const HELD_REPLY_BYTES: usize = 16 << 10;
@@ -376,18 +380,10 @@ impl Out {
         self.reply_as(h, r, claim, false)
     }
 
-    /// `reply` from the connection's own thread: held back while more requests are
-    /// already here (`flush_held_unless`), so that a client's stream of requests
-    /// (gathered writes) is answered by one send instead of one per request.
-    fn reply_held(
-        &self,
-        h: &ReqHeader,
-        r: Result<Reply, Error>,
-        claim: Option<Claim<'_>>,
-    ) -> Result<(), ConnEnd> {
-        self.reply_as(h, r, claim, true)
-    }
-
+    /// `reply`, or (`hold`, from the connection's own thread only) held back while
+    /// more requests are already here (`flush_held_unless`), so that a client's stream
+    /// of requests (gathered writes) is answered by one send instead of one per
+    /// request.
     fn reply_as(
         &self,
         h: &ReqHeader,
@@ -779,6 +775,7 @@ impl<'a> Conn<'a> {
                 }
             }
             self.replying = false;
+            self.hold_reply = h.op == Op::Write || self.rb.len() >= REQ_HDR;
             let (req, groups) = match Request::decode_with_groups(&h, &body) {
                 Ok(r) => r,
                 Err(e) => {
@@ -921,7 +918,7 @@ impl<'a> Conn<'a> {
     /// Send an encoded reply (header and body).
     fn send(&mut self, msg: &[u8]) -> Result<(), ConnEnd> {
         self.replying = true;
-        self.out.send_as(msg, true)
+        self.out.send_as(msg, self.hold_reply)
     }
 
     /// Answer `h` with `r` (`Out::reply`).
@@ -932,7 +929,7 @@ impl<'a> Conn<'a> {
         claim: Option<Claim<'_>>,
     ) -> Result<(), ConnEnd> {
         self.replying = true;
-        self.out.reply_held(h, r, claim)
+        self.out.reply_as(h, r, claim, self.hold_reply)
     }
 
     /// Answer `h` once `what` is there, on a thread of its own while the connection

@@ -618,6 +618,7 @@ fn connection(mut s: Stream, who: Peer, peer: &str, shared: &Shared, slot: &mut 
                     attached: a.session.clone(),
                     l2_hold: None,
                     replying: false,
+                    hold_reply: false,
                     rx,
                     inbound: conn::Inbound::new(),
                     rb: zcfs_transport::RecvBuf::default(),

@@ -62,7 +62,7 @@ pub struct ServerStats {
     /// the receive buffer, instead of received straight into place.
     pub recv_buffer_payload_bytes: AtomicU64,
     /// Replies held back while the next request was already here, and the sends that
-    /// carried them (`conn::Out::reply_held`): replies per send is their ratio.
+    /// carried them (`conn::Out::reply_as`): replies per send is their ratio.
     pub replies_held: AtomicU64,
     pub held_reply_sends: AtomicU64,
     /// Requests that arrived on a TCP connection, per operation code (the lane's are
