@@ -5,8 +5,9 @@
 # gets its own server (DIR's zcfs, in the server namespace) and mount (in the client
 # namespace). Per round and target: the client library against the target's server
 # (zcfs-bench library, DIR's build), fio 4 KiB O_DIRECT random reads at QD1 (psync) and
-# QD16 (io_uring) through the mount, and with --meta 2,000 file creates, a cold ls -l,
-# git clone and tar x. Prints per-round CSV lines, then the medians per target.
+# QD16 (io_uring) and 4 KiB buffered random writes at QD1 through the mount, and with
+# --meta 2,000 file creates, a cold ls -l, git clone and tar x. Prints per-round CSV
+# lines, then the medians per target.
 #
 #   bash scripts/ab-veth.sh [--rounds N] [--meta] [--no-library] TARGET TARGET...
 #
@@ -59,12 +60,14 @@ if [ $META = 1 ]; then
   git clone -q --bare "$REPO" "$W/repo.git"
 fi
 secs() { local a b; a=$(date +%s.%N); "$@" >/dev/null 2>&1; b=$(date +%s.%N); awk -v a="$a" -v b="$b" 'BEGIN { printf "%.4f", b - a }'; }
-fio_row() {   # fio_row FILE QD -> "IOPS p50_us"
-  local eng=psync; [ "$2" -gt 1 ] && eng=io_uring
-  timeout 60 fio --name=t --filename="$1" --rw=randread --bs=4k --direct=1 --ioengine=$eng \
+fio_row() {   # fio_row FILE QD [randwrite] -> "IOPS p50_us"
+  local eng=psync rw=${3:-randread} direct=1 key=read; [ "$2" -gt 1 ] && eng=io_uring
+  # Buffered random writes through the page cache, as an editor or a database would.
+  [ "$rw" = randwrite ] && direct=0 key=write
+  timeout 60 fio --name=t --filename="$1" --rw="$rw" --bs=4k --direct=$direct --ioengine=$eng \
     --iodepth="$2" --runtime=2 --time_based --output-format=json 2>/dev/null | python3 -c '
 import json, sys
-j = json.load(sys.stdin)["jobs"][0]["read"]
+j = json.load(sys.stdin)["jobs"][0]["'$key'"]
 print("%.0f %.1f" % (j["iops"], j["clat_ns"]["percentile"]["50.000000"] / 1000))'
 }
 echo "round,target,test,value,unit" > "$W/rows.csv"
@@ -82,6 +85,9 @@ for r in $(seq "$ROUNDS"); do
       row "$r,$t,mount-randread-4k-qd$qd,$iops,IOPS"
       row "$r,$t,mount-randread-4k-qd$qd,$p50,p50_us"
     done
+    read -r iops p50 < <(fio_row "$W/m$i/fio.dat" 1 randwrite)
+    row "$r,$t,mount-buffered-randwrite-4k-qd1,$iops,IOPS"
+    row "$r,$t,mount-buffered-randwrite-4k-qd1,$p50,p50_us"
     if [ $META = 1 ]; then
       s=$W/m$i/s; mkdir -p "$s/files"
       row "$r,$t,create-2000,$(secs "$ZB" create-files "$s/files" 2000),s"
