@@ -1,0 +1,134 @@
+//! Review of session 34's change (54aa4ab: replies of a connection's thread held back
+//! while the next request is already here). Each test shows one defect: it asserts the
+//! behaviour the server promised before the change and fails on the reviewed code.
+
+#[macro_use]
+mod common;
+use common::*;
+use std::io::{Read, Write};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use zcfs_backend::*;
+use zcfs_protocol::{
+    Cred, LookupName, LookupReq, NodeRef, OpenReq, Operation, Request, RespHeader, Wire, WriteReq,
+    RESP_HDR,
+};
+
+const MIB: usize = 1 << 20;
+
+/// Passes everything on; a lookup of "boom" panics (a backend bug reached by one
+/// request).
+struct PanicsOnBoom {
+    inner: Arc<dyn Backend>,
+}
+
+impl Backend for PanicsOnBoom {
+    pass_on_the_rest!();
+    pass_on! {
+        statfs() -> Result<StatFs>;
+        write_with(ctx: &Ctx, ino: u64, fh: u64, offset: u64, payload: &mut dyn WritePayload) -> Result<u32>;
+    }
+    fn lookup(&self, c: &Ctx, p: u64, n: &[u8]) -> Result<Attr> {
+        if n == b"boom" {
+            panic!("backend bug on lookup of boom");
+        }
+        self.inner.lookup(c, p, n)
+    }
+}
+
+/// Every reply (id, status) that reaches the peer until the server closes the
+/// connection (or 5 s pass).
+fn replies_until_closed(s: &mut zcfs_transport::Stream) -> Vec<(u64, i32)> {
+    s.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    let t = Instant::now();
+    let mut bytes = Vec::new();
+    let mut buf = [0u8; 4096];
+    while t.elapsed() < Duration::from_secs(5) {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => bytes.extend_from_slice(&buf[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => break,
+        }
+    }
+    let mut out = Vec::new();
+    let mut at = 0;
+    while bytes.len() - at >= RESP_HDR {
+        let h = RespHeader::decode(bytes[at..at + RESP_HDR].try_into().unwrap()).unwrap();
+        out.push((h.id, h.status));
+        at += RESP_HDR + h.body_len as usize + h.data_len as usize;
+    }
+    out
+}
+
+/// Finding 1 (server). A write that ran is answered; then a request behind it, already
+/// in the server's receive buffer, panics. Before the change the write's reply was on
+/// its way before the next request was read, and the panicking request was answered
+/// EIO ("it is answered with EIO if nothing of its reply went out yet", conn.rs). Now
+/// both replies are only appended to `Writer.held` (the next request was here), and
+/// the panic ends the connection (`ConnEnd::Panicked`, then `Out::close`) without
+/// `held` ever being written: the client never learns that its write ran (its ticket
+/// gets ENOTCONN: a write-behind write is then reported EIO at close although it
+/// landed), and the request that hit the bug gets no EIO. The same holds for every
+/// other early end of `serve` (a malformed or forged request behind replies held).
+#[test]
+fn replies_held_before_a_panicking_request_are_sent_before_the_connection_ends() {
+    let vol = memory_fs(64 * MIB);
+    let (f, _) = file(&*vol, b"f");
+    let srv = Running::start(
+        Arc::new(PanicsOnBoom {
+            inner: vol.clone(),
+        }),
+        config(),
+    );
+    let mut raw = srv.raw(0x3434);
+    let r = raw.call(OpenReq {
+        node: NodeRef::ino(f.ino),
+        flags: libc::O_RDWR,
+    });
+    assert_eq!(r.status, 0);
+    let sfh = <OpenReq as Operation>::Reply::decode(&r.body).unwrap().fh;
+    // A write and, behind it in the same send, the request that panics.
+    let data = vec![0x5au8; 4096];
+    let (wh, wb) = Request::from(WriteReq {
+        node: NodeRef::ino(f.ino),
+        fh: sfh,
+        offset: 0,
+        size: data.len() as u32,
+        commit: true,
+    })
+    .encode(100, Cred::default());
+    let (lh, lb) = Request::from(LookupReq {
+        parent: NodeRef::ino(ROOT),
+        name: LookupName::new("boom").unwrap(),
+    })
+    .encode(101, Cred::default());
+    let mut msg = Vec::new();
+    msg.extend_from_slice(&wh);
+    msg.extend_from_slice(&wb);
+    msg.extend_from_slice(&data);
+    msg.extend_from_slice(&lh);
+    msg.extend_from_slice(&lb);
+    raw.s.write_all(&msg).unwrap();
+    let got = replies_until_closed(&mut raw.s);
+    // The write ran (its bytes are in the file) ...
+    let landed = read_all(&*vol, f.ino, open_for_read(&*vol, f.ino), 0, 4096).unwrap();
+    assert_eq!(landed, data, "the write did not run at all");
+    // ... so its reply must reach the client, and the panicking request its EIO.
+    assert!(
+        got.contains(&(100, 0)),
+        "the write ran but its reply never reached the client (replies seen: {got:?})"
+    );
+    assert!(
+        got.contains(&(101, libc::EIO)),
+        "the panicking request was not answered EIO (replies seen: {got:?})"
+    );
+}
+
+fn open_for_read(vol: &dyn Backend, ino: u64) -> u64 {
+    vol.open(&ctx(), ino, libc::O_RDONLY).unwrap()
+}
