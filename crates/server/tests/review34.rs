@@ -132,3 +132,70 @@ fn replies_held_before_a_panicking_request_are_sent_before_the_connection_ends()
 fn open_for_read(vol: &dyn Backend, ino: u64) -> u64 {
     vol.open(&ctx(), ino, libc::O_RDONLY).unwrap()
 }
+
+/// Finding 2 (server). A reply is held for as long as the next request takes to arrive
+/// and run: `flush_held_unless` looks only at whether its first bytes are here, and
+/// HELD_REPLIES_MAX / HELD_REPLY_BYTES bound how many replies wait, not for how long.
+/// Here a getattr is followed (one send) by a 1 MiB write whose payload the client
+/// sends over ~3 s (a slow or busy link; a 16 MiB write at 10 Mbit/s takes 13 s). Before
+/// the change the getattr's reply left at once; now it waits for the whole payload and
+/// the write's execution, and with pipelined writes behind it for up to 15 of them: a
+/// client's 10 s call timeout then gives up on a connection whose server is well
+/// (a call another thread makes is stuck behind a stranger's bulk transfer).
+#[test]
+fn a_reply_is_not_held_while_the_next_requests_payload_is_still_coming() {
+    let vol = memory_fs(64 * MIB);
+    let (f, _) = file(&*vol, b"f");
+    let srv = Running::start(vol.clone(), config());
+    let mut raw = srv.raw(0x3435);
+    let r = raw.call(OpenReq {
+        node: NodeRef::ino(f.ino),
+        flags: libc::O_RDWR,
+    });
+    assert_eq!(r.status, 0);
+    let sfh = <OpenReq as Operation>::Reply::decode(&r.body).unwrap().fh;
+    let (gh, gb) = Request::from(zcfs_protocol::GetattrReq {
+        node: NodeRef::ino(f.ino),
+    })
+    .encode(200, Cred::default());
+    let data = vec![0x33u8; MIB];
+    let (wh, wb) = Request::from(WriteReq {
+        node: NodeRef::ino(f.ino),
+        fh: sfh,
+        offset: 0,
+        size: data.len() as u32,
+        commit: false,
+    })
+    .encode(201, Cred::default());
+    let mut first = Vec::new();
+    first.extend_from_slice(&gh);
+    first.extend_from_slice(&gb);
+    first.extend_from_slice(&wh);
+    first.extend_from_slice(&wb);
+    first.extend_from_slice(&data[..4096]);
+    let mut tx = raw.s.try_clone().unwrap();
+    let sent = Instant::now();
+    tx.write_all(&first).unwrap();
+    // The rest of the payload, in 16 pieces over ~3 s.
+    let trickle = std::thread::spawn(move || {
+        let rest = &data[4096..];
+        for piece in rest.chunks(rest.len().div_ceil(16)) {
+            std::thread::sleep(Duration::from_millis(190));
+            tx.write_all(piece).unwrap();
+        }
+    });
+    raw.s
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let (id, r) = raw.receive_any();
+    let waited = sent.elapsed();
+    trickle.join().unwrap();
+    assert_eq!((id, r.status), (200, 0));
+    assert!(
+        waited < Duration::from_secs(1),
+        "the getattr's reply was held {waited:?}, until the write behind it had all its \
+         payload"
+    );
+    let (id, r) = raw.receive_any();
+    assert_eq!((id, r.status), (201, 0));
+}
