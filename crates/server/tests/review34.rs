@@ -199,3 +199,88 @@ fn a_reply_is_not_held_while_the_next_requests_payload_is_still_coming() {
     let (id, r) = raw.receive_any();
     assert_eq!((id, r.status), (201, 0));
 }
+
+/// Run `f` on a thread of its own; fail if it takes longer than `limit` (a hang).
+fn bounded<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)));
+    });
+    match rx.recv_timeout(limit) {
+        Ok(Ok(t)) => t,
+        Ok(Err(p)) => std::panic::resume_unwind(p),
+        Err(_) => panic!("still running after {limit:?}: hung"),
+    }
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Finding 3 (client). `Client::submit_batch` takes one in-flight slot per request
+/// (`take_inflight_slot`) before sending any of them, and the slots are given back only
+/// by the tickets' replies (or drops). A batch of more requests than the connection's
+/// `max_inflight` (the server's, 64 by default; `SUBMIT_BATCH_MAX` is 64, and nothing
+/// checks the batch against the connection it picked) so waits for a slot that only
+/// its own unsent requests hold: it never returns, and the mount's gather (every
+/// close, fsync, stat or read of the inodes in it: `InodeQueue::all_sent`) waits with
+/// it. A mount reaches it when its gather holds more writes than the connection it is
+/// sent on has slots: `WriteBehind`'s bound is taken from `max_inflight()` when each
+/// write is queued, and a server restarted with a lower `max_inflight` (or a client
+/// whose connections differ) is sent what was gathered under the old bound.
+#[test]
+fn a_batch_larger_than_the_connections_in_flight_slots_is_sent_not_hung() {
+    let srv = Running::start(
+        memory_fs(64 * MIB),
+        zcfs_server::ServerConfig {
+            max_inflight: 8,
+            ..config()
+        },
+    );
+    let fs = srv.client();
+    let (f, _fh) = file(&fs, b"b");
+    let client = fs.client().clone();
+    // The server's handle (the client's own table is private): a raw open.
+    let mut raw = srv.raw(0x3436);
+    let r = raw.call(OpenReq {
+        node: NodeRef::ino(f.ino),
+        flags: libc::O_RDWR,
+    });
+    assert_eq!(r.status, 0);
+    let sfh = <OpenReq as Operation>::Reply::decode(&r.body).unwrap().fh;
+    let (ino, size) = (f.ino, 12usize);
+    let written = bounded(Duration::from_secs(15), move || {
+        let data = vec![7u8; 4096];
+        let reqs: Vec<Request> = (0..size)
+            .map(|i| {
+                WriteReq {
+                    node: NodeRef::ino(ino),
+                    fh: sfh,
+                    offset: (i * 4096) as u64,
+                    size: 4096,
+                    commit: false,
+                }
+                .into()
+            })
+            .collect();
+        let msgs: Vec<(Request, zcfs_client::Caller<'_>, &[u8])> = reqs
+            .iter()
+            .map(|r| (r.clone(), zcfs_client::Caller::process(), &data[..]))
+            .collect();
+        let tickets = client.submit_batch(&msgs).unwrap();
+        tickets
+            .into_iter()
+            .map(|t| t.wait().expect("a write of the batch failed"))
+            .count()
+    });
+    assert_eq!(written, size);
+}
