@@ -213,19 +213,6 @@ fn bounded<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 's
     }
 }
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 /// Finding 3 (client). `Client::submit_batch` takes one in-flight slot per request
 /// (`take_inflight_slot`) before sending any of them, and the slots are given back only
 /// by the tickets' replies (or drops). A batch of more requests than the connection's
