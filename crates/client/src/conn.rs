@@ -19,7 +19,7 @@ use crate::{is_transport, lock, Caller, Client, Completion, Response, Slot};
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 use zcfs_backend::Error;
@@ -303,9 +303,29 @@ pub struct Ticket {
     pub(crate) id: u64,
     pub(crate) timeout: Duration,
     pub(crate) addr: String,
+    /// It holds one of the connection's in-flight slots (given back when dropped);
+    /// an answered ticket (`into_answered`) holds none.
+    pub(crate) holds_slot: bool,
 }
 
 impl Ticket {
+    /// Wait for the reply now and keep it in a ticket that holds no in-flight slot:
+    /// the slot is free for the next request (a batch larger than the slots free,
+    /// `Client::submit_batch`).
+    pub(crate) fn into_answered(self) -> Ticket {
+        let r = self.receive();
+        let (tx, rx) = sync_channel(1);
+        tx.send(r).expect("the receiver is alive");
+        Ticket {
+            rx,
+            conn: self.conn.clone(),
+            id: self.id,
+            timeout: self.timeout,
+            addr: self.addr.clone(),
+            holds_slot: false,
+        }
+    }
+
     /// Whether both requests went out on the same connection (the server runs them in
     /// the order they were sent).
     pub fn same_connection(&self, other: &Ticket) -> bool {
@@ -388,7 +408,9 @@ impl Ticket {
 impl Drop for Ticket {
     /// Release the in-flight slot, waited for or not.
     fn drop(&mut self) {
-        self.conn.give_inflight_slot();
+        if self.holds_slot {
+            self.conn.give_inflight_slot();
+        }
     }
 }
 

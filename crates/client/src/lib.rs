@@ -38,7 +38,7 @@ use std::time::Duration;
 use zcfs_backend::{Error, PipedData};
 use zcfs_protocol::channel::{Integrity, TAG_LEN};
 use zcfs_protocol::handshake::Lane;
-use zcfs_protocol::{Cred, Request, RespHeader, MAX_GROUPS, OP_SLOTS};
+use zcfs_protocol::{Cred, Request, RespHeader, MAX_GROUPS, OP_SLOTS, REQ_HDR};
 use zcfs_transport::{
     client_handshake_within, tune, write_all_vectored, Address, Established, RecvBuf, Stream,
     TransportError,
@@ -1351,6 +1351,13 @@ impl Client {
             }
         }
         let conn = self.pick()?;
+        // At most half the connection's slots per send (write-behind keeps the other
+        // half for calls): a batch gathered under a larger bound (a server restarted
+        // with a smaller max_inflight) goes out in parts, each answered before the
+        // next is sent, its tickets then holding no slot. Taking a slot per request of
+        // a batch larger than the slots would wait for the batch's own (review 34).
+        let part = (conn.welcome.max_inflight as usize / 2).max(1);
+        let mut tickets = Vec::with_capacity(msgs.len());
         let mut encoded = Vec::with_capacity(msgs.len());
         for (req, cred, _) in msgs {
             let id = self.next_id();
@@ -1359,8 +1366,29 @@ impl Client {
                 .map_err(|e| Error::new(e.errno(), e.to_string()))?;
             encoded.push((id, hdr, body));
         }
+        let parts = msgs.chunks(part).zip(encoded.chunks(part));
+        let count = msgs.len().div_ceil(part);
+        for (k, (msgs, encoded)) in parts.enumerate() {
+            let sent = self.send_batch_on(&conn, msgs, encoded);
+            if k + 1 < count {
+                tickets.extend(sent.into_iter().map(Ticket::into_answered));
+            } else {
+                tickets.extend(sent);
+            }
+        }
+        Ok(tickets)
+    }
+
+    /// One send of `msgs` (encoded as `encoded`) on `conn`, a slot taken for each: their
+    /// tickets. A failed send breaks the connection (every ticket then holds ENOTCONN).
+    fn send_batch_on(
+        &self,
+        conn: &Arc<Conn>,
+        msgs: &[(Request, Caller<'_>, &[u8])],
+        encoded: &[(u64, [u8; REQ_HDR], Vec<u8>)],
+    ) -> Vec<Ticket> {
         let mut tickets = Vec::with_capacity(msgs.len());
-        for ((req, _, _), (id, _, _)) in msgs.iter().zip(&encoded) {
+        for ((req, _, _), (id, _, _)) in msgs.iter().zip(encoded) {
             conn.take_inflight_slot();
             let (tx, rx) = sync_channel(1);
             lock(&conn.pending).insert(*id, (req.op(), Some(Slot::Waiter(tx))));
@@ -1370,6 +1398,7 @@ impl Client {
                 id: *id,
                 timeout: self.cfg.timeout,
                 addr: self.cfg.addr.clone(),
+                holds_slot: true,
             });
         }
         let parts: Vec<(&[u8], &[u8], &[u8])> = encoded
@@ -1394,7 +1423,7 @@ impl Client {
                 conn.break_with(&format!("send failed: {e}"));
             }
         }
-        Ok(tickets)
+        tickets
     }
 
     /// `submit` on the connection `after` went out on, so the server runs it after
@@ -1595,6 +1624,7 @@ impl Client {
             id,
             timeout: self.cfg.timeout,
             addr: self.cfg.addr.clone(),
+            holds_slot: true,
         };
         Ok(ticket)
     }
