@@ -776,6 +776,25 @@ impl<'a> Conn<'a> {
             }
             self.replying = false;
             self.hold_reply = h.op == Op::Write || self.rb.len() >= REQ_HDR;
+            // Replies held back wait only for requests that are here whole and run
+            // at once: a write whose payload is all here, a getattr, a lookup. Before
+            // anything else (a payload still coming, an fsync, a request that waits)
+            // they go out (review 34: a reply held through a trickled 1 MiB payload).
+            let tagged = self
+                .rx
+                .as_ref()
+                .is_some_and(|rx| rx.data_tagged(h.data_len as usize));
+            let (rb, s) = (&self.rb, &self.s);
+            self.out.flush_held_unless(|| match h.op {
+                Op::Getattr | Op::Lookup | Op::Forget => true,
+                Op::Write => {
+                    let need = h.data_len as usize + if tagged { TAG_LEN } else { 0 };
+                    need <= rb.len()
+                        || zcfs_transport::bytes_waiting(s)
+                            .is_ok_and(|n| n.saturating_add(rb.len()) >= need)
+                }
+                _ => false,
+            })?;
             let (req, groups) = match Request::decode_with_groups(&h, &body) {
                 Ok(r) => r,
                 Err(e) => {

@@ -39,7 +39,8 @@ impl Backend for PanicsOnBoom {
 /// Every reply (id, status) that reaches the peer until the server closes the
 /// connection (or 5 s pass).
 fn replies_until_closed(s: &mut zcfs_transport::Stream) -> Vec<(u64, i32)> {
-    s.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
     let t = Instant::now();
     let mut bytes = Vec::new();
     let mut buf = [0u8; 4096];
@@ -79,12 +80,7 @@ fn replies_until_closed(s: &mut zcfs_transport::Stream) -> Vec<(u64, i32)> {
 fn replies_held_before_a_panicking_request_are_sent_before_the_connection_ends() {
     let vol = memory_fs(64 * MIB);
     let (f, _) = file(&*vol, b"f");
-    let srv = Running::start(
-        Arc::new(PanicsOnBoom {
-            inner: vol.clone(),
-        }),
-        config(),
-    );
+    let srv = Running::start(Arc::new(PanicsOnBoom { inner: vol.clone() }), config());
     let mut raw = srv.raw(0x3434);
     let r = raw.call(OpenReq {
         node: NodeRef::ino(f.ino),
