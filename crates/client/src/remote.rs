@@ -675,7 +675,10 @@ impl RemoteFs {
         // file saved) then needs no FLUSH round trip. Larger ones leave it to the
         // close's FLUSH, sent behind them.
         let commit = len <= COMMIT_WRITE_MAX;
-        if let WriteBytes::Mem(d) = data {
+        // Only a write answered early (the FUSE path) is gathered: a caller that waits
+        // for the send gets its error, as before.
+        if let (WriteBytes::Mem(d), true) = (&data, early.is_some()) {
+            let d: &[u8] = d;
             if len <= GATHER_WRITE_MAX && self.behind.gathers() {
                 return self.gather_write(ctx, ino, fh, offset, end, commit, d, early);
             }

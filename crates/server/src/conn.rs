@@ -300,6 +300,11 @@ impl Out {
         }
         let r = write_all_vectored(s, &mut [IoSlice::new(held)]);
         held.clear();
+        // One large reply (a readdir's) held back does not keep its memory for the
+        // connection's life.
+        if held.capacity() > 2 * HELD_REPLY_BYTES {
+            held.shrink_to(HELD_REPLY_BYTES);
+        }
         r
     }
 
