@@ -18,22 +18,6 @@ fn put(model: &mut Vec<u8>, off: usize, data: &[u8]) {
     model[off..off + data.len()].copy_from_slice(data);
 }
 
-/// A small xorshift for offsets and sizes.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 /// Writes of many sizes (gathered ones, at and around `GATHER_WRITE_MAX`, and larger
 /// ones sent alone) at random offsets of a 512 KiB region, most overlapping others:
 /// after the close, another client reads exactly the model, and most small writes went

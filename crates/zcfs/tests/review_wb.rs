@@ -233,20 +233,6 @@ fn enospc_surfaces_at_write_fsync_or_close() {
     );
 }
 
-/// A tiny deterministic generator (xorshift), so a failure names its seed.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 /// Guard: several threads, each with two descriptors of one shared file, write
 /// overlapping random ranges of their own part of it (and extend, and truncate their
 /// own scratch file) through a remote mount; after close, what a second client reads

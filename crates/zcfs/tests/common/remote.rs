@@ -475,6 +475,22 @@ pub fn seeded_bytes(seed: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// A tiny deterministic generator (xorshift), so a failure names its seed.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
 /// The server's counters (`zcfs stat` JSON), asked through `fs`.
 pub fn server_stats_json(fs: &RemoteFs) -> serde_json::Value {
     serde_json::from_slice(&fs.server_stats().unwrap()).unwrap()
