@@ -737,10 +737,17 @@ impl<'a> Conn<'a> {
             } else {
                 Take::Greedy
             };
-            // Replies held back go out now, unless the next request is already here.
-            let (rb, s) = (&self.rb, &self.s);
+            // Replies held back go out now, unless the next request is already here
+            // whole (header, body, tags and payload: nothing below waits for the
+            // peer) and may run without waiting (review 34b: held while a header's
+            // rest or a body was still coming).
+            let tag_len = if self.rx.is_some() { TAG_LEN } else { 0 };
+            let (rb, s, rx) = (&self.rb, &self.s, &self.rx);
             self.out.flush_held_unless(|| {
-                rb.len() >= REQ_HDR || zcfs_transport::bytes_waiting(s).is_ok_and(|n| n > 0)
+                next_here_whole(rb, s, tag_len, |n| {
+                    rx.as_ref().is_some_and(|rx| rx.data_tagged(n))
+                })
+                .is_some_and(|op| matches!(op, Op::Getattr | Op::Lookup | Op::Forget | Op::Write))
             })?;
             match fill_message_start(&mut self.s, &mut self.rb, REQ_HDR, take, patience, idle) {
                 Ok(Start::Message) => {}
@@ -781,25 +788,6 @@ impl<'a> Conn<'a> {
             }
             self.replying = false;
             self.hold_reply = h.op == Op::Write || self.rb.len() >= REQ_HDR;
-            // Replies held back wait only for requests that are here whole and run
-            // at once: a write whose payload is all here, a getattr, a lookup. Before
-            // anything else (a payload still coming, an fsync, a request that waits)
-            // they go out (review 34: a reply held through a trickled 1 MiB payload).
-            let tagged = self
-                .rx
-                .as_ref()
-                .is_some_and(|rx| rx.data_tagged(h.data_len as usize));
-            let (rb, s) = (&self.rb, &self.s);
-            self.out.flush_held_unless(|| match h.op {
-                Op::Getattr | Op::Lookup | Op::Forget => true,
-                Op::Write => {
-                    let need = h.data_len as usize + if tagged { TAG_LEN } else { 0 };
-                    need <= rb.len()
-                        || zcfs_transport::bytes_waiting(s)
-                            .is_ok_and(|n| n.saturating_add(rb.len()) >= need)
-                }
-                _ => false,
-            })?;
             let (req, groups) = match Request::decode_with_groups(&h, &body) {
                 Ok(r) => r,
                 Err(e) => {
@@ -815,6 +803,12 @@ impl<'a> Conn<'a> {
                     continue;
                 }
             };
+            // Replies held back wait only for a request that runs at once: the loop's
+            // top saw it here whole; a write that commits runs the backend's flush,
+            // which may wait (review 34b), so they go out before it.
+            if matches!(&req, Request::Write(w) if w.commit) {
+                self.out.flush_held_unless(|| false)?;
+            }
             // A request with session side effects is executed once per id: a resend
             // (after a lost connection) is answered from the session's reply cache.
             let mut claim = None;
@@ -1191,6 +1185,49 @@ impl<'a> Conn<'a> {
             None,
         )
     }
+}
+
+/// The operation of the next request when all of it (header, body, their tag, payload
+/// and its tag) is in `rb` or waiting on `s`, so that reading it waits for nothing;
+/// None otherwise (or when its header does not decode: the loop reads it and ends the
+/// connection as usual). `data_tagged(n)`: a payload of n bytes carries a tag.
+fn next_here_whole(
+    rb: &RecvBuf,
+    s: &Stream,
+    tag_len: usize,
+    data_tagged: impl Fn(usize) -> bool,
+) -> Option<Op> {
+    let waiting = if rb.len() >= REQ_HDR {
+        None
+    } else {
+        Some(zcfs_transport::bytes_waiting(s).ok()?)
+    };
+    let mut hb = [0u8; REQ_HDR];
+    let have = rb.len().min(REQ_HDR);
+    hb[..have].copy_from_slice(&rb.buffered()[..have]);
+    if have < REQ_HDR {
+        // The header's rest is the socket's next bytes (the buffer's were taken off it).
+        if rb.len() + waiting.unwrap_or(0) < REQ_HDR
+            || zcfs_transport::peek_waiting(s, &mut hb[have..]).ok()? < REQ_HDR - have
+        {
+            return None;
+        }
+    }
+    let h = ReqHeader::decode(&hb).ok()?;
+    let data = h.data_len as usize;
+    let need = REQ_HDR
+        + h.body_len as usize
+        + tag_len
+        + data
+        + if data_tagged(data) { TAG_LEN } else { 0 };
+    if rb.len() >= need {
+        return Some(h.op);
+    }
+    let waiting = match waiting {
+        Some(n) => n,
+        None => zcfs_transport::bytes_waiting(s).ok()?,
+    };
+    (rb.len().saturating_add(waiting) >= need).then_some(h.op)
 }
 
 /// A write that asked to be made durable before its reply (`WriteReq::commit`) and

@@ -175,10 +175,10 @@ fn writes_after_a_write_are_received_in_place() {
     );
 }
 
-/// Writes that arrive together (a client's gathered writes): their replies are held
-/// back while the next request is already here and go out several per send, every one
-/// in order; a request with nothing behind it is answered at once (never held waiting
-/// for a request that does not come).
+/// Writes that arrive together (a client's gathered writes, which do not ask to be
+/// committed): their replies are held back while the next request is already here
+/// whole and go out several per send, every one in order; a request with nothing behind
+/// it is answered at once (never held waiting for a request that does not come).
 #[test]
 fn replies_to_requests_already_here_go_out_together() {
     let fs = memory_fs(64 << 20);
@@ -199,7 +199,7 @@ fn replies_to_requests_already_here_go_out_together() {
             fh: 0,
             offset: i * 4096,
             size: 4096,
-            commit: true,
+            commit: false,
         };
         let (h, body) = Request::from(w)
             .encode_with_groups(1000 + i, Cred::default(), &[])

@@ -13,8 +13,8 @@ pub use handshake::{
 };
 pub use recvbuf::{RecvBuf, RecvFd, RECV_BUF_SIZE};
 pub use stream::{
-    bytes_waiting, peer_cred, peer_groups, Address, AddressError, Listener, Peer, PeerCred, Socket,
-    Stream, UNIX_SOCKET_MODE,
+    bytes_waiting, peek_waiting, peer_cred, peer_groups, Address, AddressError, Listener, Peer,
+    PeerCred, Socket, Stream, UNIX_SOCKET_MODE,
 };
 
 use std::io::{IoSlice, IoSliceMut, Read, Write};

@@ -305,6 +305,30 @@ pub fn bytes_waiting(s: &impl AsRawFd) -> std::io::Result<usize> {
     Ok(n.max(0) as usize)
 }
 
+/// Copy up to `buf.len()` bytes the socket has received into `buf` without taking them
+/// off it and without waiting (MSG_PEEK | MSG_DONTWAIT): how many were there (0 if
+/// none).
+pub fn peek_waiting(s: &impl AsRawFd, buf: &mut [u8]) -> std::io::Result<usize> {
+    // SAFETY: recv writes at most `buf.len()` bytes into `buf`, which is valid and
+    // exclusively borrowed for the call; the descriptor is borrowed from `s`.
+    let r = unsafe {
+        libc::recv(
+            s.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    if r < 0 {
+        let e = std::io::Error::last_os_error();
+        if e.kind() == std::io::ErrorKind::WouldBlock {
+            return Ok(0);
+        }
+        return Err(e);
+    }
+    Ok(r as usize)
+}
+
 impl std::os::fd::AsFd for Stream {
     fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         match self {
@@ -579,5 +603,14 @@ mod bytes_waiting_tests {
         let mut buf = [0u8; 40];
         std::io::Read::read_exact(&mut &b, &mut buf).unwrap();
         assert_eq!(bytes_waiting(&b).unwrap(), 60);
+        let mut peeked = [0u8; 100];
+        assert_eq!(peek_waiting(&b, &mut peeked).unwrap(), 60);
+        assert_eq!(bytes_waiting(&b).unwrap(), 60, "a peek takes nothing");
+        let (_a2, empty) = UnixStream::pair().unwrap();
+        assert_eq!(
+            peek_waiting(&empty, &mut peeked).unwrap(),
+            0,
+            "and never waits"
+        );
     }
 }
