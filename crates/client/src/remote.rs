@@ -751,9 +751,7 @@ impl RemoteFs {
                 a();
             }
         };
-        let queued = self
-            .behind
-            .gather(limit, ino, offset, end, commit, answer, write);
+        let queued = self.behind.gather(limit, ino, offset, end, answer, write);
         match queued {
             Ok(true) => {
                 self.written_bytes

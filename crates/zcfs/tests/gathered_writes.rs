@@ -230,3 +230,53 @@ fn small_pwrites_through_a_mount_read_back_exactly() {
         drop(m);
     }
 }
+
+/// Gathered writes do not ask to be committed one by one: a close after them sends one
+/// FLUSH behind them, and what it said is durable is, when the server is killed
+/// (SIGKILL) right after it returns: every byte is there after a restart. Rounds write
+/// 1 to 6 pieces (the first goes out alone, committed; the rest are gathered).
+#[test]
+fn a_close_after_gathered_writes_makes_them_durable() {
+    let pieces = |round: usize| 1 + round % 6;
+    let piece = |round: usize, i: usize| seeded_bytes((round * 8 + i) as u64 + 1, 4096);
+    let act = |fs: &zcfs_client::RemoteFs, round: usize| {
+        let c = ctx();
+        let (f, fh) = create_file(fs, &format!("f{round}"), libc::O_WRONLY);
+        fs.fsync(f.ino, fh, false).unwrap();
+        let before = (fs.gathered_writes().0, fs.flushes_sent_behind());
+        let mut ignore = |_: u32| {};
+        for i in 0..pieces(round) {
+            let off = (i * 4096) as u64;
+            fs.write_behind_answering(&c, f.ino, fh, off, &piece(round, i), &mut ignore)
+                .unwrap();
+        }
+        fs.flush(f.ino, fh).unwrap();
+        let gathered = fs.gathered_writes().0 - before.0;
+        let behind = fs.flushes_sent_behind() - before.1;
+        assert_eq!(
+            gathered,
+            pieces(round) as u64 - 1,
+            "round {round}: gathered"
+        );
+        assert_eq!(
+            behind,
+            u64::from(pieces(round) > 1),
+            "round {round}: a FLUSH behind the gathered writes"
+        );
+    };
+    let check = |fs: &zcfs_client::RemoteFs, round: usize| {
+        let a = fs
+            .lookup(&ctx(), zcfs_backend::ROOT, format!("f{round}").as_bytes())
+            .unwrap();
+        assert_eq!(a.size, (pieces(round) * 4096) as u64, "round {round}");
+        let fh = fs.open(&ctx(), a.ino, libc::O_RDONLY).unwrap();
+        for i in 0..pieces(round) {
+            assert!(
+                read_all(fs, a.ino, fh, (i * 4096) as u64, 4096) == piece(round, i),
+                "round {round}: piece {i} lost after a close that said 0"
+            );
+        }
+        fs.release(a.ino, fh).unwrap();
+    };
+    killed_after_each("gather-durable", 12, act, check);
+}

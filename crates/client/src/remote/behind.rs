@@ -271,7 +271,9 @@ impl WriteBehind {
     /// Queue a write of `start..end` of `ino` through `fh` as being sent: the writes in
     /// flight that overlap it are waited for first, and a slot is taken (collecting this
     /// inode's oldest write when every slot is held). None: no slot (the caller sends
-    /// and waits itself). Some: the queue and the write's id in it; `sending` counts it.
+    /// and waits itself). Some: the queue, the write's id in it (`sending` counts it),
+    /// and whether other writes of the inode are in flight (streaming); it asks to be
+    /// committed as `commit(streaming)` says.
     #[allow(clippy::too_many_arguments)]
     fn enqueue(
         &self,
@@ -280,7 +282,7 @@ impl WriteBehind {
         fh: u64,
         start: u64,
         end: u64,
-        commit: bool,
+        commit: impl FnOnce(bool) -> bool,
     ) -> Option<(Arc<InodeQueue>, u64, bool)> {
         let q = self.queue_for(ino);
         let mut g = q.gate(lock(&q.q));
@@ -314,7 +316,7 @@ impl WriteBehind {
             start,
             end,
             fh,
-            commit,
+            commit: commit(streaming),
             id,
             ticket: None,
         });
@@ -330,14 +332,12 @@ impl WriteBehind {
     /// the inode's writes (`InodeQueue::all_sent`), or after [`GATHER_DELAY`] (the
     /// gather's thread). Ok(false): no slot, nothing queued (the caller sends and
     /// waits). A failed send is kept for the handle's flush or fsync.
-    #[allow(clippy::too_many_arguments)]
     pub fn gather(
         &self,
         limit: usize,
         ino: u64,
         start: u64,
         end: u64,
-        commit: bool,
         answer: impl FnOnce(),
         write: GatheredWrite,
     ) -> Result<bool> {
@@ -346,10 +346,21 @@ impl WriteBehind {
             .as_ref()
             .expect("gather is called only when gathers() says so");
         debug_assert!(write.data.len() <= GATHER_WRITE_MAX);
-        let Some((q, id, streaming)) = self.enqueue(limit, ino, write.fh, start, end, commit)
+        // A gathered write does not ask to be committed: the server commits once for
+        // all of them at the close's FLUSH (sent behind them) instead of once per write,
+        // and, not committing, answers it with the others (`Out::reply_as`). One sent
+        // alone asks as the caller said (a small file's one write: its close then needs
+        // no FLUSH).
+        let asked = write.commit;
+        let Some((q, id, streaming)) =
+            self.enqueue(limit, ino, write.fh, start, end, |streaming| {
+                asked && !streaming
+            })
         else {
             return Ok(false);
         };
+        let mut write = write;
+        write.commit = asked && !streaming;
         let mut unsent = Unsent {
             wb: self,
             q: &q,
@@ -409,7 +420,7 @@ impl WriteBehind {
         answer: Option<impl FnOnce()>,
         send: impl FnOnce() -> Result<Ticket>,
     ) -> Result<bool> {
-        let Some((q, id, _)) = self.enqueue(limit, ino, fh, start, end, commit) else {
+        let Some((q, id, _)) = self.enqueue(limit, ino, fh, start, end, |_| commit) else {
             return Ok(false);
         };
         let mut unsent = Unsent {
