@@ -313,7 +313,7 @@ impl Ticket {
     /// the slot is free for the next request (a batch larger than the slots free,
     /// `Client::submit_batch`).
     pub(crate) fn into_answered(self) -> Ticket {
-        let r = self.receive(false);
+        let r = self.receive();
         let (tx, rx) = sync_channel(1);
         tx.send(r).expect("the receiver is alive");
         Ticket {
@@ -333,19 +333,7 @@ impl Ticket {
     }
 
     pub fn wait(self) -> Result<Response, Error> {
-        self.wait_as(false)
-    }
-
-    /// `wait`, reading the connection on this thread when no one else is, even with
-    /// other requests in flight: for a caller that has nothing else to do meanwhile and
-    /// whose reply has most likely arrived already (write-behind collecting its
-    /// oldest write), a hand-off to the background reader costs two context switches.
-    pub fn wait_leading(self) -> Result<Response, Error> {
-        self.wait_as(true)
-    }
-
-    fn wait_as(self, lead_always: bool) -> Result<Response, Error> {
-        let resp = self.receive(lead_always)?;
+        let resp = self.receive()?;
         if resp.hdr.status != 0 {
             return Err(Error::errno(resp.hdr.status));
         }
@@ -354,7 +342,7 @@ impl Ticket {
 
     /// The reply, read on this thread when no one else is reading (see the module
     /// doc), else waited for on the ticket's channel.
-    fn receive(&self, lead_always: bool) -> Result<Response, Error> {
+    fn receive(&self) -> Result<Response, Error> {
         let deadline = Instant::now() + self.timeout;
         match self.rx.try_recv() {
             Ok(r) => return r,
@@ -365,17 +353,9 @@ impl Ticket {
         // With others in flight the background reader reads: a second thread then
         // reads replies while callers send (measured: library 4 KiB QD16 lost a fifth
         // of its IOPS when callers led there too).
-        let reader = if !lead_always && lock(&self.conn.pending).len() > 1 {
-            None
-        } else {
-            self.conn.take_reader()
-        };
-        if reader.is_none() && lock(&self.conn.pending).len() > 1 {
-            // Someone else reads (or should): make sure the background reader goes on
-            // reading until ours is in, rather than at its next tick.
+        if lock(&self.conn.pending).len() > 1 {
             self.conn.wake_background();
-        }
-        if let Some(mut rd) = reader {
+        } else if let Some(mut rd) = self.conn.take_reader() {
             // Our reply may have been handed to our channel since we looked there (by
             // the reader's last holder): then there is nothing to read for us (review
             // finding: we read until our timeout). No one can take it from `pending`

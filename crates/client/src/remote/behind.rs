@@ -656,7 +656,7 @@ fn collect_front(wb: &WriteBehind, q: &mut Queue) -> bool {
     let ticket = p
         .ticket
         .expect("collected only while every write of the queue is sent");
-    let r = ticket.wait_leading().and_then(|resp| {
+    let r = ticket.wait().and_then(|resp| {
         let reply = <WriteReq as Operation>::Reply::decode(&resp.body)
             .map_err(|e| Error::new(libc::EIO, format!("malformed write reply: {e}")))?;
         if u64::from(reply.written) == want && reply.committed {
