@@ -32,7 +32,7 @@ use conn::{background_reader, Conn, Posted, PostedTable, Reader, Writer};
 use std::collections::HashMap;
 use std::io::IoSlice;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 use zcfs_backend::{Error, PipedData};
@@ -1296,16 +1296,23 @@ impl Client {
         data: Payload<'_, '_>,
     ) -> Result<Ticket, Error> {
         cred.check()?;
+        self.fence_lane_before(l2::free_of_effects(req.op()))?;
+        let conn = self.pick()?;
+        let id = self.next_id();
+        self.submit_on(conn, id, req, cred, data, true)
+    }
+
+    /// Before requests go on TCP with the lane down and not yet fenced at the server:
+    /// start the fence (requests `free_of_effects`), or wait for it (see `submit`).
+    fn fence_lane_before(&self, free_of_effects: bool) -> Result<(), Error> {
         if let Some(lane) = self.l2_down_unfenced() {
-            if l2::free_of_effects(req.op()) {
+            if free_of_effects {
                 self.l2_fence_start(&lane, false);
             } else {
                 self.l2_fence(&lane)?;
             }
         }
-        let conn = self.pick()?;
-        let id = self.next_id();
-        self.submit_on(conn, id, req, cred, data, true)
+        Ok(())
     }
 
     /// Count a send of `n` gathered writes (`RemoteFs`'s gather).
@@ -1343,13 +1350,7 @@ impl Client {
         if msgs.is_empty() {
             return Ok(Vec::new());
         }
-        if let Some(lane) = self.l2_down_unfenced() {
-            if msgs.iter().all(|(r, _, _)| l2::free_of_effects(r.op())) {
-                self.l2_fence_start(&lane, false);
-            } else {
-                self.l2_fence(&lane)?;
-            }
-        }
+        self.fence_lane_before(msgs.iter().all(|(r, _, _)| l2::free_of_effects(r.op())))?;
         let conn = self.pick()?;
         // At most half the connection's slots per send (write-behind keeps the other
         // half for calls): a batch gathered under a larger bound (a server restarted
@@ -1392,38 +1393,56 @@ impl Client {
             conn.take_inflight_slot();
             let (tx, rx) = sync_channel(1);
             lock(&conn.pending).insert(*id, (req.op(), Some(Slot::Waiter(tx))));
-            tickets.push(Ticket {
-                rx,
-                conn: conn.clone(),
-                id: *id,
-                timeout: self.cfg.timeout,
-                addr: self.cfg.addr.clone(),
-                holds_slot: true,
-            });
+            tickets.push(self.ticket(conn, *id, rx));
         }
-        let parts: Vec<(&[u8], &[u8], &[u8])> = encoded
+        let parts: Vec<OutMessage<'_>> = encoded
             .iter()
             .zip(msgs)
-            .map(|((_, hdr, body), (_, _, data))| (&hdr[..], &body[..], *data))
+            .map(|((_, hdr, body), (_, _, data))| (&hdr[..], &body[..], std::slice::from_ref(data)))
             .collect();
         let mut w = lock(&conn.writer);
         let r = send_messages(&mut w, &parts);
         drop(w);
+        self.sent_or_broke(conn, r, msgs.iter().map(|(req, _, _)| req.op()));
+        tickets
+    }
+
+    /// The ticket of request `id`, sent on `conn` with one of its in-flight slots.
+    fn ticket(&self, conn: &Arc<Conn>, id: u64, rx: Receiver<Result<Response, Error>>) -> Ticket {
+        Ticket {
+            rx,
+            conn: conn.clone(),
+            id,
+            timeout: self.cfg.timeout,
+            addr: self.cfg.addr.clone(),
+            holds_slot: true,
+        }
+    }
+
+    /// After a send of requests `ops` on `conn`: counted, or (failed) the connection
+    /// broken, which fails every request in flight on it. Whether it was sent.
+    fn sent_or_broke(
+        &self,
+        conn: &Conn,
+        r: std::io::Result<usize>,
+        ops: impl Iterator<Item = zcfs_protocol::Op>,
+    ) -> bool {
         match r {
             Ok(n) => {
                 self.bytes_sent.fetch_add(n as u64, Ordering::Relaxed);
-                for (req, _, _) in msgs {
-                    self.tcp_requests[req.op() as usize].fetch_add(1, Ordering::Relaxed);
+                for op in ops {
+                    self.tcp_requests[op as usize].fetch_add(1, Ordering::Relaxed);
                 }
+                true
             }
             Err(e) => {
                 if conn::closed_by_peer(&e) && !conn.broken.load(Ordering::SeqCst) {
                     conn.peer_closed.store(true, Ordering::SeqCst);
                 }
                 conn.break_with(&format!("send failed: {e}"));
+                false
             }
         }
-        tickets
     }
 
     /// `submit` on the connection `after` went out on, so the server runs it after
@@ -1618,15 +1637,7 @@ impl Client {
             data,
             wait.then_some(Slot::Waiter(tx)),
         );
-        let ticket = Ticket {
-            rx,
-            conn: conn.clone(),
-            id,
-            timeout: self.cfg.timeout,
-            addr: self.cfg.addr.clone(),
-            holds_slot: true,
-        };
-        Ok(ticket)
+        Ok(self.ticket(&conn, id, rx))
     }
 
     /// Register `slot` for request `id` (its in-flight slot taken) and send the
@@ -1650,19 +1661,7 @@ impl Client {
             Payload::Piped(data) => send_piped_message(&mut w, hdr, body, data),
         };
         drop(w);
-        let n = match r {
-            Ok(n) => n,
-            Err(e) => {
-                if conn::closed_by_peer(&e) && !conn.broken.load(Ordering::SeqCst) {
-                    conn.peer_closed.store(true, Ordering::SeqCst);
-                }
-                conn.break_with(&format!("send failed: {e}"));
-                return false;
-            }
-        };
-        self.bytes_sent.fetch_add(n as u64, Ordering::Relaxed);
-        self.tcp_requests[req.op() as usize].fetch_add(1, Ordering::Relaxed);
-        true
+        self.sent_or_broke(conn, r, std::iter::once(req.op()))
     }
 
     /// `call` without waiting: `done` gets what `call` would have returned, on the
@@ -2023,61 +2022,44 @@ fn send_message(
     body: &[u8],
     data: &[&[u8]],
 ) -> std::io::Result<usize> {
-    let (mut tag, mut data_tag) = ([0u8; TAG_LEN], None);
-    if let Some(mac) = w.mac.as_mut() {
-        let mut m = mac.begin(hdr, body);
-        tag = m.tag();
-        let n: usize = data.iter().map(|d| d.len()).sum();
-        if mac.data_tagged(n) {
-            data.iter().for_each(|d| m.data(d));
-            data_tag = Some(m.data_tag());
-        }
-    }
-    let mut iov = Vec::with_capacity(4 + data.len());
-    iov.push(IoSlice::new(hdr));
-    iov.push(IoSlice::new(body));
-    if w.mac.is_some() {
-        iov.push(IoSlice::new(&tag));
-    }
-    iov.extend(data.iter().map(|d| IoSlice::new(d)));
-    if let Some(t) = &data_tag {
-        iov.push(IoSlice::new(t));
-    }
-    let n: usize = iov.iter().map(|s| s.len()).sum();
-    write_all_vectored(&mut w.s, &mut iov)?;
-    Ok(n)
+    send_messages(w, &[(hdr, body, data)])
 }
 
 /// The most requests [`Client::submit_batch`] sends at once: each is at most five
 /// iovecs (header, body, tag, data, data tag), well under IOV_MAX (1,024).
 pub const SUBMIT_BATCH_MAX: usize = 64;
 
-/// Several messages whose data is in memory in one vectored write, each as
-/// `send_message` sends it (tags computed in order). The bytes sent.
-fn send_messages(w: &mut conn::Writer, msgs: &[(&[u8], &[u8], &[u8])]) -> std::io::Result<usize> {
+/// A message to send: its header, body and data slices.
+type OutMessage<'a> = (&'a [u8], &'a [u8], &'a [&'a [u8]]);
+
+/// Messages whose data is in memory in one vectored write, each as header, body, tag
+/// (with a secret), data, and in full integrity mode the data tag (hashed where the
+/// caller has the bytes); tags computed in the order the messages go out. The bytes
+/// sent.
+fn send_messages(w: &mut conn::Writer, msgs: &[OutMessage<'_>]) -> std::io::Result<usize> {
     let mut tags = Vec::with_capacity(msgs.len());
     for (hdr, body, data) in msgs {
         let (mut tag, mut data_tag) = ([0u8; TAG_LEN], None);
         if let Some(mac) = w.mac.as_mut() {
             let mut m = mac.begin(hdr, body);
             tag = m.tag();
-            if mac.data_tagged(data.len()) {
-                m.data(data);
+            let n: usize = data.iter().map(|d| d.len()).sum();
+            if mac.data_tagged(n) {
+                data.iter().for_each(|d| m.data(d));
                 data_tag = Some(m.data_tag());
             }
         }
         tags.push((tag, data_tag));
     }
-    let mut iov = Vec::with_capacity(5 * msgs.len());
+    let slices: usize = msgs.iter().map(|(_, _, d)| d.len()).sum();
+    let mut iov = Vec::with_capacity(4 * msgs.len() + slices);
     for ((hdr, body, data), (tag, data_tag)) in msgs.iter().zip(&tags) {
         iov.push(IoSlice::new(hdr));
         iov.push(IoSlice::new(body));
         if w.mac.is_some() {
             iov.push(IoSlice::new(tag));
         }
-        if !data.is_empty() {
-            iov.push(IoSlice::new(data));
-        }
+        iov.extend(data.iter().map(|d| IoSlice::new(d)));
         if let Some(t) = data_tag {
             iov.push(IoSlice::new(t));
         }
