@@ -277,58 +277,36 @@ impl GatherSink for BatchSender {
         if gathered {
             self.client.count_gathered(writes.len());
         }
-        let mut out: Vec<Option<Result<Ticket>>> = writes.iter().map(|_| None).collect();
         // A lost connection is made again first, and with it the files re-opened:
         // the server's handles are looked up after that (as `server_fh` does).
         let revived = self.client.revive_lost();
-        let mut reqs = Vec::with_capacity(writes.len());
-        let mut at = Vec::with_capacity(writes.len());
-        for (i, w) in writes.iter().enumerate() {
-            let sfh = revived
-                .clone()
-                .and_then(|()| server_fh_of(&self.open, w.fh));
-            match sfh {
-                Ok(sfh) => {
-                    let req: Request = WriteReq {
-                        node: w.node,
-                        fh: sfh,
-                        offset: w.offset,
-                        size: w.data.len() as u32,
-                        commit: w.commit,
-                    }
-                    .into();
-                    reqs.push((req, i));
-                }
-                Err(e) => out[i] = Some(Err(e)),
-            }
-        }
-        let msgs: Vec<(Request, Caller<'_>, &[u8])> = reqs
+        let handles: Vec<Result<u64>> = writes
             .iter()
-            .map(|(req, i)| {
-                let w = writes[*i];
-                (
-                    req.clone(),
-                    Caller {
-                        cred: w.cred,
-                        groups: &w.groups,
-                    },
-                    &w.data[..],
-                )
+            .map(|w| {
+                revived
+                    .clone()
+                    .and_then(|()| server_fh_of(&self.open, w.fh))
             })
             .collect();
-        at.extend(reqs.iter().map(|(_, i)| *i));
-        match self.client.submit_batch(&msgs) {
-            Ok(tickets) => {
-                for (i, t) in at.into_iter().zip(tickets) {
-                    out[i] = Some(Ok(t));
-                }
-            }
-            Err(e) => {
-                for i in at {
-                    out[i] = Some(Err(e.clone()));
-                }
-            }
-        }
+        let msgs: Vec<(Request, Caller<'_>, &[u8])> = writes
+            .iter()
+            .zip(&handles)
+            .filter_map(|(w, h)| {
+                let req = WriteReq {
+                    node: w.node,
+                    fh: *h.as_ref().ok()?,
+                    offset: w.offset,
+                    size: w.data.len() as u32,
+                    commit: w.commit,
+                };
+                let cred = Caller {
+                    cred: w.cred,
+                    groups: &w.groups,
+                };
+                Some((req.into(), cred, &w.data[..]))
+            })
+            .collect();
+        let mut sent = self.client.submit_batch(&msgs).map(Vec::into_iter);
         // Each has left the client, or failed to (`Sending`): a flush or fsync sent
         // from now on covers it.
         {
@@ -339,8 +317,15 @@ impl GatherSink for BatchSender {
                 }
             }
         }
-        out.into_iter()
-            .map(|o| o.expect("every write has a ticket or an error"))
+        handles
+            .into_iter()
+            .map(|h| {
+                h?;
+                match &mut sent {
+                    Ok(tickets) => Ok(tickets.next().expect("a ticket per request sent")),
+                    Err(e) => Err(e.clone()),
+                }
+            })
             .collect()
     }
 }
@@ -414,10 +399,11 @@ impl RemoteFs {
     /// Connect to a server (fails at once with a clear error if it cannot).
     pub fn connect(cfg: ClientConfig) -> Result<RemoteFs> {
         let client = Arc::new(Client::new(cfg));
+        let open = Arc::new(Mutex::new(OpenFiles::default()));
         let fs = RemoteFs {
             client: client.clone(),
             meta: Arc::new(Mutex::new(Meta::default())),
-            open: Arc::new(Mutex::new(OpenFiles::default())),
+            open: open.clone(),
             next_fh: AtomicU64::new(1),
             read_bytes: Arc::new(AtomicU64::new(0)),
             written_bytes: AtomicU64::new(0),
@@ -425,15 +411,15 @@ impl RemoteFs {
             durable_by_commits: AtomicU64::new(0),
             known: Mutex::new(KnownDirs::default()),
             lookups_answered_here: AtomicU64::new(0),
-            behind: WriteBehind::default(),
+            behind: if client.config().gather_writes {
+                WriteBehind::gathering(Arc::new(BatchSender {
+                    client: client.clone(),
+                    open: open.clone(),
+                }))
+            } else {
+                WriteBehind::default()
+            },
         };
-        let mut fs = fs;
-        if client.config().gather_writes {
-            fs.behind = WriteBehind::gathering(Arc::new(BatchSender {
-                client: client.clone(),
-                open: fs.open.clone(),
-            }));
-        }
         let (open, meta) = (fs.open.clone(), fs.meta.clone());
         // Runs before the new connection is handed out: no reply of the new session is
         // counted before the old session's references are forgotten.
@@ -677,8 +663,7 @@ impl RemoteFs {
         let commit = len <= COMMIT_WRITE_MAX;
         // Only a write answered early (the FUSE path) is gathered: a caller that waits
         // for the send gets its error, as before.
-        if let (WriteBytes::Mem(d), true) = (&data, early.is_some()) {
-            let d: &[u8] = d;
+        if let (WriteBytes::Mem(d), Some(_)) = (&data, &early) {
             if len <= GATHER_WRITE_MAX && self.behind.gathers() {
                 return self.gather_write(ctx, ino, fh, offset, end, commit, d, early);
             }
@@ -739,35 +724,24 @@ impl RemoteFs {
             groups: c.groups.to_vec(),
             data: data.to_vec(),
         };
-        // Counted as begun before it is answered (a restart after the send must find
-        // it); `BatchSender` counts it sent.
-        if let Some(f) = lock(&self.open).get_mut(fh) {
-            f.written += 1;
-            f.uncommitted += 1;
-        }
         let answer = || {
+            // Counted as begun once queued, before it is answered or sent (a restart
+            // after the send must find it); `BatchSender` counts it sent.
+            if let Some(f) = lock(&self.open).get_mut(fh) {
+                f.written += 1;
+                f.uncommitted += 1;
+            }
             self.forget_attr(ino);
             if let Some(a) = early {
                 a();
             }
         };
-        let queued = self.behind.gather(limit, ino, offset, end, answer, write);
-        match queued {
-            Ok(true) => {
-                self.written_bytes
-                    .fetch_add(data.len() as u64, Ordering::Relaxed);
-                Ok(data.len() as u32)
-            }
-            _ => {
-                // Not queued: it was never sent, so it is not counted as begun.
-                if let Some(f) = lock(&self.open).get_mut(fh) {
-                    f.written -= 1;
-                    f.uncommitted -= 1;
-                }
-                queued?;
-                self.write_now(ctx, ino, fh, offset, WriteBytes::Mem(data))
-            }
+        if !self.behind.gather(limit, ino, offset, end, answer, write) {
+            return self.write_now(ctx, ino, fh, offset, WriteBytes::Mem(data));
         }
+        self.written_bytes
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        Ok(data.len() as u32)
     }
 
     /// A write sent and waited for (what write-behind falls back to).

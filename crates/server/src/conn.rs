@@ -318,6 +318,11 @@ impl Out {
             return Ok(());
         }
         drop(w);
+        self.send_held()
+    }
+
+    /// Send the replies held back now (`write` sends them before anything).
+    fn send_held(&self) -> Result<(), ConnEnd> {
         self.write(|_, _| Ok(()))
             .map_err(|e| ConnEnd::io("sending replies", e))
     }
@@ -345,9 +350,7 @@ impl Out {
             w.held_replies >= HELD_REPLIES_MAX || w.held.len() >= HELD_REPLY_BYTES
         };
         if full {
-            return self
-                .write(|_, _| Ok(()))
-                .map_err(|e| ConnEnd::io("sending replies", e));
+            return self.send_held();
         }
         Ok(())
     }

@@ -117,7 +117,7 @@ struct InodeQueue {
 
 impl InodeQueue {
     /// Wait until every write of the queue is sent (has its ticket). While `g` is then
-    /// held, none can be added unsent: only `send` adds them, under the lock.
+    /// held, none can be added unsent: only `enqueue` adds them, under the lock.
     ///
     /// A write of the queue may be waiting in the gather: it is sent now (by this
     /// thread, without the queue's lock, which the sender takes to hand over the
@@ -330,8 +330,8 @@ impl WriteBehind {
     /// out with the others there in one send, once [`GATHER_WRITES`] writes or
     /// [`GATHER_BYTES`] bytes are gathered (by this thread), when something waits for
     /// the inode's writes (`InodeQueue::all_sent`), or after [`GATHER_DELAY`] (the
-    /// gather's thread). Ok(false): no slot, nothing queued (the caller sends and
-    /// waits). A failed send is kept for the handle's flush or fsync.
+    /// gather's thread). False: no slot, nothing queued, `answer` not called (the
+    /// caller sends and waits). A failed send is kept for the handle's flush or fsync.
     pub fn gather(
         &self,
         limit: usize,
@@ -340,7 +340,7 @@ impl WriteBehind {
         end: u64,
         answer: impl FnOnce(),
         write: GatheredWrite,
-    ) -> Result<bool> {
+    ) -> bool {
         let gather = self
             .gather
             .as_ref()
@@ -352,15 +352,13 @@ impl WriteBehind {
         // alone asks as the caller said (a small file's one write: its close then needs
         // no FLUSH).
         let asked = write.commit;
-        let Some((q, id, streaming)) =
-            self.enqueue(limit, ino, write.fh, start, end, |streaming| {
-                asked && !streaming
-            })
+        let commit = |streaming: bool| asked && !streaming;
+        let Some((q, id, streaming)) = self.enqueue(limit, ino, write.fh, start, end, commit)
         else {
-            return Ok(false);
+            return false;
         };
         let mut write = write;
-        write.commit = asked && !streaming;
+        write.commit = commit(streaming);
         let mut unsent = Unsent {
             wb: self,
             q: &q,
@@ -381,7 +379,7 @@ impl WriteBehind {
             // may follow at once and would wait for it, so it goes out now. Only
             // writes behind others of their inode are gathered.
             gather.send_now(e);
-            return Ok(true);
+            return true;
         }
         gather.put(e);
         // Someone waits for this inode's writes and may have looked into the gather
@@ -390,7 +388,7 @@ impl WriteBehind {
         if waited {
             gather.flush();
         }
-        Ok(true)
+        true
     }
 
     /// Send a write of `start..end` of `ino` with `send` and keep its ticket: first the
@@ -436,43 +434,7 @@ impl WriteBehind {
         }
         let sent = send();
         unsent.armed = false;
-        let mut g = lock(&q.q);
-        g.sending -= 1;
-        let at = g
-            .inflight
-            .iter()
-            .position(|p| p.id == id)
-            .expect("a write being sent stays queued: collecting waits for sends");
-        let r = match sent {
-            Ok(ticket) => {
-                g.inflight[at].ticket = Some(ticket);
-                Ok(true)
-            }
-            Err(e) => {
-                g.inflight.remove(at);
-                self.held.fetch_sub(1, Ordering::AcqRel);
-                if !answered {
-                    q.sent_one(&g);
-                    return Err(e);
-                }
-                let e = if crate::is_transport(&e) {
-                    Error::new(
-                        libc::EIO,
-                        format!(
-                            "a write of {} bytes at offset {start} could not be sent: {}",
-                            end - start,
-                            e.msg()
-                        ),
-                    )
-                } else {
-                    e
-                };
-                g.errors.entry(fh).or_insert((e, false));
-                Ok(true)
-            }
-        };
-        q.sent_one(&g);
-        r
+        hand_over(&self.held, &q, id, fh, start..end, sent, answered).map(|()| true)
     }
 
     /// Whether `ino` was written here since its last handle here was closed (its
@@ -622,6 +584,60 @@ impl WriteBehind {
     pub fn held(&self) -> usize {
         self.held.load(Ordering::Acquire)
     }
+}
+
+/// A write queued as being sent (write `id` of `q`, through `fh`, of `range`) went out
+/// (`sent` is its ticket) or did not: the ticket goes to its queue, or the write leaves
+/// the queue and its slot is given back. The error of an answered write (`keep_error`)
+/// is kept for the handle's flush or fsync, a lost connection's as EIO; else it is
+/// returned. Whoever waits for the queue's sends is woken.
+fn hand_over(
+    held: &AtomicUsize,
+    q: &InodeQueue,
+    id: u64,
+    fh: u64,
+    range: std::ops::Range<u64>,
+    sent: Result<Ticket>,
+    keep_error: bool,
+) -> Result<()> {
+    let mut g = lock(&q.q);
+    g.sending -= 1;
+    let at = g
+        .inflight
+        .iter()
+        .position(|p| p.id == id)
+        .expect("a write being sent stays queued: collecting waits for sends");
+    let r = match sent {
+        Ok(ticket) => {
+            g.inflight[at].ticket = Some(ticket);
+            Ok(())
+        }
+        Err(e) => {
+            g.inflight.remove(at);
+            held.fetch_sub(1, Ordering::AcqRel);
+            if keep_error {
+                let e = if crate::is_transport(&e) {
+                    Error::new(
+                        libc::EIO,
+                        format!(
+                            "a write of {} bytes at offset {} could not be sent: {}",
+                            range.end - range.start,
+                            range.start,
+                            e.msg()
+                        ),
+                    )
+                } else {
+                    e
+                };
+                g.errors.entry(fh).or_insert((e, false));
+                Ok(())
+            } else {
+                Err(e)
+            }
+        }
+    };
+    q.sent_one(&g);
+    r
 }
 
 /// The first error kept for the handles `report` names (see `Report`).
@@ -807,35 +823,12 @@ impl Gather {
     /// Hand a sent write's ticket (or the error that kept it from going out) to its
     /// queue, as the tail of `WriteBehind::send` does for a write answered early.
     fn finish(&self, e: Entry, sent: Result<Ticket>) {
-        let mut g = lock(&e.q.q);
-        g.sending -= 1;
-        let at = g
-            .inflight
-            .iter()
-            .position(|p| p.id == e.id)
-            .expect("a write being sent stays queued: collecting waits for sends");
-        match sent {
-            Ok(ticket) => g.inflight[at].ticket = Some(ticket),
-            Err(err) => {
-                g.inflight.remove(at);
-                self.held.fetch_sub(1, Ordering::AcqRel);
-                let len = e.write.data.len();
-                let err = if crate::is_transport(&err) {
-                    Error::new(
-                        libc::EIO,
-                        format!(
-                            "a write of {len} bytes at offset {} could not be sent: {}",
-                            e.start,
-                            err.msg()
-                        ),
-                    )
-                } else {
-                    err
-                };
-                g.errors.entry(e.write.fh).or_insert((err, false));
-            }
-        }
-        e.q.sent_one(&g);
+        let range = e.start..e.start + e.write.data.len() as u64;
+        let kept = hand_over(&self.held, &e.q, e.id, e.write.fh, range, sent, true);
+        debug_assert!(
+            kept.is_ok(),
+            "an answered write's error is kept, not returned"
+        );
     }
 
     /// The gather's thread: sends a gather once its oldest write has waited
