@@ -1339,11 +1339,15 @@ impl Client {
         &self,
         msgs: &[(Request, Caller<'_>, &[u8])],
     ) -> Result<Vec<Ticket>, Error> {
-        assert!(
-            msgs.len() <= SUBMIT_BATCH_MAX,
-            "a batch of {} requests, more than SUBMIT_BATCH_MAX",
-            msgs.len()
-        );
+        if msgs.len() > SUBMIT_BATCH_MAX {
+            return Err(Error::new(
+                libc::EINVAL,
+                format!(
+                    "a batch of {} requests: at most {SUBMIT_BATCH_MAX} go in one send",
+                    msgs.len()
+                ),
+            ));
+        }
         for (_, cred, _) in msgs {
             cred.check()?;
         }

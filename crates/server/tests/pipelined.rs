@@ -356,3 +356,54 @@ fn pipelined_requests_with_header_macs() {
 fn pipelined_requests_with_payload_macs() {
     pipelined_through_the_client(Some(SECRET), Integrity::Full);
 }
+
+/// `Client::submit_batch` at its bound: SUBMIT_BATCH_MAX writes go out in one call and
+/// each lands; one more is refused (EINVAL) before anything is sent.
+#[test]
+fn a_batch_at_its_bound_is_sent_and_one_over_it_is_refused() {
+    use zcfs_client::{Caller, SUBMIT_BATCH_MAX};
+    let vol = memory_fs(64 << 20);
+    let (f, fh) = file(&*vol, b"b");
+    let srv = Running::start(vol.clone(), config());
+    let client = srv.client().client().clone();
+    // (fh 0: no handle, as the other requests here send.)
+    let sfh = 0;
+    let batch = |n: usize, seed: usize| -> Vec<(Request, Vec<u8>)> {
+        (0..n)
+            .map(|i| {
+                let w = WriteReq {
+                    node: NodeRef::ino(f.ino),
+                    fh: sfh,
+                    offset: (i * 512) as u64,
+                    size: 512,
+                    commit: false,
+                };
+                (w.into(), pattern(seed + i, 512))
+            })
+            .collect()
+    };
+    let over = batch(SUBMIT_BATCH_MAX + 1, 1000);
+    let msgs: Vec<(Request, Caller<'_>, &[u8])> = over
+        .iter()
+        .map(|(r, d)| (r.clone(), Caller::process(), &d[..]))
+        .collect();
+    let e = client
+        .submit_batch(&msgs)
+        .err()
+        .expect("one over the bound");
+    assert_eq!(e.errno, libc::EINVAL);
+    assert!(
+        read_all(&*vol, f.ino, fh, 0, 512).unwrap().is_empty(),
+        "nothing sent"
+    );
+    let at = batch(SUBMIT_BATCH_MAX, 0);
+    let msgs: Vec<(Request, Caller<'_>, &[u8])> = at
+        .iter()
+        .map(|(r, d)| (r.clone(), Caller::process(), &d[..]))
+        .collect();
+    for t in client.submit_batch(&msgs).unwrap() {
+        t.wait().unwrap();
+    }
+    let model: Vec<u8> = at.iter().flat_map(|(_, d)| d.clone()).collect();
+    assert!(read_all(&*vol, f.ino, fh, 0, model.len() as u32).unwrap() == model);
+}
