@@ -9,8 +9,9 @@
 //!
 //! Waiting: the caller that waits for a reply polls the endpoint itself when no one
 //! else does (leader/follower under the lane's mutex; the reply's reader is the
-//! caller, no hand-off thread), spinning ([`L2Poll::Busy`]) or sleeping in poll(2) on
-//! the sockets ([`L2Poll::Wait`]) between polls.
+//! caller, no hand-off thread), spinning ([`L2Poll::Busy`], yielding the CPU to any
+//! thread ready on it) or sleeping in poll(2) on the sockets ([`L2Poll::Wait`]) between
+//! polls.
 //!
 //! A request without its reply within [`L2_REPLY_TIMEOUT`] means the layer-2 peer is
 //! lost: the lane goes down (one log line), every request on it fails over to TCP
@@ -982,7 +983,14 @@ impl L2Lane {
             let sending = pending && idle_tx <= zcfs_l2::MAX_IDLE_TX_POLLS;
             drop(inner);
             match self.poll {
-                L2Poll::Busy => std::hint::spin_loop(),
+                // A spinning waiter gives its CPU to any thread that is ready there:
+                // it never sleeps, but it does not hold the CPU while a thread it needs
+                // (the server beside it on one host, the FUSE thread's application)
+                // waits for the scheduler's slice to end. With a bare spin, a mount's
+                // waiter woken on the busy server's CPU held it for milliseconds while
+                // the other CPU stayed idle: p99 1.1-3.6 ms against 65-74 µs yielding
+                // (docs/benchmarks.md, "A busy lane waiter that yields").
+                L2Poll::Busy => std::thread::yield_now(),
                 L2Poll::Wait if sending => std::thread::yield_now(),
                 L2Poll::Wait => self.sleep(),
             }

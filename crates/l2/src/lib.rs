@@ -42,7 +42,9 @@ pub use zcfs_xsk::ETH_HEADER_LEN;
 /// How a layer-2 endpoint's user waits for frames.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum L2Poll {
-    /// Spin on the rings (one core busy; lowest latency on an idle machine).
+    /// Spin on the rings (one core busy; lowest latency on an idle machine). A client's
+    /// waiter yields its CPU between polls to any thread ready there; the server's lane
+    /// thread spins without yielding.
     Busy,
     /// Sleep in poll(2) between polls.
     Wait,
