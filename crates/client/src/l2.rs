@@ -289,6 +289,9 @@ struct Landing {
 struct Inner {
     ep: Endpoint<XskSocket, XskSocket>,
     polling: bool,
+    /// Callers waiting on `L2Lane::cv` for the polling leader to hand out their replies
+    /// (a notify is a system call even with no one waiting: only these need one).
+    followers: usize,
     waiting: HashMap<u64, Waiter>,
     /// Transfer id -> (slot, request id still waiting for it).
     xfers: HashMap<u32, (u32, Option<u64>)>,
@@ -435,6 +438,7 @@ impl L2Lane {
             inner: Mutex::new(Inner {
                 ep,
                 polling: false,
+                followers: 0,
                 waiting: HashMap::new(),
                 xfers: HashMap::new(),
                 free_slots: (0..RECEIVE_SLOTS).rev().collect(),
@@ -710,7 +714,11 @@ impl L2Lane {
                 }
             }
         }
-        self.cv.notify_all();
+        // Followers see what arrived (theirs, or that the leader's turn may end): woken
+        // only when there are any, since every poll of a spinning leader comes here.
+        if inner.followers > 0 {
+            self.cv.notify_all();
+        }
     }
 
     /// The server asks for landing write `id`'s data as transfer `xfer` in extents of
@@ -957,11 +965,13 @@ impl L2Lane {
             }
             if inner.polling {
                 // A follower: the leader hands out our reply.
+                inner.followers += 1;
                 inner = self
                     .cv
                     .wait_timeout(inner, WAIT_SLICE)
                     .unwrap_or_else(|e| e.into_inner())
                     .0;
+                inner.followers -= 1;
                 continue;
             }
             inner.polling = true;

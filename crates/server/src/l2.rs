@@ -226,6 +226,9 @@ struct Tenancy {
     owner: Option<Owner>,
     /// The session whose lane request runs now.
     running: Option<Arc<Session>>,
+    /// Fences waiting in `L2Service::wait_quiet` (a notify is a system call even with
+    /// no one waiting, and every lane request ends with one otherwise).
+    quiet_waiters: usize,
 }
 
 /// Marks the service thread's current request as running until dropped (a panic
@@ -234,8 +237,11 @@ struct Running<'a>(&'a L2Service);
 
 impl Drop for Running<'_> {
     fn drop(&mut self) {
-        lock(&self.0.state).running = None;
-        self.0.idle.notify_all();
+        let mut st = lock(&self.0.state);
+        st.running = None;
+        if st.quiet_waiters > 0 {
+            self.0.idle.notify_all();
+        }
     }
 }
 
@@ -408,11 +414,13 @@ impl L2Service {
             if now >= until {
                 return false;
             }
+            st.quiet_waiters += 1;
             st = self
                 .idle
                 .wait_timeout(st, until - now)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
+            st.quiet_waiters -= 1;
         }
     }
 

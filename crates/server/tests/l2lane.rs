@@ -393,6 +393,94 @@ fn library_ops_go_over_layer_2_and_match_a_model() {
     drop(n);
 }
 
+/// Several threads share one lane: one polls for everyone (the leader) and the others
+/// wait for it to hand out their replies (followers), in turn, with the lane's busy
+/// waiter yielding and followers woken only when there are some. Each thread reads and
+/// writes its own part of one file against its own model; every read matches, every
+/// request went over the lane, none fell back, in both poll modes.
+#[test]
+fn threads_sharing_a_lane_get_their_own_replies_in_both_poll_modes() {
+    if !l2_ready() {
+        return;
+    }
+    let n = net("share", true);
+    let addr = n.addr.clone();
+    n.pair
+        .cli
+        .run(move || {
+            for poll in [L2Poll::Busy, L2Poll::Wait] {
+                let mut cfg = client_cfg(&addr, CLI_IF);
+                cfg.l2.as_mut().unwrap().poll = poll;
+                let c = Arc::new(Client::new(cfg));
+                c.connect().unwrap();
+                assert!(c.l2_status().expect("the lane was set up").0);
+                let f = Arc::new(create(&c, &format!("shared-{poll:?}")));
+                const THREADS: usize = 4;
+                const PART: usize = 64 << 10;
+                const OPS: usize = 1500;
+                let (reads0, writes0) = (l2_count(&c, Op::Read), l2_count(&c, Op::Write));
+                let workers: Vec<_> = (0..THREADS)
+                    .map(|t| {
+                        let (c, f) = (c.clone(), f.clone());
+                        std::thread::spawn(move || {
+                            let base = t * PART;
+                            let mut model = vec![0u8; PART];
+                            for (i, b) in model.iter_mut().enumerate() {
+                                *b = (i as u8) ^ (t as u8 * 51);
+                            }
+                            for (i, chunk) in model.chunks(4096).enumerate() {
+                                write(&c, &f, (base + i * 4096) as u64, chunk);
+                            }
+                            let mut rng = Rng(0x5eed + t as u64);
+                            let (mut reads, mut writes) = (0u64, (PART / 4096) as u64);
+                            for _ in 0..OPS {
+                                if rng.below(3) == 0 {
+                                    let len = 1 + rng.below(4096) as usize;
+                                    let off = rng.below((PART - len) as u64) as usize;
+                                    let data: Vec<u8> =
+                                        (0..len).map(|_| rng.below(256) as u8).collect();
+                                    write(&c, &f, (base + off) as u64, &data);
+                                    model[off..off + len].copy_from_slice(&data);
+                                    writes += 1;
+                                } else {
+                                    let off = rng.below((PART / 4096) as u64) as usize * 4096;
+                                    let got = read(&c, &f, (base + off) as u64, 4096);
+                                    assert_eq!(got, &model[off..off + 4096], "thread {t} at {off}");
+                                    reads += 1;
+                                }
+                            }
+                            (reads, writes)
+                        })
+                    })
+                    .collect();
+                let (mut reads, mut writes) = (0, 0);
+                for w in workers {
+                    let (r, wr) = w.join().expect("a worker panicked");
+                    reads += r;
+                    writes += wr;
+                }
+                assert_eq!(
+                    l2_count(&c, Op::Read) - reads0,
+                    reads,
+                    "{poll:?}: reads on the lane"
+                );
+                assert_eq!(
+                    l2_count(&c, Op::Write) - writes0,
+                    writes,
+                    "{poll:?}: writes on the lane"
+                );
+                assert_eq!(
+                    c.l2_counters.fell_back.load(Ordering::Relaxed),
+                    0,
+                    "{poll:?}"
+                );
+                assert!(c.l2_status().unwrap().0, "{poll:?}: the lane stayed up");
+            }
+        })
+        .unwrap();
+    drop(n);
+}
+
 /// Writes larger than a lane request carries land in place: their blocks go as a
 /// layer-2 transfer straight into the volume's blocks (the lane's memory is the volume's
 /// image). Random sizes up to the most one landing write carries, at unaligned offsets,
