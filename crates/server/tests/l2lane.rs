@@ -395,9 +395,10 @@ fn library_ops_go_over_layer_2_and_match_a_model() {
 
 /// Several threads share one lane: one polls for everyone (the leader) and the others
 /// wait for it to hand out their replies (followers), in turn, with the lane's busy
-/// waiter yielding and followers woken only when there are some. Each thread reads and
-/// writes its own part of one file against its own model; every read matches, every
-/// request went over the lane, none fell back, in both poll modes.
+/// waiter yielding. Each thread reads and writes its own part of one file against its
+/// own model; every read matches, every request went over the lane, none fell back, in
+/// both poll modes. (A follower's missed wake-up would cost it at most the 1 ms slice it
+/// waits: this test checks whose reply is whose, not how fast followers are woken.)
 #[test]
 fn threads_sharing_a_lane_get_their_own_replies_in_both_poll_modes() {
     if !l2_ready() {
