@@ -8,18 +8,25 @@
 #   bash scripts/bench-mount.sh [--reps N] [--opts MOUNT_OPTIONS] [--no-sshfs] [--out DIR]
 #                               [--baseline OLD_ZCFS_BINARY]   (an older build as one more
 #                               target, "zcfs-before": its own server and mount, same link)
+#                               [--no-tmpfs]
+#
+# A local tmpfs runs every test too ("tmpfs": no network, no FUSE): what this machine's
+# page cache and memory allow any file system here. On this guest a write into freshly
+# allocated page-cache pages is slow and varies from run to run (freed memory goes back
+# to the host), which bounds the large-file rows of every target alike.
 #
 # scripts/bench.sh runs it (short mode: 3 runs). Everything started here is stopped by PID
 # and removed on exit. Output: DIR/mount.csv (target,test,value,unit) and DIR/mount-table.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
-REPS=3 OPTS="" SSHFS=1 OUT="" ZBIN="" LIBRARY=1 BASELINE=""
+REPS=3 OPTS="" SSHFS=1 OUT="" ZBIN="" LIBRARY=1 BASELINE="" TMPFS=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --reps) REPS=$2; shift ;;
     --opts) OPTS=$2; shift ;;
     --no-sshfs) SSHFS=0 ;;
+    --no-tmpfs) TMPFS=0 ;;
     --out) OUT=$2; shift ;;
     --zcfs) ZBIN=$2; shift ;;
     --no-library) LIBRARY=0 ;;
@@ -108,6 +115,12 @@ if [ $SSHFS = 1 ]; then
     -o "IdentityFile=$SD/client,StrictHostKeyChecking=no,UserKnownHostsFile=/dev/null,port=2222,Compression=no,LogLevel=ERROR,Ciphers=aes128-gcm@openssh.com"
   MOUNTS=("$SMP" "${MOUNTS[@]}")
   TARGETS+=("sshfs:$SMP")
+fi
+
+if [ $TMPFS = 1 ]; then
+  TMPD=$W/tmpfs; mkdir -p "$TMPD"
+  mount -t tmpfs -o size=3G tmpfs "$TMPD"; MOUNTS+=("$TMPD")
+  TARGETS+=("tmpfs:$TMPD")
 fi
 
 # ------------------------------------------------------------------ the client library
