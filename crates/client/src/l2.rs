@@ -263,6 +263,16 @@ struct Waiter {
 }
 
 impl Waiter {
+    /// Its caller can return: an answer without data due (not a read, an error, or
+    /// the read's data in), or the fallback to TCP.
+    fn done(&self) -> bool {
+        match &self.reply {
+            Some(Ok((h, _))) => self.xfer.is_none() || self.committed || h.status != 0,
+            Some(Err(_)) => true,
+            None => false,
+        }
+    }
+
     /// A read with its reply in and its data not yet, or its data in and its reply not
     /// yet: the server sends the two back to back, so the rest is on its way.
     fn half_done(&self) -> bool {
@@ -935,12 +945,7 @@ impl L2Lane {
         // Since when half of this read is in: its reply or its data (HALF_DONE_SPIN).
         let mut half_since: Option<Instant> = None;
         loop {
-            let done = inner.waiting.get(&id).is_some_and(|w| match &w.reply {
-                Some(Ok((h, _))) => w.xfer.is_none() || w.committed || h.status != 0,
-                Some(Err(_)) => true,
-                None => false,
-            });
-            if done {
+            if inner.waiting.get(&id).is_some_and(Waiter::done) {
                 self.kick_flusher(&inner);
                 let w = inner.waiting.remove(&id).expect("checked");
                 if let Some(l) = w.land {
@@ -1012,8 +1017,11 @@ impl L2Lane {
             inner.polling = true;
             let sent_before = inner.ep.tx_frames();
             self.poll_once(&mut inner);
-            let mine = inner.waiting.get(&id).is_some_and(|w| w.reply.is_some());
-            if mine {
+            // Done: back to the top, which returns. A read whose reply came without its
+            // data is not done: it pauses like any waiter (review 35b: it polled again
+            // at once, holding the lane's lock, until its data or the reply timeout,
+            // a core for up to 1 s when the data was lost).
+            if inner.waiting.get(&id).is_some_and(Waiter::done) {
                 inner.polling = false;
                 continue;
             }
@@ -1104,6 +1112,24 @@ mod lane_safety_tests {
         }
     }
 
+    /// A caller returns once its answer needs no data, or the data came, or it goes to
+    /// TCP; a read's reply alone is not done (review 35b: taken as done, the waiter
+    /// polled again at once, holding the lane's lock, until its data or the timeout).
+    #[test]
+    fn a_read_is_done_with_its_data_an_error_or_the_fallback_not_its_reply_alone() {
+        assert!(!waiter(true, true, false).done());
+        assert!(waiter(true, true, true).done());
+        assert!(!waiter(true, false, true).done());
+        assert!(waiter(false, true, false).done());
+        assert!(!waiter(false, false, false).done());
+        let mut failed = waiter(true, false, false);
+        failed.reply = Some(Ok((RespHeader::error(Op::Read, 1, libc::EIO), Vec::new())));
+        assert!(failed.done());
+        let mut fallback = waiter(true, false, false);
+        fallback.reply = Some(Err(Fallback));
+        assert!(fallback.done());
+    }
+
     /// Half of a read is its reply without its data, or its data without its reply;
     /// nothing of it, all of it, or a request without data (no transfer) is not.
     #[test]
@@ -1116,9 +1142,10 @@ mod lane_safety_tests {
         assert!(!waiter(false, false, false).half_done());
     }
 
-    /// A waiting lane polls again at once for HALF_DONE_SPIN after half of a read came
-    /// in, and from then on sleeps; busy ones always yield, and frames to send always
-    /// keep a waiter polling.
+    /// The pause rule alone (the loop in `call` that uses it is tested over a real lane
+    /// in crates/server/tests/review35b.rs): a waiting lane polls again at once for
+    /// HALF_DONE_SPIN after half of a read came in, and from then on sleeps; busy ones
+    /// always yield, and frames to send always keep a waiter polling.
     #[test]
     fn a_waiting_caller_polls_again_for_the_rest_of_a_read_up_to_the_bound() {
         let t = Instant::now();

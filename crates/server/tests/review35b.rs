@@ -4,9 +4,8 @@
 //! pair between two namespaces (root; skipped otherwise unless ZCFS_REQUIRE_L2=1).
 //! Every loop is bounded in count and time.
 //!
-//! Run (findings are ignored so the suite stays green):
-//!   ZCFS_REQUIRE_L2=1 nice -n 19 cargo test --release -p zcfs-server --test review35b \
-//!       -- --ignored --test-threads=1 --nocapture
+//! Run:
+//!   ZCFS_REQUIRE_L2=1 cargo test --release -p zcfs-server --test review35b -- --nocapture
 
 #[macro_use]
 mod common;
@@ -134,7 +133,6 @@ fn thread_cpu() -> Duration {
 /// transfer is given up or L2_REPLY_TIMEOUT (1 s) takes the lane down. A waiting lane
 /// that slept in poll(2) after HALF_DONE_SPIN would use a few ms of CPU in that time.
 #[test]
-#[ignore = "finding of review 35b: a read whose reply came without its data spins unbounded on a waiting lane"]
 fn a_waiting_read_with_its_reply_but_not_its_data_sleeps_after_the_half_done_spin() {
     if !l2_ready() {
         return;
