@@ -1143,7 +1143,8 @@ mod lane_safety_tests {
     }
 
     /// The pause rule alone (the loop in `call` that uses it is tested over a real lane
-    /// in crates/server/tests/review35b.rs): a waiting lane polls again at once for
+    /// in crates/server/tests/l2lane.rs, `a_waiting_read_with_its_reply_but_not_its_
+    /// data_sleeps_after_the_half_done_spin`): a waiting lane polls again at once for
     /// HALF_DONE_SPIN after half of a read came in, and from then on sleeps; busy ones
     /// always yield, and frames to send always keep a waiter polling.
     #[test]

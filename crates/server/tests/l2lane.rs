@@ -482,6 +482,73 @@ fn threads_sharing_a_lane_get_their_own_replies_in_both_poll_modes() {
     drop(n);
 }
 
+/// CPU time (user + system) of the calling thread.
+fn thread_cpu() -> Duration {
+    // SAFETY: getrusage fills the struct it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; RUSAGE_THREAD names the calling thread.
+    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut u) };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(u.ru_utime) + tv(u.ru_stime)
+}
+
+/// (Review 35b.) A read whose reply comes and whose data does not (the client's veth
+/// drops the full-size data frames; the small reply passes) is half done: its waiting
+/// caller polls again at once for at most HALF_DONE_SPIN and then sleeps in poll(2)
+/// until the lane gives the read up and it goes on TCP. Before the fix the caller took
+/// the reply as done and polled again at once with the lane's lock held: 1.0 s of CPU
+/// (the whole L2_REPLY_TIMEOUT) for this read; sleeping, about 17 ms.
+#[test]
+fn a_waiting_read_with_its_reply_but_not_its_data_sleeps_after_the_half_done_spin() {
+    if !l2_ready() {
+        return;
+    }
+    let n = net("halfspin", true);
+    let (addr, cli_ns) = (n.addr.clone(), &n.pair.cli);
+    n.pair
+        .cli
+        .run(move || {
+            let mut cfg = client_cfg(&addr, CLI_IF);
+            cfg.l2.as_mut().unwrap().poll = L2Poll::Wait;
+            let c = Client::new(cfg);
+            c.connect().unwrap();
+            assert!(c.l2_status().expect("the lane was set up").0, "the lane is up");
+            let f = create(&c, "f");
+            let data: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 3) as u8).collect();
+            write(&c, &f, 0, &data);
+            // A read over the lane first: its data came, the lane is a good one.
+            let before = l2_count(&c, Op::Read);
+            assert_eq!(read(&c, &f, 0, 4096), data);
+            assert_eq!(l2_count(&c, Op::Read), before + 1, "the first read went over the lane");
+
+            // Full-size frames to the client are dropped from now on (the reply is
+            // small); put back after 2.5 s, so that the read resent on TCP completes.
+            cli_ns.ip(&["link", "set", CLI_IF, "mtu", "1000"]).unwrap();
+            let cli = zcfs_netns::Netns::open(cli_ns.name()).unwrap();
+            let restore = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(2500));
+                cli.ip(&["link", "set", CLI_IF, "mtu", "1500"]).unwrap();
+            });
+            let (cpu0, t0) = (thread_cpu(), Instant::now());
+            // Bounded: the lane gives up within L2_REPLY_TIMEOUT, and TCP goes on once
+            // the MTU is back.
+            let got = read(&c, &f, 0, 4096);
+            let (cpu, wall) = (thread_cpu() - cpu0, t0.elapsed());
+            restore.join().unwrap();
+            eprintln!(
+                "read with its data dropped: {wall:?} wall, {cpu:?} CPU of the calling thread, lane up: {:?}, fell back: {}",
+                c.l2_status().map(|s| s.0),
+                c.l2_counters.fell_back.load(Ordering::Relaxed)
+            );
+            assert_eq!(got, data, "the read's data");
+            assert!(
+                cpu < Duration::from_millis(100),
+                "a waiting caller spun {cpu:?} of CPU in a {wall:?} read whose data never came"
+            );
+        })
+        .unwrap();
+}
+
 /// Writes larger than a lane request carries land in place: their blocks go as a
 /// layer-2 transfer straight into the volume's blocks (the lane's memory is the volume's
 /// image). Random sizes up to the most one landing write carries, at unaligned offsets,
